@@ -1,0 +1,214 @@
+"""The `mxq` command. Each command forwards to one library function and renders its answer."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+
+from cli import render
+from cli.errors import EXIT_USAGE, describe
+from db.history import JobFilter, device_records, get_job, list_jobs, pool_depths
+from db.schema import utcnow
+from workers.settings import Settings, get_settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+EXIT_JOB_FAILED = 1
+DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
+                  "current_job", "heartbeat_age"]
+JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
+               "attempts", "submitted_at", "error"]
+_AGO = re.compile(r"^(\d+)([smhd])$")
+
+
+def _since(text: str | None) -> datetime | None:
+    """`2h`, `30m`, `1d`, `45s` ago, or an ISO date/time (UTC when it names no zone)."""
+    if text is None:
+        return None
+    if m := _AGO.match(text.strip()):
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+        return utcnow() - timedelta(**{unit: int(m.group(1))})
+    try:
+        ts = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use an age such as 30m, 2h, 1d or an ISO time "
+                                 "such as 2026-11-30T08:00") from None
+    return ts if ts.tzinfo else ts.replace(tzinfo=utcnow().tzinfo)
+
+
+@app.command()
+def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once all workers answer.")] = False,  # noqa: E501
+       timeout: float = 180.0) -> None:
+    """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
+    from workers.embedded import EmbeddedRedis
+    from workers.stack import node_plan, prepare, run_launcher, up_detached
+
+    s = get_settings()
+    started = prepare(s)
+    specs = _plan_or_exit(s)
+    if detach:
+        up_detached(s, specs, timeout)
+        render.table(device_records(s.database, s.heartbeat_ttl), DEVICE_COLUMNS, "devices")
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    code = run_launcher(s, specs)
+    if started:
+        EmbeddedRedis(s.home_path).stop()
+    raise typer.Exit(code)
+
+
+def _plan_or_exit(s: Settings) -> list:
+    from workers.stack import node_plan
+
+    specs, refused = node_plan(s)
+    for problem in refused:
+        render.err.print(f"mxq: refusing {problem}", markup=False)
+    if not specs:
+        render.err.print("mxq: no usable device on this node", markup=False)
+        raise typer.Exit(1)
+    return specs
+
+
+@app.command()
+def down() -> None:
+    """Stop everything `mxq up` started (by PID)."""
+    from workers.stack import down as stop
+
+    stopped = stop(get_settings())
+    render.out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@app.command()
+def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ_NODE or host name).")] = None,  # noqa: E501
+           dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the workers it would start.")] = False,  # noqa: E501
+           json_: JsonOpt = False) -> None:
+    """Start and supervise one pinned Celery worker per device of this node."""
+    from workers.stack import prepare, run_launcher
+
+    s = Settings(node=node) if node else get_settings()
+    if dry_run:
+        from workers.stack import node_plan
+
+        specs, refused = node_plan(s)
+        plan = [{"worker": w.name, "device": w.device.label, "queues": w.queues, "cores": w.cores,
+                 "command": w.command, "env": {k: v for k, v in w.env.items()
+                                               if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))
+                                               or k == "LD_LIBRARY_PATH"}} for w in specs]
+        if json_:
+            render.print_json({"workers": plan, "refused": refused})
+        else:
+            for problem in refused:
+                render.err.print(f"mxq: refusing {problem}", markup=False)
+            render.table(plan, ["worker", "device", "queues", "cores"], "workers")
+        raise typer.Exit(0 if specs else 1)
+    specs = _plan_or_exit(s)
+    prepare(s)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    raise typer.Exit(run_launcher(s, specs))
+
+
+@app.command()
+def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
+          size: Annotated[int, typer.Option(help="Matrix side for the multiply.")] = 1024,
+          batch: Annotated[int, typer.Option(help="Images per convolution batch.")] = 32,
+          repeat: Annotated[int, typer.Option(help="Timed rounds of each benchmark.")] = 5,
+          allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
+          wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,  # noqa: E501
+          json_: JsonOpt = False) -> None:
+    """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
+    _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
+                       allow_offline, wait, json_)
+
+
+def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
+                       wait: bool, json_: bool) -> None:
+    from workers.submit import submit
+
+    s = get_settings()
+    job_id = submit(s, kind, params, device, allow_offline)
+    if not wait:
+        record = get_job(s.database, job_id)
+        if json_:
+            render.print_json(record)
+        else:
+            render.out.print(f"job {job_id} queued on {record['queue']}")
+        return
+    _show_job(render.wait_for(job_id, lambda i: get_job(s.database, i), None), json_)
+
+
+def _show_job(record: dict[str, Any], json_: bool) -> None:
+    if json_:
+        render.print_json(record)
+    else:
+        render.job_detail(record)
+    if record["status"] in ("failed", "cancelled"):
+        if not json_:
+            render.err.print(f"mxq: job {record['id']} {record['status']}: {record['error']}",
+                             markup=False)
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+@app.command()
+def devices(json_: JsonOpt = False) -> None:
+    """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat."""
+    s = get_settings()
+    records = device_records(s.database, s.heartbeat_ttl)
+    if json_:
+        render.print_json(records)
+        return
+    render.table(records, DEVICE_COLUMNS, "devices")
+    for queue, depth in sorted(pool_depths(s.database).items()):
+        render.out.print(f"{queue}: {depth} queued")
+
+
+@app.command()
+def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succeeded, failed, cancelled")] = None,  # noqa: E501
+         kind: Annotated[str | None, typer.Option(help="Job kind, e.g. probe.")] = None,
+         device: Annotated[str | None, typer.Option(help="Device it ran on, e.g. cpu:1.")] = None,
+         node: Annotated[str | None, typer.Option(help="Node it ran on.")] = None,
+         since: Annotated[str | None, typer.Option(help="30m, 2h, 1d or an ISO time.")] = None,
+         limit: Annotated[int, typer.Option(min=1, max=10000)] = 50,
+         json_: JsonOpt = False) -> None:
+    """Job history, newest first."""
+    allowed = ("queued", "running", "succeeded", "failed", "cancelled")
+    if status is not None and status not in allowed:
+        raise typer.BadParameter(f"{status!r}: expected one of {', '.join(allowed)}",
+                                 param_hint="--status")
+    s = get_settings()
+    rows = list_jobs(s.database, JobFilter(status, kind, device, node, _since(since), limit))
+    if json_:
+        render.print_json(rows)
+    else:
+        render.table(rows, JOB_COLUMNS, "jobs")
+
+
+@app.command()
+def job(job_id: int, json_: JsonOpt = False) -> None:
+    """One job's full record; exits 1 when the job failed or was cancelled."""
+    record = get_job(get_settings().database, job_id)
+    if record is None:
+        render.err.print(f"mxq: no job {job_id}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
+    _show_job(record, json_)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001
+        message = describe(exc)
+        if message is None:
+            raise
+        print(f"mxq: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)

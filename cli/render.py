@@ -1,0 +1,68 @@
+"""Tables, JSON and the waiting progress bar of the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+WAIT_POLL_SECONDS = 0.25
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = None) -> None:
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*(_fmt(r.get(c)) for c in columns))
+    out.print(t)
+
+
+def job_detail(record: dict[str, Any]) -> None:
+    t = Table(show_header=False, title=f"job {record['id']}")
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    for key, value in record.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+        t.add_row(key, _fmt(value))
+    out.print(t)
+
+
+def wait_for(job_id: int, fetch: Callable[[int], dict[str, Any] | None],
+             timeout: float | None) -> dict[str, Any]:
+    """Show a progress bar (on stderr) until the job is over; return its final record."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    columns = (TextColumn("job {task.fields[job]} {task.fields[status]:<9}"), BarColumn(),
+               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("job", total=1.0, job=job_id, status="queued")
+        while True:
+            record = fetch(job_id)
+            bar.update(task, completed=record["progress"], status=record["status"])
+            if record["status"] in FINAL:
+                return record
+            if deadline is not None and time.monotonic() > deadline:
+                return record
+            time.sleep(WAIT_POLL_SECONDS)

@@ -1,0 +1,1 @@
+"""Job records in SQL: schema, engine, migrations and history queries. Imports SQLAlchemy only."""

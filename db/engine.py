@@ -1,0 +1,64 @@
+"""Engines and sessions: one engine per database URL per process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+# Seconds to wait for a database that does not answer before saying so.
+CONNECT_TIMEOUT = 5
+# Seconds SQLite waits on a lock held by another worker process before giving up.
+SQLITE_BUSY_SECONDS = 30
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+    """WAL lets readers and one writer share the file across worker processes."""
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for plain `postgresql://` URLs."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden, fit for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_SECONDS})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(
+        url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT}
+    )
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error."""
+    session = sessionmaker(get_engine(url), expire_on_commit=False)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,109 @@
+"""Job-history queries and the JSON record that the CLI and scripts rely on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+
+from db.engine import session_scope
+from db.schema import Job, JobStatus, as_utc
+from db.workers import list_workers
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    status: str | None = None
+    kind: str | None = None
+    device: str | None = None
+    node: str | None = None
+    since: datetime | None = None
+    limit: int = 50
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts and as_utc(ts).isoformat()
+
+
+def job_record(job: Job) -> dict[str, Any]:
+    """The stable JSON shape of one job (`mxq job ID --json`)."""
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "status": job.status,
+        "params": job.params,
+        "requested_device": job.requested_device,
+        "queue": job.queue,
+        "device": job.device,
+        "node": job.node,
+        "worker": job.worker,
+        "attempts": job.attempts,
+        "progress": job.progress,
+        "samples": job.samples,
+        "seconds": job.seconds,
+        "samples_per_sec": job.samples_per_sec,
+        "submitted_at": _iso(job.submitted_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "result": job.result,
+        "error": job.error,
+    }
+
+
+def get_job(url: str, job_id: int) -> dict[str, Any] | None:
+    with session_scope(url) as s:
+        job = s.get(Job, job_id)
+        return job_record(job) if job else None
+
+
+def list_jobs(url: str, f: JobFilter) -> list[dict[str, Any]]:
+    """Newest first, filtered."""
+    q = select(Job).order_by(Job.submitted_at.desc(), Job.id.desc()).limit(f.limit)
+    for column, value in ((Job.status, f.status), (Job.kind, f.kind),
+                          (Job.device, f.device), (Job.node, f.node)):
+        if value is not None:
+            q = q.where(column == value)
+    if f.since is not None:
+        q = q.where(Job.submitted_at >= f.since)
+    with session_scope(url) as s:
+        return [job_record(j) for j in s.scalars(q)]
+
+
+def counts_by_queue(url: str) -> dict[tuple[str, str], int]:
+    """(queue, status) -> number of queued or running jobs, for the device table."""
+    q = (select(Job.queue, Job.status, func.count())
+         .where(Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+         .group_by(Job.queue, Job.status))
+    with session_scope(url) as s:
+        return {(queue, status): n for queue, status, n in s.execute(q)}
+
+
+def running_by_worker(url: str) -> dict[str, int]:
+    q = (select(Job.worker, func.count()).where(Job.status == JobStatus.RUNNING)
+         .group_by(Job.worker))
+    with session_scope(url) as s:
+        return {w: n for w, n in s.execute(q) if w}
+
+
+def device_records(url: str, ttl: float) -> list[dict[str, Any]]:
+    """One record per known device worker: where its work queues, is it live, how busy."""
+    counts = counts_by_queue(url)
+    running = running_by_worker(url)
+    records = []
+    for w in list_workers(url, ttl):
+        records.append({
+            "device": w["device"], "node": w["node"], "queue": w["queue"], "worker": w["name"],
+            "alive": w["alive"], "queued": counts.get((w["queue"], JobStatus.QUEUED), 0),
+            "running": running.get(w["name"], 0), "current_job": w["current_job"],
+            "last_heartbeat": w["last_seen"], "heartbeat_age": w["heartbeat_age"],
+            "pid": w["pid"], **{k: v for k, v in w["info"].items() if k != "device"},
+        })
+    return records
+
+
+def pool_depths(url: str) -> dict[str, int]:
+    """Jobs waiting in each shared pool queue."""
+    return {q: n for (q, status), n in counts_by_queue(url).items()
+            if status == JobStatus.QUEUED and q.startswith("pool.")}

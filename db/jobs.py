@@ -1,0 +1,147 @@
+"""A job's life in SQL. Status only moves forward: queued -> running -> succeeded|failed|cancelled.
+
+Every transition is one UPDATE guarded by the statuses it may leave from, so two workers (or a
+redelivered message) can never both move the same job.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+
+from db.engine import session_scope
+from db.schema import FINISHED, Job, JobStatus, as_utc, utcnow
+
+
+class Claim(enum.Enum):
+    """What a worker should do with a delivered job message."""
+
+    RUN = "run"  # claimed: run it
+    DUPLICATE = "duplicate"  # another live worker is running it: drop this delivery
+    FINISHED = "finished"  # already over (or cancelled): drop
+    EXHAUSTED = "exhausted"  # attempts used up: it was just marked failed
+    MISSING = "missing"  # no such job row
+
+
+@dataclass(frozen=True)
+class Placement:
+    worker: str
+    node: str
+    device: str
+
+
+def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str) -> int:
+    with session_scope(url) as s:
+        job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
+                  status=JobStatus.QUEUED, progress=0.0, attempts=0)
+        s.add(job)
+        s.flush()
+        return job.id
+
+
+def delete_unstarted(url: str, job_id: int) -> None:
+    """Undo a submit whose message could not be published (the job never existed for anyone)."""
+    with session_scope(url) as s:
+        s.query(Job).filter(Job.id == job_id, Job.status == JobStatus.QUEUED).delete()
+
+
+def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
+    return (f"gave up after {attempts} attempts (limit {limit}): the worker died while "
+            f"running this job each time (last on {worker})")
+
+
+def _claimable(cutoff: datetime):  # noqa: ANN202
+    return or_(
+        Job.status == JobStatus.QUEUED,
+        and_(Job.status == JobStatus.RUNNING,
+             or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)),
+    )
+
+
+def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -> Claim:
+    """Take the job for `at` in one atomic update, or say why not."""
+    now = utcnow()
+    cutoff = now - timedelta(seconds=ttl)
+    with session_scope(url) as s:
+        taken = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.attempts < max_attempts, _claimable(cutoff))
+            .values(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
+                    attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, error=None)
+        ).rowcount
+        if taken:
+            return Claim.RUN
+        job = s.get(Job, job_id)
+        if job is None:
+            return Claim.MISSING
+        if job.status in FINISHED:
+            return Claim.FINISHED
+        if job.status == JobStatus.QUEUED or job.heartbeat_at is None or \
+                as_utc(job.heartbeat_at) < cutoff:
+            job_failed = _fail_exhausted(s, job_id, cutoff, max_attempts)
+            return Claim.EXHAUSTED if job_failed else Claim.DUPLICATE
+        return Claim.DUPLICATE
+
+
+def _fail_exhausted(s, job_id: int, cutoff: datetime, max_attempts: int) -> bool:  # noqa: ANN001
+    job = s.get(Job, job_id)
+    message = exhausted_message(job.attempts, max_attempts, job.worker)
+    return bool(s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.attempts >= max_attempts, _claimable(cutoff))
+        .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
+    ).rowcount)
+
+
+def beat(url: str, job_id: int, worker: str) -> None:
+    """Refresh the heartbeat of a job this worker is running."""
+    with session_scope(url) as s:
+        s.execute(update(Job)
+                  .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
+                  .values(heartbeat_at=utcnow()))
+
+
+def set_progress(url: str, job_id: int, progress: float) -> None:
+    with session_scope(url) as s:
+        s.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
+                  .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=utcnow()))
+
+
+def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
+            result: dict[str, Any]) -> bool:
+    with session_scope(url) as s:
+        return bool(s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
+            .values(status=JobStatus.SUCCEEDED, finished_at=utcnow(), progress=1.0,
+                    samples=samples, seconds=seconds,
+                    samples_per_sec=samples / seconds if seconds > 0 else None,
+                    result=result, heartbeat_at=None)
+        ).rowcount)
+
+
+def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
+    """Mark a job failed from queued or running (by `worker`, when given)."""
+    cond = [Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])]
+    if worker is not None:
+        cond.append(Job.worker == worker)
+    with session_scope(url) as s:
+        return bool(s.execute(
+            update(Job).where(*cond)
+            .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
+        ).rowcount)
+
+
+def orphan(url: str, worker: str) -> list[int]:
+    """The running jobs of a worker known dead, their heartbeat cleared so they can be re-claimed."""
+    with session_scope(url) as s:
+        ids = list(s.scalars(select(Job.id).where(Job.worker == worker,
+                                                  Job.status == JobStatus.RUNNING)))
+        if ids:
+            s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
+                      .values(heartbeat_at=None))
+        return ids

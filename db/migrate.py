@@ -1,0 +1,21 @@
+"""Bring a database to the newest schema with the Alembic migrations shipped in `db/migrations`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+from db.engine import get_engine
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Run the migrations up to `revision` (idempotent)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

@@ -1,0 +1,89 @@
+"""The tables: jobs and the heartbeats of worker processes (one per device)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(ts: datetime | None) -> datetime | None:
+    """SQLite hands datetimes back without a zone; all of ours are UTC."""
+    return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
+
+
+class Job(Base):
+    """One unit of work and everything recorded about it."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    requested_device: Mapped[str] = mapped_column(String(64))
+    queue: Mapped[str] = mapped_column(String(128))
+    node: Mapped[str | None] = mapped_column(String(64))
+    device: Mapped[str | None] = mapped_column(String(32))
+    worker: Mapped[str | None] = mapped_column(String(128))
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    # Refreshed by the worker while it runs the job: a stale value means the worker is gone.
+    heartbeat_at: Mapped[datetime | None]
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    samples: Mapped[int | None]
+    seconds: Mapped[float | None] = mapped_column(Float)
+    samples_per_sec: Mapped[float | None] = mapped_column(Float)
+    result: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (
+        Index("ix_jobs_status_submitted", "status", "submitted_at"),
+        Index("ix_jobs_kind_submitted", "kind", "submitted_at"),
+        Index("ix_jobs_device_submitted", "device", "submitted_at"),
+        Index("ix_jobs_node_submitted", "node", "submitted_at"),
+        Index("ix_jobs_submitted", "submitted_at"),
+        Index("ix_jobs_worker_status", "worker", "status"),
+    )
+
+
+class WorkerBeat(Base):
+    """The last heartbeat of the worker process pinned to one device."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)  # cpu1@box1
+    node: Mapped[str] = mapped_column(String(64))
+    device: Mapped[str] = mapped_column(String(32))  # cpu:1
+    queue: Mapped[str] = mapped_column(String(128))
+    pid: Mapped[int | None]
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime | None]  # None: stopped or known dead
+    current_job: Mapped[int | None]
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    __table_args__ = (Index("ix_workers_node_device", "node", "device"),)

@@ -1,0 +1,66 @@
+"""Heartbeats of the worker processes, one row per device worker: the live routing table."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+
+from db.engine import session_scope
+from db.schema import WorkerBeat, as_utc, utcnow
+
+
+def register(url: str, name: str, node: str, device: str, queue: str, pid: int | None,
+             info: dict[str, Any], alive: bool = True) -> None:
+    """Insert or refresh a worker's row; `alive` says it consumes from now on."""
+    now = utcnow()
+    with session_scope(url) as s:
+        row = s.get(WorkerBeat, name) or WorkerBeat(name=name)
+        row.node, row.device, row.queue, row.pid = node, device, queue, pid
+        row.info = info or row.info or {}
+        row.started_at, row.last_seen, row.current_job = now, now if alive else None, None
+        s.add(row)
+
+
+def beat(url: str, name: str, current_job: int | None) -> None:
+    with session_scope(url) as s:
+        s.execute(update(WorkerBeat).where(WorkerBeat.name == name)
+                  .values(last_seen=utcnow(), current_job=current_job))
+
+
+def mark_dead(url: str, name: str) -> None:
+    """The worker stopped or died: it is offline from now on."""
+    with session_scope(url) as s:
+        s.execute(update(WorkerBeat).where(WorkerBeat.name == name)
+                  .values(last_seen=None, current_job=None))
+
+
+def list_workers(url: str, ttl: float, node: str | None = None) -> list[dict[str, Any]]:
+    """Every known device worker with `alive` decided by heartbeat age."""
+    now = utcnow()
+    q = select(WorkerBeat).order_by(WorkerBeat.node, WorkerBeat.device)
+    if node is not None:
+        q = q.where(WorkerBeat.node == node)
+    with session_scope(url) as s:
+        rows = list(s.scalars(q))
+    out = []
+    for r in rows:
+        seen = as_utc(r.last_seen)
+        age = (now - seen).total_seconds() if seen else None
+        out.append({
+            "name": r.name, "node": r.node, "device": r.device, "queue": r.queue, "pid": r.pid,
+            "alive": age is not None and age < ttl,
+            "heartbeat_age": age, "last_seen": seen.isoformat() if seen else None,
+            "current_job": r.current_job, "info": r.info,
+        })
+    return out
+
+
+def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[str]:
+    """Which of `names` have registered after `since` and beat within `ttl`."""
+    cutoff = utcnow() - timedelta(seconds=ttl)
+    with session_scope(url) as s:
+        rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
+        return {r.name for r in rows
+                if r.last_seen and as_utc(r.started_at) >= since and as_utc(r.last_seen) >= cutoff}

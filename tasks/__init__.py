@@ -1,0 +1,1 @@
+"""The work: task bodies that run in pinned worker processes. The only package importing MXNet."""

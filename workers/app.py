@@ -1,0 +1,47 @@
+"""The Celery app: JSON-only messages, late acks, one job at a time per worker, no result backend.
+
+Job outcomes live in SQL (`db/`), so there is no result backend for users to clean up.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from workers.settings import Settings, get_settings
+
+# Task modules a worker process imports at start; the CLI never imports them (they load MXNet).
+TASK_MODULES = ["tasks.probe"]
+# How often a publish is retried before the submitter is told the broker is unreachable.
+PUBLISH_RETRIES = 2
+
+
+def make_app(settings: Settings) -> Celery:
+    app = Celery("mxq", broker=settings.broker, include=TASK_MODULES)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        task_publish_retry_policy={"max_retries": PUBLISH_RETRIES, "interval_start": 0.2,
+                                   "interval_step": 0.5, "interval_max": 1.0},
+        broker_connection_timeout=3,
+    )
+    return app
+
+
+@lru_cache(maxsize=4)
+def app_for(broker: str) -> Celery:
+    """A publishing app for `broker` (tests and tools talk to several stacks in one process)."""
+    return make_app(get_settings().model_copy(update={"broker_url": broker}))
+
+
+app = make_app(get_settings())

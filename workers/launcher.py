@@ -1,0 +1,205 @@
+"""`mxq worker`: one real `celery worker` process per device of this node, supervised.
+
+Each child is pinned before it imports MXNet: `CUDA_VISIBLE_DEVICES=<i>` for a GPU, CPU-core
+affinity and thread limits for a CPU device. A child that crashes is restarted (with backoff)
+and the jobs it held are requeued; SIGTERM or Ctrl-C stops all children cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from db import workers as beats
+from workers.devices import Device, incompatibility
+from workers.queues import device_queue, pool_queue, worker_name
+from workers.recovery import recover_worker
+from workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REFUSED_EXIT = 78  # a worker exits so when its device is unusable: do not restart it
+POLL_SECONDS = 0.5
+STOP_GRACE_SECONDS = 30.0  # warm shutdown waits for the running job; then it is killed
+MAX_BACKOFF_SECONDS = 30.0
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass
+class WorkerSpec:
+    device: Device
+    name: str
+    queues: list[str]
+    command: list[str]
+    env: dict[str, str]
+    cores: list[int] = field(default_factory=list)
+
+
+def nvidia_lib_dirs() -> list[str]:
+    """The `lib` folders of the installed `nvidia-*-cu11` wheels (CUDA, cuDNN, NCCL, ...)."""
+    try:
+        import nvidia  # namespace package of the nvidia-*-cu11 wheels
+    except ImportError:
+        return []
+    return sorted(str(p) for root in nvidia.__path__ for p in Path(root).glob("*/lib") if p.is_dir())
+
+
+def cpu_cores(index: int, count: int) -> list[int]:
+    """The slice of this process's cores that CPU device `index` of `count` gets."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // count)
+    start = (index * share) % len(cores)
+    return cores[start:start + share]
+
+
+def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "MXQ_DEVICE": device.label, "MXQ_NODE": settings.node,
+        "MXQ_HOME": str(settings.home_path), "MXQ_BROKER_URL": settings.broker,
+        "MXQ_DATABASE_URL": settings.database, "PYTHONUNBUFFERED": "1",
+    })
+    if device.kind == "gpu":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's numbering
+        env["CUDA_VISIBLE_DEVICES"] = str(device.index)
+        libs = nvidia_lib_dirs()
+        if libs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [*libs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU worker must not touch a GPU
+        env["MXNET_CPU_WORKER_NTHREADS"] = "1"
+        for var in THREAD_VARS:
+            env[var] = str(len(cores))
+    return env
+
+
+def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[list[WorkerSpec],
+                                                                            list[str]]:
+    """The worker to start for each usable device, and why the others are refused."""
+    specs, refused = [], []
+    cpus = [d for d in devices if d.kind == "cpu"]
+    for device in devices:
+        if device.kind == "gpu" and (problem := incompatibility(device, build)):
+            refused.append(problem)
+            continue
+        name = worker_name(settings.node, device.kind, device.index)
+        queues = [device_queue(settings.node, device.kind, device.index), pool_queue(device.kind)]
+        cores = cpu_cores(device.index, len(cpus)) if device.kind == "cpu" else []
+        command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--pool", "solo",
+                   "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", ",".join(queues),
+                   "-n", name, "--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
+        specs.append(WorkerSpec(device, name, queues, command,
+                                worker_env(settings, device, cores), cores))
+    return specs, refused
+
+
+@dataclass
+class Child:
+    spec: WorkerSpec
+    proc: subprocess.Popen | None = None
+    crashes: int = 0
+    restart_at: float = 0.0
+    refused: bool = False
+
+
+class Launcher:
+    """Starts, watches and stops the device workers of this node."""
+
+    def __init__(self, settings: Settings, specs: list[WorkerSpec]) -> None:
+        self.settings = settings
+        self.children = [Child(spec) for spec in specs]
+        self.stopping = False
+        self.logs = settings.home_path / "logs"
+
+    def _start(self, child: Child) -> None:
+        spec = child.spec
+        self.logs.mkdir(parents=True, exist_ok=True)
+        out = open(self.logs / f"{spec.name.replace('@', '-')}.log", "ab")  # noqa: SIM115
+        cores = spec.cores
+        child.proc = subprocess.Popen(
+            spec.command, env=spec.env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        )
+        out.close()
+        log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,
+                 spec.device.label, ",".join(spec.queues))
+
+    def _register(self) -> None:
+        for c in self.children:
+            s = c.spec
+            beats.register(self.settings.database, s.name, self.settings.node, s.device.label,
+                           s.queues[0], None, s.device.info(), alive=False)
+
+    def _on_exit(self, child: Child, code: int) -> None:
+        name = child.spec.name
+        beats.mark_dead(self.settings.database, name)
+        recovered = recover_worker(self.settings, name)
+        if code == REFUSED_EXIT:
+            child.refused = True
+            log.error("%s refused to start (see its log); not restarting it", name)
+            return
+        child.crashes += 1
+        delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (child.crashes - 1))
+        child.restart_at = time.monotonic() + delay
+        log.warning("%s exited with %s (jobs requeued: %s); restarting in %.1fs",
+                    name, code, recovered or "none", delay)
+
+    def run(self) -> int:
+        """Supervise until stopped; 0 on a clean stop, 1 when every worker refused."""
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self._register()
+        for child in self.children:
+            self._start(child)
+        while not self.stopping:
+            self._watch()
+            if all(c.refused for c in self.children):
+                return 1
+            time.sleep(POLL_SECONDS)
+        self._stop_all()
+        return 0
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.refused:
+                continue
+            if child.proc is None:
+                if now >= child.restart_at:
+                    self._start(child)
+                continue
+            code = child.proc.poll()
+            if code is not None:
+                child.proc = None
+                self._on_exit(child, code)
+            elif child.crashes and now - child.restart_at > 60:
+                child.crashes = 0  # stable for a minute: forget old crashes
+
+    def _request_stop(self, signum: int, _frame: object) -> None:
+        log.info("received %s: stopping workers", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _stop_all(self) -> None:
+        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for c in live:
+            c.proc.terminate()  # Celery warm shutdown: finish the current job, then exit
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for c in live:
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0fs; killing it", c.spec.name,
+                            STOP_GRACE_SECONDS)
+                c.proc.kill()
+                c.proc.wait()
+        for c in self.children:
+            beats.mark_dead(self.settings.database, c.spec.name)
+            recover_worker(self.settings, c.spec.name)

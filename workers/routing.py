@@ -1,0 +1,51 @@
+"""Routing: turn the device a job asks for into the queue its message goes to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from db.workers import list_workers
+from workers.queues import KINDS, DeviceSpec, device_queue, pool_queue
+from workers.settings import Settings
+
+
+class RoutingError(ValueError):
+    """The job cannot be routed as asked; the message says why and what would work."""
+
+
+@dataclass(frozen=True)
+class Route:
+    queue: str
+    requested: str
+
+
+def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False) -> Route:
+    """A named device goes to its own queue on this node; `auto` to its kind's pool queue."""
+    known = list_workers(settings.database, settings.heartbeat_ttl)
+    if spec.auto:
+        return Route(_pool_for(spec, known, allow_offline), str(spec))
+    mine = {w["device"]: w for w in known if w["node"] == settings.node}
+    worker = mine.get(str(spec))
+    if worker is None and not allow_offline:
+        have = ", ".join(sorted(mine)) or "none (no worker has started on it yet)"
+        raise RoutingError(f"device {spec} is not known on node {settings.node}; "
+                           f"known devices: {have}")
+    if worker is not None and not worker["alive"] and not allow_offline:
+        raise RoutingError(f"device {spec} on node {settings.node} has no live worker; "
+                           "start workers with `mxq up` (or `mxq worker`), or pass "
+                           "--allow-offline to queue the job until one starts")
+    return Route(device_queue(settings.node, spec.kind, spec.index), str(spec))
+
+
+def _pool_for(spec: DeviceSpec, known: list[dict], allow_offline: bool) -> str:
+    live_kinds = {w["device"].split(":")[0] for w in known if w["alive"]}
+    kinds = [spec.kind] if spec.kind else [k for k in KINDS]
+    for kind in kinds:  # GPUs first when both are live
+        if kind in live_kinds:
+            return pool_queue(kind)
+    if allow_offline:
+        known_kinds = {w["device"].split(":")[0] for w in known}
+        return pool_queue(next((k for k in kinds if k in known_kinds), kinds[-1]))
+    wanted = f"{spec.kind} " if spec.kind else ""
+    raise RoutingError(f"no live {wanted}worker to run an auto job; start workers with "
+                       "`mxq up` (or `mxq worker`), or pass --allow-offline to queue it anyway")

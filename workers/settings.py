@@ -1,0 +1,97 @@
+"""All of mxq's settings, read once from `MXQ_*` environment variables.
+
+Every default is a named value here with a line saying why, so there is one place to look.
+No other module reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Long enough for the longest training job: Redis hands an unacknowledged message to another
+# worker after this many seconds, so a shorter value would run long jobs twice.
+DEFAULT_VISIBILITY_TIMEOUT = 12 * 3600
+# Workers write a heartbeat this often; a device whose last one is older than
+# HEARTBEAT_TTL_FACTOR times this is taken for dead.
+DEFAULT_HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_TTL_FACTOR = 5
+# A job whose worker dies this many times is failed rather than retried forever.
+DEFAULT_MAX_ATTEMPTS = 3
+# Two CPU "devices" let data-parallel code and routing run on any laptop.
+DEFAULT_CPU_DEVICES = 2
+
+
+class Settings(BaseSettings):
+    """mxq configuration; `MXQ_<FIELD>` sets each field."""
+
+    model_config = SettingsConfigDict(env_prefix="MXQ_", extra="ignore")
+
+    home: Path = Field(Path("var"), description="State folder: embedded Redis, SQLite, logs, pids.")
+    broker_url: str | None = Field(None, description="Redis URL; unset = embedded Redis.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; unset = SQLite in home.")
+    node: str = Field(
+        default_factory=lambda: socket.gethostname().split(".")[0], description="This machine's name."
+    )
+    cpu_devices: int = Field(DEFAULT_CPU_DEVICES, description="CPU devices on a GPU-less host.")
+    data_root: Path = Field(Path("."), description="Job inputs must lie inside this folder.")
+    nvidia_smi: str = Field("nvidia-smi", description="The nvidia-smi program to query GPUs.")
+    visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60)
+    heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0)
+    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1)
+    # Set by the launcher for each worker process it starts, never by hand.
+    device: str | None = Field(None, description="The device a worker process is pinned to.")
+
+    @field_validator("cpu_devices")
+    @classmethod
+    def _at_least_one_cpu(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(
+                f"MXQ_CPU_DEVICES must be at least 1 (got {value}): "
+                "a host without GPUs needs at least one CPU device to run jobs"
+            )
+        return value
+
+    @field_validator("node")
+    @classmethod
+    def _node_is_queue_safe(cls, value: str) -> str:
+        if not value or any(c in value for c in " .:/@"):
+            raise ValueError(
+                f"MXQ_NODE {value!r} is not a usable node name: it must be non-empty "
+                "and contain none of ' .:/@' (it becomes part of queue and worker names)"
+            )
+        return value
+
+    @property
+    def home_path(self) -> Path:
+        return self.home.resolve()
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url is None
+
+    @property
+    def redis_socket(self) -> Path:
+        return self.home_path / "redis.sock"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or f"redis+socket://{self.redis_socket}"
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{self.home_path / 'mxq.db'}"
+
+    @property
+    def heartbeat_ttl(self) -> float:
+        return self.heartbeat_seconds * HEARTBEAT_TTL_FACTOR
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return Settings()

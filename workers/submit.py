@@ -1,0 +1,76 @@
+"""Submit a job: validate, write its row, publish a JSON message that carries only the job id.
+
+The row comes first, so a worker always finds it; if the message cannot be published the row is
+removed again, so a failed submit leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu import Connection
+from kombu.utils.url import maybe_sanitize_url
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from db.engine import get_engine, safe_url
+from db.jobs import create_job, delete_unstarted
+from workers.app import app_for
+from workers.jobspecs import validate
+from workers.queues import parse_device
+from workers.routing import route
+from workers.settings import Settings
+
+BROKER_CHECK_SECONDS = 3
+
+
+class SubmitError(RuntimeError):
+    """The job could not be submitted; nothing was recorded."""
+
+
+def check_database(settings: Settings) -> None:
+    try:
+        with get_engine(settings.database).connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise SubmitError(f"database unreachable at {safe_url(settings.database)}: {reason}") \
+            from None
+
+
+def check_broker(settings: Settings) -> None:
+    try:
+        with Connection(settings.broker, connect_timeout=BROKER_CHECK_SECONDS) as conn:
+            conn.ensure_connection(max_retries=1, timeout=BROKER_CHECK_SECONDS)
+    except Exception as exc:  # kombu raises several unrelated types here
+        raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from None
+
+
+def task_name(kind: str) -> str:
+    return f"mxq.{kind}"
+
+
+def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
+           allow_offline: bool = False) -> int:
+    """Queue one job and return its id."""
+    params = validate(kind, params)
+    spec = parse_device(device)
+    check_database(settings)
+    check_broker(settings)
+    where = route(settings, spec, allow_offline)
+    job_id = create_job(settings.database, kind, params, where.requested, where.queue)
+    publish(settings, job_id, kind, where.queue, undo_on_failure=True)
+    return job_id
+
+
+def publish(settings: Settings, job_id: int, kind: str, queue: str,
+            undo_on_failure: bool = False) -> None:
+    """Send the job's message to `queue` (again, when requeuing a job whose worker died)."""
+    try:
+        app_for(settings.broker).send_task(task_name(kind), args=[job_id], queue=queue,
+                                    task_id=f"job-{job_id}", retry=True)
+    except Exception as exc:
+        if undo_on_failure:
+            delete_unstarted(settings.database, job_id)
+        raise SubmitError(f"could not publish job {job_id} to {maybe_sanitize_url(settings.broker)}: "
+                          f"{exc}") from None
