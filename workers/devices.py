@@ -18,6 +18,7 @@ QUERY_FIELDS = "index,uuid,name,compute_cap,memory.total,memory.used"
 BUILD_KERNELS: dict[str, tuple[int, ...]] = {
     "mxnet-cu112": (50, 52, 60, 61, 70, 75, 80, 86),
 }
+BUILD_VERSION = {"mxnet-cu112": "1.9.1"}
 NVIDIA_SMI_TIMEOUT = 20
 
 
@@ -128,7 +129,7 @@ def incompatibility(gpu: Device, build: str | None) -> str | None:
         return None
     arches = ", ".join(f"sm_{k}" for k in kernels)
     return (f"{gpu.label} ({gpu.name}, compute capability {gpu.compute_cap} = sm_{sm}) is not "
-            f"supported by the installed {build} {metadata.version(build)}: it carries kernels "
+            f"supported by the installed {build} {BUILD_VERSION[build]}: it carries kernels "
             f"for {arches} and no PTX, so it cannot run on this GPU; use a GPU of compute "
             f"capability {kernels[0] / 10:.1f}-{kernels[-1] / 10:.1f} or an MXNet build made "
             f"for sm_{sm}")

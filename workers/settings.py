@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60)
     heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0)
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1)
+    mxnet_build: str | None = Field(
+        None, description="MXNet build to assume (e.g. mxnet-cu112); default: the installed one."
+    )
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
 

@@ -40,7 +40,7 @@ def prepare(settings: Settings) -> bool:
 
 def node_plan(settings: Settings) -> tuple[list[WorkerSpec], list[str]]:
     devices = discover(settings.nvidia_smi, settings.cpu_devices)
-    return plan(settings, devices, installed_mxnet())
+    return plan(settings, devices, settings.mxnet_build or installed_mxnet())
 
 
 def run_launcher(settings: Settings, specs: list[WorkerSpec]) -> int:
