@@ -200,13 +200,10 @@ def job(job_id: int, json_: JsonOpt = False) -> None:
 
 
 def main() -> None:
+    """Run the CLI; known failures print one line (`mxq: error: ...`) and exit 2."""
     try:
-        app(standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001
+        app()  # standalone: usage errors and typer.Exit end the process here
+    except Exception as exc:
         message = describe(exc)
         if message is None:
             raise

@@ -17,9 +17,9 @@ TASK_MODULES = ["tasks.probe"]
 PUBLISH_RETRIES = 2
 
 
-def make_app(settings: Settings) -> Celery:
-    app = Celery("mxq", broker=settings.broker, include=TASK_MODULES)
-    app.conf.update(
+def celery_config(settings: Settings) -> dict:
+    return dict(
+        broker_url=settings.broker,
         task_serializer="json",
         result_serializer="json",
         event_serializer="json",
@@ -35,6 +35,11 @@ def make_app(settings: Settings) -> Celery:
                                    "interval_step": 0.5, "interval_max": 1.0},
         broker_connection_timeout=3,
     )
+
+
+def make_app(settings: Settings) -> Celery:
+    app = Celery("mxq", include=TASK_MODULES)
+    app.conf.update(celery_config(settings))
     return app
 
 
@@ -44,4 +49,6 @@ def app_for(broker: str) -> Celery:
     return make_app(get_settings().model_copy(update={"broker_url": broker}))
 
 
-app = make_app(get_settings())
+# The process-wide app; its settings are read when first used, so importing it never fails.
+app = Celery("mxq", include=TASK_MODULES)
+app.add_defaults(lambda: celery_config(get_settings()))

@@ -1,0 +1,110 @@
+"""The job state machine in SQL, on SQLite and PostgreSQL, through the Alembic migration."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlalchemy import inspect, update
+
+from db import jobs
+from db.engine import get_engine, session_scope
+from db.jobs import Claim, Placement
+from db.schema import Job
+from tests.conftest import Stack
+
+A = Placement(worker="cpu0@n", node="n", device="cpu:0")
+B = Placement(worker="cpu1@n", node="n", device="cpu:1")
+TTL = 5.0
+
+
+def _new(stack: Stack) -> int:
+    return jobs.create_job(stack.settings.database, "probe", {}, "auto", "pool.cpu")
+
+
+def _status(stack: Stack, job_id: int) -> Job:
+    with session_scope(stack.settings.database) as s:
+        return s.get(Job, job_id)
+
+
+def test_migration_creates_tables_and_history_indexes(stack: Stack) -> None:
+    insp = inspect(get_engine(stack.settings.database))
+    assert {"jobs", "workers", "alembic_version"} <= set(insp.get_table_names())
+    indexed = {tuple(ix["column_names"]) for ix in insp.get_indexes("jobs")}
+    for cols in [("status", "submitted_at"), ("kind", "submitted_at"),
+                 ("device", "submitted_at"), ("node", "submitted_at")]:
+        assert cols in indexed
+
+
+def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
+    url = stack.settings.database
+    job_id = _new(stack)
+    assert jobs.claim(url, job_id, A, 3, TTL) is Claim.RUN
+    assert jobs.claim(url, job_id, B, 3, TTL) is Claim.DUPLICATE
+    job = _status(stack, job_id)
+    assert (job.status, job.worker, job.attempts) == ("running", "cpu0@n", 1)
+    assert jobs.succeed(url, job_id, A.worker, 10, 2.0, {"x": 1})
+    assert jobs.claim(url, job_id, B, 3, TTL) is Claim.FINISHED
+    assert _status(stack, job_id).samples_per_sec == 5.0
+
+
+def test_status_only_moves_forward(stack: Stack) -> None:
+    url = stack.settings.database
+    job_id = _new(stack)
+    assert not jobs.succeed(url, job_id, A.worker, 1, 1.0, {})  # queued cannot succeed
+    assert jobs.claim(url, job_id, A, 3, TTL) is Claim.RUN
+    assert jobs.fail(url, job_id, "boom", worker=A.worker)
+    assert not jobs.succeed(url, job_id, A.worker, 1, 1.0, {})  # failed stays failed
+    assert not jobs.fail(url, job_id, "again")
+    assert jobs.claim(url, job_id, B, 3, TTL) is Claim.FINISHED
+    job = _status(stack, job_id)
+    assert (job.status, job.error) == ("failed", "boom")
+
+
+def test_stale_heartbeat_is_reclaimed_until_the_cap(stack: Stack) -> None:
+    url = stack.settings.database
+    job_id = _new(stack)
+    for attempt in (1, 2, 3):
+        assert jobs.claim(url, job_id, A, 3, TTL) is Claim.RUN
+        assert _status(stack, job_id).attempts == attempt
+        assert jobs.orphan(url, A.worker) == [job_id]  # its worker died
+    assert jobs.claim(url, job_id, B, 3, TTL) is Claim.EXHAUSTED
+    job = _status(stack, job_id)
+    assert job.status == "failed" and "gave up after 3 attempts" in job.error
+
+
+def test_heartbeat_age_decides_liveness(stack: Stack) -> None:
+    url = stack.settings.database
+    job_id = _new(stack)
+    assert jobs.claim(url, job_id, A, 3, TTL) is Claim.RUN
+    with session_scope(url) as s:  # the worker went silent 10 s ago
+        from datetime import timedelta
+
+        from db.schema import utcnow
+        s.execute(update(Job).where(Job.id == job_id)
+                  .values(heartbeat_at=utcnow() - timedelta(seconds=10)))
+    assert jobs.claim(url, job_id, B, 3, TTL) is Claim.RUN
+    assert _status(stack, job_id).worker == B.worker
+
+
+def test_racing_claims_have_one_winner(stack: Stack) -> None:
+    url = stack.settings.database
+    for _ in range(5):
+        job_id = _new(stack)
+        results: list[Claim] = []
+        barrier = threading.Barrier(4)
+
+        def race(at: Placement) -> None:
+            barrier.wait()
+            results.append(jobs.claim(url, job_id, at, 3, TTL))
+
+        threads = [threading.Thread(target=race, args=(p,))
+                   for p in (A, B, *(Placement(f"cpu{i}@m", "m", f"cpu:{i}") for i in (2, 3)))]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert time.monotonic() - start < 60
+        assert sorted(r.value for r in results) == ["duplicate"] * 3 + ["run"]
+        assert _status(stack, job_id).attempts == 1

@@ -1,0 +1,44 @@
+"""Submit-time failures: one line naming the problem, exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from db.history import JobFilter, list_jobs
+from tests.conftest import Stack
+
+
+def _one_line(proc) -> str:  # noqa: ANN001
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mxq: error: "), proc.stderr
+    return lines[0]
+
+
+def test_unreachable_broker_writes_nothing(stack: Stack) -> None:
+    before = len(list_jobs(stack.settings.database, JobFilter(limit=10000)))
+    line = _one_line(stack.mxq("probe", "--allow-offline", "--device", "cpu:0",
+                               env={"MXQ_BROKER_URL": "redis://127.0.0.1:1/0"}))
+    assert "broker unreachable at redis://127.0.0.1:1/0" in line
+    assert len(list_jobs(stack.settings.database, JobFilter(limit=10000))) == before
+
+
+def test_unreachable_database_is_named(stack: Stack, tmp_path: Path) -> None:
+    line = _one_line(stack.mxq("probe", env={
+        "MXQ_DATABASE_URL": "postgresql://mxq:secret@127.0.0.1:1/mxq"}))
+    assert "database unreachable at postgresql://mxq:***@127.0.0.1:1/mxq" in line
+    assert "Connection refused" in line
+    assert "secret" not in line
+    line = _one_line(stack.mxq("probe", env={
+        "MXQ_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/folder/mxq.db"}))
+    assert "database unreachable" in line and "unable to open database file" in line
+
+
+def test_zero_cpu_devices_is_refused(stack: Stack) -> None:
+    line = _one_line(stack.mxq("devices", env={"MXQ_CPU_DEVICES": "0"}))
+    assert "MXQ_CPU_DEVICES must be at least 1 (got 0)" in line
+
+
+def test_bad_node_name_is_refused(stack: Stack) -> None:
+    line = _one_line(stack.mxq("jobs", env={"MXQ_NODE": "box.1"}))
+    assert "MXQ_NODE 'box.1'" in line
