@@ -48,7 +48,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
        timeout: float = 180.0) -> None:
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
     from workers.embedded import EmbeddedRedis
-    from workers.stack import node_plan, prepare, run_launcher, up_detached
+    from workers.stack import prepare, run_launcher, up_detached
 
     s = get_settings()
     started = prepare(s)
@@ -112,6 +112,17 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
     prepare(s)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     raise typer.Exit(run_launcher(s, specs))
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the database to the newest schema (Alembic migrations; idempotent)."""
+    from db.engine import safe_url
+    from db.migrate import upgrade
+
+    s = get_settings()
+    upgrade(s.database)
+    render.out.print(f"database {safe_url(s.database)} is at the newest schema")
 
 
 @app.command()

@@ -115,3 +115,17 @@ def test_cli_imports_no_mxnet() -> None:
     code = "import cli.main, sys; print('mxnet' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_container_seeing_one_gpu_keeps_its_host_index(tmp_path: Path) -> None:
+    """As in docker-compose: the container of host GPU 1 sees it as its only GPU, index 0."""
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join((SMI / "a100x4.csv").read_text().splitlines()[:2]) + "\n")
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\ncat '{one}'\n")
+    exe.chmod(0o755)
+    settings = Settings(node="box1", home=tmp_path, host_gpus="1")
+    (gpu,) = discover(str(exe), 2, settings.host_gpu_ids)
+    specs, _ = plan(settings, [gpu], "mxnet-cu112")
+    assert specs[0].name == "gpu1@box1" and specs[0].queues[0] == "box1.gpu.1"
+    assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "0"

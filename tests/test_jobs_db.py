@@ -94,7 +94,7 @@ def test_racing_claims_have_one_winner(stack: Stack) -> None:
         results: list[Claim] = []
         barrier = threading.Barrier(4)
 
-        def race(at: Placement) -> None:
+        def race(at: Placement, job_id=job_id, results=results, barrier=barrier) -> None:
             barrier.wait()
             results.append(jobs.claim(url, job_id, at, 3, TTL))
 

@@ -9,7 +9,7 @@ import csv
 import io
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 
 QUERY_FIELDS = "index,uuid,name,compute_cap,memory.total,memory.used"
@@ -29,7 +29,8 @@ class DeviceError(Exception):
 @dataclass(frozen=True)
 class Device:
     kind: str  # "gpu" or "cpu"
-    index: int
+    index: int  # the host's index: names the device, its queue and its worker
+    visible_index: int | None = None  # CUDA's ordinal for it in this process (GPUs)
     name: str = ""
     uuid: str = ""
     compute_cap: str = ""
@@ -70,7 +71,8 @@ def parse_nvidia_smi(text: str) -> list[Device]:
             continue
         cells = dict(zip(want, (c.strip() for c in row), strict=True))
         gpus.append(Device(
-            kind="gpu", index=int(cells["index"]), uuid=cells["uuid"], name=cells["name"],
+            kind="gpu", index=int(cells["index"]), visible_index=int(cells["index"]),
+            uuid=cells["uuid"], name=cells["name"],
             compute_cap=cells["compute_cap"], memory_total_mib=_mib(cells["memory.total"]),
             memory_used_mib=_mib(cells["memory.used"]),
         ))
@@ -94,9 +96,20 @@ def cpu_devices(count: int) -> list[Device]:
     return [Device(kind="cpu", index=i, name=f"CPU device {i}") for i in range(count)]
 
 
-def discover(nvidia_smi: str, cpu_count: int) -> list[Device]:
+def relabel(gpus: list[Device], host_ids: list[int]) -> list[Device]:
+    """Give the GPUs a container sees the indexes they have on the host."""
+    if len(host_ids) != len(gpus):
+        raise DeviceError(f"MXQ_HOST_GPUS names {len(host_ids)} GPUs but nvidia-smi shows "
+                          f"{len(gpus)}; list one host index per visible GPU")
+    return [replace(g, index=h) for g, h in zip(gpus, host_ids, strict=True)]
+
+
+def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None) -> list[Device]:
     """This node's devices: its GPUs, or `cpu_count` CPU devices on a host without any."""
-    return query_gpus(nvidia_smi) or cpu_devices(cpu_count)
+    gpus = query_gpus(nvidia_smi)
+    if gpus and host_ids is not None:
+        gpus = relabel(gpus, host_ids)
+    return gpus or cpu_devices(cpu_count)
 
 
 def installed_mxnet() -> str | None:

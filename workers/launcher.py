@@ -67,7 +67,7 @@ def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str
     })
     if device.kind == "gpu":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's numbering
-        env["CUDA_VISIBLE_DEVICES"] = str(device.index)
+        env["CUDA_VISIBLE_DEVICES"] = str(device.visible_index)
         libs = nvidia_lib_dirs()
         if libs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(

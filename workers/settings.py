@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60)
     heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0)
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1)
+    host_gpus: str | None = Field(
+        None, description="Host indexes of the GPUs this process sees, in order (e.g. '1' in a "
+        "container given only host GPU 1), so devices keep their host names."
+    )
     mxnet_build: str | None = Field(
         None, description="MXNet build to assume (e.g. mxnet-cu112); default: the installed one."
     )
@@ -68,6 +72,18 @@ class Settings(BaseSettings):
                 "and contain none of ' .:/@' (it becomes part of queue and worker names)"
             )
         return value
+
+    @field_validator("host_gpus")
+    @classmethod
+    def _host_gpus_are_indexes(cls, value: str | None) -> str | None:
+        if value is not None and not all(p.strip().isdigit() for p in value.split(",")):
+            raise ValueError(f"MXQ_HOST_GPUS {value!r} must be comma-separated GPU indexes, "
+                             "such as 1 or 0,2")
+        return value
+
+    @property
+    def host_gpu_ids(self) -> list[int] | None:
+        return [int(p) for p in self.host_gpus.split(",")] if self.host_gpus else None
 
     @property
     def home_path(self) -> Path:

@@ -1,0 +1,46 @@
+"""`mxq up --detach` / `mxq down` on the embedded default: nothing installed, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.conftest import Stack
+from workers.embedded import EmbeddedRedis
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
+
+
+def test_up_probe_every_device_down(tmp_path: Path) -> None:
+    home = tmp_path / "var"
+    stack = Stack("up", home, {"MXQ_HOME": str(home), "MXQ_NODE": "upnode", "MXQ_CPU_DEVICES": "2",
+                               "MXQ_NVIDIA_SMI": str(tmp_path / "absent")})
+    up = stack.mxq("up", "--detach", timeout=240)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "cpu:0" in up.stdout and "cpu:1" in up.stdout
+        assert EmbeddedRedis(home).running() and (home / "mxq.db").exists()
+        devices = stack.mxq_json("devices")
+        assert [(d["device"], d["alive"]) for d in devices] == [("cpu:0", True), ("cpu:1", True)]
+        pids = [d["pid"] for d in devices]
+        for d in devices:
+            job = stack.mxq_json("probe", "--device", d["device"], "--size", "64", "--wait")
+            assert job["status"] == "succeeded" and job["device"] == d["device"]
+        again = stack.mxq("up", "--detach")
+        assert again.returncode == 2 and "already up" in again.stderr
+        launcher = int((home / "launcher.pid").read_text())
+    finally:
+        down = stack.mxq("down", timeout=120)
+    assert down.returncode == 0 and "embedded Redis" in down.stdout
+    assert not EmbeddedRedis(home).running()
+    assert not any(_alive(p) for p in [*pids, launcher])
+    after = stack.mxq_json("devices")
+    assert [d["alive"] for d in after] == [False, False]
