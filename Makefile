@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(MXQ) up --detach
 	@for d in $$($(MXQ) devices --json | $(BIN)/python -c 'import json,sys; print(" ".join(r["device"] for r in json.load(sys.stdin) if r["alive"]))'); do \
-		echo "probe on $$d"; $(MXQ) probe --device $$d --wait --json > /dev/null || exit 1; \
+		$(MXQ) probe --device $$d --wait || exit 1; \
 	done
 	$(MXQ) devices
 	$(MXQ) jobs

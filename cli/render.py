@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -12,7 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-out = Console()
+# Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
+WIDTH = shutil.get_terminal_size((160, 24)).columns
+out = Console(width=None if sys.stdout.isatty() else WIDTH)
 err = Console(stderr=True)
 WAIT_POLL_SECONDS = 0.25
 FINAL = ("succeeded", "failed", "cancelled")

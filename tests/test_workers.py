@@ -187,3 +187,25 @@ def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -
     _wait_alive(workers, f"cpu1@{NODE}", 0)
     after = workers.wait(submit(s, "probe", dict(SMALL), "cpu:1"), timeout=120)
     assert after["status"] == "succeeded" and after["device"] == "cpu:1"
+
+
+def test_a_pickled_message_is_refused_and_the_worker_goes_on(workers: Stack) -> None:
+    from kombu import Connection
+
+    from workers.app import app_for
+
+    s = workers.settings
+    with Connection(s.broker) as conn:
+        producer = conn.Producer(serializer="pickle")
+        producer.publish({"task": "mxq.probe", "id": "evil", "args": [1], "kwargs": {}},
+                         routing_key=f"{NODE}.cpu.0", exchange=f"{NODE}.cpu.0",
+                         headers={"task": "mxq.probe", "id": "evil"})
+    ok = workers.wait(submit(s, "probe", dict(SMALL), "cpu:0"))
+    assert ok["status"] == "succeeded" and ok["device"] == "cpu:0"
+    log = (workers.home / "logs" / f"cpu0-{NODE}.log").read_text()
+    assert "ContentDisallowed: Refusing to deserialize untrusted content of type pickle" in log
+    conf = app_for(s.broker).conf
+    assert conf.accept_content == ["json"] and conf.task_serializer == "json"
+    assert conf.broker_transport_options["visibility_timeout"] == s.visibility_timeout
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1
