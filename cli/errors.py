@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from cli.models import ShapeError
+from db.registry import ModelNotFound
 from workers.devices import DeviceError
 from workers.jobspecs import ParamsError
+from workers.paths import PathError
 from workers.queues import DeviceSpecError
 from workers.routing import RoutingError
 from workers.stack import StackError
-from workers.submit import SubmitError
+from workers.submit import JobRejected, SubmitError
 
-USER_ERRORS = (SubmitError, RoutingError, DeviceSpecError, ParamsError, DeviceError, StackError)
+USER_ERRORS = (SubmitError, RoutingError, DeviceSpecError, ParamsError, DeviceError, StackError,
+               ShapeError, ModelNotFound, PathError)
+# Errors of modules that load MXNet, matched by name so importing the CLI never loads it.
+LAZY_ERRORS = ("ModelError", "ArchError")
 EXIT_USAGE = 2
+EXIT_JOB_FAILED = 1
 
 
 def settings_message(exc: ValidationError) -> str:
@@ -29,12 +36,20 @@ def settings_message(exc: ValidationError) -> str:
     return "invalid settings: " + "; ".join(parts)
 
 
+def exit_code(exc: BaseException) -> int:
+    return EXIT_JOB_FAILED if isinstance(exc, JobRejected) else EXIT_USAGE
+
+
 def describe(exc: BaseException) -> str | None:
     """The one-line message for a known failure, or None for a real bug."""
-    if isinstance(exc, USER_ERRORS):
+    if isinstance(exc, USER_ERRORS) or type(exc).__name__ in LAZY_ERRORS:
         return str(exc)
     if isinstance(exc, ValidationError):
         return settings_message(exc)
-    if isinstance(exc, OperationalError):
-        return f"database error: {str(exc.orig or exc).strip().splitlines()[0]}"
+    if isinstance(exc, OperationalError | ProgrammingError):
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        if "no such table" in reason or "does not exist" in reason or "unable to open" in reason:
+            return (f"database error: {reason}: the database has no mxq schema yet; "
+                    "run `mxq migrate` (or `mxq up`)")
+        return f"database error: {reason}"
     return None

@@ -10,17 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
+from cli import models as models_cli
 from cli import render
-from cli.errors import EXIT_USAGE, describe
+from cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from db.history import JobFilter, device_records, get_job, list_jobs, pool_depths
 from db.schema import utcnow
 from workers.settings import Settings, get_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
+app.add_typer(models_cli.app, name="models")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-EXIT_JOB_FAILED = 1
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
                   "current_job", "heartbeat_age"]
 JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
@@ -121,6 +122,7 @@ def migrate() -> None:
     from db.migrate import upgrade
 
     s = get_settings()
+    s.home_path.mkdir(parents=True, exist_ok=True)
     upgrade(s.database)
     render.out.print(f"database {safe_url(s.database)} is at the newest schema")
 
@@ -136,6 +138,46 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
     _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
                        allow_offline, wait, json_)
+
+
+@app.command()
+def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
+          input: Annotated[str, typer.Argument(help="Input inside MXQ_DATA_ROOT: .npy, .npz, .csv, image folder, .rec")],  # noqa: E501
+          device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
+          batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 256,
+          output: Annotated[str, typer.Option(help="db, npy or both")] = "db",
+          top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
+          chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
+          key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
+          reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Fail on NaN in the input.")] = False,  # noqa: E501
+          allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
+          wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
+          json_: JsonOpt = False) -> None:
+    """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
+    params = {"model": model, "input": input, "batch_size": batch_size, "output": output,
+              "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan}
+    _submit_and_report("infer", params, device, allow_offline, wait, json_)
+
+
+@app.command()
+def results(job_id: int,
+            format: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
+            limit: Annotated[int | None, typer.Option(min=1)] = None,
+            offset: Annotated[int, typer.Option(min=0)] = 0) -> None:
+    """The predictions of an inference job (CSV: index,predicted_class,score[,top-k])."""
+    from db.predictions import read
+
+    if format not in ("table", "json", "csv"):
+        raise typer.BadParameter(f"{format!r}: expected table, json or csv", param_hint="--format")
+    s = get_settings()
+    record = get_job(s.database, job_id)
+    if record is None:
+        render.err.print(f"mxq: no job {job_id}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
+    render.predictions(read(s.database, job_id, limit, offset), format)
+    if record["status"] in ("failed", "cancelled"):
+        render.err.print(f"mxq: job {job_id} {record['status']}: {record['error']}", markup=False)
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
@@ -203,7 +245,7 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
 @app.command()
 def job(job_id: int, json_: JsonOpt = False) -> None:
     """One job's full record; exits 1 when the job failed or was cancelled."""
-    record = get_job(get_settings().database, job_id)
+    record = get_job(get_settings().database, job_id, with_metrics=True)
     if record is None:
         render.err.print(f"mxq: no job {job_id}", markup=False)
         raise typer.Exit(EXIT_USAGE)
@@ -219,4 +261,4 @@ def main() -> None:
         if message is None:
             raise
         print(f"mxq: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        sys.exit(exit_code(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import sys
@@ -51,6 +52,24 @@ def job_detail(record: dict[str, Any]) -> None:
             value = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
         t.add_row(key, _fmt(value))
     out.print(t)
+
+
+def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
+    """Rows as a table, JSON or CSV (index,predicted_class,score, then top-k pairs when stored)."""
+    if fmt == "json":
+        print_json(rows)
+        return
+    k = max((len(r["top_k"] or []) for r in rows), default=0)
+    if fmt == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["index", "predicted_class", "score",
+                         *[f"{h}_{i}" for i in range(1, k + 1) for h in ("top", "top_score")]])
+        for r in rows:
+            pairs = [v for pair in (r["top_k"] or []) for v in pair]
+            writer.writerow([r["index"], r["predicted_class"], f"{r['score']:.6g}", *pairs])
+        return
+    table([{**r, "top_k": " ".join(f"{c}:{p:.3f}" for c, p in (r["top_k"] or [])) or None}
+           for r in rows], ["index", "predicted_class", "score", *(["top_k"] if k else [])])
 
 
 def wait_for(job_id: int, fetch: Callable[[int], dict[str, Any] | None],

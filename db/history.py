@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from db.engine import session_scope
-from db.schema import Job, JobStatus, as_utc
+from db.schema import Job, JobMetric, JobStatus, as_utc
 from db.workers import list_workers
 
 
@@ -49,13 +49,33 @@ def job_record(job: Job) -> dict[str, Any]:
         "finished_at": _iso(job.finished_at),
         "result": job.result,
         "error": job.error,
+        "parent_id": job.parent_id,
+        "chunk_index": job.chunk_index,
+        "chunks": job.chunks,
+        "model": job.params.get("model"),
+        "model_version": job.params.get("model_version"),
+        "output": (job.result or {}).get("output"),
     }
 
 
-def get_job(url: str, job_id: int) -> dict[str, Any] | None:
+def metrics(url: str, job_id: int) -> list[dict[str, Any]]:
+    """Throughput over time of a job and, for a parent, of its chunks."""
+    with session_scope(url) as s:
+        ids = [job_id, *s.scalars(select(Job.id).where(Job.parent_id == job_id))]
+        rows = s.scalars(select(JobMetric).where(JobMetric.job_id.in_(ids))
+                         .order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
+        return [{"job_id": m.job_id, "step": m.step, "at": _iso(m.at), "device": m.device,
+                 "samples": m.samples, "seconds": m.seconds, "samples_per_sec": m.samples_per_sec}
+                for m in rows]
+
+
+def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any] | None:
     with session_scope(url) as s:
         job = s.get(Job, job_id)
-        return job_record(job) if job else None
+        record = job_record(job) if job else None
+    if record and with_metrics:
+        record["metrics"] = metrics(url, job_id)
+    return record
 
 
 def list_jobs(url: str, f: JobFilter) -> list[dict[str, Any]]:

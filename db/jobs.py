@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
 
 from db.engine import session_scope
-from db.schema import FINISHED, Job, JobStatus, as_utc, utcnow
+from db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 
 
 class Claim(enum.Enum):
@@ -34,10 +34,13 @@ class Placement:
     device: str
 
 
-def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str) -> int:
+def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
+               rejected: str | None = None) -> int:
+    """A queued job, or (with `rejected`) one that failed at submit for that reason."""
     with session_scope(url) as s:
         job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
-                  status=JobStatus.QUEUED, progress=0.0, attempts=0)
+                  status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
+                  attempts=0, error=rejected, finished_at=utcnow() if rejected else None)
         s.add(job)
         s.flush()
         return job.id
@@ -106,9 +109,25 @@ def beat(url: str, job_id: int, worker: str) -> None:
 
 
 def set_progress(url: str, job_id: int, progress: float) -> None:
+    """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
     with session_scope(url) as s:
         s.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
                   .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=utcnow()))
+        parent = s.scalar(select(Job.parent_id).where(Job.id == job_id))
+        if parent is not None:
+            mean = s.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))
+            s.execute(update(Job).where(Job.id == parent, Job.status == JobStatus.RUNNING)
+                      .values(progress=mean))
+
+
+def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
+                  seconds: float) -> None:
+    """One point of throughput over time; keyed by (job, step) so a rerun overwrites it."""
+    with session_scope(url) as s:
+        s.query(JobMetric).filter(JobMetric.job_id == job_id, JobMetric.step == step).delete()
+        s.execute(insert(JobMetric).values(
+            job_id=job_id, step=step, at=utcnow(), device=device, samples=samples, seconds=seconds,
+            samples_per_sec=samples / seconds if seconds > 0 else 0.0))
 
 
 def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
@@ -137,11 +156,62 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
 
 
 def orphan(url: str, worker: str) -> list[int]:
-    """The running jobs of a worker known dead, their heartbeat cleared so they can be re-claimed."""
+    """The running jobs of a worker known dead, their heartbeat cleared so they can be re-claimed.
+
+    A parent whose chunks are out is not the worker's any more: its chunks run it.
+    """
     with session_scope(url) as s:
-        ids = list(s.scalars(select(Job.id).where(Job.worker == worker,
+        ids = list(s.scalars(select(Job.id).where(Job.worker == worker, Job.chunks.is_(None),
                                                   Job.status == JobStatus.RUNNING)))
         if ids:
             s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
                       .values(heartbeat_at=None))
         return ids
+
+
+def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, Any]],
+            queue: str, requested: str) -> list[tuple[int, bool]]:
+    """Create the parent's chunk jobs once; return (child id, still queued) for each chunk.
+
+    Run again after a redelivery it creates nothing new, so chunks are never doubled.
+    """
+    with session_scope(url) as s:
+        existing = {c.chunk_index: c for c in s.scalars(select(Job).where(Job.parent_id == parent_id))}
+        for index, params in enumerate(chunk_params):
+            if index not in existing:
+                existing[index] = Job(kind=kind, params=params, requested_device=requested,
+                                      queue=queue, status=JobStatus.QUEUED, progress=0.0,
+                                      attempts=0, parent_id=parent_id, chunk_index=index)
+                s.add(existing[index])
+        s.execute(update(Job).where(Job.id == parent_id)
+                  .values(chunks=len(chunk_params), heartbeat_at=None))
+        s.flush()
+        return [(existing[i].id, existing[i].status == JobStatus.QUEUED)
+                for i in range(len(chunk_params))]
+
+
+def settle_parent(url: str, parent_id: int) -> bool:
+    """Finish the parent once every chunk has: aggregate samples over the wall-clock span."""
+    with session_scope(url) as s:
+        children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
+                                  .order_by(Job.chunk_index)))
+        if not children or any(c.status not in FINISHED for c in children):
+            return False
+        failed = [c for c in children if c.status != JobStatus.SUCCEEDED]
+        samples = sum(c.samples or 0 for c in children)
+        begin = min(as_utc(c.started_at) for c in children if c.started_at) if samples else None
+        end = max(as_utc(c.finished_at) for c in children if c.finished_at)
+        seconds = (end - begin).total_seconds() if begin else None
+        values: dict[str, Any] = dict(finished_at=utcnow(), samples=samples, seconds=seconds,
+                                      samples_per_sec=samples / seconds if seconds else None,
+                                      heartbeat_at=None)
+        if failed:
+            first = failed[0]
+            values.update(status=JobStatus.FAILED,
+                          error=f"chunk {first.chunk_index} (job {first.id}) {first.status}: "
+                                f"{first.error}")
+        else:
+            values.update(status=JobStatus.SUCCEEDED, progress=1.0)
+        return bool(s.execute(update(Job).where(Job.id == parent_id,
+                                                Job.status == JobStatus.RUNNING).values(**values)
+                              ).rowcount)

@@ -6,7 +6,18 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -60,8 +71,13 @@ class Job(Base):
     result: Mapped[dict[str, Any] | None]
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # A large job fans out into chunk jobs: the parent holds `chunks`, each child its index.
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
+    chunk_index: Mapped[int | None]
+    chunks: Mapped[int | None]
 
     __table_args__ = (
+        Index("ix_jobs_parent", "parent_id"),
         Index("ix_jobs_status_submitted", "status", "submitted_at"),
         Index("ix_jobs_kind_submitted", "kind", "submitted_at"),
         Index("ix_jobs_device_submitted", "device", "submitted_at"),
@@ -87,3 +103,51 @@ class WorkerBeat(Base):
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     __table_args__ = (Index("ix_workers_node_device", "node", "device"),)
+
+
+class Model(Base):
+    """One version of a named model in the store (`$MXQ_HOME/models/NAME/VERSION/`)."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int]
+    arch: Mapped[str] = mapped_column(String(64))  # a built-in architecture, or "symbol"
+    input_shape: Mapped[list[int]] = mapped_column(JSON)
+    classes: Mapped[int]
+    params_file: Mapped[str] = mapped_column(Text)
+    symbol_file: Mapped[str | None] = mapped_column(Text)
+    checksum: Mapped[str] = mapped_column(String(64))  # sha256 of the params file
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    source: Mapped[str] = mapped_column(String(256))
+    promoted: Mapped[bool] = mapped_column(Boolean, default=False)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),)
+
+
+class Prediction(Base):
+    """One sample's result; keyed by (job, index) so a redelivered chunk cannot duplicate it."""
+
+    __tablename__ = "predictions"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    predicted_class: Mapped[int]
+    score: Mapped[float] = mapped_column(Float)
+    top_k: Mapped[list[Any] | None] = mapped_column(JSON)
+
+
+class JobMetric(Base):
+    """Throughput over time: one point per flushed stretch of work (or per epoch)."""
+
+    __tablename__ = "job_metrics"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    device: Mapped[str | None] = mapped_column(String(32))
+    samples: Mapped[int]
+    seconds: Mapped[float] = mapped_column(Float)
+    samples_per_sec: Mapped[float] = mapped_column(Float)

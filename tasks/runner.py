@@ -19,6 +19,7 @@ from db.schema import Job
 from workers import app, heartbeat
 from workers.queues import parse_device, worker_name
 from workers.settings import get_settings
+from workers.submit import publish
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,28 @@ class Outcome:
 
 
 @dataclass
+class FanOut:
+    """The job is split: one chunk job per params dict, run wherever the parent was routed."""
+
+    chunks: list[dict[str, Any]]
+
+
+@dataclass
 class JobContext:
     id: int
+    kind: str
     params: dict[str, Any]
     device: str  # "cpu:1"
     url: str
+    queue: str
+    requested: str
+    parent_id: int | None
 
     def progress(self, fraction: float) -> None:
         jobs.set_progress(self.url, self.id, fraction)
 
 
-Body = Callable[[JobContext], Outcome]
+Body = Callable[[JobContext], Outcome | FanOut]
 
 
 def _placement() -> Placement:
@@ -63,24 +75,45 @@ def run_job(job_id: int, body: Body) -> str:
         log.warning("job %s not run here: %s", job_id, verdict.value)
         return verdict.value
     with session_scope(s.database) as session:
-        params = dict(session.get(Job, job_id).params)
+        row = session.get(Job, job_id)
+        job = JobContext(job_id, row.kind, dict(row.params), at.device, s.database, row.queue,
+                         row.requested_device, row.parent_id)
     hb = heartbeat.current
     if hb is not None:
         hb.current_job = job_id
     try:
-        outcome = body(JobContext(job_id, params, at.device, s.database))
+        outcome = body(job)
+        if isinstance(outcome, FanOut):
+            return _fan_out(job, outcome)
+        jobs.succeed(s.database, job_id, at.worker, outcome.samples, outcome.seconds, outcome.result)
+        return "succeeded"
     except JobInputError as exc:
         jobs.fail(s.database, job_id, str(exc), worker=at.worker)
         return "failed"
     except Exception as exc:
         log.exception("job %s failed", job_id)
-        jobs.fail(s.database, job_id, f"{type(exc).__name__}: {exc}", worker=at.worker)
+        jobs.fail(s.database, job_id, f"{type(exc).__name__}: {_one_line(exc)}", worker=at.worker)
         return "failed"
     finally:
         if hb is not None:
             hb.current_job = None
-    jobs.succeed(s.database, job_id, at.worker, outcome.samples, outcome.seconds, outcome.result)
-    return "succeeded"
+        if job.parent_id is not None:
+            jobs.settle_parent(s.database, job.parent_id)
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:500]
+
+
+def _fan_out(job: JobContext, split: FanOut) -> str:
+    """Create the chunk jobs (once, even on redelivery) and publish those not yet started."""
+    children = jobs.fan_out(job.url, job.id, job.kind, split.chunks, job.queue, job.requested)
+    s = get_settings()
+    for child_id, queued in children:
+        if queued:
+            publish(s, child_id, job.kind, job.queue)
+    log.info("job %s split into %s chunks on %s", job.id, len(children), job.queue)
+    return "split"
 
 
 def job_task(kind: str) -> Callable[[Body], Body]:

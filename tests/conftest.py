@@ -128,7 +128,9 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     gen = make(tmp_path_factory.mktemp(request.param))
     s = next(gen)
     s.home.mkdir(parents=True, exist_ok=True)
-    s.env.update({"MXQ_NODE": NODE, "MXQ_NVIDIA_SMI": str(ROOT / "no-such-nvidia-smi"),
+    (s.home / "data").mkdir()
+    s.env.update({"MXQ_DATA_ROOT": str(s.home / "data"), "MXQ_NODE": NODE,
+                  "MXQ_NVIDIA_SMI": str(ROOT / "no-such-nvidia-smi"),
                   "MXQ_HEARTBEAT_SECONDS": "0.5", "MXQ_CPU_DEVICES": "2",
                   "MXQ_MAX_ATTEMPTS": "3"})
     upgrade(s.settings.database)

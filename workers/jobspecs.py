@@ -5,9 +5,13 @@ One pydantic model per kind: the error names the field, the value and what is al
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Upper bounds that keep a typo from asking a device for terabytes.
+MAX_BATCH_SIZE = 65536
+MAX_TOP_K = 100
 
 
 class ProbeParams(BaseModel):
@@ -20,7 +24,31 @@ class ProbeParams(BaseModel):
     repeat: int = Field(5, ge=1, le=10000, description="Timed rounds of each benchmark.")
 
 
-SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams}
+class InferParams(BaseModel):
+    """Bulk inference of one model over one input (or one chunk [start, stop) of it)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(min_length=1)
+    model_version: int | None = Field(None, ge=1)
+    input: str = Field(min_length=1)
+    key: str | None = Field(None, description="Array name inside an .npz input.")
+    batch_size: int = Field(256, ge=1, le=MAX_BATCH_SIZE)
+    output: Literal["db", "npy", "both"] = "db"
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K)
+    reject_nan: bool = False
+    chunk_size: int | None = Field(None, ge=1)
+    start: int | None = Field(None, ge=0)
+    stop: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> InferParams:
+        if self.start is not None and self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"chunk range [{self.start}, {self.stop}) is empty")
+        return self
+
+
+SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams}
 
 
 class ParamsError(ValueError):

@@ -15,8 +15,10 @@ from sqlalchemy.exc import OperationalError
 
 from db.engine import get_engine, safe_url
 from db.jobs import create_job, delete_unstarted
+from db.registry import resolve
 from workers.app import app_for
-from workers.jobspecs import validate
+from workers.jobspecs import SPECS, ParamsError, validate
+from workers.paths import PathError, inside_root
 from workers.queues import parse_device
 from workers.routing import route
 from workers.settings import Settings
@@ -50,14 +52,48 @@ def task_name(kind: str) -> str:
     return f"mxq.{kind}"
 
 
+class JobRejected(SubmitError):
+    """The request was recorded as a failed job: its parameters or input are wrong."""
+
+    def __init__(self, job_id: int, reason: str) -> None:
+        super().__init__(f"job {job_id} failed: {reason}")
+        self.job_id = job_id
+
+
+def _resolve_infer(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+    """Pin the model version and the input path the job will use."""
+    name, _, version = params["model"].partition(":")
+    if version and not version.isdigit():
+        raise ParamsError(f"model version {version!r} in {params['model']!r} must be a number, "
+                          "as in NAME:3")
+    model = resolve(settings.database, name, int(version) if version else params["model_version"])
+    path = inside_root(params["input"], settings.data_root)
+    return {**params, "model": name, "model_version": model["version"], "input": str(path)}
+
+
+PREPARE = {"infer": _resolve_infer}
+
+
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
            allow_offline: bool = False) -> int:
-    """Queue one job and return its id."""
-    params = validate(kind, params)
+    """Queue one job and return its id.
+
+    Device, broker and database problems write nothing; wrong parameters or inputs are recorded
+    as a failed job (so the history says why) and raise JobRejected.
+    """
+    if kind not in SPECS:
+        raise SubmitError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
     spec = parse_device(device)
     check_database(settings)
     check_broker(settings)
     where = route(settings, spec, allow_offline)
+    try:
+        params = validate(kind, params)
+        params = PREPARE.get(kind, lambda _s, p: p)(settings, params)
+    except (ParamsError, PathError, LookupError) as exc:
+        reason = str(exc).strip('"')
+        job_id = create_job(settings.database, kind, params, where.requested, where.queue, reason)
+        raise JobRejected(job_id, reason) from None
     job_id = create_job(settings.database, kind, params, where.requested, where.queue)
     publish(settings, job_id, kind, where.queue, undo_on_failure=True)
     return job_id

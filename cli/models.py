@@ -1,0 +1,102 @@
+"""`mxq models`: list, add (built-in or exported) and promote model versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.core import TyperGroup
+
+from cli import render
+from db.registry import list_models, promote, resolve
+from workers.settings import get_settings
+
+
+class _NameMeansShow(TyperGroup):
+    """`mxq models NAME` reads as `mxq models show NAME`."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(help="The model registry: `mxq models [NAME] [--json]`, `add`, `promote`.",
+                  cls=_NameMeansShow, invoke_without_command=True, no_args_is_help=False)
+COLUMNS = ["name", "version", "arch", "input_shape", "classes", "promoted", "source", "created_at"]
+
+
+class ShapeError(ValueError):
+    """An --input-shape that is not a list of positive integers."""
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError:
+        raise ShapeError(f"--input-shape {text!r}: expected sizes of one sample such as 64 or "
+                         "1,8,8") from None
+    if not dims or min(dims) < 1:
+        raise ShapeError(f"--input-shape {text!r}: every size must be a positive integer")
+    return dims
+
+
+def _list(name: str | None, json_: bool) -> None:
+    rows = list_models(get_settings().database, name)
+    if json_:
+        render.print_json(rows)
+    else:
+        render.table(rows, COLUMNS, "models")
+
+
+@app.callback()
+def models(ctx: typer.Context, json_: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List every model version."""
+    if ctx.invoked_subcommand is None:
+        _list(None, json_)
+
+
+@app.command()
+def show(name: str, json_: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The versions of NAME with their metrics."""
+    resolve(get_settings().database, name)  # an unknown name is an error, not an empty list
+    _list(name, json_)
+
+
+@app.command()
+def add(name: str,
+        arch: Annotated[str | None, typer.Option(help="Built-in: mlp, lenet, resnet18_v1.")] = None,
+        symbol: Annotated[Path | None, typer.Option(help="NAME-symbol.json from net.export().")] = None,
+        params: Annotated[Path | None, typer.Option(help="NAME-0000.params from net.export().")] = None,
+        input_shape: Annotated[str | None, typer.Option(help="One sample's shape: 64 or 1,8,8.")] = None,
+        classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
+        seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+        json_: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params)."""
+    from tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
+
+    s = get_settings()
+    shape = parse_shape(input_shape)
+    if arch and not (symbol or params):
+        if shape is None:
+            raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
+        record = add_builtin(s.database, s.home_path, name, arch, shape, classes, seed)
+    elif symbol and params and not arch:
+        record = add_exported(s.database, s.home_path, name, symbol, params, shape)
+    else:
+        raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
+    if json_:
+        render.print_json(record)
+    else:
+        render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
+                         f"{tuple(record['input_shape'])}, {record['classes']} classes)")
+
+
+@app.command("promote")
+def promote_cmd(name: str, version: int) -> None:
+    """Make VERSION the one `mxq infer NAME` uses."""
+    record = promote(get_settings().database, name, version)
+    render.out.print(f"{record['name']}:{record['version']} is promoted")

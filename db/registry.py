@@ -1,0 +1,75 @@
+"""The model registry: named, versioned models and which version is promoted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from db.engine import session_scope
+from db.schema import Model, as_utc
+
+
+class ModelNotFound(LookupError):
+    """No such model or version; the message lists what exists."""
+
+
+def model_record(m: Model) -> dict[str, Any]:
+    return {
+        "name": m.name, "version": m.version, "arch": m.arch, "input_shape": list(m.input_shape),
+        "classes": m.classes, "params_file": m.params_file, "symbol_file": m.symbol_file,
+        "checksum": m.checksum, "created_at": as_utc(m.created_at).isoformat(),
+        "source": m.source, "promoted": m.promoted, "metrics": m.metrics,
+    }
+
+
+def next_version(url: str, name: str) -> int:
+    with session_scope(url) as s:
+        return (s.scalar(select(func.max(Model.version)).where(Model.name == name)) or 0) + 1
+
+
+def add_model(url: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Insert a version (the record names it); a clash with a concurrent add is an error."""
+    try:
+        with session_scope(url) as s:
+            model = Model(**record)
+            s.add(model)
+            s.flush()
+            return model_record(model)
+    except IntegrityError:
+        raise ModelNotFound(f"model {record['name']} version {record['version']} was added "
+                            "concurrently; add it again") from None
+
+
+def resolve(url: str, name: str, version: int | None = None) -> dict[str, Any]:
+    """A given version, else the promoted one, else the newest."""
+    with session_scope(url) as s:
+        versions = list(s.scalars(select(Model).where(Model.name == name).order_by(Model.version)))
+        if not versions:
+            known = sorted(set(s.scalars(select(Model.name))))
+            raise ModelNotFound(f"unknown model {name!r}; known models: "
+                                f"{', '.join(known) or 'none (add one with `mxq models add`)'}")
+        if version is None:
+            promoted = [m for m in versions if m.promoted]
+            return model_record(promoted[-1] if promoted else versions[-1])
+        for m in versions:
+            if m.version == version:
+                return model_record(m)
+        raise ModelNotFound(f"model {name!r} has no version {version}; versions: "
+                            f"{', '.join(str(m.version) for m in versions)}")
+
+
+def list_models(url: str, name: str | None = None) -> list[dict[str, Any]]:
+    q = select(Model).order_by(Model.name, Model.version)
+    if name is not None:
+        q = q.where(Model.name == name)
+    with session_scope(url) as s:
+        return [model_record(m) for m in s.scalars(q)]
+
+
+def promote(url: str, name: str, version: int) -> dict[str, Any]:
+    resolve(url, name, version)  # raises with the versions that exist
+    with session_scope(url) as s:
+        s.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))
+    return resolve(url, name, version)

@@ -1,0 +1,144 @@
+"""`infer`: stream an input through a model on the worker's device; store every prediction.
+
+Batches have a fixed shape (the last one may be short); results go to SQL in bulk inserts, at
+most every FLUSH_SECONDS, each flush also recording a throughput point and the progress.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from pathlib import Path
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from db import predictions, registry
+from db.jobs import record_metric
+from tasks.device import context
+from tasks.inputs import InputError, InputSource, open_input
+from tasks.models import ModelError, load
+from tasks.runner import FanOut, JobContext, JobInputError, Outcome, job_task
+from workers.jobspecs import InferParams, ParamsError, validate
+from workers.paths import PathError, inside_root
+from workers.settings import get_settings
+
+FLUSH_SECONDS = 1.0  # how often results are written and progress reported
+FLUSH_ROWS = 20000  # ... or after this many rows, whichever comes first
+
+
+def _params(job: JobContext) -> InferParams:
+    try:
+        return InferParams(**validate("infer", job.params))
+    except ParamsError as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def _open(p: InferParams, model: dict[str, Any]) -> InputSource:
+    try:
+        path = inside_root(p.input, get_settings().data_root)
+        return open_input(path, tuple(model["input_shape"]), p.key)
+    except (PathError, InputError) as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def output_path(job_id: int) -> Path:
+    return get_settings().home_path / "outputs" / f"job-{job_id}.npy"
+
+
+def _output_array(job_id: int, rows: int, classes: int) -> np.memmap:
+    """The job's full output array, created once (under a lock: chunks share it)."""
+    path = output_path(job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
+    return np.load(path, mmap_mode="r+")
+
+
+def _chunks(p: InferParams, count: int) -> list[dict[str, Any]]:
+    size = p.chunk_size or count
+    base = p.model_dump(exclude={"chunk_size"})
+    return [{**base, "start": a, "stop": min(a + size, count)} for a in range(0, count, size)]
+
+
+def _rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[dict[str, Any]]:
+    """Prediction rows of one batch; per-sample work is limited to building the dicts."""
+    classes = probs.argmax(axis=1)
+    scores = probs[np.arange(len(probs)), classes]
+    top: list[Any] = [None] * len(probs)
+    if top_k:
+        order = np.argsort(-probs, axis=1)[:, :top_k]
+        top = [[[int(c), float(s)] for c, s in zip(o, p[o], strict=True)] for o, p in zip(order, probs,
+                                                                                          strict=True)]
+    return [{"job_id": owner, "idx": first + i, "predicted_class": c, "score": s, "top_k": t}
+            for i, (c, s, t) in enumerate(zip(classes.tolist(), scores.tolist(), top, strict=True))]
+
+
+@job_task("infer")
+def infer(job: JobContext) -> Outcome | FanOut:
+    p = _params(job)
+    settings = get_settings()
+    try:
+        model = registry.resolve(job.url, p.model, p.model_version)
+    except LookupError as exc:
+        raise JobInputError(str(exc)) from None
+    if p.top_k > model["classes"]:
+        raise JobInputError(f"top-k {p.top_k} exceeds the {model['classes']} classes of "
+                            f"{model['name']}:{model['version']}")
+    source = _open(p, model)
+    if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
+        return FanOut(_chunks(p, source.count))
+    start, stop = p.start or 0, p.stop or source.count
+    if stop > source.count:
+        raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
+                            f"{p.input}")
+    ctx = context(job.device)
+    try:
+        net, cached = load(model, ctx)
+    except ModelError as exc:
+        raise JobInputError(str(exc)) from None
+    owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
+    out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
+    predictions.replace_range(settings.database, owner, start, stop)
+    began = time.perf_counter()
+    done = _stream(job, p, source, net, ctx, owner, out, start, stop)
+    seconds = time.perf_counter() - began
+    if out is not None:
+        out.flush()
+    return Outcome(samples=done, seconds=seconds, result={
+        "model": model["name"], "model_version": model["version"], "model_cache": "hit" if cached
+        else "miss", "input": str(source.path), "range": [start, stop], "batch_size": p.batch_size,
+        "output": str(output_path(owner)) if out is not None else "db", "classes": model["classes"],
+    })
+
+
+def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx: mx.Context,
+            owner: int, out: np.memmap | None, start: int, stop: int) -> int:
+    """Run every batch; flush rows, a throughput point and the progress now and then."""
+    pending: list[dict[str, Any]] = []
+    step, since, flushed_at, done_at_flush = 0, time.perf_counter(), time.perf_counter(), start
+    for first in range(start, stop, p.batch_size):
+        last = min(first + p.batch_size, stop)
+        try:
+            x = source.read(first, last)
+        except InputError as exc:
+            raise JobInputError(str(exc)) from None
+        if p.reject_nan and np.isnan(x).any():
+            bad = first + int(np.argwhere(np.isnan(x.reshape(len(x), -1)).any(axis=1))[0][0])
+            raise JobInputError(f"input {p.input} has NaN in sample {bad} (--reject-nan is set)")
+        probs = mx.nd.softmax(net(mx.nd.array(x, ctx=ctx))).asnumpy()
+        if out is not None:
+            out[first:last] = probs
+        if p.output != "npy":
+            pending.extend(_rows(owner, first, probs, p.top_k))
+        now = time.perf_counter()
+        if now - flushed_at >= FLUSH_SECONDS or len(pending) >= FLUSH_ROWS or last == stop:
+            predictions.write(job.url, pending)
+            pending = []
+            record_metric(job.url, job.id, step, job.device, last - done_at_flush, now - since)
+            job.progress((last - start) / (stop - start))
+            step, since, flushed_at, done_at_flush = step + 1, now, now, last
+    return stop - start

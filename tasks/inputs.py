@@ -1,0 +1,262 @@
+"""Input readers for bulk inference: .npy, .npz, .csv, a folder of images, MXNet RecordIO.
+
+Every reader counts its samples cheaply up front and reads them a batch at a time, so a large
+.npy file is memory-mapped and never loaded whole. mxnet is imported only in the image and
+RecordIO paths: the CLI process validates inputs with `inside_root` and `count_samples` and must
+stay light.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
+NUMERIC_KINDS = "biuf"  # bool, int, uint, float
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+class InputError(ValueError):
+    """Bad input; the message names the file and the problem."""
+
+
+def _kind(path: Path) -> str:
+    """The format of `path`, chosen by folder or suffix."""
+    if path.is_dir():
+        return "images"
+    kind = {".npy": "npy", ".npz": "npz", ".csv": "csv", ".rec": "rec"}.get(path.suffix.lower())
+    if kind is None:
+        raise InputError(f"input {path} has an unsupported format; supported: {SUPPORTED}")
+    return kind
+
+
+def _read_header(f: Any, path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from an .npy header, reading no data; rejects non-numeric dtypes."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version not in _HEADER_READERS:
+            raise ValueError(f"unsupported .npy format version {version}")
+        shape, _fortran, dtype = _HEADER_READERS[version](f)
+    except ValueError as e:
+        raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+    if dtype.kind not in NUMERIC_KINDS:
+        raise InputError(f"input {path} has dtype {dtype}; allowed: bool, int, uint or float arrays")
+    if not shape:
+        raise InputError(f"input {path} holds a scalar, not an array of samples")
+    return shape, dtype
+
+
+def _npy(path: Path) -> np.memmap:
+    """The .npy array memory-mapped read-only (a header check first, for clear errors)."""
+    with path.open("rb") as f:
+        _read_header(f, path)
+    try:
+        return np.load(path, mmap_mode="r")
+    except ValueError as e:
+        raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+
+
+def _npz_member(path: Path, key: str | None) -> tuple[str, tuple[int, ...]]:
+    """Pick the array (`key`, the only one, else `X`) and read its shape from its header only."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n.removesuffix(".npy") for n in zf.namelist()]
+            if key is not None and key not in names:
+                raise InputError(f"input {path} has no array {key!r}; available: {', '.join(names)}")
+            if key is None:
+                if len(names) == 1:
+                    key = names[0]
+                elif "X" in names:
+                    key = "X"
+                else:
+                    raise InputError(f"input {path} holds several arrays ({', '.join(names) or 'none'}) "
+                                     "and none is named X; choose one with the input key")
+            with zf.open(key + ".npy") as f:
+                shape, _dtype = _read_header(f, path)
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
+        raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+    return key, shape
+
+
+def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, cells) for each non-blank data line; a non-numeric first line is a header."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        rows = [(n, line.strip().split(",")) for n, line in enumerate(f, 1) if line.strip()]
+    return rows[1:] if rows and not _numeric(rows[0][1]) else rows
+
+
+def _numeric(cells: list[str]) -> bool:
+    try:
+        [float(c) for c in cells]
+    except ValueError:
+        return False
+    return True
+
+
+def _csv(path: Path) -> np.ndarray:
+    """The whole CSV as a 2-D float32 array, naming the line of any bad cell or ragged row."""
+    rows = _csv_rows(path)
+    width = len(rows[0][1]) if rows else 0
+    out = np.empty((len(rows), width), dtype=np.float32)
+    for i, (line, cells) in enumerate(rows):
+        if len(cells) != width:
+            raise InputError(f"input {path} line {line} has {len(cells)} values, expected {width}")
+        try:
+            out[i] = [float(c) for c in cells]
+        except ValueError as e:
+            raise InputError(f"input {path} line {line} has a non-numeric value: {e}") from e
+    return out
+
+
+def _images(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _idx(path: Path) -> Path:
+    idx = path.with_suffix(".idx")
+    if not idx.is_file():
+        raise InputError(f"input {path} has no index {idx.name} beside it (RecordIO needs .rec + .idx)")
+    return idx
+
+
+def count_samples(path: Path, key: str | None = None) -> int:
+    """Number of samples, from headers and line counts only; never imports mxnet."""
+    kind = _kind(path)
+    if kind == "npy":
+        return _npy(path).shape[0]
+    if kind == "npz":
+        return _npz_member(path, key)[1][0]
+    if kind == "csv":
+        return len(_csv_rows(path))
+    if kind == "images":
+        return len(_images(path))
+    with _idx(path).open() as f:
+        return sum(1 for line in f if line.strip())
+
+
+@dataclass
+class InputSource:
+    path: Path
+    count: int  # number of samples
+    sample_shape: tuple[int, ...]  # shape of one sample as the model sees it
+    fetch: Callable[[int, int], Any] = field(repr=False)  # raw samples [start, stop)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Samples [start, stop) as float32 (stop-start, *sample_shape); only that batch is read."""
+        if not 0 <= start <= stop <= self.count:
+            raise IndexError(f"samples [{start}, {stop}) out of range for {self.count} in {self.path}")
+        batch = np.asarray(self.fetch(start, stop), dtype=np.float32)
+        return batch.reshape((stop - start, *self.sample_shape))
+
+
+def _check_shape(path: Path, shape: tuple[int, ...], want: tuple[int, ...]) -> None:
+    """Exact match, or equal size when either side is flat (8x8 digits into an MLP of 64)."""
+    if shape == want:
+        return
+    if math.prod(shape) == math.prod(want) and (len(shape) == 1 or len(want) == 1):
+        return
+    raise InputError(f"input {path} has samples of shape {shape} but model expects {want}")
+
+
+def _image_channels(path: Path, input_shape: tuple[int, ...]) -> None:
+    if len(input_shape) != 3 or input_shape[0] not in (1, 3):
+        raise InputError(f"input {path} holds images, so the model input must be (C, H, W) with C 1 or 3, "
+                         f"not {input_shape}")
+
+
+def _to_chw(img: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """HWC mx NDArray -> CHW float32 at the model's (H, W), values 0..255 as decoded."""
+    import mxnet as mx
+
+    _c, h, w = shape
+    if img.shape[:2] != (h, w):
+        img = mx.image.imresize(img, w, h)
+    return img.asnumpy().astype(np.float32).transpose(2, 0, 1)
+
+
+def _image_reader(files: list[Path], shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+    def fetch(start: int, stop: int) -> np.ndarray:
+        import mxnet as mx
+
+        out = []
+        for f in files[start:stop]:
+            try:
+                img = mx.image.imread(str(f), flag=0 if shape[0] == 1 else 1)
+            except mx.base.MXNetError as e:
+                reason = str(e).strip().splitlines()[-1]
+                raise InputError(f"input {f} is not a decodable image: {reason}") from e
+            out.append(_to_chw(img, shape))
+        return np.stack(out)
+
+    return fetch
+
+
+def _record_reader(path: Path, idx: Path, shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+    """Records are opened per batch: no handle outlives a read, so the source survives forks."""
+
+    def fetch(start: int, stop: int) -> np.ndarray:
+        import mxnet as mx
+
+        rec = mx.recordio.MXIndexedRecordIO(str(idx), str(path), "r")
+        try:
+            out = []
+            for key in rec.keys[start:stop]:
+                _header, payload = mx.recordio.unpack(rec.read_idx(key))
+                try:  # unpack_img needs cv2; imdecode is MXNet's own decoder (RGB, like imread)
+                    img = mx.image.imdecode(payload, flag=0 if shape[0] == 1 else 1)
+                except mx.base.MXNetError as e:
+                    raise InputError(f"input {path} record {key} is not a decodable image") from e
+                out.append(_to_chw(img, shape))
+            return np.stack(out)
+        finally:
+            rec.close()
+
+    return fetch
+
+
+def _npz_reader(path: Path, key: str) -> Callable[[int, int], np.ndarray]:
+    """An .npz member is loaded on the first read: members are zipped, so they can't be memory-mapped."""
+    cache: dict[str, np.ndarray] = {}
+
+    def fetch(start: int, stop: int) -> np.ndarray:
+        if key not in cache:
+            try:
+                with np.load(path) as npz:
+                    cache[key] = npz[key]
+            except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
+                raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+        return cache[key][start:stop]
+
+    return fetch
+
+
+def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None) -> InputSource:
+    """Open an already-resolved input for a model whose single-sample input shape is `input_shape`."""
+    input_shape = tuple(input_shape)
+    kind = _kind(path)
+    count = count_samples(path, key)
+    if count == 0:
+        raise InputError(f"input {path} holds no samples")
+    fetch: Callable[[int, int], Any]
+    if kind in ("images", "rec"):
+        _image_channels(path, input_shape)
+        if kind == "images":
+            fetch = _image_reader(_images(path), input_shape)
+        else:
+            fetch = _record_reader(path, _idx(path), input_shape)
+        return InputSource(path, count, input_shape, fetch)
+    if kind == "npz":
+        key, shape = _npz_member(path, key)
+        fetch = _npz_reader(path, key)
+    else:
+        array = _npy(path) if kind == "npy" else _csv(path)
+        shape, fetch = array.shape, lambda start, stop: array[start:stop]
+    _check_shape(path, tuple(shape[1:]), input_shape)
+    return InputSource(path, count, input_shape, fetch)

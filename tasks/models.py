@@ -1,0 +1,156 @@
+"""The model store: built-in and imported models on disk, and a small per-process cache of loaded ones.
+
+Every version is stored in MXNet's export format (`model-symbol.json` + `model-0000.params`), so
+one loader (`SymbolBlock.imports`) serves built-in, imported and trained models alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import mxnet as mx
+from mxnet import gluon
+
+from db import registry
+from tasks.zoo import build
+
+CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
+PREFIX = "model"
+_cache: OrderedDict[tuple, gluon.SymbolBlock] = OrderedDict()
+
+
+class ModelError(ValueError):
+    """A model that cannot be stored or loaded; the message says which file and why."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def store_dir(home: Path, name: str, version: int) -> Path:
+    return home / "models" / name / str(version)
+
+
+def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """Write the files of the next version with `write(folder)`, then its row; undo files on failure."""
+    version = registry.next_version(url, name)
+    folder = store_dir(home, name, version)
+    folder.mkdir(parents=True, exist_ok=False)
+    try:
+        write(folder)
+        params = folder / f"{PREFIX}-0000.params"
+        return registry.add_model(url, {
+            **fields, "name": name, "version": version, "params_file": str(params),
+            "symbol_file": str(folder / f"{PREFIX}-symbol.json"), "checksum": sha256(params),
+        })
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def add_builtin(url: str, home: Path, name: str, arch: str, input_shape: tuple[int, ...],
+                classes: int, seed: int = 0, source: str = "builtin") -> dict[str, Any]:
+    """A built-in architecture with random (seeded) weights."""
+    net = build(arch, classes, input_shape)
+    mx.random.seed(seed)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, *input_shape)))
+    return _register(url, home, name, lambda folder: net.export(str(folder / PREFIX), 0), {
+        "arch": arch, "input_shape": list(input_shape), "classes": classes, "source": source})
+
+
+def _symbol_shape(symbol_file: Path, data: str) -> tuple[int, ...] | None:
+    """The input shape recorded in the symbol (`__shape__` of the data node), when there is one."""
+    for node in json.loads(symbol_file.read_text()).get("nodes", []):
+        shape = node.get("attrs", {}).get("__shape__")
+        if node.get("op") == "null" and node.get("name") == data and shape:
+            dims = tuple(int(d) for d in shape.strip("()[] ").split(",") if d.strip())
+            return dims[1:] if len(dims) > 1 else None
+    return None
+
+
+def _data_name(symbol_file: Path, params_file: Path) -> str:
+    sym = mx.sym.load(str(symbol_file))
+    stored = {k.split(":", 1)[-1] for k in mx.nd.load(str(params_file))}
+    inputs = [a for a in sym.list_inputs() if a not in stored]
+    if len(inputs) != 1:
+        raise ModelError(f"symbol {symbol_file} needs {len(inputs)} inputs not in {params_file} "
+                         f"({', '.join(inputs) or 'none'}); mxq serves models with exactly one input")
+    return inputs[0]
+
+
+def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.SymbolBlock:
+    try:
+        data = _data_name(symbol_file, params_file)
+        return gluon.SymbolBlock.imports(str(symbol_file), [data], str(params_file), ctx=ctx)
+    except ModelError:
+        raise
+    except Exception as exc:  # MXNetError, AssertionError, ValueError from a mismatched pair
+        raise ModelError(f"params file {params_file.name} does not match symbol "
+                         f"{symbol_file.name}: {_first_line(exc)}") from None
+
+
+def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
+                 input_shape: tuple[int, ...] | None) -> dict[str, Any]:
+    """A user's `net.export()` output, checked by loading it and running one sample."""
+    for f in (symbol, params):
+        if not f.is_file():
+            raise ModelError(f"{f} does not exist")
+    try:
+        shape = input_shape or _symbol_shape(symbol, _data_name(symbol, params))
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"cannot read {symbol.name} / {params.name}: {_first_line(exc)}") from None
+    if shape is None:
+        raise ModelError(f"{symbol.name} does not record its input shape; pass --input-shape "
+                         "(one sample, e.g. 64 or 3,32,32)")
+    net = _open(symbol, params, mx.cpu())
+    try:
+        out = net(mx.nd.zeros((1, *shape)))
+    except Exception as exc:
+        raise ModelError(f"model does not run on input shape {shape}: {_first_line(exc)}") from None
+    if out.ndim != 2 or out.shape[1] < 2:
+        raise ModelError(f"model output has shape {out.shape}; mxq expects (batch, classes)")
+
+    def write(folder: Path) -> None:
+        shutil.copyfile(symbol, folder / f"{PREFIX}-symbol.json")
+        shutil.copyfile(params, folder / f"{PREFIX}-0000.params")
+
+    return _register(url, home, name, write, {"arch": "symbol", "input_shape": list(shape),
+                                              "classes": int(out.shape[1]),
+                                              "source": f"import:{symbol.name}"})
+
+
+def load(model: dict[str, Any], ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
+    """The loaded, hybridized model and whether it came from this process's cache."""
+    key = (model["name"], model["version"], model["checksum"], str(ctx))
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key], True
+    params = Path(model["params_file"])
+    if not params.is_file():
+        raise ModelError(f"params file {params} of {model['name']}:{model['version']} is missing")
+    if sha256(params) != model["checksum"]:
+        raise ModelError(f"params file {params} of {model['name']}:{model['version']} does not "
+                         "match its recorded checksum: it was changed after registration")
+    net = _open(Path(model["symbol_file"]), params, ctx)
+    net.hybridize(static_alloc=True)
+    _cache[key] = net
+    while len(_cache) > CACHE_SIZE:
+        _cache.popitem(last=False)
+    return net, False

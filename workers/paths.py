@@ -1,0 +1,21 @@
+"""Confinement of user-given paths to their root (no `..`, no symlink escape)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PathError(ValueError):
+    """A path outside its root, or one that does not exist."""
+
+
+def inside_root(path: str | Path, root: str | Path, what: str = "input",
+                setting: str = "MXQ_DATA_ROOT") -> Path:
+    """The resolved path (relative paths count from `root`), or PathError saying why not."""
+    base = Path(root).resolve()
+    resolved = (base / Path(path)).resolve()
+    if not resolved.is_relative_to(base):
+        raise PathError(f"{what} {path} lies outside the data root {base} ({setting})")
+    if not resolved.exists():
+        raise PathError(f"{what} {path} does not exist")
+    return resolved
