@@ -87,10 +87,14 @@ def _data_name(symbol_file: Path, params_file: Path) -> str:
     sym = mx.sym.load(str(symbol_file))
     stored = {k.split(":", 1)[-1] for k in mx.nd.load(str(params_file))}
     inputs = [a for a in sym.list_inputs() if a not in stored]
-    if len(inputs) != 1:
-        raise ModelError(f"symbol {symbol_file} needs {len(inputs)} inputs not in {params_file} "
-                         f"({', '.join(inputs) or 'none'}); mxq serves models with exactly one input")
-    return inputs[0]
+    if len(inputs) == 1:
+        return inputs[0]
+    if "data" in inputs:  # the usual input name: the rest are weights the params file lacks
+        missing = ", ".join(a for a in inputs if a != "data")
+        raise ModelError(f"params file {params_file.name} does not match symbol {symbol_file.name}: "
+                         f"it has no values for {missing}")
+    raise ModelError(f"symbol {symbol_file.name} needs {len(inputs)} inputs not in {params_file.name} "
+                     f"({', '.join(inputs) or 'none'}); mxq serves models with exactly one input")
 
 
 def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.SymbolBlock:

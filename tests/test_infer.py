@@ -1,0 +1,174 @@
+"""Bulk inference through real workers: every prediction stored once, equal to a direct run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from db import predictions
+from db.registry import resolve
+from tasks.models import load
+from tests.conftest import NODE, Stack
+from tests.test_workers import _pid, _wait_alive
+from workers.submit import submit
+
+
+@pytest.fixture(scope="module")
+def mlp(workers: Stack) -> dict:
+    proc = workers.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64",
+                       "--classes", "10", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _data(stack: Stack, name: str, array: np.ndarray) -> Path:
+    path = stack.home / "data" / name
+    np.save(path, array)
+    return path
+
+
+def _direct(stack: Stack, model: str, x: np.ndarray) -> np.ndarray:
+    net, _ = load(resolve(stack.settings.database, model), mx.cpu())
+    return mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
+
+
+def _infer(stack: Stack, *args: str) -> dict:
+    proc = stack.mxq("infer", *args, "--wait", "--json", timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_50000_samples_all_stored_and_equal_to_a_direct_run(workers: Stack, mlp: dict) -> None:
+    x = np.random.default_rng(1).normal(size=(50_000, 64)).astype(np.float32)
+    _data(workers, "big.npy", x)
+    job = _infer(workers, "mlp64", "big.npy", "--device", "cpu:0", "--batch-size", "512",
+                 "--top-k", "3")
+    assert job["status"] == "succeeded", job["error"]
+    assert job["samples"] == 50_000 and job["samples_per_sec"] > 0
+    assert (job["model"], job["model_version"], job["device"]) == ("mlp64", 1, "cpu:0")
+    url = workers.settings.database
+    assert predictions.count(url, job["id"]) == 50_000
+    rows = predictions.read(url, job["id"])
+    assert [r["index"] for r in rows] == list(range(50_000))
+    expected = _direct(workers, "mlp64", x)
+    assert np.array_equal([r["predicted_class"] for r in rows], expected.argmax(axis=1))
+    np.testing.assert_allclose([r["score"] for r in rows], expected.max(axis=1), rtol=1e-5)
+    top = np.argsort(-expected[7])[:3]
+    assert [c for c, _ in rows[7]["top_k"]] == top.tolist()
+    record = workers.mxq_json("job", str(job["id"]))
+    assert record["metrics"] and sum(m["samples"] for m in record["metrics"]) == 50_000
+
+
+def test_results_cli_csv_and_json(workers: Stack, mlp: dict) -> None:
+    x = np.random.default_rng(2).normal(size=(100, 64)).astype(np.float32)
+    _data(workers, "small.npy", x)
+    job = _infer(workers, "mlp64:1", "small.npy", "--top-k", "2", "--output", "both")
+    assert job["status"] == "succeeded"
+    out = workers.mxq("results", str(job["id"]), "--format", "csv", "--limit", "5")
+    table = list(csv.reader(io.StringIO(out.stdout)))
+    assert table[0] == ["index", "predicted_class", "score", "top_1", "top_score_1", "top_2",
+                        "top_score_2"]
+    assert len(table) == 6 and table[1][0] == "0"
+    rows = json.loads(workers.mxq("results", str(job["id"]), "--format", "json").stdout)
+    assert len(rows) == 100
+    saved = np.load(job["output"])
+    np.testing.assert_allclose(saved, _direct(workers, "mlp64", x), rtol=1e-5)
+    assert [r["predicted_class"] for r in rows] == saved.argmax(axis=1).tolist()
+
+
+def test_same_model_twice_is_loaded_once(workers: Stack, mlp: dict) -> None:
+    _data(workers, "tiny.npy", np.ones((10, 64), np.float32))
+    first = _infer(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
+    second = _infer(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
+    assert second["result"]["model_cache"] == "hit"
+    assert first["status"] == second["status"] == "succeeded"
+
+
+def test_chunked_job_spreads_over_devices_and_stores_each_row_once(workers: Stack,
+                                                                   mlp: dict) -> None:
+    x = np.random.default_rng(3).normal(size=(40_000, 64)).astype(np.float32)
+    _data(workers, "chunked.npy", x)
+    job = _infer(workers, "mlp64", "chunked.npy", "--chunk-size", "5000", "--batch-size", "256")
+    assert job["status"] == "succeeded", job["error"]
+    assert job["chunks"] == 8 and job["samples"] == 40_000 and job["samples_per_sec"] > 0
+    children = [r for r in workers.mxq_json("jobs", "--limit", "1000") if r["parent_id"] == job["id"]]
+    assert sorted(c["chunk_index"] for c in children) == list(range(8))
+    assert {c["device"] for c in children} == {"cpu:0", "cpu:1"}
+    rows = predictions.read(workers.settings.database, job["id"])
+    assert [r["index"] for r in rows] == list(range(40_000))
+    assert np.array_equal([r["predicted_class"] for r in rows],
+                          _direct(workers, "mlp64", x).argmax(axis=1))
+
+
+def test_killed_mid_inference_resumes_without_duplicates(workers: Stack, mlp: dict) -> None:
+    x = np.random.default_rng(4).normal(size=(300_000, 64)).astype(np.float32)
+    _data(workers, "kill.npy", x)
+    s = workers.settings
+    job_id = submit(s, "infer", {"model": "mlp64", "input": "kill.npy", "batch_size": 128},
+                    "cpu:0")
+    deadline_record = workers.wait(job_id, until=("running",))
+    while workers.job(job_id)["progress"] < 0.05:
+        pass
+    pid = _pid(workers, deadline_record["worker"])
+    os.kill(pid, signal.SIGKILL)
+    _wait_alive(workers, f"cpu0@{NODE}", pid)
+    done = workers.wait(job_id, timeout=600)
+    assert done["status"] == "succeeded" and done["attempts"] == 2
+    assert predictions.count(s.database, job_id) == 300_000
+
+
+def test_exported_model_added_with_the_cli_serves_a_job(workers: Stack, tmp_path: Path) -> None:
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(16, activation="tanh"), mx.gluon.nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = np.random.default_rng(5).normal(size=(300, 12)).astype(np.float32)
+    expected = mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
+    net.export(str(tmp_path / "mine"))
+    added = workers.mxq("models", "add", "mine", "--symbol", str(tmp_path / "mine-symbol.json"),
+                        "--params", str(tmp_path / "mine-0000.params"), "--input-shape", "12",
+                        "--json")
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["classes"] == 4
+    _data(workers, "mine.npy", x)
+    job = _infer(workers, "mine", "mine.npy")
+    assert job["status"] == "succeeded", job["error"]
+    rows = predictions.read(workers.settings.database, job["id"])
+    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+    np.testing.assert_allclose([r["score"] for r in rows], expected.max(axis=1), rtol=1e-5)
+
+
+def test_exported_model_without_shape_or_with_wrong_params_is_refused(workers: Stack,
+                                                                      tmp_path: Path) -> None:
+    def export(name: str, width: int, prefix: str = "") -> None:
+        net = mx.gluon.nn.HybridSequential(prefix=prefix or None)
+        net.add(mx.gluon.nn.Dense(width), mx.gluon.nn.Dense(3))
+        net.initialize()
+        net.hybridize()
+        net(mx.nd.zeros((1, 5)))
+        net.export(str(tmp_path / name))
+
+    export("a", 8, "same_")
+    export("b", 9, "same_")  # same weight names, other shapes
+    export("c", 8)  # other weight names
+    no_shape = workers.mxq("models", "add", "a", "--symbol", str(tmp_path / "a-symbol.json"),
+                           "--params", str(tmp_path / "a-0000.params"))
+    assert no_shape.returncode == 2 and "pass --input-shape" in no_shape.stderr
+    mismatch = workers.mxq("models", "add", "ab", "--symbol", str(tmp_path / "a-symbol.json"),
+                           "--params", str(tmp_path / "b-0000.params"), "--input-shape", "5")
+    assert mismatch.returncode == 2
+    assert "does not match symbol" in mismatch.stderr
+    assert len(mismatch.stderr.strip().splitlines()) == 1
+    assert workers.mxq("models", "ab").returncode == 2  # nothing half-registered
+    assert not (workers.home / "models" / "ab").exists()
+    other = workers.mxq("models", "add", "ac", "--symbol", str(tmp_path / "a-symbol.json"),
+                        "--params", str(tmp_path / "c-0000.params"), "--input-shape", "5")
+    assert other.returncode == 2 and "it has no values for" in other.stderr
