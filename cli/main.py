@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cli import demo as demo_cli
 from cli import models as models_cli
 from cli import render
 from cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
@@ -20,6 +21,7 @@ from workers.settings import Settings, get_settings
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
 app.add_typer(models_cli.app, name="models")
+app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",

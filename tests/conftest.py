@@ -139,6 +139,15 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def mlp(workers: Stack) -> dict:
+    """A built-in MLP (64 inputs, 10 classes) registered as `mlp64` through the CLI."""
+    proc = workers.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64",
+                       "--classes", "10", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
 def workers(stack: Stack) -> Iterator[Stack]:
     """`mxq worker` running two pinned CPU workers against the stack."""
     since = utcnow()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import mxnet as mx
 import numpy as np
-import pytest
 
 from db import predictions
 from db.registry import resolve
@@ -19,14 +18,6 @@ from tasks.models import load
 from tests.conftest import NODE, Stack
 from tests.test_workers import _pid, _wait_alive
 from workers.submit import submit
-
-
-@pytest.fixture(scope="module")
-def mlp(workers: Stack) -> dict:
-    proc = workers.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64",
-                       "--classes", "10", "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def _data(stack: Stack, name: str, array: np.ndarray) -> Path:

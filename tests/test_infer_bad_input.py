@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import Stack
-from tests.test_infer import mlp  # noqa: F401  (the registered mlp64 model)
 
 ROWS = np.random.default_rng(0).normal(size=(40, 64)).astype(np.float32)
 
@@ -76,8 +75,7 @@ CASES: dict[str, tuple[Callable[[Stack], str], list[str], str]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_fails_the_job_with_a_clear_message(workers: Stack, mlp: dict,  # noqa: F811
-                                                      case: str) -> None:
+def test_bad_input_fails_the_job_with_a_clear_message(workers: Stack, mlp: dict, case: str) -> None:
     make, extra, needle = CASES[case]
     name = make(workers)
     model = "mlp64"
