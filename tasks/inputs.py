@@ -9,6 +9,7 @@ stay light.
 from __future__ import annotations
 
 import math
+import mmap
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,26 @@ def _npy(path: Path) -> np.memmap:
         return np.load(path, mmap_mode="r")
     except ValueError as e:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+
+
+def _npy_reader(array: np.memmap) -> Callable[[int, int], np.ndarray]:
+    """Batches copied out of the mapping, whose pages are then dropped from this process.
+
+    The mapped file would otherwise stay resident in the worker (RSS growing with the input); the
+    dropped pages remain in the OS page cache, so reading them again costs no disk access.
+    """
+    mm = getattr(array, "_mmap", None)
+    row = array.strides[0] if array.ndim and array.flags.c_contiguous else 0
+    base = array.offset % mmap.ALLOCATIONGRANULARITY  # where the data starts inside the mapping
+
+    def fetch(start: int, stop: int) -> np.ndarray:
+        batch = np.array(array[start:stop])
+        if mm is not None and row:
+            lo = (base + start * row) // mmap.PAGESIZE * mmap.PAGESIZE
+            mm.madvise(mmap.MADV_DONTNEED, lo, base + stop * row - lo)
+        return batch
+
+    return fetch
 
 
 def _npz_member(path: Path, key: str | None) -> tuple[str, tuple[int, ...]]:
@@ -257,6 +278,7 @@ def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None)
         fetch = _npz_reader(path, key)
     else:
         array = _npy(path) if kind == "npy" else _csv(path)
-        shape, fetch = array.shape, lambda start, stop: array[start:stop]
+        shape = array.shape
+        fetch = _npy_reader(array) if kind == "npy" else lambda start, stop: array[start:stop]
     _check_shape(path, tuple(shape[1:]), input_shape)
     return InputSource(path, count, input_shape, fetch)
