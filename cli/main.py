@@ -14,9 +14,10 @@ from cli import demo as demo_cli
 from cli import models as models_cli
 from cli import render
 from cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from db.history import JobFilter, device_records, get_job, list_jobs, pool_depths
+from db.history import JobFilter, get_job, list_jobs, pool_depths
 from db.schema import utcnow
 from workers.settings import Settings, get_settings
+from workers.status import device_table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
@@ -25,7 +26,7 @@ app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
-                  "current_job", "heartbeat_age"]
+                  "current_job", "leased_by", "heartbeat_age"]
 JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
                "attempts", "submitted_at", "error"]
 _AGO = re.compile(r"^(\d+)([smhd])$")
@@ -58,7 +59,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     specs = _plan_or_exit(s)
     if detach:
         up_detached(s, specs, timeout)
-        render.table(device_records(s.database, s.heartbeat_ttl), DEVICE_COLUMNS, "devices")
+        render.table(device_table(s), DEVICE_COLUMNS, "devices")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     code = run_launcher(s, specs)
@@ -182,6 +183,32 @@ def results(job_id: int,
         raise typer.Exit(EXIT_JOB_FAILED)
 
 
+@app.command()
+def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")],
+          dataset: Annotated[str, typer.Argument(help="digits, .npz (X, y), .csv, image folder or .rec")],
+          name: Annotated[str, typer.Option("--name", help="Model name the result registers as.")],
+          devices: Annotated[int, typer.Option("--devices", help="K devices of one node.")] = 1,
+          device: Annotated[str | None, typer.Option("--device", help="Exact devices: gpu:0,gpu:1")] = None,
+          epochs: int = 10, batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 64,
+          lr: float = 0.1, optimizer: Annotated[str, typer.Option(help="sgd, adam or nag")] = "sgd",
+          dtype: Annotated[str, typer.Option(help="float32 or float16 (GPUs)")] = "float32",
+          val_fraction: float = 0.2, seed: int = 0,
+          label_column: Annotated[str, typer.Option(help="CSV column holding the label.")] = "label",
+          input_shape: Annotated[str | None, typer.Option(help="Image datasets: C,H,W")] = None,
+          allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
+          wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
+          json_: JsonOpt = False) -> None:
+    """Queue data-parallel training of ARCH on DATASET over K devices; registers model NAME."""
+    device_list = [d.strip() for d in device.split(",")] if device else None
+    params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices,
+              "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
+              "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
+              "label_column": label_column,
+              "input_shape": list(models_cli.parse_shape(input_shape)) if input_shape else None}
+    route = device_list[0] if device_list else "auto"
+    _submit_and_report("train", params, route, allow_offline, wait, json_)
+
+
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
                        wait: bool, json_: bool) -> None:
     from workers.submit import submit
@@ -195,7 +222,8 @@ def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_off
         else:
             render.out.print(f"job {job_id} queued on {record['queue']}")
         return
-    _show_job(render.wait_for(job_id, lambda i: get_job(s.database, i), None), json_)
+    render.wait_for(job_id, lambda i: get_job(s.database, i), None)
+    _show_job(get_job(s.database, job_id, with_metrics=True), json_)
 
 
 def _show_job(record: dict[str, Any], json_: bool) -> None:
@@ -214,7 +242,7 @@ def _show_job(record: dict[str, Any], json_: bool) -> None:
 def devices(json_: JsonOpt = False) -> None:
     """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat."""
     s = get_settings()
-    records = device_records(s.database, s.heartbeat_ttl)
+    records = device_table(s)
     if json_:
         render.print_json(records)
         return

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from db.engine import session_scope
+from db.epochs import list_epochs
 from db.schema import Job, JobMetric, JobStatus, as_utc
 from db.workers import list_workers
 
@@ -53,8 +54,9 @@ def job_record(job: Job) -> dict[str, Any]:
         "chunk_index": job.chunk_index,
         "chunks": job.chunks,
         "model": job.params.get("model"),
-        "model_version": job.params.get("model_version"),
+        "model_version": (job.result or {}).get("model_version", job.params.get("model_version")),
         "output": (job.result or {}).get("output"),
+        "devices": job.devices,
     }
 
 
@@ -75,6 +77,8 @@ def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any]
         record = job_record(job) if job else None
     if record and with_metrics:
         record["metrics"] = metrics(url, job_id)
+        if record["kind"] == "train":
+            record["epochs"] = list_epochs(url, job_id)
     return record
 
 
@@ -121,6 +125,7 @@ def device_records(url: str, ttl: float) -> list[dict[str, Any]]:
             "pid": w["pid"], **{k: v for k, v in w["info"].items() if k != "device"},
         })
     return records
+
 
 
 def pool_depths(url: str) -> dict[str, int]:

@@ -75,6 +75,8 @@ class Job(Base):
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
     chunk_index: Mapped[int | None]
     chunks: Mapped[int | None]
+    # The devices a multi-device job holds, e.g. ["cpu:0", "cpu:1"].
+    devices: Mapped[list[str] | None] = mapped_column(JSON)
 
     __table_args__ = (
         Index("ix_jobs_parent", "parent_id"),
@@ -151,3 +153,20 @@ class JobMetric(Base):
     samples: Mapped[int]
     seconds: Mapped[float] = mapped_column(Float)
     samples_per_sec: Mapped[float] = mapped_column(Float)
+
+
+class Epoch(Base):
+    """One finished training epoch: loss, accuracy, throughput, and its checkpoint."""
+
+    __tablename__ = "epochs"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    train_loss: Mapped[float] = mapped_column(Float)
+    train_accuracy: Mapped[float] = mapped_column(Float)
+    val_accuracy: Mapped[float | None] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+    samples_per_sec: Mapped[float] = mapped_column(Float)
+    per_device: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    checkpoint: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(default=utcnow)

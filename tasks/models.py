@@ -158,3 +158,12 @@ def load(model: dict[str, Any], ctx: mx.Context) -> tuple[gluon.SymbolBlock, boo
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return net, False
+
+
+def add_trained(url: str, home: Path, name: str, net: gluon.HybridBlock, arch: str,
+                input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
+                job_id: int) -> dict[str, Any]:
+    """A new version of `name` from a finished training job, with its validation metrics."""
+    return _register(url, home, name, lambda folder: net.export(str(folder / PREFIX), 0), {
+        "arch": arch, "input_shape": list(input_shape), "classes": classes,
+        "source": f"train:job-{job_id}", "metrics": metrics})

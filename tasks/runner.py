@@ -16,7 +16,7 @@ from db import jobs
 from db.engine import session_scope
 from db.jobs import Claim, Placement
 from db.schema import Job
-from workers import app, heartbeat
+from workers import app, heartbeat, leases
 from workers.queues import parse_device, worker_name
 from workers.settings import get_settings
 from workers.submit import publish
@@ -52,12 +52,15 @@ class JobContext:
     queue: str
     requested: str
     parent_id: int | None
+    devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
 
     def progress(self, fraction: float) -> None:
         jobs.set_progress(self.url, self.id, fraction)
 
 
 Body = Callable[[JobContext], Outcome | FanOut]
+Admit = Callable[[JobContext], list[str] | None]
+DEFER_SECONDS = 1.0  # a deferred message waits this long before going back to its queue
 
 
 def _placement() -> Placement:
@@ -67,17 +70,55 @@ def _placement() -> Placement:
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 
-def run_job(job_id: int, body: Body) -> str:
+def _context(job_id: int, device: str) -> JobContext | None:
     s = get_settings()
-    at = _placement()
-    verdict = jobs.claim(s.database, job_id, at, s.max_attempts, s.heartbeat_ttl)
-    if verdict is not Claim.RUN:
-        log.warning("job %s not run here: %s", job_id, verdict.value)
-        return verdict.value
     with session_scope(s.database) as session:
         row = session.get(Job, job_id)
-        job = JobContext(job_id, row.kind, dict(row.params), at.device, s.database, row.queue,
-                         row.requested_device, row.parent_id)
+        if row is None:
+            return None
+        return JobContext(job_id, row.kind, dict(row.params), device, s.database, row.queue,
+                          row.requested_device, row.parent_id, [device])
+
+
+def _defer(job: JobContext, why: str) -> str:
+    """Hand the message back to its queue for later (the job stays queued, no attempt used)."""
+    log.info("job %s deferred: %s", job.id, why)
+    time.sleep(DEFER_SECONDS)
+    publish(get_settings(), job.id, job.kind, job.queue)
+    return "deferred"
+
+
+def run_job(job_id: int, body: Body, admit: Admit | None = None,
+            release: Callable[[JobContext], None] | None = None) -> str:
+    s = get_settings()
+    at = _placement()
+    job = _context(job_id, at.device)
+    if job is None:
+        return Claim.MISSING.value
+    holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
+    if holder not in (None, job_id):
+        return _defer(job, f"{at.device} is leased by job {holder}")
+    if admit is not None:
+        devices = admit(job)
+        if devices is None:
+            return _defer(job, "its devices are not free")
+        job.devices = devices
+    verdict = jobs.claim(s.database, job_id, at, s.max_attempts, s.heartbeat_ttl)
+    if verdict is not Claim.RUN:
+        if release is not None and verdict is not Claim.DUPLICATE:  # a live duplicate keeps them
+            release(job)
+        log.warning("job %s not run here: %s", job_id, verdict.value)
+        return verdict.value
+    try:
+        return _run(job, at, body)
+    finally:
+        if release is not None:
+            release(job)
+
+
+def _run(job: JobContext, at: Placement, body: Body) -> str:
+    s = get_settings()
+    job_id = job.id
     hb = heartbeat.current
     if hb is not None:
         hb.current_job = job_id
@@ -116,13 +157,18 @@ def _fan_out(job: JobContext, split: FanOut) -> str:
     return "split"
 
 
-def job_task(kind: str) -> Callable[[Body], Body]:
-    """Register `body` as the Celery task `mxq.<kind>`; its message carries only the job id."""
+def job_task(kind: str, admit: Admit | None = None,
+             release: Callable[[JobContext], None] | None = None) -> Callable[[Body], Body]:
+    """Register `body` as the Celery task `mxq.<kind>`; its message carries only the job id.
+
+    `admit` runs before the claim (a multi-device job leases its devices there: None defers
+    the job), `release` after the job or a refused claim.
+    """
     def register(body: Body) -> Body:
         @app.task(name=f"mxq.{kind}")
         def _task(job_id: int) -> str:
             started = time.monotonic()
-            state = run_job(int(job_id), body)
+            state = run_job(int(job_id), body, admit, release)
             log.info("job %s %s in %.2fs", job_id, state, time.monotonic() - started)
             return state
         return body

@@ -12,7 +12,7 @@ from celery import Celery
 from workers.settings import Settings, get_settings
 
 # Task modules a worker process imports at start; the CLI never imports them (they load MXNet).
-TASK_MODULES = ["tasks.probe", "tasks.infer"]
+TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train"]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 

@@ -48,7 +48,43 @@ class InferParams(BaseModel):
         return self
 
 
-SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams}
+ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/zoo.py builds them)
+MAX_EPOCHS = 10000
+MAX_DEVICES = 64
+
+
+class TrainParams(BaseModel):
+    """Data-parallel training of a built-in architecture on one node's devices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arch: Literal["mlp", "lenet", "resnet18_v1"]
+    dataset: str = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    devices: int = Field(1, ge=1, le=MAX_DEVICES)
+    device_list: list[str] | None = None
+    epochs: int = Field(10, ge=1, le=MAX_EPOCHS)
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH_SIZE)
+    lr: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)
+    optimizer: Literal["sgd", "adam", "nag"] = "sgd"
+    dtype: Literal["float32", "float16"] = "float32"
+    val_fraction: float = Field(0.2, ge=0, lt=1)
+    seed: int = 0
+    label_column: str = "label"
+    input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
+
+    @model_validator(mode="after")
+    def _devices_agree(self) -> TrainParams:
+        if self.device_list:
+            if len(set(self.device_list)) != len(self.device_list):
+                raise ValueError(f"--device lists a device twice: {','.join(self.device_list)}")
+            if len({d.split(":")[0] for d in self.device_list}) != 1:
+                raise ValueError("--device must list devices of one kind, e.g. gpu:0,gpu:1")
+            self.devices = len(self.device_list)
+        return self
+
+
+SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams}
 
 
 class ParamsError(ValueError):

@@ -71,7 +71,29 @@ def _resolve_infer(settings: Settings, params: dict[str, Any]) -> dict[str, Any]
     return {**params, "model": name, "model_version": model["version"], "input": str(path)}
 
 
-PREPARE = {"infer": _resolve_infer}
+def _resolve_train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+    """Pin the dataset path, and refuse more devices than the node has."""
+    from db.workers import list_workers
+
+    dataset = params["dataset"]
+    if dataset != "digits":
+        dataset = str(inside_root(dataset, settings.data_root, "dataset"))
+    kind = params["device_list"][0].split(":")[0] if params["device_list"] else None
+    have = sorted(w["device"] for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
+                  if kind is None or w["device"].startswith(kind + ":"))
+    kinds = {d.split(":")[0] for d in have}
+    most = max((sum(d.startswith(k + ":") for d in have) for k in kinds), default=0)
+    if params["devices"] > most:
+        raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
+                          f"({', '.join(have) or 'none'}); a training job runs on one node")
+    for device in params["device_list"] or []:
+        if device not in have:
+            raise ParamsError(f"device {device} is not known on node {settings.node}; "
+                              f"known: {', '.join(have) or 'none'}")
+    return {**params, "dataset": dataset}
+
+
+PREPARE = {"infer": _resolve_infer, "train": _resolve_train}
 
 
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",

@@ -1,0 +1,147 @@
+"""`train`: a K-device data-parallel training job.
+
+The worker that takes the job leads it: it leases K devices of its node (its own first, the rest
+closest in topology on GPUs), waits until their workers are idle, then runs the training in a
+child process pinned to exactly those devices (`python -m tasks.train JOB`), renewing the leases
+while the child runs. The child checkpoints every epoch and resumes from the last one when the
+job is delivered again after a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from db import epochs as epoch_rows
+from db.workers import list_workers
+from tasks.runner import JobContext, JobInputError, Outcome, job_task
+from workers import leases
+from workers.jobspecs import ParamsError, TrainParams, validate
+from workers.launcher import cpu_cores, nvidia_lib_dirs
+from workers.settings import Settings, get_settings
+
+CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
+LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
+
+
+def params(job_params: dict[str, Any]) -> TrainParams:
+    try:
+        return TrainParams(**validate("train", job_params))
+    except ParamsError as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def lease_ttl(s: Settings) -> float:
+    return s.heartbeat_seconds * LEASE_TTL_FACTOR
+
+
+def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
+    """This worker's device plus K-1 free live devices of the same kind on this node."""
+    if p.device_list:
+        return list(p.device_list)
+    kind = own.split(":")[0]
+    live = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+            if w["alive"] and w["device"].startswith(kind + ":")]
+    held = leases.holders(s.broker, s.node, [w["device"] for w in live])
+    free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]
+    if len(free) + 1 < p.devices:
+        raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
+    if kind == "gpu" and p.devices > 1:
+        from workers.topology import closest, parse_topo
+
+        topo = subprocess.run([s.nvidia_smi, "topo", "-m"], capture_output=True, text=True).stdout
+        picked = closest(parse_topo(topo), [int(d[4:]) for d in free] + [int(own[4:])], p.devices,
+                         must=int(own[4:]))
+        return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
+    return [own, *sorted(free, key=lambda d: int(d.split(":")[1]))[:p.devices - 1]]
+
+
+def admit(job: JobContext) -> list[str] | None:
+    """Lease the job's devices before it is claimed; None when they are not free yet."""
+    s = get_settings()
+    try:
+        devices = choose_devices(s, params(job.params), job.device)
+    except JobInputError:
+        return [job.device]  # claim it; the body fails it with the message
+    except LookupError:
+        return None
+    ok = leases.acquire(s.broker, s.node, devices, job.id, lease_ttl(s))
+    return devices if ok else None
+
+
+def release(job: JobContext) -> None:
+    s = get_settings()
+    leases.release(s.broker, s.node, job.devices, job.id)
+
+
+def _wait_idle(s: Settings, job: JobContext) -> None:
+    """The other leased devices finish what they were running (they start nothing new)."""
+    others = set(job.devices) - {job.device}
+    while True:
+        busy = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+                if w["device"] in others and w["alive"] and w["current_job"] not in (None, job.id)]
+        if not busy:
+            return
+        leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s))
+        time.sleep(s.heartbeat_seconds)
+
+
+def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int]]:
+    """The training child sees exactly the leased devices (GPUs by UUID) or their CPU cores."""
+    env = dict(os.environ)
+    if devices[0].startswith("gpu"):
+        info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(info.get(d, {}).get("uuid") or d[4:] for d in devices)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*nvidia_lib_dirs(), env.get("LD_LIBRARY_PATH", "")])
+        return env, []
+    cores = sorted({c for d in devices for c in cpu_cores(int(d[4:]), s.cpu_devices)})
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(len(cores)),
+               MKL_NUM_THREADS=str(len(cores)), OPENBLAS_NUM_THREADS=str(len(cores)))
+    return env, cores
+
+
+def _die_with_parent(cores: list[int]) -> None:
+    """Runs in the child before exec: killed with its worker, and pinned to the leased cores."""
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
+def run_file(s: Settings, job_id: int) -> Path:
+    return s.home_path / "runs" / f"job-{job_id}.json"
+
+
+@job_task("train", admit=admit, release=release)
+def train(job: JobContext) -> Outcome:
+    s = get_settings()
+    p = params(job.params)
+    if p.dtype == "float16" and job.device.startswith("cpu"):
+        raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
+                            "on the CPU; use --dtype float32 on CPU devices")
+    epoch_rows.set_devices(job.url, job.id, job.devices)
+    _wait_idle(s, job)
+    env, cores = child_env(s, job.devices)
+    out = run_file(s, job.id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    child = subprocess.Popen([sys.executable, "-m", "tasks.trainer", str(job.id), ",".join(job.devices)],
+                             env=env, preexec_fn=lambda: _die_with_parent(cores))
+    while child.poll() is None:
+        if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
+            child.kill()
+            child.wait()
+            raise RuntimeError(f"lost the lease on {', '.join(job.devices)} (expired and taken)")
+        time.sleep(s.heartbeat_seconds)
+    report = json.loads(out.read_text()) if out.exists() else {}
+    if child.returncode == CHILD_INPUT_ERROR:
+        raise JobInputError(report.get("error", "training input error"))
+    if child.returncode != 0:
+        raise RuntimeError(report.get("error") or f"training process exited with {child.returncode}")
+    return Outcome(samples=report["samples"], seconds=report["seconds"], result=report["result"])

@@ -1,0 +1,65 @@
+"""Device leases in Redis: a K-device job holds K devices of one node, each key with a TTL that
+its holder renews. Keys are taken in a fixed (sorted) order, so two jobs never hold parts of each
+other's sets while waiting; a holder that dies stops renewing and its devices return on expiry.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import redis
+
+# Compare-and-set scripts: only the holder may renew or release its lease.
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+          "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+@lru_cache(maxsize=4)
+def client(broker: str) -> redis.Redis:
+    """A plain Redis client for the broker URL (`redis://…` or the embedded `redis+socket://…`)."""
+    if broker.startswith("redis+socket://"):
+        return redis.Redis(unix_socket_path=broker.removeprefix("redis+socket://"),
+                           socket_connect_timeout=3, decode_responses=True)
+    return redis.Redis.from_url(broker, socket_connect_timeout=3, decode_responses=True)
+
+
+def key(node: str, device: str) -> str:
+    return f"mxq:lease:{node}:{device}"
+
+
+def _order(devices: list[str]) -> list[str]:
+    return sorted(devices, key=lambda d: (d.split(":")[0], int(d.split(":")[1])))
+
+
+def acquire(broker: str, node: str, devices: list[str], job_id: int, ttl: float) -> bool:
+    """Take every lease (re-taking our own), in order; on any refusal give back what was taken."""
+    r, taken, ms = client(broker), [], int(ttl * 1000)
+    for device in _order(devices):
+        k = key(node, device)
+        if r.set(k, str(job_id), nx=True, px=ms) or r.eval(_RENEW, 1, k, str(job_id), ms):
+            taken.append(device)
+            continue
+        release(broker, node, taken, job_id)
+        return False
+    return True
+
+
+def renew(broker: str, node: str, devices: list[str], job_id: int, ttl: float) -> bool:
+    """Extend the job's leases; False if one was lost (expired and taken by another job)."""
+    r = client(broker)
+    return all(r.eval(_RENEW, 1, key(node, d), str(job_id), int(ttl * 1000)) for d in devices)
+
+
+def release(broker: str, node: str, devices: list[str], job_id: int) -> None:
+    r = client(broker)
+    for d in devices:
+        r.eval(_RELEASE, 1, key(node, d), str(job_id))
+
+
+def holders(broker: str, node: str, devices: list[str]) -> dict[str, int | None]:
+    """Which job holds each device (None: free)."""
+    if not devices:
+        return {}
+    values = client(broker).mget([key(node, d) for d in devices])
+    return {d: int(v) if v else None for d, v in zip(devices, values, strict=True)}

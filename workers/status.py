@@ -1,0 +1,24 @@
+"""The device table: heartbeats and queue counts from SQL, device leases from Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from db.history import device_records
+from workers import leases
+from workers.settings import Settings
+
+
+def device_table(s: Settings) -> list[dict[str, Any]]:
+    """One record per device worker, with `leased_by` (the job holding it, else None)."""
+    records = device_records(s.database, s.heartbeat_ttl)
+    held: dict[tuple[str, str], int | None] = {}
+    try:
+        for node in {r["node"] for r in records}:
+            devices = [r["device"] for r in records if r["node"] == node]
+            held.update({(node, d): j for d, j in leases.holders(s.broker, node, devices).items()})
+    except (redis.RedisError, OSError):
+        pass  # the broker is down: the table still shows what SQL knows
+    return [{**r, "leased_by": held.get((r["node"], r["device"]))} for r in records]

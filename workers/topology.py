@@ -1,0 +1,51 @@
+"""Choosing K GPUs closest in topology, from `nvidia-smi topo -m`: NVLink first, then the same
+PCIe switch, then the same host bridge, NUMA node, and last across sockets."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+# Lower is closer. NV# (NVLink with # links) ranks by link count, closer than any PCIe path.
+PCIE_RANK = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+_NV = re.compile(r"^NV(\d+)$")
+
+
+def parse_topo(text: str) -> dict[tuple[int, int], str]:
+    """The link between every pair of GPUs, keyed by (i, j) GPU indexes."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = lines[0].split()
+    gpus = [h for h in header if re.fullmatch(r"GPU\d+", h)]
+    links: dict[tuple[int, int], str] = {}
+    for line in lines[1:]:
+        cells = line.split()
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        i = int(cells[0][3:])
+        for name, cell in zip(gpus, cells[1:1 + len(gpus)], strict=True):
+            j = int(name[3:])
+            if i != j:
+                links[(i, j)] = cell
+    return links
+
+
+def rank(link: str) -> int:
+    if m := _NV.match(link):
+        return -int(m.group(1))  # more NVLink lanes, closer
+    return PCIE_RANK.get(link, 60)
+
+
+def closest(links: dict[tuple[int, int], str], candidates: list[int], k: int,
+            must: int | None = None) -> list[int]:
+    """The k candidates whose worst pair link is best (ties: best sum); `must` is always in."""
+    if k > len(candidates):
+        raise ValueError(f"{k} GPUs wanted but only {len(candidates)} free")
+    pool = [c for c in candidates if c != must]
+    best: tuple[tuple[int, int], list[int]] | None = None
+    for combo in itertools.combinations(pool, k - (must is not None)):
+        chosen = sorted([*combo, *([must] if must is not None else [])])
+        scores = [rank(links.get((a, b), "SYS")) for a, b in itertools.combinations(chosen, 2)]
+        key = (max(scores, default=0), sum(scores))
+        if best is None or key < best[0]:
+            best = (key, chosen)
+    return best[1] if best else []
