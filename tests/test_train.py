@@ -1,0 +1,151 @@
+"""Data-parallel training through real workers: accuracy, leases, crash and resume, registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import mxnet as mx
+import numpy as np
+
+from db import predictions
+from tasks import datasets
+from tasks.fit import fit, make_net, make_trainer
+from tests.conftest import Stack
+from tests.test_workers import _pid, _wait_alive
+from workers.jobspecs import TrainParams
+from workers.submit import submit
+
+SMALL = {"size": 64, "batch": 2, "repeat": 1}
+
+
+def _train(stack: Stack, *args: str) -> tuple[int, dict]:
+    proc = stack.mxq("train", *args, "--wait", "--json", timeout=900)
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {"stderr": proc.stderr}
+
+
+def test_data_parallel_equals_one_device() -> None:
+    """Same seed and global batch: one epoch on 2 devices gives the 1-device parameters."""
+    train, val = datasets.split(datasets.digits(), 0.2, 0)
+    p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=64, seed=3)
+
+    def one_epoch(k: int) -> list[np.ndarray]:
+        ctxs = [mx.cpu(i) for i in range(k)]
+        net = make_net(p, train.classes, train.sample_shape, ctxs)
+        fit(p, train, val, ctxs, [f"cpu:{i}" for i in range(k)], net, make_trainer(p, net, False))
+        return [v.data(ctxs[-1]).asnumpy() for v in net.collect_params().values()]
+
+    single, double = one_epoch(1), one_epoch(2)
+    untrained = make_net(p, 10, (1, 8, 8), [mx.cpu()])
+    untrained(mx.nd.zeros((1, 1, 8, 8)))  # shapes are inferred on the first forward pass
+    start = [v.data().asnumpy() for v in untrained.collect_params().values()]
+    assert any(not np.allclose(a, b) for a, b in zip(single, start, strict=True))  # it did train
+    for a, b in zip(single, double, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) -> None:
+    code, job = _train(workers, "lenet", "digits", "--name", "digits-cnn", "--devices", "2",
+                       "--epochs", "5", "--seed", "1")
+    assert code == 0 and job["status"] == "succeeded", job
+    assert sorted(job["devices"]) == ["cpu:0", "cpu:1"]
+    assert [e["epoch"] for e in job["epochs"]] == [1, 2, 3, 4, 5]
+    last = job["epochs"][-1]
+    assert last["val_accuracy"] >= 0.9, job["epochs"]
+    assert set(last["per_device"]) == {"cpu:0", "cpu:1"} and last["samples_per_sec"] > 0
+    assert job["model_version"] == 1 and job["attempts"] == 1
+    models = workers.mxq_json("models", "digits-cnn")
+    assert models[0]["metrics"]["val_accuracy"] == last["val_accuracy"]
+    assert models[0]["source"] == f"train:job-{job['id']}"
+    digits = datasets.digits()
+    np.save(workers.home / "data" / "digits.npy", digits.x)
+    served = workers.mxq_json("infer", "digits-cnn", "digits.npy", "--wait")
+    assert served["status"] == "succeeded" and served["model_version"] == 1
+    rows = predictions.read(workers.settings.database, served["id"])
+    accuracy = np.mean(np.array([r["predicted_class"] for r in rows]) == digits.y)
+    assert accuracy >= 0.9
+
+
+def test_a_probe_sent_to_a_leased_device_waits_for_the_training(workers: Stack) -> None:
+    s = workers.settings
+    train_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "long",
+                                   "devices": 2, "epochs": 60, "val_fraction": 0.1}, "auto")
+    workers.wait(train_id, until=("running",))
+    deadline = time.monotonic() + 60
+    while {d["leased_by"] for d in workers.mxq_json("devices")} != {train_id}:
+        assert time.monotonic() < deadline, workers.mxq_json("devices")
+        time.sleep(0.1)
+    probe_id = submit(s, "probe", dict(SMALL), "cpu:0")
+    trained, probed = workers.wait(train_id, timeout=600), workers.wait(probe_id, timeout=600)
+    assert trained["status"] == probed["status"] == "succeeded", trained["error"]
+    assert probed["started_at"] >= trained["finished_at"]
+    assert probed["attempts"] == 1
+
+
+def test_killed_training_worker_resumes_from_its_checkpoint(workers: Stack) -> None:
+    s = workers.settings
+    job_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "resumed",
+                                 "devices": 2, "epochs": 40, "val_fraction": 0.1}, "auto")
+    deadline = time.monotonic() + 300
+    while len(workers.mxq_json("job", str(job_id)).get("epochs") or []) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    leader = workers.job(job_id)["worker"]
+    pid = _pid(workers, leader)
+    os.kill(pid, signal.SIGKILL)
+    _wait_alive(workers, leader, pid)
+    done = workers.wait(job_id, timeout=600)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 2
+    assert done["result"]["resumed_from_epoch"] >= 3
+    epochs = workers.mxq_json("job", str(job_id))["epochs"]
+    assert [e["epoch"] for e in epochs] == list(range(1, 41))
+    devices = workers.mxq_json("devices")
+    assert all(d["alive"] and d["leased_by"] is None for d in devices)
+
+
+def test_promote_chooses_the_version_infer_uses(workers: Stack) -> None:
+    for seed in ("1", "2"):
+        code, job = _train(workers, "mlp", "digits", "--name", "promoted", "--epochs", "2",
+                           "--seed", seed)
+        assert code == 0, job
+    assert workers.mxq("models", "promote", "promoted", "1").returncode == 0
+    np.save(workers.home / "data" / "digits-flat.npy", datasets.digits().x[:50])
+    served = workers.mxq_json("infer", "promoted", "digits-flat.npy", "--wait")
+    assert served["model_version"] == 1
+    pinned = workers.mxq_json("infer", "promoted:2", "digits-flat.npy", "--wait")
+    assert pinned["model_version"] == 2
+
+
+def test_bad_training_input(workers: Stack) -> None:
+    csv = workers.home / "data" / "table.csv"
+    csv.write_text("a,b,label\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n")
+    wide = workers.home / "data" / "wide.npz"
+    np.savez(wide, X=np.zeros((20, 1, 8, 8), np.float32), y=np.arange(20) % 12)
+    before = workers.mxq_json("models")
+    cases = [
+        (["lenet", "digits", "--name", "k", "--devices", "3"], "3 devices asked but node"),
+        (["vgg", "digits", "--name", "k"], "arch='vgg'"),
+        (["lenet", "digits", "--name", "k", "--epochs", "0"], "epochs=0"),
+        (["lenet", "digits", "--name", "k", "--epochs", "-2"], "epochs=-2"),
+        (["lenet", "digits", "--name", "k", "--lr", "-1"], "lr=-1.0"),
+        (["lenet", "digits", "--name", "k", "--lr", "nan"], "lr=nan"),
+        (["mlp", "table.csv", "--name", "k", "--label-column", "target"],
+         "has no label column 'target'; columns: a, b, label"),
+        (["lenet", "digits", "--name", "k", "--dtype", "float16"], "--dtype float16 needs GPUs"),
+        (["lenet", "wide.npz", "--name", "digits-cnn"],
+         "has labels up to 11 but model digits-cnn has 10 classes"),
+        (["lenet", "missing.npz", "--name", "k"], "dataset missing.npz does not exist"),
+    ]
+    for args, needle in cases:
+        code, job = _train(workers, *args)
+        assert code == 1, (args, job)
+        error = job.get("error") or job["stderr"]
+        assert needle in error, (args, error)
+        assert "Traceback" not in error
+    assert workers.mxq_json("models") == before  # nothing half-registered
+    ok = workers.wait(submit(workers.settings, "probe", dict(SMALL), "cpu:1"))
+    assert ok["status"] == "succeeded"
+
