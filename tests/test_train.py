@@ -124,6 +124,7 @@ def test_bad_training_input(workers: Stack) -> None:
     csv.write_text("a,b,label\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n")
     wide = workers.home / "data" / "wide.npz"
     np.savez(wide, X=np.zeros((20, 1, 8, 8), np.float32), y=np.arange(20) % 12)
+    assert workers.mxq("models", "add", "ten", "--arch", "lenet", "--input-shape", "1,8,8").returncode == 0
     before = workers.mxq_json("models")
     cases = [
         (["lenet", "digits", "--name", "k", "--devices", "3"], "3 devices asked but node"),
@@ -135,8 +136,7 @@ def test_bad_training_input(workers: Stack) -> None:
         (["mlp", "table.csv", "--name", "k", "--label-column", "target"],
          "has no label column 'target'; columns: a, b, label"),
         (["lenet", "digits", "--name", "k", "--dtype", "float16"], "--dtype float16 needs GPUs"),
-        (["lenet", "wide.npz", "--name", "digits-cnn"],
-         "has labels up to 11 but model digits-cnn has 10 classes"),
+        (["lenet", "wide.npz", "--name", "ten"], "has labels up to 11 but model ten has 10 classes"),
         (["lenet", "missing.npz", "--name", "k"], "dataset missing.npz does not exist"),
     ]
     for args, needle in cases:

@@ -6,6 +6,7 @@ removed again, so a failed submit leaves nothing half-written.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kombu import Connection
@@ -50,6 +51,17 @@ def check_broker(settings: Settings) -> None:
 
 def task_name(kind: str) -> str:
     return f"mxq.{kind}"
+
+
+def _storable(value: Any) -> Any:
+    """Rejected parameters as JSON can hold them: NaN and infinities become their text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
 
 
 class JobRejected(SubmitError):
@@ -114,7 +126,8 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
         params = PREPARE.get(kind, lambda _s, p: p)(settings, params)
     except (ParamsError, PathError, LookupError) as exc:
         reason = str(exc).strip('"')
-        job_id = create_job(settings.database, kind, params, where.requested, where.queue, reason)
+        job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
+                            reason)
         raise JobRejected(job_id, reason) from None
     job_id = create_job(settings.database, kind, params, where.requested, where.queue)
     publish(settings, job_id, kind, where.queue, undo_on_failure=True)
