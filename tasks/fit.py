@@ -65,7 +65,10 @@ def run_epoch(net: gluon.HybridBlock, trainer: gluon.Trainer, data: Dataset, ctx
     """One pass in a seeded order; returns (mean loss, accuracy, seconds)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     order = np.random.default_rng(p.seed + epoch).permutation(len(data.y))
-    total_loss, hits, began = 0.0, 0, time.perf_counter()
+    # Loss and hits stay on the devices until the epoch ends: no host sync per batch.
+    total_loss = [mx.nd.zeros(1, ctx=c) for c in ctxs]
+    hits = [mx.nd.zeros(1, ctx=c) for c in ctxs]
+    began = time.perf_counter()
     steps = range(0, len(order), p.batch_size)
     for n, i in enumerate(steps):
         idx = order[i:i + p.batch_size]
@@ -77,11 +80,13 @@ def run_epoch(net: gluon.HybridBlock, trainer: gluon.Trainer, data: Dataset, ctx
         for loss in losses:
             loss.backward()
         trainer.step(len(idx))
-        total_loss += sum(float(loss.sum().asscalar()) for loss in losses)
-        hits += sum(int((o.argmax(axis=1) == y.astype(o.dtype)).sum().asscalar())
-                    for o, y in zip(outs, ys, strict=True))
+        for k, (o, y, loss) in enumerate(zip(outs, ys, losses, strict=True)):
+            total_loss[k] += loss.sum().astype("float32")
+            hits[k] += (o.argmax(axis=1) == y.astype(o.dtype)).sum().astype("float32")
         on_batch((n + 1) / len(steps))
-    return total_loss / len(order), hits / len(order), time.perf_counter() - began
+    loss_sum = sum(float(t.asscalar()) for t in total_loss)
+    hit_sum = sum(float(h.asscalar()) for h in hits)
+    return loss_sum / len(order), hit_sum / len(order), time.perf_counter() - began
 
 
 def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Context],

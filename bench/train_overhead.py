@@ -1,0 +1,105 @@
+"""`mxq train` against the bare data-parallel loop of MXNet's multi-device guide, same run:
+same data, architecture, global batch, epochs and devices (1 and 2). Prints the ratios.
+
+    python -m bench.train_overhead [--copies 10] [--epochs 3] [--batch-size 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench.stack import running_stack, wait_job
+
+
+def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> float:
+    """The guide's loop: split_and_load, record, backward per device, one Trainer step."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    from tasks.zoo import build
+
+    ctxs = [mx.cpu(i) for i in range(k)]
+    net = build("lenet", 10, x.shape[1:])
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    net.hybridize(static_alloc=True)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                            kvstore="local")
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    seconds = 0.0
+    for epoch in range(epochs):
+        order = np.random.default_rng(epoch).permutation(len(y))
+        start = time.perf_counter()
+        for i in range(0, len(y), batch):
+            idx = order[i:i + batch]
+            xs = gluon.utils.split_and_load(mx.nd.array(x[idx]), ctxs, even_split=False)
+            ys = gluon.utils.split_and_load(mx.nd.array(y[idx]), ctxs, even_split=False)
+            with autograd.record():
+                losses = [loss_fn(net(a), b) for a, b in zip(xs, ys, strict=True)]
+            for loss in losses:
+                loss.backward()
+            trainer.step(len(idx))
+        mx.nd.waitall()
+        seconds += time.perf_counter() - start
+    return len(y) * epochs / seconds
+
+
+def pinned_bare(args: argparse.Namespace, k: int) -> float:
+    """The bare loop in a process with the cores and threads mxq gives a k-device job."""
+    from workers.launcher import cpu_cores
+
+    cores = sorted({c for i in range(k) for c in cpu_cores(i, 2)})
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cores)), "MXNET_CPU_WORKER_NTHREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "bench.train_overhead", "--bare", str(k),
+                          "--copies", str(args.copies), "--epochs", str(args.epochs),
+                          "--batch-size", str(args.batch_size)], env=env, capture_output=True,
+                         text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def data(copies: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = np.tile((d.images / 16.0).astype(np.float32)[:, None], (copies, 1, 1, 1))
+    return x, np.tile(d.target, copies).astype(np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--copies", type=int, default=10, help="digits repeated this often")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the baseline only
+    args = ap.parse_args()
+    x, y = data(args.copies)
+    if args.bare:
+        print(bare_loop(x, y, args.bare, args.epochs, args.batch_size))
+        return
+    with running_stack(cpu_devices=2) as s:
+        np.savez(s.home_path / "train.npz", X=x, y=y.astype(np.int64))
+        from workers.submit import submit
+
+        print(f"lenet on digits x{args.copies} ({len(y):,} samples), {args.epochs} epochs, "
+              f"global batch {args.batch_size}")
+        for k in (1, 2):
+            bare = pinned_bare(args, k)
+            params = {"arch": "lenet", "dataset": str(s.home_path / "train.npz"), "name": f"b{k}",
+                      "devices": k, "epochs": args.epochs, "batch_size": args.batch_size,
+                      "val_fraction": 0.0}
+            t0 = time.perf_counter()
+            job = wait_job(s, submit(s, "train", params, "auto"))
+            wall = time.perf_counter() - t0
+            print(f"{k} device(s): bare {bare:10,.0f} samples/s | mxq train {job['samples_per_sec']:10,.0f}"
+                  f" samples/s, ratio {job['samples_per_sec'] / bare:.3f} | end to end (submit..done,"
+                  f" with start-up) {len(y) * args.epochs / wall:10,.0f}, ratio "
+                  f"{len(y) * args.epochs / wall / bare:.3f}")
+
+
+if __name__ == "__main__":
+    main()
