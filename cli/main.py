@@ -13,6 +13,7 @@ import typer
 from cli import demo as demo_cli
 from cli import models as models_cli
 from cli import render
+from cli import schedule as schedule_cli
 from cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from db.history import JobFilter, get_job, list_jobs, pool_depths
 from db.schema import utcnow
@@ -22,6 +23,7 @@ from workers.status import device_table
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
 app.add_typer(models_cli.app, name="models")
+app.add_typer(schedule_cli.app, name="schedule")
 app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
@@ -62,7 +64,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
         render.table(device_table(s), DEVICE_COLUMNS, "devices")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    code = run_launcher(s, specs)
+    code = run_launcher(s, specs, with_schedule=True)
     if started:
         EmbeddedRedis(s.home_path).stop()
     raise typer.Exit(code)
@@ -92,6 +94,7 @@ def down() -> None:
 @app.command()
 def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ_NODE or host name).")] = None,  # noqa: E501
            dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the workers it would start.")] = False,  # noqa: E501
+           with_schedule: Annotated[bool, typer.Option("--with-schedule", hidden=True)] = False,
            json_: JsonOpt = False) -> None:
     """Start and supervise one pinned Celery worker per device of this node."""
     from workers.stack import prepare, run_launcher
@@ -115,7 +118,18 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
     specs = _plan_or_exit(s)
     prepare(s)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    raise typer.Exit(run_launcher(s, specs))
+    raise typer.Exit(run_launcher(s, specs, with_schedule))
+
+
+@app.command()
+def scheduler() -> None:
+    """The schedule process alone (Celery beat and the tick), as docker-compose runs it."""
+    import os
+
+    from workers.launcher import schedule_spec
+
+    spec = schedule_spec(get_settings())
+    os.execvpe(spec.command[0], spec.command, spec.env)
 
 
 @app.command()

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 
 from db.engine import session_scope
 from db.epochs import list_epochs
+from db.schedules import fire_of
 from db.schema import Job, JobMetric, JobStatus, as_utc
 from db.workers import list_workers
 
@@ -79,6 +80,8 @@ def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any]
         record["metrics"] = metrics(url, job_id)
         if record["kind"] == "train":
             record["epochs"] = list_epochs(url, job_id)
+            fire = record["params"].get("fire_id")
+            record["schedule"] = fire_of(url, fire) if fire else None
     return record
 
 

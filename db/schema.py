@@ -170,3 +170,43 @@ class Epoch(Base):
     per_device: Mapped[dict[str, Any]] = mapped_column(default=dict)
     checkpoint: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Schedule(Base):
+    """A recurring training job: when (cron in a time zone), what (a training spec), and how
+    its result may replace the promoted model."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    cron: Mapped[str] = mapped_column(String(128))
+    tz: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)  # training params, dataset aside
+    dataset: Mapped[str] = mapped_column(Text)  # a path, folder or glob inside the data root
+    promote: Mapped[str] = mapped_column(String(16))  # always | if-better | never
+    metric: Mapped[str] = mapped_column(String(64))
+    min_gain: Mapped[float] = mapped_column(Float, default=0.0)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    next_fire_at: Mapped[datetime]
+    last_fire_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Fire(Base):
+    """One firing of a schedule, recorded once per (schedule, fire time)."""
+
+    __tablename__ = "schedule_fires"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    fire_time: Mapped[datetime]
+    fired_at: Mapped[datetime] = mapped_column(default=utcnow)
+    manual: Mapped[bool] = mapped_column(Boolean, default=False)
+    missed: Mapped[int] = mapped_column(Integer, default=0)  # fires collapsed into this catch-up
+    dataset_file: Mapped[str | None] = mapped_column(Text)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
+    error: Mapped[str | None] = mapped_column(Text)
+    promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_fires_schedule_time"),)

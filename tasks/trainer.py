@@ -16,7 +16,7 @@ from typing import Any
 import mxnet as mx
 
 from db import epochs as epoch_rows
-from db import jobs, registry
+from db import jobs, registry, schedules
 from db.engine import session_scope
 from db.schema import Job
 from tasks import datasets
@@ -107,10 +107,13 @@ def main(job_id: int, devices: list[str]) -> int:
                "train_loss": final["train_loss"], "epochs": p.epochs}
     model = add_trained(url, s.home_path, p.name, net, p.arch, train.sample_shape, train.classes,
                         metrics, job_id)
+    promotion = None
+    if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
+        promotion = schedules.decide_promotion(url, p.fire_id, p.name, model["version"], metrics)
     out.write_text(json.dumps({
         "samples": len(train.y) * len(results), "seconds": sum(r.seconds for r in results),
         "result": {"model": p.name, "model_version": model["version"], "resumed_from_epoch": done,
-                   "devices": devices, **metrics},
+                   "devices": devices, "promotion": promotion, **metrics},
     }))
     return 0
 

@@ -12,7 +12,7 @@ from celery import Celery
 from workers.settings import Settings, get_settings
 
 # Task modules a worker process imports at start; the CLI never imports them (they load MXNet).
-TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train"]
+TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train", "workers.schedule"]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 
@@ -34,6 +34,8 @@ def celery_config(settings: Settings) -> dict:
         task_publish_retry_policy={"max_retries": PUBLISH_RETRIES, "interval_start": 0.2,
                                    "interval_step": 0.5, "interval_max": 1.0},
         broker_connection_timeout=3,
+        beat_schedule={"mxq-tick": {"task": "mxq.tick", "schedule": settings.tick_seconds,
+                                    "options": {"queue": "mxq.control"}}},
     )
 
 

@@ -72,6 +72,7 @@ class TrainParams(BaseModel):
     seed: int = 0
     label_column: str = "label"
     input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
+    fire_id: int | None = Field(None, description="The schedule fire that started this job.")
 
     @model_validator(mode="after")
     def _devices_agree(self) -> TrainParams:

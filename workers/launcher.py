@@ -33,7 +33,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 @dataclass
 class WorkerSpec:
-    device: Device
+    device: Device | None  # None: the schedule process
     name: str
     queues: list[str]
     command: list[str]
@@ -100,6 +100,18 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
     return specs, refused
 
 
+def schedule_spec(settings: Settings) -> WorkerSpec:
+    """The schedule process: Celery beat plus one worker for the control queue (the tick)."""
+    name = f"schedule@{settings.node}"
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-B", "--pool", "solo",
+               "--concurrency", "1", "-Q", "mxq.control", "-n", name, "--without-gossip",
+               "--without-mingle", "-l", "INFO",
+               "-s", str(settings.home_path / "celerybeat-schedule")]
+    env = {k: v for k, v in worker_env(settings, Device("cpu", 0), []).items()
+           if k not in ("MXQ_DEVICE", *THREAD_VARS)}
+    return WorkerSpec(None, name, ["mxq.control"], command, env)
+
+
 @dataclass
 class Child:
     spec: WorkerSpec
@@ -130,18 +142,19 @@ class Launcher:
         )
         out.close()
         log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,
-                 spec.device.label, ",".join(spec.queues))
+                 spec.device.label if spec.device else "no device", ",".join(spec.queues))
 
     def _register(self) -> None:
         for c in self.children:
             s = c.spec
+            if s.device is None:
+                continue
             beats.register(self.settings.database, s.name, self.settings.node, s.device.label,
                            s.queues[0], None, s.device.info(), alive=False)
 
     def _on_exit(self, child: Child, code: int) -> None:
         name = child.spec.name
-        beats.mark_dead(self.settings.database, name)
-        recovered = recover_worker(self.settings, name)
+        recovered = self._recover(child)
         if code == REFUSED_EXIT:
             child.refused = True
             log.error("%s refused to start (see its log); not restarting it", name)
@@ -201,5 +214,11 @@ class Launcher:
                 c.proc.kill()
                 c.proc.wait()
         for c in self.children:
-            beats.mark_dead(self.settings.database, c.spec.name)
-            recover_worker(self.settings, c.spec.name)
+            self._recover(c)
+
+    def _recover(self, child: Child) -> list[int]:
+        """A device worker that stopped: mark it dead and requeue the jobs it held."""
+        if child.spec.device is None:
+            return []
+        beats.mark_dead(self.settings.database, child.spec.name)
+        return recover_worker(self.settings, child.spec.name)

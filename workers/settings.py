@@ -22,6 +22,8 @@ DEFAULT_HEARTBEAT_SECONDS = 2.0
 HEARTBEAT_TTL_FACTOR = 5
 # A job whose worker dies this many times is failed rather than retried forever.
 DEFAULT_MAX_ATTEMPTS = 3
+# Schedules fire at minute granularity; a tick every 15 s keeps them within a quarter minute.
+DEFAULT_TICK_SECONDS = 15.0
 # Two CPU "devices" let data-parallel code and routing run on any laptop.
 DEFAULT_CPU_DEVICES = 2
 
@@ -43,6 +45,7 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60)
     heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0)
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1)
+    tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, description="Schedule tick period.")
     host_gpus: str | None = Field(
         None, description="Host indexes of the GPUs this process sees, in order (e.g. '1' in a "
         "container given only host GPU 1), so devices keep their host names."

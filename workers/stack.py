@@ -15,7 +15,7 @@ from db.schema import utcnow
 from db.workers import alive_since
 from workers.devices import discover, installed_mxnet
 from workers.embedded import EmbeddedRedis
-from workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, plan
+from workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, plan, schedule_spec
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,12 @@ def node_plan(settings: Settings) -> tuple[list[WorkerSpec], list[str]]:
     return plan(settings, devices, settings.mxnet_build or installed_mxnet())
 
 
-def run_launcher(settings: Settings, specs: list[WorkerSpec]) -> int:
+def run_launcher(settings: Settings, specs: list[WorkerSpec], with_schedule: bool = False) -> int:
     """Supervise this node's workers in the foreground until SIGTERM or Ctrl-C."""
     pidfile = launcher_pidfile(settings)
     pidfile.write_text(str(os.getpid()))
     try:
-        return Launcher(settings, specs).run()
+        return Launcher(settings, [*specs, *([schedule_spec(settings)] if with_schedule else [])]).run()
     finally:
         pidfile.unlink(missing_ok=True)
 
@@ -72,7 +72,8 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
     logs.mkdir(parents=True, exist_ok=True)
     since = utcnow()
     with open(logs / "launcher.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--node", settings.node],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--node", settings.node,
+                                 "--with-schedule"],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     names = [s.name for s in specs]

@@ -1,0 +1,106 @@
+"""`mxq schedule`: retraining on a cron schedule, with promotion of the better model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import render
+from cli.models import parse_shape
+from db import schedules
+from workers.schedule import add_schedule, resume, run_now
+from workers.settings import get_settings
+
+app = typer.Typer(help="Scheduled retraining: add, list, show, pause, resume, rm, run-now.",
+                  no_args_is_help=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+COLUMNS = ["name", "cron", "tz", "dataset", "promote", "enabled", "next_fire_at", "last_fire_at"]
+FIRE_COLUMNS = ["fire_time", "manual", "missed", "dataset_file", "job_id", "job_status", "decision",
+                "reason", "error"]
+
+
+@app.command()
+def add(name: str,
+        cron: Annotated[str, typer.Option(help="Five-field cron, e.g. '0 3 * * *'.")],
+        arch: Annotated[str, typer.Option(help="mlp, lenet or resnet18_v1")],
+        dataset: Annotated[str, typer.Option(help="File, folder or glob: the newest match is used.")],
+        model: Annotated[str, typer.Option(help="Model name the retraining registers.")],
+        tz: Annotated[str, typer.Option(help="IANA time zone of the cron times.")] = "UTC",
+        promote: Annotated[str, typer.Option(help="always, if-better or never")] = "if-better",
+        metric: Annotated[str, typer.Option(help="Metric compared for if-better.")] = "val_accuracy",
+        min_gain: Annotated[float, typer.Option(help="How much better the new one must be.")] = 0.0,
+        devices: int = 1, device: Annotated[str | None, typer.Option(help="gpu:0,gpu:1")] = None,
+        epochs: int = 10, batch_size: int = 64, lr: float = 0.1, optimizer: str = "sgd",
+        dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
+        input_shape: str | None = None, json_: JsonOpt = False) -> None:
+    """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time."""
+    spec = {"arch": arch, "name": model, "devices": devices,
+            "device_list": [d.strip() for d in device.split(",")] if device else None,
+            "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
+            "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
+            "input_shape": list(parse_shape(input_shape)) if input_shape else None}
+    record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain)
+    if json_:
+        render.print_json(record)
+    else:
+        render.out.print(f"schedule {name}: next fire {record['next_fire_at']}")
+
+
+@app.command("list")
+def list_(json_: JsonOpt = False) -> None:
+    """Every schedule with its next fire time."""
+    rows = schedules.list_schedules(get_settings().database)
+    if json_:
+        render.print_json(rows)
+    else:
+        render.table(rows, COLUMNS, "schedules")
+
+
+@app.command()
+def show(name: str, json_: JsonOpt = False) -> None:
+    """One schedule and its fires, with their jobs, outcomes and promotion decisions."""
+    s = get_settings()
+    record = {**schedules.get(s.database, name), "fires": schedules.fires(s.database, name)}
+    record.pop("id")
+    if json_:
+        render.print_json(record)
+        return
+    render.job_detail({k: v for k, v in record.items() if k != "fires"} | {"id": name})
+    render.table([{**f, **(f["promotion"] or {})} for f in record["fires"]], FIRE_COLUMNS, "fires")
+
+
+@app.command()
+def pause(name: str) -> None:
+    """Stop firing until resumed."""
+    schedules.set_enabled(get_settings().database, name, False)
+    render.out.print(f"schedule {name} paused")
+
+
+@app.command("resume")
+def resume_cmd(name: str) -> None:
+    """Fire again from the next cron time (fires missed while paused are skipped)."""
+    resume(get_settings(), name)
+    render.out.print(f"schedule {name} resumed")
+
+
+@app.command()
+def rm(name: str) -> None:
+    """Delete the schedule and its fire history (its jobs and models stay)."""
+    schedules.remove(get_settings().database, name)
+    render.out.print(f"schedule {name} removed")
+
+
+@app.command("run-now")
+def run_now_cmd(name: str, json_: JsonOpt = False) -> None:
+    """Fire once, now."""
+    s = get_settings()
+    fire_id = run_now(s, name)
+    fire = next(f for f in reversed(schedules.fires(s.database, name)) if f["manual"])
+    if json_:
+        render.print_json({"fire_id": fire_id, **fire})
+    elif fire["error"]:
+        render.err.print(f"mxq: fire failed: {fire['error']}", markup=False)
+        raise typer.Exit(1)
+    else:
+        render.out.print(f"fired {name}: job {fire['job_id']} on {fire['dataset_file']}")

@@ -1,0 +1,163 @@
+"""Schedules and their fires in SQL. A fire is taken by moving `next_fire_at` with a
+compare-and-set, and recorded under a unique (schedule, fire time): two ticks never fire twice."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from db.engine import session_scope
+from db.registry import list_models, promote
+from db.schema import Fire, Job, Schedule, as_utc
+
+
+class ScheduleError(LookupError):
+    """An unknown or duplicate schedule name."""
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts and as_utc(ts).isoformat()
+
+
+def schedule_record(s: Schedule) -> dict[str, Any]:
+    return {"name": s.name, "cron": s.cron, "tz": s.tz, "spec": s.spec, "dataset": s.dataset,
+            "promote": s.promote, "metric": s.metric, "min_gain": s.min_gain,
+            "enabled": s.enabled, "next_fire_at": _iso(s.next_fire_at),
+            "last_fire_at": _iso(s.last_fire_at), "created_at": _iso(s.created_at)}
+
+
+def add(url: str, values: dict[str, Any]) -> dict[str, Any]:
+    try:
+        with session_scope(url) as s:
+            row = Schedule(**values)
+            s.add(row)
+            s.flush()
+            return schedule_record(row)
+    except IntegrityError:
+        raise ScheduleError(f"a schedule named {values['name']!r} exists already") from None
+
+
+def _get(s: Any, name: str) -> Schedule:
+    row = s.scalar(select(Schedule).where(Schedule.name == name))
+    if row is None:
+        known = ", ".join(s.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
+        raise ScheduleError(f"unknown schedule {name!r}; schedules: {known}")
+    return row
+
+
+def get(url: str, name: str) -> dict[str, Any]:
+    with session_scope(url) as s:
+        row = _get(s, name)
+        return {**schedule_record(row), "id": row.id}
+
+
+def list_schedules(url: str) -> list[dict[str, Any]]:
+    with session_scope(url) as s:
+        return [schedule_record(r) for r in s.scalars(select(Schedule).order_by(Schedule.name))]
+
+
+def set_enabled(url: str, name: str, enabled: bool, next_fire_at: datetime | None = None) -> None:
+    with session_scope(url) as s:
+        row = _get(s, name)
+        row.enabled = enabled
+        if next_fire_at is not None:
+            row.next_fire_at = next_fire_at
+
+
+def remove(url: str, name: str) -> None:
+    with session_scope(url) as s:
+        row = _get(s, name)
+        s.execute(delete(Fire).where(Fire.schedule_id == row.id))
+        s.delete(row)
+
+
+def due(url: str, now: datetime) -> list[dict[str, Any]]:
+    with session_scope(url) as s:
+        rows = s.scalars(select(Schedule).where(Schedule.enabled.is_(True),
+                                                Schedule.next_fire_at <= now))
+        return [{**schedule_record(r), "id": r.id, "next": as_utc(r.next_fire_at)} for r in rows]
+
+
+def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime,
+         fire_time: datetime, missed: int) -> int | None:
+    """Move next_fire_at from `expected_next` and record the fire; None if another tick did."""
+    try:
+        with session_scope(url) as s:
+            moved = s.execute(update(Schedule)
+                              .where(Schedule.id == schedule_id, Schedule.next_fire_at == expected_next)
+                              .values(next_fire_at=new_next, last_fire_at=fire_time)).rowcount
+            if not moved:
+                return None
+            fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=False)
+            s.add(fire)
+            s.flush()
+            return fire.id
+    except IntegrityError:
+        return None
+
+
+def record_manual(url: str, schedule_id: int, fire_time: datetime) -> int:
+    with session_scope(url) as s:
+        fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=0, manual=True)
+        s.add(fire)
+        s.execute(update(Schedule).where(Schedule.id == schedule_id).values(last_fire_at=fire_time))
+        s.flush()
+        return fire.id
+
+
+def settle_fire(url: str, fire_id: int, **values: Any) -> None:
+    """Set the fire's dataset file, job id, error or promotion decision."""
+    with session_scope(url) as s:
+        s.execute(update(Fire).where(Fire.id == fire_id).values(**values))
+
+
+def fires(url: str, name: str) -> list[dict[str, Any]]:
+    with session_scope(url) as s:
+        row = _get(s, name)
+        q = (select(Fire, Job.status).outerjoin(Job, Job.id == Fire.job_id)
+             .where(Fire.schedule_id == row.id).order_by(Fire.fire_time, Fire.id))
+        return [{"fire_time": _iso(f.fire_time), "fired_at": _iso(f.fired_at), "manual": f.manual,
+                 "missed": f.missed, "catch_up": f.missed > 0, "dataset_file": f.dataset_file,
+                 "job_id": f.job_id, "job_status": status or ("failed" if f.error else None),
+                 "error": f.error, "promotion": f.promotion} for f, status in s.execute(q)]
+
+
+def fire_of(url: str, fire_id: int) -> dict[str, Any]:
+    with session_scope(url) as s:
+        fire = s.get(Fire, fire_id)
+        sched = s.get(Schedule, fire.schedule_id)
+        return {"schedule": sched.name, "fire_time": _iso(fire.fire_time), "promote": sched.promote,
+                "metric": sched.metric, "min_gain": sched.min_gain}
+
+
+def decide_promotion(url: str, fire_id: int, name: str, version: int,
+                     metrics: dict[str, Any]) -> dict[str, Any]:
+    """Compare the new version with the promoted one by the schedule's policy; promote or keep."""
+    policy = fire_of(url, fire_id)
+    metric = policy["metric"]
+    new = metrics.get(metric)
+    current = next((m for m in list_models(url, name) if m["promoted"]), None)
+    old = current["metrics"].get(metric) if current else None
+    if policy["promote"] == "never":
+        promoted, reason = False, "policy is never"
+    elif policy["promote"] == "always":
+        promoted, reason = True, "policy is always"
+    elif new is None:
+        promoted, reason = False, f"the new version has no {metric}"
+    elif current is None or old is None:
+        promoted, reason = True, "no promoted version to compare with"
+    elif new >= old + policy["min_gain"]:
+        promoted, reason = True, f"{metric} {new:.4f} >= {old:.4f} + min gain {policy['min_gain']}"
+    else:
+        promoted, reason = False, f"{metric} {new:.4f} < {old:.4f} + min gain {policy['min_gain']}"
+    if promoted:
+        promote(url, name, version)
+    decision = {"decision": "promoted" if promoted else "kept", "metric": metric,
+                "new_version": version, "new_value": new,
+                "promoted_version": current["version"] if current else None,
+                "promoted_value": old, "reason": reason}
+    settle_fire(url, fire_id, promotion=decision)
+    return decision

@@ -1,0 +1,59 @@
+"""Cron times in a schedule's own time zone, stepping in local wall-clock time.
+
+Each wall-clock time fires once: a time that does not exist (the hour skipped when clocks go
+forward) fires right after the change, a time that happens twice (clocks go back) fires at its
+first occurrence.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+# Fires older than this many are not listed one by one when catching up after downtime.
+MAX_LISTED_MISSES = 100_000
+
+
+class CronError(ValueError):
+    """An invalid cron expression or an unknown time zone."""
+
+
+def zone(tz: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise CronError(f"unknown time zone {tz!r}: use an IANA name such as UTC or "
+                        "Europe/Berlin") from None
+
+
+def check(cron: str, tz: str) -> None:
+    if not croniter.is_valid(cron):
+        raise CronError(f"invalid cron expression {cron!r}: expected five fields "
+                        "(minute hour day-of-month month day-of-week), e.g. '0 3 * * *'")
+    zone(tz)
+
+
+def next_after(cron: str, tz: str, after: datetime) -> datetime:
+    """The first fire strictly after the instant `after`, as a UTC instant."""
+    z = zone(tz)
+    local = after.astimezone(z).replace(tzinfo=None)
+    candidate = croniter(cron, local).get_next(datetime)
+    fire = candidate.replace(tzinfo=z, fold=0).astimezone(UTC)
+    # A gap time maps before the change; step past `after` if the mapping went backwards.
+    while fire <= after:
+        candidate = croniter(cron, candidate).get_next(datetime)
+        fire = candidate.replace(tzinfo=z, fold=0).astimezone(UTC)
+    return fire
+
+
+def due(cron: str, tz: str, first: datetime, now: datetime) -> tuple[datetime, int]:
+    """The latest fire time in [first, now] and how many earlier ones it stands for."""
+    latest, missed = first, 0
+    while missed < MAX_LISTED_MISSES:
+        following = next_after(cron, tz, latest)
+        if following > now:
+            break
+        latest, missed = following, missed + 1
+    return latest, missed

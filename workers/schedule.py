@@ -1,0 +1,109 @@
+"""The schedule tick: find due schedules, fire each once, submit its training job.
+
+`tick(settings, now)` takes the clock as an argument, so tests drive it with any time; the
+schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (Celery beat).
+After downtime, every missed fire time collapses into one catch-up fire at the latest of them.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from db import schedules
+from db.schema import utcnow
+from workers.app import app
+from workers.cron import check, due, next_after
+from workers.jobspecs import ParamsError, validate
+from workers.paths import PathError, inside_root
+from workers.settings import Settings, get_settings
+from workers.submit import JobRejected, SubmitError, submit
+
+log = logging.getLogger(__name__)
+CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
+POLICIES = ("always", "if-better", "never")
+
+
+def newest_file(settings: Settings, source: str) -> Path:
+    """A file, the newest file in a folder, or the newest match of a glob, inside the data root."""
+    root = settings.data_root.resolve()
+    pattern = source if Path(source).is_absolute() else str(root / source)
+    if any(c in source for c in "*?["):
+        matches = [Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
+    elif Path(pattern).is_dir():
+        matches = [p for p in Path(pattern).iterdir() if p.is_file()]
+    else:
+        matches = [Path(pattern)] if Path(pattern).exists() else []
+    if not matches:
+        raise PathError(f"dataset source {source!r} matches no file (in {root})")
+    newest = max(matches, key=lambda p: (p.stat().st_mtime, p.name))
+    return inside_root(newest, root, "dataset")
+
+
+def _submit(settings: Settings, sched: dict[str, Any], fire_id: int) -> None:
+    """Resolve the dataset and queue the training job; a failure is recorded on the fire."""
+    try:
+        dataset = newest_file(settings, sched["dataset"])
+        schedules.settle_fire(settings.database, fire_id, dataset_file=str(dataset))
+        params = {**sched["spec"], "dataset": str(dataset), "fire_id": fire_id}
+        route = params["device_list"][0] if params.get("device_list") else "auto"
+        job_id = submit(settings, "train", params, route, allow_offline=True)
+        schedules.settle_fire(settings.database, fire_id, job_id=job_id)
+    except JobRejected as exc:
+        schedules.settle_fire(settings.database, fire_id, job_id=exc.job_id, error=str(exc))
+    except (PathError, SubmitError, ValueError) as exc:
+        schedules.settle_fire(settings.database, fire_id, error=str(exc))
+        log.info("schedule %s fire %s failed: %s", sched["name"], fire_id, exc)
+
+
+def tick(settings: Settings, now: datetime | None = None) -> list[int]:
+    """Fire every due schedule once; return the ids of the fires this call made."""
+    now = now or utcnow()
+    made = []
+    for sched in schedules.due(settings.database, now):
+        latest, missed = due(sched["cron"], sched["tz"], sched["next"], now)
+        following = next_after(sched["cron"], sched["tz"], max(latest, now))
+        fire_id = schedules.take(settings.database, sched["id"], sched["next"], following, latest,
+                                 missed)
+        if fire_id is None:
+            continue  # another tick took it
+        _submit(settings, sched, fire_id)
+        made.append(fire_id)
+    return made
+
+
+def run_now(settings: Settings, name: str, now: datetime | None = None) -> int:
+    """Fire the schedule once, at once, outside its cron times."""
+    sched = schedules.get(settings.database, name)
+    fire_id = schedules.record_manual(settings.database, sched["id"], now or utcnow())
+    _submit(settings, sched, fire_id)
+    return fire_id
+
+
+def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str,
+                 spec: dict[str, Any], promote: str, metric: str, min_gain: float,
+                 now: datetime | None = None) -> dict[str, Any]:
+    """Check everything a fire will need, then store the schedule with its first fire time."""
+    check(cron, tz)
+    if promote not in POLICIES:
+        raise ParamsError(f"--promote {promote!r}: expected one of {', '.join(POLICIES)}")
+    validate("train", {**spec, "dataset": dataset})  # the training options, checked now, not at 3 am
+    return schedules.add(settings.database, {
+        "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
+        "metric": metric, "min_gain": min_gain, "enabled": True,
+        "next_fire_at": next_after(cron, tz, now or utcnow())})
+
+
+def resume(settings: Settings, name: str, now: datetime | None = None) -> None:
+    """Enable again; fires missed while paused are skipped, not caught up."""
+    sched = schedules.get(settings.database, name)
+    schedules.set_enabled(settings.database, name, True,
+                          next_after(sched["cron"], sched["tz"], now or utcnow()))
+
+
+@app.task(name="mxq.tick")
+def tick_task() -> list[int]:
+    return tick(get_settings())
