@@ -84,7 +84,7 @@ class Stack:
             time.sleep(0.1)
 
 
-def _embedded(tmp: Path) -> Iterator[Stack]:
+def _embedded(tmp: Path, redis_db: int = 0) -> Iterator[Stack]:
     home = tmp / "embedded"
     redis = EmbeddedRedis(home)
     redis.start()
@@ -94,12 +94,13 @@ def _embedded(tmp: Path) -> Iterator[Stack]:
         redis.stop()
 
 
-def _system(tmp: Path) -> Iterator[Stack]:
+def _system(tmp: Path, redis_db: int = 7) -> Iterator[Stack]:
     import psycopg
     import redis
 
+    broker = SYSTEM_REDIS.rsplit("/", 1)[0] + f"/{redis_db}"
     try:
-        redis.Redis.from_url(SYSTEM_REDIS, socket_connect_timeout=2).flushdb()
+        redis.Redis.from_url(broker, socket_connect_timeout=2).flushdb()
     except redis.RedisError as exc:
         missing(f"no Redis server at {SYSTEM_REDIS}: {exc}")
     dbname = f"mxq_test_{uuid.uuid4().hex[:8]}"
@@ -111,7 +112,7 @@ def _system(tmp: Path) -> Iterator[Stack]:
     url = SYSTEM_PG.rsplit("/", 1)[0] + f"/{dbname}"
     try:
         yield Stack("system", tmp / "system", {"MXQ_HOME": str(tmp / "system"),
-                                               "MXQ_BROKER_URL": SYSTEM_REDIS,
+                                               "MXQ_BROKER_URL": broker,
                                                "MXQ_DATABASE_URL": url})
     finally:
         from db.engine import get_engine
@@ -121,11 +122,9 @@ def _system(tmp: Path) -> Iterator[Stack]:
             conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
 
 
-@pytest.fixture(scope="session", params=["embedded", "system"])
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A migrated broker + database pair, one per backend."""
-    make = _embedded if request.param == "embedded" else _system
-    gen = make(tmp_path_factory.mktemp(request.param))
+def _stack(backend: str, tmp: Path, redis_db: int) -> Iterator[Stack]:
+    make = _embedded if backend == "embedded" else _system
+    gen = make(tmp, redis_db)
     s = next(gen)
     s.home.mkdir(parents=True, exist_ok=True)
     (s.home / "data").mkdir()
@@ -136,6 +135,18 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     upgrade(s.settings.database)
     yield s
     next(gen, None)
+
+
+@pytest.fixture(scope="session", params=["embedded", "system"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A migrated broker + database pair, one per backend, shared by the session's workers."""
+    yield from _stack(request.param, tmp_path_factory.mktemp(request.param), 7)
+
+
+@pytest.fixture(params=["embedded", "system"])
+def isolated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """A broker + database pair of its own, with no workers: what it queues stays queued."""
+    yield from _stack(request.param, tmp_path, 8)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ def _compose() -> dict:
 
 def test_services_and_volumes() -> None:
     c = _compose()
-    assert {"redis", "postgres", "migrate"} <= set(c["services"])
+    assert {"redis", "postgres", "migrate", "beat"} <= set(c["services"])
+    assert c["services"]["beat"]["command"] == ["scheduler"]
     assert c["services"]["postgres"]["volumes"] == ["postgres-data:/var/lib/postgresql/data"]
     for name in ("redis", "postgres"):
         assert c["services"][name]["healthcheck"]["test"]

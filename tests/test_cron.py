@@ -1,0 +1,58 @@
+"""Cron times in a time zone, across daylight-saving changes."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from workers.cron import CronError, check, due, next_after
+
+BERLIN = "Europe/Berlin"
+
+
+def _fires(cron: str, tz: str, start: datetime, n: int) -> list[datetime]:
+    out, t = [], start
+    for _ in range(n):
+        t = next_after(cron, tz, t)
+        out.append(t)
+    return out
+
+
+def test_spring_forward_fires_once_right_after_the_gap() -> None:
+    """Berlin skips 02:00-03:00 on 2026-03-29: the 02:30 fire happens at 03:30 CEST that day."""
+    fires = _fires("30 2 * * *", BERLIN, datetime(2026, 3, 27, 12, tzinfo=UTC), 4)
+    assert fires == [datetime(2026, 3, 28, 1, 30, tzinfo=UTC),  # 02:30 CET
+                     datetime(2026, 3, 29, 1, 30, tzinfo=UTC),  # 03:30 CEST, after the gap
+                     datetime(2026, 3, 30, 0, 30, tzinfo=UTC),  # 02:30 CEST
+                     datetime(2026, 3, 31, 0, 30, tzinfo=UTC)]
+
+
+def test_fall_back_fires_a_repeated_time_once() -> None:
+    """Berlin repeats 02:00-03:00 on 2026-10-25: 02:30 fires at its first occurrence only."""
+    fires = _fires("30 2 * * *", BERLIN, datetime(2026, 10, 24, 12, tzinfo=UTC), 3)
+    assert fires == [datetime(2026, 10, 25, 0, 30, tzinfo=UTC),  # 02:30 CEST
+                     datetime(2026, 10, 26, 1, 30, tzinfo=UTC),  # 02:30 CET
+                     datetime(2026, 10, 27, 1, 30, tzinfo=UTC)]
+
+
+def test_local_time_stays_put_across_the_change() -> None:
+    fires = _fires("0 9 * * 1", "America/New_York", datetime(2026, 10, 26, tzinfo=UTC), 2)
+    assert [f.hour for f in fires] == [13, 14]  # 09:00 EDT, then 09:00 EST
+
+
+def test_due_collapses_missed_fires() -> None:
+    first = datetime(2026, 1, 1, 3, tzinfo=UTC)
+    latest, missed = due("0 3 * * *", "UTC", first, first + timedelta(days=3, hours=1))
+    assert latest == datetime(2026, 1, 4, 3, tzinfo=UTC) and missed == 3
+
+
+@pytest.mark.parametrize("cron, tz, needle", [
+    ("0 25 * * *", "UTC", "invalid cron expression '0 25 * * *'"),
+    ("every day", "UTC", "invalid cron expression"),
+    ("0 3 * * *", "Mars/Olympus", "unknown time zone 'Mars/Olympus'"),
+])
+def test_bad_cron_or_zone(cron: str, tz: str, needle: str) -> None:
+    with pytest.raises(CronError, match=re.escape(needle)):
+        check(cron, tz)

@@ -1,0 +1,75 @@
+"""A schedule fires through real workers: it trains on the newest file of a folder, promotes a
+better model, keeps the promoted one against a worse or failed retraining, all recorded in SQL."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from db import schedules
+from db.registry import list_models
+from tasks import datasets
+from tests.conftest import Stack
+from workers.schedule import add_schedule, tick
+
+
+def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool = False) -> None:
+    """A new, newest file in the watched folder."""
+    folder = stack.home / "data" / "nightly"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    if corrupt:
+        path.write_bytes(b"not a zip archive")
+    else:
+        d = datasets.digits()
+        y = np.random.default_rng(0).permutation(d.y) if shuffle_labels else d.y
+        np.savez(path, X=d.x.reshape(len(d.y), -1), y=y)
+    stamp = time.time() + len(list(folder.iterdir()))  # strictly newer than the files before it
+    os.utime(path, (stamp, stamp))
+
+
+def _fire(stack: Stack, at: datetime) -> dict:
+    assert len(tick(stack.settings, at)) == 1
+    deadline = time.monotonic() + 300
+    while True:
+        fire = next(f for f in schedules.fires(stack.settings.database, "nightly")
+                    if f["fire_time"] == at.isoformat())
+        if fire["job_status"] in ("succeeded", "failed"):  # the decision is made before success
+            return fire
+        assert time.monotonic() < deadline, fire
+        time.sleep(0.2)
+
+
+def test_scheduled_retraining_promotes_only_a_better_model(workers: Stack) -> None:
+    s = workers.settings
+    spec = {"arch": "mlp", "name": "nightly-model", "epochs": 4, "devices": 2, "seed": 0}
+    sched = add_schedule(s, "nightly", "0 3 * * *", "Europe/Berlin", "nightly", spec, "if-better",
+                         "val_accuracy", 0.0)
+    at = datetime.fromisoformat(sched["next_fire_at"])  # the clock jumps to each fire time
+
+    _drop(workers, "day1.npz")
+    good = _fire(workers, at)
+    assert good["job_status"] == "succeeded" and good["dataset_file"].endswith("day1.npz")
+    assert good["promotion"]["decision"] == "promoted"
+    assert good["promotion"]["reason"] == "no promoted version to compare with"
+
+    _drop(workers, "day2.npz", shuffle_labels=True)  # labels scrambled: a worse model
+    worse = _fire(workers, at + timedelta(days=1))
+    assert worse["dataset_file"].endswith("day2.npz") and worse["job_status"] == "succeeded"
+    decision = worse["promotion"]
+    assert decision["decision"] == "kept"
+    assert decision["new_value"] < decision["promoted_value"] == good["promotion"]["new_value"]
+    assert "<" in decision["reason"]
+
+    _drop(workers, "day3.npz", corrupt=True)  # a retraining that fails
+    failed = _fire(workers, at + timedelta(days=2))
+    assert failed["job_status"] == "failed" and failed["promotion"] is None
+
+    versions = list_models(s.database, "nightly-model")
+    assert [(v["version"], v["promoted"]) for v in versions] == [(1, True), (2, False)]
+    shown = workers.mxq_json("schedule", "show", "nightly")
+    assert [f["job_status"] for f in shown["fires"]] == ["succeeded", "succeeded", "failed"]
+    assert {"fire_time", "dataset_file", "job_id", "job_status", "promotion"} <= set(shown["fires"][0])

@@ -1,0 +1,137 @@
+"""The schedule tick with a controllable clock, against a real database and broker (no workers:
+what it queues stays queued)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from db import schedules
+from db.history import get_job
+from tests.conftest import Stack
+from workers.schedule import add_schedule, run_now, tick
+
+SPEC = {"arch": "mlp", "name": "retrained", "epochs": 1}
+T0 = datetime(2026, 3, 27, 12, tzinfo=UTC)
+
+
+def _dataset(stack: Stack, name: str = "fresh/a.npz", age: float = 0.0) -> str:
+    path = stack.home / "data" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, X=np.random.default_rng(0).normal(size=(30, 4)), y=np.arange(30) % 3)
+    if age:
+        os.utime(path, (path.stat().st_atime - age, path.stat().st_mtime - age))
+    return name
+
+
+def _add(stack: Stack, name: str, cron: str, tz: str = "UTC", dataset: str = "fresh/*.npz",
+         now: datetime = T0) -> dict:
+    return add_schedule(stack.settings, name, cron, tz, dataset, dict(SPEC), "if-better",
+                        "val_accuracy", 0.0, now=now)
+
+
+def test_fires_at_local_times_across_dst(isolated: Stack) -> None:
+    _dataset(isolated)
+    _add(isolated, "berlin", "30 2 * * *", "Europe/Berlin")
+    now = T0
+    while now < T0 + timedelta(days=4):
+        tick(isolated.settings, now)
+        now += timedelta(minutes=30)
+    fires = schedules.fires(isolated.settings.database, "berlin")
+    assert [f["fire_time"] for f in fires] == [
+        "2026-03-28T01:30:00+00:00", "2026-03-29T01:30:00+00:00",  # CET, then just after the gap
+        "2026-03-30T00:30:00+00:00", "2026-03-31T00:30:00+00:00"]  # CEST
+    assert all(f["job_status"] == "queued" and not f["missed"] for f in fires)
+    job = get_job(isolated.settings.database, fires[0]["job_id"], with_metrics=True)
+    assert job["kind"] == "train" and job["params"]["fire_id"]
+    assert job["schedule"]["schedule"] == "berlin"
+    assert job["schedule"]["fire_time"] == fires[0]["fire_time"]
+
+
+def _race(env: dict, now: datetime, barrier: multiprocessing.Barrier, out: multiprocessing.Queue) -> None:
+    os.environ.update(env)
+    from workers.settings import Settings
+
+    barrier.wait()
+    out.put(len(tick(Settings(), now)))
+
+
+def test_two_racing_ticks_fire_each_schedule_once(isolated: Stack) -> None:
+    _dataset(isolated)
+    for i in range(10):
+        _add(isolated, f"s{i}", "0 * * * *")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    at = T0 + timedelta(hours=1, minutes=5)
+    procs = [ctx.Process(target=_race, args=(isolated.env, at, barrier, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    made = sorted(out.get(timeout=5) for _ in procs)
+    assert sum(made) == 10, made
+    for i in range(10):
+        fires = schedules.fires(isolated.settings.database, f"s{i}")
+        assert len(fires) == 1 and fires[0]["job_id"] is not None
+
+
+def test_three_day_outage_runs_one_catch_up(isolated: Stack) -> None:
+    _dataset(isolated)
+    _add(isolated, "daily", "0 3 * * *")
+    tick(isolated.settings, T0 + timedelta(days=3, hours=16))  # the first tick after the outage
+    tick(isolated.settings, T0 + timedelta(days=3, hours=16, minutes=1))
+    fires = schedules.fires(isolated.settings.database, "daily")
+    assert len(fires) == 1
+    assert fires[0]["fire_time"] == "2026-03-30T03:00:00+00:00"
+    assert fires[0]["catch_up"] and fires[0]["missed"] == 2  # 28th and 29th collapsed into it
+    assert schedules.get(isolated.settings.database, "daily")["next_fire_at"] == \
+        "2026-03-31T03:00:00+00:00"
+
+
+def test_run_now_fires_once_at_once(isolated: Stack) -> None:
+    _dataset(isolated)
+    before = _add(isolated, "manual", "0 3 1 1 *")
+    run_now(isolated.settings, "manual", T0 + timedelta(minutes=1))
+    tick(isolated.settings, T0 + timedelta(minutes=2))  # not due: nothing more
+    fires = schedules.fires(isolated.settings.database, "manual")
+    assert len(fires) == 1 and fires[0]["manual"] and fires[0]["job_status"] == "queued"
+    assert schedules.get(isolated.settings.database, "manual")["next_fire_at"] == before["next_fire_at"]
+
+
+def test_newest_file_is_used_and_an_empty_glob_fails_only_that_fire(isolated: Stack) -> None:
+    _add(isolated, "fresh", "0 * * * *")
+    tick(isolated.settings, T0 + timedelta(hours=1))
+    _dataset(isolated, "fresh/old.npz", age=3600)
+    _dataset(isolated, "fresh/new.npz")
+    tick(isolated.settings, T0 + timedelta(hours=2))
+    failed, ok = schedules.fires(isolated.settings.database, "fresh")
+    assert failed["job_id"] is None and failed["job_status"] == "failed"
+    assert "matches no file" in failed["error"] and "fresh/*.npz" in failed["error"]
+    assert ok["dataset_file"].endswith("fresh/new.npz") and ok["job_status"] == "queued"
+
+
+def test_paused_schedules_do_not_fire(isolated: Stack) -> None:
+    _dataset(isolated)
+    _add(isolated, "paused", "0 * * * *")
+    schedules.set_enabled(isolated.settings.database, "paused", False)
+    assert tick(isolated.settings, T0 + timedelta(hours=5)) == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--cron", "61 * * * *"], "invalid cron expression '61 * * * *'"),
+    (["--cron", "0 3 * * *", "--tz", "Nowhere/City"], "unknown time zone 'Nowhere/City'"),
+    (["--cron", "0 3 * * *", "--arch", "vgg"], "arch='vgg'"),
+    (["--cron", "0 3 * * *", "--promote", "sometimes"], "--promote 'sometimes'"),
+])
+def test_bad_schedules_are_refused(isolated: Stack, args: list[str], needle: str) -> None:
+    base = {"--arch": "mlp", "--dataset": "fresh/*.npz", "--model": "m"}
+    for i, a in enumerate(args[::2]):
+        base[a] = args[2 * i + 1]
+    flat = [x for kv in base.items() for x in kv]
+    proc = isolated.mxq("schedule", "add", "bad", *flat)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert schedules.list_schedules(isolated.settings.database) == []
