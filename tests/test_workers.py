@@ -88,13 +88,14 @@ def test_devices_and_job_history_json(workers: Stack) -> None:
         assert key in done[0]
 
 
-def test_bad_probe_parameters_are_refused_at_submit(workers: Stack) -> None:
-    before = workers.mxq_json("jobs", "--limit", "10000")
+def test_bad_probe_parameters_fail_the_job_at_submit(workers: Stack) -> None:
     proc = workers.mxq("probe", "--size", "3")
-    assert proc.returncode == 2
-    assert "size=3" in proc.stderr and "greater than or equal to 16" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert len(workers.mxq_json("jobs", "--limit", "10000")) == len(before)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("mxq: error: job ") and "size=3" in line
+    assert "greater than or equal to 16" in line
+    record = workers.mxq_json("job", line.split()[3])
+    assert record["status"] == "failed" and record["attempts"] == 0 and "size=3" in record["error"]
 
 
 def test_a_bad_message_fails_its_job_and_the_worker_goes_on(workers: Stack) -> None:
