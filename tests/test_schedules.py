@@ -82,12 +82,14 @@ def test_two_racing_ticks_fire_each_schedule_once(isolated: Stack) -> None:
 def test_three_day_outage_runs_one_catch_up(isolated: Stack) -> None:
     _dataset(isolated)
     _add(isolated, "daily", "0 3 * * *")
-    tick(isolated.settings, T0 + timedelta(days=3, hours=16))  # the first tick after the outage
-    tick(isolated.settings, T0 + timedelta(days=3, hours=16, minutes=1))
+    # Down from before the first fire (28th 03:00) until the 31st 02:00: three fires missed.
+    tick(isolated.settings, T0 + timedelta(days=3, hours=14))
+    tick(isolated.settings, T0 + timedelta(days=3, hours=14, minutes=1))
     fires = schedules.fires(isolated.settings.database, "daily")
     assert len(fires) == 1
     assert fires[0]["fire_time"] == "2026-03-30T03:00:00+00:00"
     assert fires[0]["catch_up"] and fires[0]["missed"] == 2  # 28th and 29th collapsed into it
+    assert fires[0]["job_status"] == "queued"  # one catch-up job
     assert schedules.get(isolated.settings.database, "daily")["next_fire_at"] == \
         "2026-03-31T03:00:00+00:00"
 

@@ -95,7 +95,7 @@ def _resolve_train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]
                   if kind is None or w["device"].startswith(kind + ":"))
     kinds = {d.split(":")[0] for d in have}
     most = max((sum(d.startswith(k + ":") for d in have) for k in kinds), default=0)
-    if params["devices"] > most:
+    if have and params["devices"] > most:  # (no worker known yet: the job waits for them)
         raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
                           f"({', '.join(have) or 'none'}); a training job runs on one node")
     for device in params["device_list"] or []:
