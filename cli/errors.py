@@ -7,7 +7,8 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from cli.models import ShapeError
 from db.registry import ModelNotFound
-from db.schedules import ScheduleError
+from db.schedules import ScheduleError, ScheduleExists
+from workers.cancel import CancelError
 from workers.cron import CronError
 from workers.devices import DeviceError
 from workers.jobspecs import ParamsError
@@ -18,7 +19,7 @@ from workers.stack import StackError
 from workers.submit import JobRejected, SubmitError
 
 USER_ERRORS = (SubmitError, RoutingError, DeviceSpecError, ParamsError, DeviceError, StackError,
-               ShapeError, ModelNotFound, PathError, ScheduleError, CronError)
+               ShapeError, ModelNotFound, PathError, ScheduleError, CronError, CancelError, ScheduleExists)
 # Errors of modules that load MXNet, matched by name so importing the CLI never loads it.
 LAZY_ERRORS = ("ModelError", "ArchError")
 EXIT_USAGE = 2

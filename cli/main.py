@@ -31,6 +31,9 @@ DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "runni
                   "current_job", "leased_by", "heartbeat_age"]
 JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
                "attempts", "submitted_at", "error"]
+CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
+               "samples", "seconds", "samples_per_sec", "submitted_at", "started_at", "finished_at",
+               "model", "model_version", "parent_id", "error"]
 _AGO = re.compile(r"^(\d+)([smhd])$")
 
 
@@ -119,6 +122,42 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
     prepare(s)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     raise typer.Exit(run_launcher(s, specs, with_schedule))
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command()
+def api() -> None:
+    """The HTTP API and dashboard on MXQ_API_HOST:MXQ_API_PORT (default 127.0.0.1:8470)."""
+    import uvicorn
+
+    s = get_settings()
+    if s.api_token is None:
+        if s.api_host not in LOOPBACK:
+            render.err.print(f"mxq: refusing to serve on {s.api_host} without MXQ_API_TOKEN: set a "
+                             "token, or use a loopback address", markup=False)
+            raise typer.Exit(EXIT_USAGE)
+        render.err.print("mxq: no MXQ_API_TOKEN set: listening on loopback only, writes need no token",
+                         markup=False)
+    render.err.print(f"mxq: API and dashboard on http://{s.api_host}:{s.api_port}/", markup=False)
+    uvicorn.run("api.app:app", host=s.api_host, port=s.api_port, log_level="warning")
+
+
+@app.command()
+def stats(by: Annotated[str, typer.Option(help="device, model or day")] = "device",
+          json_: JsonOpt = False) -> None:
+    """Throughput and success rates per device, model or day."""
+    from db.history import stats as compute
+
+    if by not in ("device", "model", "day"):
+        raise typer.BadParameter(f"{by!r}: expected device, model or day", param_hint="--by")
+    rows = compute(get_settings().database, by)
+    if json_:
+        render.print_json(rows)
+    else:
+        render.table(rows, [by, "jobs", "succeeded", "failed", "cancelled", "success_rate",
+                            "samples", "samples_per_sec"], f"stats by {by}")
 
 
 @app.command()
@@ -271,19 +310,42 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
          device: Annotated[str | None, typer.Option(help="Device it ran on, e.g. cpu:1.")] = None,
          node: Annotated[str | None, typer.Option(help="Node it ran on.")] = None,
          since: Annotated[str | None, typer.Option(help="30m, 2h, 1d or an ISO time.")] = None,
-         limit: Annotated[int, typer.Option(min=1, max=10000)] = 50,
+         limit: Annotated[int, typer.Option(min=1, max=100000)] = 50,
+         format: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
          json_: JsonOpt = False) -> None:
-    """Job history, newest first."""
+    """Job history, newest first (`--format json|csv` to export)."""
     allowed = ("queued", "running", "succeeded", "failed", "cancelled")
     if status is not None and status not in allowed:
         raise typer.BadParameter(f"{status!r}: expected one of {', '.join(allowed)}",
                                  param_hint="--status")
     s = get_settings()
     rows = list_jobs(s.database, JobFilter(status, kind, device, node, _since(since), limit))
-    if json_:
+    if format not in ("table", "json", "csv"):
+        raise typer.BadParameter(f"{format!r}: expected table, json or csv", param_hint="--format")
+    if json_ or format == "json":
         render.print_json(rows)
+    elif format == "csv":
+        render.csv_rows(rows, CSV_COLUMNS)
     else:
         render.table(rows, JOB_COLUMNS, "jobs")
+
+
+@app.command()
+def cancel(job_id: int,
+           wait: Annotated[bool, typer.Option("--wait", help="Wait until it has stopped.")] = False,
+           json_: JsonOpt = False) -> None:
+    """Cancel a job: at once if queued, at its next batch or epoch boundary if running."""
+    from workers.cancel import MESSAGES, cancel_job
+
+    s = get_settings()
+    outcome = cancel_job(s, job_id)
+    record = get_job(s.database, job_id)
+    if wait:
+        record = render.wait_for(job_id, lambda i: get_job(s.database, i), None)
+    if json_:
+        render.print_json({"outcome": outcome.value, **record})
+    else:
+        render.out.print(MESSAGES[outcome].format(id=job_id))
 
 
 @app.command()

@@ -54,6 +54,13 @@ def job_detail(record: dict[str, Any]) -> None:
     out.print(t)
 
 
+def csv_rows(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+
+
 def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
     """Rows as a table, JSON or CSV (index,predicted_class,score, then top-k pairs when stored)."""
     if fmt == "json":

@@ -23,6 +23,7 @@ class JobFilter:
     node: str | None = None
     since: datetime | None = None
     limit: int = 50
+    offset: int = 0
 
 
 def _iso(ts: datetime | None) -> str | None:
@@ -85,17 +86,24 @@ def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any]
     return record
 
 
-def list_jobs(url: str, f: JobFilter) -> list[dict[str, Any]]:
-    """Newest first, filtered."""
-    q = select(Job).order_by(Job.submitted_at.desc(), Job.id.desc()).limit(f.limit)
+def _filtered(q: Any, f: JobFilter) -> Any:
     for column, value in ((Job.status, f.status), (Job.kind, f.kind),
                           (Job.device, f.device), (Job.node, f.node)):
         if value is not None:
             q = q.where(column == value)
-    if f.since is not None:
-        q = q.where(Job.submitted_at >= f.since)
+    return q if f.since is None else q.where(Job.submitted_at >= f.since)
+
+
+def list_jobs(url: str, f: JobFilter) -> list[dict[str, Any]]:
+    """Newest first, filtered, one page."""
+    q = _filtered(select(Job), f).order_by(Job.submitted_at.desc(), Job.id.desc())
     with session_scope(url) as s:
-        return [job_record(j) for j in s.scalars(q)]
+        return [job_record(j) for j in s.scalars(q.limit(f.limit).offset(f.offset))]
+
+
+def count_jobs(url: str, f: JobFilter) -> int:
+    with session_scope(url) as s:
+        return s.scalar(_filtered(select(func.count()).select_from(Job), f)) or 0
 
 
 def counts_by_queue(url: str) -> dict[tuple[str, str], int]:
@@ -135,3 +143,30 @@ def pool_depths(url: str) -> dict[str, int]:
     """Jobs waiting in each shared pool queue."""
     return {q: n for (q, status), n in counts_by_queue(url).items()
             if status == JobStatus.QUEUED and q.startswith("pool.")}
+
+
+def stats(url: str, by: str) -> list[dict[str, Any]]:
+    """Per device, model or day: jobs, outcomes, success rate, samples and samples/s."""
+    with session_scope(url) as s:
+        pg = s.bind.dialect.name == "postgresql"
+        key = {"device": Job.device,  # inference names its model `model`, training `name`
+               "model": func.coalesce(Job.params["model"].as_string(), Job.params["name"].as_string()),
+               "day": func.to_char(Job.submitted_at, "YYYY-MM-DD") if pg
+               else func.date(Job.submitted_at)}[by]
+        q = (select(key, Job.status, func.count(), func.sum(Job.samples), func.sum(Job.seconds))
+             .where(key.is_not(None)).group_by(key, Job.status))
+        rows: dict[Any, dict[str, Any]] = {}
+        for k, status, n, samples, seconds in s.execute(q):
+            r = rows.setdefault(k, {by: k, "jobs": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+                                    "samples": 0, "seconds": 0.0})
+            r["jobs"] += n
+            if status in ("succeeded", "failed", "cancelled"):
+                r[status] += n
+            if status == "succeeded":
+                r["samples"] += samples or 0
+                r["seconds"] += seconds or 0.0
+    for r in rows.values():
+        done = r["succeeded"] + r["failed"] + r["cancelled"]
+        r["success_rate"] = r["succeeded"] / done if done else None
+        r["samples_per_sec"] = r["samples"] / r["seconds"] if r["seconds"] else None
+    return sorted(rows.values(), key=lambda r: str(r[by]))

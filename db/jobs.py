@@ -205,7 +205,9 @@ def settle_parent(url: str, parent_id: int) -> bool:
         values: dict[str, Any] = dict(finished_at=utcnow(), samples=samples, seconds=seconds,
                                       samples_per_sec=samples / seconds if seconds else None,
                                       heartbeat_at=None)
-        if failed:
+        if any(c.status == JobStatus.CANCELLED for c in children):
+            values.update(status=JobStatus.CANCELLED, error="cancelled; finished chunks kept")
+        elif failed:
             first = failed[0]
             values.update(status=JobStatus.FAILED,
                           error=f"chunk {first.chunk_index} (job {first.id}) {first.status}: "
@@ -215,3 +217,48 @@ def settle_parent(url: str, parent_id: int) -> bool:
         return bool(s.execute(update(Job).where(Job.id == parent_id,
                                                 Job.status == JobStatus.RUNNING).values(**values)
                               ).rowcount)
+
+
+class CancelOutcome(enum.Enum):
+    CANCELLED = "cancelled"  # it was queued: it will never run
+    REQUESTED = "requested"  # it is running: it stops at its next batch or epoch boundary
+    FINISHED = "finished"  # already over: nothing to do
+    MISSING = "missing"
+
+
+def cancel(url: str, job_id: int) -> CancelOutcome:
+    """Cancel a job and its chunks: queued ones at once, running ones at their next boundary."""
+    now = utcnow()
+    with session_scope(url) as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            return CancelOutcome.MISSING
+        if job.status in FINISHED:
+            return CancelOutcome.FINISHED
+        ids = [job_id, *s.scalars(select(Job.id).where(Job.parent_id == job_id))]
+        s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+                  .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled"))
+        s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
+                  .values(cancel_requested_at=now))
+        s.flush()
+        chunked = job.chunks is not None
+    if chunked:
+        settle_parent(url, job_id)  # every chunk may have been queued, and so is over now
+    with session_scope(url) as s:
+        status = s.scalar(select(Job.status).where(Job.id == job_id))
+    return CancelOutcome.CANCELLED if status == JobStatus.CANCELLED else CancelOutcome.REQUESTED
+
+
+def cancel_requested(url: str, job_id: int) -> bool:
+    with session_scope(url) as s:
+        return s.scalar(select(Job.cancel_requested_at).where(Job.id == job_id)) is not None
+
+
+def mark_cancelled(url: str, job_id: int, worker: str, samples: int | None = None) -> bool:
+    """A running job stopped on request; what it wrote is kept."""
+    with session_scope(url) as s:
+        return bool(s.execute(
+            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
+            .values(status=JobStatus.CANCELLED, finished_at=utcnow(), heartbeat_at=None,
+                    samples=samples, error="cancelled while running; partial results kept")
+        ).rowcount)

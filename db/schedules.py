@@ -15,7 +15,11 @@ from db.schema import Fire, Job, Schedule, as_utc
 
 
 class ScheduleError(LookupError):
-    """An unknown or duplicate schedule name."""
+    """An unknown schedule name."""
+
+
+class ScheduleExists(ValueError):
+    """A schedule of that name exists already."""
 
 
 def _iso(ts: datetime | None) -> str | None:
@@ -37,7 +41,7 @@ def add(url: str, values: dict[str, Any]) -> dict[str, Any]:
             s.flush()
             return schedule_record(row)
     except IntegrityError:
-        raise ScheduleError(f"a schedule named {values['name']!r} exists already") from None
+        raise ScheduleExists(f"a schedule named {values['name']!r} exists already") from None
 
 
 def _get(s: Any, name: str) -> Schedule:

@@ -77,6 +77,8 @@ class Job(Base):
     chunks: Mapped[int | None]
     # The devices a multi-device job holds, e.g. ["cpu:0", "cpu:1"].
     devices: Mapped[list[str] | None] = mapped_column(JSON)
+    # Set by a cancel of a running job; the job stops at its next batch or epoch boundary.
+    cancel_requested_at: Mapped[datetime | None]
 
     __table_args__ = (
         Index("ix_jobs_parent", "parent_id"),

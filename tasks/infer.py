@@ -149,6 +149,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx:
     step, since, mark = 0, time.perf_counter(), start
     try:
         for first, x in prefetch(_batches(p, source, start, stop)):
+            job.check_cancelled(first - start)  # rows before `first` are written or queued to be
             last = first + len(x)
             probs = mx.nd.softmax(net(mx.nd.array(x, ctx=ctx))).asnumpy()
             if out is not None:

@@ -19,6 +19,7 @@ def _timed(fn, repeat: int, job: JobContext, done: int, total: int) -> float:  #
     fn().wait_to_read()  # warm-up: allocation and kernel selection are not throughput
     start = time.perf_counter()
     for i in range(repeat):
+        job.check_cancelled()
         fn().wait_to_read()
         job.progress((done + i + 1) / total)
     return time.perf_counter() - start

@@ -28,6 +28,17 @@ class JobInputError(ValueError):
     """The job's parameters are wrong; the message says which and what is allowed."""
 
 
+class JobCancelled(Exception):
+    """The job was cancelled while running; it stopped at a batch or epoch boundary."""
+
+    def __init__(self, samples: int | None = None) -> None:
+        super().__init__("cancelled")
+        self.samples = samples
+
+
+CANCEL_CHECK_SECONDS = 1.0  # how often a running job looks for a cancel request
+
+
 @dataclass
 class Outcome:
     samples: int
@@ -53,9 +64,19 @@ class JobContext:
     requested: str
     parent_id: int | None
     devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
+    _checked_at: float = 0.0
 
     def progress(self, fraction: float) -> None:
         jobs.set_progress(self.url, self.id, fraction)
+
+    def check_cancelled(self, samples: int | None = None) -> None:
+        """Raise JobCancelled if a cancel was requested (looked up at most once a second)."""
+        now = time.monotonic()
+        if now - self._checked_at < CANCEL_CHECK_SECONDS:
+            return
+        self._checked_at = now
+        if jobs.cancel_requested(self.url, self.id):
+            raise JobCancelled(samples)
 
 
 Body = Callable[[JobContext], Outcome | FanOut]
@@ -131,6 +152,9 @@ def _run(job: JobContext, at: Placement, body: Body) -> str:
     except JobInputError as exc:
         jobs.fail(s.database, job_id, str(exc), worker=at.worker)
         return "failed"
+    except JobCancelled as exc:
+        jobs.mark_cancelled(s.database, job_id, at.worker, exc.samples)
+        return "cancelled"
     except Exception as exc:
         log.exception("job %s failed", job_id)
         jobs.fail(s.database, job_id, f"{type(exc).__name__}: {_one_line(exc)}", worker=at.worker)

@@ -21,13 +21,14 @@ from typing import Any
 
 from db import epochs as epoch_rows
 from db.workers import list_workers
-from tasks.runner import JobContext, JobInputError, Outcome, job_task
+from tasks.runner import JobCancelled, JobContext, JobInputError, Outcome, job_task
 from workers import leases
 from workers.jobspecs import ParamsError, TrainParams, validate
 from workers.launcher import cpu_cores, nvidia_lib_dirs
 from workers.settings import Settings, get_settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
+CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
 
 
@@ -140,6 +141,8 @@ def train(job: JobContext) -> Outcome:
             raise RuntimeError(f"lost the lease on {', '.join(job.devices)} (expired and taken)")
         time.sleep(s.heartbeat_seconds)
     report = json.loads(out.read_text()) if out.exists() else {}
+    if child.returncode == CHILD_CANCELLED:
+        raise JobCancelled(report.get("samples"))
     if child.returncode == CHILD_INPUT_ERROR:
         raise JobInputError(report.get("error", "training input error"))
     if child.returncode != 0:

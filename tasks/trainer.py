@@ -23,13 +23,17 @@ from tasks import datasets
 from tasks.fit import EpochResult, fit, make_net, make_trainer
 from tasks.inputs import InputError
 from tasks.models import add_trained
-from tasks.train import CHILD_INPUT_ERROR, run_file
+from tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, run_file
 from tasks.zoo import ArchError, check_shape
 from workers.jobspecs import TrainParams
 from workers.paths import PathError, inside_root
 from workers.settings import get_settings
 
 PROGRESS_SECONDS = 1.0
+
+
+class Cancelled(Exception):
+    """The job was cancelled; raised at a batch boundary."""
 
 
 class BadInput(Exception):
@@ -93,6 +97,8 @@ def main(job_id: int, devices: list[str]) -> int:
         if now - last_report[0] >= PROGRESS_SECONDS:
             jobs.set_progress(url, job_id, (epoch - 1 + fraction) / p.epochs)
             last_report[0] = now
+            if jobs.cancel_requested(url, job_id):
+                raise Cancelled
 
     def on_epoch(r: EpochResult) -> None:
         prefix = folder / f"epoch-{r.epoch:04d}"
@@ -101,7 +107,12 @@ def main(job_id: int, devices: list[str]) -> int:
         epoch_rows.record(url, job_id, {**r.__dict__, "checkpoint": str(prefix)})
         jobs.set_progress(url, job_id, r.epoch / p.epochs)
 
-    results = fit(p, train, val, ctxs, devices, net, trainer, done + 1, on_batch, on_epoch)
+    try:
+        results = fit(p, train, val, ctxs, devices, net, trainer, done + 1, on_batch, on_epoch)
+    except Cancelled:  # checkpoints of finished epochs stay
+        kept = epoch_rows.list_epochs(url, job_id)
+        out.write_text(json.dumps({"samples": len(train.y) * (len(kept) - done)}))
+        return CHILD_CANCELLED
     final = epoch_rows.list_epochs(url, job_id)[-1]
     metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
                "train_loss": final["train_loss"], "epochs": p.epochs}

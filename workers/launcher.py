@@ -112,6 +112,13 @@ def schedule_spec(settings: Settings) -> WorkerSpec:
     return WorkerSpec(None, name, ["mxq.control"], command, env)
 
 
+def api_spec(settings: Settings) -> WorkerSpec:
+    """The HTTP API and dashboard (`mxq api`)."""
+    env = {k: v for k, v in worker_env(settings, Device("cpu", 0), []).items()
+           if k not in ("MXQ_DEVICE", *THREAD_VARS)}
+    return WorkerSpec(None, f"api@{settings.node}", [], [sys.executable, "-m", "cli", "api"], env)
+
+
 @dataclass
 class Child:
     spec: WorkerSpec

@@ -10,7 +10,7 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Long enough for the longest training job: Redis hands an unacknowledged message to another
@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     mxnet_build: str | None = Field(
         None, description="MXNet build to assume (e.g. mxnet-cu112); default: the installed one."
     )
+    api_host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
+    api_port: int = Field(8470, ge=1, le=65535)
+    api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
 

@@ -15,7 +15,7 @@ from db.schema import utcnow
 from db.workers import alive_since
 from workers.devices import discover, installed_mxnet
 from workers.embedded import EmbeddedRedis
-from workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, plan, schedule_spec
+from workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ def run_launcher(settings: Settings, specs: list[WorkerSpec], with_schedule: boo
     pidfile = launcher_pidfile(settings)
     pidfile.write_text(str(os.getpid()))
     try:
-        return Launcher(settings, [*specs, *([schedule_spec(settings)] if with_schedule else [])]).run()
+        services = [schedule_spec(settings), api_spec(settings)] if with_schedule else []
+        return Launcher(settings, [*specs, *services]).run()
     finally:
         pidfile.unlink(missing_ok=True)
 

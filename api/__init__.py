@@ -1,0 +1,1 @@
+"""HTTP API and dashboard: FastAPI over the same functions the CLI calls."""

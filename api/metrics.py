@@ -1,0 +1,60 @@
+"""Prometheus metrics (names prefixed `mxq_`), computed from SQL at each scrape."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import func, select
+
+from db.engine import session_scope
+from db.schema import Job, JobMetric, utcnow
+from workers.settings import Settings
+from workers.status import device_table
+
+RATE_WINDOW = timedelta(minutes=5)  # samples/s per device over the last few minutes
+
+
+class Collector:
+    def __init__(self, s: Settings) -> None:
+        self.s = s
+
+    def collect(self):  # noqa: ANN201
+        url = self.s.database
+        jobs = GaugeMetricFamily("mxq_jobs", "Jobs by status and kind", labels=["status", "kind"])
+        durations = GaugeMetricFamily("mxq_job_duration_seconds_sum",
+                                      "Run time of finished jobs, summed by kind", labels=["kind"])
+        finished = GaugeMetricFamily("mxq_job_duration_seconds_count", "Finished jobs by kind",
+                                     labels=["kind"])
+        rate = GaugeMetricFamily("mxq_device_samples_per_second",
+                                 "Samples/s per device over the last 5 minutes", labels=["device"])
+        with session_scope(url) as s:
+            for status, kind, n in s.execute(select(Job.status, Job.kind, func.count())
+                                             .group_by(Job.status, Job.kind)):
+                jobs.add_metric([status, kind], n)
+            for kind, total, n in s.execute(select(Job.kind, func.sum(Job.seconds), func.count())
+                                            .where(Job.seconds.is_not(None)).group_by(Job.kind)):
+                durations.add_metric([kind], float(total or 0))
+                finished.add_metric([kind], n)
+            since = utcnow() - RATE_WINDOW
+            for device, samples, seconds in s.execute(
+                    select(JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
+                    .where(JobMetric.at >= since).group_by(JobMetric.device)):
+                if device and seconds:
+                    rate.add_metric([device], float(samples) / float(seconds))
+        depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue",
+                                  labels=["node", "device"])
+        alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",
+                                  labels=["node", "device"])
+        for d in device_table(self.s):
+            depth.add_metric([d["node"], d["device"]], d["queued"])
+            alive.add_metric([d["node"], d["device"]], 1.0 if d["alive"] else 0.0)
+        yield from (jobs, durations, finished, rate, depth, alive)
+
+
+def render_metrics(s: Settings) -> tuple[bytes, str]:
+    registry = CollectorRegistry()
+    registry.register(Collector(s))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
