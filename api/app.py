@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 
 from api.metrics import render_metrics
-from api.routes import router
+from api.routes import router, settings
 from db.registry import ModelNotFound
 from db.schedules import ScheduleError, ScheduleExists
 from workers.cancel import CancelError
@@ -22,7 +22,7 @@ from workers.jobspecs import ParamsError
 from workers.paths import PathError
 from workers.queues import DeviceSpecError
 from workers.routing import RoutingError
-from workers.settings import get_settings
+from workers.settings import Settings
 from workers.submit import JobRejected, SubmitError
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
@@ -54,8 +54,8 @@ def create_app() -> FastAPI:
         return FileResponse(DASHBOARD, media_type="text/html")
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        body, content_type = render_metrics(get_settings())
+    def metrics(s: Settings = Depends(settings)) -> Response:
+        body, content_type = render_metrics(s)
         return Response(body, media_type=content_type)
 
     return app

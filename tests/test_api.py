@@ -1,0 +1,139 @@
+"""The HTTP API against a real database and broker, with real workers running the jobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from api import routes
+from api.app import app
+from tests.conftest import NODE, Stack
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def client(workers: Stack) -> Iterator[TestClient]:
+    s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN)})
+    app.dependency_overrides[routes.settings] = lambda: s
+    yield TestClient(app)
+    app.dependency_overrides.clear()
+
+
+def _done(client: TestClient, job_id: int, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while (job := client.get(f"/api/v1/jobs/{job_id}").json())["status"] not in (
+            "succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    return job
+
+
+def test_submit_probe_infer_and_train_then_read_them_back(client: TestClient, workers: Stack,
+                                                          mlp: dict) -> None:
+    probe = client.post("/api/v1/jobs", json={"kind": "probe", "device": "cpu:1", "size": 64},
+                        headers=AUTH)
+    assert probe.status_code == 201 and probe.json()["queue"] == f"{NODE}.cpu.1"
+    assert _done(client, probe.json()["id"])["status"] == "succeeded"
+
+    np.save(workers.home / "data" / "api.npy", np.ones((300, 64), np.float32))
+    infer = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "api.npy",
+                                              "batch_size": 100}, headers=AUTH).json()
+    job = _done(client, infer["id"])
+    assert job["status"] == "succeeded" and job["metrics"] and job["output"] == "db"
+    page = client.get(f"/api/v1/jobs/{infer['id']}/predictions", params={"limit": 100, "offset": 250})
+    assert page.json()["total"] == 300 and [r["index"] for r in page.json()["items"]] == list(range(250, 300))
+    csv_text = client.get(f"/api/v1/jobs/{infer['id']}/predictions",
+                          params={"format": "csv", "limit": 2}).text
+    assert csv_text.splitlines()[0] == "index,predicted_class,score,top_k" and len(csv_text.splitlines()) == 3
+
+    train = client.post("/api/v1/jobs", json={"kind": "train", "arch": "mlp", "dataset": "digits",
+                                              "name": "api-model", "epochs": 1}, headers=AUTH).json()
+    trained = _done(client, train["id"])
+    assert trained["status"] == "succeeded" and len(trained["epochs"]) == 1
+    versions = client.get("/api/v1/models/api-model").json()
+    assert [v["version"] for v in versions] == [1]
+    assert client.post("/api/v1/models/api-model/promote", json={"version": 1},
+                       headers=AUTH).json()["promoted"] is True
+    assert any(m["name"] == "api-model" for m in client.get("/api/v1/models").json())
+
+
+def test_job_list_filters_and_pages(client: TestClient, workers: Stack) -> None:
+    ids = [client.post("/api/v1/jobs", json={"kind": "probe", "device": "cpu:0", "size": 32},
+                       headers=AUTH).json()["id"] for _ in range(5)]
+    for i in ids:
+        _done(client, i)
+    first = client.get("/api/v1/jobs", params={"kind": "probe", "device": "cpu:0", "limit": 2}).json()
+    second = client.get("/api/v1/jobs", params={"kind": "probe", "device": "cpu:0", "limit": 2,
+                                                "offset": 2}).json()
+    assert first["total"] == second["total"] >= 5 and first["limit"] == 2
+    assert [j["id"] for j in first["items"]] == ids[::-1][:2]
+    assert [j["id"] for j in second["items"]] == ids[::-1][2:4]
+    failed = client.get("/api/v1/jobs", params={"status": "failed", "limit": 1000}).json()
+    assert all(j["status"] == "failed" for j in failed["items"])
+    devices = client.get("/api/v1/devices").json()
+    assert {d["device"] for d in devices} == {"cpu:0", "cpu:1"}
+    assert all({"alive", "queued", "running", "leased_by", "heartbeat_age"} <= set(d) for d in devices)
+
+
+def test_schedules_crud(client: TestClient, workers: Stack) -> None:
+    body = {"name": "api-nightly", "cron": "0 4 * * *", "tz": "Europe/Berlin",
+            "dataset": "nothing-yet/*.npz", "arch": "mlp", "model": "api-nightly", "epochs": 1}
+    created = client.post("/api/v1/schedules", json=body, headers=AUTH)
+    assert created.status_code == 201 and created.json()["enabled"] is True
+    assert client.post("/api/v1/schedules", json=body, headers=AUTH).status_code == 409
+    assert "api-nightly" in {s["name"] for s in client.get("/api/v1/schedules").json()}
+    assert client.post("/api/v1/schedules/api-nightly/pause", headers=AUTH).json()["enabled"] is False
+    assert client.post("/api/v1/schedules/api-nightly/resume", headers=AUTH).json()["enabled"] is True
+    fired = client.post("/api/v1/schedules/api-nightly/run-now", headers=AUTH).json()
+    assert len(fired["fires"]) == 1 and "matches no file" in fired["fires"][0]["error"]
+    assert client.delete("/api/v1/schedules/api-nightly", headers=AUTH).status_code == 204
+    assert client.get("/api/v1/schedules/api-nightly").status_code == 404
+
+
+def test_writes_need_the_token(client: TestClient) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        r = client.post("/api/v1/jobs", json={"kind": "probe"}, headers=headers)
+        assert r.status_code == 401 and "Authorization: Bearer" in r.json()["detail"]
+    assert client.post("/api/v1/jobs/1/cancel").status_code == 401
+    assert client.delete("/api/v1/schedules/x").status_code == 401
+    assert client.get("/api/v1/jobs").status_code == 200  # reads are open
+
+
+def test_not_found_and_invalid_answers(client: TestClient) -> None:
+    assert client.get("/api/v1/jobs/987654").json() == {"detail": "no job 987654"}
+    assert client.get("/api/v1/jobs/987654/predictions").status_code == 404
+    assert client.post("/api/v1/jobs/987654/cancel", headers=AUTH).status_code == 404
+    assert "unknown model 'nope'" in client.get("/api/v1/models/nope").json()["detail"]
+    assert client.get("/api/v1/jobs", params={"status": "bogus"}).status_code == 422
+    assert client.get("/api/v1/jobs", params={"limit": 0}).status_code == 422
+    assert client.post("/api/v1/jobs", json={"kind": "dance"}, headers=AUTH).status_code == 422
+    bad_device = client.post("/api/v1/jobs", json={"kind": "probe", "device": "gpu-1"}, headers=AUTH)
+    assert bad_device.status_code == 422 and "invalid device 'gpu-1'" in bad_device.json()["detail"]
+    rejected = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "x.npy",
+                                                 "batch_size": 0}, headers=AUTH)
+    assert rejected.status_code == 422 and "batch_size=0" in rejected.json()["detail"]
+    assert client.get(f"/api/v1/jobs/{rejected.json()['job_id']}").json()["status"] == "failed"
+    bad_cron = client.post("/api/v1/schedules", json={"name": "b", "cron": "nope", "dataset": "x",
+                                                      "arch": "mlp", "model": "m"}, headers=AUTH)
+    assert bad_cron.status_code == 422 and "invalid cron expression" in bad_cron.json()["detail"]
+
+
+def test_openapi_metrics_and_dashboard(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel",
+                 "/api/v1/jobs/{job_id}/predictions", "/api/v1/devices", "/api/v1/models",
+                 "/api/v1/schedules"):
+        assert path in paths
+    metrics = client.get("/metrics").text
+    assert 'mxq_jobs{kind="probe",status="succeeded"}' in metrics
+    assert 'mxq_queue_depth{device="cpu:0",node="testnode"}' in metrics
+    assert "mxq_device_samples_per_second" in metrics and "mxq_job_duration_seconds_sum" in metrics
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="jobs-table"' in page.text

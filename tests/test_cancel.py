@@ -1,0 +1,70 @@
+"""Cancellation through real workers: queued, running inference, running training."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from db import predictions
+from db.workers import register
+from tests.conftest import NODE, Stack
+from workers.submit import submit
+
+
+def _devices_free(stack: Stack) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        devices = stack.mxq_json("devices")
+        live = [d for d in devices if d["device"] in ("cpu:0", "cpu:1")]
+        if all(d["alive"] and d["current_job"] is None and d["leased_by"] is None for d in live):
+            return
+        assert time.monotonic() < deadline, devices
+        time.sleep(0.2)
+
+
+def test_a_queued_job_is_cancelled_at_once(workers: Stack, mlp: dict) -> None:
+    s = workers.settings
+    register(s.database, f"cpu7@{NODE}", NODE, "cpu:7", f"{NODE}.cpu.7", None, {}, alive=False)
+    np.save(workers.home / "data" / "queued.npy", np.ones((10, 64), np.float32))
+    job_id = submit(s, "infer", {"model": "mlp64", "input": "queued.npy"}, "cpu:7", allow_offline=True)
+    out = workers.mxq("cancel", str(job_id), "--json")
+    assert out.returncode == 0, out.stderr
+    record = workers.mxq_json("job", str(job_id))
+    assert record["status"] == "cancelled" and record["attempts"] == 0
+
+
+def test_a_running_inference_stops_and_keeps_its_rows(workers: Stack, mlp: dict) -> None:
+    s = workers.settings
+    n = 400_000
+    np.save(workers.home / "data" / "long.npy", np.ones((n, 64), np.float32))
+    job_id = submit(s, "infer", {"model": "mlp64", "input": "long.npy", "batch_size": 64}, "cpu:0")
+    deadline = time.monotonic() + 120
+    while workers.job(job_id)["progress"] < 0.05:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert workers.mxq("cancel", str(job_id)).returncode == 0
+    done = workers.wait(job_id, timeout=120)
+    assert done["status"] == "cancelled" and "partial results kept" in done["error"]
+    kept = predictions.count(s.database, job_id)
+    assert 0 < kept < n and kept == done["samples"]
+    rows = predictions.read(s.database, job_id)
+    assert [r["index"] for r in rows] == list(range(kept))  # a prefix, no gaps
+    _devices_free(workers)
+
+
+def test_a_running_training_stops_at_an_epoch_and_frees_its_devices(workers: Stack) -> None:
+    s = workers.settings
+    job_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "cancelled",
+                                 "devices": 2, "epochs": 500, "val_fraction": 0.1}, "auto")
+    deadline = time.monotonic() + 120
+    while len(workers.mxq_json("job", str(job_id)).get("epochs") or []) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert workers.mxq("cancel", str(job_id)).returncode == 0
+    done = workers.wait(job_id, timeout=120)
+    assert done["status"] == "cancelled"
+    epochs = workers.mxq_json("job", str(job_id))["epochs"]
+    assert 2 <= len(epochs) < 500 and all(e["checkpoint"] for e in epochs)
+    assert workers.mxq("models", "cancelled").returncode == 2  # nothing registered
+    _devices_free(workers)

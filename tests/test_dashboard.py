@@ -1,0 +1,75 @@
+"""The dashboard in real headless Chromium (Debian's `chromium`, installed by `make test`)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, Stack, missing
+from workers.submit import submit
+
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1280,900", "--virtual-time-budget=8000"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def api_url(workers: Stack, tmp_path: Path):  # noqa: ANN201
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "api"], cwd=ROOT,
+                            env=workers.environ(MXQ_API_PORT=str(port)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}/"
+    proc.terminate()
+    proc.wait(30)
+
+
+def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("chromium")
+    if exe is None:
+        missing("Debian's chromium is not installed (`make test` installs it as root)")
+    return subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_dashboard_lists_jobs_and_shows_a_throughput_chart(workers: Stack, mlp: dict, api_url: str,
+                                                           tmp_path: Path) -> None:
+    s = workers.settings
+    np.save(workers.home / "data" / "dash.npy", np.ones((150_000, 64), np.float32))
+    infer = submit(s, "infer", {"model": "mlp64", "input": "dash.npy", "batch_size": 64}, "cpu:0")
+    probe = submit(s, "probe", {"size": 64}, "cpu:1")
+    assert workers.wait(infer, timeout=300)["status"] == "succeeded"
+    workers.wait(probe)
+    page = f"{api_url}#job={infer}"
+    dom = _chromium(["--dump-dom", page], tmp_path / "p1").stdout
+    assert f'data-job-id="{infer}"' in dom and f'data-job-id="{probe}"' in dom
+    detail = dom[dom.index('id="job-detail"'):]
+    assert 'id="throughput-chart"' in detail and "polyline" in detail and 'class="series' in detail
+    assert "no throughput points yet" not in detail
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"dashboard-{workers.name}.png"
+    shot.unlink(missing_ok=True)
+    _chromium([f"--screenshot={shot}", page], tmp_path / "p2")
+    assert shot.exists() and shot.stat().st_size > 10_000
