@@ -34,8 +34,8 @@ def writer(authorization: Annotated[str | None, Header()] = None,
     token = s.api_token.get_secret_value() if s.api_token else None
     if token is None:
         return  # no token set: the server listens on loopback only
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not secrets.compare_digest(given.encode(), token.encode()):
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
         raise HTTPException(401, "this endpoint needs the header Authorization: Bearer <MXQ_API_TOKEN>",
                             headers={"WWW-Authenticate": "Bearer"})
 
