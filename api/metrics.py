@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from db.engine import session_scope
-from db.schema import Job, JobMetric, utcnow
+from db.history import device_rates
+from db.schema import Job, utcnow
 from workers.settings import Settings
-from workers.status import device_table
-
-RATE_WINDOW = timedelta(minutes=5)  # samples/s per device over the last few minutes
+from workers.status import RATE_WINDOW, device_table
 
 
 class Collector:
@@ -38,12 +35,8 @@ class Collector:
                                             .where(Job.seconds.is_not(None)).group_by(Job.kind)):
                 durations.add_metric([kind], float(total or 0))
                 finished.add_metric([kind], n)
-            since = utcnow() - RATE_WINDOW
-            for device, samples, seconds in s.execute(
-                    select(JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
-                    .where(JobMetric.at >= since).group_by(JobMetric.device)):
-                if device and seconds:
-                    rate.add_metric([device], float(samples) / float(seconds))
+        for device, per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
+            rate.add_metric([device], per_sec)
         depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue",
                                   labels=["node", "device"])
         alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",

@@ -170,3 +170,11 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
         r["success_rate"] = r["succeeded"] / done if done else None
         r["samples_per_sec"] = r["samples"] / r["seconds"] if r["seconds"] else None
     return sorted(rows.values(), key=lambda r: str(r[by]))
+
+
+def device_rates(url: str, since: datetime) -> dict[str, float]:
+    """Samples/s per device from the throughput points recorded since `since`."""
+    q = (select(JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
+         .where(JobMetric.at >= since, JobMetric.device.is_not(None)).group_by(JobMetric.device))
+    with session_scope(url) as s:
+        return {d: float(n) / float(t) for d, n, t in s.execute(q) if t}

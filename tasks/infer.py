@@ -24,7 +24,7 @@ from tasks.device import context
 from tasks.inputs import InputError, InputSource, open_input
 from tasks.models import ModelError, load
 from tasks.pipeline import BackgroundWriter, prefetch
-from tasks.runner import FanOut, JobContext, JobInputError, Outcome, job_task
+from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from workers.jobspecs import InferParams, ParamsError, validate
 from workers.paths import PathError, inside_root
 from workers.settings import get_settings
@@ -149,7 +149,11 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx:
     step, since, mark = 0, time.perf_counter(), start
     try:
         for first, x in prefetch(_batches(p, source, start, stop)):
-            job.check_cancelled(first - start)  # rows before `first` are written or queued to be
+            try:
+                job.check_cancelled(first - start)
+            except JobCancelled:  # keep every row computed so far: hand the rest to the writer
+                writer.submit((pending, step, first - mark, time.perf_counter() - since, first))
+                raise
             last = first + len(x)
             probs = mx.nd.softmax(net(mx.nd.array(x, ctx=ctx))).asnumpy()
             if out is not None:

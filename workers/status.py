@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import redis
 
-from db.history import device_records
+from db.history import device_rates, device_records
+from db.schema import utcnow
 from workers import leases
 from workers.settings import Settings
+
+RATE_WINDOW = timedelta(minutes=5)  # a device's samples/s is averaged over this recent stretch
 
 
 def device_table(s: Settings) -> list[dict[str, Any]]:
@@ -21,4 +25,6 @@ def device_table(s: Settings) -> list[dict[str, Any]]:
             held.update({(node, d): j for d, j in leases.holders(s.broker, node, devices).items()})
     except (redis.RedisError, OSError):
         pass  # the broker is down: the table still shows what SQL knows
-    return [{**r, "leased_by": held.get((r["node"], r["device"]))} for r in records]
+    rates = device_rates(s.database, utcnow() - RATE_WINDOW)
+    return [{**r, "leased_by": held.get((r["node"], r["device"])),
+             "samples_per_sec": rates.get(r["device"])} for r in records]
