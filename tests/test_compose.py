@@ -17,6 +17,9 @@ def test_services_and_volumes() -> None:
     c = _compose()
     assert {"redis", "postgres", "migrate", "beat"} <= set(c["services"])
     assert c["services"]["beat"]["command"] == ["scheduler"]
+    api = c["services"]["api"]
+    assert api["command"] == ["api"] and api["healthcheck"]["test"]
+    assert api["environment"]["MXQ_API_TOKEN"].startswith("${MXQ_API_TOKEN:?")
     assert c["services"]["postgres"]["volumes"] == ["postgres-data:/var/lib/postgresql/data"]
     for name in ("redis", "postgres"):
         assert c["services"][name]["healthcheck"]["test"]
