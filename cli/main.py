@@ -65,6 +65,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     if detach:
         up_detached(s, specs, timeout)
         render.table(device_table(s), DEVICE_COLUMNS, "devices")
+        render.out.print(f"dashboard and API: http://{s.api_host}:{s.api_port}/")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     code = run_launcher(s, specs, with_schedule=True)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import time
+import urllib.request
 from pathlib import Path
 
 from tests.conftest import Stack
@@ -19,10 +23,28 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str, timeout: float = 60) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.load(r)
+        except OSError:
+            assert time.monotonic() < deadline, f"{url} did not answer"
+            time.sleep(0.3)
+
+
 def test_up_probe_every_device_down(tmp_path: Path) -> None:
     home = tmp_path / "var"
+    port = _free_port()
     stack = Stack("up", home, {"MXQ_HOME": str(home), "MXQ_NODE": "upnode", "MXQ_CPU_DEVICES": "2",
-                               "MXQ_NVIDIA_SMI": str(tmp_path / "absent")})
+                               "MXQ_NVIDIA_SMI": str(tmp_path / "absent"), "MXQ_API_PORT": str(port)})
     up = stack.mxq("up", "--detach", timeout=240)
     try:
         assert up.returncode == 0, up.stderr
@@ -34,6 +56,8 @@ def test_up_probe_every_device_down(tmp_path: Path) -> None:
         for d in devices:
             job = stack.mxq_json("probe", "--device", d["device"], "--size", "64", "--wait")
             assert job["status"] == "succeeded" and job["device"] == d["device"]
+        api = _get_json(f"http://127.0.0.1:{port}/api/v1/devices")  # `mxq up` serves the API too
+        assert [d["device"] for d in api] == ["cpu:0", "cpu:1"]
         again = stack.mxq("up", "--detach")
         assert again.returncode == 2 and "already up" in again.stderr
         launcher = int((home / "launcher.pid").read_text())
