@@ -227,5 +227,10 @@ class Launcher:
         """A device worker that stopped: mark it dead and requeue the jobs it held."""
         if child.spec.device is None:
             return []
-        beats.mark_dead(self.settings.database, child.spec.name)
-        return recover_worker(self.settings, child.spec.name)
+        try:
+            beats.mark_dead(self.settings.database, child.spec.name)
+            return recover_worker(self.settings, child.spec.name)
+        except Exception:  # broker or database down: the supervisor must outlive it
+            log.exception("could not requeue the jobs of %s; they stay running until its "
+                          "heartbeat is seen dead", child.spec.name)
+            return []
