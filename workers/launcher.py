@@ -231,6 +231,6 @@ class Launcher:
             beats.mark_dead(self.settings.database, child.spec.name)
             return recover_worker(self.settings, child.spec.name)
         except Exception:  # broker or database down: the supervisor must outlive it
-            log.exception("could not requeue the jobs of %s; they stay running until its "
-                          "heartbeat is seen dead", child.spec.name)
+            log.exception("could not requeue the jobs of %s now; Redis redelivers them after "
+                          "its visibility timeout", child.spec.name)
             return []
