@@ -50,6 +50,9 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     kind = own.split(":")[0]
     live = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
             if w["alive"] and w["device"].startswith(kind + ":")]
+    if len(live) < p.devices:  # waiting would never end: fail with what there is
+        raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(live)} live "
+                            f"{kind} devices ({', '.join(w['device'] for w in live) or 'none'})")
     held = leases.holders(s.broker, s.node, [w["device"] for w in live])
     free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]
     if len(free) + 1 < p.devices:
@@ -70,7 +73,7 @@ def admit(job: JobContext) -> list[str] | None:
     try:
         devices = choose_devices(s, params(job.params), job.device)
     except JobInputError:
-        return [job.device]  # claim it; the body fails it with the message
+        return [job.device]  # claim it; the body fails it with the message (choose_devices again)
     except LookupError:
         return None
     ok = leases.acquire(s.broker, s.node, devices, job.id, lease_ttl(s))
@@ -126,6 +129,8 @@ def train(job: JobContext) -> Outcome:
     if p.dtype == "float16" and job.device.startswith("cpu"):
         raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
                             "on the CPU; use --dtype float32 on CPU devices")
+    if len(job.devices) != p.devices:
+        choose_devices(s, p, job.device)  # raises the reason admit could not lease them
     epoch_rows.set_devices(job.url, job.id, job.devices)
     _wait_idle(s, job)
     env, cores = child_env(s, job.devices)

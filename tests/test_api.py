@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from collections.abc import Iterator
 
@@ -137,3 +139,25 @@ def test_openapi_metrics_and_dashboard(client: TestClient) -> None:
     assert "mxq_device_samples_per_second" in metrics and "mxq_job_duration_seconds_sum" in metrics
     page = client.get("/")
     assert page.status_code == 200 and 'id="jobs-table"' in page.text
+
+
+def test_the_api_refuses_a_public_address_without_a_token(workers: Stack) -> None:
+    proc = workers.mxq("api", env={"MXQ_API_HOST": "0.0.0.0"}, timeout=60)
+    assert proc.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without MXQ_API_TOKEN" in proc.stderr
+
+
+def test_exports_and_stats(workers: Stack) -> None:
+    rows = list(csv.DictReader(io.StringIO(workers.mxq("jobs", "--format", "csv", "--limit", "1000").stdout)))
+    as_json = workers.mxq_json("jobs", "--limit", "1000")
+    assert [int(r["id"]) for r in rows] == [j["id"] for j in as_json]
+    assert {"id", "kind", "status", "device", "samples_per_sec", "error"} <= set(rows[0])
+    stats = {r["device"]: r for r in workers.mxq_json("stats", "--by", "device")}
+    for device, r in stats.items():
+        done = [j for j in as_json if j["device"] == device]
+        assert r["jobs"] == len(done)
+        assert r["succeeded"] == sum(j["status"] == "succeeded" for j in done)
+    assert all(0 <= r["success_rate"] <= 1 for r in stats.values() if r["success_rate"] is not None)
+    by_day = workers.mxq_json("stats", "--by", "day")
+    assert by_day and len(by_day[0]["day"]) == 10
+    assert workers.mxq("stats", "--by", "week").returncode == 2
