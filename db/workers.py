@@ -64,3 +64,9 @@ def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[
         rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
         return {r.name for r in rows
                 if r.last_seen and as_utc(r.started_at) >= since and as_utc(r.last_seen) >= cutoff}
+
+
+def forget(url: str, name: str) -> None:
+    """Drop a worker's row: a device that is gone for good leaves the routing table."""
+    with session_scope(url) as s:
+        s.query(WorkerBeat).filter(WorkerBeat.name == name).delete()

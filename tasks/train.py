@@ -48,11 +48,12 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     if p.device_list:
         return list(p.device_list)
     kind = own.split(":")[0]
-    live = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-            if w["alive"] and w["device"].startswith(kind + ":")]
-    if len(live) < p.devices:  # waiting would never end: fail with what there is
-        raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(live)} live "
-                            f"{kind} devices ({', '.join(w['device'] for w in live) or 'none'})")
+    known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+             if w["device"].startswith(kind + ":")]
+    if len(known) < p.devices:  # waiting would never end: fail with what there is
+        raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
+                            f"{kind} devices ({', '.join(w['device'] for w in known) or 'none'})")
+    live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
     held = leases.holders(s.broker, s.node, [w["device"] for w in live])
     free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]
     if len(free) + 1 < p.devices:

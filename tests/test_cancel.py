@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from db import predictions
-from db.workers import register
+from db.workers import forget, register
 from tests.conftest import NODE, Stack
 from workers.submit import submit
 
@@ -27,7 +27,11 @@ def test_a_queued_job_is_cancelled_at_once(workers: Stack, mlp: dict) -> None:
     s = workers.settings
     register(s.database, f"cpu7@{NODE}", NODE, "cpu:7", f"{NODE}.cpu.7", None, {}, alive=False)
     np.save(workers.home / "data" / "queued.npy", np.ones((10, 64), np.float32))
-    job_id = submit(s, "infer", {"model": "mlp64", "input": "queued.npy"}, "cpu:7", allow_offline=True)
+    try:
+        job_id = submit(s, "infer", {"model": "mlp64", "input": "queued.npy"}, "cpu:7",
+                        allow_offline=True)
+    finally:
+        forget(s.database, f"cpu7@{NODE}")  # no other test should see this device
     out = workers.mxq("cancel", str(job_id), "--json")
     assert out.returncode == 0, out.stderr
     record = workers.mxq_json("job", str(job_id))

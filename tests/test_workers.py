@@ -128,18 +128,21 @@ def test_second_delivery_of_a_running_job_is_dropped(workers: Stack) -> None:
 
 
 def test_offline_device_needs_allow_offline(workers: Stack) -> None:
-    from db.workers import register
+    from db.workers import forget, register
 
     s = workers.settings
     # A device whose worker is known but not running (as after `mxq down`).
     register(s.database, f"cpu5@{NODE}", NODE, "cpu:5", f"{NODE}.cpu.5", None, {}, alive=False)
-    before = len(workers.mxq_json("jobs", "--limit", "10000"))
-    proc = workers.mxq("probe", "--device", "cpu:5")
-    assert proc.returncode == 2
-    assert "cpu:5" in proc.stderr and "no live worker" in proc.stderr
-    assert "--allow-offline" in proc.stderr
-    assert len(workers.mxq_json("jobs", "--limit", "10000")) == before
-    queued = workers.mxq_json("probe", "--device", "cpu:5", "--allow-offline")
+    try:
+        before = len(workers.mxq_json("jobs", "--limit", "10000"))
+        proc = workers.mxq("probe", "--device", "cpu:5")
+        assert proc.returncode == 2
+        assert "cpu:5" in proc.stderr and "no live worker" in proc.stderr
+        assert "--allow-offline" in proc.stderr
+        assert len(workers.mxq_json("jobs", "--limit", "10000")) == before
+        queued = workers.mxq_json("probe", "--device", "cpu:5", "--allow-offline")
+    finally:
+        forget(s.database, f"cpu5@{NODE}")
     assert queued["status"] == "queued" and queued["queue"] == f"{NODE}.cpu.5"
 
 
