@@ -99,6 +99,16 @@ def test_schedules_crud(client: TestClient, workers: Stack) -> None:
     assert client.get("/api/v1/schedules/api-nightly").status_code == 404
 
 
+def test_cancel_through_the_api(client: TestClient) -> None:
+    queued = client.post("/api/v1/jobs", json={"kind": "probe", "device": "cpu:9", "allow_offline": True},
+                         headers=AUTH).json()
+    assert queued["status"] == "queued" and queued["queue"] == f"{NODE}.cpu.9"
+    answer = client.post(f"/api/v1/jobs/{queued['id']}/cancel", headers=AUTH).json()
+    assert answer["outcome"] == "cancelled" and answer["status"] == "cancelled"
+    again = client.post(f"/api/v1/jobs/{queued['id']}/cancel", headers=AUTH).json()
+    assert again["outcome"] == "finished"
+
+
 def test_writes_need_the_token(client: TestClient) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
         r = client.post("/api/v1/jobs", json={"kind": "probe"}, headers=headers)
