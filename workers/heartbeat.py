@@ -13,18 +13,16 @@ import threading
 from celery import signals
 
 from db import jobs, workers
-from workers import leases
-from workers.queues import device_queue, parse_device, pool_queue, worker_name
+from workers.queues import device_queue, parse_device, worker_name
 from workers.settings import get_settings
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    def __init__(self, url: str, name: str, interval: float, lease_watch: LeaseWatch | None = None) -> None:
+    def __init__(self, url: str, name: str, interval: float) -> None:
         self.url, self.name, self.interval = url, name, interval
         self.current_job: int | None = None
-        self.lease_watch = lease_watch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mxq-heartbeat", daemon=True)
 
@@ -36,8 +34,6 @@ class Heartbeat:
         workers.beat(self.url, self.name, job)
         if job is not None:
             jobs.beat(self.url, job, self.name)
-        if self.lease_watch is not None:
-            self.lease_watch.check(job)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -51,33 +47,6 @@ class Heartbeat:
         workers.mark_dead(self.url, self.name)
 
 
-class LeaseWatch:
-    """While another job leases this worker's device, the worker stops consuming its queues.
-
-    A message that slips through is handed back by the runner; consuming resumes as soon as the
-    lease is released or expires (its holder died).
-    """
-
-    def __init__(self, broker: str, node: str, device: str, name: str, queues: list[str]) -> None:
-        self.broker, self.node, self.device, self.name, self.queues = broker, node, device, name, queues
-        self.paused = False
-
-    def check(self, current_job: int | None) -> None:
-        holder = leases.holders(self.broker, self.node, [self.device])[self.device]
-        lent = holder is not None and holder != current_job
-        if lent != self.paused:
-            from workers.app import app
-
-            for q in self.queues:
-                if lent:
-                    app.control.cancel_consumer(q, destination=[self.name])
-                else:
-                    app.control.add_consumer(q, destination=[self.name])
-            self.paused = lent
-            log.info("%s %s consuming: %s is %s", self.name, "stopped" if lent else "resumed",
-                     self.device, f"leased by job {holder}" if lent else "free")
-
-
 current: Heartbeat | None = None
 
 
@@ -89,10 +58,9 @@ def _start(**_: object) -> None:
         return
     spec = parse_device(s.device)
     name = worker_name(s.node, spec.kind, spec.index)
-    queues = [device_queue(s.node, spec.kind, spec.index), pool_queue(spec.kind)]
-    workers.register(s.database, name, s.node, s.device, queues[0], os.getpid(), {})
-    watch = LeaseWatch(s.broker, s.node, s.device, name, queues)
-    current = Heartbeat(s.database, name, s.heartbeat_seconds, watch)
+    workers.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
+                     os.getpid(), {})
+    current = Heartbeat(s.database, name, s.heartbeat_seconds)
     current.start()
     log.info("%s is live on %s", name, s.device)
 
