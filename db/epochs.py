@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 
 from db.engine import session_scope
-from db.schema import Epoch, Job, as_utc
+from db.schema import Epoch, Job, iso
 
 
 def record(url: str, job_id: int, values: dict[str, Any]) -> None:
@@ -22,7 +22,7 @@ def list_epochs(url: str, job_id: int) -> list[dict[str, Any]]:
         return [{"epoch": e.epoch, "train_loss": e.train_loss, "train_accuracy": e.train_accuracy,
                  "val_accuracy": e.val_accuracy, "seconds": e.seconds,
                  "samples_per_sec": e.samples_per_sec, "per_device": e.per_device,
-                 "checkpoint": e.checkpoint, "at": as_utc(e.at).isoformat()} for e in rows]
+                 "checkpoint": e.checkpoint, "at": iso(e.at)} for e in rows]
 
 
 def set_devices(url: str, job_id: int, devices: list[str]) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from db.engine import session_scope
 from db.epochs import list_epochs
 from db.schedules import fire_of
-from db.schema import Job, JobMetric, JobStatus, as_utc
+from db.schema import Job, JobMetric, JobStatus, iso
 from db.workers import list_workers
 
 
@@ -24,10 +24,6 @@ class JobFilter:
     since: datetime | None = None
     limit: int = 50
     offset: int = 0
-
-
-def _iso(ts: datetime | None) -> str | None:
-    return ts and as_utc(ts).isoformat()
 
 
 def job_record(job: Job) -> dict[str, Any]:
@@ -47,9 +43,9 @@ def job_record(job: Job) -> dict[str, Any]:
         "samples": job.samples,
         "seconds": job.seconds,
         "samples_per_sec": job.samples_per_sec,
-        "submitted_at": _iso(job.submitted_at),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
+        "submitted_at": iso(job.submitted_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
         "result": job.result,
         "error": job.error,
         "parent_id": job.parent_id,
@@ -68,7 +64,7 @@ def metrics(url: str, job_id: int) -> list[dict[str, Any]]:
         ids = [job_id, *s.scalars(select(Job.id).where(Job.parent_id == job_id))]
         rows = s.scalars(select(JobMetric).where(JobMetric.job_id.in_(ids))
                          .order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
-        return [{"job_id": m.job_id, "step": m.step, "at": _iso(m.at), "device": m.device,
+        return [{"job_id": m.job_id, "step": m.step, "at": iso(m.at), "device": m.device,
                  "samples": m.samples, "seconds": m.seconds, "samples_per_sec": m.samples_per_sec}
                 for m in rows]
 

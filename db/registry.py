@@ -8,7 +8,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from db.engine import session_scope
-from db.schema import Model, as_utc
+from db.schema import Model, iso
 
 
 class ModelNotFound(LookupError):
@@ -19,7 +19,7 @@ def model_record(m: Model) -> dict[str, Any]:
     return {
         "name": m.name, "version": m.version, "arch": m.arch, "input_shape": list(m.input_shape),
         "classes": m.classes, "params_file": m.params_file, "symbol_file": m.symbol_file,
-        "checksum": m.checksum, "created_at": as_utc(m.created_at).isoformat(),
+        "checksum": m.checksum, "created_at": iso(m.created_at),
         "source": m.source, "promoted": m.promoted, "metrics": m.metrics,
     }
 

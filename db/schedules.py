@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from db.engine import session_scope
 from db.registry import list_models, promote
-from db.schema import Fire, Job, Schedule, as_utc
+from db.schema import Fire, Job, Schedule, as_utc, iso
 
 
 class ScheduleError(LookupError):
@@ -22,15 +22,11 @@ class ScheduleExists(ValueError):
     """A schedule of that name exists already."""
 
 
-def _iso(ts: datetime | None) -> str | None:
-    return ts and as_utc(ts).isoformat()
-
-
 def schedule_record(s: Schedule) -> dict[str, Any]:
     return {"name": s.name, "cron": s.cron, "tz": s.tz, "spec": s.spec, "dataset": s.dataset,
             "promote": s.promote, "metric": s.metric, "min_gain": s.min_gain,
-            "enabled": s.enabled, "next_fire_at": _iso(s.next_fire_at),
-            "last_fire_at": _iso(s.last_fire_at), "created_at": _iso(s.created_at)}
+            "enabled": s.enabled, "next_fire_at": iso(s.next_fire_at),
+            "last_fire_at": iso(s.last_fire_at), "created_at": iso(s.created_at)}
 
 
 def add(url: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +119,7 @@ def fires(url: str, name: str) -> list[dict[str, Any]]:
         row = _get(s, name)
         q = (select(Fire, Job.status).outerjoin(Job, Job.id == Fire.job_id)
              .where(Fire.schedule_id == row.id).order_by(Fire.fire_time, Fire.id))
-        return [{"fire_time": _iso(f.fire_time), "fired_at": _iso(f.fired_at), "manual": f.manual,
+        return [{"fire_time": iso(f.fire_time), "fired_at": iso(f.fired_at), "manual": f.manual,
                  "missed": f.missed, "catch_up": f.missed > 0, "dataset_file": f.dataset_file,
                  "job_id": f.job_id, "job_status": status or ("failed" if f.error else None),
                  "error": f.error, "promotion": f.promotion} for f, status in s.execute(q)]
@@ -133,7 +129,7 @@ def fire_of(url: str, fire_id: int) -> dict[str, Any]:
     with session_scope(url) as s:
         fire = s.get(Fire, fire_id)
         sched = s.get(Schedule, fire.schedule_id)
-        return {"schedule": sched.name, "fire_time": _iso(fire.fire_time), "promote": sched.promote,
+        return {"schedule": sched.name, "fire_time": iso(fire.fire_time), "promote": sched.promote,
                 "metric": sched.metric, "min_gain": sched.min_gain}
 
 

@@ -30,6 +30,11 @@ def as_utc(ts: datetime | None) -> datetime | None:
     return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
+def iso(ts: datetime | None) -> str | None:
+    """A stored time as ISO 8601 with its UTC offset (None stays None)."""
+    return ts and as_utc(ts).isoformat()
+
+
 class JobStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"

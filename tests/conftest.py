@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,12 @@ SYSTEM_REDIS = "redis://127.0.0.1:6379/7"
 SYSTEM_PG = "postgresql://127.0.0.1:5432/test"
 NODE = "testnode"
 FINAL = ("succeeded", "failed", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def missing(reason: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, Stack, missing
+from tests.conftest import ROOT, Stack, free_port, missing
 from workers.submit import submit
 
 ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -21,15 +21,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
          "--window-size=1280,900", "--virtual-time-budget=8000"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def api_url(workers: Stack, tmp_path: Path):  # noqa: ANN201
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "api"], cwd=ROOT,
                             env=workers.environ(MXQ_API_PORT=str(port)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

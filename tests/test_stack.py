@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import Stack
+from tests.conftest import Stack, free_port
 from workers.embedded import EmbeddedRedis
 
 
@@ -21,12 +20,6 @@ def _alive(pid: int) -> bool:
     # A zombie (exited, not yet reaped by its parent) is not running.
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get_json(url: str, timeout: float = 60) -> object:
@@ -42,7 +35,7 @@ def _get_json(url: str, timeout: float = 60) -> object:
 
 def test_up_probe_every_device_down(tmp_path: Path) -> None:
     home = tmp_path / "var"
-    port = _free_port()
+    port = free_port()
     stack = Stack("up", home, {"MXQ_HOME": str(home), "MXQ_NODE": "upnode", "MXQ_CPU_DEVICES": "2",
                                "MXQ_NVIDIA_SMI": str(tmp_path / "absent"), "MXQ_API_PORT": str(port)})
     up = stack.mxq("up", "--detach", timeout=240)
