@@ -1,16 +1,20 @@
 """The FastAPI app: `/api/v1`, the dashboard at `/`, Prometheus metrics at `/metrics`.
 
 Errors are JSON `{"detail": "..."}` with the status that fits: 404 unknown, 409 exists,
-422 bad input (a rejected job also names its failed job id), 401 no token, 503 a server down.
+413 body too large, 422 bad input (a rejected job also names its failed job id), 401 no token,
+503 a server down.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy.exc import OperationalError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.metrics import render_metrics
 from api.routes import router, settings
@@ -41,6 +45,59 @@ def _handler(status: int):  # noqa: ANN202
     return handle
 
 
+def _too_large(limit: int, length: int | None = None) -> str:
+    size = f"request body of {length} bytes" if length is not None else "request body"
+    return f"{size} exceeds the limit of {limit} bytes (MXQ_MAX_BODY_BYTES)"
+
+
+class BodyLimit:
+    """413 for a request body over MXQ_MAX_BODY_BYTES: at once when Content-Length says so, else
+    as soon as the streamed (chunked) body passes the limit, so no body is ever buffered whole."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        overrides = scope["app"].dependency_overrides  # honour a test's settings override
+        limit = overrides.get(settings, settings)().max_body_bytes
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await JSONResponse({"detail": _too_large(limit, int(length))}, status_code=413)(
+                scope, receive, send)
+            return
+        received = 0
+
+        async def capped() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:  # FastAPI re-raises an HTTPException from the body read
+                    raise HTTPException(413, _too_large(limit))
+            return message
+
+        await self.app(scope, capped, send)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(map(str, loc[1:] if loc and loc[0] in ("body", "query", "path") else loc))
+
+
+async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """Request validation errors in the API's one-line style: `field=value: what is allowed`."""
+    problems = []
+    for e in exc.errors():
+        if e["type"] == "json_invalid":
+            problems.append(f"malformed JSON body at character {e['loc'][-1]}: "
+                            f"{e.get('ctx', {}).get('error', e['msg'])}")
+        else:
+            problems.append(f"{_where(e['loc']) or 'body'}={e.get('input')!r}: {e['msg']}")
+    return JSONResponse({"detail": "invalid request: " + "; ".join(problems)}, status_code=422)
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="mxq", version="0.1.0",
                   description="Batch deep-learning jobs on pinned GPU/CPU workers: submit, "
@@ -48,6 +105,8 @@ def create_app() -> FastAPI:
     app.include_router(router)
     for exc_type, status in STATUS:
         app.add_exception_handler(exc_type, _handler(status))
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_middleware(BodyLimit)
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:

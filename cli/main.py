@@ -95,6 +95,21 @@ def down() -> None:
     render.out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
+def _shown_env(key: str, value: str) -> str:
+    """An environment value fit to print: the token masked, passwords out of the URLs."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    from db.engine import safe_url
+
+    if key == "MXQ_API_TOKEN":
+        return "**********"
+    if key == "MXQ_DATABASE_URL":
+        return safe_url(value)
+    if key == "MXQ_BROKER_URL":
+        return maybe_sanitize_url(value)
+    return value
+
+
 @app.command()
 def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ_NODE or host name).")] = None,  # noqa: E501
            dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the workers it would start.")] = False,  # noqa: E501
@@ -109,7 +124,7 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
 
         specs, refused = node_plan(s)
         plan = [{"worker": w.name, "device": w.device.label, "queues": w.queues, "cores": w.cores,
-                 "command": w.command, "env": {k: v for k, v in w.env.items()
+                 "command": w.command, "env": {k: _shown_env(k, v) for k, v in w.env.items()
                                                if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))
                                                or k == "LD_LIBRARY_PATH"}} for w in specs]
         if json_:
@@ -170,6 +185,21 @@ def scheduler() -> None:
 
     spec = schedule_spec(get_settings())
     os.execvpe(spec.command[0], spec.command, spec.env)
+
+
+@app.command()
+def reconcile(json_: JsonOpt = False) -> None:
+    """One reconciler pass now: republish lost messages, requeue dead jobs, free stale leases."""
+    from dataclasses import asdict
+
+    from workers.reconcile import reconcile as run_pass
+
+    report = asdict(run_pass(get_settings()))
+    if json_:
+        render.print_json(report)
+    else:
+        for action, items in report.items():
+            render.out.print(f"{action.replace('_', ' ')}: {', '.join(map(str, items)) or 'none'}")
 
 
 @app.command()

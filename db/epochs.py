@@ -7,9 +7,11 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 
 from db.engine import session_scope
+from db.retry import db_retry
 from db.schema import Epoch, Job, iso
 
 
+@db_retry
 def record(url: str, job_id: int, values: dict[str, Any]) -> None:
     with session_scope(url) as s:
         s.execute(delete(Epoch).where(Epoch.job_id == job_id, Epoch.epoch == values["epoch"]))
@@ -25,6 +27,7 @@ def list_epochs(url: str, job_id: int) -> list[dict[str, Any]]:
                  "checkpoint": e.checkpoint, "at": iso(e.at)} for e in rows]
 
 
+@db_retry
 def set_devices(url: str, job_id: int, devices: list[str]) -> None:
     with session_scope(url) as s:
         s.execute(update(Job).where(Job.id == job_id).values(devices=devices))

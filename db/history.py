@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 
 from db.engine import session_scope
 from db.epochs import list_epochs
+from db.events import list_events
 from db.schedules import fire_of
 from db.schema import Job, JobMetric, JobStatus, iso
 from db.workers import list_workers
@@ -75,6 +76,7 @@ def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any]
         record = job_record(job) if job else None
     if record and with_metrics:
         record["metrics"] = metrics(url, job_id)
+        record["events"] = list_events(url, job_id)
         if record["kind"] == "train":
             record["epochs"] = list_epochs(url, job_id)
             fire = record["params"].get("fire_id")

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select, update
 
 from db.engine import session_scope
+from db.retry import db_retry
 from db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 
 
@@ -65,6 +66,7 @@ def _claimable(cutoff: datetime):  # noqa: ANN202
     )
 
 
+@db_retry
 def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -> Claim:
     """Take the job for `at` in one atomic update, or say why not."""
     now = utcnow()
@@ -100,6 +102,7 @@ def _fail_exhausted(s, job_id: int, cutoff: datetime, max_attempts: int) -> bool
     ).rowcount)
 
 
+@db_retry
 def beat(url: str, job_id: int, worker: str) -> None:
     """Refresh the heartbeat of a job this worker is running."""
     with session_scope(url) as s:
@@ -108,6 +111,7 @@ def beat(url: str, job_id: int, worker: str) -> None:
                   .values(heartbeat_at=utcnow()))
 
 
+@db_retry
 def set_progress(url: str, job_id: int, progress: float) -> None:
     """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
     with session_scope(url) as s:
@@ -120,6 +124,7 @@ def set_progress(url: str, job_id: int, progress: float) -> None:
                       .values(progress=mean))
 
 
+@db_retry
 def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
                   seconds: float) -> None:
     """One point of throughput over time; keyed by (job, step) so a rerun overwrites it."""
@@ -130,6 +135,7 @@ def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
             samples_per_sec=samples / seconds if seconds > 0 else 0.0))
 
 
+@db_retry
 def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
             result: dict[str, Any]) -> bool:
     with session_scope(url) as s:
@@ -143,6 +149,7 @@ def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
         ).rowcount)
 
 
+@db_retry
 def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
     """Mark a job failed from queued or running (by `worker`, when given)."""
     cond = [Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])]
@@ -155,20 +162,32 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
         ).rowcount)
 
 
+@db_retry
+def clear_heartbeat(url: str, job_id: int) -> None:
+    """A running job known dead: the next delivery may claim it at once."""
+    with session_scope(url) as s:
+        s.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
+                  .values(heartbeat_at=None))
+
+
+@db_retry
 def orphan(url: str, worker: str) -> list[int]:
     """The running jobs of a worker known dead, their heartbeat cleared so they can be re-claimed.
 
-    A parent whose chunks are out is not the worker's any more: its chunks run it.
+    A parent whose chunks are out is not the worker's any more: its chunks run it. A job already
+    orphaned (no heartbeat) was requeued when the worker died before; it waits for its delivery.
     """
     with session_scope(url) as s:
         ids = list(s.scalars(select(Job.id).where(Job.worker == worker, Job.chunks.is_(None),
-                                                  Job.status == JobStatus.RUNNING)))
+                                                  Job.status == JobStatus.RUNNING,
+                                                  Job.heartbeat_at.is_not(None))))
         if ids:
             s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
                       .values(heartbeat_at=None))
         return ids
 
 
+@db_retry
 def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, Any]],
             queue: str, requested: str) -> list[tuple[int, bool]]:
     """Create the parent's chunk jobs once; return (child id, still queued) for each chunk.
@@ -190,6 +209,7 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
                 for i in range(len(chunk_params))]
 
 
+@db_retry
 def settle_parent(url: str, parent_id: int) -> bool:
     """Finish the parent once every chunk has: aggregate samples over the wall-clock span."""
     with session_scope(url) as s:
@@ -249,11 +269,30 @@ def cancel(url: str, job_id: int) -> CancelOutcome:
     return CancelOutcome.CANCELLED if status == JobStatus.CANCELLED else CancelOutcome.REQUESTED
 
 
+@db_retry
 def cancel_requested(url: str, job_id: int) -> bool:
     with session_scope(url) as s:
         return s.scalar(select(Job.cancel_requested_at).where(Job.id == job_id)) is not None
 
 
+class RunCheck(enum.Enum):
+    GO_ON = "go-on"
+    CANCEL = "cancel"  # a cancel was requested
+    LOST = "lost"  # the job is no longer this worker's (another took it over, or it is over)
+
+
+@db_retry
+def run_check(url: str, job_id: int, worker: str) -> RunCheck:
+    """What a running job's worker should do at its next batch or epoch boundary."""
+    with session_scope(url) as s:
+        row = s.execute(select(Job.status, Job.worker, Job.cancel_requested_at)
+                        .where(Job.id == job_id)).one_or_none()
+    if row is None or row.status != JobStatus.RUNNING or row.worker != worker:
+        return RunCheck.LOST
+    return RunCheck.CANCEL if row.cancel_requested_at is not None else RunCheck.GO_ON
+
+
+@db_retry
 def mark_cancelled(url: str, job_id: int, worker: str, samples: int | None = None) -> bool:
     """A running job stopped on request; what it wrote is kept."""
     with session_scope(url) as s:

@@ -7,9 +7,11 @@ from typing import Any
 from sqlalchemy import delete, func, select
 
 from db.engine import get_engine, session_scope
+from db.retry import db_retry
 from db.schema import Prediction
 
 
+@db_retry
 def replace_range(url: str, job_id: int, start: int, stop: int) -> None:
     """Clear [start, stop) before a (re)run writes it: a redelivered chunk never duplicates rows."""
     with session_scope(url) as s:
@@ -21,6 +23,7 @@ COLUMNS = ("job_id", "idx", "predicted_class", "score", "top_k")
 Row = tuple[int, int, int, float, str | None]  # top_k as JSON text
 
 
+@db_retry
 def write(url: str, rows: list[Row]) -> None:
     """Store rows in one bulk write: COPY on PostgreSQL, a driver-level executemany elsewhere.
 

@@ -96,6 +96,22 @@ class Job(Base):
     )
 
 
+class JobEvent(Base):
+    """Something that happened to a job outside its normal run: a requeue by the reconciler or
+    after a worker death, a retry, an out-of-memory batch split. Shown with the job."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    __table_args__ = (Index("ix_job_events_job", "job_id", "id"),)
+
+
 class WorkerBeat(Base):
     """The last heartbeat of the worker process pinned to one device."""
 

@@ -8,9 +8,11 @@ from typing import Any
 from sqlalchemy import select, update
 
 from db.engine import session_scope
+from db.retry import db_retry
 from db.schema import WorkerBeat, as_utc, utcnow
 
 
+@db_retry
 def register(url: str, name: str, node: str, device: str, queue: str, pid: int | None,
              info: dict[str, Any], alive: bool = True) -> None:
     """Insert or refresh a worker's row; `alive` says it consumes from now on."""
@@ -23,12 +25,14 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
         s.add(row)
 
 
+@db_retry
 def beat(url: str, name: str, current_job: int | None) -> None:
     with session_scope(url) as s:
         s.execute(update(WorkerBeat).where(WorkerBeat.name == name)
                   .values(last_seen=utcnow(), current_job=current_job))
 
 
+@db_retry
 def mark_dead(url: str, name: str) -> None:
     """The worker stopped or died: it is offline from now on."""
     with session_scope(url) as s:

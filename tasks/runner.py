@@ -15,6 +15,7 @@ from typing import Any
 from db import jobs
 from db.engine import session_scope
 from db.jobs import Claim, Placement
+from db.retry import db_retry
 from db.schema import Job
 from workers import app, heartbeat, leases
 from workers.queues import parse_device, worker_name
@@ -34,6 +35,10 @@ class JobCancelled(Exception):
     def __init__(self, samples: int | None = None) -> None:
         super().__init__("cancelled")
         self.samples = samples
+
+
+class JobLost(Exception):
+    """The job was given to another worker (this one was taken for dead): stop, write nothing."""
 
 
 CANCEL_CHECK_SECONDS = 1.0  # how often a running job looks for a cancel request
@@ -64,18 +69,23 @@ class JobContext:
     requested: str
     parent_id: int | None
     devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
+    worker: str = ""  # the worker that claimed it
     _checked_at: float = 0.0
 
     def progress(self, fraction: float) -> None:
         jobs.set_progress(self.url, self.id, fraction)
 
     def check_cancelled(self, samples: int | None = None) -> None:
-        """Raise JobCancelled if a cancel was requested (looked up at most once a second)."""
+        """Raise JobCancelled if a cancel was requested, JobLost if the job is not ours any more
+        (looked up at most once a second)."""
         now = time.monotonic()
         if now - self._checked_at < CANCEL_CHECK_SECONDS:
             return
         self._checked_at = now
-        if jobs.cancel_requested(self.url, self.id):
+        verdict = jobs.run_check(self.url, self.id, self.worker)
+        if verdict is jobs.RunCheck.LOST:
+            raise JobLost(f"job {self.id} now belongs to another worker")
+        if verdict is jobs.RunCheck.CANCEL:
             raise JobCancelled(samples)
 
 
@@ -91,6 +101,7 @@ def _placement() -> Placement:
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 
+@db_retry
 def _context(job_id: int, device: str) -> JobContext | None:
     s = get_settings()
     with session_scope(s.database) as session:
@@ -105,7 +116,7 @@ def _defer(job: JobContext, why: str) -> str:
     """Hand the message back to its queue for later (the job stays queued, no attempt used)."""
     log.info("job %s deferred: %s", job.id, why)
     time.sleep(DEFER_SECONDS)
-    publish(get_settings(), job.id, job.kind, job.queue)
+    publish(get_settings(), job.id, job.kind, job.queue, patient=True)
     return "deferred"
 
 
@@ -116,6 +127,7 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     job = _context(job_id, at.device)
     if job is None:
         return Claim.MISSING.value
+    job.worker = at.worker
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
     if holder not in (None, job_id):
         return _defer(job, f"{at.device} is leased by job {holder}")
@@ -155,6 +167,9 @@ def _run(job: JobContext, at: Placement, body: Body) -> str:
     except JobCancelled as exc:
         jobs.mark_cancelled(s.database, job_id, at.worker, exc.samples)
         return "cancelled"
+    except JobLost as exc:
+        log.warning("%s; stopped here without recording anything", exc)
+        return "lost"
     except Exception as exc:
         log.exception("job %s failed", job_id)
         jobs.fail(s.database, job_id, f"{type(exc).__name__}: {_one_line(exc)}", worker=at.worker)
@@ -176,7 +191,7 @@ def _fan_out(job: JobContext, split: FanOut) -> str:
     s = get_settings()
     for child_id, queued in children:
         if queued:
-            publish(s, child_id, job.kind, job.queue)
+            publish(s, child_id, job.kind, job.queue, patient=True)
     log.info("job %s split into %s chunks on %s", job.id, len(children), job.queue)
     return "split"
 

@@ -165,21 +165,30 @@ def mlp(workers: Stack) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.fixture(scope="session")
-def workers(stack: Stack) -> Iterator[Stack]:
-    """`mxq worker` running two pinned CPU workers against the stack."""
+def launch(stack: Stack, *args: str, **env: str) -> subprocess.Popen:
+    """Start `mxq worker ARGS` on the stack and wait until both CPU workers beat."""
     since = utcnow()
-    log = open(stack.home / "launcher-test.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], cwd=ROOT, env=stack.environ(),
-                            stdout=log, stderr=subprocess.STDOUT)
+    log_path = stack.home / "launcher-test.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", *args], cwd=ROOT,
+                                env=stack.environ(**env), stdout=log, stderr=subprocess.STDOUT)
     names = [f"cpu0@{NODE}", f"cpu1@{NODE}"]
     deadline = time.monotonic() + 120
     while alive_since(stack.settings.database, names, since, 5.0) != set(names):
-        assert proc.poll() is None, f"launcher exited: {(stack.home / 'launcher-test.log').read_text()}"
+        assert proc.poll() is None, f"launcher exited: {log_path.read_text()}"
         assert time.monotonic() < deadline, "workers did not come up in 120s"
         time.sleep(0.2)
-    stack.launcher = proc
-    yield stack
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
-    log.close()
+
+
+@pytest.fixture(scope="session")
+def workers(stack: Stack) -> Iterator[Stack]:
+    """`mxq worker` running two pinned CPU workers against the stack."""
+    stack.launcher = launch(stack)
+    yield stack
+    stop(stack.launcher)

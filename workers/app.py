@@ -34,8 +34,13 @@ def celery_config(settings: Settings) -> dict:
         task_publish_retry_policy={"max_retries": PUBLISH_RETRIES, "interval_start": 0.2,
                                    "interval_step": 0.5, "interval_max": 1.0},
         broker_connection_timeout=3,
-        beat_schedule={"mxq-tick": {"task": "mxq.tick", "schedule": settings.tick_seconds,
-                                    "options": {"queue": "mxq.control"}}},
+        beat_schedule={
+            "mxq-tick": {"task": "mxq.tick", "schedule": settings.tick_seconds,
+                         "options": {"queue": "mxq.control", "expires": settings.tick_seconds}},
+            "mxq-reconcile": {"task": "mxq.reconcile", "schedule": settings.reconcile_seconds,
+                              "options": {"queue": "mxq.control",
+                                          "expires": settings.reconcile_seconds}},
+        },
     )
 
 

@@ -7,11 +7,34 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
-# Upper bounds that keep a typo from asking a device for terabytes.
-MAX_BATCH_SIZE = 65536
+from workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
+
+# Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
+# checked against MXQ_MAX_BATCH_SIZE / MXQ_MAX_EPOCHS (these are their defaults).
+MAX_BATCH_SIZE = DEFAULT_MAX_BATCH_SIZE
 MAX_TOP_K = 100
+
+
+def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
+    """`value` if it is within the MXQ_<SETTING> limit (from the validation context, else the
+    process settings), or the same error pydantic gives for `le`, naming the setting."""
+    limit = (info.context or {}).get(setting) or getattr(get_settings(), setting)
+    if value > limit:
+        raise PydanticCustomError("less_than_equal",
+                                  "Input should be less than or equal to {le} (MXQ_{setting})",
+                                  {"le": limit, "setting": setting.upper()})
+    return value
 
 
 class ProbeParams(BaseModel):
@@ -33,13 +56,18 @@ class InferParams(BaseModel):
     model_version: int | None = Field(None, ge=1)
     input: str = Field(min_length=1)
     key: str | None = Field(None, description="Array name inside an .npz input.")
-    batch_size: int = Field(256, ge=1, le=MAX_BATCH_SIZE)
+    batch_size: int = Field(256, ge=1)
     output: Literal["db", "npy", "both"] = "db"
     top_k: int = Field(0, ge=0, le=MAX_TOP_K)
     reject_nan: bool = False
     chunk_size: int | None = Field(None, ge=1)
     start: int | None = Field(None, ge=0)
     stop: int | None = Field(None, ge=1)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_limit(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "max_batch_size")
 
     @model_validator(mode="after")
     def _range(self) -> InferParams:
@@ -49,7 +77,7 @@ class InferParams(BaseModel):
 
 
 ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/zoo.py builds them)
-MAX_EPOCHS = 10000
+MAX_EPOCHS = DEFAULT_MAX_EPOCHS
 MAX_DEVICES = 64
 
 
@@ -63,8 +91,8 @@ class TrainParams(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     devices: int = Field(1, ge=1, le=MAX_DEVICES)
     device_list: list[str] | None = None
-    epochs: int = Field(10, ge=1, le=MAX_EPOCHS)
-    batch_size: int = Field(64, ge=1, le=MAX_BATCH_SIZE)
+    epochs: int = Field(10, ge=1)
+    batch_size: int = Field(64, ge=1)
     lr: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)
     optimizer: Literal["sgd", "adam", "nag"] = "sgd"
     dtype: Literal["float32", "float16"] = "float32"
@@ -73,6 +101,16 @@ class TrainParams(BaseModel):
     label_column: str = "label"
     input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
     fire_id: int | None = Field(None, description="The schedule fire that started this job.")
+
+    @field_validator("epochs")
+    @classmethod
+    def _epochs_limit(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "max_epochs")
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_limit(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "max_batch_size")
 
     @model_validator(mode="after")
     def _devices_agree(self) -> TrainParams:
@@ -92,13 +130,31 @@ class ParamsError(ValueError):
     """Job parameters that do not fit the kind's spec."""
 
 
-def validate(kind: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters with defaults filled in, or ParamsError saying what is wrong."""
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list | tuple):
+        return any(map(_has_nul, value))
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
+
+
+def validate(kind: str, params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """The parameters with defaults filled in, or ParamsError saying what is wrong.
+
+    Size limits come from `settings` (default: the process settings)."""
     spec = SPECS.get(kind)
     if spec is None:
         raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+    for key, value in params.items():  # PostgreSQL cannot store NUL, and no path or name has one
+        if _has_nul(key) or _has_nul(value):
+            where = f"{key}={value!r}".replace("\x00", "\\x00")
+            raise ParamsError(f"invalid {kind} parameters: {where}: NUL characters are not allowed")
+    limits = {"max_batch_size": settings.max_batch_size,
+              "max_epochs": settings.max_epochs} if settings is not None else None
     try:
-        return spec(**params).model_dump()
+        return spec.model_validate(params, context=limits).model_dump()
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or kind}={e.get('input')!r}: {e['msg']}"

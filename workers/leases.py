@@ -12,7 +12,8 @@ import redis
 # Compare-and-set scripts: only the holder may renew or release its lease.
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+RELEASE_SCRIPT = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+                  "return redis.call('del', KEYS[1]) end return 0")
 
 
 @lru_cache(maxsize=4)
@@ -54,7 +55,7 @@ def renew(broker: str, node: str, devices: list[str], job_id: int, ttl: float) -
 def release(broker: str, node: str, devices: list[str], job_id: int) -> None:
     r = client(broker)
     for d in devices:
-        r.eval(_RELEASE, 1, key(node, d), str(job_id))
+        r.eval(RELEASE_SCRIPT, 1, key(node, d), str(job_id))
 
 
 def holders(broker: str, node: str, devices: list[str]) -> dict[str, int | None]:

@@ -7,15 +7,11 @@ later second delivery of the same job is dropped.
 
 from __future__ import annotations
 
-import logging
-
 from db import jobs
 from db.engine import session_scope
 from db.schema import Job
+from workers.reconcile import requeue
 from workers.settings import Settings
-from workers.submit import publish
-
-log = logging.getLogger(__name__)
 
 
 def recover_worker(settings: Settings, worker: str) -> list[int]:
@@ -24,13 +20,6 @@ def recover_worker(settings: Settings, worker: str) -> list[int]:
     for job_id in ids:
         with session_scope(settings.database) as s:
             job = s.get(Job, job_id)
-            kind, queue, attempts = job.kind, job.queue, job.attempts
-        if attempts >= settings.max_attempts:
-            jobs.fail(settings.database, job_id,
-                      jobs.exhausted_message(attempts, settings.max_attempts, worker))
-            log.error("job %s failed: its worker died on all %s attempts", job_id, attempts)
-        else:
-            publish(settings, job_id, kind, queue)
-            log.warning("job %s requeued to %s: worker %s died (attempt %s of %s)",
-                        job_id, queue, worker, attempts, settings.max_attempts)
+            kind, queue = job.kind, job.queue
+        requeue(settings, job_id, kind, queue, f"worker {worker} died while running it")
     return ids

@@ -43,8 +43,10 @@ def newest_file(settings: Settings, source: str) -> Path:
     return inside_root(newest, root, "dataset")
 
 
-def _submit(settings: Settings, sched: dict[str, Any], fire_id: int) -> None:
-    """Resolve the dataset and queue the training job; a failure is recorded on the fire."""
+def submit_fire(settings: Settings, sched: dict[str, Any], fire_id: int) -> int | None:
+    """Resolve the dataset and queue the training job; a failure is recorded on the fire.
+
+    Returns the job's id (None when it could not be made)."""
     try:
         dataset = newest_file(settings, sched["dataset"])
         schedules.settle_fire(settings.database, fire_id, dataset_file=str(dataset))
@@ -52,11 +54,14 @@ def _submit(settings: Settings, sched: dict[str, Any], fire_id: int) -> None:
         route = params["device_list"][0] if params.get("device_list") else "auto"
         job_id = submit(settings, "train", params, route, allow_offline=True)
         schedules.settle_fire(settings.database, fire_id, job_id=job_id)
+        return job_id
     except JobRejected as exc:
         schedules.settle_fire(settings.database, fire_id, job_id=exc.job_id, error=str(exc))
+        return exc.job_id
     except (PathError, SubmitError, ValueError) as exc:
         schedules.settle_fire(settings.database, fire_id, error=str(exc))
         log.info("schedule %s fire %s failed: %s", sched["name"], fire_id, exc)
+        return None
 
 
 def tick(settings: Settings, now: datetime | None = None) -> list[int]:
@@ -70,7 +75,7 @@ def tick(settings: Settings, now: datetime | None = None) -> list[int]:
                                  missed)
         if fire_id is None:
             continue  # another tick took it
-        _submit(settings, sched, fire_id)
+        submit_fire(settings, sched, fire_id)
         made.append(fire_id)
     return made
 
@@ -79,7 +84,7 @@ def run_now(settings: Settings, name: str, now: datetime | None = None) -> int:
     """Fire the schedule once, at once, outside its cron times."""
     sched = schedules.get(settings.database, name)
     fire_id = schedules.record_manual(settings.database, sched["id"], now or utcnow())
-    _submit(settings, sched, fire_id)
+    submit_fire(settings, sched, fire_id)
     return fire_id
 
 
@@ -107,3 +112,12 @@ def resume(settings: Settings, name: str, now: datetime | None = None) -> None:
 @app.task(name="mxq.tick")
 def tick_task() -> list[int]:
     return tick(get_settings())
+
+
+@app.task(name="mxq.reconcile")
+def reconcile_task() -> dict[str, list]:
+    from dataclasses import asdict
+
+    from workers.reconcile import reconcile
+
+    return asdict(reconcile(get_settings()))

@@ -24,8 +24,20 @@ HEARTBEAT_TTL_FACTOR = 5
 DEFAULT_MAX_ATTEMPTS = 3
 # Schedules fire at minute granularity; a tick every 15 s keeps them within a quarter minute.
 DEFAULT_TICK_SECONDS = 15.0
+# The reconciler (in the schedule process) compares SQL with the broker this often.
+DEFAULT_RECONCILE_SECONDS = 30.0
 # Two CPU "devices" let data-parallel code and routing run on any laptop.
 DEFAULT_CPU_DEVICES = 2
+# Inputs are memory-mapped a batch at a time, so this only stops a wrong path (a disk image, a
+# dump) from tying up a device for hours; raise it for genuinely larger inputs.
+DEFAULT_MAX_INPUT_BYTES = 64 * 2**30
+# A batch this large already fills a big GPU with a small model; more is almost surely a typo.
+DEFAULT_MAX_BATCH_SIZE = 65536
+# Training longer than this many epochs is a typo (an extra zero), not a plan.
+DEFAULT_MAX_EPOCHS = 10000
+# Job and schedule requests are a few hundred bytes of JSON; 1 MiB leaves room for long lists
+# while a client cannot make the API buffer gigabytes.
+DEFAULT_MAX_BODY_BYTES = 2**20
 
 
 class Settings(BaseSettings):
@@ -42,10 +54,16 @@ class Settings(BaseSettings):
     cpu_devices: int = Field(DEFAULT_CPU_DEVICES, description="CPU devices on a GPU-less host.")
     data_root: Path = Field(Path("."), description="Job inputs must lie inside this folder.")
     nvidia_smi: str = Field("nvidia-smi", description="The nvidia-smi program to query GPUs.")
+    worker_memory_mb: int | None = Field(
+        None, ge=1, description="Host memory cap (RLIMIT_DATA, MiB) of each device worker; unset = "
+        "no cap. A batch that does not fit fails with out-of-memory and is retried halved."
+    )
     visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60)
     heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0)
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1)
     tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, description="Schedule tick period.")
+    reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0,
+                                     description="How often the reconciler runs.")
     host_gpus: str | None = Field(
         None, description="Host indexes of the GPUs this process sees, in order (e.g. '1' in a "
         "container given only host GPU 1), so devices keep their host names."
@@ -56,6 +74,12 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
     api_port: int = Field(8470, ge=1, le=65535)
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
+    max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1,
+                                 description="Largest inference input (file or folder) accepted.")
+    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1, description="Largest batch size.")
+    max_epochs: int = Field(DEFAULT_MAX_EPOCHS, ge=1, description="Most epochs a training may ask.")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1,
+                                description="Largest HTTP API request body, in bytes.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
 

@@ -7,6 +7,7 @@ removed again, so a failed submit leaves nothing half-written.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from kombu import Connection
@@ -17,6 +18,7 @@ from sqlalchemy.exc import OperationalError
 from db.engine import get_engine, safe_url
 from db.jobs import create_job, delete_unstarted
 from db.registry import resolve
+from db.retry import retrying
 from workers.app import app_for
 from workers.jobspecs import SPECS, ParamsError, validate
 from workers.paths import PathError, inside_root
@@ -54,11 +56,14 @@ def task_name(kind: str) -> str:
 
 
 def _storable(value: Any) -> Any:
-    """Rejected parameters as JSON can hold them: NaN and infinities become their text."""
+    """Rejected parameters as JSON can hold them: NaN and infinities become their text, NUL
+    characters (which PostgreSQL cannot store) their escape."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return value.replace("\x00", "\\x00")
     if isinstance(value, dict):
-        return {k: _storable(v) for k, v in value.items()}
+        return {_storable(k): _storable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_storable(v) for v in value]
     return value
@@ -72,14 +77,25 @@ class JobRejected(SubmitError):
         self.job_id = job_id
 
 
+def _input_bytes(path: Path) -> int:
+    """The size of an input: a file, or the files directly inside a folder (an image folder)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
+
+
 def _resolve_infer(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
-    """Pin the model version and the input path the job will use."""
+    """Pin the model version and the input path the job will use, within the input size limit."""
     name, _, version = params["model"].partition(":")
     if version and not version.isdigit():
         raise ParamsError(f"model version {version!r} in {params['model']!r} must be a number, "
                           "as in NAME:3")
     model = resolve(settings.database, name, int(version) if version else params["model_version"])
     path = inside_root(params["input"], settings.data_root)
+    size = _input_bytes(path)
+    if size > settings.max_input_bytes:
+        raise PathError(f"input {params['input']} holds {size} bytes, more than the "
+                        f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
     return {**params, "model": name, "model_version": model["version"], "input": str(path)}
 
 
@@ -122,10 +138,10 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
     check_broker(settings)
     where = route(settings, spec, allow_offline)
     try:
-        params = validate(kind, params)
+        params = validate(kind, params, settings)
         params = PREPARE.get(kind, lambda _s, p: p)(settings, params)
     except (ParamsError, PathError, LookupError) as exc:
-        reason = str(exc).strip('"')
+        reason = _storable(str(exc).strip('"'))
         job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
                             reason)
         raise JobRejected(job_id, reason) from None
@@ -134,12 +150,22 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
     return job_id
 
 
+def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
+    app_for(broker).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
+                              retry=True)
+
+
+# Workers and the reconciler wait out a broker restart; a user's submit is told at once.
+_send_patiently = retrying(lambda exc: not isinstance(exc, (TypeError, ValueError)))(_send)
+
+
 def publish(settings: Settings, job_id: int, kind: str, queue: str,
-            undo_on_failure: bool = False) -> None:
-    """Send the job's message to `queue` (again, when requeuing a job whose worker died)."""
+            undo_on_failure: bool = False, patient: bool = False) -> None:
+    """Send the job's message to `queue` (again, when requeuing a job whose worker died).
+
+    `patient` (inside workers) retries for minutes through a broker restart."""
     try:
-        app_for(settings.broker).send_task(task_name(kind), args=[job_id], queue=queue,
-                                    task_id=f"job-{job_id}", retry=True)
+        (_send_patiently if patient else _send)(settings.broker, job_id, kind, queue)
     except Exception as exc:
         if undo_on_failure:
             delete_unstarted(settings.database, job_id)

@@ -1,0 +1,38 @@
+"""Job events: what happened to a job besides its run (requeues, retries, out-of-memory splits)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import insert, select
+
+from db.engine import session_scope
+from db.retry import db_retry
+from db.schema import JobEvent, iso, utcnow
+
+log = logging.getLogger(__name__)
+
+# Kinds of event, so readers can filter on them.
+REQUEUED = "requeued"  # its worker died or its heartbeat went stale: published again
+REPUBLISHED = "republished"  # queued in SQL but its message was gone from the broker
+LEASE_FREED = "lease-freed"  # a device lease it held outlived it
+RETRY = "retry"  # a transient broker or database error was retried
+OOM = "out-of-memory"  # a batch did not fit: the batch size was halved
+SETTLED = "settled"  # a parent whose chunks had all finished was closed by the reconciler
+RESUBMITTED = "resubmitted"  # a schedule fire without a job got one
+
+
+@db_retry
+def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
+    with session_scope(url) as s:
+        s.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
+                                          data=data))
+    log.info("job %s %s: %s", job_id, kind, message)
+
+
+def list_events(url: str, job_id: int) -> list[dict[str, Any]]:
+    with session_scope(url) as s:
+        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
+        return [{"at": iso(e.at), "kind": e.kind, "message": e.message, "data": e.data}
+                for e in rows]

@@ -1,0 +1,124 @@
+"""The reconciler against a real broker and database with no workers: every state it repairs is
+made for real (a message deleted from Redis, a heartbeat gone stale, a lease left behind)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from db import events, schedules
+from db.engine import session_scope
+from db.schema import Fire, Job, utcnow
+from tests.conftest import Stack
+from workers import leases
+from workers.reconcile import in_broker, reconcile
+from workers.submit import submit
+
+
+def _probe(stack: Stack) -> int:
+    return submit(stack.settings, "probe", {"size": 16, "batch": 1, "repeat": 1}, "cpu:0",
+                  allow_offline=True)
+
+
+def _set(stack: Stack, job_id: int, **values: object) -> None:
+    with session_scope(stack.settings.database) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def _age(stack: Stack, job_id: int, seconds: float = 60) -> None:
+    _set(stack, job_id, submitted_at=utcnow() - timedelta(seconds=seconds))
+
+
+def _queue(stack: Stack, job_id: int) -> str:
+    return stack.job(job_id)["queue"]
+
+
+def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack) -> None:
+    lost, kept, fresh = _probe(isolated), _probe(isolated), _probe(isolated)
+    for job_id in (lost, kept):
+        _age(isolated, job_id)
+    r = leases.client(isolated.settings.broker)
+    queue = _queue(isolated, lost)
+    # Drop only the lost job's message (and the fresh one's: it is inside the submit grace).
+    for raw in r.lrange(queue, 0, -1):
+        if f'"job-{lost}"' in raw or f'"job-{fresh}"' in raw:
+            r.lrem(queue, 1, raw)
+    assert in_broker(isolated.settings, {queue})[0] == {kept}
+
+    report = reconcile(isolated.settings)
+
+    assert report.republished == [lost]
+    assert in_broker(isolated.settings, {queue})[0] == {lost, kept}
+    kinds = [e["kind"] for e in events.list_events(isolated.settings.database, lost)]
+    assert kinds == [events.REPUBLISHED]
+    assert events.list_events(isolated.settings.database, kept) == []
+    assert reconcile(isolated.settings).republished == []  # its message is there now
+
+
+def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(isolated: Stack) -> None:
+    job_id = _probe(isolated)
+    queue = _queue(isolated, job_id)
+    leases.client(isolated.settings.broker).delete(queue)  # its worker took the message, then died
+    stale = utcnow() - timedelta(seconds=isolated.settings.heartbeat_ttl * 3)
+    _set(isolated, job_id, status="running", worker="cpu0@gone", attempts=1, heartbeat_at=stale)
+
+    report = reconcile(isolated.settings)
+
+    assert report.requeued == [job_id]
+    assert in_broker(isolated.settings, {queue})[0] == {job_id}
+    job = isolated.job(job_id)
+    assert job["status"] == "running" and job["attempts"] == 1
+    [event] = events.list_events(isolated.settings.database, job_id)
+    assert event["kind"] == events.REQUEUED and "heartbeat" in event["message"]
+
+    leases.client(isolated.settings.broker).delete(queue)
+    _set(isolated, job_id, attempts=isolated.settings.max_attempts, heartbeat_at=stale)
+    assert reconcile(isolated.settings).failed == [job_id]
+    job = isolated.job(job_id)
+    assert job["status"] == "failed" and "gave up after 3 attempts" in job["error"]
+
+
+def test_a_running_job_with_a_live_heartbeat_is_left_alone(isolated: Stack) -> None:
+    job_id = _probe(isolated)
+    leases.client(isolated.settings.broker).delete(_queue(isolated, job_id))
+    _set(isolated, job_id, status="running", worker="cpu0@busy", attempts=1, heartbeat_at=utcnow())
+    assert reconcile(isolated.settings).empty()
+    assert isolated.job(job_id)["status"] == "running"
+
+
+def test_leases_of_finished_or_dead_holders_are_freed(isolated: Stack) -> None:
+    s = isolated.settings
+    done, alive = _probe(isolated), _probe(isolated)
+    _set(isolated, done, status="succeeded", finished_at=utcnow())
+    _set(isolated, alive, status="running", worker="cpu1@x", heartbeat_at=utcnow())
+    assert leases.acquire(s.broker, s.node, ["cpu:0"], done, ttl=600)
+    assert leases.acquire(s.broker, s.node, ["cpu:1"], alive, ttl=600)
+
+    report = reconcile(s)
+
+    assert report.leases_freed == [leases.key(s.node, "cpu:0")]
+    assert leases.holders(s.broker, s.node, ["cpu:0", "cpu:1"]) == {"cpu:0": None, "cpu:1": alive}
+    assert [e["kind"] for e in events.list_events(s.database, done)] == [events.LEASE_FREED]
+
+
+def test_a_fire_whose_tick_died_before_submitting_gets_its_job(isolated: Stack) -> None:
+    from tests.test_schedules import _add, _dataset
+
+    _dataset(isolated)
+    sched = _add(isolated, "nightly", "0 3 * * *", now=utcnow())
+    sched_id = schedules.get(isolated.settings.database, "nightly")["id"]
+    fire_id = schedules.record_manual(isolated.settings.database, sched_id, utcnow())
+    with session_scope(isolated.settings.database) as s:  # the tick died right here, long ago
+        s.execute(update(Fire).where(Fire.id == fire_id)
+                  .values(fired_at=utcnow() - timedelta(minutes=5)))
+
+    report = reconcile(isolated.settings)
+
+    assert report.fires_submitted == [fire_id] and sched["name"] == "nightly"
+    [fire] = schedules.fires(isolated.settings.database, "nightly")
+    job = isolated.job(fire["job_id"])
+    assert job["kind"] == "train" and job["status"] == "queued"
+    assert [e["kind"] for e in events.list_events(isolated.settings.database, job["id"])] == \
+        [events.RESUBMITTED]
+    assert reconcile(isolated.settings).fires_submitted == []

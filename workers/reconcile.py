@@ -1,0 +1,227 @@
+"""The reconciler: make SQL (the truth about jobs) and the broker agree again after a fault.
+
+It runs in the schedule process every MXQ_RECONCILE_SECONDS (and once with `mxq reconcile`):
+- a job `queued` in SQL whose message is in no queue and held by no worker (the broker lost
+  it) is published again;
+- a job `running` whose heartbeat is stale (its worker, or its whole node, died) and whose
+  message is not waiting in a queue is requeued, or failed once its attempts are used up;
+- a parent whose chunks have all finished but that was never closed is settled;
+- a device lease whose holder job is over or dead is freed;
+- a schedule fire whose tick died before it submitted its job gets its job.
+Every action is recorded on the job (`db.events`). A message published twice is harmless: the
+claim in SQL runs each job once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import or_, select
+
+from db import events, jobs, schedules
+from db.engine import session_scope
+from db.schema import FINISHED, Fire, Job, JobStatus, Schedule, as_utc, utcnow
+from workers import leases
+from workers.settings import Settings
+from workers.submit import publish
+
+log = logging.getLogger(__name__)
+
+# A job submitted less than this long ago may still be between its row and its message.
+SUBMIT_GRACE_SECONDS = 10.0
+# A fire's tick submits its job within a second; one older than this without a job lost it.
+FIRE_GRACE_SECONDS = 60.0
+# The broker is looked at twice this far apart: a message is out of sight only for the instant
+# a worker moves it from its queue to the unacked set, never in two looks.
+SECOND_LOOK_SECONDS = 1.0
+# Kombu keeps messages of priority p > 0 in "<queue>\x06\x16<p>" and delivered, unacknowledged
+# ones in the "unacked" hash.
+PRIORITY_SEP, PRIORITY_STEPS, UNACKED = "\x06\x16", (3, 6, 9), "unacked"
+
+
+@dataclass
+class Report:
+    republished: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    settled: list[int] = field(default_factory=list)
+    leases_freed: list[str] = field(default_factory=list)
+    fires_submitted: list[int] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not any(vars(self).values())
+
+
+def _job_id(raw: str) -> int | None:
+    """The job id of one stored kombu message (its task id is `job-<id>`)."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(message, list):  # an unacked entry: [message, exchange, routing key]
+        message = message[0] if message else {}
+    task_id = str((message.get("headers") or {}).get("id", ""))
+    return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
+
+
+def in_broker(settings: Settings, queues: set[str]) -> tuple[set[int], set[int]]:
+    """Job ids with a message waiting in one of `queues`, and with one delivered but unacked.
+
+    Read in one MULTI, so a message moving between a queue and the unacked set is seen once.
+    """
+    pipe = leases.client(settings.broker).pipeline(transaction=True)
+    names = [q + suffix for q in sorted(queues)
+             for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))]
+    for name in names:
+        pipe.lrange(name, 0, -1)
+    pipe.hvals(UNACKED)
+    *waiting, unacked = pipe.execute()
+    ids = {_job_id(raw) for lst in waiting for raw in lst}
+    return ids - {None}, {_job_id(raw) for raw in unacked} - {None}
+
+
+def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
+    cutoff = utcnow() - timedelta(seconds=SUBMIT_GRACE_SECONDS)
+    with session_scope(settings.database) as s:
+        rows = s.execute(select(Job.id, Job.kind, Job.queue)
+                         .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
+        return {r.id: (r.kind, r.queue) for r in rows}
+
+
+def _stale_running(settings: Settings) -> dict[int, tuple[str, str]]:
+    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
+    with session_scope(settings.database) as s:
+        rows = s.execute(select(Job.id, Job.kind, Job.queue).where(
+            Job.status == JobStatus.RUNNING, Job.chunks.is_(None),
+            or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)))
+        return {r.id: (r.kind, r.queue) for r in rows}
+
+
+def _still(settings: Settings, ids: set[int], status: str) -> set[int]:
+    if not ids:
+        return set()
+    with session_scope(settings.database) as s:
+        return set(s.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == status)))
+
+
+def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[int, tuple[str, str]]]:
+    """Queued jobs with no message anywhere, and stale running jobs with none waiting.
+
+    Two looks at the broker a moment apart; SQL is read again after them, so a job that
+    moved on meanwhile is left alone.
+    """
+    queued, running = _queued(settings), _stale_running(settings)
+    queues = {q for _, q in (*queued.values(), *running.values())}
+    if not queues:
+        return {}, {}
+    waiting, held = in_broker(settings, queues)
+    time.sleep(SECOND_LOOK_SECONDS)
+    waiting2, held2 = in_broker(settings, queues)
+    seen = waiting | held | waiting2 | held2
+    lost = _still(settings, set(queued) - seen, JobStatus.QUEUED)
+    dead = _still(settings, set(running) - waiting - waiting2, JobStatus.RUNNING)
+    dead &= set(_stale_running(settings))
+    return {i: queued[i] for i in lost}, {i: running[i] for i in dead}
+
+
+def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str) -> bool:
+    """Publish a dead job again, or fail it when its attempts are used up; True if requeued."""
+    with session_scope(settings.database) as s:
+        job = s.get(Job, job_id)
+        attempts, worker = job.attempts, job.worker
+    if attempts >= settings.max_attempts:
+        jobs.fail(settings.database, job_id,
+                  jobs.exhausted_message(attempts, settings.max_attempts, worker))
+        log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)
+        return False
+    jobs.clear_heartbeat(settings.database, job_id)
+    publish(settings, job_id, kind, queue, patient=True)
+    events.record(settings.database, job_id, events.REQUEUED, f"requeued to {queue}: {why}",
+                  attempts=attempts, worker=worker)
+    return True
+
+
+def _republish(settings: Settings, lost: dict[int, tuple[str, str]], report: Report) -> None:
+    for job_id, (kind, queue) in sorted(lost.items()):
+        publish(settings, job_id, kind, queue, patient=True)
+        events.record(settings.database, job_id, events.REPUBLISHED,
+                      f"its message was gone from the broker; published again to {queue}")
+        report.republished.append(job_id)
+
+
+def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: Report) -> None:
+    for job_id, (kind, queue) in sorted(dead.items()):
+        why = f"its heartbeat is older than {settings.heartbeat_ttl:g}s and no worker holds it"
+        if requeue(settings, job_id, kind, queue, why):
+            report.requeued.append(job_id)
+        else:
+            report.failed.append(job_id)
+
+
+def _settle_parents(settings: Settings, report: Report) -> None:
+    with session_scope(settings.database) as s:
+        parents = list(s.scalars(select(Job.id).where(Job.status == JobStatus.RUNNING,
+                                                      Job.chunks.is_not(None))))
+    for parent in parents:
+        if jobs.settle_parent(settings.database, parent):
+            events.record(settings.database, parent, events.SETTLED,
+                          "every chunk had finished; the parent was closed by the reconciler")
+            report.settled.append(parent)
+
+
+def _free_leases(settings: Settings, report: Report) -> None:
+    """Free leases whose holder is over, gone, or running with a stale heartbeat."""
+    r = leases.client(settings.broker)
+    held = {k: v for k in r.scan_iter(match="mxq:lease:*", count=500) if (v := r.get(k))}
+    if not held:
+        return
+    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
+    with session_scope(settings.database) as s:
+        rows = {j.id: j for j in s.scalars(select(Job).where(
+            Job.id.in_({int(v) for v in held.values() if v.isdigit()})))}
+        state = {i: (j.status, as_utc(j.heartbeat_at)) for i, j in rows.items()}
+    for k, v in held.items():
+        status, beat = state.get(int(v), (None, None)) if v.isdigit() else (None, None)
+        dead = status is None or status in FINISHED or (
+            status == JobStatus.RUNNING and (beat is None or beat < cutoff))
+        if dead and r.eval(leases.RELEASE_SCRIPT, 1, k, v):
+            device = ":".join(k.rsplit(":", 2)[1:])
+            if status is not None:
+                events.record(settings.database, int(v), events.LEASE_FREED,
+                              f"lease on {device} freed: its holder is {status}")
+            report.leases_freed.append(k)
+
+
+def _resubmit_fires(settings: Settings, report: Report) -> None:
+    from workers.schedule import submit_fire
+
+    cutoff = utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)
+    with session_scope(settings.database) as s:
+        rows = s.execute(select(Fire.id, Schedule.name).join(Schedule)
+                         .where(Fire.job_id.is_(None), Fire.error.is_(None),
+                                Fire.fired_at < cutoff)).all()
+    for fire_id, name in rows:
+        job_id = submit_fire(settings, schedules.get(settings.database, name), fire_id)
+        if job_id is not None:
+            events.record(settings.database, job_id, events.RESUBMITTED,
+                          f"fire {fire_id} of schedule {name!r} had no job (its tick died); "
+                          "submitted by the reconciler")
+        report.fires_submitted.append(fire_id)
+
+
+def reconcile(settings: Settings) -> Report:
+    """One pass over every check; returns what it did."""
+    report = Report()
+    lost, dead = lost_messages(settings)
+    _republish(settings, lost, report)
+    _requeue_dead(settings, dead, report)
+    _settle_parents(settings, report)
+    _free_leases(settings, report)
+    _resubmit_fires(settings, report)
+    if not report.empty():
+        log.warning("reconciled: %s", report)
+    return report
