@@ -2,6 +2,8 @@
 
 Batches have a fixed shape (the last one may be short); results go to SQL in bulk inserts, at
 most every FLUSH_SECONDS, each flush also recording a throughput point and the progress.
+A batch that runs out of device memory is split: the batch size is halved (down to
+MIN_BATCH_SIZE) and kept for the rest of the job; each halving is recorded as a job event.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import fcntl
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -17,12 +20,13 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from db import predictions, registry
+from db import events, predictions, registry
 from db.jobs import record_metric
 from db.predictions import Row
 from tasks.device import context
 from tasks.inputs import InputError, InputSource, open_input
 from tasks.models import ModelError, load
+from tasks.oom import OutOfMemory, is_out_of_memory
 from tasks.pipeline import BackgroundWriter, prefetch
 from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from workers.jobspecs import InferParams, ParamsError, validate
@@ -31,6 +35,7 @@ from workers.settings import get_settings
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many rows, whichever comes first
+MIN_BATCH_SIZE = 1  # the floor: a batch that runs out of memory at this size fails the job
 
 
 def _params(job: JobContext) -> InferParams:
@@ -110,32 +115,105 @@ def infer(job: JobContext) -> Outcome | FanOut:
     out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
     predictions.replace_range(settings.database, owner, start, stop)
     began = time.perf_counter()
-    done = _stream(job, p, source, net, ctx, owner, out, start, stop)
+    fit = _Fit(job, p.batch_size)
+    done = _stream(job, p, source, net, ctx, owner, out, start, stop, fit)
     seconds = time.perf_counter() - began
     if out is not None:
         out.flush()
     return Outcome(samples=done, seconds=seconds, result={
         "model": model["name"], "model_version": model["version"], "model_cache": "hit" if cached
         else "miss", "input": str(source.path), "range": [start, stop], "batch_size": p.batch_size,
+        "batch_size_used": fit.size,
         "output": str(output_path(owner)) if out is not None else "db", "classes": model["classes"],
     })
 
 
-def _batches(p: InferParams, source: InputSource, start: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(first index, samples) per batch, NaN-checked when asked; runs on the prefetch thread."""
-    for first in range(start, stop, p.batch_size):
+def _batches(p: InferParams, source: InputSource, start: int, stop: int,
+             size: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
+    """(first index, samples) per batch of `size()` (smaller once out of memory halved it),
+    NaN-checked when asked; runs on the prefetch thread."""
+    first = start
+    while first < stop:
         try:
-            x = source.read(first, min(first + p.batch_size, stop))
+            x = source.read(first, min(first + size(), stop))
         except InputError as exc:
             raise JobInputError(str(exc)) from None
         if p.reject_nan and np.isnan(x).any():
             bad = first + int(np.argwhere(np.isnan(x.reshape(len(x), -1)).any(axis=1))[0][0])
             raise JobInputError(f"input {p.input} has NaN in sample {bad} (--reject-nan is set)")
         yield first, x
+        first += len(x)
+
+
+def _forward(net: Any, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
+    """Class probabilities of one batch; `asnumpy` waits for MXNet, so its errors surface here."""
+    return mx.nd.softmax(net(mx.nd.array(x, ctx=ctx))).asnumpy()
+
+
+def _release(net: Any) -> None:
+    """Drop the net's compiled graph and the memory it holds; the next call builds it anew.
+
+    A `static_alloc` graph (tasks.models.load) keeps the buffers it got before an allocation
+    failed, and then every later call fails too, at any batch size (seen with MXNet 1.9.1).
+    """
+    clear = getattr(net, "_clear_cached_op", None)  # what Gluon's own hybridize() calls
+    if clear is not None:
+        clear()
+
+
+@dataclass
+class _Fit:
+    """The batch size that fits the device: halved on out-of-memory, down to MIN_BATCH_SIZE."""
+
+    job: JobContext
+    requested: int
+    size: int = 0
+    halved: tuple[int, int] | None = None  # (size that ran out, size tried next), not yet settled
+
+    def __post_init__(self) -> None:
+        self.size = self.size or self.requested
+
+    def predict(self, net: Any, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
+        """Probabilities of all of `x`, computed in slices of the current size, in order."""
+        parts, i = [], 0
+        while i < len(x):
+            n = min(self.size, len(x) - i)
+            try:
+                probs = _forward(net, ctx, x[i:i + n])
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                _release(net)
+                self._halve(n)
+                continue  # the same samples again, in smaller slices
+            self._settle(worked=True)
+            parts.append(probs)
+            i += n
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _halve(self, n: int) -> None:
+        self._settle(worked=False)
+        if n <= MIN_BATCH_SIZE:
+            raise OutOfMemory(f"out of memory at batch size {n} on {self.job.device} (started at "
+                              f"{self.requested}; the floor is {MIN_BATCH_SIZE})") from None
+        self.size = max(MIN_BATCH_SIZE, n // 2)
+        self.halved = (n, self.size)
+
+    def _settle(self, worked: bool) -> None:
+        """Record the pending halving with its outcome."""
+        if self.halved is None:
+            return
+        failed, size = self.halved
+        self.halved = None
+        outcome = "it worked" if worked else "out of memory again"
+        events.record(self.job.url, self.job.id, events.OOM,
+                      f"out of memory at batch size {failed} on {self.job.device}; halved to "
+                      f"{size}: {outcome}", batch_size=size, failed_batch_size=failed,
+                      worked=worked, device=self.job.device)
 
 
 def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx: mx.Context,
-            owner: int, out: np.memmap | None, start: int, stop: int) -> int:
+            owner: int, out: np.memmap | None, start: int, stop: int, fit: _Fit) -> int:
     """Compute every batch here; reading runs ahead and storing runs behind on side threads."""
 
     def store(item: tuple[list[Row], int, int, float, int]) -> None:
@@ -148,14 +226,14 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx:
     pending: list[Row] = []
     step, since, mark = 0, time.perf_counter(), start
     try:
-        for first, x in prefetch(_batches(p, source, start, stop)):
+        for first, x in prefetch(_batches(p, source, start, stop, lambda: fit.size)):
             try:
                 job.check_cancelled(first - start)
             except JobCancelled:  # keep every row computed so far: hand the rest to the writer
                 writer.submit((pending, step, first - mark, time.perf_counter() - since, first))
                 raise
             last = first + len(x)
-            probs = mx.nd.softmax(net(mx.nd.array(x, ctx=ctx))).asnumpy()
+            probs = fit.predict(net, ctx, x)
             if out is not None:
                 out[first:last] = probs
             if p.output != "npy":

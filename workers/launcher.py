@@ -1,18 +1,21 @@
 """`mxq worker`: one real `celery worker` process per device of this node, supervised.
 
 Each child is pinned before it imports MXNet: `CUDA_VISIBLE_DEVICES=<i>` for a GPU, CPU-core
-affinity and thread limits for a CPU device. A child that crashes is restarted (with backoff)
-and the jobs it held are requeued; SIGTERM or Ctrl-C stops all children cleanly.
+affinity and thread limits for a CPU device, and the host memory cap `MXQ_WORKER_MEMORY_MB` when
+set. A child that crashes is restarted (with backoff) and the jobs it held are requeued; SIGTERM
+or Ctrl-C stops all children cleanly.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +122,27 @@ def api_spec(settings: Settings) -> WorkerSpec:
     return WorkerSpec(None, f"api@{settings.node}", [], [sys.executable, "-m", "cli", "api"], env)
 
 
+def preexec(cores: list[int], memory_mb: int | None) -> Callable[[], None] | None:
+    """What a device worker runs between fork and exec: its core affinity, its memory cap.
+
+    The cap is RLIMIT_DATA (heap and anonymous mappings, so MXNet's buffers): an allocation
+    beyond it fails inside MXNet ("Failed to allocate CPU Memory"), which the job survives.
+    RLIMIT_AS would also count the address space MXNet and its threads only reserve.
+    """
+    if not cores and memory_mb is None:
+        return None
+
+    def pin() -> None:
+        if cores:
+            os.sched_setaffinity(0, cores)
+        if memory_mb is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+            cap = memory_mb * 2**20
+            resource.setrlimit(resource.RLIMIT_DATA,
+                               (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    return pin
+
+
 @dataclass
 class Child:
     spec: WorkerSpec
@@ -141,11 +165,10 @@ class Launcher:
         spec = child.spec
         self.logs.mkdir(parents=True, exist_ok=True)
         out = open(self.logs / f"{spec.name.replace('@', '-')}.log", "ab")  # noqa: SIM115
-        cores = spec.cores
+        memory_mb = self.settings.worker_memory_mb if spec.device is not None else None
         child.proc = subprocess.Popen(
             spec.command, env=spec.env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+            stdin=subprocess.DEVNULL, preexec_fn=preexec(spec.cores, memory_mb),
         )
         out.close()
         log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,
