@@ -163,11 +163,16 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
 
 
 @db_retry
-def clear_heartbeat(url: str, job_id: int) -> None:
-    """A running job known dead: the next delivery may claim it at once."""
+def clear_heartbeat(url: str, job_id: int, stale_before: datetime | None = None) -> bool:
+    """A running job taken for dead: the next delivery may claim it at once.
+
+    With `stale_before`, only if its heartbeat is still older than that (the worker did not
+    come back meanwhile); True when the job was taken over."""
+    cond = [Job.id == job_id, Job.status == JobStatus.RUNNING]
+    if stale_before is not None:
+        cond.append(or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale_before))
     with session_scope(url) as s:
-        s.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
-                  .values(heartbeat_at=None))
+        return bool(s.execute(update(Job).where(*cond).values(heartbeat_at=None)).rowcount)
 
 
 @db_retry

@@ -3,6 +3,8 @@ made for real (a message deleted from Redis, a heartbeat gone stale, a lease lef
 
 from __future__ import annotations
 
+import json
+import time
 from datetime import timedelta
 
 from sqlalchemy import update
@@ -12,7 +14,7 @@ from db.engine import session_scope
 from db.schema import Fire, Job, utcnow
 from tests.conftest import Stack
 from workers import leases
-from workers.reconcile import in_broker, reconcile
+from workers.reconcile import UNACKED, UNACKED_GRACE_SECONDS, UNACKED_INDEX, in_broker, reconcile
 from workers.submit import submit
 
 
@@ -54,6 +56,35 @@ def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack)
     assert kinds == [events.REPUBLISHED]
     assert events.list_events(isolated.settings.database, kept) == []
     assert reconcile(isolated.settings).republished == []  # its message is there now
+
+
+def _hold(stack: Stack, job_id: int, age: float) -> str:
+    """Move the job's message to kombu's unacked set, delivered `age` seconds ago."""
+    r = leases.client(stack.settings.broker)
+    queue = _queue(stack, job_id)
+    [raw] = [m for m in r.lrange(queue, 0, -1) if f'"job-{job_id}"' in m]
+    r.lrem(queue, 1, raw)
+    tag = f"tag-{job_id}"
+    r.hset(UNACKED, tag, json.dumps([json.loads(raw), "", queue]))
+    r.zadd(UNACKED_INDEX, {tag: time.time() - age})
+    return tag
+
+
+def test_a_message_held_by_a_consumer_that_is_gone_is_published_again(isolated: Stack) -> None:
+    orphaned, claiming = _probe(isolated), _probe(isolated)
+    for job_id in (orphaned, claiming):
+        _age(isolated, job_id)
+    old = _hold(isolated, orphaned, age=UNACKED_GRACE_SECONDS + 5)
+    _hold(isolated, claiming, age=0.5)  # a worker took it a moment ago and is claiming it
+
+    report = reconcile(isolated.settings)
+
+    assert report.republished == [orphaned]
+    waiting, held = in_broker(isolated.settings, {_queue(isolated, orphaned)})
+    assert waiting == {orphaned} and set(held) == {claiming}
+    assert old not in leases.client(isolated.settings.broker).hkeys(UNACKED)
+    [event] = events.list_events(isolated.settings.database, orphaned)
+    assert "held unacknowledged" in event["message"]
 
 
 def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(isolated: Stack) -> None:

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
 
@@ -38,9 +38,14 @@ FIRE_GRACE_SECONDS = 60.0
 # The broker is looked at twice this far apart: a message is out of sight only for the instant
 # a worker moves it from its queue to the unacked set, never in two looks.
 SECOND_LOOK_SECONDS = 1.0
-# Kombu keeps messages of priority p > 0 in "<queue>\x06\x16<p>" and delivered, unacknowledged
-# ones in the "unacked" hash.
-PRIORITY_SEP, PRIORITY_STEPS, UNACKED = "\x06\x16", (3, 6, 9), "unacked"
+# A queued job's message is unacknowledged only while a worker claims or defers it (a second at
+# most); one held longer belongs to a consumer that lost its connection and will never run it.
+# (Redis would hand it out again only after the visibility timeout, hours away.)
+UNACKED_GRACE_SECONDS = 30.0
+# Kombu keeps messages of priority p > 0 in "<queue>\x06\x16<p>", and delivered, unacknowledged
+# ones in the "unacked" hash with their delivery time in the "unacked_index" sorted set.
+PRIORITY_SEP, PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 
 
 @dataclass
@@ -68,8 +73,16 @@ def _job_id(raw: str) -> int | None:
     return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
 
 
-def in_broker(settings: Settings, queues: set[str]) -> tuple[set[int], set[int]]:
-    """Job ids with a message waiting in one of `queues`, and with one delivered but unacked.
+@dataclass(frozen=True)
+class Held:
+    """A delivered, unacknowledged message of a job."""
+
+    tag: str
+    age: float  # seconds since its delivery
+
+
+def in_broker(settings: Settings, queues: set[str]) -> tuple[set[int], dict[int, list[Held]]]:
+    """Job ids with a message waiting in one of `queues`, and those delivered but unacked.
 
     Read in one MULTI, so a message moving between a queue and the unacked set is seen once.
     """
@@ -78,10 +91,16 @@ def in_broker(settings: Settings, queues: set[str]) -> tuple[set[int], set[int]]
              for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))]
     for name in names:
         pipe.lrange(name, 0, -1)
-    pipe.hvals(UNACKED)
-    *waiting, unacked = pipe.execute()
-    ids = {_job_id(raw) for lst in waiting for raw in lst}
-    return ids - {None}, {_job_id(raw) for raw in unacked} - {None}
+    pipe.hgetall(UNACKED)
+    pipe.zrange(UNACKED_INDEX, 0, -1, withscores=True)
+    pipe.time()
+    *waiting, unacked, delivered, (secs, micros) = pipe.execute()
+    now, since = secs + micros / 1e6, dict(delivered)
+    held: dict[int, list[Held]] = {}
+    for tag, raw in unacked.items():
+        if (job_id := _job_id(raw)) is not None:
+            held.setdefault(job_id, []).append(Held(tag, now - since.get(tag, now)))
+    return {_job_id(raw) for lst in waiting for raw in lst} - {None}, held
 
 
 def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
@@ -108,8 +127,14 @@ def _still(settings: Settings, ids: set[int], status: str) -> set[int]:
         return set(s.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == status)))
 
 
-def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[int, tuple[str, str]]]:
-    """Queued jobs with no message anywhere, and stale running jobs with none waiting.
+def _live(held: dict[int, list[Held]]) -> set[int]:
+    return {i for i, entries in held.items() if any(h.age < UNACKED_GRACE_SECONDS for h in entries)}
+
+
+def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[int, tuple[str, str]],
+                                               dict[int, list[Held]]]:
+    """Queued jobs with no live message, stale running jobs with none waiting, and the stale
+    unacknowledged messages of both.
 
     Two looks at the broker a moment apart; SQL is read again after them, so a job that
     moved on meanwhile is left alone.
@@ -117,49 +142,66 @@ def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[
     queued, running = _queued(settings), _stale_running(settings)
     queues = {q for _, q in (*queued.values(), *running.values())}
     if not queues:
-        return {}, {}
+        return {}, {}, {}
     waiting, held = in_broker(settings, queues)
     time.sleep(SECOND_LOOK_SECONDS)
     waiting2, held2 = in_broker(settings, queues)
-    seen = waiting | held | waiting2 | held2
+    seen = waiting | waiting2 | _live(held) | _live(held2)
     lost = _still(settings, set(queued) - seen, JobStatus.QUEUED)
     dead = _still(settings, set(running) - waiting - waiting2, JobStatus.RUNNING)
     dead &= set(_stale_running(settings))
-    return {i: queued[i] for i in lost}, {i: running[i] for i in dead}
+    stale = {i: held2[i] for i in lost | dead if i in held2}
+    return {i: queued[i] for i in lost}, {i: running[i] for i in dead}, stale
 
 
-def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str) -> bool:
-    """Publish a dead job again, or fail it when its attempts are used up; True if requeued."""
+def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
+    """Forget messages whose consumer is gone, so Redis does not hand them out hours later."""
+    tags = [h.tag for entries in stale.values() for h in entries]
+    if tags:
+        pipe = leases.client(settings.broker).pipeline(transaction=True)
+        pipe.zrem(UNACKED_INDEX, *tags).hdel(UNACKED, *tags).execute()
+
+
+def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
+            stale_before: datetime | None = None) -> bool | None:
+    """Publish a dead job again (True), or fail it when its attempts are used up (False).
+
+    With `stale_before`, a job whose heartbeat came back meanwhile is left alone (None)."""
     with session_scope(settings.database) as s:
         job = s.get(Job, job_id)
         attempts, worker = job.attempts, job.worker
+    if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
+        return None
     if attempts >= settings.max_attempts:
         jobs.fail(settings.database, job_id,
                   jobs.exhausted_message(attempts, settings.max_attempts, worker))
         log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)
         return False
-    jobs.clear_heartbeat(settings.database, job_id)
     publish(settings, job_id, kind, queue, patient=True)
     events.record(settings.database, job_id, events.REQUEUED, f"requeued to {queue}: {why}",
                   attempts=attempts, worker=worker)
     return True
 
 
-def _republish(settings: Settings, lost: dict[int, tuple[str, str]], report: Report) -> None:
+def _republish(settings: Settings, lost: dict[int, tuple[str, str]], stale: dict[int, list[Held]],
+               report: Report) -> None:
     for job_id, (kind, queue) in sorted(lost.items()):
         publish(settings, job_id, kind, queue, patient=True)
+        why = (f"its message was held unacknowledged for {max(h.age for h in stale[job_id]):.0f}s "
+               "by a consumer that lost its connection" if job_id in stale
+               else "its message was gone from the broker")
         events.record(settings.database, job_id, events.REPUBLISHED,
-                      f"its message was gone from the broker; published again to {queue}")
+                      f"{why}; published again to {queue}")
         report.republished.append(job_id)
 
 
 def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: Report) -> None:
+    stale_before = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
     for job_id, (kind, queue) in sorted(dead.items()):
         why = f"its heartbeat is older than {settings.heartbeat_ttl:g}s and no worker holds it"
-        if requeue(settings, job_id, kind, queue, why):
-            report.requeued.append(job_id)
-        else:
-            report.failed.append(job_id)
+        outcome = requeue(settings, job_id, kind, queue, why, stale_before)
+        if outcome is not None:
+            (report.requeued if outcome else report.failed).append(job_id)
 
 
 def _settle_parents(settings: Settings, report: Report) -> None:
@@ -216,8 +258,9 @@ def _resubmit_fires(settings: Settings, report: Report) -> None:
 def reconcile(settings: Settings) -> Report:
     """One pass over every check; returns what it did."""
     report = Report()
-    lost, dead = lost_messages(settings)
-    _republish(settings, lost, report)
+    lost, dead, stale = lost_messages(settings)
+    _drop_unacked(settings, stale)
+    _republish(settings, lost, stale, report)
     _requeue_dead(settings, dead, report)
     _settle_parents(settings, report)
     _free_leases(settings, report)
