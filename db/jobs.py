@@ -47,6 +47,17 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
         return job.id
 
 
+def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
+                queue: str) -> list[int]:
+    """Many queued jobs in one transaction."""
+    with session_scope(url) as s:
+        rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
+                    status=JobStatus.QUEUED, progress=0.0, attempts=0) for p in params]
+        s.add_all(rows)
+        s.flush()
+        return [r.id for r in rows]
+
+
 def delete_unstarted(url: str, job_id: int) -> None:
     """Undo a submit whose message could not be published (the job never existed for anyone)."""
     with session_scope(url) as s:

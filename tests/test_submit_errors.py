@@ -42,3 +42,21 @@ def test_zero_cpu_devices_is_refused(stack: Stack) -> None:
 def test_bad_node_name_is_refused(stack: Stack) -> None:
     line = _one_line(stack.mxq("jobs", env={"MXQ_NODE": "box.1"}))
     assert "MXQ_NODE 'box.1'" in line
+
+
+def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
+    from workers.reconcile import in_broker
+    from workers.submit import SubmitError, submit_many
+
+    good = {"size": 16, "batch": 1, "repeat": 1}
+    try:
+        submit_many(isolated.settings, "probe", [good, good, {**good, "size": 1}], "cpu:0",
+                    allow_offline=True)
+        raise AssertionError("a bad item was accepted")
+    except SubmitError as exc:
+        assert "job 2 of 3" in str(exc) and "size=1" in str(exc) and "nothing was queued" in str(exc)
+    assert list_jobs(isolated.settings.database, JobFilter(limit=10)) == []
+    ids = submit_many(isolated.settings, "probe", [good] * 3, "cpu:0", allow_offline=True)
+    assert [j["status"] for j in list_jobs(isolated.settings.database, JobFilter(limit=10))] == \
+        ["queued"] * 3
+    assert in_broker(isolated.settings, {isolated.job(ids[0])["queue"]})[0] == set(ids)

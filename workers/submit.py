@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from db.engine import get_engine, safe_url
-from db.jobs import create_job, delete_unstarted
+from db.jobs import create_job, create_jobs, delete_unstarted
 from db.registry import resolve
 from db.retry import retrying
 from workers.app import app_for
@@ -148,6 +148,38 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
     job_id = create_job(settings.database, kind, params, where.requested, where.queue)
     publish(settings, job_id, kind, where.queue, undo_on_failure=True)
     return job_id
+
+
+def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
+                allow_offline: bool = False) -> list[int]:
+    """Queue many jobs of one kind at once: one check, one transaction, one broker connection.
+
+    All or nothing: if any parameters are wrong, nothing is written and the error names which.
+    """
+    if kind not in SPECS:
+        raise SubmitError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+    spec = parse_device(device)
+    check_database(settings)
+    check_broker(settings)
+    where = route(settings, spec, allow_offline)
+    checked = []
+    for i, p in enumerate(params):
+        try:
+            checked.append(PREPARE.get(kind, lambda _s, q: q)(settings, validate(kind, p, settings)))
+        except (ParamsError, PathError, LookupError) as exc:
+            raise SubmitError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
+                              "queued") from None
+    ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
+    app = app_for(settings.broker)
+    try:
+        with app.producer_or_acquire() as producer:
+            for job_id in ids:
+                app.send_task(task_name(kind), args=[job_id], queue=where.queue,
+                              task_id=f"job-{job_id}", producer=producer)
+    except Exception as exc:
+        raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
+                          "the reconciler publishes the jobs already recorded") from None
+    return ids
 
 
 def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
