@@ -43,15 +43,27 @@ def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = No
     out.print(t)
 
 
+# The lists of a job record shown as tables of their own under it, with these columns.
+JOB_LISTS = {"epochs": ["epoch", "train_loss", "train_accuracy", "val_accuracy", "samples_per_sec"],
+             "events": ["at", "kind", "message"]}
+
+
 def job_detail(record: dict[str, Any]) -> None:
     t = Table(show_header=False, title=f"job {record['id']}")
     t.add_column("field", style="bold")
     t.add_column("value")
     for key, value in record.items():
+        if key in JOB_LISTS:
+            continue
+        if key == "metrics" and isinstance(value, list):
+            value = f"{len(value)} throughput points (--json lists them)"
         if isinstance(value, dict):
             value = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
         t.add_row(key, _fmt(value))
     out.print(t)
+    for key, columns in JOB_LISTS.items():
+        if record.get(key):
+            table(record[key], columns, key)
 
 
 def csv_rows(rows: list[dict[str, Any]], columns: list[str]) -> None:

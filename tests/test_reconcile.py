@@ -55,6 +55,9 @@ def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack)
     kinds = [e["kind"] for e in events.list_events(isolated.settings.database, lost)]
     assert kinds == [events.REPUBLISHED]
     assert events.list_events(isolated.settings.database, kept) == []
+    shown = isolated.mxq("job", str(lost))
+    assert shown.returncode == 0 and "republished" in shown.stdout and "events" in shown.stdout
+    assert isolated.mxq_json("job", str(lost))["events"][0]["kind"] == events.REPUBLISHED
     assert reconcile(isolated.settings).republished == []  # its message is there now
 
 
