@@ -236,7 +236,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
-          reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Fail on NaN in the input.")] = False,  # noqa: E501
+          reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Fail on NaN or infinite values (inf, -inf) in the input.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False) -> None:

@@ -131,18 +131,29 @@ def infer(job: JobContext) -> Outcome | FanOut:
 def _batches(p: InferParams, source: InputSource, start: int, stop: int,
              size: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
     """(first index, samples) per batch of `size()` (smaller once out of memory halved it),
-    NaN-checked when asked; runs on the prefetch thread."""
+    checked for NaN and infinities when asked; runs on the prefetch thread."""
     first = start
     while first < stop:
         try:
             x = source.read(first, min(first + size(), stop))
         except InputError as exc:
             raise JobInputError(str(exc)) from None
-        if p.reject_nan and np.isnan(x).any():
-            bad = first + int(np.argwhere(np.isnan(x.reshape(len(x), -1)).any(axis=1))[0][0])
-            raise JobInputError(f"input {p.input} has NaN in sample {bad} (--reject-nan is set)")
+        if p.reject_nan:
+            _check_finite(p, first, x)
         yield first, x
         first += len(x)
+
+
+def _check_finite(p: InferParams, first: int, x: np.ndarray) -> None:
+    """Refuse a batch holding NaN, inf or -inf (--reject-nan), naming the first such sample."""
+    flat = x.reshape(len(x), -1)
+    bad = ~np.isfinite(flat)
+    if not bad.any():
+        return
+    row = int(np.argmax(bad.any(axis=1)))
+    value = flat[row][bad[row]][0]
+    found = "NaN" if np.isnan(value) else ("-inf" if value < 0 else "inf")
+    raise JobInputError(f"input {p.input} has {found} in sample {first + row} (--reject-nan is set)")
 
 
 def _forward(net: Any, ctx: mx.Context, x: np.ndarray) -> np.ndarray:

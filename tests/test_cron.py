@@ -51,6 +51,8 @@ def test_due_collapses_missed_fires() -> None:
 @pytest.mark.parametrize("cron, tz, needle", [
     ("0 25 * * *", "UTC", "invalid cron expression '0 25 * * *'"),
     ("every day", "UTC", "invalid cron expression"),
+    ("0 0 3 * * *", "UTC", "invalid cron expression '0 0 3 * * *': expected five fields (minute hour "
+     "day-of-month month day-of-week), got 6"),  # croniter alone takes a seconds field
     ("0 3 * * *", "Mars/Olympus", "unknown time zone 'Mars/Olympus'"),
 ])
 def test_bad_cron_or_zone(cron: str, tz: str, needle: str) -> None:

@@ -29,9 +29,12 @@ def zone(tz: str) -> ZoneInfo:
 
 
 def check(cron: str, tz: str) -> None:
-    if not croniter.is_valid(cron):
+    # croniter also takes a sixth (seconds) field and a seventh (year): only five are allowed.
+    fields = len(cron.split())
+    if fields != 5 or not croniter.is_valid(cron):
+        got = f", got {fields}" if fields != 5 else ""
         raise CronError(f"invalid cron expression {cron!r}: expected five fields "
-                        "(minute hour day-of-month month day-of-week), e.g. '0 3 * * *'")
+                        f"(minute hour day-of-month month day-of-week){got}, e.g. '0 3 * * *'")
     zone(tz)
 
 

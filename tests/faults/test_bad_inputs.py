@@ -133,7 +133,10 @@ JOB_CASES: dict[str, JobCase] = {
                             "has dtype <U1; allowed: bool, int, uint or float", ON_WORKER),
     "NaN with --reject-nan": infer(_with(float("nan")), "has NaN in sample 5 (--reject-nan is set)",
                                    ON_WORKER, reject_nan=True),
-    "inf with --reject-nan": infer(_with(float("inf")), "has inf in sample 5", ON_WORKER, reject_nan=True),
+    "inf with --reject-nan": infer(_with(float("inf")), "has inf in sample 5 (--reject-nan is set)",
+                                   ON_WORKER, reject_nan=True),
+    "-inf with --reject-nan": infer(_with(float("-inf")), "has -inf in sample 5 (--reject-nan is set)",
+                                    ON_WORKER, reject_nan=True),
     # numbers
     "batch size 0": infer(needle="batch_size=0: Input should be greater than or equal to 1", batch_size=0),
     "batch size negative": infer(needle="batch_size=-5: Input should be greater than or equal to 1",
@@ -157,6 +160,8 @@ JOB_CASES: dict[str, JobCase] = {
     # schedules
     "malformed cron": schedule("invalid cron expression '61 * * * *': expected five fields",
                                cron="61 * * * *"),
+    "cron with six fields": schedule("invalid cron expression '0 0 3 * * *': expected five fields",
+                                     cron="0 0 3 * * *"),
     "cron in words": schedule("invalid cron expression 'every day'", cron="every day"),
     "unknown time zone": schedule("unknown time zone 'Mars/Olympus_Mons': use an IANA name",
                                   tz="Mars/Olympus_Mons"),
@@ -275,8 +280,7 @@ def _id(name: str) -> str:
 
 
 # Known gaps, kept in the corpus so that fixing them shows up here.
-KNOWN_BUGS = {"inf with --reject-nan": "tasks/infer.py: --reject-nan checks np.isnan only, so an "
-                                       "infinite value passes and the job succeeds"}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def _marks(name: str) -> list[pytest.MarkDecorator]:
