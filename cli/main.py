@@ -231,7 +231,7 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
 def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           input: Annotated[str, typer.Argument(help="Input inside MXQ_DATA_ROOT: .npy, .npz, .csv, image folder, .rec")],  # noqa: E501
           device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
-          batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 256,
+          batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
           output: Annotated[str, typer.Option(help="db, npy or both")] = "db",
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
@@ -241,7 +241,9 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
-    params = {"model": model, "input": input, "batch_size": batch_size, "output": output,
+    params = {"model": model, "input": input,
+              "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
+              "output": output,
               "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan}
     _submit_and_report("infer", params, device, allow_offline, wait, json_)
 

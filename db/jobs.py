@@ -114,6 +114,53 @@ def _fail_exhausted(s, job_id: int, cutoff: datetime, max_attempts: int) -> bool
 
 
 @db_retry
+def queued_infer(url: str, queues: list[str], limit: int) -> list[tuple[int, dict[str, Any]]]:
+    """The oldest queued, unchunked inference jobs on `queues`: (id, params)."""
+    with session_scope(url) as s:
+        return [(r.id, r.params) for r in s.execute(
+            select(Job.id, Job.params).where(Job.status == JobStatus.QUEUED, Job.kind == "infer",
+                                             Job.queue.in_(queues), Job.parent_id.is_(None))
+            .order_by(Job.id).limit(limit))]
+
+
+@db_retry
+def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
+    """Take those of `ids` still queued for `at` in one update; return the ones taken."""
+    if not ids:
+        return []
+    now = utcnow()
+    with session_scope(url) as s:
+        return sorted(s.scalars(
+            update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+            .values(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
+                    attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, error=None)
+            .returning(Job.id)))
+
+
+@db_retry
+def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]], lead: int,
+                 at: Placement) -> None:
+    """One transaction for a dynamic batch: a throughput point for every job (id -> samples,
+    seconds, result), and every job but the lead (which its own task finishes) succeeded."""
+    now = utcnow()
+    with session_scope(url) as s:
+        s.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
+        s.execute(insert(JobMetric), [
+            {"job_id": i, "step": 0, "at": now, "device": at.device, "samples": n, "seconds": sec,
+             "samples_per_sec": n / sec if sec > 0 else 0.0} for i, (n, sec, _) in outcomes.items()])
+        for job_id, (samples, seconds, result) in outcomes.items():
+            if job_id == lead:
+                continue
+            s.execute(update(Job)
+                      .where(Job.id == job_id, Job.worker == at.worker,
+                             Job.status == JobStatus.RUNNING)
+                      .values(status=JobStatus.SUCCEEDED, finished_at=now, progress=1.0,
+                              samples=samples, seconds=seconds,
+                              samples_per_sec=samples / seconds if seconds > 0 else None,
+                              result=result, heartbeat_at=None))
+
+
+@db_retry
 def beat(url: str, job_id: int, worker: str) -> None:
     """Refresh the heartbeat of a job this worker is running."""
     with session_scope(url) as s:

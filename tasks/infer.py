@@ -23,13 +23,14 @@ import numpy as np
 from db import events, predictions, registry
 from db.jobs import record_metric
 from db.predictions import Row
+from tasks import batching
 from tasks.device import context
 from tasks.inputs import InputError, InputSource, open_input
 from tasks.models import ModelError, load
 from tasks.oom import OutOfMemory, is_out_of_memory
 from tasks.pipeline import BackgroundWriter, prefetch
 from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
-from workers.jobspecs import InferParams, ParamsError, validate
+from workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
 from workers.paths import PathError, inside_root
 from workers.settings import get_settings
 
@@ -102,6 +103,8 @@ def infer(job: JobContext) -> Outcome | FanOut:
     source = _open(p, model)
     if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
         return FanOut(_chunks(p, source.count))
+    if job.parent_id is None and batching.mergeable(p, source.count, settings):
+        return _merged(job, p, model, source)
     start, stop = p.start or 0, p.stop or source.count
     if stop > source.count:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
@@ -115,7 +118,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
     out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
     predictions.replace_range(settings.database, owner, start, stop)
     began = time.perf_counter()
-    fit = _Fit(job, p.batch_size)
+    fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
     done = _stream(job, p, source, net, ctx, owner, out, start, stop, fit)
     seconds = time.perf_counter() - began
     if out is not None:
@@ -126,6 +129,46 @@ def infer(job: JobContext) -> Outcome | FanOut:
         "batch_size_used": fit.size,
         "output": str(output_path(owner)) if out is not None else "db", "classes": model["classes"],
     })
+
+
+def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
+    try:
+        x = source.read(0, source.count)
+    except InputError as exc:
+        raise JobInputError(str(exc)) from None
+    if p.reject_nan:
+        _check_finite(p, 0, x)
+    return x
+
+
+def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: InputSource) -> Outcome:
+    """A small job, run in one batch with the queued small jobs of the same model (batching)."""
+    ctx = context(job.device)
+    try:
+        net, cached = load(model, ctx)
+    except ModelError as exc:
+        raise JobInputError(str(exc)) from None
+    members = [batching.Member(job.id, p, _read_all(p, source))]
+    members += batching.gather(job, p, model, _open, _read_all, source.count)
+    began = time.perf_counter()
+    x = np.concatenate([m.x for m in members])
+    fit = _Fit(job, len(x))  # one forward pass for the whole batch, halved if it does not fit
+    probs = fit.predict(net, ctx, x)
+    parts = np.split(probs, np.cumsum([len(m.x) for m in members])[:-1])
+    seconds = time.perf_counter() - began
+    samples, share, result = batching.finish(job, members, parts, seconds, {
+        "model": model["name"], "model_version": model["version"],
+        "model_cache": "hit" if cached else "miss", "batch_size_used": fit.size, "output": "db",
+        "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
+        "batch_lead": job.id}, _rows)
+    return Outcome(samples=samples, seconds=share, result=result)
+
+
+def _start_batch(p: InferParams, samples: int, limit: int) -> int:
+    """The batch size to start with: the one asked, or for 'auto' the largest allowed."""
+    if p.batch_size == "auto":
+        return max(1, min(AUTO_BATCH_START, samples, limit))
+    return p.batch_size
 
 
 def _batches(p: InferParams, source: InputSource, start: int, stop: int,

@@ -99,6 +99,17 @@ def test_a_batch_that_does_not_fit_is_halved_until_it_does(capped: Stack, lenet:
     assert capped.mxq_json("job", str(job["id"]))["result"]["batch_size_used"] == used
 
 
+def test_batch_size_auto_finds_the_largest_that_fits(capped: Stack, lenet: str) -> None:
+    job = _infer(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "auto")
+    assert job["status"] == "succeeded", job["error"]
+    used = job["result"]["batch_size_used"]
+    assert job["result"]["batch_size"] == "auto" and 1 <= used < 8192
+    events = _oom_events(capped, job["id"])
+    assert [e["data"]["failed_batch_size"] for e in events] == [8192 >> i for i in range(len(events))]
+    assert events[-1]["data"]["worked"] and events[-1]["data"]["batch_size"] == used
+    assert predictions.count(capped.settings.database, job["id"]) == SAMPLES
+
+
 def _wide_model(capped: Stack, folder: Path) -> str:
     """Tiles its input WIDE_COPIES times, pools, classifies: tiny weights, a huge activation."""
     import mxnet as mx

@@ -5,7 +5,7 @@ One pydantic model per kind: the error names the field, the value and what is al
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,9 @@ from workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Setting
 # checked against MXQ_MAX_BATCH_SIZE / MXQ_MAX_EPOCHS (these are their defaults).
 MAX_BATCH_SIZE = DEFAULT_MAX_BATCH_SIZE
 MAX_TOP_K = 100
+# `--batch-size auto` starts here (or at the input's size, or MXQ_MAX_BATCH_SIZE, if smaller)
+# and halves on out-of-memory until a batch fits.
+AUTO_BATCH_START = 8192
 
 
 def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
@@ -56,7 +59,9 @@ class InferParams(BaseModel):
     model_version: int | None = Field(None, ge=1)
     input: str = Field(min_length=1)
     key: str | None = Field(None, description="Array name inside an .npz input.")
-    batch_size: int = Field(256, ge=1)
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        256, description="Samples per batch, or 'auto': the largest that fits, halving from "
+        "AUTO_BATCH_START.")
     output: Literal["db", "npy", "both"] = "db"
     top_k: int = Field(0, ge=0, le=MAX_TOP_K)
     reject_nan: bool = False
@@ -64,10 +69,20 @@ class InferParams(BaseModel):
     start: int | None = Field(None, ge=0)
     stop: int | None = Field(None, ge=1)
 
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _int_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto" and not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"{value!r} is neither a positive integer nor 'auto'")
+        if value != "auto" and int(value) < 1:
+            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal "
+                                      "to {ge}", {"ge": 1})
+        return value
+
     @field_validator("batch_size")
     @classmethod
-    def _batch_limit(cls, value: int, info: ValidationInfo) -> int:
-        return _at_most(value, info, "max_batch_size")
+    def _batch_limit(cls, value: int | str, info: ValidationInfo) -> int | str:
+        return value if value == "auto" else _at_most(value, info, "max_batch_size")
 
     @model_validator(mode="after")
     def _range(self) -> InferParams:

@@ -26,6 +26,12 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TICK_SECONDS = 15.0
 # The reconciler (in the schedule process) compares SQL with the broker this often.
 DEFAULT_RECONCILE_SECONDS = 30.0
+# Dynamic batching: a worker running a small inference job (at most this many samples) also takes
+# queued small jobs of the same model, up to DEFAULT_MERGE_SAMPLES samples in one batch, waiting
+# at most DEFAULT_BATCH_WAIT_MS for more to arrive.
+DEFAULT_SMALL_JOB_SAMPLES = 64
+DEFAULT_MERGE_SAMPLES = 1024
+DEFAULT_BATCH_WAIT_MS = 5.0
 # Two CPU "devices" let data-parallel code and routing run on any laptop.
 DEFAULT_CPU_DEVICES = 2
 # Inputs are memory-mapped a batch at a time, so this only stops a wrong path (a disk image, a
@@ -64,6 +70,10 @@ class Settings(BaseSettings):
     tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, description="Schedule tick period.")
     reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0,
                                      description="How often the reconciler runs.")
+    dynamic_batching: bool = Field(True, description="Merge small inference jobs of one model.")
+    small_job_samples: int = Field(DEFAULT_SMALL_JOB_SAMPLES, ge=1)
+    merge_samples: int = Field(DEFAULT_MERGE_SAMPLES, ge=1)
+    batch_wait_ms: float = Field(DEFAULT_BATCH_WAIT_MS, ge=0)
     host_gpus: str | None = Field(
         None, description="Host indexes of the GPUs this process sees, in order (e.g. '1' in a "
         "container given only host GPU 1), so devices keep their host names."

@@ -1,0 +1,127 @@
+"""Dynamic batching: many small inference jobs of one model run as one batch on one device.
+
+A worker that starts a small job (at most MXQ_SMALL_JOB_SAMPLES samples, results to the
+database) also claims, in SQL, the queued small jobs of the same model version on its own
+queues, waiting up to MXQ_BATCH_WAIT_MS for more, up to MXQ_MERGE_SAMPLES samples in all. It
+runs them as one forward pass, splits the results back, and finishes each job on its own (its
+rows, samples, its share of the time). Their broker messages are then dropped at the claim, as
+for any delivery of a finished job. SQL stays the single place that decides who runs a job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from db import jobs, predictions
+from db.jobs import Placement
+from tasks.inputs import InputSource
+from tasks.runner import JobContext, JobInputError
+from workers.jobspecs import InferParams
+from workers.queues import device_queue, parse_device, pool_queue, worker_name
+from workers.settings import Settings, get_settings
+
+POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
+CANDIDATES = 4  # look at this many queued jobs per free sample slot (others may not match)
+
+
+@dataclass
+class Member:
+    """A job taken into the batch, with its input."""
+
+    id: int
+    p: InferParams
+    x: np.ndarray
+
+
+def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
+    return (settings.dynamic_batching and count <= settings.small_job_samples and p.output == "db"
+            and not p.chunk_size and p.start is None and p.stop is None)
+
+
+def _placement(job: JobContext) -> Placement:
+    spec = parse_device(job.device)
+    s = get_settings()
+    return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=job.device)
+
+
+def _queues(job: JobContext) -> list[str]:
+    spec = parse_device(job.device)
+    return [device_queue(get_settings().node, spec.kind, spec.index), pool_queue(spec.kind)]
+
+
+def _candidates(job: JobContext, lead: InferParams, model: dict[str, Any], room: int,
+                taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
+    """Queued jobs that ask for the same model version and store to the database."""
+    found = jobs.queued_infer(job.url, _queues(job), limit=max(8, room * CANDIDATES))
+    return [(i, params) for i, params in found if i not in taken
+            and params.get("model") == model["name"] and params.get("model_version") == model["version"]
+            and params.get("output", "db") == "db" and not params.get("chunk_size")
+            and params.get("start") is None and params.get("stop") is None]
+
+
+def gather(job: JobContext, lead: InferParams, model: dict[str, Any], open_input: Any,
+           read: Any, samples: int) -> list[Member]:
+    """Claim queued small jobs of the same model until the batch is full or the wait is over.
+
+    Each one's input is opened and checked as its own job would; one that is wrong is claimed
+    and failed on its own with its message, and the others go on.
+    """
+    s = get_settings()
+    members: list[Member] = []
+    deadline = time.monotonic() + s.batch_wait_ms / 1000
+    at, seen = _placement(job), {job.id}
+    while samples < s.merge_samples:
+        found = _candidates(job, lead, model, s.merge_samples - samples, seen)
+        seen.update(i for i, _ in found)
+        opened = {}
+        for job_id, params in found:
+            item = _open(params, model, open_input)
+            if isinstance(item, str) or item[1].count <= s.small_job_samples:
+                opened[job_id] = item
+        for job_id in jobs.claim_many(job.url, list(opened), at):
+            item = opened[job_id]
+            if isinstance(item, str):
+                jobs.fail(job.url, job_id, item, worker=at.worker)
+                continue
+            p, source = item
+            try:
+                members.append(Member(job_id, p, read(p, source)))
+                samples += source.count
+            except JobInputError as exc:
+                jobs.fail(job.url, job_id, str(exc), worker=at.worker)
+        if samples >= s.merge_samples or time.monotonic() >= deadline:
+            break
+        if not found:
+            time.sleep(POLL_SECONDS)
+    return members
+
+
+def _open(params: dict[str, Any], model: dict[str, Any],
+          open_input: Any) -> tuple[InferParams, InputSource] | str:
+    """A candidate's parameters and input, or why its job fails."""
+    try:
+        p = InferParams(**params)
+        return p, open_input(p, model)
+    except JobInputError as exc:
+        return str(exc)
+    except Exception as exc:  # a broken input fails its own job, never the batch
+        return f"{type(exc).__name__}: {exc}"
+
+
+def finish(job: JobContext, members: list[Member], probs: list[np.ndarray], seconds: float,
+           result: dict[str, Any], rows_of: Any) -> tuple[int, float, dict[str, Any]]:
+    """Store every member's rows in one write and finish each with its share of the time;
+    return the lead's (first member's) outcome, which its own task records."""
+    total = float(sum(len(m.x) for m in members))
+    rows = [r for m, pr in zip(members, probs, strict=True) for r in rows_of(m.id, 0, pr, m.p.top_k)]
+    predictions.replace_range(job.url, job.id, 0, len(members[0].x))  # a redelivered lead's
+    predictions.write(job.url, rows)
+    outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
+                       {**result, "input": m.p.input, "range": [0, len(m.x)],
+                        "batch_size": m.p.batch_size}) for m in members}
+    jobs.finish_batch(job.url, outcomes, members[0].id, _placement(job))
+    return outcomes[members[0].id]

@@ -1,0 +1,53 @@
+"""Dynamic batching through real workers: queued single-sample jobs of one model run as one batch,
+each job keeps its own rows, outcome and throughput point, and a bad one fails alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from db import predictions
+from db.history import metrics
+from tests.conftest import Stack
+from tests.test_infer import _data, _direct
+from workers.submit import submit, submit_many
+
+JOBS = 120
+
+
+def test_single_sample_jobs_are_merged_and_split_back(workers: Stack, mlp: dict) -> None:
+    s = workers.settings
+    x = np.random.default_rng(5).normal(size=(JOBS, 64)).astype(np.float32)
+    (workers.home / "data" / "one").mkdir(exist_ok=True)
+    for i in range(JOBS):
+        _data(workers, f"one/{i}.npy", x[i:i + 1])
+    _data(workers, "one/wide.npy", np.zeros((1, 32), np.float32))
+    params = [{"model": "mlp64", "input": f"one/{i}.npy"} for i in range(JOBS)]
+    params.insert(JOBS // 2, {"model": "mlp64", "input": "one/wide.npy"})
+    ids = submit_many(s, "infer", params, "cpu:0")  # one device queue: they wait for each other
+    done = {i: workers.wait(i) for i in ids}
+
+    bad = ids[JOBS // 2]
+    assert done[bad]["status"] == "failed" and "64" in done[bad]["error"], done[bad]["error"]
+    good = [i for i in ids if i != bad]
+    assert all(done[i]["status"] == "succeeded" for i in good), [done[i]["error"] for i in good]
+    merged = [done[i] for i in good if done[i]["result"]["batched_jobs"] > 1]
+    assert merged, "no job was merged with another"
+    assert max(j["result"]["batched_jobs"] for j in merged) >= 10
+    assert all(done[i]["attempts"] == 1 and done[i]["samples"] == 1 for i in good)
+
+    expected = _direct(workers, "mlp64", x)
+    for n, job_id in enumerate(good):
+        [row] = predictions.read(s.database, job_id)
+        assert row["index"] == 0
+        assert row["predicted_class"] == int(expected[n].argmax())
+        assert abs(row["score"] - float(expected[n].max())) < 1e-5
+        [point] = metrics(s.database, job_id)
+        assert point["samples"] == 1 and point["device"] == "cpu:0"
+
+
+def test_a_larger_job_is_never_merged(workers: Stack, mlp: dict) -> None:
+    _data(workers, "hundred.npy", np.ones((100, 64), np.float32))
+    job = workers.wait(submit(workers.settings, "infer", {"model": "mlp64", "input": "hundred.npy"},
+                              "cpu:1"))
+    assert job["status"] == "succeeded" and "batched_jobs" not in job["result"]
+    assert predictions.count(workers.settings.database, job["id"]) == 100
