@@ -1,7 +1,8 @@
 """`mxq infer` (one device, end to end, results stored) against a bare MXNet loop, same run.
 
-Same registered model, same .npy input, same batch size. Prints the throughput ratio, and the
-worker's peak memory on the input and on one 10x larger (streaming keeps it flat).
+Same registered model, same .npy input, same batch size, same cores and threads (the bare loop
+runs in a process pinned like the worker). Prints the throughput ratio, and the worker's peak
+memory on the input and on one 10x larger (streaming keeps it flat).
 
     python -m bench.infer_overhead [--samples 200000] [--arch lenet] [--shape 1,28,28]
 """
@@ -9,12 +10,16 @@ worker's peak memory on the input and on one 10x larger (streaming keeps it flat
 from __future__ import annotations
 
 import argparse
-import os
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bench.stack import peak_rss_mib, running_stack, wait_job, worker_pids
+from bench.stack import peak_rss_mib, run_pinned, running_stack, wait_job, worker_cores, worker_pids
+from workers.settings import Settings
+
+MODEL = "bench"
 
 
 def bare_loop(model: dict, path: str, batch: int) -> float:
@@ -32,6 +37,112 @@ def bare_loop(model: dict, path: str, batch: int) -> float:
     return len(data) / (time.perf_counter() - start)
 
 
+def pinned_bare(s: Settings, path: Path, batch: int, cores: list[int]) -> float:
+    """The bare loop in a process with the cores and threads of the worker it is compared with."""
+    out = run_pinned(["-m", "bench.infer_overhead", "--bare", s.database, "--input", str(path),
+                      "--batch-size", str(batch)], cores)
+    return float(out.strip().splitlines()[-1])
+
+
+def register(s: Settings, arch: str, shape: tuple[int, ...], classes: int = 10) -> dict[str, Any]:
+    from tasks.models import add_builtin
+
+    return add_builtin(s.database, s.home_path, MODEL, arch, shape, classes)
+
+
+def make_input(path: Path, samples: int, shape: tuple[int, ...], seed: int = 0) -> Path:
+    """`samples` random samples as float32 .npy, written in slices (never all in memory)."""
+    rng = np.random.default_rng(seed)
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(samples, *shape))
+    step = 50_000
+    for i in range(0, samples, step):
+        out[i:i + step] = rng.normal(size=(min(step, samples - i), *shape)).astype(np.float32)
+    out.flush()
+    del out
+    return path
+
+
+def warm(s: Settings, shape: tuple[int, ...], batch: int, devices: list[str]) -> None:
+    """One small job per device, so the timed jobs find the model loaded (as the bare loop's
+    warm-up batch)."""
+    from workers.submit import submit
+
+    path = make_input(s.home_path / "warm.npy", batch, shape, seed=1)
+    for device in devices:
+        wait_job(s, submit(s, "infer", {"model": MODEL, "input": str(path), "batch_size": batch},
+                           device))
+
+
+def inference(s: Settings, samples: int, shape: tuple[int, ...], batch: int) -> dict[str, Any]:
+    """mxq infer on cpu:0 against the bare loop on cpu:0's cores (run before and after)."""
+    from workers.submit import submit
+
+    path = make_input(s.home_path / "input.npy", samples, shape)
+    warm(s, shape, batch, ["cpu:0"])
+    cores = worker_cores(s, "cpu:0")
+    bare = pinned_bare(s, path, batch, cores)
+    t0 = time.perf_counter()
+    job = wait_job(s, submit(s, "infer", {"model": MODEL, "input": str(path), "batch_size": batch},
+                             "cpu:0"))
+    wall = time.perf_counter() - t0
+    bare_again = pinned_bare(s, path, batch, cores)
+    baseline = (bare + bare_again) / 2
+    return {"samples": samples, "batch_size": batch, "cores": cores, "bare": baseline,
+            "bare_runs": [bare, bare_again], "mxq": job["samples_per_sec"],
+            "mxq_end_to_end": samples / wall, "ratio": job["samples_per_sec"] / baseline,
+            "ratio_end_to_end": samples / wall / baseline}
+
+
+def memory(s: Settings, samples: int, shape: tuple[int, ...], batch: int) -> dict[str, Any]:
+    """The worker's peak RSS after a job on `samples`, then after one on 10x as many."""
+    from workers.submit import submit
+
+    path = make_input(s.home_path / "input.npy", samples, shape)
+    params = {"model": MODEL, "batch_size": batch}
+    wait_job(s, submit(s, "infer", {**params, "input": str(path)}, "cpu:0"))
+    pid = worker_pids(s)["cpu:0"]
+    small = peak_rss_mib(pid)
+    big = s.home_path / "input10x.npy"
+    out = np.lib.format.open_memmap(big, mode="w+", dtype=np.float32, shape=(10 * samples, *shape))
+    for i in range(10):
+        out[i * samples:(i + 1) * samples] = np.load(path, mmap_mode="r")
+    out.flush()
+    del out
+    path.unlink()  # only the 10x input needs the disk now
+    wait_job(s, submit(s, "infer", {**params, "input": str(big)}, "cpu:0"))
+    large = peak_rss_mib(pid)
+    return {"samples": samples, "samples_10x": 10 * samples,
+            "input_mib": samples * int(np.prod(shape)) * 4 / 2**20,
+            "peak_rss_1x_mib": small, "peak_rss_10x_mib": large, "ratio": large / small}
+
+
+def run_inference(samples: int = 200_000, arch: str = "lenet", shape: tuple[int, ...] = (1, 28, 28),
+                  batch: int = 256, root: Path | None = None) -> dict[str, Any]:
+    with running_stack(cpu_devices=1, root=root, prefix="inference-") as s:
+        register(s, arch, shape)
+        result = inference(s, samples, shape, batch)
+    result.update(arch=arch, shape=list(shape))
+    print(f"  model {arch} {shape}, {samples:,} samples, batch {batch}, cores {result['cores']}")
+    print(f"  bare MXNet loop          {result['bare']:12,.0f} samples/s  (runs: "
+          f"{result['bare_runs'][0]:,.0f}, {result['bare_runs'][1]:,.0f})")
+    print(f"  mxq infer (job)          {result['mxq']:12,.0f} samples/s  ratio {result['ratio']:.3f}")
+    print(f"  mxq infer (submit..done) {result['mxq_end_to_end']:12,.0f} samples/s  "
+          f"ratio {result['ratio_end_to_end']:.3f}")
+    return result
+
+
+def run_memory(samples: int = 50_000, arch: str = "lenet", shape: tuple[int, ...] = (1, 28, 28),
+               batch: int = 256, root: Path | None = None) -> dict[str, Any]:
+    with running_stack(cpu_devices=1, root=root, prefix="memory-") as s:
+        register(s, arch, shape)
+        result = memory(s, samples, shape, batch)
+    result.update(arch=arch, shape=list(shape))
+    print(f"  worker peak RSS: {result['peak_rss_1x_mib']:,.0f} MiB after {samples:,} samples "
+          f"({result['input_mib']:,.0f} MiB input), {result['peak_rss_10x_mib']:,.0f} MiB after "
+          f"{10 * samples:,}; ratio {result['ratio']:.3f}")
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=200_000)
@@ -40,46 +151,18 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                     help="also run a 10x input and compare the worker's peak memory")
+    ap.add_argument("--bare", metavar="DATABASE", help=argparse.SUPPRESS)  # internal: baseline only
+    ap.add_argument("--input", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    shape = tuple(int(d) for d in args.shape.split(","))
-    with running_stack(cpu_devices=1) as s:
-        # The bench process gets the worker's thread limits, so the baseline is like for like.
-        from workers.launcher import cpu_cores
-        os.environ["OMP_NUM_THREADS"] = str(len(cpu_cores(0, 1)))
-        from tasks.models import add_builtin
-        from workers.submit import submit
+    if args.bare:
+        from db.registry import resolve
 
-        model = add_builtin(s.database, s.home_path, "bench", args.arch, shape, 10)
-        rng = np.random.default_rng(0)
-        path = s.home_path / "input.npy"
-        np.save(path, rng.normal(size=(args.samples, *shape)).astype(np.float32))
-        params = {"model": "bench", "input": str(path), "batch_size": args.batch_size}
-        wait_job(s, submit(s, "infer", {**params, "input": str(path)}, "cpu:0"))  # warm model cache
-        bare = bare_loop(model, str(path), args.batch_size)
-        t0 = time.perf_counter()
-        job = wait_job(s, submit(s, "infer", params, "cpu:0"))
-        wall = time.perf_counter() - t0
-        bare_again = bare_loop(model, str(path), args.batch_size)
-        baseline = (bare + bare_again) / 2
-        print(f"model {args.arch} {shape}, {args.samples:,} samples, batch {args.batch_size}")
-        print(f"bare MXNet loop      {baseline:12,.0f} samples/s  (runs: {bare:,.0f}, {bare_again:,.0f})")
-        print(f"mxq infer (job)      {job['samples_per_sec']:12,.0f} samples/s  "
-              f"ratio {job['samples_per_sec'] / baseline:.3f}")
-        print(f"mxq infer (submit..done) {args.samples / wall:8,.0f} samples/s  "
-              f"ratio {args.samples / wall / baseline:.3f}")
-        if args.memory:
-            pid = worker_pids(s)["cpu:0"]
-            small = peak_rss_mib(pid)
-            big = s.home_path / "input10x.npy"
-            out = np.lib.format.open_memmap(big, mode="w+", dtype=np.float32,
-                                            shape=(10 * args.samples, *shape))
-            for i in range(10):
-                out[i * args.samples:(i + 1) * args.samples] = np.load(path, mmap_mode="r")
-            out.flush()
-            del out
-            wait_job(s, submit(s, "infer", {**params, "input": str(big)}, "cpu:0"))
-            print(f"worker peak RSS: {small:,.0f} MiB after 1x, {peak_rss_mib(pid):,.0f} MiB after 10x "
-                  f"({10 * args.samples:,} samples); ratio {peak_rss_mib(pid) / small:.3f}")
+        print(bare_loop(resolve(args.bare, MODEL), args.input, args.batch_size))
+        return
+    shape = tuple(int(d) for d in args.shape.split(","))
+    run_inference(args.samples, args.arch, shape, args.batch_size)
+    if args.memory:
+        run_memory(args.samples, args.arch, shape, args.batch_size)
 
 
 if __name__ == "__main__":

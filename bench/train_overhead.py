@@ -7,14 +7,13 @@ same data, architecture, global batch, epochs and devices (1 and 2). Prints the 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bench.stack import running_stack, wait_job
+from bench.stack import run_pinned, running_stack, wait_job
 
 
 def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> float:
@@ -49,17 +48,14 @@ def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> 
     return len(y) * epochs / seconds
 
 
-def pinned_bare(args: argparse.Namespace, k: int) -> float:
+def pinned_bare(copies: int, epochs: int, batch: int, k: int) -> float:
     """The bare loop in a process with the cores and threads mxq gives a k-device job."""
     from workers.launcher import cpu_cores
 
     cores = sorted({c for i in range(k) for c in cpu_cores(i, 2)})
-    env = {**os.environ, "OMP_NUM_THREADS": str(len(cores)), "MXNET_CPU_WORKER_NTHREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "bench.train_overhead", "--bare", str(k),
-                          "--copies", str(args.copies), "--epochs", str(args.epochs),
-                          "--batch-size", str(args.batch_size)], env=env, capture_output=True,
-                         text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, cores))
-    return float(out.stdout.strip().splitlines()[-1])
+    out = run_pinned(["-m", "bench.train_overhead", "--bare", str(k), "--copies", str(copies),
+                      "--epochs", str(epochs), "--batch-size", str(batch)], cores)
+    return float(out.strip().splitlines()[-1])
 
 
 def data(copies: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,6 +66,35 @@ def data(copies: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.tile(d.target, copies).astype(np.float32)
 
 
+def run(copies: int = 10, epochs: int = 3, batch: int = 128, root: Path | None = None,
+        devices: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+    """mxq train against the bare loop on each number of devices; samples/s and ratios."""
+    x, y = data(copies)
+    result: dict[str, Any] = {"samples": len(y), "copies": copies, "epochs": epochs,
+                              "batch_size": batch, "devices": {}}
+    print(f"  lenet on digits x{copies} ({len(y):,} samples), {epochs} epochs, global batch {batch}")
+    with running_stack(cpu_devices=2, root=root, prefix="training-") as s:
+        np.savez(s.home_path / "train.npz", X=x, y=y.astype(np.int64))
+        from workers.submit import submit
+
+        for k in devices:
+            bare = pinned_bare(copies, epochs, batch, k)
+            params = {"arch": "lenet", "dataset": str(s.home_path / "train.npz"), "name": f"b{k}",
+                      "devices": k, "epochs": epochs, "batch_size": batch, "val_fraction": 0.0}
+            t0 = time.perf_counter()
+            job = wait_job(s, submit(s, "train", params, "auto"))
+            wall = time.perf_counter() - t0
+            row = {"bare": bare, "mxq": job["samples_per_sec"], "ratio": job["samples_per_sec"] / bare,
+                   "mxq_end_to_end": len(y) * epochs / wall,
+                   "ratio_end_to_end": len(y) * epochs / wall / bare}
+            result["devices"][str(k)] = row
+            print(f"  {k} device(s): bare {bare:10,.0f} samples/s | mxq train {row['mxq']:10,.0f}"
+                  f" samples/s, ratio {row['ratio']:.3f} | end to end (submit..done, with start-up)"
+                  f" {row['mxq_end_to_end']:10,.0f}, ratio {row['ratio_end_to_end']:.3f}")
+    result["ratio"] = min(r["ratio"] for r in result["devices"].values())
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=10, help="digits repeated this often")
@@ -77,28 +102,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the baseline only
     args = ap.parse_args()
-    x, y = data(args.copies)
     if args.bare:
+        x, y = data(args.copies)
         print(bare_loop(x, y, args.bare, args.epochs, args.batch_size))
         return
-    with running_stack(cpu_devices=2) as s:
-        np.savez(s.home_path / "train.npz", X=x, y=y.astype(np.int64))
-        from workers.submit import submit
-
-        print(f"lenet on digits x{args.copies} ({len(y):,} samples), {args.epochs} epochs, "
-              f"global batch {args.batch_size}")
-        for k in (1, 2):
-            bare = pinned_bare(args, k)
-            params = {"arch": "lenet", "dataset": str(s.home_path / "train.npz"), "name": f"b{k}",
-                      "devices": k, "epochs": args.epochs, "batch_size": args.batch_size,
-                      "val_fraction": 0.0}
-            t0 = time.perf_counter()
-            job = wait_job(s, submit(s, "train", params, "auto"))
-            wall = time.perf_counter() - t0
-            print(f"{k} device(s): bare {bare:10,.0f} samples/s | mxq train {job['samples_per_sec']:10,.0f}"
-                  f" samples/s, ratio {job['samples_per_sec'] / bare:.3f} | end to end (submit..done,"
-                  f" with start-up) {len(y) * args.epochs / wall:10,.0f}, ratio "
-                  f"{len(y) * args.epochs / wall / bare:.3f}")
+    run(args.copies, args.epochs, args.batch_size)
 
 
 if __name__ == "__main__":

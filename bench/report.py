@@ -1,0 +1,387 @@
+"""The benchmark report: the machine, each case's checks (aim against measured), PNG plots and
+the Markdown that ties them together."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# Aims from the performance issue: (operator, value) on the ratio of a check.
+AIMS: dict[str, tuple[str, float]] = {
+    "inference": (">=", 0.95), "training": (">=", 0.95), "scaling": (">=", 1.7),
+    "batching": (">=", 5.0), "writes": (">=", 0.8), "memory": ("<=", 1.10),
+}
+
+TITLES = {
+    "inference": "Inference: `mxq infer` vs a bare MXNet loop",
+    "scaling": "Device scaling: 2 CPU devices vs 1",
+    "dispatch": "Dispatch: tiny jobs through mxq vs bare Celery",
+    "batching": "Dynamic batching: on vs off",
+    "writes": "Result writes: `db.predictions.write` vs a bare bulk insert",
+    "training": "Training: `mxq train` vs the bare data-parallel loop",
+    "memory": "Memory: worker peak RSS at 1x and 10x input",
+}
+
+ABOUT = {
+    "inference": "The same registered LeNet over the same `.npy` input with the same batch size, "
+    "through `mxq infer` on one device (results stored in SQL) and through the plain loop a user "
+    "would write (read a batch, forward, softmax, to NumPy), run in a process pinned to the "
+    "worker's cores with the worker's thread limits, before and after the job (mean). mxq's "
+    "figure is the job's own samples/s; submit-to-done (with queueing and the final write) is "
+    "shown for information.",
+    "scaling": "One input sized to the machine, split with `--chunk-size` = half of it: on two "
+    "CPU devices the two chunks run side by side, on one (`--device cpu:0`) in turn. Each CPU "
+    "device worker is pinned to its own share of the cores with that many MXNet/OpenMP threads "
+    "(on a 2-core machine: one core each), so the ideal is 2x. The bench process, Redis and the "
+    "SQL writes share the same cores.",
+    "dispatch": "Throughput: N `probe` jobs (size 16, repeat 1, batch 1) queued with one "
+    "`submit_many` on a one-device stack, against N no-op tasks of a trivial Celery app run by "
+    "`celery worker --pool solo` with mxq's flags and transport settings (late acks, prefetch 1, "
+    "JSON, events) on the same embedded Redis and the same cores. Latency: jobs submitted one at a "
+    "time with a pause between, on an idle worker: the job's `submitted_at` to `started_at` "
+    "(bare: send to task start). There is no aim: this shows what mxq's per-job bookkeeping "
+    "(SQL claim, heartbeat, finish) costs over Celery's own.",
+    "batching": "The same N single-sample inference jobs (each its own `.npy` file, one "
+    "`submit_many`) on two stacks whose workers were started with `MXQ_DYNAMIC_BATCHING=1` and "
+    "`=0`, other settings at their defaults; jobs/s from the submit to the last job's finish.",
+    "writes": "The same prediction rows in the same batches (the worker's flush size, one "
+    "transaction each) into the same migrated `predictions` table. Bare SQLite: the `sqlite3` "
+    "module's `executemany` on a connection with the pragmas mxq's engine sets (WAL, foreign "
+    "keys); bare PostgreSQL: psycopg's `COPY`. Alternating rounds; medians.",
+    "training": "LeNet on tiled scikit-learn digits, same global batch and epochs, through "
+    "`mxq train` and through the data-parallel loop of MXNet's multi-device guide "
+    "(`split_and_load`, one `Trainer.step`), run with the cores and threads mxq gives the job, "
+    "on 1 and 2 devices. mxq's figure is the job's samples/s over its epochs.",
+    "memory": "The worker's peak resident memory (VmHWM) after an inference job on the input, "
+    "then after one on an input 10 times larger: inputs are memory-mapped a batch at a time and "
+    "results are flushed as they go, so it should stay flat.",
+}
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    mxnet = "not installed"
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower() == "mxnet" or name.lower().startswith("mxnet-"):
+            mxnet = f"{dist.version} ({name})"
+            break
+    return {"host": socket.gethostname(), "cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)), "cpu_model": model, "memory_gib": mem,
+            "mxnet": mxnet, "python": platform.python_version(), "platform": platform.platform(),
+            "load_average": list(os.getloadavg())}
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _check(check: str, unit: str, base_label: str, base: float | None, label: str,
+           value: float | None, ratio: float | None, case: str | None = None,
+           note: str = "") -> dict[str, Any]:
+    aim = AIMS.get(case) if case else None
+    passed = None
+    if aim is not None and ratio is not None:
+        passed = ratio >= aim[1] if aim[0] == ">=" else ratio <= aim[1]
+    return {"check": check, "unit": unit, "baseline_label": base_label, "baseline": base,
+            "measured_label": label, "measured": value, "ratio": ratio,
+            "aim": f"{aim[0]} {aim[1]:g}" if aim else None, "pass": passed, "note": note}
+
+
+def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report rows of one case's result."""
+    if case == "inference":
+        return [_check("samples/s, one device", "samples/s", "bare MXNet loop", r["bare"],
+                       "mxq infer (job)", r["mxq"], r["ratio"], case),
+                _check("samples/s, submit to done", "samples/s", "bare MXNet loop", r["bare"],
+                       "mxq infer (end to end)", r["mxq_end_to_end"], r["ratio_end_to_end"],
+                       note="for information: includes queueing and the last write")]
+    if case == "scaling":
+        return [_check("samples/s, one job in 2 chunks", "samples/s", "1 device", r["one_device"],
+                       "2 devices", r["two_devices"], r["ratio"], case,
+                       note="ideal 2x" + ("" if r["spread_over_both"] else
+                                          "; the chunks did NOT run on both devices"))]
+    if case == "dispatch":
+        lat, bare = r["latency_ms"], r["bare_latency_ms"]
+        return [_check("tiny jobs/s", "jobs/s", "bare Celery no-op", r["bare"]["tasks_per_sec"],
+                       "mxq probe", r["mxq"]["jobs_per_sec"], r["ratio"], note="no aim"),
+                _check("submit-to-start p50, idle worker", "ms", "bare Celery", bare["p50"], "mxq",
+                       lat["p50"], None, note="no aim"),
+                _check("submit-to-start p95, idle worker", "ms", "bare Celery", bare["p95"], "mxq",
+                       lat["p95"], None, note="no aim")]
+    if case == "batching":
+        return [_check(f"{r['jobs']} single-sample jobs/s", "jobs/s", "batching off",
+                       r["off"]["jobs_per_sec"], "batching on", r["on"]["jobs_per_sec"], r["ratio"],
+                       case, note=f"{r['on']['mean_jobs_per_batch']:.0f} jobs per batch when on")]
+    if case == "writes":
+        out = []
+        for key, name, bare in (("sqlite", "SQLite", "executemany"), ("postgresql", "PostgreSQL", "COPY")):
+            w = r[key]
+            if "skipped" in w:
+                out.append({**_check(f"rows/s, {name}", "rows/s", f"bare {bare}", None,
+                                     "predictions.write", None, None, case), "pass": None,
+                            "skipped": w["skipped"]})
+            else:
+                out.append(_check(f"rows/s, {name}", "rows/s", f"bare {bare}", w["bare"],
+                                  "predictions.write", w["mxq"], w["ratio"], case))
+        return out
+    if case == "training":
+        return [_check(f"samples/s, {k} device{'s' if k != '1' else ''}", "samples/s", "bare loop",
+                       d["bare"], "mxq train (job)", d["mxq"], d["ratio"], case)
+                for k, d in r["devices"].items()]
+    if case == "memory":
+        return [_check("worker peak RSS, 10x input vs 1x", "MiB", f"1x ({r['samples']:,} samples)",
+                       r["peak_rss_1x_mib"], f"10x ({r['samples_10x']:,})", r["peak_rss_10x_mib"],
+                       r["ratio"], case)]
+    raise KeyError(case)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _plt():  # noqa: ANN202
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bars(ax, labels: list[str], values: list[float], unit: str, colors=None) -> None:  # noqa: ANN001
+    bars = ax.bar(labels, values, color=colors or ["#999999", "#1f77b4", "#6baed6", "#2ca02c"][:len(values)])
+    for b, v in zip(bars, values, strict=True):
+        ax.annotate(f"{v:,.1f}" if v < 100 else f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(unit)
+    ax.margins(y=0.15)
+
+
+def _grouped(ax, groups: list[str], series: dict[str, list[float]], unit: str) -> None:  # noqa: ANN001
+    import numpy as np
+
+    width = 0.8 / len(series)
+    x = np.arange(len(groups))
+    for i, (name, values) in enumerate(series.items()):
+        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name,
+                      color=["#999999", "#1f77b4", "#2ca02c"][i % 3])
+        for b, v in zip(bars, values, strict=True):
+            if v:
+                ax.annotate(f"{v:,.0f}" if v >= 100 else f"{v:,.1f}",
+                            (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, groups)
+    ax.set_ylabel(unit)
+    ax.legend(fontsize=8)
+    ax.margins(y=0.15)
+
+
+def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
+    """One PNG for a case's figures; its file name (relative to `out`)."""
+    plt = _plt()
+    name = f"{case}.png"
+    if case == "dispatch":
+        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
+        _bars(a, ["bare Celery\nno-op", "mxq\nprobe"], [r["bare"]["tasks_per_sec"],
+                                                        r["mxq"]["jobs_per_sec"]], "jobs/s")
+        a.set_title(f"throughput ({r['jobs']} jobs)", fontsize=10)
+        _grouped(b, ["p50", "p95"], {"bare Celery": [r["bare_latency_ms"]["p50"],
+                                                     r["bare_latency_ms"]["p95"]],
+                                     "mxq": [r["latency_ms"]["p50"], r["latency_ms"]["p95"]]}, "ms")
+        b.set_title("submit-to-start latency, idle worker", fontsize=10)
+    else:
+        fig, a = plt.subplots(figsize=(6, 3.6))
+        if case == "inference":
+            _bars(a, ["bare MXNet", "mxq infer\n(job)", "mxq infer\n(submit..done)"],
+                  [r["bare"], r["mxq"], r["mxq_end_to_end"]], "samples/s")
+            a.set_title(f"{r['arch']}, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
+        elif case == "scaling":
+            _bars(a, ["1 device", "2 devices"], [r["one_device"], r["two_devices"]], "samples/s")
+            a.axhline(2 * r["one_device"], ls="--", color="#d62728", lw=1, label="ideal 2x")
+            a.axhline(AIMS["scaling"][1] * r["one_device"], ls=":", color="#ff7f0e", lw=1,
+                      label=f"aim {AIMS['scaling'][1]:g}x")
+            a.legend(fontsize=8)
+            a.set_title(f"one job of {r['samples']:,} samples in 2 chunks", fontsize=10)
+        elif case == "batching":
+            _bars(a, ["batching off", "batching on"], [r["off"]["jobs_per_sec"],
+                                                       r["on"]["jobs_per_sec"]], "jobs/s")
+            a.set_title(f"{r['jobs']} single-sample inference jobs", fontsize=10)
+        elif case == "writes":
+            groups = [n for k, n in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
+            keys = [k for k in ("sqlite", "postgresql") if "ratio" in r[k]]
+            _grouped(a, groups, {"bare bulk insert": [r[k]["bare"] for k in keys],
+                                 "predictions.write": [r[k]["mxq"] for k in keys]}, "rows/s")
+            a.set_title(f"{r['rows']:,} rows in batches of {r['batch']:,}", fontsize=10)
+        elif case == "training":
+            ks = list(r["devices"])
+            _grouped(a, [f"{k} device{'s' if k != '1' else ''}" for k in ks],
+                     {"bare loop": [r["devices"][k]["bare"] for k in ks],
+                      "mxq train": [r["devices"][k]["mxq"] for k in ks]}, "samples/s")
+            a.set_title(f"lenet, {r['samples']:,} samples x {r['epochs']} epochs", fontsize=10)
+        elif case == "memory":
+            _bars(a, ["1x input", "10x input"], [r["peak_rss_1x_mib"], r["peak_rss_10x_mib"]],
+                  "peak RSS (MiB)")
+            a.axhline(AIMS["memory"][1] * r["peak_rss_1x_mib"], ls=":", color="#ff7f0e", lw=1,
+                      label="aim: 1x + 10%")
+            a.legend(fontsize=8, loc="lower right")
+            a.set_title(f"worker peak RSS, {r['samples']:,} vs {r['samples_10x']:,} samples",
+                        fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def plot_summary(results: dict[str, Any], out: Path) -> str | None:
+    """Each check with an aim as a share of it (at least 1 = aim met); its file name."""
+    rows = [(f"{case}: {c['check']}", c) for case, r in results["cases"].items()
+            for c in r.get("checks", []) if c["aim"] and c["ratio"] is not None]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    shares = []
+    for _, c in rows:
+        op, aim = c["aim"].split()
+        shares.append(c["ratio"] / float(aim) if op == ">=" else float(aim) / c["ratio"])
+    labels = [f"{name}  ({c['ratio']:.2f}, aim {c['aim']})" for name, c in rows]
+    colors = ["#2ca02c" if c["pass"] else "#d62728" for _, c in rows]
+    ax.barh(labels[::-1], shares[::-1], color=colors[::-1])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xlabel("measured as a share of the aim (1 or more: aim met)")
+    ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "summary.png", dpi=110)
+    plt.close(fig)
+    return "summary.png"
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def _result(c: dict[str, Any]) -> str:
+    if c.get("skipped"):
+        return f"skipped: {c['skipped']}"
+    return {True: "**pass**", False: "**miss**", None: "—"}[c["pass"]]
+
+
+def summary_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for case, r in results["cases"].items():
+        if r["status"] == "error":
+            rows.append([case, "—", "—", "—", "—", "—", f"error: {r['error']}"])
+            continue
+        for c in r["checks"]:
+            rows.append([case, c["check"],
+                         f"{c['baseline_label']}: {_num(c['baseline'])} {c['unit']}",
+                         f"{c['measured_label']}: {_num(c['measured'])} {c['unit']}",
+                         "—" if c["ratio"] is None else f"{c['ratio']:.3f}", c["aim"] or "—",
+                         _result(c)])
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = ["# mxq benchmark report", "",
+             f"- **Date:** {results['date']} (took {results['seconds'] / 60:.1f} min)",
+             f"- **Machine:** {m['cores']} cores ({m['usable_cores']} usable by this run), "
+             f"{m['cpu_model']}, {m['memory_gib']} GiB memory, host `{m['host']}`",
+             f"- **Software:** MXNet {m['mxnet']}, Python {m['python']}, {m['platform']}",
+             f"- **Load average** at the start: {', '.join(f'{x:.2f}' for x in m['load_average'])}"
+             f"; at the end: {', '.join(f'{x:.2f}' for x in results['load_average_end'])}",
+             f"- **Command:** `{results['command']}`", ""]
+    if results["quick"]:
+        lines += ["> **Quick run:** small sizes to check that every case works. Start-up and "
+                  "warm-up dominate, so the ratios below do not judge mxq: run "
+                  "`python -m bench` (full sizes) on a quiet machine for that.", ""]
+    lines += ["Every ratio is mxq's figure over its baseline, both measured in this run on this "
+              "machine; each case runs on a stack of its own (embedded Redis and SQLite in a fresh "
+              "home, PostgreSQL in a scratch database).", "", "## Summary", "",
+              "| Case | Check | Baseline | mxq | Ratio | Aim | Result |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(row) + " |" for row in summary_rows(results)]
+    if results.get("summary_plot"):
+        lines += ["", f"![Each check as a share of its aim]({results['summary_plot']})"]
+    for case, r in results["cases"].items():
+        lines += ["", f"## {TITLES[case]}", "", ABOUT[case], ""]
+        if r["status"] == "error":
+            lines += [f"**Error:** `{r['error']}` (see the run's output).", ""]
+            continue
+        lines += [f"Took {r['seconds']:.0f} s. Sizes: {_sizes(r['params'])}.", ""]
+        for c in r["checks"]:
+            if c.get("skipped"):
+                lines.append(f"- {c['check']}: skipped: {c['skipped']}")
+                continue
+            ratio = "" if c["ratio"] is None else f"; ratio **{c['ratio']:.3f}**"
+            aim = f" (aim {c['aim']}: {_result(c)})" if c["aim"] else ""
+            note = f" — {c['note']}" if c["note"] else ""
+            lines.append(f"- {c['check']}: {c['baseline_label']} {_num(c['baseline'])} {c['unit']}, "
+                         f"{c['measured_label']} {_num(c['measured'])} {c['unit']}{ratio}{aim}{note}")
+        lines += _details(case, r["result"])
+        if r.get("plot"):
+            lines += ["", f"![{case}]({r['plot']})"]
+    lines += ["", "Raw figures: [results.json](results.json).", ""]
+    return "\n".join(lines)
+
+
+def _sizes(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k} {v}"
+                     for k, v in params.items())
+
+
+def _details(case: str, r: dict[str, Any]) -> list[str]:
+    if case == "inference":
+        return [f"- bare loop runs: {', '.join(f'{v:,.0f}' for v in r['bare_runs'])} samples/s; "
+                f"worker cores {r['cores']}"]
+    if case == "scaling":
+        return [f"- input {r['samples']:,} samples, chunk size {r['chunk_size']:,}; worker cores: "
+                + "; ".join(f"{d} {c}" for d, c in r["worker_cores"].items()),
+                "- runs: " + "; ".join(f"{x['devices']} device(s) {x['samples_per_sec']:,.0f} "
+                                        f"(chunks on {', '.join(x['devices_used'])})" for x in r["runs"])]
+    if case == "dispatch":
+        return [f"- {r['jobs']} jobs each side; submit_many took {r['mxq']['submit_seconds']:.2f} s; "
+                f"a probe job's own run p50 {r['mxq']['job_ms_p50']:.1f} ms; cores {r['cores']}",
+                f"- latency from {r['latency_jobs']} jobs each, {r['pause_seconds']:g} s apart"]
+    if case == "batching":
+        return [f"- batching {k}: {r[k]['jobs']} jobs in {r[k]['seconds']:.1f} s, {r[k]['batches']} "
+                f"batches, on {', '.join(r[k]['devices'])}" for k in ("on", "off")]
+    if case == "writes":
+        return [f"- {name}: rounds mxq {', '.join(f'{v:,.0f}' for v in r[k]['mxq_runs'])}; bare "
+                f"{', '.join(f'{v:,.0f}' for v in r[k]['bare_runs'])} rows/s"
+                for k, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
+    if case == "training":
+        return [f"- {k} device(s), submit to done with start-up: {d['mxq_end_to_end']:,.0f} samples/s "
+                f"(ratio {d['ratio_end_to_end']:.3f})" for k, d in r["devices"].items()]
+    if case == "memory":
+        return [f"- input {r['input_mib']:,.0f} MiB at 1x, {10 * r['input_mib']:,.0f} MiB at 10x"]
+    return []
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(markdown(results))

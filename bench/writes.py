@@ -1,0 +1,175 @@
+"""Result writes: prediction rows/s through `db.predictions.write` against a bare bulk insert,
+on SQLite and PostgreSQL, same run.
+
+Both sides write the same rows in the same batches (the worker's flush size) to the same
+migrated `predictions` table, one transaction per batch. Bare SQLite: the sqlite3 module's
+executemany on a connection with the pragmas mxq's engine sets (WAL, foreign keys). Bare
+PostgreSQL: psycopg's COPY. Rounds alternate, and each side's median counts.
+
+    python -m bench.writes [--rows 500000] [--postgres postgresql://127.0.0.1:5432/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.stack import scratch
+from db import predictions
+from db.jobs import create_job
+from db.migrate import upgrade
+from db.predictions import COLUMNS, Row
+
+BATCH = 20_000  # rows per write, as tasks.infer.FLUSH_ROWS (importing it would load MXNet)
+POSTGRES = "postgresql://127.0.0.1:5432/test"
+
+Writer = Callable[[list[Row]], None]
+
+
+def make_rows(job_id: int, n: int, seed: int = 0) -> list[Row]:
+    """Rows like a worker's (tasks.infer._rows with top_k 0): class, score, no top-k."""
+    rng = np.random.default_rng(seed)
+    return list(zip([job_id] * n, range(n), rng.integers(0, 10, n).tolist(),
+                    rng.random(n).tolist(), [None] * n, strict=True))
+
+
+def sqlite_bare(path: Path) -> tuple[Writer, Callable[[], None]]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    sql = f"INSERT INTO predictions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"  # noqa: S608
+
+    def write(rows: list[Row]) -> None:
+        conn.execute("BEGIN")
+        conn.executemany(sql, rows)
+        conn.execute("COMMIT")
+    return write, conn.close
+
+
+def postgres_bare(url: str) -> tuple[Writer, Callable[[], None]]:
+    import psycopg
+
+    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"))
+    copy_sql = f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN"
+
+    def write(rows: list[Row]) -> None:
+        with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            for row in rows:
+                copy.write_row(row)
+    return write, conn.close
+
+
+def measure(url: str, bare: Writer, rows: int, rounds: int) -> dict[str, Any]:
+    """Median rows/s of each side over `rounds` alternating rounds, each into a job of its own."""
+    def timed(write: Writer) -> float:
+        job_id = create_job(url, "infer", {}, "auto", "pool.cpu")
+        data = make_rows(job_id, rows, seed=job_id)
+        start = time.perf_counter()
+        for i in range(0, rows, BATCH):
+            write(data[i:i + BATCH])
+        return rows / (time.perf_counter() - start)
+
+    def through_mxq(batch: list[Row]) -> None:
+        predictions.write(url, batch)
+
+    timed(through_mxq)  # warm-up: engine, connection, page cache
+    mxq: list[float] = []
+    base: list[float] = []
+    for r in range(rounds):
+        pair = [(mxq, through_mxq), (base, bare)]
+        for into, write in (pair if r % 2 == 0 else pair[::-1]):
+            into.append(timed(write))
+    result = {"rows": rows, "batch": BATCH, "rounds": rounds, "mxq": statistics.median(mxq),
+              "bare": statistics.median(base), "mxq_runs": mxq, "bare_runs": base}
+    result["ratio"] = result["mxq"] / result["bare"]
+    return result
+
+
+@contextmanager
+def scratch_postgres(server: str) -> Iterator[str]:
+    """A scratch database on `server`, dropped afterwards."""
+    import psycopg
+
+    from db.engine import get_engine
+
+    name = f"mxq_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True, connect_timeout=3) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = server.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        get_engine(url).dispose()
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def postgres_reachable(server: str) -> str | None:
+    """None when a scratch database can be made on `server`, else why not."""
+    import psycopg
+
+    try:
+        with psycopg.connect(server, autocommit=True, connect_timeout=3):
+            return None
+    except psycopg.Error as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def run(rows: int = 500_000, rounds: int = 3, postgres: str | None = POSTGRES,
+        root: Path | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {"rows": rows, "batch": BATCH}
+    with scratch(root, "writes-") as home:
+        url = f"sqlite:///{home / 'mxq.db'}"
+        upgrade(url)
+        bare, close = sqlite_bare(home / "mxq.db")
+        try:
+            result["sqlite"] = measure(url, bare, rows, rounds)
+        finally:
+            close()
+            from db.engine import get_engine
+
+            get_engine(url).dispose()
+    _show("SQLite", result["sqlite"], "executemany")
+    why = postgres_reachable(postgres) if postgres else "not asked (--postgres '')"
+    if why is None:
+        with scratch_postgres(postgres) as url:
+            upgrade(url)
+            bare, close = postgres_bare(url)
+            try:
+                result["postgresql"] = measure(url, bare, rows, rounds)
+            finally:
+                close()
+        _show("PostgreSQL", result["postgresql"], "COPY")
+    else:
+        result["postgresql"] = {"skipped": f"no PostgreSQL at {postgres}: {why}"}
+        print(f"  PostgreSQL: skipped: no PostgreSQL at {postgres}: {why}")
+    result["ratio"] = min(r["ratio"] for r in (result["sqlite"], result["postgresql"]) if "ratio" in r)
+    return result
+
+
+def _show(name: str, r: dict[str, Any], bare: str) -> None:
+    print(f"  {name:10s} bare {bare:11s} {r['bare']:10,.0f} rows/s | predictions.write "
+          f"{r['mxq']:10,.0f} rows/s | ratio {r['ratio']:.3f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=500_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--postgres", default=POSTGRES, help="a server where a scratch database can be "
+                    "created ('' to skip)")
+    args = ap.parse_args()
+    run(args.rows, args.rounds, args.postgres or None)
+
+
+if __name__ == "__main__":
+    main()

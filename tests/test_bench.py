@@ -1,0 +1,55 @@
+"""`python -m bench` runs end to end and writes its report: a smoke test on the quick sizes.
+
+It asserts that the report, its plots and every ratio field exist, never what the ratios are:
+tests do not judge speed (the machine running them is shared and busy).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.integration
+def test_quick_report(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "writes,dispatch",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    report = (out / "report.md").read_text()
+    assert "# mxq benchmark report" in report
+    assert "| Case | Check | Baseline | mxq | Ratio | Aim | Result |" in report
+    assert "MXNet" in report and "cores" in report
+    for png in ("dispatch.png", "writes.png", "summary.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"]({png})" in report
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["quick"] is True
+    assert set(results["cases"]) == {"writes", "dispatch"}
+    for name, case in results["cases"].items():
+        assert case["status"] == "ok", (name, case)
+        assert isinstance(case["ratio"], float), name
+        assert case["checks"] and all("ratio" in c and "aim" in c and "pass" in c for c in case["checks"])
+    writes = results["cases"]["writes"]["result"]
+    assert isinstance(writes["sqlite"]["ratio"], float)
+    assert "ratio" in writes["postgresql"] or writes["postgresql"]["skipped"].startswith(
+        "no PostgreSQL at")
+    dispatch = results["cases"]["dispatch"]["result"]
+    assert {"p50", "p95"} <= set(dispatch["latency_ms"])
+    assert dispatch["mxq"]["jobs_per_sec"] > 0 and dispatch["bare"]["tasks_per_sec"] > 0
+    assert not (out / "tmp").exists()  # each case's stack is removed after it
+
+
+def test_unknown_case_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--only", "writes,nope", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown case(s) nope" in proc.stderr
