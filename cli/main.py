@@ -275,6 +275,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           name: Annotated[str, typer.Option("--name", help="Model name the result registers as.")],
           devices: Annotated[int, typer.Option("--devices", help="K devices of one node.")] = 1,
           device: Annotated[str | None, typer.Option("--device", help="Exact devices: gpu:0,gpu:1")] = None,
+          nodes: Annotated[int, typer.Option("--nodes", help="Train on N nodes (dist_sync), K devices each.")] = 1,  # noqa: E501
           epochs: int = 10, batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 64,
           lr: float = 0.1, optimizer: Annotated[str, typer.Option(help="sgd, adam or nag")] = "sgd",
           dtype: Annotated[str, typer.Option(help="float32 or float16 (GPUs)")] = "float32",
@@ -284,9 +285,9 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False) -> None:
-    """Queue data-parallel training of ARCH on DATASET over K devices; registers model NAME."""
+    """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
     device_list = [d.strip() for d in device.split(",")] if device else None
-    params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices,
+    params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
               "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,

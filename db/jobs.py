@@ -252,34 +252,76 @@ def orphan(url: str, worker: str) -> list[int]:
 
 @db_retry
 def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, Any]],
-            queue: str, requested: str) -> list[tuple[int, bool]]:
-    """Create the parent's chunk jobs once; return (child id, still queued) for each chunk.
+            queue: str | list[str], requested: str | list[str]) -> list[tuple[int, bool, str]]:
+    """Create the parent's chunk jobs once (on `queue`, or chunk i on queue[i]); return
+    (child id, still queued, its queue) for each chunk.
 
     Run again after a redelivery it creates nothing new, so chunks are never doubled.
     """
+    queues = [queue] * len(chunk_params) if isinstance(queue, str) else queue
+    asked = [requested] * len(chunk_params) if isinstance(requested, str) else requested
     with session_scope(url) as s:
         existing = {c.chunk_index: c for c in s.scalars(select(Job).where(Job.parent_id == parent_id))}
         for index, params in enumerate(chunk_params):
             if index not in existing:
-                existing[index] = Job(kind=kind, params=params, requested_device=requested,
-                                      queue=queue, status=JobStatus.QUEUED, progress=0.0,
+                existing[index] = Job(kind=kind, params=params, requested_device=asked[index],
+                                      queue=queues[index], status=JobStatus.QUEUED, progress=0.0,
                                       attempts=0, parent_id=parent_id, chunk_index=index)
                 s.add(existing[index])
         s.execute(update(Job).where(Job.id == parent_id)
                   .values(chunks=len(chunk_params), heartbeat_at=None))
         s.flush()
-        return [(existing[i].id, existing[i].status == JobStatus.QUEUED)
+        return [(existing[i].id, existing[i].status == JobStatus.QUEUED, existing[i].queue)
                 for i in range(len(chunk_params))]
+
+
+# A part of a multi-node training that stopped because another part failed says so first: the
+# parent's error names the part that failed first of its own accord.
+KNOCK_ON = "stopped because "
+
+
+def _first_cause(failed: list[Job]) -> Job:
+    order = sorted(failed, key=lambda c: (c.error is None or c.error.startswith(KNOCK_ON),
+                                          as_utc(c.finished_at) or utcnow(), c.chunk_index))
+    return order[0]
+
+
+def _train_summary(parts: list[Job]) -> dict[str, Any]:
+    """A multi-node training's figures: per node, and summed over nodes (samples/s)."""
+    results = [p.result or {} for p in parts]
+    rank0 = next((r for r in results if r.get("rank") == 0), results[0])
+    per_node = {p.node: {"job_id": p.id, "part": p.chunk_index, "rank": r.get("rank"),
+                         "devices": r.get("devices"), "samples": p.samples, "seconds": p.seconds,
+                         "samples_per_sec": p.samples_per_sec, "per_device": r.get("per_device")}
+                for p, r in zip(parts, results, strict=True)}
+    rate = sum(p.samples_per_sec or 0.0 for p in parts)
+    seconds = max((p.seconds or 0.0 for p in parts), default=0.0)
+    devices = [d for r in results for d in (r.get("per_device") or {})]
+    keep = ("model", "model_version", "promotion", "val_accuracy", "train_accuracy", "train_loss",
+            "epochs", "resumed_from_epoch")
+    result = {**{k: rank0.get(k) for k in keep}, "nodes": len(parts), "devices": devices,
+              "samples_per_sec": rate, "per_node": per_node}
+    return dict(samples=sum(p.samples or 0 for p in parts), seconds=seconds or None,
+                samples_per_sec=rate or None, result=result, devices=devices)
 
 
 @db_retry
 def settle_parent(url: str, parent_id: int) -> bool:
-    """Finish the parent once every chunk has: aggregate samples over the wall-clock span."""
+    """Finish the parent once every chunk has: aggregate samples over the wall-clock span (a
+    multi-node training: samples/s summed over its nodes, and its epochs merged)."""
     with session_scope(url) as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
                                   .order_by(Job.chunk_index)))
         if not children or any(c.status not in FINISHED for c in children):
             return False
+        kind = s.scalar(select(Job.kind).where(Job.id == parent_id))
+    if kind == "train":
+        from db.epochs import merge_parts
+
+        merge_parts(url, parent_id)
+    with session_scope(url) as s:
+        children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
+                                  .order_by(Job.chunk_index)))
         failed = [c for c in children if c.status != JobStatus.SUCCEEDED]
         samples = sum(c.samples or 0 for c in children)
         begin = min(as_utc(c.started_at) for c in children if c.started_at) if samples else None
@@ -290,6 +332,12 @@ def settle_parent(url: str, parent_id: int) -> bool:
                                       heartbeat_at=None)
         if any(c.status == JobStatus.CANCELLED for c in children):
             values.update(status=JobStatus.CANCELLED, error="cancelled; finished chunks kept")
+        elif failed and kind == "train":
+            first = _first_cause(failed)
+            values.update(status=JobStatus.FAILED,
+                          error=f"part {first.chunk_index} on node "
+                                f"{(first.params.get('dist') or {}).get('node', first.node)} "
+                                f"(job {first.id}) {first.status}: {first.error}")
         elif failed:
             first = failed[0]
             values.update(status=JobStatus.FAILED,
@@ -297,6 +345,8 @@ def settle_parent(url: str, parent_id: int) -> bool:
                                 f"{first.error}")
         else:
             values.update(status=JobStatus.SUCCEEDED, progress=1.0)
+            if kind == "train":
+                values.update(_train_summary(children))
         return bool(s.execute(update(Job).where(Job.id == parent_id,
                                                 Job.status == JobStatus.RUNNING).values(**values)
                               ).rowcount)

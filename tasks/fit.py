@@ -42,14 +42,36 @@ def make_net(p: TrainParams, classes: int, shape: tuple[int, ...],
     return net
 
 
-def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool) -> gluon.Trainer:
+def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
+                 kvstore: Any = None) -> gluon.Trainer:
+    """With a `dist_sync` kvstore the servers only sum gradients and each worker steps its own
+    optimizer on the same sums (update_on_kvstore=False): the weights stay equal, the batch size
+    may change between steps, and the optimizer states can be checkpointed like on one node."""
     opts: dict[str, Any] = {"learning_rate": p.lr}
     if p.optimizer in ("sgd", "nag"):
         opts["momentum"] = 0.9
     if p.dtype == "float16":
         opts["multi_precision"] = True
+    if kvstore is not None:
+        return gluon.Trainer(net.collect_params(), p.optimizer, opts, kvstore=kvstore,
+                             update_on_kvstore=False)
     return gluon.Trainer(net.collect_params(), p.optimizer, opts,
                          kvstore="device" if on_gpu else "local")
+
+
+def share_initial_weights(net: gluon.HybridBlock, trainer: gluon.Trainer, ctxs: list[mx.Context],
+                          shape: tuple[int, ...], dtype: str) -> None:
+    """dist_sync: every worker takes rank 0's initial weights before the first step.
+
+    The Trainer would broadcast them lazily inside the first `step`, where the pull of the
+    weights can run after that step's gradient push on the same key and so bring back summed
+    gradients as weights. Shapes are inferred first (a forward pass), the broadcast done and
+    waited for here."""
+    for ctx in ctxs:
+        net(mx.nd.zeros((1, *shape), ctx=ctx, dtype=dtype))
+    trainer._init_kvstore()  # noqa: SLF001 - the Trainer has no public call for this in 1.9.1
+    trainer._init_params()  # noqa: SLF001
+    mx.nd.waitall()
 
 
 def _accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int, dtype: str) -> float:
@@ -60,18 +82,31 @@ def _accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int
     return hits / len(data.y)
 
 
+def shard(count: int, seed: int, rank: int, workers: int) -> np.ndarray:
+    """This worker's samples of one epoch: its equal slice of the seeded order (every worker
+    must take the same number of steps in dist_sync; the last count % workers samples of the
+    order sit the epoch out)."""
+    order = np.random.default_rng(seed).permutation(count)
+    each = count // workers
+    return order[rank * each:(rank + 1) * each]
+
+
 def run_epoch(net: gluon.HybridBlock, trainer: gluon.Trainer, data: Dataset, ctxs: list[mx.Context],
-              p: TrainParams, epoch: int, on_batch: Callable[[float], None]) -> tuple[float, float, float]:
-    """One pass in a seeded order; returns (mean loss, accuracy, seconds)."""
+              p: TrainParams, epoch: int, on_batch: Callable[[float], None],
+              rank: int = 0, workers: int = 1) -> tuple[float, float, float, int]:
+    """One pass in a seeded order (this worker's shard of it); returns (mean loss, accuracy,
+    seconds, samples). Each of `workers` takes batch_size // workers samples a step and the
+    step counts the global batch, whose gradients the kvstore sums."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    order = np.random.default_rng(p.seed + epoch).permutation(len(data.y))
+    order = shard(len(data.y), p.seed + epoch, rank, workers)
+    local = p.batch_size // workers
     # Loss and hits stay on the devices until the epoch ends: no host sync per batch.
     total_loss = [mx.nd.zeros(1, ctx=c) for c in ctxs]
     hits = [mx.nd.zeros(1, ctx=c) for c in ctxs]
     began = time.perf_counter()
-    steps = range(0, len(order), p.batch_size)
+    steps = range(0, len(order), local)
     for n, i in enumerate(steps):
-        idx = order[i:i + p.batch_size]
+        idx = order[i:i + local]
         xs = gluon.utils.split_and_load(mx.nd.array(data.x[idx], dtype=p.dtype), ctxs, even_split=False)
         ys = gluon.utils.split_and_load(mx.nd.array(data.y[idx]), ctxs, even_split=False)
         with autograd.record():
@@ -79,30 +114,33 @@ def run_epoch(net: gluon.HybridBlock, trainer: gluon.Trainer, data: Dataset, ctx
             losses = [loss_fn(o, y) for o, y in zip(outs, ys, strict=True)]
         for loss in losses:
             loss.backward()
-        trainer.step(len(idx))
+        trainer.step(len(idx) * workers)
         for k, (o, y, loss) in enumerate(zip(outs, ys, losses, strict=True)):
             total_loss[k] += loss.sum().astype("float32")
             hits[k] += (o.argmax(axis=1) == y.astype(o.dtype)).sum().astype("float32")
         on_batch((n + 1) / len(steps))
     loss_sum = sum(float(t.asscalar()) for t in total_loss)
     hit_sum = sum(float(h.asscalar()) for h in hits)
-    return loss_sum / len(order), hit_sum / len(order), time.perf_counter() - began
+    return loss_sum / len(order), hit_sum / len(order), time.perf_counter() - began, len(order)
 
 
 def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Context],
         labels: list[str], net: gluon.HybridBlock, trainer: gluon.Trainer, start_epoch: int = 1,
         on_batch: Callable[[int, float], None] = lambda e, f: None,
-        on_epoch: Callable[[EpochResult], None] = lambda r: None) -> list[EpochResult]:
-    """Epochs start_epoch..p.epochs; `labels` name the contexts' devices for per-device figures."""
+        on_epoch: Callable[[EpochResult], None] = lambda r: None,
+        rank: int = 0, workers: int = 1) -> list[EpochResult]:
+    """Epochs start_epoch..p.epochs; `labels` name the contexts' devices for per-device figures.
+
+    With a dist_sync trainer, `rank` of `workers` trains on its shard; the figures are its own."""
     results = []
-    share = np.array_split(np.arange(p.batch_size), len(ctxs))  # samples each device gets per step
+    local = p.batch_size // workers
+    share = np.array_split(np.arange(local), len(ctxs))  # samples each device gets per step
     for epoch in range(start_epoch, p.epochs + 1):
-        loss, acc, seconds = run_epoch(net, trainer, train, ctxs, p, epoch,
-                                       lambda f, e=epoch: on_batch(e, f))
-        n = len(train.y)
+        loss, acc, seconds, n = run_epoch(net, trainer, train, ctxs, p, epoch,
+                                          lambda f, e=epoch: on_batch(e, f), rank, workers)
         val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
         result = EpochResult(epoch, loss, acc, val_acc, seconds, n / seconds, {
-            label: n * len(s) / p.batch_size / seconds for label, s in zip(labels, share, strict=True)})
+            label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)})
         on_epoch(result)
         results.append(result)
     return results

@@ -29,6 +29,10 @@ class JobInputError(ValueError):
     """The job's parameters are wrong; the message says which and what is allowed."""
 
 
+class JobFailed(RuntimeError):
+    """The job cannot go on (e.g. a node of a multi-node training died); fails with the message."""
+
+
 class JobCancelled(Exception):
     """The job was cancelled while running; it stopped at a batch or epoch boundary."""
 
@@ -42,6 +46,7 @@ class JobLost(Exception):
 
 
 CANCEL_CHECK_SECONDS = 1.0  # how often a running job looks for a cancel request
+PROGRESS_SECONDS = 0.5  # how often a running job writes its progress
 
 
 @dataclass
@@ -53,9 +58,12 @@ class Outcome:
 
 @dataclass
 class FanOut:
-    """The job is split: one chunk job per params dict, run wherever the parent was routed."""
+    """The job is split: one chunk job per params dict, run wherever the parent was routed (or,
+    with `queues`, chunk i on queues[i], asking for device requested[i])."""
 
     chunks: list[dict[str, Any]]
+    queues: list[str] | None = None
+    requested: list[str] | None = None
 
 
 @dataclass
@@ -70,9 +78,15 @@ class JobContext:
     parent_id: int | None
     devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
     worker: str = ""  # the worker that claimed it
-    _checked_at: float = 0.0
+    _checked_at: float = field(default_factory=time.monotonic)
+    _progress_at: float = field(default_factory=time.monotonic)
 
     def progress(self, fraction: float) -> None:
+        """Report progress (written at most every PROGRESS_SECONDS: tiny jobs skip it)."""
+        now = time.monotonic()
+        if now - self._progress_at < PROGRESS_SECONDS:
+            return
+        self._progress_at = now
         jobs.set_progress(self.url, self.id, fraction)
 
     def check_cancelled(self, samples: int | None = None) -> None:
@@ -161,7 +175,7 @@ def _run(job: JobContext, at: Placement, body: Body) -> str:
             return _fan_out(job, outcome)
         jobs.succeed(s.database, job_id, at.worker, outcome.samples, outcome.seconds, outcome.result)
         return "succeeded"
-    except JobInputError as exc:
+    except (JobInputError, JobFailed) as exc:
         jobs.fail(s.database, job_id, str(exc), worker=at.worker)
         return "failed"
     except JobCancelled as exc:
@@ -187,12 +201,14 @@ def _one_line(exc: BaseException) -> str:
 
 def _fan_out(job: JobContext, split: FanOut) -> str:
     """Create the chunk jobs (once, even on redelivery) and publish those not yet started."""
-    children = jobs.fan_out(job.url, job.id, job.kind, split.chunks, job.queue, job.requested)
+    children = jobs.fan_out(job.url, job.id, job.kind, split.chunks, split.queues or job.queue,
+                            split.requested or job.requested)
     s = get_settings()
-    for child_id, queued in children:
+    for child_id, queued, queue in children:
         if queued:
-            publish(s, child_id, job.kind, job.queue, patient=True)
-    log.info("job %s split into %s chunks on %s", job.id, len(children), job.queue)
+            publish(s, child_id, job.kind, queue, patient=True)
+    log.info("job %s split into %s chunks on %s", job.id, len(children),
+             ",".join(sorted({queue for _, _, queue in children})))
     return "split"
 
 

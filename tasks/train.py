@@ -5,6 +5,9 @@ closest in topology on GPUs), waits until their workers are idle, then runs the 
 child process pinned to exactly those devices (`python -m tasks.train JOB`), renewing the leases
 while the child runs. The child checkpoints every epoch and resumes from the last one when the
 job is delivered again after a crash.
+
+With `nodes` N > 1 the job is split into one such training per node, joined by MXNet's dist_sync
+kvstore: see tasks/dist.py.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 
 from db import epochs as epoch_rows
 from db.workers import list_workers
-from tasks.runner import JobCancelled, JobContext, JobInputError, Outcome, job_task
+from tasks import dist
+from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from workers import leases
 from workers.jobspecs import ParamsError, TrainParams, validate
 from workers.launcher import cpu_cores, nvidia_lib_dirs
@@ -69,10 +73,17 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
 
 
 def admit(job: JobContext) -> list[str] | None:
-    """Lease the job's devices before it is claimed; None when they are not free yet."""
+    """Lease the job's devices before it is claimed; None when they are not free yet.
+
+    A multi-node job's leader leases nothing (it only splits the job): it waits until N nodes
+    are live."""
     s = get_settings()
     try:
-        devices = choose_devices(s, params(job.params), job.device)
+        p = params(job.params)
+        if p.nodes > 1 and p.dist is None:
+            dist.choose_nodes(s, p, job.device)
+            return [job.device]
+        devices = choose_devices(s, p, job.device)
     except JobInputError:
         return [job.device]  # claim it; the body fails it with the message (choose_devices again)
     except LookupError:
@@ -123,29 +134,60 @@ def run_file(s: Settings, job_id: int) -> Path:
     return s.home_path / "runs" / f"job-{job_id}.json"
 
 
+def ready_file(s: Settings, job_id: int) -> Path:
+    """Written by a multi-node part's child once its kvstore has joined (all nodes are in)."""
+    return s.home_path / "runs" / f"job-{job_id}.ready"
+
+
 @job_task("train", admit=admit, release=release)
-def train(job: JobContext) -> Outcome:
+def train(job: JobContext) -> Outcome | FanOut:
     s = get_settings()
     p = params(job.params)
+    if p.nodes > 1 and p.dist is None:
+        return dist.split(s, job, p)
     if p.dtype == "float16" and job.device.startswith("cpu"):
         raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
                             "on the CPU; use --dtype float32 on CPU devices")
     if len(job.devices) != p.devices:
         choose_devices(s, p, job.device)  # raises the reason admit could not lease them
+    if p.dist is not None:
+        dist.check_first_run(s, job, p)
     epoch_rows.set_devices(job.url, job.id, job.devices)
     _wait_idle(s, job)
     env, cores = child_env(s, job.devices)
-    out = run_file(s, job.id)
+    if p.dist is not None:
+        env.update(dist.worker_env(s, p))
+    out, ready = run_file(s, job.id), ready_file(s, job.id)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
-    child = subprocess.Popen([sys.executable, "-m", "tasks.trainer", str(job.id), ",".join(job.devices)],
-                             env=env, preexec_fn=lambda: _die_with_parent(cores))
-    while child.poll() is None:
+    ready.unlink(missing_ok=True)
+    roles: list[dist.Role] = []
+    child = None
+
+    def renew() -> None:
         if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
             child.kill()
             child.wait()
             raise RuntimeError(f"lost the lease on {', '.join(job.devices)} (expired and taken)")
-        time.sleep(s.heartbeat_seconds)
+
+    try:
+        if p.dist is not None and p.dist.host:
+            roles = dist.start_roles(s, p, cores)
+        child = subprocess.Popen([sys.executable, "-m", "tasks.trainer", str(job.id),
+                                  ",".join(job.devices)],
+                                 env=env, preexec_fn=lambda: _die_with_parent(cores))
+        if p.dist is not None:
+            dist.watch(s, job, p, child, roles, ready, renew)
+        while child.poll() is None:
+            renew()
+            time.sleep(s.heartbeat_seconds)
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        # after a clean end the scheduler and server stop by themselves; else they are killed
+        dist.stop_roles(roles, dist.ROLE_EXIT_SECONDS if child and child.returncode == 0 else 0)
+        ready.unlink(missing_ok=True)
     report = json.loads(out.read_text()) if out.exists() else {}
     if child.returncode == CHILD_CANCELLED:
         raise JobCancelled(report.get("samples"))

@@ -8,8 +8,10 @@ Its outcome goes to the run file the leader reads; exit 3 means bad input.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,10 @@ from db import jobs, registry, schedules
 from db.engine import session_scope
 from db.schema import Job
 from tasks import datasets
-from tasks.fit import EpochResult, fit, make_net, make_trainer
+from tasks.fit import EpochResult, fit, make_net, make_trainer, share_initial_weights
 from tasks.inputs import InputError
 from tasks.models import add_trained
-from tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, run_file
+from tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
 from tasks.zoo import ArchError, check_shape
 from workers.jobspecs import TrainParams
 from workers.paths import PathError, inside_root
@@ -83,13 +85,22 @@ def main(job_id: int, devices: list[str]) -> int:
     except BadInput as exc:
         out.write_text(json.dumps({"error": str(exc)}))
         return CHILD_INPUT_ERROR
+    kv, rank, workers, labels = None, 0, 1, devices
+    if p.dist is not None:  # one node's part of a multi-node training (DMLC_* set by the leader)
+        kv = mx.kv.create("dist_sync")  # returns once every node's worker and the server joined
+        rank, workers = kv.rank, kv.num_workers
+        labels = [f"{d}@{s.node}" for d in devices]
+        ready_file(s, job_id).write_text(json.dumps({"rank": rank}))
     on_gpu = devices[0].startswith("gpu")
     ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(devices))]
     net = make_net(p, train.classes, train.sample_shape, ctxs)
-    trainer = make_trainer(p, net, on_gpu)
-    done = resume(url, job_id, net, trainer, ctxs)
+    trainer = make_trainer(p, net, on_gpu, kv)
+    if kv is not None:
+        share_initial_weights(net, trainer, ctxs, train.sample_shape, p.dtype)
+    done = resume(url, job_id, net, trainer, ctxs) if kv is None else 0  # parts never resume
     folder = checkpoint_dir(job_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
     last_report = [0.0]
 
     def on_batch(epoch: int, fraction: float) -> None:
@@ -102,32 +113,62 @@ def main(job_id: int, devices: list[str]) -> int:
 
     def on_epoch(r: EpochResult) -> None:
         prefix = folder / f"epoch-{r.epoch:04d}"
-        net.save_parameters(f"{prefix}.params")
-        trainer.save_states(f"{prefix}.states")
-        epoch_rows.record(url, job_id, {**r.__dict__, "checkpoint": str(prefix)})
+        if rank == 0:  # (the weights and optimizer states are the same on every worker)
+            net.save_parameters(f"{prefix}.params")
+            trainer.save_states(f"{prefix}.states")
+        epoch_rows.record(url, job_id, {**r.__dict__, "checkpoint": str(prefix) if rank == 0 else None})
         jobs.set_progress(url, job_id, r.epoch / p.epochs)
+        if p.dist is not None:
+            epoch_rows.merge_parts(url, p.dist.parent)  # the job's epoch, once every node has it
 
+    samples = len(train.y) // workers  # per epoch: this worker's shard
     try:
-        results = fit(p, train, val, ctxs, devices, net, trainer, done + 1, on_batch, on_epoch)
+        results = fit(p, train, val, ctxs, labels, net, trainer, done + 1, on_batch, on_epoch,
+                      rank, workers)
     except Cancelled:  # checkpoints of finished epochs stay
         kept = epoch_rows.list_epochs(url, job_id)
-        out.write_text(json.dumps({"samples": len(train.y) * (len(kept) - done)}))
+        out.write_text(json.dumps({"samples": samples * (len(kept) - done)}))
         return CHILD_CANCELLED
     final = epoch_rows.list_epochs(url, job_id)[-1]
     metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
                "train_loss": final["train_loss"], "epochs": p.epochs}
-    model = add_trained(url, s.home_path, p.name, net, p.arch, train.sample_shape, train.classes,
-                        metrics, job_id)
-    promotion = None
-    if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
-        promotion = schedules.decide_promotion(url, p.fire_id, p.name, model["version"], metrics)
-    out.write_text(json.dumps({
-        "samples": len(train.y) * len(results), "seconds": sum(r.seconds for r in results),
-        "result": {"model": p.name, "model_version": model["version"], "resumed_from_epoch": done,
-                   "devices": devices, "promotion": promotion, **metrics},
-    }))
+    seconds = sum(r.seconds for r in results)
+    result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": done, "devices": labels,
+                              **metrics}
+    if rank == 0:  # one registration per job (a multi-node job's parts share the weights)
+        owner = p.dist.parent if p.dist is not None else job_id
+        model = add_trained(url, s.home_path, p.name, net, p.arch, train.sample_shape,
+                            train.classes, metrics, owner)
+        promotion = None
+        if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
+            promotion = schedules.decide_promotion(url, p.fire_id, p.name, model["version"],
+                                                   metrics)
+        result.update(model_version=model["version"], promotion=promotion)
+    if p.dist is not None:
+        result.update(rank=rank, workers=workers, node=s.node,
+                      samples_per_sec=samples * len(results) / seconds if seconds else None,
+                      per_device={k: sum(r.per_device[k] * r.seconds for r in results) / seconds
+                                  for k in labels} if seconds else {})
+    out.write_text(json.dumps({"samples": samples * len(results), "seconds": seconds,
+                               "result": result}))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), sys.argv[2].split(",")))
+    job, devs = int(sys.argv[1]), sys.argv[2].split(",")
+    if os.environ.get("DMLC_ROLE") != "worker":
+        sys.exit(main(job, devs))
+    # A dist_sync worker's kvstore waits at exit for every other worker: leaving after an error
+    # must skip it, or the process would hang there (its peers may never come).
+    try:
+        code = main(job, devs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the leader through the run file
+        traceback.print_exc()
+        run_file(get_settings(), job).write_text(json.dumps(
+            {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:500]}"}))
+        code = 1
+    if code != 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(0)

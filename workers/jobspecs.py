@@ -94,10 +94,24 @@ class InferParams(BaseModel):
 ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/zoo.py builds them)
 MAX_EPOCHS = DEFAULT_MAX_EPOCHS
 MAX_DEVICES = 64
+MAX_NODES = 64
+
+
+class DistRole(BaseModel):
+    """One node's part of a multi-node training: set by the job's leader, never by users."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    parent: int = Field(description="The multi-node job this part belongs to.")
+    index: int = Field(ge=0, description="The part's place (0 hosts the scheduler and server).")
+    node: str = Field(description="The node the part runs on.")
+    host: bool = Field(False, description="Also run the ps-lite scheduler and server roles.")
+    env: dict[str, str] = Field(description="DMLC_* settings every role of the job shares.")
 
 
 class TrainParams(BaseModel):
-    """Data-parallel training of a built-in architecture on one node's devices."""
+    """Data-parallel training of a built-in architecture on one node's devices (or, with
+    `nodes`, on K devices of each of N nodes through MXNet's dist_sync kvstore)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -106,6 +120,8 @@ class TrainParams(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     devices: int = Field(1, ge=1, le=MAX_DEVICES)
     device_list: list[str] | None = None
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes to train on (dist_sync).")
+    dist: DistRole | None = Field(None, description="Internal: this job is one node's part.")
     epochs: int = Field(10, ge=1)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)
@@ -135,6 +151,12 @@ class TrainParams(BaseModel):
             if len({d.split(":")[0] for d in self.device_list}) != 1:
                 raise ValueError("--device must list devices of one kind, e.g. gpu:0,gpu:1")
             self.devices = len(self.device_list)
+            if self.nodes > 1:
+                raise ValueError("--device names devices of one node; with --nodes N use "
+                                 "--devices K (K devices on each node)")
+        if self.nodes > 1 and self.batch_size < self.nodes * self.devices:
+            raise ValueError(f"batch_size={self.batch_size} is smaller than the "
+                             f"{self.nodes * self.devices} devices it is split over")
         return self
 
 

@@ -44,6 +44,9 @@ DEFAULT_MAX_EPOCHS = 10000
 # Job and schedule requests are a few hundred bytes of JSON; 1 MiB leaves room for long lists
 # while a client cannot make the API buffer gigabytes.
 DEFAULT_MAX_BODY_BYTES = 2**20
+# A multi-node training whose nodes have not all joined after this long fails: one node's
+# device may be busy with a long job, or the node is down. The started nodes wait idle till then.
+DEFAULT_DIST_START_SECONDS = 300.0
 
 
 class Settings(BaseSettings):
@@ -90,6 +93,14 @@ class Settings(BaseSettings):
     max_epochs: int = Field(DEFAULT_MAX_EPOCHS, ge=1, description="Most epochs a training may ask.")
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1,
                                 description="Largest HTTP API request body, in bytes.")
+    node_address: str | None = Field(
+        None, description="Address other nodes reach this node at (multi-node training: the "
+        "ps-lite scheduler, server and workers bind and announce it); unset = the address of the "
+        "interface the default route uses, else 127.0.0.1."
+    )
+    dist_start_seconds: float = Field(DEFAULT_DIST_START_SECONDS, gt=0,
+                                      description="How long a multi-node training waits for all "
+                                      "its nodes to join before it fails.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
 
@@ -144,6 +155,18 @@ class Settings(BaseSettings):
     @property
     def database(self) -> str:
         return self.database_url or f"sqlite:///{self.home_path / 'mxq.db'}"
+
+    @property
+    def address(self) -> str:
+        """MXQ_NODE_ADDRESS, else the address of the interface with the default route."""
+        if self.node_address:
+            return self.node_address
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect(("192.0.2.1", 9))  # UDP connect sends nothing: it picks a route
+                return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
     @property
     def heartbeat_ttl(self) -> float:

@@ -106,6 +106,12 @@ def _resolve_train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]
     dataset = params["dataset"]
     if dataset != "digits":
         dataset = str(inside_root(dataset, settings.data_root, "dataset"))
+    if params.get("dist") is not None:
+        raise ParamsError("dist is set by a multi-node job's leader for its parts; "
+                          "ask for nodes with --nodes N")
+    if params["nodes"] > 1:
+        _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), params)
+        return {**params, "dataset": dataset}
     kind = params["device_list"][0].split(":")[0] if params["device_list"] else None
     have = sorted(w["device"] for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
                   if kind is None or w["device"].startswith(kind + ":"))
@@ -119,6 +125,21 @@ def _resolve_train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]
             raise ParamsError(f"device {device} is not known on node {settings.node}; "
                               f"known: {', '.join(have) or 'none'}")
     return {**params, "dataset": dataset}
+
+
+def _check_nodes(known: list[dict[str, Any]], params: dict[str, Any]) -> None:
+    """Refuse more nodes than have K devices of one kind (no worker known yet: it waits)."""
+    if not known:
+        return
+    per_node: dict[tuple[str, str], int] = {}
+    for w in known:
+        key = (w["node"], w["device"].split(":")[0])
+        per_node[key] = per_node.get(key, 0) + 1
+    fit = {node for (node, _), n in per_node.items() if n >= params["devices"]}
+    if len(fit) < params["nodes"]:
+        have = ", ".join(f"{node} ({n} {kind})" for (node, kind), n in sorted(per_node.items()))
+        raise ParamsError(f"{params['nodes']} nodes with {params['devices']} devices each asked "
+                          f"but {len(fit)} nodes have that many; known: {have}")
 
 
 PREPARE = {"infer": _resolve_infer, "train": _resolve_train}

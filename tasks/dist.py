@@ -1,0 +1,285 @@
+"""Multi-node training (`--nodes N`): MXNet's `dist_sync` kvstore over ps-lite.
+
+The leader is the job's first delivery, on whichever node's worker took it from the pool. It
+picks N live nodes (its own first: part 0 runs there), a free port on its host, and splits the
+job into one part per node, each published to a device queue of its node, with the DMLC_*
+settings in the part's params. Then it returns: the leader holds no lease and blocks no worker,
+so on a node with a single device that device is free for the node's part (a solo worker that
+waited for its parts could not also run one).
+
+Each part is a one-node training job (K leased devices of its node) whose child process runs
+with DMLC_ROLE=worker and trains on its shard (`kv.rank` of `kv.num_workers`). Part 0 also
+starts the ps-lite scheduler and one server as child processes of its worker (killed with it).
+Every part's worker watches the others: a part that failed or was cancelled, a node that stopped
+beating, or nodes that have not all joined within MXQ_DIST_START_SECONDS stop the whole job
+(its trainer and, on part 0, the scheduler and server are killed). A part is never retried: a
+dist_sync training cannot take a replacement worker mid-run.
+
+The last part to finish settles the job (`db.jobs.settle_parent`): samples/s summed over the
+nodes, per node in `result.per_node`, per device (`cpu:0@node`) in the epochs. Rank 0 registers
+the model, once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+
+from db.engine import session_scope
+from db.epochs import set_devices
+from db.jobs import KNOCK_ON
+from db.retry import db_retry
+from db.schema import Job, JobStatus, as_utc, utcnow
+from db.workers import list_workers
+from tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
+from workers import leases
+from workers.jobspecs import TrainParams
+from workers.queues import device_queue
+from workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ROLE_EXIT_SECONDS = 30.0  # after the training, the scheduler and server get this long to exit
+LOG_TAIL_BYTES = 2000
+
+
+def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]:
+    """N (node, device) pairs: this node and device first, then the nodes with most idle devices.
+
+    JobInputError: fewer than N nodes have K devices of this kind at all. LookupError: they do,
+    but fewer are live now (the job waits, as for devices)."""
+    kind = own.split(":")[0]
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for w in list_workers(s.database, s.heartbeat_ttl):
+        if w["device"].startswith(kind + ":"):
+            by_node.setdefault(w["node"], []).append(w)
+    if sum(len(ws) >= p.devices for ws in by_node.values()) < p.nodes:
+        have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
+        raise JobInputError(f"{p.nodes} nodes with {p.devices} {kind} devices each asked but only "
+                            f"{sum(len(ws) >= p.devices for ws in by_node.values())} have that "
+                            f"many; {kind} devices per node: {have}")
+    idle: dict[str, list[str]] = {}
+    live: dict[str, list[str]] = {}
+    for node, ws in by_node.items():
+        up = [w for w in ws if w["alive"]]
+        held = leases.holders(s.broker, node, [w["device"] for w in up])
+        live[node] = [w["device"] for w in up]
+        idle[node] = [w["device"] for w in up
+                      if w["current_job"] is None and held.get(w["device"]) is None]
+    ready = [n for n in live if len(live[n]) >= p.devices]
+    if s.node not in ready or len(ready) < p.nodes:
+        raise LookupError(f"{p.nodes} nodes with {p.devices} live {kind} devices wanted, "
+                          f"{len(ready)} now ({', '.join(sorted(ready)) or 'none'})")
+    others = sorted((n for n in ready if n != s.node), key=lambda n: (-len(idle[n]), n))
+    chosen = [(s.node, own)]
+    for node in others[:p.nodes - 1]:
+        by_index = sorted(idle[node] or live[node], key=lambda d: int(d.split(":")[1]))
+        chosen.append((node, by_index[0]))
+    return chosen
+
+
+def free_port(address: str) -> int:
+    try:
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+            return sock.getsockname()[1]
+    except OSError as exc:
+        raise JobFailed(f"cannot open a port on {address} for the ps-lite scheduler ({exc}); "
+                        "MXQ_NODE_ADDRESS must be an address of this host") from None
+
+
+def split(s: Settings, job: JobContext, p: TrainParams) -> FanOut:
+    """The leader's work: one part per chosen node, the DMLC settings in each part's params."""
+    try:
+        chosen = choose_nodes(s, p, job.device)
+    except LookupError as exc:  # a node went down since admit looked
+        raise JobFailed(f"{exc}; submit the job again") from None
+    env = {"DMLC_PS_ROOT_URI": s.address, "DMLC_PS_ROOT_PORT": str(free_port(s.address)),
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(len(chosen))}
+    base = p.model_dump(exclude={"dist"})
+    parts = [{**base, "dist": {"parent": job.id, "index": i, "node": node, "host": i == 0,
+                               "env": env}} for i, (node, _) in enumerate(chosen)]
+    queues = [device_queue(node, device.split(":")[0], int(device.split(":")[1]))
+              for node, device in chosen]
+    set_devices(job.url, job.id, [f"{device}@{node}" for node, device in chosen])
+    log.info("job %s: %s nodes (%s), scheduler at %s:%s", job.id, len(chosen),
+             ", ".join(n for n, _ in chosen), env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"])
+    return FanOut(parts, queues, [device for _, device in chosen])
+
+
+def check_first_run(s: Settings, job: JobContext, p: TrainParams) -> None:
+    """A part delivered again (its worker died while it ran) cannot rejoin the training."""
+    with session_scope(s.database) as session:
+        attempts = session.scalar(select(Job.attempts).where(Job.id == job.id))
+    if attempts and attempts > 1:
+        raise JobFailed(f"part {p.dist.index} on node {s.node} was interrupted (its worker "
+                        "stopped while it ran): a dist_sync training cannot take a replacement "
+                        "worker; submit the job again")
+
+
+def worker_env(s: Settings, p: TrainParams) -> dict[str, str]:
+    """What the part's training child adds to its environment."""
+    return {**p.dist.env, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": s.address,
+            "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
+
+
+@dataclass
+class Role:
+    name: str  # scheduler | server
+    proc: subprocess.Popen
+    log: Path
+
+    def tail(self) -> str:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(max(0, self.log.stat().st_size - LOG_TAIL_BYTES))
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+
+def _die_with_parent(cores: list[int]) -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
+def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
+    """The ps-lite scheduler and server (`import mxnet` with DMLC_ROLE set runs them), as
+    children of this worker: they die with it."""
+    logs = s.home_path / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    roles = []
+    for name in ("scheduler", "server"):
+        env = {**os.environ, **p.dist.env, "DMLC_ROLE": name, "DMLC_NODE_HOST": s.address,
+               "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+               "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
+        path = logs / f"job-{p.dist.parent}-{name}.log"
+        with open(path, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-c", "import mxnet"], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=lambda: _die_with_parent(cores))
+        roles.append(Role(name, proc, path))
+    return roles
+
+
+def stop_roles(roles: list[Role], grace: float = 0.0) -> None:
+    """Wait up to `grace` seconds for the roles to end by themselves, then kill what is left."""
+    deadline = time.monotonic() + grace
+    for role in roles:
+        try:
+            role.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            role.proc.kill()
+            role.proc.wait()
+
+
+@dataclass
+class PartRow:
+    id: int
+    index: int
+    node: str
+    status: str
+    attempts: int
+    heartbeat_at: Any
+    error: str | None
+    worker: str | None
+    cancel: bool
+
+
+def _parts(url: str, parent: int) -> list[PartRow]:
+    with session_scope(url) as session:
+        rows = session.scalars(select(Job).where(Job.parent_id == parent).order_by(Job.chunk_index))
+        return [PartRow(j.id, j.chunk_index, (j.params.get("dist") or {}).get("node", j.node),
+                        j.status, j.attempts, as_utc(j.heartbeat_at), j.error, j.worker,
+                        j.cancel_requested_at is not None) for j in rows]
+
+
+@db_retry
+def fail_part(url: str, job_id: int, error: str, stale_before: Any) -> bool:
+    """Fail a part that is queued, or running with no heartbeat since `stale_before` (a requeued
+    part keeps `running` with no heartbeat until a worker claims it again)."""
+    stale = and_(Job.status == JobStatus.RUNNING,
+                 or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale_before))
+    with session_scope(url) as session:
+        return bool(session.execute(
+            update(Job).where(Job.id == job_id, or_(Job.status == JobStatus.QUEUED, stale))
+            .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
+        ).rowcount)
+
+
+def _verdict(s: Settings, job: JobContext, p: TrainParams, joined: bool,
+             waited: float) -> Exception | None:
+    """Why this part must stop now, if it must."""
+    parts = _parts(s.database, p.dist.parent)
+    me = next(r for r in parts if r.id == job.id)
+    if me.status != JobStatus.RUNNING or me.worker != job.worker:
+        return JobLost(f"part {me.index} (job {job.id}) is {me.status} now")
+    if me.cancel:
+        return JobCancelled()
+    now = utcnow()
+    cutoff = now - timedelta(seconds=s.heartbeat_ttl)
+    for o in parts:
+        if o.id == job.id:
+            continue
+        where = f"part {o.index} on node {o.node} (job {o.id})"
+        if o.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            return JobFailed(f"{KNOCK_ON}{where} {o.status}: {o.error}")
+        lost = None
+        if o.status == JobStatus.RUNNING and o.heartbeat_at is None:  # taken for dead already
+            lost = f"its worker on node {o.node} died while running it"
+        elif o.status == JobStatus.RUNNING and o.heartbeat_at < cutoff:
+            lost = (f"its worker on node {o.node} stopped beating (no heartbeat for "
+                    f"{(now - o.heartbeat_at).total_seconds():.0f}s)")
+        if lost and fail_part(s.database, o.id, lost, cutoff):
+            return JobFailed(f"{KNOCK_ON}{where} failed: {lost}")
+    if not joined and waited > s.dist_start_seconds:
+        late = [o for o in parts if o.id != job.id and o.status == JobStatus.QUEUED]
+        for o in late:
+            fail_part(s.database, o.id, f"not started within {s.dist_start_seconds:g}s "
+                      "(MXQ_DIST_START_SECONDS): its node's device was busy or down", cutoff)
+        waiting = ", ".join(f"part {o.index} on node {o.node} {o.status}" for o in parts
+                            if o.id != job.id) or "none"
+        return JobFailed(f"the {len(parts)} nodes did not all join within "
+                         f"{s.dist_start_seconds:g}s (MXQ_DIST_START_SECONDS); others: {waiting}")
+    return None
+
+
+def watch(s: Settings, job: JobContext, p: TrainParams, child: subprocess.Popen,
+          roles: list[Role], ready: Path, renew: Any) -> None:
+    """Until the training child exits: keep the leases, watch the roles and the other parts;
+    raise (after killing the child) when the job must stop."""
+    started = time.monotonic()
+    joined = False
+
+    def stop(exc: Exception) -> None:
+        child.kill()
+        child.wait()
+        raise exc
+
+    while child.poll() is None:
+        renew()
+        for role in roles:
+            code = role.proc.poll()
+            if code not in (None, 0):
+                stop(JobFailed(f"the ps-lite {role.name} on node {s.node} exited with {code}: "
+                               f"{role.tail() or 'see ' + str(role.log)}"))
+        joined = joined or ready.exists()
+        verdict = _verdict(s, job, p, joined, time.monotonic() - started)
+        if verdict is not None:
+            log.warning("job %s: stopping: %s", job.id, verdict)
+            stop(verdict)
+        time.sleep(s.heartbeat_seconds)
