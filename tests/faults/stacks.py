@@ -62,6 +62,13 @@ class PrivateRedis:
             self.proc = None
 
 
+def _zombie_or_gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
 class FaultStack(Stack):
     broker_server: EmbeddedRedis | PrivateRedis
     launcher: subprocess.Popen
@@ -77,9 +84,10 @@ class FaultStack(Stack):
             return row.pid if row is not None and row.last_seen is not None else None
 
     def kill_worker(self, name: str) -> bool:
-        """SIGKILL the live worker `name`; False when it is not live (restarting)."""
+        """SIGKILL the live worker `name`; False when it is not live (restarting, or dead and
+        not yet reaped by its launcher)."""
         pid = self.worker_pid(name)
-        if pid is None:
+        if pid is None or _zombie_or_gone(pid):
             return False
         try:
             os.kill(pid, signal.SIGKILL)

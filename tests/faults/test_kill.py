@@ -21,10 +21,12 @@ TRAIN_EPOCHS = 30
 
 def _running_unkilled(stack: FaultStack, ids: list[int], killed: dict[int, int],
                       max_kills: int) -> dict | None:
+    """A job running in an attempt not yet killed, on a live worker."""
     for job_id, status in stack.statuses(ids).items():
         if status == "running" and killed.get(job_id, 0) < max_kills:
             job = stack.job(job_id)
-            if job["worker"] and stack.worker_pid(job["worker"]):
+            if job["attempts"] > killed.get(job_id, 0) and job["worker"] and \
+                    stack.worker_pid(job["worker"]):
                 return job
     return None
 
