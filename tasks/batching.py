@@ -25,7 +25,8 @@ from workers.queues import device_queue, parse_device, pool_queue, worker_name
 from workers.settings import Settings, get_settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
-CANDIDATES = 4  # look at this many queued jobs per free sample slot (others may not match)
+CANDIDATES = 2  # look at this many queued jobs per free sample slot (others may not match)
+MAX_CANDIDATES = 512  # ... but never more in one look
 
 
 @dataclass
@@ -56,7 +57,7 @@ def _queues(job: JobContext) -> list[str]:
 def _candidates(job: JobContext, lead: InferParams, model: dict[str, Any], room: int,
                 taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
     """Queued jobs that ask for the same model version and store to the database."""
-    found = jobs.queued_infer(job.url, _queues(job), limit=max(8, room * CANDIDATES))
+    found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)))
     return [(i, params) for i, params in found if i not in taken
             and params.get("model") == model["name"] and params.get("model_version") == model["version"]
             and params.get("output", "db") == "db" and not params.get("chunk_size")

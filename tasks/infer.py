@@ -152,7 +152,9 @@ def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: Inpu
     members += batching.gather(job, p, model, _open, _read_all, source.count)
     began = time.perf_counter()
     x = np.concatenate([m.x for m in members])
-    fit = _Fit(job, len(x))  # one forward pass for the whole batch, halved if it does not fit
+    asked = _start_batch(p, len(x), get_settings().max_batch_size)
+    # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
+    fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
     probs = fit.predict(net, ctx, x)
     parts = np.split(probs, np.cumsum([len(m.x) for m in members])[:-1])
     seconds = time.perf_counter() - began

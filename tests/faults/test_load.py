@@ -12,6 +12,7 @@ from tests.faults.stacks import FaultStack, report
 from workers.submit import submit_many
 
 JOBS = 5_000
+ROUND = 250  # jobs of each kind per submit_many call
 WARM = 1_000  # jobs done before the first memory reading (imports and caches are settled)
 # Flat: growth over the last 4,000 jobs within this share of the warm size (plus a small slack
 # for allocator noise). A leak of even 4 KiB per job would be 16 MiB here.
@@ -33,10 +34,10 @@ def _finished(stack: FaultStack, ids: list[int]) -> int:
 def test_5000_small_jobs_finish_with_flat_worker_memory(faulty: FaultStack) -> None:
     faulty.model()
     faulty.samples("tiny.npy", 8)
-    half = JOBS // 2
-    started = time.monotonic()
-    ids = submit_many(faulty.settings, "probe", [{"size": 16, "batch": 1, "repeat": 1}] * half)
-    ids += submit_many(faulty.settings, "infer", [{"model": "mlp64", "input": "tiny.npy"}] * (JOBS - half))
+    started, ids = time.monotonic(), []
+    for _ in range(JOBS // (2 * ROUND)):  # interleaved, so both kinds run before the first reading
+        ids += submit_many(faulty.settings, "probe", [{"size": 16, "batch": 1, "repeat": 1}] * ROUND)
+        ids += submit_many(faulty.settings, "infer", [{"model": "mlp64", "input": "tiny.npy"}] * ROUND)
     queued = time.monotonic() - started
     pids = {name: faulty.worker_pid(name) for name in ("cpu0@testnode", "cpu1@testnode")}
 
