@@ -11,6 +11,7 @@ case failed). Cases: inference, scaling, dispatch, batching, writes, training, m
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
 import time
@@ -34,30 +35,18 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
 CASES = list(SIZES)
 
 
+# Each case's module and function, imported late, so `--only writes` never loads MXNet.
+RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
+           "memory": ("bench.infer_overhead", "run_memory"), "scaling": ("bench.scaling", "run"),
+           "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
+           "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run")}
+
+
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:
-    """The case's function; imported late, so `--only writes` never loads MXNet."""
-    if case == "inference":
-        from bench.infer_overhead import run_inference
-        return run_inference
-    if case == "memory":
-        from bench.infer_overhead import run_memory
-        return run_memory
-    if case == "scaling":
-        from bench.scaling import run
-        return run
-    if case == "dispatch":
-        from bench.dispatch import run
-        return run
-    if case == "batching":
-        from bench.dynamic_batching import run
-        return run
-    if case == "training":
-        from bench.train_overhead import run
-        return run
-    if case == "writes":
-        from bench.writes import run
-        return lambda **kw: run(postgres=postgres, **kw)
-    raise KeyError(case)
+    """The case's function (the PostgreSQL URL goes to the writes case)."""
+    module, name = RUNNERS[case]
+    run = getattr(importlib.import_module(module), name)
+    return (lambda **kw: run(postgres=postgres, **kw)) if case == "writes" else run
 
 
 def parse_only(value: str) -> list[str]:

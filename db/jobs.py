@@ -69,12 +69,33 @@ def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
             f"running this job each time (last on {worker})")
 
 
-def _claimable(cutoff: datetime):  # noqa: ANN202
-    return or_(
-        Job.status == JobStatus.QUEUED,
-        and_(Job.status == JobStatus.RUNNING,
-             or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)),
-    )
+def heartbeat_stale(cutoff: datetime):  # noqa: ANN201
+    """No heartbeat since `cutoff` (or none at all: requeued, waiting for a new claim)."""
+    return or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)
+
+
+def claimable(cutoff: datetime):  # noqa: ANN201
+    """Queued, or running without a heartbeat since `cutoff` (its worker is gone)."""
+    return or_(Job.status == JobStatus.QUEUED,
+               and_(Job.status == JobStatus.RUNNING, heartbeat_stale(cutoff)))
+
+
+def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
+    """The columns a claim sets: the job runs for `at` from `now`, one more attempt."""
+    return dict(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
+                attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, error=None)
+
+
+def _succeeded(samples: int, seconds: float, result: dict[str, Any], now: datetime) -> dict[str, Any]:
+    return dict(status=JobStatus.SUCCEEDED, finished_at=now, progress=1.0, samples=samples,
+                seconds=seconds, samples_per_sec=samples / seconds if seconds > 0 else None,
+                result=result, heartbeat_at=None)
+
+
+def _metric(job_id: int, step: int, device: str, samples: int, seconds: float,
+            now: datetime) -> dict[str, Any]:
+    return dict(job_id=job_id, step=step, at=now, device=device, samples=samples, seconds=seconds,
+                samples_per_sec=samples / seconds if seconds > 0 else 0.0)
 
 
 @db_retry
@@ -85,9 +106,8 @@ def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -
     with session_scope(url) as s:
         taken = s.execute(
             update(Job)
-            .where(Job.id == job_id, Job.attempts < max_attempts, _claimable(cutoff))
-            .values(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
-                    attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, error=None)
+            .where(Job.id == job_id, Job.attempts < max_attempts, claimable(cutoff))
+            .values(**_taken_by(at, now))
         ).rowcount
         if taken:
             return Claim.RUN
@@ -108,7 +128,7 @@ def _fail_exhausted(s, job_id: int, cutoff: datetime, max_attempts: int) -> bool
     message = exhausted_message(job.attempts, max_attempts, job.worker)
     return bool(s.execute(
         update(Job)
-        .where(Job.id == job_id, Job.attempts >= max_attempts, _claimable(cutoff))
+        .where(Job.id == job_id, Job.attempts >= max_attempts, claimable(cutoff))
         .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
     ).rowcount)
 
@@ -132,8 +152,7 @@ def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
     with session_scope(url) as s:
         return sorted(s.scalars(
             update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
-            .values(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
-                    attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, error=None)
+            .values(**_taken_by(at, now))
             .returning(Job.id)))
 
 
@@ -145,19 +164,15 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
     now = utcnow()
     with session_scope(url) as s:
         s.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
-        s.execute(insert(JobMetric), [
-            {"job_id": i, "step": 0, "at": now, "device": at.device, "samples": n, "seconds": sec,
-             "samples_per_sec": n / sec if sec > 0 else 0.0} for i, (n, sec, _) in outcomes.items()])
+        s.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
+                                      for i, (n, sec, _) in outcomes.items()])
         for job_id, (samples, seconds, result) in outcomes.items():
             if job_id == lead:
                 continue
             s.execute(update(Job)
                       .where(Job.id == job_id, Job.worker == at.worker,
                              Job.status == JobStatus.RUNNING)
-                      .values(status=JobStatus.SUCCEEDED, finished_at=now, progress=1.0,
-                              samples=samples, seconds=seconds,
-                              samples_per_sec=samples / seconds if seconds > 0 else None,
-                              result=result, heartbeat_at=None))
+                      .values(**_succeeded(samples, seconds, result, now)))
 
 
 @db_retry
@@ -188,9 +203,8 @@ def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
     """One point of throughput over time; keyed by (job, step) so a rerun overwrites it."""
     with session_scope(url) as s:
         s.query(JobMetric).filter(JobMetric.job_id == job_id, JobMetric.step == step).delete()
-        s.execute(insert(JobMetric).values(
-            job_id=job_id, step=step, at=utcnow(), device=device, samples=samples, seconds=seconds,
-            samples_per_sec=samples / seconds if seconds > 0 else 0.0))
+        s.execute(insert(JobMetric).values(**_metric(job_id, step, device, samples, seconds,
+                                                     utcnow())))
 
 
 @db_retry
@@ -200,10 +214,7 @@ def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
         return bool(s.execute(
             update(Job)
             .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
-            .values(status=JobStatus.SUCCEEDED, finished_at=utcnow(), progress=1.0,
-                    samples=samples, seconds=seconds,
-                    samples_per_sec=samples / seconds if seconds > 0 else None,
-                    result=result, heartbeat_at=None)
+            .values(**_succeeded(samples, seconds, result, utcnow()))
         ).rowcount)
 
 
@@ -228,7 +239,7 @@ def clear_heartbeat(url: str, job_id: int, stale_before: datetime | None = None)
     come back meanwhile); True when the job was taken over."""
     cond = [Job.id == job_id, Job.status == JobStatus.RUNNING]
     if stale_before is not None:
-        cond.append(or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale_before))
+        cond.append(heartbeat_stale(stale_before))
     with session_scope(url) as s:
         return bool(s.execute(update(Job).where(*cond).values(heartbeat_at=None)).rowcount)
 

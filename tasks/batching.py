@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 
 from db import jobs, predictions
-from db.jobs import Placement
 from tasks.inputs import InputSource
-from tasks.runner import JobContext, JobInputError
+from tasks.runner import JobContext, JobInputError, placement
 from workers.jobspecs import InferParams
-from workers.queues import device_queue, parse_device, pool_queue, worker_name
+from workers.queues import device_queue, parse_device, pool_queue
 from workers.settings import Settings, get_settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
@@ -43,29 +42,22 @@ def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
             and not p.chunk_size and p.start is None and p.stop is None)
 
 
-def _placement(job: JobContext) -> Placement:
-    spec = parse_device(job.device)
-    s = get_settings()
-    return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=job.device)
-
-
 def _queues(job: JobContext) -> list[str]:
     spec = parse_device(job.device)
     return [device_queue(get_settings().node, spec.kind, spec.index), pool_queue(spec.kind)]
 
 
-def _candidates(job: JobContext, lead: InferParams, model: dict[str, Any], room: int,
+def _candidates(job: JobContext, model: dict[str, Any], room: int,
                 taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
-    """Queued jobs that ask for the same model version and store to the database."""
+    """Queued jobs that ask for the same model version (whether each is mergeable is decided
+    once its input is open)."""
     found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)))
     return [(i, params) for i, params in found if i not in taken
-            and params.get("model") == model["name"] and params.get("model_version") == model["version"]
-            and params.get("output", "db") == "db" and not params.get("chunk_size")
-            and params.get("start") is None and params.get("stop") is None]
+            and params.get("model") == model["name"] and params.get("model_version") == model["version"]]
 
 
-def gather(job: JobContext, lead: InferParams, model: dict[str, Any], open_input: Any,
-           read: Any, samples: int) -> list[Member]:
+def gather(job: JobContext, model: dict[str, Any], open_input: Any, read: Any,
+           samples: int) -> list[Member]:
     """Claim queued small jobs of the same model until the batch is full or the wait is over.
 
     Each one's input is opened and checked as its own job would; one that is wrong is claimed
@@ -74,14 +66,14 @@ def gather(job: JobContext, lead: InferParams, model: dict[str, Any], open_input
     s = get_settings()
     members: list[Member] = []
     deadline = time.monotonic() + s.batch_wait_ms / 1000
-    at, seen = _placement(job), {job.id}
+    at, seen = placement(), {job.id}
     while samples < s.merge_samples:
-        found = _candidates(job, lead, model, s.merge_samples - samples, seen)
+        found = _candidates(job, model, s.merge_samples - samples, seen)
         seen.update(i for i, _ in found)
         opened = {}
         for job_id, params in found:
             item = _open(params, model, open_input)
-            if isinstance(item, str) or item[1].count <= s.small_job_samples:
+            if isinstance(item, str) or mergeable(item[0], item[1].count, s):
                 opened[job_id] = item
         for job_id in jobs.claim_many(job.url, list(opened), at):
             item = opened[job_id]
@@ -124,5 +116,5 @@ def finish(job: JobContext, members: list[Member], probs: list[np.ndarray], seco
     outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
                        {**result, "input": m.p.input, "range": [0, len(m.x)],
                         "batch_size": m.p.batch_size}) for m in members}
-    jobs.finish_batch(job.url, outcomes, members[0].id, _placement(job))
+    jobs.finish_batch(job.url, outcomes, members[0].id, placement())
     return outcomes[members[0].id]

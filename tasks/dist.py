@@ -35,11 +35,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import select, update
 
 from db.engine import session_scope
 from db.epochs import set_devices
-from db.jobs import KNOCK_ON
+from db.jobs import KNOCK_ON, claimable
 from db.retry import db_retry
 from db.schema import Job, JobStatus, as_utc, utcnow
 from db.workers import list_workers
@@ -151,7 +151,8 @@ class Role:
         return lines[-1] if lines else ""
 
 
-def _die_with_parent(cores: list[int]) -> None:
+def die_with_parent(cores: list[int]) -> None:
+    """Runs in a child before exec: killed with its worker, and pinned to `cores`."""
     ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if cores:
         os.sched_setaffinity(0, cores)
@@ -171,7 +172,7 @@ def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
         with open(path, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-c", "import mxnet"], env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=lambda: _die_with_parent(cores))
+                                    preexec_fn=lambda: die_with_parent(cores))
         roles.append(Role(name, proc, path))
     return roles
 
@@ -212,11 +213,9 @@ def _parts(url: str, parent: int) -> list[PartRow]:
 def fail_part(url: str, job_id: int, error: str, stale_before: Any) -> bool:
     """Fail a part that is queued, or running with no heartbeat since `stale_before` (a requeued
     part keeps `running` with no heartbeat until a worker claims it again)."""
-    stale = and_(Job.status == JobStatus.RUNNING,
-                 or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale_before))
     with session_scope(url) as session:
         return bool(session.execute(
-            update(Job).where(Job.id == job_id, or_(Job.status == JobStatus.QUEUED, stale))
+            update(Job).where(Job.id == job_id, claimable(stale_before))
             .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
         ).rowcount)
 

@@ -132,13 +132,8 @@ def infer(job: JobContext) -> Outcome | FanOut:
 
 
 def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
-    try:
-        x = source.read(0, source.count)
-    except InputError as exc:
-        raise JobInputError(str(exc)) from None
-    if p.reject_nan:
-        _check_finite(p, 0, x)
-    return x
+    """A small input whole, read and checked as one batch."""
+    return next(_batches(p, source, 0, source.count, lambda: source.count))[1]
 
 
 def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: InputSource) -> Outcome:
@@ -149,7 +144,7 @@ def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: Inpu
     except ModelError as exc:
         raise JobInputError(str(exc)) from None
     members = [batching.Member(job.id, p, _read_all(p, source))]
-    members += batching.gather(job, p, model, _open, _read_all, source.count)
+    members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
     x = np.concatenate([m.x for m in members])
     asked = _start_batch(p, len(x), get_settings().max_batch_size)

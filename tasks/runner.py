@@ -108,7 +108,8 @@ Admit = Callable[[JobContext], list[str] | None]
 DEFER_SECONDS = 1.0  # a deferred message waits this long before going back to its queue
 
 
-def _placement() -> Placement:
+def placement() -> Placement:
+    """Where this worker process runs: its worker name, node and device."""
     s = get_settings()
     device = s.device or "cpu:0"
     spec = parse_device(device)
@@ -137,7 +138,7 @@ def _defer(job: JobContext, why: str) -> str:
 def run_job(job_id: int, body: Body, admit: Admit | None = None,
             release: Callable[[JobContext], None] | None = None) -> str:
     s = get_settings()
-    at = _placement()
+    at = placement()
     job = _context(job_id, at.device)
     if job is None:
         return Claim.MISSING.value

@@ -12,10 +12,8 @@ kvstore: see tasks/dist.py.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -123,13 +121,6 @@ def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int
     return env, cores
 
 
-def _die_with_parent(cores: list[int]) -> None:
-    """Runs in the child before exec: killed with its worker, and pinned to the leased cores."""
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if cores:
-        os.sched_setaffinity(0, cores)
-
-
 def run_file(s: Settings, job_id: int) -> Path:
     return s.home_path / "runs" / f"job-{job_id}.json"
 
@@ -175,7 +166,7 @@ def train(job: JobContext) -> Outcome | FanOut:
             roles = dist.start_roles(s, p, cores)
         child = subprocess.Popen([sys.executable, "-m", "tasks.trainer", str(job.id),
                                   ",".join(job.devices)],
-                                 env=env, preexec_fn=lambda: _die_with_parent(cores))
+                                 env=env, preexec_fn=lambda: dist.die_with_parent(cores))
         if p.dist is not None:
             dist.watch(s, job, p, child, roles, ready, renew)
         while child.poll() is None:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 
 from db import events, jobs, schedules
 from db.engine import session_scope
@@ -115,16 +115,15 @@ def _stale_running(settings: Settings) -> dict[int, tuple[str, str]]:
     cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
     with session_scope(settings.database) as s:
         rows = s.execute(select(Job.id, Job.kind, Job.queue).where(
-            Job.status == JobStatus.RUNNING, Job.chunks.is_(None),
-            or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)))
+            Job.status == JobStatus.RUNNING, Job.chunks.is_(None), jobs.heartbeat_stale(cutoff)))
         return {r.id: (r.kind, r.queue) for r in rows}
 
 
-def _still(settings: Settings, ids: set[int], status: str) -> set[int]:
+def _still_queued(settings: Settings, ids: set[int]) -> set[int]:
     if not ids:
         return set()
     with session_scope(settings.database) as s:
-        return set(s.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == status)))
+        return set(s.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
 
 
 def _live(held: dict[int, list[Held]]) -> set[int]:
@@ -147,9 +146,8 @@ def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[
     time.sleep(SECOND_LOOK_SECONDS)
     waiting2, held2 = in_broker(settings, queues)
     seen = waiting | waiting2 | _live(held) | _live(held2)
-    lost = _still(settings, set(queued) - seen, JobStatus.QUEUED)
-    dead = _still(settings, set(running) - waiting - waiting2, JobStatus.RUNNING)
-    dead &= set(_stale_running(settings))
+    lost = _still_queued(settings, set(queued) - seen)
+    dead = (set(running) - waiting - waiting2) & set(_stale_running(settings))  # still stale
     stale = {i: held2[i] for i in lost | dead if i in held2}
     return {i: queued[i] for i in lost}, {i: running[i] for i in dead}, stale
 

@@ -23,7 +23,7 @@ from workers.app import app_for
 from workers.jobspecs import SPECS, ParamsError, validate
 from workers.paths import PathError, inside_root
 from workers.queues import parse_device
-from workers.routing import route
+from workers.routing import Route, route
 from workers.settings import Settings
 
 BROKER_CHECK_SECONDS = 3
@@ -145,6 +145,16 @@ def _check_nodes(known: list[dict[str, Any]], params: dict[str, Any]) -> None:
 PREPARE = {"infer": _resolve_infer, "train": _resolve_train}
 
 
+def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
+    """Check the kind, the device, the database and the broker; then where the job goes."""
+    if kind not in SPECS:
+        raise SubmitError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+    spec = parse_device(device)
+    check_database(settings)
+    check_broker(settings)
+    return route(settings, spec, allow_offline)
+
+
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
            allow_offline: bool = False) -> int:
     """Queue one job and return its id.
@@ -152,12 +162,7 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
     Device, broker and database problems write nothing; wrong parameters or inputs are recorded
     as a failed job (so the history says why) and raise JobRejected.
     """
-    if kind not in SPECS:
-        raise SubmitError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
-    spec = parse_device(device)
-    check_database(settings)
-    check_broker(settings)
-    where = route(settings, spec, allow_offline)
+    where = _reachable_route(settings, kind, device, allow_offline)
     try:
         params = validate(kind, params, settings)
         params = PREPARE.get(kind, lambda _s, p: p)(settings, params)
@@ -177,12 +182,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
 
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
     """
-    if kind not in SPECS:
-        raise SubmitError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
-    spec = parse_device(device)
-    check_database(settings)
-    check_broker(settings)
-    where = route(settings, spec, allow_offline)
+    where = _reachable_route(settings, kind, device, allow_offline)
     checked = []
     for i, p in enumerate(params):
         try:
