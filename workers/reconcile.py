@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from db import events, jobs, schedules
 from db.engine import session_scope
-from db.schema import FINISHED, Fire, Job, JobStatus, Schedule, as_utc, utcnow
+from db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
 from workers import leases
 from workers.settings import Settings
 from workers.submit import publish
@@ -214,21 +214,20 @@ def _settle_parents(settings: Settings, report: Report) -> None:
 
 
 def _free_leases(settings: Settings, report: Report) -> None:
-    """Free leases whose holder is over, gone, or running with a stale heartbeat."""
+    """Free leases whose holder is over or gone.
+
+    A running holder keeps its leases even with a stale heartbeat: its next attempt re-takes
+    them before its claim (the admit hook), so they expire by their TTL or pass to it."""
     r = leases.client(settings.broker)
     held = {k: v for k in r.scan_iter(match="mxq:lease:*", count=500) if (v := r.get(k))}
     if not held:
         return
-    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
     with session_scope(settings.database) as s:
-        rows = {j.id: j for j in s.scalars(select(Job).where(
-            Job.id.in_({int(v) for v in held.values() if v.isdigit()})))}
-        state = {i: (j.status, as_utc(j.heartbeat_at)) for i, j in rows.items()}
+        state = dict(s.execute(select(Job.id, Job.status).where(
+            Job.id.in_({int(v) for v in held.values() if v.isdigit()}))).all())
     for k, v in held.items():
-        status, beat = state.get(int(v), (None, None)) if v.isdigit() else (None, None)
-        dead = status is None or status in FINISHED or (
-            status == JobStatus.RUNNING and (beat is None or beat < cutoff))
-        if dead and r.eval(leases.RELEASE_SCRIPT, 1, k, v):
+        status = state.get(int(v)) if v.isdigit() else None
+        if (status is None or status in FINISHED) and r.eval(leases.RELEASE_SCRIPT, 1, k, v):
             device = ":".join(k.rsplit(":", 2)[1:])
             if status is not None:
                 events.record(settings.database, int(v), events.LEASE_FREED,

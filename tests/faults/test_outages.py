@@ -6,18 +6,21 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 from sqlalchemy.engine import make_url
 
-from db import events
+from db import events, jobs
 from tests.conftest import SYSTEM_PG
 from tests.faults.stacks import FaultStack, report
 from workers import leases
 from workers.submit import submit
 
 PROBE = {"size": 16, "batch": 1, "repeat": 1}
+HOLD = {"size": 512, "batch": 8, "repeat": 10_000}  # minutes of work: runs until cancelled
 SMALL_INPUT = 2_000
 
 
@@ -43,6 +46,26 @@ def _wait_finished(stack: FaultStack, ids: list[int], at_least: int) -> None:
         time.sleep(0.05)
 
 
+@contextmanager
+def _held(stack: FaultStack) -> Iterator[list[int]]:
+    """Both devices busy with a probe that runs until cancelled on the way out, so what is
+    submitted meanwhile is still queued (or prefetched) when the fault strikes."""
+    ids = [submit(stack.settings, "probe", dict(HOLD), f"cpu:{i}") for i in range(2)]
+    for job_id in ids:
+        stack.wait(job_id, until=("running",))
+    try:
+        yield ids
+    finally:
+        for job_id in ids:
+            jobs.cancel(stack.settings.database, job_id)
+
+
+def _check_held(stack: FaultStack, held: list[int]) -> None:
+    """The holding probes ran through the fault in their first attempt and stopped when asked."""
+    for job_id, job in stack.wait_all(held, timeout=120).items():
+        assert (job["status"], job["attempts"]) == ("cancelled", 1), (job_id, job["error"])
+
+
 def _rows(stack: FaultStack, ids: list[int], samples: int) -> tuple[int, int]:
     """Prediction rows missing and duplicated over `ids` (each must hold 0..samples-1)."""
     missing = duplicated = 0
@@ -66,11 +89,12 @@ def _republished(stack: FaultStack, ids: list[int]) -> int:
 
 
 def test_broker_restart_with_100_jobs_queued_or_running(model: FaultStack) -> None:
-    probes, infers = _mixed(model, 100)
+    with _held(model) as held:
+        probes, infers = _mixed(model, 100)
+        model.restart_broker(down_seconds=2.0)
     ids = probes + infers
-    _wait_finished(model, ids, 10)
-    model.restart_broker(down_seconds=2.0)
     done = model.wait_all(ids, timeout=600)
+    _check_held(model, held)
     _check_once(model, done)
     missing, duplicated = _rows(model, infers, SMALL_INPUT)
     assert missing == duplicated == 0
@@ -83,13 +107,14 @@ def test_broker_restart_with_100_jobs_queued_or_running(model: FaultStack) -> No
 
 
 def test_emptied_queues_are_refilled_by_the_reconciler(model: FaultStack) -> None:
-    probes, infers = _mixed(model, 60)
-    ids = probes + infers
-    _wait_finished(model, ids, 4)
-    r = leases.client(model.settings.broker)
-    dropped = r.delete("pool.cpu", *(f"testnode.cpu.{i}" for i in range(2)))
+    with _held(model) as held:
+        probes, infers = _mixed(model, 60)
+        r = leases.client(model.settings.broker)
+        dropped = r.delete("pool.cpu", *(f"testnode.cpu.{i}" for i in range(2)))
     assert dropped  # there was something queued to lose
+    ids = probes + infers
     done = model.wait_all(ids, timeout=600)
+    _check_held(model, held)
     _check_once(model, done)
     missing, duplicated = _rows(model, infers, SMALL_INPUT)
     assert missing == duplicated == 0
