@@ -4,8 +4,9 @@ A worker that starts a small job (at most MXQ_SMALL_JOB_SAMPLES samples, results
 database) also claims, in SQL, the queued small jobs of the same model version on its own
 queues, waiting up to MXQ_BATCH_WAIT_MS for more, up to MXQ_MERGE_SAMPLES samples in all. It
 runs them as one forward pass, splits the results back, and finishes each job on its own (its
-rows, samples, its share of the time). Their broker messages are then dropped at the claim, as
-for any delivery of a finished job. SQL stays the single place that decides who runs a job.
+rows, samples, its share of the time). SQL stays the single place that decides who runs a job.
+Their waiting broker messages are dropped as they are claimed, so the workers do not spend a
+delivery and a claim on each (a message that got away is refused at its claim).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from db import jobs, predictions
 from tasks.inputs import InputSource
 from tasks.runner import JobContext, JobInputError, placement
+from workers import messages
 from workers.jobspecs import InferParams
 from workers.queues import device_queue, parse_device, pool_queue
 from workers.settings import Settings, get_settings
@@ -75,7 +77,9 @@ def gather(job: JobContext, model: dict[str, Any], open_input: Any, read: Any,
             item = _open(params, model, open_input)
             if isinstance(item, str) or mergeable(item[0], item[1].count, s):
                 opened[job_id] = item
-        for job_id in jobs.claim_many(job.url, list(opened), at):
+        claimed = jobs.claim_many(job.url, list(opened), at)
+        messages.drop_waiting(s.broker, _queues(job), claimed)
+        for job_id in claimed:
             item = opened[job_id]
             if isinstance(item, str):
                 jobs.fail(job.url, job_id, item, worker=at.worker)

@@ -14,7 +14,8 @@ from db.engine import session_scope
 from db.schema import Fire, Job, utcnow
 from tests.conftest import Stack
 from workers import leases
-from workers.reconcile import UNACKED, UNACKED_GRACE_SECONDS, UNACKED_INDEX, in_broker, reconcile
+from workers.messages import UNACKED, UNACKED_INDEX, in_broker
+from workers.reconcile import UNACKED_GRACE_SECONDS, reconcile
 from workers.submit import submit
 
 
@@ -46,12 +47,12 @@ def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack)
     for raw in r.lrange(queue, 0, -1):
         if f'"job-{lost}"' in raw or f'"job-{fresh}"' in raw:
             r.lrem(queue, 1, raw)
-    assert in_broker(isolated.settings, {queue})[0] == {kept}
+    assert in_broker(isolated.settings.broker, {queue})[0] == {kept}
 
     report = reconcile(isolated.settings)
 
     assert report.republished == [lost]
-    assert in_broker(isolated.settings, {queue})[0] == {lost, kept}
+    assert in_broker(isolated.settings.broker, {queue})[0] == {lost, kept}
     kinds = [e["kind"] for e in events.list_events(isolated.settings.database, lost)]
     assert kinds == [events.REPUBLISHED]
     assert events.list_events(isolated.settings.database, kept) == []
@@ -83,7 +84,7 @@ def test_a_message_held_by_a_consumer_that_is_gone_is_published_again(isolated: 
     report = reconcile(isolated.settings)
 
     assert report.republished == [orphaned]
-    waiting, held = in_broker(isolated.settings, {_queue(isolated, orphaned)})
+    waiting, held = in_broker(isolated.settings.broker, {_queue(isolated, orphaned)})
     assert waiting == {orphaned} and set(held) == {claiming}
     assert old not in leases.client(isolated.settings.broker).hkeys(UNACKED)
     [event] = events.list_events(isolated.settings.database, orphaned)
@@ -100,7 +101,7 @@ def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(
     report = reconcile(isolated.settings)
 
     assert report.requeued == [job_id]
-    assert in_broker(isolated.settings, {queue})[0] == {job_id}
+    assert in_broker(isolated.settings.broker, {queue})[0] == {job_id}
     job = isolated.job(job_id)
     assert job["status"] == "running" and job["attempts"] == 1
     [event] = events.list_events(isolated.settings.database, job_id)

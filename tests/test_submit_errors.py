@@ -45,7 +45,7 @@ def test_bad_node_name_is_refused(stack: Stack) -> None:
 
 
 def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
-    from workers.reconcile import in_broker
+    from workers.messages import in_broker
     from workers.submit import SubmitError, submit_many
 
     good = {"size": 16, "batch": 1, "repeat": 1}
@@ -59,4 +59,4 @@ def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
     ids = submit_many(isolated.settings, "probe", [good] * 3, "cpu:0", allow_offline=True)
     assert [j["status"] for j in list_jobs(isolated.settings.database, JobFilter(limit=10))] == \
         ["queued"] * 3
-    assert in_broker(isolated.settings, {isolated.job(ids[0])["queue"]})[0] == set(ids)
+    assert in_broker(isolated.settings.broker, {isolated.job(ids[0])["queue"]})[0] == set(ids)

@@ -14,7 +14,6 @@ claim in SQL runs each job once.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from db import events, jobs, schedules
 from db.engine import session_scope
 from db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
 from workers import leases
+from workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker
 from workers.settings import Settings
 from workers.submit import publish
 
@@ -42,10 +42,6 @@ SECOND_LOOK_SECONDS = 1.0
 # most); one held longer belongs to a consumer that lost its connection and will never run it.
 # (Redis would hand it out again only after the visibility timeout, hours away.)
 UNACKED_GRACE_SECONDS = 30.0
-# Kombu keeps messages of priority p > 0 in "<queue>\x06\x16<p>", and delivered, unacknowledged
-# ones in the "unacked" hash with their delivery time in the "unacked_index" sorted set.
-PRIORITY_SEP, PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
-UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 
 
 @dataclass
@@ -59,48 +55,6 @@ class Report:
 
     def empty(self) -> bool:
         return not any(vars(self).values())
-
-
-def _job_id(raw: str) -> int | None:
-    """The job id of one stored kombu message (its task id is `job-<id>`)."""
-    try:
-        message = json.loads(raw)
-    except ValueError:
-        return None
-    if isinstance(message, list):  # an unacked entry: [message, exchange, routing key]
-        message = message[0] if message else {}
-    task_id = str((message.get("headers") or {}).get("id", ""))
-    return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
-
-
-@dataclass(frozen=True)
-class Held:
-    """A delivered, unacknowledged message of a job."""
-
-    tag: str
-    age: float  # seconds since its delivery
-
-
-def in_broker(settings: Settings, queues: set[str]) -> tuple[set[int], dict[int, list[Held]]]:
-    """Job ids with a message waiting in one of `queues`, and those delivered but unacked.
-
-    Read in one MULTI, so a message moving between a queue and the unacked set is seen once.
-    """
-    pipe = leases.client(settings.broker).pipeline(transaction=True)
-    names = [q + suffix for q in sorted(queues)
-             for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))]
-    for name in names:
-        pipe.lrange(name, 0, -1)
-    pipe.hgetall(UNACKED)
-    pipe.zrange(UNACKED_INDEX, 0, -1, withscores=True)
-    pipe.time()
-    *waiting, unacked, delivered, (secs, micros) = pipe.execute()
-    now, since = secs + micros / 1e6, dict(delivered)
-    held: dict[int, list[Held]] = {}
-    for tag, raw in unacked.items():
-        if (job_id := _job_id(raw)) is not None:
-            held.setdefault(job_id, []).append(Held(tag, now - since.get(tag, now)))
-    return {_job_id(raw) for lst in waiting for raw in lst} - {None}, held
 
 
 def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
@@ -142,9 +96,9 @@ def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[
     queues = {q for _, q in (*queued.values(), *running.values())}
     if not queues:
         return {}, {}, {}
-    waiting, held = in_broker(settings, queues)
+    waiting, held = in_broker(settings.broker, queues)
     time.sleep(SECOND_LOOK_SECONDS)
-    waiting2, held2 = in_broker(settings, queues)
+    waiting2, held2 = in_broker(settings.broker, queues)
     seen = waiting | waiting2 | _live(held) | _live(held2)
     lost = _still_queued(settings, set(queued) - seen)
     dead = (set(running) - waiting - waiting2) & set(_stale_running(settings))  # still stale

@@ -1,0 +1,30 @@
+"""Job messages in the real broker: which are waiting, and dropping those of jobs already taken."""
+
+from __future__ import annotations
+
+from tests.conftest import Stack
+from workers import leases
+from workers.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
+from workers.submit import submit_many
+
+PROBE = {"size": 16, "batch": 1, "repeat": 1}
+
+
+def test_drop_waiting_removes_only_the_named_jobs_messages(isolated: Stack) -> None:
+    s = isolated.settings
+    ids = submit_many(s, "probe", [PROBE] * 5, "cpu:0", allow_offline=True)
+    queue = isolated.job(ids[0])["queue"]
+    r = leases.client(s.broker)
+    # One message moved to its priority list, as kombu stores a message sent with priority 9.
+    [raw] = [m for m in r.lrange(queue, 0, -1) if f'"job-{ids[1]}"' in m]
+    r.lrem(queue, 1, raw)
+    r.lpush(f"{queue}{PRIORITY_SEP}9", raw)
+    r.lpush(queue, "not a kombu message")  # anything else in a list is left alone
+
+    assert drop_waiting(s.broker, [queue], [ids[1], ids[3], 10**9]) == 2
+
+    assert in_broker(s.broker, {queue})[0] == {ids[0], ids[2], ids[4]}
+    assert "not a kombu message" in r.lrange(queue, 0, -1)
+    assert drop_waiting(s.broker, [queue], [ids[1]]) == 0  # nothing left to drop
+    assert drop_waiting(s.broker, [queue], []) == 0
+    assert f"{queue}{PRIORITY_SEP}3" in stored_names({queue})

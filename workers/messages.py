@@ -1,0 +1,93 @@
+"""Job messages as kombu keeps them in Redis: which jobs have one waiting or held, and dropping
+the waiting messages of jobs that another worker already took (dynamic batching).
+
+Kombu keeps a queue's messages of priority p > 0 in "<queue>\\x06\\x16<p>", and delivered,
+unacknowledged ones in the "unacked" hash, with their delivery time in the "unacked_index"
+sorted set. A message's task id is `job-<id>` (workers.submit).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from workers import leases
+
+PRIORITY_SEP, PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
+
+# Remove from the lists in KEYS every message whose task id is one of ARGV; returns how many.
+# Runs as one script, so a worker never pops a message while it is being looked at.
+_DROP = """
+local wanted = {}
+for _, id in ipairs(ARGV) do wanted[id] = true end
+local dropped = 0
+for _, name in ipairs(KEYS) do
+  for _, raw in ipairs(redis.call('lrange', name, 0, -1)) do
+    local ok, message = pcall(cjson.decode, raw)
+    if ok and type(message) == 'table' and type(message.headers) == 'table'
+        and wanted[tostring(message.headers.id)] then
+      dropped = dropped + redis.call('lrem', name, 1, raw)
+    end
+  end
+end
+return dropped
+"""
+
+
+def stored_names(queues: set[str] | list[str]) -> list[str]:
+    """The Redis lists that hold the messages of `queues`, every priority included."""
+    return [q + suffix for q in sorted(queues)
+            for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))]
+
+
+def job_id(raw: str) -> int | None:
+    """The job id of one stored kombu message."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(message, list):  # an unacked entry: [message, exchange, routing key]
+        message = message[0] if message else {}
+    task_id = str((message.get("headers") or {}).get("id", ""))
+    return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A delivered, unacknowledged message of a job."""
+
+    tag: str
+    age: float  # seconds since its delivery
+
+
+def in_broker(broker: str, queues: set[str]) -> tuple[set[int], dict[int, list[Held]]]:
+    """Job ids with a message waiting in one of `queues`, and those delivered but unacked.
+
+    Read in one MULTI, so a message moving between a queue and the unacked set is seen once.
+    """
+    pipe = leases.client(broker).pipeline(transaction=True)
+    for name in stored_names(queues):
+        pipe.lrange(name, 0, -1)
+    pipe.hgetall(UNACKED)
+    pipe.zrange(UNACKED_INDEX, 0, -1, withscores=True)
+    pipe.time()
+    *waiting, unacked, delivered, (secs, micros) = pipe.execute()
+    now, since = secs + micros / 1e6, dict(delivered)
+    held: dict[int, list[Held]] = {}
+    for tag, raw in unacked.items():
+        if (found := job_id(raw)) is not None:
+            held.setdefault(found, []).append(Held(tag, now - since.get(tag, now)))
+    return {job_id(raw) for lst in waiting for raw in lst} - {None}, held
+
+
+def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:
+    """Remove the waiting messages of `job_ids` from `queues`; returns how many went.
+
+    Only for jobs already claimed in SQL: should their worker die, the reconciler requeues
+    them as for any running job whose message is gone.
+    """
+    if not job_ids:
+        return 0
+    return int(leases.client(broker).eval(_DROP, len(stored_names(queues)), *stored_names(queues),
+                                          *(f"job-{i}" for i in job_ids)))
