@@ -80,6 +80,17 @@ def claimable(cutoff: datetime):  # noqa: ANN201
                and_(Job.status == JobStatus.RUNNING, heartbeat_stale(cutoff)))
 
 
+def unclaimable(status: JobStatus, heartbeat_at: datetime | None, cutoff: datetime) -> Claim | None:
+    """Why a job as just read cannot be claimed (over, or a live worker runs it), else None.
+
+    Lets a worker drop a late delivery after one read; `claim` stays the arbiter of the rest."""
+    if status in FINISHED:
+        return Claim.FINISHED
+    if status == JobStatus.RUNNING and heartbeat_at is not None and as_utc(heartbeat_at) >= cutoff:
+        return Claim.DUPLICATE
+    return None
+
+
 def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
     """The columns a claim sets: the job runs for `at` from `now`, one more attempt."""
     return dict(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,

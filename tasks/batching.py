@@ -121,4 +121,6 @@ def finish(job: JobContext, members: list[Member], probs: list[np.ndarray], seco
                        {**result, "input": m.p.input, "range": [0, len(m.x)],
                         "batch_size": m.p.batch_size}) for m in members}
     jobs.finish_batch(job.url, outcomes, members[0].id, placement())
+    # Messages published after the claim (a submit still under way) are dropped too.
+    messages.drop_waiting(get_settings().broker, _queues(job), [m.id for m in members[1:]])
     return outcomes[members[0].id]

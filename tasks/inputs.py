@@ -8,8 +8,10 @@ stay light.
 
 from __future__ import annotations
 
+import ast
 import math
 import mmap
+import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ import numpy as np
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
 NUMERIC_KINDS = "biuf"  # bool, int, uint, float
+SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is memory-mapped
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -38,38 +41,76 @@ def _kind(path: Path) -> str:
     return kind
 
 
-def _read_header(f: Any, path: Path) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype from an .npy header, reading no data; rejects non-numeric dtypes."""
+def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Shape, Fortran order and dtype of the .npy header at `f`, left at the data.
+
+    One `literal_eval` of the header dict: NumPy's reader first re-tokenizes every version 1
+    header (for files written by Python 2), which costs more than reading a small input whole.
+    Such old headers (`10L`) fail here and go through NumPy's reader instead.
+    """
+    start = f.tell()
+    version = np.lib.format.read_magic(f)
+    if version not in _HEADER_READERS:
+        raise ValueError(f"unsupported .npy format version {version}")
+    fmt = "<H" if version == (1, 0) else "<I"
+    raw = f.read(struct.calcsize(fmt))
+    if len(raw) != struct.calcsize(fmt):
+        raise ValueError("the header is cut short")
+    text = f.read(struct.unpack(fmt, raw)[0])
     try:
-        version = np.lib.format.read_magic(f)
-        if version not in _HEADER_READERS:
-            raise ValueError(f"unsupported .npy format version {version}")
-        shape, _fortran, dtype = _HEADER_READERS[version](f)
+        d = ast.literal_eval(text.decode("latin1"))
+        shape, fortran, dtype = d["shape"], d["fortran_order"], np.lib.format.descr_to_dtype(d["descr"])
+        if not (isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)
+                and isinstance(fortran, bool)):
+            raise ValueError(f"bad header values {d!r}")
+    except (SyntaxError, ValueError, TypeError, KeyError, UnicodeDecodeError):
+        f.seek(start)
+        return _HEADER_READERS[np.lib.format.read_magic(f)](f)
+    return shape, fortran, dtype
+
+
+def _read_header(f: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Shape, Fortran order and dtype from an .npy header, reading no data; rejects
+    non-numeric dtypes."""
+    try:
+        shape, fortran, dtype = _parse_header(f)
     except ValueError as e:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
     if dtype.kind not in NUMERIC_KINDS:
         raise InputError(f"input {path} has dtype {dtype}; allowed: bool, int, uint or float arrays")
     if not shape:
         raise InputError(f"input {path} holds a scalar, not an array of samples")
-    return shape, dtype
+    return shape, fortran, dtype
 
 
-def _npy(path: Path) -> np.memmap:
-    """The .npy array memory-mapped read-only (a header check first, for clear errors)."""
+def _npy(path: Path) -> np.ndarray:
+    """The .npy array, its header read once: memory-mapped read-only, or read whole when small
+    (mapping a file costs more than reading a few pages)."""
     with path.open("rb") as f:
-        _read_header(f, path)
+        shape, fortran, dtype = _read_header(f, path)
+        offset, items = f.tell(), math.prod(shape)
+        if items * dtype.itemsize <= SMALL_NPY_BYTES:
+            array = np.fromfile(f, dtype=dtype, count=items)
+            if array.size != items:
+                raise InputError(f"input {path} is truncated or corrupt: {array.size} of {items} "
+                                 "values present")
+            return array.reshape(shape, order="F" if fortran else "C")
     try:
-        return np.load(path, mmap_mode="r")
+        return np.memmap(path, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C",
+                         offset=offset)
     except ValueError as e:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
 
 
-def _npy_reader(array: np.memmap) -> Callable[[int, int], np.ndarray]:
-    """Batches copied out of the mapping, whose pages are then dropped from this process.
+def _array_reader(array: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    """Batches sliced from an array in memory, or copied out of a mapped one, whose pages are
+    then dropped from this process.
 
     The mapped file would otherwise stay resident in the worker (RSS growing with the input); the
     dropped pages remain in the OS page cache, so reading them again costs no disk access.
     """
+    if not isinstance(array, np.memmap):
+        return lambda start, stop: array[start:stop]
     mm = getattr(array, "_mmap", None)
     row = array.strides[0] if array.ndim and array.flags.c_contiguous else 0
     base = array.offset % mmap.ALLOCATIONGRANULARITY  # where the data starts inside the mapping
@@ -100,7 +141,7 @@ def _npz_member(path: Path, key: str | None) -> tuple[str, tuple[int, ...]]:
                     raise InputError(f"input {path} holds several arrays ({', '.join(names) or 'none'}) "
                                      "and none is named X; choose one with the input key")
             with zf.open(key + ".npy") as f:
-                shape, _dtype = _read_header(f, path)
+                shape, _fortran, _dtype = _read_header(f, path)
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
     return key, shape
@@ -151,7 +192,8 @@ def count_samples(path: Path, key: str | None = None) -> int:
     """Number of samples, from headers and line counts only; never imports mxnet."""
     kind = _kind(path)
     if kind == "npy":
-        return _npy(path).shape[0]
+        with path.open("rb") as f:
+            return _read_header(f, path)[0][0]
     if kind == "npz":
         return _npz_member(path, key)[1][0]
     if kind == "csv":
@@ -262,23 +304,20 @@ def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None)
     """Open an already-resolved input for a model whose single-sample input shape is `input_shape`."""
     input_shape = tuple(input_shape)
     kind = _kind(path)
-    count = count_samples(path, key)
-    if count == 0:
-        raise InputError(f"input {path} holds no samples")
     fetch: Callable[[int, int], Any]
     if kind in ("images", "rec"):
         _image_channels(path, input_shape)
-        if kind == "images":
-            fetch = _image_reader(_images(path), input_shape)
-        else:
-            fetch = _record_reader(path, _idx(path), input_shape)
-        return InputSource(path, count, input_shape, fetch)
-    if kind == "npz":
+        fetch = (_image_reader(_images(path), input_shape) if kind == "images"
+                 else _record_reader(path, _idx(path), input_shape))
+        count, sample_shape = count_samples(path, key), input_shape
+    elif kind == "npz":
         key, shape = _npz_member(path, key)
-        fetch = _npz_reader(path, key)
+        fetch, count, sample_shape = _npz_reader(path, key), shape[0], shape[1:]
     else:
         array = _npy(path) if kind == "npy" else _csv(path)
-        shape = array.shape
-        fetch = _npy_reader(array) if kind == "npy" else lambda start, stop: array[start:stop]
-    _check_shape(path, tuple(shape[1:]), input_shape)
+        fetch = _array_reader(array)
+        count, sample_shape = array.shape[0], array.shape[1:]
+    if count == 0:
+        raise InputError(f"input {path} holds no samples")
+    _check_shape(path, tuple(sample_shape), input_shape)
     return InputSource(path, count, input_shape, fetch)

@@ -10,13 +10,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from db import jobs
 from db.engine import session_scope
 from db.jobs import Claim, Placement
 from db.retry import db_retry
-from db.schema import Job
+from db.schema import Job, utcnow
 from workers import app, heartbeat, leases
 from workers.queues import parse_device, worker_name
 from workers.settings import get_settings
@@ -117,12 +118,16 @@ def placement() -> Placement:
 
 
 @db_retry
-def _context(job_id: int, device: str) -> JobContext | None:
+def _context(job_id: int, device: str) -> JobContext | Claim:
+    """The job to run, or why this delivery of it is dropped without a claim."""
     s = get_settings()
     with session_scope(s.database) as session:
         row = session.get(Job, job_id)
         if row is None:
-            return None
+            return Claim.MISSING
+        cutoff = utcnow() - timedelta(seconds=s.heartbeat_ttl)
+        if (verdict := jobs.unclaimable(row.status, row.heartbeat_at, cutoff)) is not None:
+            return verdict
         return JobContext(job_id, row.kind, dict(row.params), device, s.database, row.queue,
                           row.requested_device, row.parent_id, [device])
 
@@ -140,8 +145,9 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     s = get_settings()
     at = placement()
     job = _context(job_id, at.device)
-    if job is None:
-        return Claim.MISSING.value
+    if isinstance(job, Claim):  # e.g. a late message of a job a dynamic batch took
+        log.info("job %s not run here: %s", job_id, job.value)
+        return job.value
     job.worker = at.worker
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
     if holder not in (None, job_id):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tasks import inputs
 from tasks.inputs import InputError, count_samples, open_input
 from workers.paths import PathError, inside_root
 
@@ -69,19 +70,32 @@ def write_rec(tmp_path: Path, images: list[np.ndarray]) -> Path:
 # --- .npy -----------------------------------------------------------------------------------------
 
 
-def test_npy_reads_the_slice_from_a_memmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("small_limit, mapped", [(1 << 20, False), (100, True)])
+def test_npy_is_read_whole_when_small_and_mapped_when_large(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_limit: int, mapped: bool) -> None:
+    monkeypatch.setattr(inputs, "SMALL_NPY_BYTES", small_limit)
     data = np.arange(10 * 64, dtype=np.int16).reshape(10, 64)
     path = tmp_path / "x.npy"
     np.save(path, data)
-    loaded = []
-    real_load = np.load
-    monkeypatch.setattr(np, "load", lambda *a, **k: loaded.append(real_load(*a, **k)) or loaded[-1])
+    assert isinstance(inputs._npy(path), np.memmap) is mapped
     src = open_input(path, (64,))
     batch = src.read(3, 7)
-    assert loaded and all(isinstance(a, np.memmap) for a in loaded)
     assert src.count == 10 and src.sample_shape == (64,)
     assert batch.dtype == np.float32 and batch.shape == (4, 64)
     np.testing.assert_array_equal(batch, data[3:7].astype(np.float32))
+    np.save(path, np.asfortranarray(data))  # column-major data reads back the same
+    np.testing.assert_array_equal(open_input(path, (64,)).read(0, 10), data.astype(np.float32))
+
+
+def test_npy_header_written_by_python_2_is_read(tmp_path: Path) -> None:
+    """Old headers carry `L` suffixes, which only NumPy's own (slower) reader accepts."""
+    data = np.arange(12, dtype="<f4").reshape(3, 4)
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (3L, 4L), }"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    path = tmp_path / "old.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + data.tobytes())
+    assert count_samples(path) == 3
+    np.testing.assert_array_equal(open_input(path, (4,)).read(0, 3), data)
 
 
 def test_npy_truncated_is_refused(tmp_path: Path) -> None:

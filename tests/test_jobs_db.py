@@ -87,6 +87,29 @@ def test_heartbeat_age_decides_liveness(stack: Stack) -> None:
     assert _status(stack, job_id).worker == B.worker
 
 
+def test_unclaimable_read_agrees_with_the_claim(stack: Stack) -> None:
+    """The one-read early drop of a delivery never refuses a job the claim would take."""
+    from datetime import timedelta
+
+    from db.schema import utcnow
+
+    url = stack.settings.database
+
+    def read_then_claim(job_id: int) -> tuple[Claim | None, Claim]:
+        job = _status(stack, job_id)
+        early = jobs.unclaimable(job.status, job.heartbeat_at, utcnow() - timedelta(seconds=TTL))
+        return early, jobs.claim(url, job_id, B, 3, TTL)
+
+    job_id = _new(stack)
+    assert read_then_claim(job_id) == (None, Claim.RUN)  # queued
+    assert read_then_claim(job_id) == (Claim.DUPLICATE, Claim.DUPLICATE)  # running, live
+    with session_scope(url) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(seconds=10)))
+    assert read_then_claim(job_id) == (None, Claim.RUN)  # running, its worker silent
+    assert jobs.succeed(url, job_id, B.worker, 1, 1.0, {})
+    assert read_then_claim(job_id) == (Claim.FINISHED, Claim.FINISHED)
+
+
 def test_racing_claims_have_one_winner(stack: Stack) -> None:
     url = stack.settings.database
     for _ in range(5):

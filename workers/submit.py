@@ -84,13 +84,19 @@ def _input_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-def _resolve_infer(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+Models = dict[tuple[str, int | None], dict[str, Any]]  # resolved once per submit_many
+
+
+def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -> dict[str, Any]:
     """Pin the model version and the input path the job will use, within the input size limit."""
     name, _, version = params["model"].partition(":")
     if version and not version.isdigit():
         raise ParamsError(f"model version {version!r} in {params['model']!r} must be a number, "
                           "as in NAME:3")
-    model = resolve(settings.database, name, int(version) if version else params["model_version"])
+    key = (name, int(version) if version else params["model_version"])
+    if key not in models:
+        models[key] = resolve(settings.database, *key)
+    model = models[key]
     path = inside_root(params["input"], settings.data_root)
     size = _input_bytes(path)
     if size > settings.max_input_bytes:
@@ -99,7 +105,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any]) -> dict[str, Any]
     return {**params, "model": name, "model_version": model["version"], "input": str(path)}
 
 
-def _resolve_train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
     """Pin the dataset path, and refuse more devices than the node has."""
     from db.workers import list_workers
 
@@ -145,6 +151,12 @@ def _check_nodes(known: list[dict[str, Any]], params: dict[str, Any]) -> None:
 PREPARE = {"infer": _resolve_infer, "train": _resolve_train}
 
 
+def _prepare(settings: Settings, kind: str, params: dict[str, Any], models: Models) -> dict[str, Any]:
+    """Validated parameters, with what the job will use pinned (model version, paths)."""
+    params = validate(kind, params, settings)
+    return PREPARE[kind](settings, params, models) if kind in PREPARE else params
+
+
 def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
     """Check the kind, the device, the database and the broker; then where the job goes."""
     if kind not in SPECS:
@@ -164,8 +176,7 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
     """
     where = _reachable_route(settings, kind, device, allow_offline)
     try:
-        params = validate(kind, params, settings)
-        params = PREPARE.get(kind, lambda _s, p: p)(settings, params)
+        params = _prepare(settings, kind, params, {})
     except (ParamsError, PathError, LookupError) as exc:
         reason = _storable(str(exc).strip('"'))
         job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
@@ -183,10 +194,10 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
     """
     where = _reachable_route(settings, kind, device, allow_offline)
-    checked = []
+    checked, models = [], {}
     for i, p in enumerate(params):
         try:
-            checked.append(PREPARE.get(kind, lambda _s, q: q)(settings, validate(kind, p, settings)))
+            checked.append(_prepare(settings, kind, p, models))
         except (ParamsError, PathError, LookupError) as exc:
             raise SubmitError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from None
