@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from db import predictions
+from db import jobs, predictions
 from db.history import metrics
 from tests.conftest import Stack
 from tests.test_infer import _data, _direct
@@ -23,7 +23,11 @@ def test_single_sample_jobs_are_merged_and_split_back(workers: Stack, mlp: dict)
     _data(workers, "one/wide.npy", np.zeros((1, 32), np.float32))
     params = [{"model": "mlp64", "input": f"one/{i}.npy"} for i in range(JOBS)]
     params.insert(JOBS // 2, {"model": "mlp64", "input": "one/wide.npy"})
+    # cpu:0 is held busy until every message is queued, so one batch takes them all at once.
+    hold = submit(s, "probe", {"size": 512, "batch": 8, "repeat": 10_000}, "cpu:0")
+    workers.wait(hold, until=("running",))
     ids = submit_many(s, "infer", params, "cpu:0")  # one device queue: they wait for each other
+    jobs.cancel(s.database, hold)
     done = {i: workers.wait(i) for i in ids}
 
     bad = ids[JOBS // 2]
