@@ -125,13 +125,10 @@ def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -
         job = s.get(Job, job_id)
         if job is None:
             return Claim.MISSING
-        if job.status in FINISHED:
-            return Claim.FINISHED
-        if job.status == JobStatus.QUEUED or job.heartbeat_at is None or \
-                as_utc(job.heartbeat_at) < cutoff:
-            job_failed = _fail_exhausted(s, job_id, cutoff, max_attempts)
-            return Claim.EXHAUSTED if job_failed else Claim.DUPLICATE
-        return Claim.DUPLICATE
+        if (verdict := unclaimable(job.status, job.heartbeat_at, cutoff)) is not None:
+            return verdict
+        # Claimable but not taken: its attempts are used up (or a racing claim won).
+        return Claim.EXHAUSTED if _fail_exhausted(s, job_id, cutoff, max_attempts) else Claim.DUPLICATE
 
 
 def _fail_exhausted(s, job_id: int, cutoff: datetime, max_attempts: int) -> bool:  # noqa: ANN001

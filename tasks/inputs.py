@@ -53,8 +53,8 @@ def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     if version not in _HEADER_READERS:
         raise ValueError(f"unsupported .npy format version {version}")
     fmt = "<H" if version == (1, 0) else "<I"
-    raw = f.read(struct.calcsize(fmt))
-    if len(raw) != struct.calcsize(fmt):
+    raw = f.read(size := struct.calcsize(fmt))
+    if len(raw) != size:
         raise ValueError("the header is cut short")
     text = f.read(struct.unpack(fmt, raw)[0])
     try:
@@ -88,16 +88,15 @@ def _npy(path: Path) -> np.ndarray:
     (mapping a file costs more than reading a few pages)."""
     with path.open("rb") as f:
         shape, fortran, dtype = _read_header(f, path)
-        offset, items = f.tell(), math.prod(shape)
+        offset, items, order = f.tell(), math.prod(shape), "F" if fortran else "C"
         if items * dtype.itemsize <= SMALL_NPY_BYTES:
             array = np.fromfile(f, dtype=dtype, count=items)
             if array.size != items:
                 raise InputError(f"input {path} is truncated or corrupt: {array.size} of {items} "
                                  "values present")
-            return array.reshape(shape, order="F" if fortran else "C")
+            return array.reshape(shape, order=order)
     try:
-        return np.memmap(path, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C",
-                         offset=offset)
+        return np.memmap(path, dtype=dtype, mode="r", shape=shape, order=order, offset=offset)
     except ValueError as e:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
 

@@ -89,5 +89,5 @@ def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:
     """
     if not job_ids:
         return 0
-    return int(leases.client(broker).eval(_DROP, len(stored_names(queues)), *stored_names(queues),
-                                          *(f"job-{i}" for i in job_ids)))
+    names = stored_names(queues)
+    return int(leases.client(broker).eval(_DROP, len(names), *names, *(f"job-{i}" for i in job_ids)))
