@@ -24,6 +24,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
 NUMERIC_KINDS = "biuf"  # bool, int, uint, float
 SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is memory-mapped
+# Dropped with each batch, before its start: the kernel maps cached pages around a page fault
+# ("fault-around", 64 KiB by default), so reading a batch maps again a few pages of the last one.
+DROP_BEHIND_BYTES = 1 << 20
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -106,7 +109,8 @@ def _array_reader(array: np.ndarray) -> Callable[[int, int], np.ndarray]:
     then dropped from this process.
 
     The mapped file would otherwise stay resident in the worker (RSS growing with the input); the
-    dropped pages remain in the OS page cache, so reading them again costs no disk access.
+    dropped pages remain in the OS page cache, so reading them again costs no disk access. The
+    drop reaches DROP_BEHIND_BYTES back, for the pages fault-around mapped again.
     """
     if not isinstance(array, np.memmap):
         return lambda start, stop: array[start:stop]
@@ -117,7 +121,7 @@ def _array_reader(array: np.ndarray) -> Callable[[int, int], np.ndarray]:
     def fetch(start: int, stop: int) -> np.ndarray:
         batch = np.array(array[start:stop])
         if mm is not None and row:
-            lo = (base + start * row) // mmap.PAGESIZE * mmap.PAGESIZE
+            lo = max(0, base + start * row - DROP_BEHIND_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
             mm.madvise(mmap.MADV_DONTNEED, lo, base + stop * row - lo)
         return batch
 

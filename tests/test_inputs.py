@@ -87,6 +87,35 @@ def test_npy_is_read_whole_when_small_and_mapped_when_large(
     np.testing.assert_array_equal(open_input(path, (64,)).read(0, 10), data.astype(np.float32))
 
 
+def _resident_bytes(name: str) -> int:
+    """This process's resident bytes in mappings of a file called `name` (/proc/self/smaps)."""
+    total, current = 0, ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if "-" in parts[0]:  # a mapping's first line: range, perms, offset, dev, inode[, path]
+            current = parts[5] if len(parts) > 5 else ""
+        elif parts[0] == "Rss:" and current.endswith(name):
+            total += int(parts[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps")
+def test_mapped_npy_stays_out_of_resident_memory(tmp_path: Path) -> None:
+    """A worker's memory must not grow with its input: each batch read drops its pages, and the
+    pages the kernel maps back around a fault (about 2 % of the file was left resident before)."""
+    path = tmp_path / "big.npy"
+    samples, batch = 40_000, 37  # 125 MB; batches of 116 KB that do not line up with pages
+    np.save(path, np.random.default_rng(0).normal(size=(samples, 784)).astype(np.float32))
+    src = open_input(path, (784,))
+    peak = 0
+    for n, i in enumerate(range(0, samples, batch)):
+        x = src.read(i, min(i + batch, samples))
+        if n % 16 == 0:  # (what stays behind only adds up)
+            peak = max(peak, _resident_bytes("big.npy"))
+    assert x[-1, 0] == np.load(path, mmap_mode="r")[-1, 0]
+    assert peak <= inputs.DROP_BEHIND_BYTES + 512 * 1024, f"{peak / 2**20:.1f} MiB of the input resident"
+
+
 def test_npy_header_written_by_python_2_is_read(tmp_path: Path) -> None:
     """Old headers carry `L` suffixes, which only NumPy's own (slower) reader accepts."""
     data = np.arange(12, dtype="<f4").reshape(3, 4)
