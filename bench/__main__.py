@@ -29,7 +29,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "dispatch": {"quick": {"jobs": 30, "latency_jobs": 8}, "full": {"jobs": 500, "latency_jobs": 50}},
     "batching": {"quick": {"jobs": 100}, "full": {"jobs": 1_000}},
     "writes": {"quick": {"rows": 20_000, "rounds": 2}, "full": {"rows": 500_000, "rounds": 3}},
-    "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 3}},
+    "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 5}},
     "memory": {"quick": {"samples": 5_000}, "full": {"samples": 50_000}},
 }
 CASES = list(SIZES)

@@ -57,7 +57,8 @@ ABOUT = {
     "training": "LeNet on tiled scikit-learn digits, same global batch and epochs, through "
     "`mxq train` and through the data-parallel loop of MXNet's multi-device guide "
     "(`split_and_load`, one `Trainer.step`), run with the cores and threads mxq gives the job, "
-    "on 1 and 2 devices. mxq's figure is the job's samples/s over its epochs.",
+    "on 1 and 2 devices. Each side's figure is the median of its epochs' samples/s (the bare "
+    "loop runs before and after the job); the whole job's figure is listed below the table.",
     "memory": "The worker's peak resident memory (VmHWM) after an inference job on the input, "
     "then after one on an input 10 times larger: inputs are memory-mapped a batch at a time and "
     "results are flushed as they go, so it should stay flat.",
@@ -375,8 +376,11 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
                 f"{', '.join(f'{v:,.0f}' for v in r[k]['bare_runs'])} rows/s"
                 for k, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
     if case == "training":
-        return [f"- {k} device(s), submit to done with start-up: {d['mxq_end_to_end']:,.0f} samples/s "
-                f"(ratio {d['ratio_end_to_end']:.3f})" for k, d in r["devices"].items()]
+        return [f"- {k} device(s): epochs mxq {', '.join(f'{v:,.0f}' for v in d['mxq_epochs'])}; bare "
+                f"{', '.join(f'{v:,.0f}' for v in d['bare_epochs'])} samples/s; the whole job "
+                f"{d['mxq_job']:,.0f} (ratio {d['ratio_job']:.3f}); submit to done with start-up "
+                f"{d['mxq_end_to_end']:,.0f} (ratio {d['ratio_end_to_end']:.3f})"
+                for k, d in r["devices"].items()]
     if case == "memory":
         return [f"- input {r['input_mib']:,.0f} MiB at 1x, {10 * r['input_mib']:,.0f} MiB at 10x"]
     return []

@@ -91,18 +91,46 @@ def shard(count: int, seed: int, rank: int, workers: int) -> np.ndarray:
     return order[rank * each:(rank + 1) * each]
 
 
-def run_epoch(net: gluon.HybridBlock, trainer: gluon.Trainer, data: Dataset, ctxs: list[mx.Context],
+FOLD_BATCHES = 64  # the batches' figures are summed on the device every this many batches
+
+
+class TrainStep(gluon.HybridBlock):
+    """Forward, loss and the batch's figures [loss sum, hits] as one compiled graph.
+
+    Computed outside the graph, the figures cost eight small operator calls per device and
+    batch, each an engine push; here they ride along the forward pass. Only the per-sample loss
+    carries gradients."""
+
+    def __init__(self, net: gluon.HybridBlock, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.net = net
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def hybrid_forward(self, F: Any, x: Any, y: Any) -> tuple[Any, Any]:  # noqa: N803 - Gluon's name
+        out = self.net(x)
+        loss = self.loss(out, y)
+        hits = F.sum(F.cast(F.argmax(out, axis=1), "float32") == F.cast(y, "float32"))
+        return loss, F.BlockGrad(F.concat(F.sum(F.cast(loss, "float32")), hits, dim=0))
+
+
+def train_step(net: gluon.HybridBlock) -> TrainStep:
+    step = TrainStep(net)
+    step.hybridize(static_alloc=True)
+    return step
+
+
+def run_epoch(step: TrainStep, trainer: gluon.Trainer, data: Dataset, ctxs: list[mx.Context],
               p: TrainParams, epoch: int, on_batch: Callable[[float], None],
               rank: int = 0, workers: int = 1) -> tuple[float, float, float, int]:
     """One pass in a seeded order (this worker's shard of it); returns (mean loss, accuracy,
     seconds, samples). Each of `workers` takes batch_size // workers samples a step and the
     step counts the global batch, whose gradients the kvstore sums."""
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     order = shard(len(data.y), p.seed + epoch, rank, workers)
     local = p.batch_size // workers
-    # Loss and hits stay on the devices until the epoch ends: no host sync per batch.
-    total_loss = [mx.nd.zeros(1, ctx=c) for c in ctxs]
-    hits = [mx.nd.zeros(1, ctx=c) for c in ctxs]
+    # [loss sum, hits] stay on the devices until the epoch ends: no host sync per batch, and
+    # one add_n per FOLD_BATCHES batches.
+    totals = [mx.nd.zeros(2, ctx=c) for c in ctxs]
+    figures: list[list[mx.nd.NDArray]] = [[] for _ in ctxs]
     began = time.perf_counter()
     steps = range(0, len(order), local)
     for n, i in enumerate(steps):
@@ -110,17 +138,17 @@ def run_epoch(net: gluon.HybridBlock, trainer: gluon.Trainer, data: Dataset, ctx
         xs = gluon.utils.split_and_load(mx.nd.array(data.x[idx], dtype=p.dtype), ctxs, even_split=False)
         ys = gluon.utils.split_and_load(mx.nd.array(data.y[idx]), ctxs, even_split=False)
         with autograd.record():
-            outs = [net(x) for x in xs]
-            losses = [loss_fn(o, y) for o, y in zip(outs, ys, strict=True)]
-        for loss in losses:
+            outs = [step(x, y) for x, y in zip(xs, ys, strict=True)]
+        for loss, _ in outs:
             loss.backward()
         trainer.step(len(idx) * workers)
-        for k, (o, y, loss) in enumerate(zip(outs, ys, losses, strict=True)):
-            total_loss[k] += loss.sum().astype("float32")
-            hits[k] += (o.argmax(axis=1) == y.astype(o.dtype)).sum().astype("float32")
+        for k, (_, batch_figures) in enumerate(outs):
+            figures[k].append(batch_figures)
+            if len(figures[k]) == FOLD_BATCHES or n + 1 == len(steps):
+                totals[k] = mx.nd.add_n(totals[k], *figures[k])
+                figures[k] = []
         on_batch((n + 1) / len(steps))
-    loss_sum = sum(float(t.asscalar()) for t in total_loss)
-    hit_sum = sum(float(h.asscalar()) for h in hits)
+    loss_sum, hit_sum = np.sum([t.asnumpy() for t in totals], axis=0).tolist()
     return loss_sum / len(order), hit_sum / len(order), time.perf_counter() - began, len(order)
 
 
@@ -135,8 +163,9 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
     results = []
     local = p.batch_size // workers
     share = np.array_split(np.arange(local), len(ctxs))  # samples each device gets per step
+    step = train_step(net)
     for epoch in range(start_epoch, p.epochs + 1):
-        loss, acc, seconds, n = run_epoch(net, trainer, train, ctxs, p, epoch,
+        loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
                                           lambda f, e=epoch: on_batch(e, f), rank, workers)
         val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
         result = EpochResult(epoch, loss, acc, val_acc, seconds, n / seconds, {

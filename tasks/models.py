@@ -160,10 +160,18 @@ def load(model: dict[str, Any], ctx: mx.Context) -> tuple[gluon.SymbolBlock, boo
     return net, False
 
 
+def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) -> None:
+    """Symbol and weights files; the export traces the net's own compiled graph, which a net
+    trained inside a larger graph (tasks.fit.TrainStep) gets only by one forward pass of its own."""
+    param = next(iter(net.collect_params().values()))
+    net(mx.nd.zeros((1, *input_shape), ctx=param.list_ctx()[0], dtype=param.dtype))
+    net.export(str(prefix), 0)
+
+
 def add_trained(url: str, home: Path, name: str, net: gluon.HybridBlock, arch: str,
                 input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
                 job_id: int) -> dict[str, Any]:
     """A new version of `name` from a finished training job, with its validation metrics."""
-    return _register(url, home, name, lambda folder: net.export(str(folder / PREFIX), 0), {
+    return _register(url, home, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
         "arch": arch, "input_shape": list(input_shape), "classes": classes,
         "source": f"train:job-{job_id}", "metrics": metrics})

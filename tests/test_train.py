@@ -68,6 +68,18 @@ def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) 
     assert accuracy >= 0.9
 
 
+def test_training_without_validation_registers_a_servable_model(workers: Stack) -> None:
+    """No validation pass means the net never ran outside the training graph: the export must
+    still find its compiled graph."""
+    code, job = _train(workers, "mlp", "digits", "--name", "no-val", "--epochs", "2",
+                       "--val-fraction", "0")
+    assert code == 0 and job["status"] == "succeeded", job
+    assert job["epochs"][-1]["val_accuracy"] is None and job["epochs"][-1]["train_accuracy"] > 0.5
+    np.save(workers.home / "data" / "digits-no-val.npy", datasets.digits().x[:50])
+    served = workers.mxq_json("infer", "no-val", "digits-no-val.npy", "--wait")
+    assert served["status"] == "succeeded" and served["model_version"] == job["model_version"]
+
+
 def test_a_probe_sent_to_a_leased_device_waits_for_the_training(workers: Stack) -> None:
     s = workers.settings
     train_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "long",
@@ -149,3 +161,27 @@ def test_bad_training_input(workers: Stack) -> None:
     ok = workers.wait(submit(workers.settings, "probe", dict(SMALL), "cpu:1"))
     assert ok["status"] == "succeeded"
 
+
+
+def test_epoch_figures_equal_a_plain_evaluation() -> None:
+    """The loss and accuracy computed inside the training graph: with a learning rate of 0 the
+    weights stay put, so they must equal an evaluation of the same net over the same samples."""
+    from mxnet import gluon
+
+    from tasks import fit
+    from tasks.fit import run_epoch, train_step
+
+    data = datasets.digits()
+    p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=20, seed=5)
+    assert len(data.y) / p.batch_size > fit.FOLD_BATCHES  # the sums are folded during the epoch
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    net = make_net(p, data.classes, data.sample_shape, ctxs)
+    frozen = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore="local")
+    loss, accuracy, _, n = run_epoch(train_step(net), frozen, data, ctxs, p, 1, lambda f: None)
+    out = net(mx.nd.array(data.x, ctx=ctxs[0]))
+    want_loss = gluon.loss.SoftmaxCrossEntropyLoss()(out, mx.nd.array(data.y, ctx=ctxs[0]))
+    want_accuracy = float((out.argmax(axis=1).asnumpy() == data.y).mean())
+    assert n == len(data.y)
+    assert 0.0 < accuracy < 0.5  # an untrained net: the figure is not trivially 0 or 1
+    assert accuracy == want_accuracy
+    assert abs(loss - float(want_loss.mean().asscalar())) < 1e-4
