@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, func, insert, or_, select, update
 
 from db.engine import session_scope
 from db.retry import db_retry
@@ -174,13 +174,13 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
         s.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
         s.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
                                       for i, (n, sec, _) in outcomes.items()])
-        for job_id, (samples, seconds, result) in outcomes.items():
-            if job_id == lead:
-                continue
-            s.execute(update(Job)
-                      .where(Job.id == job_id, Job.worker == at.worker,
-                             Job.status == JobStatus.RUNNING)
-                      .values(**_succeeded(samples, seconds, result, now)))
+        done = [{"job_id": job_id, **_succeeded(samples, seconds, result, now)}
+                for job_id, (samples, seconds, result) in outcomes.items() if job_id != lead]
+        if done:  # one executemany, not a statement per job
+            table = Job.__table__
+            s.execute(update(table).where(table.c.id == bindparam("job_id"),
+                                          table.c.worker == at.worker,
+                                          table.c.status == JobStatus.RUNNING), done)
 
 
 @db_retry

@@ -28,6 +28,8 @@ from workers.settings import Settings, get_settings
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
 CANDIDATES = 2  # look at this many queued jobs per free sample slot (others may not match)
 MAX_CANDIDATES = 512  # ... but never more in one look
+CLAIM_SLICE = 64  # candidates opened, then claimed, at a time
+GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many there are
 
 
 @dataclass
@@ -72,29 +74,51 @@ def gather(job: JobContext, model: dict[str, Any], open_input: Any, read: Any,
     while samples < s.merge_samples:
         found = _candidates(job, model, s.merge_samples - samples, seen)
         seen.update(i for i, _ in found)
-        opened = {}
-        for job_id, params in found:
-            item = _open(params, model, open_input)
-            if isinstance(item, str) or mergeable(item[0], item[1].count, s):
-                opened[job_id] = item
-        claimed = jobs.claim_many(job.url, list(opened), at)
-        messages.drop_waiting(s.broker, _queues(job), claimed)
-        for job_id in claimed:
-            item = opened[job_id]
-            if isinstance(item, str):
-                jobs.fail(job.url, job_id, item, worker=at.worker)
-                continue
-            p, source = item
-            try:
-                members.append(Member(job_id, p, read(p, source)))
-                samples += source.count
-            except JobInputError as exc:
-                jobs.fail(job.url, job_id, str(exc), worker=at.worker)
+        for part in _slices(found, parse_device(job.device).index):
+            samples += _take(job, model, part, open_input, read, at, members)
+            if samples >= s.merge_samples:
+                break
         if samples >= s.merge_samples or time.monotonic() >= deadline:
             break
         if not found:
             time.sleep(POLL_SECONDS)
     return members
+
+
+def _slices(found: list[Any], index: int) -> list[list[Any]]:
+    """The candidates in slices of CLAIM_SLICE, starting at a point of their own for each device
+    (golden-ratio spacing) and wrapping around: workers gathering at once mostly open different
+    inputs, instead of all opening the oldest ones and most losing them at the claim."""
+    start = int((index * GOLDEN) % 1 * len(found))
+    walk = found[start:] + found[:start]
+    return [walk[i:i + CLAIM_SLICE] for i in range(0, len(walk), CLAIM_SLICE)]
+
+
+def _take(job: JobContext, model: dict[str, Any], found: list[tuple[int, dict[str, Any]]],
+          open_input: Any, read: Any, at: jobs.Placement, members: list[Member]) -> int:
+    """Open `found`, claim the mergeable ones still queued, add them to `members`; the samples
+    added."""
+    s = get_settings()
+    opened = {}
+    for job_id, params in found:
+        item = _open(params, model, open_input)
+        if isinstance(item, str) or mergeable(item[0], item[1].count, s):
+            opened[job_id] = item
+    claimed = jobs.claim_many(job.url, list(opened), at)
+    messages.drop_waiting(s.broker, _queues(job), claimed)
+    added = 0
+    for job_id in claimed:
+        item = opened[job_id]
+        if isinstance(item, str):
+            jobs.fail(job.url, job_id, item, worker=at.worker)
+            continue
+        p, source = item
+        try:
+            members.append(Member(job_id, p, read(p, source)))
+            added += source.count
+        except JobInputError as exc:
+            jobs.fail(job.url, job_id, str(exc), worker=at.worker)
+    return added
 
 
 def _open(params: dict[str, Any], model: dict[str, Any],

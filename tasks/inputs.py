@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import mmap
+import re
 import struct
 import zipfile
 from collections.abc import Callable
@@ -27,6 +28,9 @@ SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is 
 # Dropped with each batch, before its start: the kernel maps cached pages around a page fault
 # ("fault-around", 64 KiB by default), so reading a batch maps again a few pages of the last one.
 DROP_BEHIND_BYTES = 1 << 20
+# The header exactly as NumPy writes it for a plain dtype; any other is read by literal_eval.
+_NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
+                           r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \} *\n?")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -47,9 +51,10 @@ def _kind(path: Path) -> str:
 def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Shape, Fortran order and dtype of the .npy header at `f`, left at the data.
 
-    One `literal_eval` of the header dict: NumPy's reader first re-tokenizes every version 1
-    header (for files written by Python 2), which costs more than reading a small input whole.
-    Such old headers (`10L`) fail here and go through NumPy's reader instead.
+    NumPy's reader first re-tokenizes every version 1 header (for files written by Python 2),
+    which costs more than reading a small input whole. Here the header NumPy writes is matched
+    by one regular expression, any other parsed by one `literal_eval`; old headers (`10L`) fail
+    both and go through NumPy's reader.
     """
     start = f.tell()
     version = np.lib.format.read_magic(f)
@@ -59,9 +64,12 @@ def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     raw = f.read(size := struct.calcsize(fmt))
     if len(raw) != size:
         raise ValueError("the header is cut short")
-    text = f.read(struct.unpack(fmt, raw)[0])
+    text = f.read(struct.unpack(fmt, raw)[0]).decode("latin1")
+    if (m := _NUMPY_HEADER.fullmatch(text)) is not None:
+        descr, fortran, dims = m.groups()
+        return tuple(int(n) for n in dims.split(",") if n.strip()), fortran == "True", np.dtype(descr)
     try:
-        d = ast.literal_eval(text.decode("latin1"))
+        d = ast.literal_eval(text)
         shape, fortran, dtype = d["shape"], d["fortran_order"], np.lib.format.descr_to_dtype(d["descr"])
         if not (isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)
                 and isinstance(fortran, bool)):

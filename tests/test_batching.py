@@ -7,6 +7,7 @@ import numpy as np
 
 from db import jobs, predictions
 from db.history import metrics
+from tasks import batching
 from tests.conftest import Stack
 from tests.test_infer import _data, _direct
 from workers.submit import submit, submit_many
@@ -59,3 +60,16 @@ def test_a_larger_job_is_never_merged(workers: Stack, mlp: dict) -> None:
                               "cpu:1"))
     assert job["status"] == "succeeded" and "batched_jobs" not in job["result"]
     assert predictions.count(workers.settings.database, job["id"]) == 100
+
+
+def test_devices_walk_the_candidates_from_different_points() -> None:
+    """Every candidate once, in slices; two devices start apart, so they rarely open the same
+    inputs at once."""
+    found = list(range(300))
+    walks = {i: batching._slices(found, i) for i in range(4)}
+    for parts in walks.values():
+        assert sorted(x for part in parts for x in part) == found
+        assert all(0 < len(part) <= batching.CLAIM_SLICE for part in parts)
+    starts = [parts[0][0] for parts in walks.values()]
+    assert len(set(starts)) == 4 and abs(starts[0] - starts[1]) >= len(found) // 3
+    assert batching._slices([], 1) == []

@@ -127,6 +127,21 @@ def test_npy_header_written_by_python_2_is_read(tmp_path: Path) -> None:
     np.testing.assert_array_equal(open_input(path, (4,)).read(0, 3), data)
 
 
+
+@pytest.mark.parametrize("array", [
+    np.zeros((2, 1, 28, 28), np.float32), np.zeros(5), np.asfortranarray(np.zeros((3, 4))),
+    np.zeros(2, ">i8"), np.zeros((0, 3), np.uint8), np.zeros((4,), bool),
+    np.zeros(3, [("a", "<f4")]),  # not NumPy's plain form: read by literal_eval
+], ids=lambda a: f"{a.dtype}{a.shape}")
+def test_npy_header_matches_numpys_reader(tmp_path: Path, array: np.ndarray) -> None:
+    path = tmp_path / "h.npy"
+    np.save(path, array)
+    with path.open("rb") as f:
+        ours, at = inputs._parse_header(f), f.tell()
+    with path.open("rb") as f:
+        np.lib.format.read_magic(f)
+        assert ours == np.lib.format.read_array_header_1_0(f) and at == f.tell()
+
 def test_npy_truncated_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "t.npy"
     np.save(path, np.zeros((100, 8), dtype=np.float32))

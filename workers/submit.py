@@ -189,7 +189,7 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
 
 def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
                 allow_offline: bool = False) -> list[int]:
-    """Queue many jobs of one kind at once: one check, one transaction, one broker connection.
+    """Queue many jobs of one kind at once: one check, one transaction, pipelined publishes.
 
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
     """
@@ -204,7 +204,8 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
     app = app_for(settings.broker)
     try:
-        with app.producer_or_acquire() as producer:
+        # One pipelined round trip per 1,000 messages (kombu's publish batch) instead of one each.
+        with app.producer_or_acquire() as producer, producer.batch():
             for job_id in ids:
                 app.send_task(task_name(kind), args=[job_id], queue=where.queue,
                               task_id=f"job-{job_id}", producer=producer)
