@@ -1,8 +1,9 @@
 """`mxq infer` (one device, end to end, results stored) against a bare MXNet loop, same run.
 
 Same registered model, same .npy input, same batch size, same cores and threads (the bare loop
-runs in a process pinned like the worker). Prints the throughput ratio, and the worker's peak
-memory on the input and on one 10x larger (streaming keeps it flat).
+runs in a process pinned like the worker); three alternating runs of each, medians. Prints the
+throughput ratio, and the worker's peak memory on the input and on one 10x larger (streaming
+keeps it flat).
 
     python -m bench.infer_overhead [--samples 200000] [--arch lenet] [--shape 1,28,28]
 """
@@ -10,6 +11,7 @@ memory on the input and on one 10x larger (streaming keeps it flat).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -73,24 +75,29 @@ def warm(s: Settings, shape: tuple[int, ...], batch: int, devices: list[str]) ->
                            device))
 
 
-def inference(s: Settings, samples: int, shape: tuple[int, ...], batch: int) -> dict[str, Any]:
-    """mxq infer on cpu:0 against the bare loop on cpu:0's cores (run before and after)."""
+def inference(s: Settings, samples: int, shape: tuple[int, ...], batch: int,
+              rounds: int = 3) -> dict[str, Any]:
+    """mxq infer on cpu:0 against the bare loop on cpu:0's cores: `rounds` alternating runs of
+    each, medians (one run of either swings by several percent on a shared machine)."""
     from workers.submit import submit
 
     path = make_input(s.home_path / "input.npy", samples, shape)
     warm(s, shape, batch, ["cpu:0"])
     cores = worker_cores(s, "cpu:0")
-    bare = pinned_bare(s, path, batch, cores)
-    t0 = time.perf_counter()
-    job = wait_job(s, submit(s, "infer", {"model": MODEL, "input": str(path), "batch_size": batch},
-                             "cpu:0"))
-    wall = time.perf_counter() - t0
-    bare_again = pinned_bare(s, path, batch, cores)
-    baseline = (bare + bare_again) / 2
+    bare, mxq, end_to_end = [], [], []
+    for _ in range(rounds):
+        bare.append(pinned_bare(s, path, batch, cores))
+        t0 = time.perf_counter()
+        job = wait_job(s, submit(s, "infer", {"model": MODEL, "input": str(path),
+                                              "batch_size": batch}, "cpu:0"))
+        end_to_end.append(samples / (time.perf_counter() - t0))
+        mxq.append(job["samples_per_sec"])
+    baseline = statistics.median(bare)
     return {"samples": samples, "batch_size": batch, "cores": cores, "bare": baseline,
-            "bare_runs": [bare, bare_again], "mxq": job["samples_per_sec"],
-            "mxq_end_to_end": samples / wall, "ratio": job["samples_per_sec"] / baseline,
-            "ratio_end_to_end": samples / wall / baseline}
+            "bare_runs": bare, "mxq_runs": mxq, "mxq": statistics.median(mxq),
+            "mxq_end_to_end": statistics.median(end_to_end),
+            "ratio": statistics.median(mxq) / baseline,
+            "ratio_end_to_end": statistics.median(end_to_end) / baseline}
 
 
 def memory(s: Settings, samples: int, shape: tuple[int, ...], batch: int) -> dict[str, Any]:
@@ -123,9 +130,10 @@ def run_inference(samples: int = 200_000, arch: str = "lenet", shape: tuple[int,
         result = inference(s, samples, shape, batch)
     result.update(arch=arch, shape=list(shape))
     print(f"  model {arch} {shape}, {samples:,} samples, batch {batch}, cores {result['cores']}")
-    print(f"  bare MXNet loop          {result['bare']:12,.0f} samples/s  (runs: "
-          f"{result['bare_runs'][0]:,.0f}, {result['bare_runs'][1]:,.0f})")
-    print(f"  mxq infer (job)          {result['mxq']:12,.0f} samples/s  ratio {result['ratio']:.3f}")
+    print(f"  bare MXNet loop          {result['bare']:12,.0f} samples/s  (median of runs: "
+          f"{', '.join(f'{v:,.0f}' for v in result['bare_runs'])})")
+    print(f"  mxq infer (job)          {result['mxq']:12,.0f} samples/s  ratio {result['ratio']:.3f}  "
+          f"(median of runs: {', '.join(f'{v:,.0f}' for v in result['mxq_runs'])})")
     print(f"  mxq infer (submit..done) {result['mxq_end_to_end']:12,.0f} samples/s  "
           f"ratio {result['ratio_end_to_end']:.3f}")
     return result

@@ -32,7 +32,7 @@ ABOUT = {
     "inference": "The same registered LeNet over the same `.npy` input with the same batch size, "
     "through `mxq infer` on one device (results stored in SQL) and through the plain loop a user "
     "would write (read a batch, forward, softmax, to NumPy), run in a process pinned to the "
-    "worker's cores with the worker's thread limits, before and after the job (mean). mxq's "
+    "worker's cores with the worker's thread limits, three runs of each, alternating (medians). mxq's "
     "figure is the job's own samples/s; submit-to-done (with queueing and the final write) is "
     "shown for information.",
     "scaling": "One input sized to the machine, split with `--chunk-size` = half of it: on two "
@@ -357,8 +357,8 @@ def _sizes(params: dict[str, Any]) -> str:
 
 def _details(case: str, r: dict[str, Any]) -> list[str]:
     if case == "inference":
-        return [f"- bare loop runs: {', '.join(f'{v:,.0f}' for v in r['bare_runs'])} samples/s; "
-                f"worker cores {r['cores']}"]
+        return [f"- runs: bare loop {', '.join(f'{v:,.0f}' for v in r['bare_runs'])}; mxq "
+                f"{', '.join(f'{v:,.0f}' for v in r['mxq_runs'])} samples/s; worker cores {r['cores']}"]
     if case == "scaling":
         return [f"- input {r['samples']:,} samples, chunk size {r['chunk_size']:,}; worker cores: "
                 + "; ".join(f"{d} {c}" for d, c in r["worker_cores"].items()),
