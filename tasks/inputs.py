@@ -25,11 +25,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
 NUMERIC_KINDS = "biuf"  # bool, int, uint, float
 SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is memory-mapped
-# A mapped input's pages are dropped from the worker each time this much more has been read: a
-# drop per batch cost about 2 % of inference throughput (each one interrupts MXNet's threads).
-DROP_EVERY_BYTES = 8 << 20
-# ... reaching this far back too: the kernel maps cached pages around a page fault
-# ("fault-around", 64 KiB by default), so a read maps again a few pages of the one before.
+# Dropped with each batch, before its start: the kernel maps cached pages around a page fault
+# ("fault-around", 64 KiB by default), so reading a batch maps again a few pages of the last one.
 DROP_BEHIND_BYTES = 1 << 20
 # The header exactly as NumPy writes it for a plain dtype; any other is read by literal_eval.
 _NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
@@ -117,10 +114,10 @@ def _npy(path: Path) -> np.ndarray:
 
 def _array_reader(array: np.ndarray) -> Callable[[int, int], np.ndarray]:
     """Batches sliced from an array in memory, or copied out of a mapped one, whose pages are
-    dropped from this process every DROP_EVERY_BYTES read.
+    then dropped from this process.
 
     The mapped file would otherwise stay resident in the worker (RSS growing with the input); the
-    dropped pages remain in the OS page cache, so reading them again costs no disk access. Each
+    dropped pages remain in the OS page cache, so reading them again costs no disk access. The
     drop reaches DROP_BEHIND_BYTES back, for the pages fault-around mapped again.
     """
     if not isinstance(array, np.memmap):
@@ -128,16 +125,12 @@ def _array_reader(array: np.ndarray) -> Callable[[int, int], np.ndarray]:
     mm = getattr(array, "_mmap", None)
     row = array.strides[0] if array.ndim and array.flags.c_contiguous else 0
     base = array.offset % mmap.ALLOCATIONGRANULARITY  # where the data starts inside the mapping
-    dropped = [0]  # the mapping is dropped up to here
 
     def fetch(start: int, stop: int) -> np.ndarray:
         batch = np.array(array[start:stop])
-        end = base + stop * row
-        if mm is not None and row and (end - dropped[0] >= DROP_EVERY_BYTES or stop == len(array)):
-            lo = max(0, min(dropped[0], base + start * row) - DROP_BEHIND_BYTES)
-            lo = lo // mmap.PAGESIZE * mmap.PAGESIZE
-            mm.madvise(mmap.MADV_DONTNEED, lo, end - lo)
-            dropped[0] = end
+        if mm is not None and row:
+            lo = max(0, base + start * row - DROP_BEHIND_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
+            mm.madvise(mmap.MADV_DONTNEED, lo, base + stop * row - lo)
         return batch
 
     return fetch

@@ -101,8 +101,8 @@ def _resident_bytes(name: str) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps")
 def test_mapped_npy_stays_out_of_resident_memory(tmp_path: Path) -> None:
-    """A worker's memory must not grow with its input: what was read is dropped every few MiB,
-    with the pages the kernel maps back around a fault (about 2 % of the file stayed before)."""
+    """A worker's memory must not grow with its input: each batch read drops its pages, and the
+    pages the kernel maps back around a fault (about 2 % of the file was left resident before)."""
     path = tmp_path / "big.npy"
     samples, batch = 40_000, 37  # 125 MB; batches of 116 KB that do not line up with pages
     np.save(path, np.random.default_rng(0).normal(size=(samples, 784)).astype(np.float32))
@@ -113,9 +113,7 @@ def test_mapped_npy_stays_out_of_resident_memory(tmp_path: Path) -> None:
         if n % 16 == 0:  # (what stays behind only adds up)
             peak = max(peak, _resident_bytes("big.npy"))
     assert x[-1, 0] == np.load(path, mmap_mode="r")[-1, 0]
-    bound = inputs.DROP_EVERY_BYTES + 4 * inputs.DROP_BEHIND_BYTES  # (+ pages mapped around faults)
-    assert peak <= bound, f"{peak / 2**20:.1f} MiB of the input resident"
-    assert _resident_bytes("big.npy") <= inputs.DROP_BEHIND_BYTES  # the last read dropped it all
+    assert peak <= inputs.DROP_BEHIND_BYTES + 512 * 1024, f"{peak / 2**20:.1f} MiB of the input resident"
 
 
 def test_npy_header_written_by_python_2_is_read(tmp_path: Path) -> None:
