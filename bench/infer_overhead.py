@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.report import figures
 from bench.stack import peak_rss_mib, run_pinned, running_stack, wait_job, worker_cores, worker_pids
 from workers.settings import Settings
 
@@ -131,9 +132,9 @@ def run_inference(samples: int = 200_000, arch: str = "lenet", shape: tuple[int,
     result.update(arch=arch, shape=list(shape))
     print(f"  model {arch} {shape}, {samples:,} samples, batch {batch}, cores {result['cores']}")
     print(f"  bare MXNet loop          {result['bare']:12,.0f} samples/s  (median of runs: "
-          f"{', '.join(f'{v:,.0f}' for v in result['bare_runs'])})")
+          f"{figures(result['bare_runs'])})")
     print(f"  mxq infer (job)          {result['mxq']:12,.0f} samples/s  ratio {result['ratio']:.3f}  "
-          f"(median of runs: {', '.join(f'{v:,.0f}' for v in result['mxq_runs'])})")
+          f"(median of runs: {figures(result['mxq_runs'])})")
     print(f"  mxq infer (submit..done) {result['mxq_end_to_end']:12,.0f} samples/s  "
           f"ratio {result['ratio_end_to_end']:.3f}")
     return result

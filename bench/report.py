@@ -355,10 +355,15 @@ def _sizes(params: dict[str, Any]) -> str:
                      for k, v in params.items())
 
 
+def figures(values: list[float]) -> str:
+    """Measured rates as the report prints them: 12,345, 12,678."""
+    return ", ".join(f"{v:,.0f}" for v in values)
+
+
 def _details(case: str, r: dict[str, Any]) -> list[str]:
     if case == "inference":
-        return [f"- runs: bare loop {', '.join(f'{v:,.0f}' for v in r['bare_runs'])}; mxq "
-                f"{', '.join(f'{v:,.0f}' for v in r['mxq_runs'])} samples/s; worker cores {r['cores']}"]
+        return [f"- runs: bare loop {figures(r['bare_runs'])}; mxq "
+                f"{figures(r['mxq_runs'])} samples/s; worker cores {r['cores']}"]
     if case == "scaling":
         return [f"- input {r['samples']:,} samples, chunk size {r['chunk_size']:,}; worker cores: "
                 + "; ".join(f"{d} {c}" for d, c in r["worker_cores"].items()),
@@ -372,12 +377,12 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- batching {k}: {r[k]['jobs']} jobs in {r[k]['seconds']:.1f} s, {r[k]['batches']} "
                 f"batches, on {', '.join(r[k]['devices'])}" for k in ("on", "off")]
     if case == "writes":
-        return [f"- {name}: rounds mxq {', '.join(f'{v:,.0f}' for v in r[k]['mxq_runs'])}; bare "
-                f"{', '.join(f'{v:,.0f}' for v in r[k]['bare_runs'])} rows/s"
+        return [f"- {name}: rounds mxq {figures(r[k]['mxq_runs'])}; bare "
+                f"{figures(r[k]['bare_runs'])} rows/s"
                 for k, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
     if case == "training":
-        return [f"- {k} device(s): epochs mxq {', '.join(f'{v:,.0f}' for v in d['mxq_epochs'])}; bare "
-                f"{', '.join(f'{v:,.0f}' for v in d['bare_epochs'])} samples/s; the whole job "
+        return [f"- {k} device(s): epochs mxq {figures(d['mxq_epochs'])}; bare "
+                f"{figures(d['bare_epochs'])} samples/s; the whole job "
                 f"{d['mxq_job']:,.0f} (ratio {d['ratio_job']:.3f}); submit to done with start-up "
                 f"{d['mxq_end_to_end']:,.0f} (ratio {d['ratio_end_to_end']:.3f})"
                 for k, d in r["devices"].items()]

@@ -8,7 +8,6 @@ stay light.
 
 from __future__ import annotations
 
-import ast
 import math
 import mmap
 import re
@@ -28,7 +27,7 @@ SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is 
 # Dropped with each batch, before its start: the kernel maps cached pages around a page fault
 # ("fault-around", 64 KiB by default), so reading a batch maps again a few pages of the last one.
 DROP_BEHIND_BYTES = 1 << 20
-# The header exactly as NumPy writes it for a plain dtype; any other is read by literal_eval.
+# The header exactly as NumPy writes it for a plain dtype; any other is read by NumPy's reader.
 _NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
                            r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \} *\n?")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -53,8 +52,8 @@ def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
 
     NumPy's reader first re-tokenizes every version 1 header (for files written by Python 2),
     which costs more than reading a small input whole. Here the header NumPy writes is matched
-    by one regular expression, any other parsed by one `literal_eval`; old headers (`10L`) fail
-    both and go through NumPy's reader.
+    by one regular expression; any other (old `10L` headers, structured dtypes) goes through
+    NumPy's reader.
     """
     start = f.tell()
     version = np.lib.format.read_magic(f)
@@ -68,16 +67,8 @@ def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     if (m := _NUMPY_HEADER.fullmatch(text)) is not None:
         descr, fortran, dims = m.groups()
         return tuple(int(n) for n in dims.split(",") if n.strip()), fortran == "True", np.dtype(descr)
-    try:
-        d = ast.literal_eval(text)
-        shape, fortran, dtype = d["shape"], d["fortran_order"], np.lib.format.descr_to_dtype(d["descr"])
-        if not (isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)
-                and isinstance(fortran, bool)):
-            raise ValueError(f"bad header values {d!r}")
-    except (SyntaxError, ValueError, TypeError, KeyError, UnicodeDecodeError):
-        f.seek(start)
-        return _HEADER_READERS[np.lib.format.read_magic(f)](f)
-    return shape, fortran, dtype
+    f.seek(start)
+    return _HEADER_READERS[np.lib.format.read_magic(f)](f)
 
 
 def _read_header(f: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:

@@ -131,7 +131,7 @@ def test_npy_header_written_by_python_2_is_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("array", [
     np.zeros((2, 1, 28, 28), np.float32), np.zeros(5), np.asfortranarray(np.zeros((3, 4))),
     np.zeros(2, ">i8"), np.zeros((0, 3), np.uint8), np.zeros((4,), bool),
-    np.zeros(3, [("a", "<f4")]),  # not NumPy's plain form: read by literal_eval
+    np.zeros(3, [("a", "<f4")]),  # not the plain form: read by NumPy's own reader
 ], ids=lambda a: f"{a.dtype}{a.shape}")
 def test_npy_header_matches_numpys_reader(tmp_path: Path, array: np.ndarray) -> None:
     path = tmp_path / "h.npy"
