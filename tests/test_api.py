@@ -152,7 +152,7 @@ def test_openapi_metrics_and_dashboard(client: TestClient) -> None:
 
 
 def test_the_api_refuses_a_public_address_without_a_token(workers: Stack) -> None:
-    proc = workers.mxq("api", env={"MXQ_API_HOST": "0.0.0.0"}, timeout=60)
+    proc = workers.mxq_process("api", env={"MXQ_API_HOST": "0.0.0.0"}, timeout=60)
     assert proc.returncode == 2
     assert "refusing to serve on 0.0.0.0 without MXQ_API_TOKEN" in proc.stderr
 

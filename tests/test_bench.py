@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.integration
+@pytest.mark.slow
 def test_quick_report(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "writes,dispatch",

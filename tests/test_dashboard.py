@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import ROOT, Stack, free_port, missing
 from workers.submit import submit
 
+pytestmark = pytest.mark.slow
+
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -102,7 +102,7 @@ def test_worker_refuses_a_gpu_its_mxnet_has_no_kernels_for(tmp_path: Path) -> No
     stack = Stack("cli", tmp_path, {"MXQ_HOME": str(tmp_path), "MXQ_NODE": "box1",
                                     "MXQ_NVIDIA_SMI": str(fake_nvidia_smi(tmp_path, "h200x1.csv")),
                                     "MXQ_MXNET_BUILD": "mxnet-cu112"})
-    proc = stack.mxq("worker")  # the real start, not a dry run: refuses before starting anything
+    proc = stack.mxq_process("worker")  # the real start, not a dry run: refuses before starting anything
     assert proc.returncode == 1
     assert "refusing gpu:0 (NVIDIA H200, compute capability 9.0 = sm_90)" in proc.stderr
     assert not (tmp_path / "logs").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from db import predictions
 from db.registry import resolve
@@ -32,7 +33,7 @@ def _direct(stack: Stack, model: str, x: np.ndarray) -> np.ndarray:
 
 
 def _infer(stack: Stack, *args: str) -> dict:
-    proc = stack.mxq("infer", *args, "--wait", "--json", timeout=600)
+    proc = stack.mxq("infer", *args, "--wait", "--json")
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 
@@ -99,6 +100,7 @@ def test_chunked_job_spreads_over_devices_and_stores_each_row_once(workers: Stac
                           _direct(workers, "mlp64", x).argmax(axis=1))
 
 
+@pytest.mark.slow
 def test_killed_mid_inference_resumes_without_duplicates(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(4).normal(size=(300_000, 64)).astype(np.float32)
     _data(workers, "kill.npy", x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from sqlalchemy import inspect, update
 
 from db import jobs
@@ -12,6 +13,8 @@ from db.engine import get_engine, session_scope
 from db.jobs import Claim, Placement
 from db.schema import Job
 from tests.conftest import Stack
+
+pytestmark = pytest.mark.both_legs
 
 A = Placement(worker="cpu0@n", node="n", device="cpu:0")
 B = Placement(worker="cpu1@n", node="n", device="cpu:1")

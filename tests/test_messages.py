@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import Stack
 from workers import leases
 from workers.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
 from workers.submit import submit_many
+
+pytestmark = pytest.mark.both_legs
 
 PROBE = {"size": 16, "batch": 1, "repeat": 1}
 

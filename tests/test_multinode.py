@@ -98,7 +98,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def _train(stack: Stack, *args: str) -> dict:
-    proc = stack.mxq("train", *args, "--wait", "--json", timeout=900)
+    proc = stack.mxq("train", *args, "--wait", "--json")
     assert proc.stdout.strip(), proc.stderr
     return json.loads(proc.stdout)
 
@@ -123,6 +123,7 @@ def _parts(stack: Stack, parent: int) -> list[dict]:
                    if j["parent_id"] == parent), key=lambda j: j["chunk_index"])
 
 
+@pytest.mark.slow
 def test_two_nodes_train_as_well_as_one(cluster: Cluster) -> None:
     stack = cluster.stack
     one = _train(stack, "mlp", "digits", "--name", "solo", "--epochs", EPOCHS, "--seed", "1")
@@ -160,6 +161,7 @@ def test_two_nodes_train_as_well_as_one(cluster: Cluster) -> None:
     assert two["model_version"] == 1 and two["result"]["val_accuracy"] == models[0]["metrics"]["val_accuracy"]
 
 
+@pytest.mark.slow
 def test_a_part_whose_worker_dies_fails_the_job_without_orphans(cluster: Cluster) -> None:
     stack = cluster.stack
     job_id = submit(stack.settings, "train", {"arch": "mlp", "dataset": "digits", "name": "cut",
@@ -194,6 +196,7 @@ def test_a_part_whose_worker_dies_fails_the_job_without_orphans(cluster: Cluster
     assert again["status"] == "succeeded" and again["node"] == victim["node"]
 
 
+@pytest.mark.slow
 def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -> None:
     stack = cluster.stack
     for node in NODES:

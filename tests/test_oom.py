@@ -22,6 +22,8 @@ from tests.conftest import NODE, ROOT, Stack, _stack
 from tests.test_infer import _data, _infer
 from tests.test_workers import _pid, _wait_alive
 
+pytestmark = pytest.mark.slow
+
 # The cap leaves the worker (~0.7 GiB with MXNet, Celery and a model loaded) about 0.6 GiB for
 # batches: LeNet on 1x32x32 images needs ~0.12 MiB a sample, so 8192 samples (~1 GiB) do not fit
 # and half as many do; one sample of the `wide` model needs 1 GiB, beyond the cap at any size.

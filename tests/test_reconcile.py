@@ -7,6 +7,7 @@ import json
 import time
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import update
 
 from db import events, schedules
@@ -17,6 +18,8 @@ from workers import leases
 from workers.messages import UNACKED, UNACKED_INDEX, in_broker
 from workers.reconcile import UNACKED_GRACE_SECONDS, reconcile
 from workers.submit import submit
+
+pytestmark = pytest.mark.both_legs
 
 
 def _probe(stack: Stack) -> int:

@@ -15,6 +15,8 @@ from db.history import get_job
 from tests.conftest import Stack
 from workers.schedule import add_schedule, run_now, tick
 
+pytestmark = pytest.mark.both_legs
+
 SPEC = {"arch": "mlp", "name": "retrained", "epochs": 1}
 T0 = datetime(2026, 3, 27, 12, tzinfo=UTC)
 

@@ -38,7 +38,7 @@ def test_up_probe_every_device_down(tmp_path: Path) -> None:
     port = free_port()
     stack = Stack("up", home, {"MXQ_HOME": str(home), "MXQ_NODE": "upnode", "MXQ_CPU_DEVICES": "2",
                                "MXQ_NVIDIA_SMI": str(tmp_path / "absent"), "MXQ_API_PORT": str(port)})
-    up = stack.mxq("up", "--detach", timeout=240)
+    up = stack.mxq_process("up", "--detach", timeout=240)
     try:
         assert up.returncode == 0, up.stderr
         assert "cpu:0" in up.stdout and "cpu:1" in up.stdout
@@ -51,11 +51,11 @@ def test_up_probe_every_device_down(tmp_path: Path) -> None:
             assert job["status"] == "succeeded" and job["device"] == d["device"]
         api = _get_json(f"http://127.0.0.1:{port}/api/v1/devices")  # `mxq up` serves the API too
         assert [d["device"] for d in api] == ["cpu:0", "cpu:1"]
-        again = stack.mxq("up", "--detach")
+        again = stack.mxq_process("up", "--detach")
         assert again.returncode == 2 and "already up" in again.stderr
         launcher = int((home / "launcher.pid").read_text())
     finally:
-        down = stack.mxq("down", timeout=120)
+        down = stack.mxq_process("down", timeout=120)
     assert down.returncode == 0 and "embedded Redis" in down.stdout
     assert not EmbeddedRedis(home).running()
     assert not any(_alive(p) for p in [*pids, launcher])

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from db.history import JobFilter, list_jobs
 from tests.conftest import Stack
+
+pytestmark = pytest.mark.both_legs
 
 
 def _one_line(proc) -> str:  # noqa: ANN001

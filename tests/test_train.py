@@ -9,6 +9,7 @@ import time
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from db import predictions
 from tasks import datasets
@@ -22,7 +23,7 @@ SMALL = {"size": 64, "batch": 2, "repeat": 1}
 
 
 def _train(stack: Stack, *args: str) -> tuple[int, dict]:
-    proc = stack.mxq("train", *args, "--wait", "--json", timeout=900)
+    proc = stack.mxq("train", *args, "--wait", "--json")
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {"stderr": proc.stderr}
 
 
@@ -96,6 +97,7 @@ def test_a_probe_sent_to_a_leased_device_waits_for_the_training(workers: Stack) 
     assert probed["attempts"] == 1
 
 
+@pytest.mark.slow
 def test_killed_training_worker_resumes_from_its_checkpoint(workers: Stack) -> None:
     s = workers.settings
     job_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "resumed",

@@ -160,6 +160,7 @@ def test_device_errors_are_one_line_and_write_nothing(workers: Stack, device: st
     assert len(workers.mxq_json("jobs", "--limit", "10000")) == before
 
 
+@pytest.mark.slow
 def test_killed_worker_is_restarted_and_its_job_finishes_once(workers: Stack) -> None:
     s = workers.settings
     job_id = submit(s, "probe", dict(LONG), "cpu:0")
@@ -173,6 +174,7 @@ def test_killed_worker_is_restarted_and_its_job_finishes_once(workers: Stack) ->
     assert new_pid != pid
 
 
+@pytest.mark.slow
 def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -> None:
     s = workers.settings
     job_id = submit(s, "probe", dict(LONG), "cpu:1")

@@ -35,9 +35,6 @@ log = logging.getLogger(__name__)
 SUBMIT_GRACE_SECONDS = 10.0
 # A fire's tick submits its job within a second; one older than this without a job lost it.
 FIRE_GRACE_SECONDS = 60.0
-# The broker is looked at twice this far apart: a message is out of sight only for the instant
-# a worker moves it from its queue to the unacked set, never in two looks.
-SECOND_LOOK_SECONDS = 1.0
 # A queued job's message is unacknowledged only while a worker claims or defers it (a second at
 # most); one held longer belongs to a consumer that lost its connection and will never run it.
 # (Redis would hand it out again only after the visibility timeout, hours away.)
@@ -89,15 +86,16 @@ def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[
     """Queued jobs with no live message, stale running jobs with none waiting, and the stale
     unacknowledged messages of both.
 
-    Two looks at the broker a moment apart; SQL is read again after them, so a job that
-    moved on meanwhile is left alone.
+    Two looks at the broker MXQ_RECONCILE_LOOK_SECONDS apart (a message is out of sight only
+    for the instant a worker moves it from its queue to the unacked set, never in two looks);
+    SQL is read again after them, so a job that moved on meanwhile is left alone.
     """
     queued, running = _queued(settings), _stale_running(settings)
     queues = {q for _, q in (*queued.values(), *running.values())}
     if not queues:
         return {}, {}, {}
     waiting, held = in_broker(settings.broker, queues)
-    time.sleep(SECOND_LOOK_SECONDS)
+    time.sleep(settings.reconcile_look_seconds)
     waiting2, held2 = in_broker(settings.broker, queues)
     seen = waiting | waiting2 | _live(held) | _live(held2)
     lost = _still_queued(settings, set(queued) - seen)

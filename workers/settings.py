@@ -26,6 +26,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TICK_SECONDS = 15.0
 # The reconciler (in the schedule process) compares SQL with the broker this often.
 DEFAULT_RECONCILE_SECONDS = 30.0
+# The reconciler looks at the broker twice this far apart before it calls a message lost.
+DEFAULT_RECONCILE_LOOK_SECONDS = 1.0
 # Dynamic batching: a worker running a small inference job (at most this many samples) also takes
 # queued small jobs of the same model, up to DEFAULT_MERGE_SAMPLES samples in one batch, waiting
 # at most DEFAULT_BATCH_WAIT_MS for more to arrive.
@@ -73,6 +75,10 @@ class Settings(BaseSettings):
     tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, description="Schedule tick period.")
     reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0,
                                      description="How often the reconciler runs.")
+    reconcile_look_seconds: float = Field(
+        DEFAULT_RECONCILE_LOOK_SECONDS, gt=0, le=60,
+        description="Seconds between the reconciler's two looks at the broker."
+    )
     dynamic_batching: bool = Field(True, description="Merge small inference jobs of one model.")
     small_job_samples: int = Field(DEFAULT_SMALL_JOB_SAMPLES, ge=1)
     merge_samples: int = Field(DEFAULT_MERGE_SAMPLES, ge=1)

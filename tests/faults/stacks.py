@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy import select
 
 from db.engine import session_scope
@@ -46,7 +48,7 @@ class PrivateRedis:
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.home)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
         for _ in range(100):
             try:
                 if client.ping():

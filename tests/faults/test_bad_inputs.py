@@ -17,6 +17,8 @@ from tests.conftest import FINAL, NODE, Stack
 from tests.faults.api_server import Api, counts, start_api
 from workers.status import device_table
 
+pytestmark = pytest.mark.slow
+
 TOKEN = "fault-token-Zq9x"
 # The API server of this corpus refuses inputs over 1 MB, so that limit can be tried over HTTP
 # without writing gigabytes (the CLI case sets it for its one call instead).

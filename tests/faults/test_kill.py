@@ -14,6 +14,8 @@ from db.epochs import list_epochs
 from tests.faults.stacks import FaultStack, report
 from workers.submit import submit
 
+pytestmark = pytest.mark.slow
+
 KILLS = 10
 INFER_SAMPLES = 400_000
 TRAIN_EPOCHS = 30

@@ -11,6 +11,8 @@ import pytest
 from tests.faults.stacks import FaultStack, report
 from workers.submit import submit_many
 
+pytestmark = pytest.mark.slow
+
 JOBS = 5_000
 ROUND = 250  # jobs of each kind per submit_many call
 WARM = 1_000  # jobs done before the first memory reading (imports and caches are settled)

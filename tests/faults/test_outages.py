@@ -19,6 +19,8 @@ from tests.faults.stacks import FaultStack, report
 from workers import leases
 from workers.submit import submit
 
+pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
+
 PROBE = {"size": 16, "batch": 1, "repeat": 1}
 HOLD = {"size": 512, "batch": 8, "repeat": 10_000}  # minutes of work: runs until cancelled
 SMALL_INPUT = 2_000

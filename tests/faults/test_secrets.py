@@ -19,6 +19,8 @@ from db.history import JobFilter, get_job, list_jobs
 from tests.conftest import FINAL, Stack, _stack, launch, stop
 from tests.faults.api_server import start_api
 
+pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
+
 PASSWORD = "S3cretPw123"  # PostgreSQL on 127.0.0.1 trusts local connections, so any password works
 TOKEN = "tok-9f3cQ7vLx2Zr"
 
@@ -54,7 +56,7 @@ def _exercise(stack: Stack, outputs: list[str]) -> None:
     """Jobs through the CLI and the API, good and bad, and the commands that print settings."""
 
     def mxq(*args: str) -> str:
-        proc = stack.mxq(*args)
+        proc = stack.mxq_process(*args)  # everything the real program prints, logging included
         outputs.append(proc.stdout + proc.stderr)
         return proc.stdout
 
