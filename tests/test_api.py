@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,7 +13,7 @@ from pydantic import SecretStr
 
 from api import routes
 from api.app import app
-from tests.conftest import NODE, Stack
+from tests.conftest import FINAL, NODE, Stack, wait_until
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -29,12 +28,8 @@ def client(workers: Stack) -> Iterator[TestClient]:
 
 
 def _done(client: TestClient, job_id: int, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while (job := client.get(f"/api/v1/jobs/{job_id}").json())["status"] not in (
-            "succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
-    return job
+    return wait_until(lambda: client.get(f"/api/v1/jobs/{job_id}").json(), timeout,
+                      f"job {job_id} to finish", until=lambda job: job["status"] in FINAL)
 
 
 def test_submit_probe_infer_and_train_then_read_them_back(client: TestClient, workers: Stack,
@@ -109,35 +104,14 @@ def test_cancel_through_the_api(client: TestClient) -> None:
     assert again["outcome"] == "finished"
 
 
-def test_writes_need_the_token(client: TestClient) -> None:
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
-        r = client.post("/api/v1/jobs", json={"kind": "probe"}, headers=headers)
-        assert r.status_code == 401 and "Authorization: Bearer" in r.json()["detail"]
-    assert client.post("/api/v1/jobs/1/cancel").status_code == 401
-    assert client.delete("/api/v1/schedules/x").status_code == 401
-    assert client.get("/api/v1/jobs").status_code == 200  # reads are open
-
-
-def test_not_found_and_invalid_answers(client: TestClient) -> None:
-    assert client.get("/api/v1/jobs/987654").json() == {"detail": "no job 987654"}
-    assert client.get("/api/v1/jobs/987654/predictions").status_code == 404
-    assert client.post("/api/v1/jobs/987654/cancel", headers=AUTH).status_code == 404
-    assert "unknown model 'nope'" in client.get("/api/v1/models/nope").json()["detail"]
-    assert client.get("/api/v1/jobs", params={"status": "bogus"}).status_code == 422
-    assert client.get("/api/v1/jobs", params={"limit": 0}).status_code == 422
-    assert client.post("/api/v1/jobs", json={"kind": "dance"}, headers=AUTH).status_code == 422
-    bad_device = client.post("/api/v1/jobs", json={"kind": "probe", "device": "gpu-1"}, headers=AUTH)
-    assert bad_device.status_code == 422 and "invalid device 'gpu-1'" in bad_device.json()["detail"]
-    rejected = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "x.npy",
-                                                 "batch_size": 0}, headers=AUTH)
-    assert rejected.status_code == 422 and "batch_size=0" in rejected.json()["detail"]
-    assert client.get(f"/api/v1/jobs/{rejected.json()['job_id']}").json()["status"] == "failed"
-    bad_cron = client.post("/api/v1/schedules", json={"name": "b", "cron": "nope", "dataset": "x",
-                                                      "arch": "mlp", "model": "m"}, headers=AUTH)
-    assert bad_cron.status_code == 422 and "invalid cron expression" in bad_cron.json()["detail"]
+def _probe(client: TestClient, device: str, size: int) -> dict:
+    """A probe job through the API, finished."""
+    r = client.post("/api/v1/jobs", json={"kind": "probe", "device": device, "size": size}, headers=AUTH)
+    return _done(client, r.json()["id"])
 
 
 def test_openapi_metrics_and_dashboard(client: TestClient) -> None:
+    assert _probe(client, "cpu:0", 32)["status"] == "succeeded"
     paths = client.get("/openapi.json").json()["paths"]
     for path in ("/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel",
                  "/api/v1/jobs/{job_id}/predictions", "/api/v1/devices", "/api/v1/models",
@@ -157,7 +131,8 @@ def test_the_api_refuses_a_public_address_without_a_token(workers: Stack) -> Non
     assert "refusing to serve on 0.0.0.0 without MXQ_API_TOKEN" in proc.stderr
 
 
-def test_exports_and_stats(workers: Stack) -> None:
+def test_exports_and_stats(client: TestClient, workers: Stack) -> None:
+    assert _probe(client, "cpu:1", 32)["status"] == "succeeded"
     rows = list(csv.DictReader(io.StringIO(workers.mxq("jobs", "--format", "csv", "--limit", "1000").stdout)))
     as_json = workers.mxq_json("jobs", "--limit", "1000")
     assert [int(r["id"]) for r in rows] == [j["id"] for j in as_json]

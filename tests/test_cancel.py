@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from db import predictions
 from db.workers import forget, register
-from tests.conftest import NODE, Stack
+from tests.conftest import NODE, Stack, wait_until
 from workers.submit import submit
 
 
+def _free(devices: list[dict]) -> bool:
+    live = [d for d in devices if d["device"] in ("cpu:0", "cpu:1")]
+    return all(d["alive"] and d["current_job"] is None and d["leased_by"] is None for d in live)
+
+
 def _devices_free(stack: Stack) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        devices = stack.mxq_json("devices")
-        live = [d for d in devices if d["device"] in ("cpu:0", "cpu:1")]
-        if all(d["alive"] and d["current_job"] is None and d["leased_by"] is None for d in live):
-            return
-        assert time.monotonic() < deadline, devices
-        time.sleep(0.2)
+    wait_until(lambda: stack.mxq_json("devices"), 60, "cpu:0 and cpu:1 to be alive and free",
+               until=_free, interval=0.2)
 
 
 def test_a_queued_job_is_cancelled_at_once(workers: Stack, mlp: dict) -> None:
@@ -43,10 +40,8 @@ def test_a_running_inference_stops_and_keeps_its_rows(workers: Stack, mlp: dict)
     n = 600_000  # small batches over many samples: tens of seconds, so the cancel lands mid-run
     np.save(workers.home / "data" / "long.npy", np.ones((n, 64), np.float32))
     job_id = submit(s, "infer", {"model": "mlp64", "input": "long.npy", "batch_size": 16}, "cpu:0")
-    deadline = time.monotonic() + 120
-    while workers.job(job_id)["progress"] < 0.02:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: workers.job(job_id), 120, f"job {job_id} to reach 2% progress",
+               until=lambda record: record["progress"] >= 0.02, interval=0.05)
     assert workers.mxq("cancel", str(job_id)).returncode == 0
     done = workers.wait(job_id, timeout=120)
     assert done["status"] == "cancelled" and "partial results kept" in done["error"]
@@ -61,10 +56,9 @@ def test_a_running_training_stops_at_an_epoch_and_frees_its_devices(workers: Sta
     s = workers.settings
     job_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "cancelled",
                                  "devices": 2, "epochs": 500, "val_fraction": 0.1}, "auto")
-    deadline = time.monotonic() + 120
-    while len(workers.mxq_json("job", str(job_id)).get("epochs") or []) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: workers.mxq_json("job", str(job_id)), 120,
+               f"job {job_id} to record 2 epochs",
+               until=lambda record: len(record.get("epochs") or []) >= 2)
     assert workers.mxq("cancel", str(job_id)).returncode == 0
     done = workers.wait(job_id, timeout=120)
     assert done["status"] == "cancelled"

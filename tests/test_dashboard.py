@@ -6,13 +6,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, Stack, free_port, missing
+from tests.conftest import ROOT, Stack, free_port, missing, wait_until
 from workers.submit import submit
 
 pytestmark = pytest.mark.slow
@@ -29,14 +28,17 @@ def api_url(workers: Stack, tmp_path: Path):  # noqa: ANN201
     proc = subprocess.Popen([sys.executable, "-m", "cli", "api"], cwd=ROOT,
                             env=workers.environ(MXQ_API_PORT=str(port)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def connect_error() -> str | None:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.2)
+        except OSError as exc:
+            assert proc.poll() is None, f"the API did not start: it exited with {proc.returncode}"
+            return repr(exc)
+        return None
+
+    wait_until(connect_error, 60, f"the API to accept connections on port {port}",
+               until=lambda error: error is None, interval=0.2)
     yield f"http://127.0.0.1:{port}/"
     proc.terminate()
     proc.wait(30)

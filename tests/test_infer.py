@@ -16,7 +16,7 @@ import pytest
 from db import predictions
 from db.registry import resolve
 from tasks.models import load
-from tests.conftest import NODE, Stack
+from tests.conftest import NODE, Stack, wait_until
 from tests.test_workers import _pid, _wait_alive
 from workers.submit import submit
 
@@ -108,8 +108,8 @@ def test_killed_mid_inference_resumes_without_duplicates(workers: Stack, mlp: di
     job_id = submit(s, "infer", {"model": "mlp64", "input": "kill.npy", "batch_size": 128},
                     "cpu:0")
     deadline_record = workers.wait(job_id, until=("running",))
-    while workers.job(job_id)["progress"] < 0.05:
-        pass
+    wait_until(lambda: workers.job(job_id), 120, f"job {job_id} to reach 5% progress",
+               until=lambda record: record["progress"] >= 0.05, interval=0.05)
     pid = _pid(workers, deadline_record["worker"])
     os.kill(pid, signal.SIGKILL)
     _wait_alive(workers, f"cpu0@{NODE}", pid)

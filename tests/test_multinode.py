@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 from db.schema import utcnow
 from db.workers import alive_since, list_workers
-from tests.conftest import ROOT, Stack, _stack, free_port
+from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
 from tests.test_workers import _wait_alive
 from workers.submit import submit
 
@@ -62,11 +61,13 @@ def start_node(stack: Stack, node: str, core: int) -> subprocess.Popen:
                                 env=stack.environ(**_node_env(stack, node)), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: os.sched_setaffinity(0, pin))
-    deadline = time.monotonic() + 180
-    while alive_since(stack.settings.database, [f"cpu0@{node}"], since, 5.0) != {f"cpu0@{node}"}:
+
+    def alive() -> set[str]:
         assert proc.poll() is None, f"launcher of {node} exited: {log_path.read_text()}"
-        assert time.monotonic() < deadline, f"{node} did not come up in 180s"
-        time.sleep(0.2)
+        return alive_since(stack.settings.database, [f"cpu0@{node}"], since, 5.0)
+
+    wait_until(alive, 180, f"cpu0@{node} to beat", until=lambda names: names == {f"cpu0@{node}"},
+               interval=0.2)
     return proc
 
 
@@ -166,11 +167,14 @@ def test_a_part_whose_worker_dies_fails_the_job_without_orphans(cluster: Cluster
     stack = cluster.stack
     job_id = submit(stack.settings, "train", {"arch": "mlp", "dataset": "digits", "name": "cut",
                                               "nodes": 2, "epochs": 400}, "auto")
-    deadline = time.monotonic() + 300
-    while len(stack.mxq_json("job", str(job_id)).get("epochs") or []) < 2:
+
+    def running_record() -> dict:
+        record = stack.mxq_json("job", str(job_id))
         assert stack.job(job_id)["status"] == "running", stack.job(job_id)
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+        return record
+
+    wait_until(running_record, 300, f"job {job_id} to record 2 epochs while running",
+               until=lambda record: len(record.get("epochs") or []) >= 2, interval=0.2)
     parts = _parts(stack, job_id)
     port = parts[0]["params"]["dist"]["env"]["DMLC_PS_ROOT_PORT"]
     assert len(_role_pids(port)) >= 4  # scheduler, server, two trainers
@@ -183,10 +187,9 @@ def test_a_part_whose_worker_dies_fails_the_job_without_orphans(cluster: Cluster
     assert f"part 1 on node {victim['node']}" in done["error"], done["error"]
     assert "Traceback" not in done["error"]
     assert {p["status"] for p in _parts(stack, job_id)} == {"failed"}
-    deadline = time.monotonic() + 30
-    while _role_pids(port):  # nothing of the job is left running, on either node
-        assert time.monotonic() < deadline, _role_pids(port)
-        time.sleep(0.2)
+    # nothing of the job is left running, on either node
+    wait_until(lambda: _role_pids(port), 30, f"the job's processes (port {port}) to exit",
+               until=lambda pids: not pids, interval=0.2)
     assert "cut" not in {m["name"] for m in stack.mxq_json("models")}
     # the worker is back (its launcher restarted it) and its node runs work again
     _wait_alive(stack, victim["worker"], pid)
@@ -205,16 +208,16 @@ def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -
     assert {k for k, d in devices.items() if d["alive"]} == {(n, "cpu:0") for n in NODES}
     ids = [submit(stack.settings, "probe", dict(PROBE), "auto") for _ in range(8)]
     victim = next(n for n in NODES if n != SCHEDULE_NODE)
-    deadline = time.monotonic() + 300
-    while True:  # both nodes have taken work, and the victim is running a job now
-        records = [stack.job(i) for i in ids]
+
+    def spread(records: list[dict]) -> bool:
         nodes = {r["node"] for r in records if r["node"]}
         running = [r for r in records if r["status"] == "running" and r["node"] == victim
                    and r["progress"] < 0.5]  # (far from its end: it is still running at the kill)
-        if nodes == set(NODES) and running:
-            break
-        assert time.monotonic() < deadline, records
-        time.sleep(0.05)
+        return nodes == set(NODES) and bool(running)
+
+    wait_until(lambda: [stack.job(i) for i in ids], 300,
+               f"both nodes to take work and {victim} to be early in a running job",
+               until=spread, interval=0.05)
     kill_node(cluster.launchers[victim])
     caught = [i for i in ids if (r := stack.job(i))["status"] == "running" and r["node"] == victim]
     assert caught, "the job running on the victim finished before the kill"
@@ -224,13 +227,10 @@ def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -
         moved = stack.mxq_json("job", str(job_id))
         assert moved["node"] == SCHEDULE_NODE and moved["attempts"] == 2, moved
         assert any(e["kind"] == "requeued" for e in moved["events"]), moved["events"]
-    deadline = time.monotonic() + 60
-    while True:
-        alive = {(d["node"], d["device"]): d["alive"] for d in stack.mxq_json("devices")}
-        if alive == {(victim, "cpu:0"): False, (SCHEDULE_NODE, "cpu:0"): True}:
-            break
-        assert time.monotonic() < deadline, alive
-        time.sleep(0.2)
+    wait_until(lambda: {(d["node"], d["device"]): d["alive"] for d in stack.mxq_json("devices")},
+               60, f"{victim}'s cpu:0 to be dead and {SCHEDULE_NODE}'s alive",
+               until=lambda alive: alive == {(victim, "cpu:0"): False, (SCHEDULE_NODE, "cpu:0"): True},
+               interval=0.2)
 
 
 # The watching and settling rules on the database alone (no workers, no MXNet processes).

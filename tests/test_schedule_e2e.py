@@ -12,7 +12,7 @@ import numpy as np
 from db import schedules
 from db.registry import list_models
 from tasks import datasets
-from tests.conftest import Stack
+from tests.conftest import Stack, wait_until
 from workers.schedule import add_schedule, tick
 
 
@@ -33,14 +33,11 @@ def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool =
 
 def _fire(stack: Stack, at: datetime) -> dict:
     assert len(tick(stack.settings, at)) == 1
-    deadline = time.monotonic() + 300
-    while True:
-        fire = next(f for f in schedules.fires(stack.settings.database, "nightly")
-                    if f["fire_time"] == at.isoformat())
-        if fire["job_status"] in ("succeeded", "failed"):  # the decision is made before success
-            return fire
-        assert time.monotonic() < deadline, fire
-        time.sleep(0.2)
+    return wait_until(lambda: next(f for f in schedules.fires(stack.settings.database, "nightly")
+                                   if f["fire_time"] == at.isoformat()),
+                      300, f"the fire at {at.isoformat()} to finish its job",
+                      # the decision is made before success
+                      until=lambda fire: fire["job_status"] in ("succeeded", "failed"), interval=0.2)
 
 
 def test_scheduled_retraining_promotes_only_a_better_model(workers: Stack) -> None:

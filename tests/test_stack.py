@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import Stack, free_port
+from tests.conftest import Stack, free_port, wait_until
 from workers.embedded import EmbeddedRedis
 
 
@@ -23,14 +22,16 @@ def _alive(pid: int) -> bool:
 
 
 def _get_json(url: str, timeout: float = 60) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def answer() -> object:  # the decoded body, or the error of this try
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 return json.load(r)
-        except OSError:
-            assert time.monotonic() < deadline, f"{url} did not answer"
-            time.sleep(0.3)
+        except OSError as exc:
+            return exc
+
+    return wait_until(answer, timeout, f"{url} to answer",
+                      until=lambda value: not isinstance(value, OSError), interval=0.3)
 
 
 def test_up_probe_every_device_down(tmp_path: Path) -> None:

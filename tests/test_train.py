@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import mxnet as mx
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 from db import predictions
 from tasks import datasets
 from tasks.fit import fit, make_net, make_trainer
-from tests.conftest import Stack
+from tests.conftest import Stack, wait_until
 from tests.test_workers import _pid, _wait_alive
 from workers.jobspecs import TrainParams
 from workers.submit import submit
@@ -86,10 +85,9 @@ def test_a_probe_sent_to_a_leased_device_waits_for_the_training(workers: Stack) 
     train_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "long",
                                    "devices": 2, "epochs": 60, "val_fraction": 0.1}, "auto")
     workers.wait(train_id, until=("running",))
-    deadline = time.monotonic() + 60
-    while {d["leased_by"] for d in workers.mxq_json("devices") if d["alive"]} != {train_id}:
-        assert time.monotonic() < deadline, workers.mxq_json("devices")
-        time.sleep(0.1)
+    wait_until(lambda: workers.mxq_json("devices"), 60,
+               f"every live device to be leased by job {train_id}",
+               until=lambda devices: {d["leased_by"] for d in devices if d["alive"]} == {train_id})
     probe_id = submit(s, "probe", dict(SMALL), "cpu:0")
     trained, probed = workers.wait(train_id, timeout=600), workers.wait(probe_id, timeout=600)
     assert trained["status"] == probed["status"] == "succeeded", trained["error"]
@@ -102,10 +100,9 @@ def test_killed_training_worker_resumes_from_its_checkpoint(workers: Stack) -> N
     s = workers.settings
     job_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "resumed",
                                  "devices": 2, "epochs": 40, "val_fraction": 0.1}, "auto")
-    deadline = time.monotonic() + 300
-    while len(workers.mxq_json("job", str(job_id)).get("epochs") or []) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: workers.mxq_json("job", str(job_id)), 300,
+               f"job {job_id} to record 3 epochs",
+               until=lambda record: len(record.get("epochs") or []) >= 3)
     leader = workers.job(job_id)["worker"]
     pid = _pid(workers, leader)
     os.kill(pid, signal.SIGKILL)

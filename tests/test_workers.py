@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections import Counter
 
 import pytest
 
 from db.workers import list_workers
-from tests.conftest import NODE, Stack
+from tests.conftest import NODE, Stack, wait_until
 from workers.submit import publish, submit
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}
@@ -25,14 +24,13 @@ def _pid(stack: Stack, worker: str) -> int:
 
 
 def _wait_alive(stack: Stack, worker: str, not_pid: int, timeout: float = 90) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = {w["name"]: w for w in list_workers(stack.settings.database, 5.0)}
-        row = rows.get(worker)
-        if row and row["alive"] and row["pid"] and row["pid"] != not_pid:
-            return row["pid"]
-        time.sleep(0.2)
-    raise AssertionError(f"{worker} was not restarted within {timeout}s")
+    def row() -> dict | None:
+        return {w["name"]: w for w in list_workers(stack.settings.database, 5.0)}.get(worker)
+
+    found = wait_until(row, timeout, f"{worker} to be alive with a pid other than {not_pid}",
+                       until=lambda r: r and r["alive"] and r["pid"] and r["pid"] != not_pid,
+                       interval=0.2)
+    return found["pid"]
 
 
 def test_named_device_runs_on_its_worker(workers: Stack) -> None:
@@ -75,6 +73,7 @@ def test_each_worker_consumes_its_queue_and_the_pool_only(workers: Stack) -> Non
 
 
 def test_devices_and_job_history_json(workers: Stack) -> None:
+    done_id = workers.wait(submit(workers.settings, "probe", dict(SMALL), "cpu:1"))["id"]
     # (other tests register offline devices such as cpu:5; the live ones are the launcher's)
     devices = {d["device"]: d for d in workers.mxq_json("devices") if d["alive"]}
     assert set(devices) == {"cpu:0", "cpu:1"}
@@ -83,7 +82,8 @@ def test_devices_and_job_history_json(workers: Stack) -> None:
         assert d["queue"] == f"{NODE}.cpu.{label[-1]}"
         assert {"queued", "running"} <= set(d)
     done = workers.mxq_json("jobs", "--status", "succeeded", "--device", "cpu:1", "--since", "1h")
-    assert done and all(r["device"] == "cpu:1" and r["status"] == "succeeded" for r in done)
+    assert done_id in {r["id"] for r in done}, done
+    assert all(r["device"] == "cpu:1" and r["status"] == "succeeded" for r in done)
     for key in ("id", "kind", "status", "device", "node", "worker", "queue", "attempts",
                 "samples", "seconds", "samples_per_sec", "error"):
         assert key in done[0]
@@ -179,15 +179,19 @@ def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -
     s = workers.settings
     job_id = submit(s, "probe", dict(LONG), "cpu:1")
     killed = 0
-    deadline = time.monotonic() + 300
-    while (record := workers.job(job_id))["status"] not in ("failed", "succeeded"):
-        assert time.monotonic() < deadline, record
+
+    def record_killing_each_attempt() -> dict:
+        nonlocal killed
+        record = workers.job(job_id)
         if record["status"] == "running" and record["attempts"] > killed:
             pid = _pid(workers, record["worker"])
             if pid:
                 os.kill(pid, signal.SIGKILL)  # the job "kills its worker", attempt after attempt
                 killed = record["attempts"]
-        time.sleep(0.1)
+        return record
+
+    record = wait_until(record_killing_each_attempt, 300, f"job {job_id} to fail or succeed",
+                        until=lambda record: record["status"] in ("failed", "succeeded"))
     assert record["status"] == "failed"
     assert record["attempts"] == 3 == killed
     assert "gave up after 3 attempts" in record["error"]

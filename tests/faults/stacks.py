@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from db.engine import session_scope
 from db.schema import Job, Prediction, WorkerBeat
-from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop
+from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
 from workers.embedded import EmbeddedRedis
 
 FAULT_ENV = {"MXQ_RECONCILE_SECONDS": "2", "MXQ_TICK_SECONDS": "3600", "MXQ_MAX_ATTEMPTS": "5"}
@@ -102,14 +102,14 @@ class FaultStack(Stack):
             return dict(s.query(Job.id, Job.status).filter(Job.id.in_(ids)).all())
 
     def wait_all(self, ids: list[int], timeout: float) -> dict[int, dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            states = self.statuses(ids)
-            if all(v in FINAL for v in states.values()):
-                return {i: self.job(i) for i in ids}
-            left = {i: v for i, v in states.items() if v not in FINAL}
-            assert time.monotonic() < deadline, f"{len(left)} jobs not finished: {list(left.items())[:10]}"
-            time.sleep(0.5)
+
+        def unfinished() -> dict:  # how many are not final, and the first ten of them
+            left = [(i, v) for i, v in self.statuses(ids).items() if v not in FINAL]
+            return {"unfinished": len(left), "first": left[:10]}
+
+        wait_until(unfinished, timeout, f"{len(ids)} jobs to finish",
+                   until=lambda left: left["unfinished"] == 0, interval=0.5)
+        return {i: self.job(i) for i in ids}
 
     def model(self, name: str = "mlp64") -> None:
         proc = self.mxq("models", "add", name, "--arch", "mlp", "--input-shape", str(FEATURES),

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.faults.stacks import FaultStack, report
 from workers.submit import submit_many
 
@@ -43,10 +44,8 @@ def test_5000_small_jobs_finish_with_flat_worker_memory(faulty: FaultStack) -> N
     queued = time.monotonic() - started
     pids = {name: faulty.worker_pid(name) for name in ("cpu0@testnode", "cpu1@testnode")}
 
-    deadline = time.monotonic() + 1500
-    while _finished(faulty, ids) < WARM:
-        assert time.monotonic() < deadline
-        time.sleep(1)
+    wait_until(lambda: _finished(faulty, ids), 1500, f"{WARM} jobs to finish (the warm-up)",
+               until=lambda finished: finished >= WARM, interval=1)
     warm = {n: _rss_mib(p) for n, p in pids.items()}
     done = faulty.wait_all(ids, timeout=1500)
     end = {n: _rss_mib(p) for n, p in pids.items()}

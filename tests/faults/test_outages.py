@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from db import events, jobs
-from tests.conftest import SYSTEM_PG
+from tests.conftest import SYSTEM_PG, wait_until
 from tests.faults.stacks import FaultStack, report
 from workers import leases
 from workers.submit import submit
@@ -42,10 +42,9 @@ def _mixed(stack: FaultStack, count: int) -> tuple[list[int], list[int]]:
 
 
 def _wait_finished(stack: FaultStack, ids: list[int], at_least: int) -> None:
-    deadline = time.monotonic() + 300
-    while sum(v in ("succeeded", "failed") for v in stack.statuses(ids).values()) < at_least:
-        assert time.monotonic() < deadline, Counter(stack.statuses(ids).values())
-        time.sleep(0.05)
+    wait_until(lambda: Counter(stack.statuses(ids).values()), 300,
+               f"{at_least} of {len(ids)} jobs to succeed or fail",
+               until=lambda counts: counts["succeeded"] + counts["failed"] >= at_least, interval=0.05)
 
 
 @contextmanager

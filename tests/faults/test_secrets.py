@@ -5,7 +5,6 @@ params, results, errors, events) nor anywhere else under its home."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +15,8 @@ from sqlalchemy.engine import make_url
 
 from db.engine import get_engine
 from db.history import JobFilter, get_job, list_jobs
-from tests.conftest import FINAL, Stack, _stack, launch, stop
-from tests.faults.api_server import start_api
+from tests.api_server import start_api
+from tests.conftest import FINAL, Stack, _stack, launch, stop, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
@@ -45,11 +44,8 @@ def secret_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sta
 
 
 def _wait(stack: Stack, job_id: int) -> dict:
-    deadline = time.monotonic() + 180
-    while (record := stack.job(job_id))["status"] not in FINAL:
-        assert time.monotonic() < deadline, record
-        time.sleep(0.1)
-    return record
+    return wait_until(lambda: stack.job(job_id), 180, f"job {job_id} to finish",
+                      until=lambda record: record["status"] in FINAL)
 
 
 def _exercise(stack: Stack, outputs: list[str]) -> None:

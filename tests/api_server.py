@@ -1,7 +1,8 @@
-"""The real `mxq api` server as a subprocess for the fault tests, and what "nothing changed" means.
+"""The real `mxq api` server as a subprocess, and what "nothing changed" means after a bad request.
 
-(tests/test_api.py drives the app in-process through TestClient; these tests need the server
-process itself: its settings from the environment, its body limit, its output.)
+(Most API tests drive the app in-process through TestClient; the round trips of the bad-input
+corpus and the secrets test need the server process itself: its settings from the environment,
+its body limit, its output.)
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ import httpx
 from sqlalchemy import text
 
 from db.engine import get_engine
-from tests.conftest import ROOT, Stack, free_port
+from tests.conftest import ROOT, Stack, free_port, wait_until
 
 
 @dataclass
@@ -48,17 +48,17 @@ def start_api(stack: Stack, token: str, name: str = "api", **env: str) -> Iterat
                                 stderr=subprocess.STDOUT,
                                 env=stack.environ(MXQ_API_TOKEN=token, MXQ_API_PORT=str(port), **env))
     api = Api(f"http://127.0.0.1:{port}", token, proc, log_path)
-    deadline = time.monotonic() + 120
     with api.client() as client:
-        while True:
+
+        def answer() -> int | str:  # the status code, or the error of this try
             assert proc.poll() is None, f"mxq api exited: {log_path.read_text()}"
             try:
-                if client.get("/api/v1/devices").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"mxq api did not answer: {log_path.read_text()}"
-            time.sleep(0.2)
+                return client.get("/api/v1/devices").status_code
+            except httpx.TransportError as exc:
+                return repr(exc)
+
+        wait_until(answer, 120, f"mxq api to answer /api/v1/devices with 200 (its log: {log_path})",
+                   until=lambda code: code == 200, interval=0.2)
     try:
         yield api
     finally:

@@ -1,0 +1,516 @@
+"""One corpus of bad input, table-driven. Every job case goes through the CLI and the HTTP API in
+this process (CliRunner, TestClient), every HTTP case through the API, every broker case straight
+to a device queue: each gets a clear one-line error naming the value and what is allowed, no worker
+dies, and nothing changes except that a job refused for its parameters is recorded as failed.
+Once per kind of error, a case also makes the round trip through the real `mxq` program and the
+real `mxq api` server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from api import routes
+from api.app import app
+from tests.api_server import Api, counts, start_api
+from tests.conftest import FINAL, NODE, Stack, wait_until
+from workers.status import device_table
+
+TOKEN = "fault-token-Zq9x"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# The API of this corpus refuses inputs over 1 MB, so that limit can be tried over HTTP without
+# writing gigabytes (the CLI gets the same limit for that one case through its environment).
+API_MAX_INPUT_BYTES = 1_000_000
+ROWS = np.random.default_rng(7).normal(size=(40, 64)).astype(np.float32)
+DEVICES = ("cpu:0", "cpu:1")
+
+# How a bad request ends:
+REFUSED = "refused"  # at submit, nothing written: CLI exit 2, API 4xx without a job
+REJECTED = "rejected"  # at submit, recorded as a failed job: CLI exit 1, API 422 with job_id
+ON_WORKER = "on-worker"  # accepted, then failed by the worker, which goes on: CLI exit 1
+
+
+def _data(stack: Stack, name: str, array: np.ndarray) -> str:
+    np.save(stack.home / "data" / name, array)
+    return name
+
+
+def _text(stack: Stack, name: str, body: str) -> str:
+    (stack.home / "data" / name).write_text(body)
+    return name
+
+
+def _outside(stack: Stack) -> str:
+    np.save(stack.home / "secret.npy", ROWS)
+    return str(stack.home / "secret.npy")
+
+
+def _symlink(stack: Stack) -> str:
+    _outside(stack)
+    link = stack.home / "data" / "escape.npy"
+    if not link.is_symlink():
+        link.symlink_to(stack.home / "secret.npy")
+    return "escape.npy"
+
+
+def _ok(stack: Stack) -> str:
+    return _data(stack, "ok.npy", ROWS)
+
+
+def _with(value: float) -> Callable[[Stack], str]:
+    def make(stack: Stack) -> str:
+        bad = ROWS.copy()
+        bad[5, 3] = value
+        return _data(stack, f"bad-{value}.npy", bad)
+    return make
+
+
+def _object_npy(stack: Stack) -> str:
+    np.save(stack.home / "data" / "objects.npy", np.array([{"a": 1}, "x"] * 20, dtype=object),
+            allow_pickle=True)
+    return "objects.npy"
+
+
+def _truncated(stack: Stack) -> str:
+    path = stack.home / "data" / _data(stack, "cut.npy", ROWS)
+    path.write_bytes(path.read_bytes()[:-500])
+    return "cut.npy"
+
+
+def _tampered(stack: Stack) -> dict[str, Any]:
+    """Model `fragile`, whose stored params file was replaced after registration (so it no
+    longer matches its recorded checksum)."""
+    known = {m["name"] for m in stack.mxq_json("models")}
+    if "fragile" not in known:
+        fragile = stack.mxq_json("models", "add", "fragile", "--arch", "mlp", "--input-shape", "64")
+        other = stack.mxq_json("models", "add", "fragile-other", "--arch", "mlp", "--input-shape", "64",
+                               "--classes", "3")
+        shutil.copyfile(other["params_file"], fragile["params_file"])
+    return {"model": "fragile", "input": _ok(stack), "device": "cpu:0"}
+
+
+@dataclass(frozen=True)
+class JobCase:
+    """A job request: `kind` plus parameters as the API takes them (the CLI gets them as options)."""
+
+    kind: str
+    params: Callable[[Stack], dict[str, Any]]
+    needle: str
+    ends: str
+    cli_env: dict[str, str] = field(default_factory=dict)
+    channels: tuple[str, ...] = ("cli", "api")
+
+
+def infer(input: Callable[[Stack], str] = _ok, needle: str = "", ends: str = REJECTED,
+          **opts: Any) -> JobCase:
+    def params(stack: Stack) -> dict[str, Any]:
+        return {"model": "mlp64", "input": input(stack), "device": "cpu:0", **opts}
+    return JobCase("infer", params, needle, ends)
+
+
+def train(needle: str, **opts: Any) -> JobCase:
+    return JobCase("train", lambda s: {"arch": "mlp", "dataset": "digits", "name": "faulty",
+                                       **opts}, needle, REJECTED)
+
+
+def schedule(needle: str, **opts: Any) -> JobCase:
+    return JobCase("schedule", lambda s: {"name": "faulty", "cron": "0 3 * * *", "tz": "UTC",
+                                          "arch": "mlp", "dataset": "digits", "model": "faulty",
+                                          **opts}, needle, REFUSED)
+
+
+def probe(needle: str, ends: str = REFUSED, **opts: Any) -> JobCase:
+    return JobCase("probe", lambda s: {"size": 64, **opts}, needle, ends)
+
+
+OUTSIDE = "lies outside the data root"
+BIG = 8000  # rows of 64 float32: about 2 MB, over the 1 MB this corpus allows
+BIG_ROWS = np.zeros((BIG, 64), np.float32)
+ALLOWED_DTYPES = "allowed: bool, int, uint or float"
+# Job cases by kind of error; the first case of each kind also makes the real round trips.
+JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
+    "paths": {
+        "path with ..": infer(lambda s: (_outside(s), "../secret.npy")[1], OUTSIDE),
+        "absolute path outside the data root": infer(_outside, OUTSIDE),
+        "symlink escaping the data root": infer(_symlink, OUTSIDE),
+        "missing file": infer(lambda s: "missing.npy", "input missing.npy does not exist"),
+        "NUL in the path": JobCase("infer", lambda s: {"model": "mlp64", "input": "ok\x00.npy"},
+                                   "input='ok\\x00.npy': NUL characters are not allowed", REJECTED,
+                                   channels=("api",)),  # (no process argument can hold a NUL)
+        "input over MXQ_MAX_INPUT_BYTES": JobCase(
+            "infer", lambda s: {"model": "mlp64", "input": _data(s, "big.npy", BIG_ROWS)},
+            f"input big.npy holds {BIG * 64 * 4 + 128} bytes, more than the {API_MAX_INPUT_BYTES} bytes "
+            "allowed (MXQ_MAX_INPUT_BYTES)", REJECTED,
+            cli_env={"MXQ_MAX_INPUT_BYTES": str(API_MAX_INPUT_BYTES)}),
+    },
+    "data": {
+        "wrong feature count": infer(lambda s: _data(s, "narrow.npy", ROWS[:, :32]),
+                                     "has samples of shape (32,) but model expects (64,)", ON_WORKER),
+        "strings in a csv": infer(lambda s: _text(s, "words.csv", "1,2,3\n4,five,6\n"),
+                                  "line 2 has a non-numeric value", ON_WORKER),
+        "npy of dtype object": infer(_object_npy, f"has dtype object; {ALLOWED_DTYPES}", ON_WORKER),
+        "npy of dtype complex": infer(lambda s: _data(s, "complex.npy", ROWS.astype(np.complex64)),
+                                      f"has dtype complex64; {ALLOWED_DTYPES}", ON_WORKER),
+        "npy of strings": infer(lambda s: _data(s, "strings.npy", np.array([["a"] * 64] * 4)),
+                                f"has dtype <U1; {ALLOWED_DTYPES}", ON_WORKER),
+        "truncated npy": infer(_truncated, "cut.npy is truncated or corrupt: 2435 of 2560 values present",
+                               ON_WORKER),
+        "empty npy": infer(lambda s: _data(s, "empty.npy", np.zeros((0, 64), np.float32)),
+                           "holds no samples", ON_WORKER),
+        "NaN with --reject-nan": infer(_with(float("nan")), "has NaN in sample 5 (--reject-nan is set)",
+                                       ON_WORKER, reject_nan=True),
+        "inf with --reject-nan": infer(_with(float("inf")), "has inf in sample 5 (--reject-nan is set)",
+                                       ON_WORKER, reject_nan=True),
+        "-inf with --reject-nan": infer(_with(float("-inf")), "has -inf in sample 5 (--reject-nan is set)",
+                                        ON_WORKER, reject_nan=True),
+    },
+    "numbers": {
+        "batch size 0": infer(needle="batch_size=0: Input should be greater than or equal to 1",
+                              batch_size=0),
+        "batch size negative": infer(needle="batch_size=-5: Input should be greater than or equal to 1",
+                                     batch_size=-5),
+        "batch size over the max": infer(needle="batch_size=65537: Input should be less than or equal to "
+                                         "65536 (MXQ_MAX_BATCH_SIZE)", batch_size=65537),
+        "top-k over the max": infer(needle="top_k=101: Input should be less than or equal to 100", top_k=101),
+        "top-k over the classes": infer(needle="top-k 11 exceeds the 10 classes of mlp64:1", ends=ON_WORKER,
+                                        top_k=11),
+        "unknown output": infer(needle="output='xml': Input should be 'db', 'npy' or 'both'", output="xml"),
+        "train batch size over the max": train("batch_size=100000: Input should be less than or equal to "
+                                               "65536 (MXQ_MAX_BATCH_SIZE)", batch_size=100000),
+        "epochs 0": train("epochs=0: Input should be greater than or equal to 1", epochs=0),
+        "epochs over the max": train("epochs=10001: Input should be less than or equal to 10000 "
+                                     "(MXQ_MAX_EPOCHS)", epochs=10001),
+        "learning rate negative": train("lr=-0.5: Input should be greater than 0", lr=-0.5),
+        "learning rate NaN": train("lr=nan: Input should be a finite number", lr=float("nan")),
+        "unknown architecture": train("arch='vgg99': Input should be 'mlp', 'lenet' or 'resnet18_v1'",
+                                      arch="vgg99"),
+        "model name with a slash": train("name='../../etc': String should match pattern", name="../../etc"),
+        "probe size too small": probe("size=1: Input should be greater than or equal to 16", REJECTED,
+                                      size=1),
+    },
+    "schedules": {
+        "malformed cron": schedule("invalid cron expression '61 * * * *': expected five fields",
+                                   cron="61 * * * *"),
+        "cron with six fields": schedule("invalid cron expression '0 0 3 * * *': expected five fields",
+                                         cron="0 0 3 * * *"),
+        "cron in words": schedule("invalid cron expression 'every day'", cron="every day"),
+        "unknown time zone": schedule("unknown time zone 'Mars/Olympus_Mons': use an IANA name",
+                                      tz="Mars/Olympus_Mons"),
+        "schedule epochs over the max": schedule("epochs=20000: Input should be less than or equal to 10000",
+                                                 epochs=20000),
+    },
+    "models": {
+        "unknown model name": JobCase("infer", lambda s: {"model": "nosuch", "input": _ok(s)},
+                                      "unknown model 'nosuch'; known models:", REJECTED),
+        "unknown model version": JobCase("infer", lambda s: {"model": "mlp64:9", "input": _ok(s)},
+                                         "model 'mlp64' has no version 9; versions: 1", REJECTED),
+        "model version not a number": JobCase("infer", lambda s: {"model": "mlp64:latest", "input": _ok(s)},
+                                              "model version 'latest' in 'mlp64:latest' must be a number",
+                                              REJECTED),
+        "params that no longer match their checksum": JobCase("infer", _tampered,
+                                                              "does not match its recorded checksum",
+                                                              ON_WORKER),
+    },
+    "devices": {
+        "unknown device": probe("device cpu:7 is not known on node testnode; known devices: cpu:0, cpu:1",
+                                device="cpu:7"),
+        "malformed device": probe("invalid device 'tpu:0': expected auto, auto:gpu, auto:cpu, gpu:N or cpu:N",
+                                  device="tpu:0"),
+        "device with a dash": probe("invalid device 'gpu-1'", device="gpu-1"),
+        "no live gpu for auto:gpu": probe("no live gpu worker to run an auto job", device="auto:gpu"),
+    },
+}
+JOB_CASES: dict[str, JobCase] = {name: c for cases in JOB_CASE_KINDS.values() for name, c in cases.items()}
+JOB_ROUND_TRIPS = [next(iter(cases)) for cases in JOB_CASE_KINDS.values()]
+
+
+def _cli_args(case: JobCase, params: dict[str, Any]) -> list[str]:
+    p = dict(params)
+    if case.kind == "infer":
+        head = ["infer", p.pop("model"), p.pop("input")]
+    elif case.kind == "train":
+        head = ["train", p.pop("arch"), p.pop("dataset"), "--name", p.pop("name")]
+    elif case.kind == "schedule":
+        head = ["schedule", "add", p.pop("name")]
+    else:
+        head = [case.kind]
+    flags = []
+    for key, value in p.items():
+        flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return head + flags
+
+
+@pytest.fixture(scope="module")
+def client(workers: Stack) -> Iterator[TestClient]:
+    """The API app in this process, with this corpus's token and input limit."""
+    s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN),
+                                            "max_input_bytes": API_MAX_INPUT_BYTES})
+    app.dependency_overrides[routes.settings] = lambda: s
+    with TestClient(app) as test_client:
+        yield test_client
+    app.dependency_overrides.clear()
+
+
+@pytest.fixture(scope="module")
+def server(workers: Stack) -> Iterator[Api]:
+    """The real `mxq api` process, for the round trips."""
+    yield from start_api(workers, TOKEN, "api-bad-input", MXQ_MAX_INPUT_BYTES=str(API_MAX_INPUT_BYTES))
+
+
+@pytest.fixture(scope="module")
+def pids(workers: Stack, mlp: dict) -> dict[str, int]:
+    """The device workers' processes at the start: the same ones must still be there after each case."""
+    return _live(workers)
+
+
+def _live(stack: Stack) -> dict[str, int]:
+    return {d["device"]: d["pid"] for d in device_table(stack.settings)
+            if d["alive"] and d["node"] == NODE}
+
+
+def _still_standing(stack: Stack, pids: dict[str, int]) -> None:
+    assert stack.launcher.poll() is None, "the launcher died"
+    live = _live(stack)
+    assert set(DEVICES) <= set(live), f"a device worker is down: {live}"
+    assert {d: live[d] for d in DEVICES} == {d: pids[d] for d in DEVICES}, "a device worker restarted"
+
+
+def _expect_changes(before: dict[str, int], after: dict[str, int], failed_jobs: int) -> None:
+    assert after == {**before, "jobs_failed": before["jobs_failed"] + failed_jobs}, (before, after)
+
+
+def _one_line(stderr: str) -> str:
+    line = stderr.strip()
+    assert line and len(line.splitlines()) == 1 and "Traceback" not in line, stderr
+    return line
+
+
+def _run_cli(run: Callable[..., Any], stack: Stack, case: JobCase, params: dict[str, Any]) -> dict | None:
+    """Run the case through `run` (in-process or the real `mxq`); the failed job's record, or None
+    when nothing was recorded."""
+    args = _cli_args(case, params)
+    if case.kind != "schedule":
+        args.append("--wait")
+    proc = run(*args, env=case.cli_env)
+    line = _one_line(proc.stderr)
+    assert case.needle in line, line
+    if case.ends == REFUSED:
+        assert proc.returncode == 2 and line.startswith("mxq: error: "), (proc.returncode, line)
+        return None
+    assert proc.returncode == 1, (proc.returncode, line)
+    prefix = "mxq: error: job " if case.ends == REJECTED else "mxq: job "
+    assert line.startswith(prefix) and " failed: " in line, line
+    return stack.job(int(line.removeprefix(prefix).split()[0]))
+
+
+def _run_api(client: httpx.Client, stack: Stack, case: JobCase, params: dict[str, Any]) -> dict | None:
+    path, body = (("/api/v1/schedules", params) if case.kind == "schedule"
+                  else ("/api/v1/jobs", {"kind": case.kind, **params}))
+    # json.dumps writes NaN as Python's JSON reader (and so the API) takes it; httpx would refuse
+    r = client.post(path, content=json.dumps(body), headers={**AUTH, "Content-Type": "application/json"})
+    answer = r.json()
+    if case.ends == ON_WORKER:
+        assert r.status_code == 201, answer
+        job_id = answer["id"]
+        done = wait_until(lambda: client.get(f"/api/v1/jobs/{job_id}").json(), 120,
+                          f"job {job_id} to finish", until=lambda j: j["status"] in FINAL)
+        assert case.needle in done["error"], done["error"]
+        return stack.job(job_id)
+    assert r.status_code == 422, (r.status_code, answer)
+    assert isinstance(answer["detail"], str) and case.needle in answer["detail"], answer
+    if case.ends == REFUSED:
+        assert "job_id" not in answer, answer
+        return None
+    return stack.job(answer["job_id"])
+
+
+def _check_job_case(stack: Stack, pids: dict[str, int], case: JobCase,
+                    run: Callable[[dict[str, Any]], dict | None]) -> None:
+    params = case.params(stack)
+    before = counts(stack)
+    record = run(params)
+    if case.ends == REFUSED:
+        assert record is None
+        _expect_changes(before, counts(stack), 0)
+    else:
+        assert record["status"] == "failed" and case.needle in record["error"], record
+        _expect_changes(before, counts(stack), 1)
+    _still_standing(stack, pids)
+
+
+def _id(name: str) -> str:
+    return name.replace(" ", "-")
+
+
+@pytest.mark.parametrize("channel,case", [pytest.param(ch, name, id=f"{ch}-{_id(name)}")
+                                          for name, c in JOB_CASES.items() for ch in c.channels])
+def test_bad_job_request(workers: Stack, client: TestClient, pids: dict[str, int], channel: str,
+                         case: str) -> None:
+    c = JOB_CASES[case]
+    if channel == "cli":
+        _check_job_case(workers, pids, c, lambda p: _run_cli(workers.mxq, workers, c, p))
+    else:
+        _check_job_case(workers, pids, c, lambda p: _run_api(client, workers, c, p))
+
+
+@pytest.mark.parametrize("case", JOB_ROUND_TRIPS, ids=_id)
+def test_bad_job_request_through_the_real_program_and_server(workers: Stack, server: Api,
+                                                             pids: dict[str, int], case: str) -> None:
+    c = JOB_CASES[case]
+    _check_job_case(workers, pids, c, lambda p: _run_cli(workers.mxq_process, workers, c, p))
+    with server.client() as real:
+        _check_job_case(workers, pids, c, lambda p: _run_api(real, workers, c, p))
+    assert server.proc.poll() is None
+
+
+# Requests the HTTP layer refuses, by kind of error: (method, path, request options, status,
+# what the detail says). The first case of each kind also goes to the real server.
+BIG_BODY = json.dumps({"kind": "probe", "pad": "x" * (2 << 20)})
+NEEDS_TOKEN = "needs the header Authorization: Bearer <MXQ_API_TOKEN>"
+JSON = {"Content-Type": "application/json"}
+HttpCase = tuple[str, str, dict[str, Any], int, str]
+HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
+    "token": {
+        "wrong token": ("POST", "/api/v1/jobs", {"json": {"kind": "probe"},
+                                                  "headers": {"Authorization": "Bearer nope"}},
+                        401, NEEDS_TOKEN),
+        "token without Bearer": ("POST", "/api/v1/jobs", {"json": {"kind": "probe"},
+                                                           "headers": {"Authorization": TOKEN}},
+                                 401, NEEDS_TOKEN),
+        "missing token on a write": ("POST", "/api/v1/jobs", {"json": {"kind": "probe"}}, 401, NEEDS_TOKEN),
+        "missing token on a cancel": ("POST", "/api/v1/jobs/1/cancel", {}, 401, NEEDS_TOKEN),
+        "missing token on a delete": ("DELETE", "/api/v1/schedules/x", {}, 401, NEEDS_TOKEN),
+    },
+    "body": {
+        "oversized body": ("POST", "/api/v1/jobs", {"content": BIG_BODY, "headers": {**AUTH, **JSON}}, 413,
+                           f"request body of {len(BIG_BODY)} bytes exceeds the limit of 1048576 bytes "
+                           "(MXQ_MAX_BODY_BYTES)"),
+        "oversized streamed body": ("POST", "/api/v1/jobs", {
+            "content": lambda: (BIG_BODY[i:i + 65536].encode() for i in range(0, len(BIG_BODY), 65536)),
+            "headers": {**AUTH, **JSON}}, 413,
+            "request body exceeds the limit of 1048576 bytes (MXQ_MAX_BODY_BYTES)"),
+        "malformed JSON": ("POST", "/api/v1/jobs", {"content": b'{"kind": "probe",',
+                                                     "headers": {**AUTH, **JSON}},
+                           422, "malformed JSON body at character 17"),
+        "JSON list instead of object": ("POST", "/api/v1/jobs", {"json": ["probe"], "headers": AUTH}, 422,
+                                        "Input should be a valid dictionary"),
+        "unknown job kind": ("POST", "/api/v1/jobs", {"json": {"kind": "dance"}, "headers": AUTH}, 422,
+                             "kind='dance': Input should be 'probe', 'infer' or 'train'"),
+        "promote version 0": ("POST", "/api/v1/models/mlp64/promote",
+                              {"json": {"version": 0}, "headers": AUTH},
+                              422, "version=0: Input should be greater than or equal to 1"),
+    },
+    "query": {
+        "page limit 0": ("GET", "/api/v1/jobs?limit=0", {}, 422,
+                         "limit='0': Input should be greater than or equal to 1"),
+        "unknown status filter": ("GET", "/api/v1/jobs?status=bogus", {}, 422,
+                                  "status='bogus': Input should be 'queued', 'running', 'succeeded', "
+                                  "'failed' or 'cancelled'"),
+    },
+    "not found": {
+        "unknown job": ("GET", "/api/v1/jobs/987654", {}, 404, "no job 987654"),
+        "predictions of an unknown job": ("GET", "/api/v1/jobs/987654/predictions", {}, 404, "no job 987654"),
+        "cancel an unknown job": ("POST", "/api/v1/jobs/987654/cancel", {"headers": AUTH}, 404,
+                                  "no job 987654"),
+        "unknown model": ("GET", "/api/v1/models/nope", {}, 404, "unknown model 'nope'"),
+        "unknown schedule": ("GET", "/api/v1/schedules/nope", {}, 404, "nope"),
+    },
+}
+HTTP_CASES: dict[str, HttpCase] = {name: c for cases in HTTP_CASE_KINDS.values() for name, c in cases.items()}
+HTTP_ROUND_TRIPS = [next(iter(cases)) for cases in HTTP_CASE_KINDS.values()]
+
+
+def _check_http_case(stack: Stack, pids: dict[str, int], client: httpx.Client, case: str) -> None:
+    method, path, options, status, needle = HTTP_CASES[case]
+    if callable(options.get("content")):  # a fresh generator for each request
+        options = {**options, "content": options["content"]()}
+    before = counts(stack)
+    r = client.request(method, path, **options)
+    assert r.status_code == status, (r.status_code, r.text)
+    detail = r.json()["detail"]
+    assert isinstance(detail, str) and needle in detail, detail
+    _expect_changes(before, counts(stack), 0)
+    _still_standing(stack, pids)
+
+
+@pytest.mark.parametrize("case", list(HTTP_CASES), ids=_id)
+def test_bad_http_request(workers: Stack, client: TestClient, pids: dict[str, int], case: str) -> None:
+    _check_http_case(workers, pids, client, case)
+
+
+@pytest.mark.parametrize("case", HTTP_ROUND_TRIPS, ids=_id)
+def test_bad_http_request_to_the_real_server(workers: Stack, server: Api, pids: dict[str, int],
+                                             case: str) -> None:
+    with server.client() as real:
+        _check_http_case(workers, pids, real, case)
+    assert server.proc.poll() is None
+
+
+def _pickled(stack: Stack) -> None:
+    from kombu import Connection
+
+    with Connection(stack.settings.broker) as conn:
+        conn.Producer(serializer="pickle").publish(
+            {"task": "mxq.probe", "id": "evil", "args": [1], "kwargs": {}},
+            routing_key=f"{NODE}.cpu.0", exchange=f"{NODE}.cpu.0",
+            headers={"task": "mxq.probe", "id": "evil"})
+
+
+def _unknown_task(stack: Stack) -> None:
+    from workers.app import app_for
+
+    app_for(stack.settings.broker).send_task("mxq.dance", args=[1], queue=f"{NODE}.cpu.0")
+
+
+def _no_such_job(stack: Stack) -> None:
+    from workers.app import app_for
+
+    app_for(stack.settings.broker).send_task("mxq.probe", args=[987654], queue=f"{NODE}.cpu.0",
+                                             task_id="no-such-job-987654")
+
+
+# Messages published straight to cpu:0's queue: (publish, what cpu:0's log must then say).
+BROKER_CASES: dict[str, tuple[Callable[[Stack], None], str]] = {
+    "pickled message": (_pickled,
+                        "ContentDisallowed: Refusing to deserialize untrusted content of type pickle"),
+    "unknown task name": (_unknown_task, "Received unregistered task of type 'mxq.dance'"),
+    "job id that does not exist": (_no_such_job, "no-such-job-987654] succeeded"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKER_CASES), ids=_id)
+def test_bad_message(workers: Stack, pids: dict[str, int], case: str) -> None:
+    publish, needle = BROKER_CASES[case]
+    log = workers.home / "logs" / f"cpu0-{NODE}.log"
+    seen = log.read_text(errors="replace").count(needle)
+    before = counts(workers)
+    publish(workers)
+    wait_until(lambda: log.read_text(errors="replace").count(needle), 60, f"cpu:0 to log {needle!r}",
+               until=lambda count: count > seen)
+    _expect_changes(before, counts(workers), 0)
+    _still_standing(workers, pids)
+
+
+def test_a_normal_job_still_succeeds(workers: Stack, client: TestClient, pids: dict[str, int]) -> None:
+    """After the corpus: the same workers run a job from the CLI and one from the API, and reads
+    need no token."""
+    before = counts(workers)
+    for device in DEVICES:
+        record = workers.mxq_json("infer", "mlp64", _ok(workers), "--device", device, "--wait")
+        assert record["status"] == "succeeded" and record["samples"] == len(ROWS), record
+    r = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "ok.npy"}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    assert workers.wait(r.json()["id"])["status"] == "succeeded"
+    assert client.get("/api/v1/jobs").status_code == 200
+    after = counts(workers)
+    assert after == {**before, "jobs_not_failed": before["jobs_not_failed"] + 3}, (before, after)
+    _still_standing(workers, pids)
