@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import uuid
@@ -175,8 +177,50 @@ class Stack:
                           until=lambda record: record["status"] in until)
 
 
+class Templates:
+    """One migrated database per backend, copied for each stack instead of migrating it anew:
+    a SQLite file, and a PostgreSQL database that `CREATE DATABASE … TEMPLATE` copies."""
+
+    sqlite: Path | None = None
+    postgres: str | None = None
+
+    @classmethod
+    def sqlite_copy(cls, home: Path) -> None:
+        if cls.sqlite is None:
+            path = Path(tempfile.mkdtemp(prefix="mxq-template-")) / "mxq.db"
+            upgrade(f"sqlite:///{path}")  # closes its connections: the WAL is folded into the file
+            cls.sqlite = path
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cls.sqlite, home / "mxq.db")
+
+    @classmethod
+    def postgres_name(cls, conn) -> str:  # noqa: ANN001
+        """The template database, migrated on first use (on the admin connection `conn`)."""
+        if cls.postgres is None:
+            name = f"mxq_template_{uuid.uuid4().hex[:8]}"
+            conn.execute(f"CREATE DATABASE {name}")
+            upgrade(SYSTEM_PG.rsplit("/", 1)[0] + f"/{name}")  # disposes its engine: no one stays connected
+            cls.postgres = name
+        return cls.postgres
+
+    @classmethod
+    def drop(cls) -> None:
+        if cls.sqlite is not None:
+            shutil.rmtree(cls.sqlite.parent, ignore_errors=True)
+        if cls.postgres is not None:
+            import psycopg
+
+            with psycopg.connect(SYSTEM_PG, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {cls.postgres} WITH (FORCE)")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    Templates.drop()
+
+
 def _embedded(tmp: Path, redis_db: int = 0) -> Iterator[Stack]:
     home = tmp / "embedded"
+    Templates.sqlite_copy(home)
     redis = EmbeddedRedis(home)
     redis.start()
     try:
@@ -197,7 +241,7 @@ def _system(tmp: Path, redis_db: int = 7) -> Iterator[Stack]:
     dbname = f"mxq_test_{uuid.uuid4().hex[:8]}"
     try:
         with psycopg.connect(SYSTEM_PG, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f"CREATE DATABASE {dbname}")
+            conn.execute(f"CREATE DATABASE {dbname} TEMPLATE {Templates.postgres_name(conn)}")
     except psycopg.OperationalError as exc:
         missing(f"no PostgreSQL server at {SYSTEM_PG}: {str(exc).strip()}")
     url = SYSTEM_PG.rsplit("/", 1)[0] + f"/{dbname}"
@@ -223,7 +267,6 @@ def _stack(backend: str, tmp: Path, redis_db: int) -> Iterator[Stack]:
                   "MXQ_NVIDIA_SMI": str(ROOT / "no-such-nvidia-smi"),
                   "MXQ_HEARTBEAT_SECONDS": "0.5", "MXQ_CPU_DEVICES": "2",
                   "MXQ_MAX_ATTEMPTS": "3", "MXQ_RECONCILE_LOOK_SECONDS": "0.2"})
-    upgrade(s.settings.database)
     yield s
     next(gen, None)
 
