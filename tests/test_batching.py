@@ -4,6 +4,7 @@ each job keeps its own rows, outcome and throughput point, and a bad one fails a
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from db import jobs, predictions
 from db.history import metrics
@@ -15,6 +16,7 @@ from workers.submit import submit, submit_many
 JOBS = 120
 
 
+@pytest.mark.both_legs  # queued jobs claimed together in SQL (claim_many)
 def test_single_sample_jobs_are_merged_and_split_back(workers: Stack, mlp: dict) -> None:
     s = workers.settings
     x = np.random.default_rng(5).normal(size=(JOBS, 64)).astype(np.float32)

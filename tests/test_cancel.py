@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from db import predictions
 from db.workers import forget, register
@@ -35,6 +36,7 @@ def test_a_queued_job_is_cancelled_at_once(workers: Stack, mlp: dict) -> None:
     assert record["status"] == "cancelled" and record["attempts"] == 0
 
 
+@pytest.mark.both_legs  # the rows written before the cancel are committed
 def test_a_running_inference_stops_and_keeps_its_rows(workers: Stack, mlp: dict) -> None:
     s = workers.settings
     n = 600_000  # small batches over many samples: tens of seconds, so the cancel lands mid-run

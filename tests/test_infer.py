@@ -38,6 +38,7 @@ def _infer(stack: Stack, *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.both_legs  # prediction rows: COPY on PostgreSQL, executemany on SQLite
 def test_50000_samples_all_stored_and_equal_to_a_direct_run(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(1).normal(size=(50_000, 64)).astype(np.float32)
     _data(workers, "big.npy", x)
@@ -84,6 +85,7 @@ def test_same_model_twice_is_loaded_once(workers: Stack, mlp: dict) -> None:
     assert first["status"] == second["status"] == "succeeded"
 
 
+@pytest.mark.both_legs  # chunks claimed and their parent settled in SQL
 def test_chunked_job_spreads_over_devices_and_stores_each_row_once(workers: Stack,
                                                                    mlp: dict) -> None:
     x = np.random.default_rng(3).normal(size=(40_000, 64)).astype(np.float32)
