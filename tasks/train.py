@@ -61,11 +61,10 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     if len(free) + 1 < p.devices:
         raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
     if kind == "gpu" and p.devices > 1:
-        from workers.topology import closest, parse_topo
+        from workers.topology import closest, read_topology
 
-        topo = subprocess.run([s.nvidia_smi, "topo", "-m"], capture_output=True, text=True).stdout
-        picked = closest(parse_topo(topo), [int(d[4:]) for d in free] + [int(own[4:])], p.devices,
-                         must=int(own[4:]))
+        picked = closest(read_topology(s.nvidia_smi), [int(d[4:]) for d in free] + [int(own[4:])],
+                         p.devices, must=int(own[4:]))
         return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
     return [own, *sorted(free, key=lambda d: int(d.split(":")[1]))[:p.devices - 1]]
 

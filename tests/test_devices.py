@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, Stack
-from workers.devices import DeviceError, discover, incompatibility, parse_nvidia_smi
+from workers import devices as devices_module
+from workers.devices import (
+    BUILD_KERNELS,
+    BuildKernels,
+    DeviceError,
+    discover,
+    incompatibility,
+    parse_nvidia_smi,
+)
 from workers.launcher import plan
 from workers.settings import Settings
 
@@ -129,3 +138,115 @@ def test_a_container_seeing_one_gpu_keeps_its_host_index(tmp_path: Path) -> None
     specs, _ = plan(settings, [gpu], "mxnet-cu112")
     assert specs[0].name == "gpu1@box1" and specs[0].queues[0] == "box1.gpu.1"
     assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    """An `nvidia-smi` stand-in running `body` (sh)."""
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("sm, runs", [
+    (50, True), (52, True), (53, True), (61, True), (62, True), (70, True), (72, True), (75, True),
+    (80, True), (86, True), (87, True), (89, True), (35, False), (37, False), (90, False),
+    (100, False), (120, False),
+])
+def test_the_cuda_compatibility_rule(sm: int, runs: bool) -> None:
+    """SASS runs on its own major version at an equal or higher minor; there is no PTX to JIT."""
+    assert BUILD_KERNELS["mxnet-cu112"].runs_on(sm) is runs
+    assert BuildKernels("x", sass=(80,), ptx=(70,)).runs_on(sm) is (sm >= 70)
+
+
+def test_an_l40s_runs_and_an_h200_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    gpus = parse_nvidia_smi((SMI / "a100-l40s-h200.csv").read_text())
+    assert [(g.name, g.compute_cap, g.driver_version, g.mig) for g in gpus] == [
+        ("NVIDIA A100-SXM4-80GB", "8.0", "535.183.01", False), ("NVIDIA L40S", "8.9", "535.183.01", False),
+        ("NVIDIA H200", "9.0", "535.183.01", False)]
+    specs, refused = plan(Settings(node="box1", home=tmp_path), gpus, "mxnet-cu112")
+    assert [s.name for s in specs] == ["gpu0@box1", "gpu1@box1"]
+    (message,) = refused
+    assert message.startswith("gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90) cannot run")
+    assert "SASS for sm_50, sm_60, sm_70, sm_80, sm_86" in message and "no PTX" in message
+    assert "CPU devices (MXQ_NVIDIA_SMI=none)" in message and "5.0 to 8.9" in message
+
+
+def test_every_placeholder_nvidia_smi_prints_parses() -> None:
+    gpus = parse_nvidia_smi((SMI / "placeholders.csv").read_text())
+    assert [(g.index, g.name, g.uuid, g.compute_cap) for g in gpus] == [
+        (0, "NVIDIA A100-SXM4-80GB", "GPU-8f6a3c1e-5b2d-4e7f-9a10-3c2b1d0e4f5a", ""),
+        (1, "", "", ""), (2, "NVIDIA L40S", "GPU-4e5f6a7b-8c9d-4e0f-a1b2-c3d4e5f6a7b8", "8.9")]
+    assert [(g.memory_total_mib, g.memory_used_mib) for g in gpus] == [(None, None), (None, None), (None, 1)]
+    assert gpus[1].driver_version == "" and not any(g.mig for g in gpus)
+    assert incompatibility(gpus[0], "mxnet-cu112") is None  # unknown capability: the worker finds out
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("index, uuid, name, memory.total [MiB], memory.used [MiB]\n[N/A], GPU-1, X, 1 MiB, 1 MiB\n",
+     "nvidia-smi line 2 gives GPU index '[N/A]'"),
+    ("index, uuid, name, memory.total [MiB], memory.used [MiB]\n0, GPU-1, X, 1 MiB\n",
+     "nvidia-smi line 2 has 4 fields, its header 5"),
+])
+def test_a_row_that_cannot_be_used_is_a_clear_error(text: str, needle: str) -> None:
+    with pytest.raises(DeviceError, match=re.escape(needle)):
+        parse_nvidia_smi(text)
+
+
+def test_a_driver_without_compute_cap_is_asked_again(tmp_path: Path) -> None:
+    exe = _script(tmp_path, 'case "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid '
+                            'field to query.\'; exit 2;; esac\n'
+                            f"cat '{SMI / 'driver-470-t4.csv'}'")
+    (gpu,) = discover(str(exe), 2)
+    assert (gpu.label, gpu.name, gpu.compute_cap) == ("gpu:0", "Tesla T4", "")
+    assert gpu.driver_version == "470.223.02"
+    specs, refused = plan(Settings(node="box1", home=tmp_path), [gpu], "mxnet-cu112")
+    assert refused == [] and specs[0].env["MXNET_USE_FUSION"] == "0"  # R470 < R520 (NVRTC 11.8)
+
+
+def test_fusion_stays_on_with_a_driver_nvrtc_11_8_supports(tmp_path: Path) -> None:
+    gpus = parse_nvidia_smi((SMI / "a100-l40s-h200.csv").read_text())
+    specs, _ = plan(Settings(node="box1", home=tmp_path), gpus, "mxnet-cu112")
+    assert all("MXNET_USE_FUSION" not in s.env for s in specs)
+
+
+FAILING = "echo 'Failed to initialize NVML: Driver/library version mismatch' >&2; exit 18"
+
+
+def test_a_failing_nvidia_smi_warns_then_cpu_devices_start(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    devices = discover(str(_script(tmp_path, FAILING)), 2)
+    assert [d.label for d in devices] == ["cpu:0", "cpu:1"]
+    (record,) = [r for r in caplog.records if "nvidia-smi failed" in r.getMessage()]
+    assert "exited with 18: Failed to initialize NVML: Driver/library version mismatch" in record.getMessage()
+
+
+def test_a_failing_nvidia_smi_is_an_error_where_gpus_are_expected(tmp_path: Path) -> None:
+    with pytest.raises(DeviceError) as failed:
+        discover(str(_script(tmp_path, FAILING)), 2, expect_gpus=True)
+    message = str(failed.value)
+    assert "--query-gpu=index,uuid,name,compute_cap" in message and "exited with 18" in message
+    assert "Driver/library version mismatch" in message
+
+
+def test_a_hanging_nvidia_smi_is_never_silent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(devices_module, "NVIDIA_SMI_TIMEOUT", 0.5)
+    exe = str(_script(tmp_path, "exec sleep 30"))
+    with pytest.raises(DeviceError, match="timed out: no answer in 0.5 s"):
+        discover(exe, 2, expect_gpus=True)
+    assert [d.label for d in discover(exe, 1)] == ["cpu:0"]
+    assert any("timed out" in r.getMessage() for r in caplog.records)
+
+
+def test_expected_gpus_without_nvidia_smi_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(DeviceError, match="GPUs are expected"):
+        discover(str(tmp_path / "absent"), 2, expect_gpus=True)
+
+
+def test_a_mig_enabled_gpu_is_refused_with_how_to_use_it(tmp_path: Path) -> None:
+    gpus = parse_nvidia_smi((SMI / "mig-a100.csv").read_text())
+    specs, refused = plan(Settings(node="box1", home=tmp_path), gpus, "mxnet-cu112")
+    assert [s.name for s in specs] == ["gpu1@box1"]
+    assert refused == ["gpu:0 (NVIDIA A100-SXM4-80GB) has MIG mode enabled: mxq pins whole GPUs, one "
+                       "worker each; disable MIG (`nvidia-smi -i 0 -mig 0`, then reset the GPU) to use it"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.conftest import FIXTURES
-from workers.topology import closest, parse_topo
+from workers.topology import closest, parse_topo, read_topology
 
 TOPO = FIXTURES / "nvidia-smi-topo"
 
@@ -25,3 +27,14 @@ def test_same_pcie_switch_is_chosen_first() -> None:
     assert links[(2, 3)] == "PIX" and links[(1, 2)] == "SYS"
     assert closest(links, [0, 1, 2, 3], 2, must=2) == [2, 3]
     assert closest(links, [0, 2, 3], 2, must=0) in ([0, 2], [0, 3])  # only SYS is left
+
+
+def test_no_matrix_falls_back_to_index_order(tmp_path: Path) -> None:
+    assert parse_topo("") == {} and parse_topo("\n\n") == {}
+    assert parse_topo("        GPU0    GPU1\nGPU0     X\n") == {}  # a cut row is skipped
+    assert closest({}, [3, 1, 2, 0], 2, must=2) == [0, 2]
+    failing = tmp_path / "nvidia-smi"
+    failing.write_text("#!/bin/sh\necho 'NVML: Unknown Error' >&2\nexit 255\n")
+    failing.chmod(0o755)
+    assert read_topology(str(failing)) == {}
+    assert read_topology(str(tmp_path / "absent")) == {}

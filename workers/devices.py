@@ -7,19 +7,54 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
 from importlib import metadata
+from pathlib import Path
 
-QUERY_FIELDS = "index,uuid,name,compute_cap,memory.total,memory.used"
-# Compute capabilities (major*10+minor) each MXNet CUDA build carries kernels for.
-# mxnet-cu112 1.9.1 ships SASS for these and no PTX, so nothing newer can JIT either.
-BUILD_KERNELS: dict[str, tuple[int, ...]] = {
-    "mxnet-cu112": (50, 52, 60, 61, 70, 75, 80, 86),
-}
-BUILD_VERSION = {"mxnet-cu112": "1.9.1"}
+log = logging.getLogger(__name__)
+
+QUERY_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.used",
+                "driver_version", "mig.mode.current")
+# Drivers older than R510 do not know `compute_cap`: they are asked again without it.
+LEGACY_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
+REQUIRED_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used")
 NVIDIA_SMI_TIMEOUT = 20
+# Where a GPU host's driver shows its first device; when it exists, a failing nvidia-smi is an error.
+DEV_NVIDIA0 = Path("/dev/nvidia0")
+# NVRTC from the pinned nvidia-cuda-nvrtc-cu11 11.8 wheel emits PTX that drivers older than R520
+# cannot load: MXNet's runtime-compiled (fused) kernels would fail, so fusion is turned off there.
+NVRTC_MIN_DRIVER = 520
+
+
+@dataclass(frozen=True)
+class BuildKernels:
+    """The GPU code a CUDA build of MXNet carries in libmxnet.so, as `cuobjdump --list-elf` and
+    `--list-ptx` list it: SASS per compute capability (major*10+minor) and PTX, if any."""
+
+    version: str
+    sass: tuple[int, ...]
+    ptx: tuple[int, ...] = ()
+
+    def runs_on(self, sm: int) -> bool:
+        """CUDA's rule: SASS runs on GPUs of the same major version with an equal or higher
+        minor; PTX is compiled by the driver for any GPU at or above its version."""
+        return (any(s // 10 == sm // 10 and s <= sm for s in self.sass)
+                or any(p <= sm for p in self.ptx))
+
+    def span(self) -> str:
+        """The compute capabilities it runs on, as a user reads them: `5.0 to 8.9`."""
+        low = min((*self.sass, *self.ptx))
+        top = "any newer" if self.ptx else f"{max(self.sass) // 10}.9"
+        return f"{low // 10}.{low % 10} to {top}"
+
+
+# Read off libmxnet.so of each pinned CUDA build with cuobjdump (no PTX in any of them).
+BUILD_KERNELS: dict[str, BuildKernels] = {
+    "mxnet-cu112": BuildKernels("1.9.1", sass=(50, 60, 70, 80, 86)),
+}
 
 
 class DeviceError(Exception):
@@ -33,63 +68,120 @@ class Device:
     visible_index: int | None = None  # CUDA's ordinal for it in this process (GPUs)
     name: str = ""
     uuid: str = ""
-    compute_cap: str = ""
+    compute_cap: str = ""  # "" when the driver does not say
     memory_total_mib: int | None = None
     memory_used_mib: int | None = None
+    driver_version: str = ""
+    mig: bool = False  # MIG mode enabled: the GPU is split into instances
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def label(self) -> str:
         return f"{self.kind}:{self.index}"
 
+    @property
+    def driver_major(self) -> int | None:
+        head = self.driver_version.split(".")[0]
+        return int(head) if head.isdigit() else None
+
     def info(self) -> dict[str, object]:
         return {k: v for k, v in {
             "name": self.name, "uuid": self.uuid, "compute_cap": self.compute_cap,
             "memory_total_mib": self.memory_total_mib, "memory_used_mib": self.memory_used_mib,
+            "driver_version": self.driver_version,
         }.items() if v not in ("", None)}
 
 
-def _mib(value: str) -> int | None:
-    value = value.strip()
-    if not value or value.startswith("[N/A"):
-        return None
-    return int(value.split()[0])
+def _value(cell: str) -> str:
+    """The cell, or "" for what nvidia-smi prints in place of a value it cannot give:
+    `[N/A]`, `[Not Supported]`, `[Unknown Error]`, `[GPU requires reset]`, `[Insufficient Permissions]`…"""
+    cell = cell.strip()
+    return "" if cell.startswith("[") and cell.endswith("]") else cell
+
+
+def _mib(cell: str) -> int | None:
+    value = _value(cell)
+    head = value.split()[0] if value else ""
+    return int(head) if head.isdigit() else None
+
+
+def _compute_cap(cell: str) -> str:
+    value = _value(cell)
+    major, dot, minor = value.partition(".")
+    return value if major.isdigit() and dot and minor.isdigit() else ""
+
+
+def _row(cells: dict[str, str], line: int) -> Device:
+    index = _value(cells["index"])
+    if not index.isdigit():
+        raise DeviceError(f"nvidia-smi line {line} gives GPU index {cells['index']!r}: the GPU "
+                          "cannot be addressed; check it with `nvidia-smi -q`")
+    return Device(
+        kind="gpu", index=int(index), visible_index=int(index), uuid=_value(cells["uuid"]),
+        name=_value(cells["name"]), compute_cap=_compute_cap(cells.get("compute_cap", "")),
+        memory_total_mib=_mib(cells["memory.total"]), memory_used_mib=_mib(cells["memory.used"]),
+        driver_version=_value(cells.get("driver_version", "")),
+        mig=_value(cells.get("mig.mode.current", "")).lower() == "enabled",
+    )
 
 
 def parse_nvidia_smi(text: str) -> list[Device]:
-    """Parse `nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv` (header line, units in cells)."""
+    """Parse `nvidia-smi --query-gpu=<fields> --format=csv` (header line with units, cells with
+    units); the fields may come in any order, those beyond REQUIRED_FIELDS may be missing."""
     rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
     if not rows:
         return []
     header = [h.split(" [")[0].strip() for h in rows[0]]
-    want = QUERY_FIELDS.split(",")
-    if header != want:
-        raise DeviceError(f"unexpected nvidia-smi header {rows[0]!r}; expected fields {want}")
+    if not set(REQUIRED_FIELDS) <= set(header):
+        raise DeviceError(f"unexpected nvidia-smi header {rows[0]!r}; expected fields "
+                          f"{list(QUERY_FIELDS)}")
     gpus = []
-    for row in rows[1:]:
+    for line, row in enumerate(rows[1:], start=2):
         if not row:
             continue
-        cells = dict(zip(want, (c.strip() for c in row), strict=True))
-        gpus.append(Device(
-            kind="gpu", index=int(cells["index"]), visible_index=int(cells["index"]),
-            uuid=cells["uuid"], name=cells["name"],
-            compute_cap=cells["compute_cap"], memory_total_mib=_mib(cells["memory.total"]),
-            memory_used_mib=_mib(cells["memory.used"]),
-        ))
+        if len(row) != len(header):
+            raise DeviceError(f"nvidia-smi line {line} has {len(row)} fields, its header {len(header)}: "
+                              f"{', '.join(row)!r}")
+        gpus.append(_row(dict(zip(header, row, strict=True)), line))
     return sorted(gpus, key=lambda d: d.index)
 
 
-def query_gpus(nvidia_smi: str) -> list[Device]:
-    """The GPUs of this host; none when nvidia-smi is absent (a CPU-only host)."""
+def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    command = [exe, f"--query-gpu={','.join(fields)}", "--format=csv"]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(command, None, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
+
+
+def _failure(proc: subprocess.CompletedProcess[str]) -> str:
+    said = " ".join((proc.stderr or proc.stdout or "").split()) or "nothing"
+    status = "timed out" if proc.returncode is None else f"exited with {proc.returncode}"
+    return f"`{' '.join(proc.args)}` {status}: {said[:300]}"
+
+
+def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[Device]:
+    """The GPUs of this host; none when nvidia-smi is absent (a CPU-only host).
+
+    An nvidia-smi that fails or hangs is an error where GPUs are expected (MXQ_EXPECT_GPUS, or
+    /dev/nvidia0 exists), else a warning before the host runs CPU devices."""
     exe = shutil.which(nvidia_smi)
+    expected = expect_gpus or DEV_NVIDIA0.exists()
     if exe is None:
+        if expect_gpus:
+            raise DeviceError(f"GPUs are expected (MXQ_EXPECT_GPUS) but there is no {nvidia_smi!r} "
+                              "program: install the NVIDIA driver or set MXQ_NVIDIA_SMI")
         return []
-    proc = subprocess.run([exe, f"--query-gpu={QUERY_FIELDS}", "--format=csv"],
-                          capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
-    if proc.returncode != 0:
-        # nvidia-smi without a driver (or without GPUs) fails: treat the host as CPU-only.
-        return []
-    return parse_nvidia_smi(proc.stdout)
+    proc = _run(exe, QUERY_FIELDS)
+    if proc.returncode != 0 and "compute_cap" in (proc.stderr + proc.stdout):
+        proc = _run(exe, LEGACY_FIELDS)  # a driver older than R510
+    if proc.returncode == 0:
+        return parse_nvidia_smi(proc.stdout)
+    if expected:
+        raise DeviceError(f"nvidia-smi failed on a host with GPUs: {_failure(proc)}; fix the driver, "
+                          "or unset MXQ_EXPECT_GPUS to run CPU devices")
+    log.warning("mxq: nvidia-smi failed, so no GPU is used and CPU devices start: %s", _failure(proc))
+    return []
 
 
 def cpu_devices(count: int) -> list[Device]:
@@ -104,9 +196,10 @@ def relabel(gpus: list[Device], host_ids: list[int]) -> list[Device]:
     return [replace(g, index=h) for g, h in zip(gpus, host_ids, strict=True)]
 
 
-def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None) -> list[Device]:
+def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
+             expect_gpus: bool = False) -> list[Device]:
     """This node's devices: its GPUs, or `cpu_count` CPU devices on a host without any."""
-    gpus = query_gpus(nvidia_smi)
+    gpus = query_gpus(nvidia_smi, expect_gpus)
     if gpus and host_ids is not None:
         gpus = relabel(gpus, host_ids)
     return gpus or cpu_devices(cpu_count)
@@ -114,7 +207,7 @@ def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None)
 
 def installed_mxnet() -> str | None:
     """The installed MXNet distribution's name (`mxnet`, `mxnet-cu112`, ...), without importing it."""
-    for dist in ("mxnet-cu112", *(d for d in BUILD_KERNELS if d != "mxnet-cu112"), "mxnet"):
+    for dist in (*BUILD_KERNELS, "mxnet"):
         try:
             metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -128,21 +221,34 @@ def _sm(compute_cap: str) -> int:
     return int(major) * 10 + int(minor or 0)
 
 
+def _arches(codes: tuple[int, ...]) -> str:
+    return ", ".join(f"sm_{c}" for c in codes) or "none"
+
+
 def incompatibility(gpu: Device, build: str | None) -> str | None:
     """Why the installed MXNet build cannot run on `gpu`, or None when it can."""
+    if gpu.mig:
+        return (f"{gpu.label} ({gpu.name}) has MIG mode enabled: mxq pins whole GPUs, one worker "
+                f"each; disable MIG (`nvidia-smi -i {gpu.index} -mig 0`, then reset the GPU) to use it")
     if build is None or build == "mxnet":
         return (f"{gpu.label} ({gpu.name}): the installed MXNet is "
                 f"{'missing' if build is None else 'the CPU-only build'}; "
                 "install the gpu extra (pip install '.[gpu]') to use GPUs")
     kernels = BUILD_KERNELS.get(build)
     if kernels is None or not gpu.compute_cap:
-        return None
+        return None  # an unknown build, or a driver that does not say: the worker finds out
     sm = _sm(gpu.compute_cap)
-    if sm in kernels:
+    if kernels.runs_on(sm):
         return None
-    arches = ", ".join(f"sm_{k}" for k in kernels)
-    return (f"{gpu.label} ({gpu.name}, compute capability {gpu.compute_cap} = sm_{sm}) is not "
-            f"supported by the installed {build} {BUILD_VERSION[build]}: it carries kernels "
-            f"for {arches} and no PTX, so it cannot run on this GPU; use a GPU of compute "
-            f"capability {kernels[0] / 10:.1f}-{kernels[-1] / 10:.1f} or an MXNet build made "
-            f"for sm_{sm}")
+    ptx = f"PTX only for {_arches(kernels.ptx)}" if kernels.ptx else "no PTX"
+    return (f"{gpu.label} ({gpu.name}, compute capability {gpu.compute_cap} = sm_{sm}) cannot run "
+            f"the installed {build} {kernels.version}: it carries SASS for {_arches(kernels.sass)} "
+            f"(each runs on GPUs of its major version at an equal or higher minor) and {ptx} the "
+            f"driver could compile for sm_{sm}; run this host's jobs on CPU devices "
+            f"(MXQ_NVIDIA_SMI=none) or on a GPU of compute capability {kernels.span()}")
+
+
+def fusion_off(gpu: Device) -> bool:
+    """True when the driver is too old for the PTX that NVRTC 11.8 emits (MXNet's fused kernels)."""
+    major = gpu.driver_major
+    return major is not None and major < NVRTC_MIN_DRIVER

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from db import workers as beats
-from workers.devices import Device, incompatibility
+from workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
 from workers.queues import device_queue, pool_queue, worker_name
 from workers.recovery import recover_worker
 from workers.settings import Settings
@@ -71,6 +71,8 @@ def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str
     if device.kind == "gpu":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's numbering
         env["CUDA_VISIBLE_DEVICES"] = str(device.visible_index)
+        if fusion_off(device):
+            env["MXNET_USE_FUSION"] = "0"
         libs = nvidia_lib_dirs()
         if libs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -92,6 +94,10 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
         if device.kind == "gpu" and (problem := incompatibility(device, build)):
             refused.append(problem)
             continue
+        if device.kind == "gpu" and fusion_off(device):
+            log.warning("%s: driver %s is older than R%s, which the PTX of NVRTC 11.8 needs: its "
+                        "worker runs with MXNet's kernel fusion off (MXNET_USE_FUSION=0)",
+                        device.label, device.driver_version, NVRTC_MIN_DRIVER)
         name = worker_name(settings.node, device.kind, device.index)
         queues = [device_queue(settings.node, device.kind, device.index), pool_queue(device.kind)]
         cores = cpu_cores(device.index, len(cpus)) if device.kind == "cpu" else []

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     cpu_devices: int = Field(DEFAULT_CPU_DEVICES, description="CPU devices on a GPU-less host.")
     data_root: Path = Field(Path("."), description="Job inputs must lie inside this folder.")
     nvidia_smi: str = Field("nvidia-smi", description="The nvidia-smi program to query GPUs.")
+    expect_gpus: bool = Field(False, description="Fail instead of starting CPU devices when "
+                              "nvidia-smi fails (also the case wherever /dev/nvidia0 exists).")
     worker_memory_mb: int | None = Field(
         None, ge=1, description="Host memory cap (RLIMIT_DATA, MiB) of each device worker; unset = "
         "no cap. A batch that does not fit fails with out-of-memory and is retried halved."

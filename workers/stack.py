@@ -39,7 +39,8 @@ def prepare(settings: Settings) -> bool:
 
 
 def node_plan(settings: Settings) -> tuple[list[WorkerSpec], list[str]]:
-    devices = discover(settings.nvidia_smi, settings.cpu_devices, settings.host_gpu_ids)
+    devices = discover(settings.nvidia_smi, settings.cpu_devices, settings.host_gpu_ids,
+                       settings.expect_gpus)
     return plan(settings, devices, settings.mxnet_build or installed_mxnet())
 
 

@@ -4,23 +4,45 @@ PCIe switch, then the same host bridge, NUMA node, and last across sockets."""
 from __future__ import annotations
 
 import itertools
+import logging
 import re
+import subprocess
+
+log = logging.getLogger(__name__)
+TOPOLOGY_TIMEOUT = 20
 
 # Lower is closer. NV# (NVLink with # links) ranks by link count, closer than any PCIe path.
 PCIE_RANK = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
 _NV = re.compile(r"^NV(\d+)$")
 
 
+def read_topology(nvidia_smi: str) -> dict[tuple[int, int], str]:
+    """`nvidia-smi topo -m` parsed; empty (so GPUs are chosen in index order) when it fails,
+    hangs or prints nothing, which a topology must never turn into a failed job."""
+    try:
+        proc = subprocess.run([nvidia_smi, "topo", "-m"], capture_output=True, text=True,
+                              timeout=TOPOLOGY_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("nvidia-smi topo -m failed (%s): GPUs are chosen in index order", exc)
+        return {}
+    if proc.returncode != 0:
+        log.warning("nvidia-smi topo -m exited with %s: GPUs are chosen in index order", proc.returncode)
+        return {}
+    return parse_topo(proc.stdout)
+
+
 def parse_topo(text: str) -> dict[tuple[int, int], str]:
-    """The link between every pair of GPUs, keyed by (i, j) GPU indexes."""
+    """The link between every pair of GPUs, keyed by (i, j) GPU indexes; empty for no matrix."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return {}
     header = lines[0].split()
     gpus = [h for h in header if re.fullmatch(r"GPU\d+", h)]
     links: dict[tuple[int, int], str] = {}
     for line in lines[1:]:
         cells = line.split()
-        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
-            continue
+        if len(cells) <= len(gpus) or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue  # not a GPU's row, or a cut one
         i = int(cells[0][3:])
         for name, cell in zip(gpus, cells[1:1 + len(gpus)], strict=True):
             j = int(name[3:])
@@ -40,7 +62,7 @@ def closest(links: dict[tuple[int, int], str], candidates: list[int], k: int,
     """The k candidates whose worst pair link is best (ties: best sum); `must` is always in."""
     if k > len(candidates):
         raise ValueError(f"{k} GPUs wanted but only {len(candidates)} free")
-    pool = [c for c in candidates if c != must]
+    pool = sorted(c for c in candidates if c != must)  # ties (no topology) go to the lowest indexes
     best: tuple[tuple[int, int], list[int]] | None = None
     for combo in itertools.combinations(pool, k - (must is not None)):
         chosen = sorted([*combo, *([must] if must is not None else [])])
