@@ -27,9 +27,8 @@ MODEL = "bench"
 
 def bare_loop(model: dict, path: str, batch: int) -> float:
     """Samples/s of the plain loop a user would write: read a batch, forward, softmax, to numpy."""
-    import mxnet as mx
-
     from tasks.models import load
+    from tasks.mx import mx
 
     net, _ = load(model, mx.cpu(0))
     data = np.load(path, mmap_mode="r")

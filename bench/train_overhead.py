@@ -24,9 +24,7 @@ from bench.stack import run_pinned, running_stack, wait_job
 
 def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> list[float]:
     """The guide's loop: split_and_load, record, backward per device, one Trainer step."""
-    import mxnet as mx
-    from mxnet import autograd, gluon
-
+    from tasks.mx import autograd, gluon, mx
     from tasks.zoo import build
 
     ctxs = [mx.cpu(i) for i in range(k)]

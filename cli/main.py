@@ -125,8 +125,8 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
         specs, refused = node_plan(s)
         plan = [{"worker": w.name, "device": w.device.label, "queues": w.queues, "cores": w.cores,
                  "command": w.command, "env": {k: _shown_env(k, v) for k, v in w.env.items()
-                                               if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))
-                                               or k == "LD_LIBRARY_PATH"}} for w in specs]
+                                               if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))}}
+                for w in specs]
         if json_:
             render.print_json({"workers": plan, "refused": refused})
         else:

@@ -94,7 +94,7 @@ def _images(path: Path, shape: tuple[int, ...]) -> Dataset:
 
 
 def _recordio(path: Path, shape: tuple[int, ...]) -> Dataset:
-    import mxnet as mx
+    from tasks.mx import mx
 
     source = open_input(path, shape)
     reader = mx.recordio.MXIndexedRecordIO(str(path.with_suffix(".idx")), str(path), "r")

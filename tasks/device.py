@@ -6,9 +6,9 @@ import logging
 import os
 import sys
 
-import mxnet as mx
 from celery import signals
 
+from tasks.mx import mx
 from workers.launcher import REFUSED_EXIT
 from workers.queues import parse_device
 from workers.settings import get_settings

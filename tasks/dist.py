@@ -159,8 +159,9 @@ def die_with_parent(cores: list[int]) -> None:
 
 
 def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
-    """The ps-lite scheduler and server (`import mxnet` with DMLC_ROLE set runs them), as
-    children of this worker: they die with it."""
+    """The ps-lite scheduler and server (importing MXNet with DMLC_ROLE set runs them; through
+    `tasks.mx`, so a GPU install finds its CUDA libraries), as children of this worker: they die
+    with it."""
     logs = s.home_path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     roles = []
@@ -170,7 +171,7 @@ def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
                "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
         path = logs / f"job-{p.dist.parent}-{name}.log"
         with open(path, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-c", "import mxnet"], env=env, stdout=out,
+            proc = subprocess.Popen([sys.executable, "-c", "import tasks.mx"], env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=lambda: die_with_parent(cores))
         roles.append(Role(name, proc, path))

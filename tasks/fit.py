@@ -10,11 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import mxnet as mx
 import numpy as np
-from mxnet import autograd, gluon
 
 from tasks.datasets import Dataset
+from tasks.mx import autograd, gluon, mx
 from tasks.zoo import build
 from workers.jobspecs import TrainParams
 

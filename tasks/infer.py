@@ -17,7 +17,6 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-import mxnet as mx
 import numpy as np
 
 from db import events, predictions, registry
@@ -27,6 +26,7 @@ from tasks import batching
 from tasks.device import context
 from tasks.inputs import InputError, InputSource, open_input
 from tasks.models import ModelError, load
+from tasks.mx import mx
 from tasks.oom import OutOfMemory, is_out_of_memory
 from tasks.pipeline import BackgroundWriter, prefetch
 from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task

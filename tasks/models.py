@@ -13,10 +13,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import mxnet as mx
-from mxnet import gluon
-
 from db import registry
+from tasks.mx import gluon, mx
 from tasks.zoo import build
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time

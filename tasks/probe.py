@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-import mxnet as mx
 from pydantic import ValidationError
 
 from tasks.device import context, memory  # also checks the device at worker start
+from tasks.mx import mx
 from tasks.runner import JobContext, JobInputError, Outcome, job_task
 from workers.jobspecs import ParamsError, validate
 

@@ -26,7 +26,7 @@ from tasks import dist
 from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from workers import leases
 from workers.jobspecs import ParamsError, TrainParams, validate
-from workers.launcher import cpu_cores, nvidia_lib_dirs
+from workers.launcher import cpu_cores
 from workers.settings import Settings, get_settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
@@ -112,7 +112,6 @@ def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int
     if devices[0].startswith("gpu"):
         info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(info.get(d, {}).get("uuid") or d[4:] for d in devices)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*nvidia_lib_dirs(), env.get("LD_LIBRARY_PATH", "")])
         return env, []
     cores = sorted({c for d in devices for c in cpu_cores(int(d[4:]), s.cpu_devices)})
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(len(cores)),

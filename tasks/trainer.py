@@ -15,8 +15,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import mxnet as mx
-
 from db import epochs as epoch_rows
 from db import jobs, registry, schedules
 from db.engine import session_scope
@@ -25,6 +23,7 @@ from tasks import datasets
 from tasks.fit import EpochResult, fit, make_net, make_trainer, share_initial_weights
 from tasks.inputs import InputError
 from tasks.models import add_trained
+from tasks.mx import mx
 from tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
 from tasks.zoo import ArchError, check_shape
 from workers.jobspecs import TrainParams

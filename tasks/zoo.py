@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from mxnet import gluon
-from mxnet.gluon import nn
-from mxnet.gluon.model_zoo import vision
+from tasks.mx import gluon
+
+nn = gluon.nn
+vision = gluon.model_zoo.vision
 
 
 class ArchError(ValueError):

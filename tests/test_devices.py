@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -250,3 +253,31 @@ def test_a_mig_enabled_gpu_is_refused_with_how_to_use_it(tmp_path: Path) -> None
     assert [s.name for s in specs] == ["gpu1@box1"]
     assert refused == ["gpu:0 (NVIDIA A100-SXM4-80GB) has MIG mode enabled: mxq pins whole GPUs, one "
                        "worker each; disable MIG (`nvidia-smi -i 0 -mig 0`, then reset the GPU) to use it"]
+
+
+NO_MXNET = """
+import sys
+from fastapi.testclient import TestClient
+from workers.app import app as celery_app
+from api.app import app
+celery_app.loader.import_default_modules()  # what `celery -A workers worker` imports at start
+client = TestClient(app)
+assert client.get("/api/v1/jobs").status_code == 200 and client.get("/metrics").status_code == 200
+print(sorted(t for t in celery_app.tasks if t.startswith("mxq.")), "mxnet" in sys.modules)
+"""
+
+
+def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> None:
+    """Only device workers (MXQ_DEVICE set by the launcher) import the job tasks and MXNet."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
+    env["MXQ_HOME"] = str(tmp_path)
+    from db.migrate import upgrade
+
+    upgrade(f"sqlite:///{tmp_path / 'mxq.db'}")
+    control = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert control.stdout.strip() == "['mxq.reconcile', 'mxq.tick'] False", control.stderr
+    device = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env={**env, "MXQ_DEVICE": "cpu:0"},
+                            capture_output=True, text=True, timeout=120)
+    assert device.stdout.strip() == ("['mxq.infer', 'mxq.probe', 'mxq.reconcile', 'mxq.tick', 'mxq.train'] "
+                                     "True"), device.stderr

@@ -11,14 +11,22 @@ from celery import Celery
 
 from workers.settings import Settings, get_settings
 
-# Task modules a worker process imports at start; the CLI never imports them (they load MXNet).
-TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train", "workers.schedule"]
+# Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
+# job tasks, which load MXNet; every other process (the schedule process, a publishing client)
+# gets only the control tasks and never loads MXNet.
+CONTROL_TASK_MODULES = ["workers.schedule"]
+DEVICE_TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 
 
+def task_modules(settings: Settings) -> list[str]:
+    return DEVICE_TASK_MODULES if settings.device else CONTROL_TASK_MODULES
+
+
 def celery_config(settings: Settings) -> dict:
     return dict(
+        include=task_modules(settings),
         broker_url=settings.broker,
         task_serializer="json",
         result_serializer="json",
@@ -45,7 +53,7 @@ def celery_config(settings: Settings) -> dict:
 
 
 def make_app(settings: Settings) -> Celery:
-    app = Celery("mxq", include=TASK_MODULES)
+    app = Celery("mxq")
     app.conf.update(celery_config(settings))
     return app
 
@@ -57,5 +65,5 @@ def app_for(broker: str) -> Celery:
 
 
 # The process-wide app; its settings are read when first used, so importing it never fails.
-app = Celery("mxq", include=TASK_MODULES)
+app = Celery("mxq")
 app.add_defaults(lambda: celery_config(get_settings()))

@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from db import workers as beats
 from workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
@@ -44,15 +43,6 @@ class WorkerSpec:
     cores: list[int] = field(default_factory=list)
 
 
-def nvidia_lib_dirs() -> list[str]:
-    """The `lib` folders of the installed `nvidia-*-cu11` wheels (CUDA, cuDNN, NCCL, ...)."""
-    try:
-        import nvidia  # namespace package of the nvidia-*-cu11 wheels
-    except ImportError:
-        return []
-    return sorted(str(p) for root in nvidia.__path__ for p in Path(root).glob("*/lib") if p.is_dir())
-
-
 def cpu_cores(index: int, count: int) -> list[int]:
     """The slice of this process's cores that CPU device `index` of `count` gets."""
     cores = sorted(os.sched_getaffinity(0))
@@ -73,10 +63,6 @@ def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str
         env["CUDA_VISIBLE_DEVICES"] = str(device.visible_index)
         if fusion_off(device):
             env["MXNET_USE_FUSION"] = "0"
-        libs = nvidia_lib_dirs()
-        if libs:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                [*libs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU worker must not touch a GPU
         env["MXNET_CPU_WORKER_NTHREADS"] = "1"
