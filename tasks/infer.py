@@ -25,7 +25,7 @@ from db.predictions import Row
 from tasks import batching
 from tasks.device import context
 from tasks.inputs import InputError, InputSource, open_input
-from tasks.models import ModelError, load
+from tasks.models import ModelError, input_dtype, load
 from tasks.mx import mx
 from tasks.oom import OutOfMemory, is_out_of_memory
 from tasks.pipeline import BackgroundWriter, prefetch
@@ -197,8 +197,10 @@ def _check_finite(p: InferParams, first: int, x: np.ndarray) -> None:
 
 
 def _forward(net: Any, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
-    """Class probabilities of one batch; `asnumpy` waits for MXNet, so its errors surface here."""
-    return mx.nd.softmax(net(mx.nd.array(x, ctx=ctx))).asnumpy()
+    """Class probabilities of one batch, in float32 whatever the net's dtype (a float16 net is
+    fed float16); `asnumpy` waits for MXNet, so its errors surface here."""
+    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net)))
+    return mx.nd.softmax(out.astype("float32", copy=False)).asnumpy()
 
 
 def _release(net: Any) -> None:

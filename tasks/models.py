@@ -13,6 +13,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from db import registry
 from tasks.mx import gluon, mx
 from tasks.zoo import build
@@ -95,15 +97,32 @@ def _data_name(symbol_file: Path, params_file: Path) -> str:
                      f"({', '.join(inputs) or 'none'}); mxq serves models with exactly one input")
 
 
+def _weights_dtype(net: gluon.Block) -> str:
+    return np.dtype(next(iter(net.collect_params().values())).dtype).name
+
+
+def input_dtype(net: gluon.Block) -> str:
+    """The dtype a batch must have for `net`: that of its weights (float16 or float32), noted on
+    a stored net when it is opened (so not looked up on every batch)."""
+    return getattr(net, "mxq_input_dtype", None) or _weights_dtype(net)
+
+
 def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.SymbolBlock:
+    """The stored net on `ctx`. Weights saved in float16 (a net trained with `--dtype float16`)
+    stay so on a GPU, which is then fed float16 batches; on a CPU the net is cast to float32,
+    since MXNet's CPU kernels (FullyConnected, Convolution) have no float16."""
     try:
         data = _data_name(symbol_file, params_file)
-        return gluon.SymbolBlock.imports(str(symbol_file), [data], str(params_file), ctx=ctx)
+        net = gluon.SymbolBlock.imports(str(symbol_file), [data], str(params_file), ctx=ctx)
     except ModelError:
         raise
     except Exception as exc:  # MXNetError, AssertionError, ValueError from a mismatched pair
         raise ModelError(f"params file {params_file.name} does not match symbol "
                          f"{symbol_file.name}: {_first_line(exc)}") from None
+    if ctx.device_type == "cpu" and _weights_dtype(net) != "float32":
+        net.cast("float32")
+    net.mxq_input_dtype = _weights_dtype(net)
+    return net
 
 
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
@@ -123,7 +142,8 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
                          "(one sample, e.g. 64 or 3,32,32)")
     net = _open(symbol, params, mx.cpu())
     try:
-        out = net(mx.nd.zeros((1, *shape)))
+        out = net(mx.nd.zeros((1, *shape), dtype=input_dtype(net)))
+        out.wait_to_read()  # MXNet runs asynchronously: its errors surface when the result is read
     except Exception as exc:
         raise ModelError(f"model does not run on input shape {shape}: {_first_line(exc)}") from None
     if out.ndim != 2 or out.shape[1] < 2:

@@ -167,3 +167,31 @@ def test_exported_model_without_shape_or_with_wrong_params_is_refused(workers: S
     other = workers.mxq("models", "add", "ac", "--symbol", str(tmp_path / "a-symbol.json"),
                         "--params", str(tmp_path / "c-0000.params"), "--input-shape", "5")
     assert other.returncode == 2 and "it has no values for" in other.stderr
+
+
+def test_a_float16_model_registers_and_serves_on_a_cpu(workers: Stack, tmp_path: Path) -> None:
+    """Weights saved in float16 (as `--dtype float16` training on GPUs exports them): registered,
+    and served on a CPU device by the net cast to float32, equal to a float32 run of the same
+    float16-rounded weights."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(16, activation="relu"), mx.gluon.nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = np.random.default_rng(8).normal(size=(200, 12)).astype(np.float32)
+    net(mx.nd.array(x[:1]))
+    net.export(str(tmp_path / "half"))
+    params = tmp_path / "half-0000.params"
+    halved = {k: v.astype("float16") for k, v in mx.nd.load(str(params)).items()}
+    mx.nd.save(str(params), halved)  # what a float16 net's export writes
+    for p in net.collect_params().values():  # the float32 reference sees the same rounded weights
+        p.set_data(p.data().astype("float16").astype("float32"))
+    expected = mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
+    added = workers.mxq("models", "add", "half", "--symbol", str(tmp_path / "half-symbol.json"),
+                        "--params", str(params), "--input-shape", "12", "--json")
+    assert added.returncode == 0, added.stderr
+    _data(workers, "half.npy", x)
+    job = _infer(workers, "half", "half.npy", "--device", "cpu:1")
+    assert job["status"] == "succeeded", job["error"]
+    rows = predictions.read(workers.settings.database, job["id"])
+    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+    np.testing.assert_allclose([r["score"] for r in rows], expected.max(axis=1), rtol=1e-5)
