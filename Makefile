@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test test-all lint down clean browser
+.PHONY: venv demo test test-all lint down clean browser compose
 
 venv: $(VENV)/.installed
 
@@ -25,13 +25,13 @@ demo: venv
 	$(MXQ) jobs
 	@echo "The stack is still up: '$(MXQ) down' stops it."
 
-test: venv
+test: venv compose
 	$(BIN)/ruff check .
 	$(BIN)/pytest -m "not slow" --legs embedded
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the 25 slowest tests are listed.
-test-all: venv browser
+test-all: venv browser compose
 	$(BIN)/ruff check .
 	$(BIN)/pytest --legs both --durations=25
 
@@ -49,3 +49,11 @@ down:
 
 clean: down
 	rm -rf var
+
+# Compose v2 (Debian trixie's docker-compose package: its `config` runs without a Docker engine)
+# checks docker-compose.yml in the tests; fetched into var/tools without installing anything.
+COMPOSE := var/tools/compose/usr/libexec/docker/cli-plugins/docker-compose
+compose: $(COMPOSE)
+$(COMPOSE):
+	@command -v apt-get >/dev/null && tools/fetch-deb var/tools/compose trixie main docker-compose || \
+		echo "could not fetch Compose v2: the compose tests will skip (and fail where CI is set)"
