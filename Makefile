@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test test-all lint down clean browser compose
+.PHONY: venv demo test test-all test-gpu-install lint down clean browser compose
 
 venv: $(VENV)/.installed
 
@@ -27,13 +27,30 @@ demo: venv
 
 test: venv compose
 	$(BIN)/ruff check .
-	$(BIN)/pytest -m "not slow" --legs embedded
+	$(BIN)/pytest -m "not slow and not gpu_install" --legs embedded
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the 25 slowest tests are listed.
 test-all: venv browser compose
 	$(BIN)/ruff check .
-	$(BIN)/pytest --legs both --durations=25
+	$(BIN)/pytest -m "not gpu_install" --legs both --durations=25
+
+# The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
+# nvidia-*-cu11 wheels, about 2 GB) and the driver's libcuda.so.1 from Debian's libcuda1 (non-free),
+# unpacked under var/tools; tests/test_gpu_install.py runs mxq from that venv. CI runs it.
+GPU_VENV := .venv-gpu
+LIBCUDA := var/tools/libcuda/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1
+test-gpu-install: venv $(GPU_VENV)/.installed $(LIBCUDA)
+	$(BIN)/pytest -m gpu_install --durations=10
+
+$(GPU_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --quiet -e '.[gpu]'
+	touch $@
+
+$(LIBCUDA):
+	tools/fetch-deb var/tools/libcuda bookworm non-free libcuda1
 
 # The dashboard test (slow tier) drives Debian's Chromium; installed here when missing and we are root.
 browser:

@@ -28,7 +28,7 @@ app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
-                  "current_job", "leased_by", "heartbeat_age"]
+                  "current_job", "leased_by", "heartbeat_age", "refused"]
 JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
                "attempts", "submitted_at", "error"]
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",

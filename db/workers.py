@@ -33,6 +33,24 @@ def beat(url: str, name: str, current_job: int | None) -> None:
 
 
 @db_retry
+def refuse(url: str, name: str, reason: str) -> None:
+    """The worker refused its device (MXNet cannot use it) and will not be restarted: offline,
+    with the reason kept in its info (shown by `mxq devices`) until a launcher registers it anew."""
+    with session_scope(url) as s:
+        row = s.get(WorkerBeat, name)
+        if row is not None:
+            row.last_seen, row.current_job = None, None
+            row.info = {**(row.info or {}), "refused": reason}
+
+
+def refused_since(url: str, names: list[str], since: datetime) -> set[str]:
+    """Which of `names` were registered after `since` and have refused their device."""
+    with session_scope(url) as s:
+        rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
+        return {r.name for r in rows if as_utc(r.started_at) >= since and (r.info or {}).get("refused")}
+
+
+@db_retry
 def mark_dead(url: str, name: str) -> None:
     """The worker stopped or died: it is offline from now on."""
     with session_scope(url) as s:

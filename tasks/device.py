@@ -9,7 +9,7 @@ import sys
 from celery import signals
 
 from tasks.mx import mx
-from workers.launcher import REFUSED_EXIT
+from workers.launcher import REFUSAL_PREFIX, REFUSED_EXIT
 from workers.queues import parse_device
 from workers.settings import get_settings
 
@@ -52,5 +52,5 @@ def _refuse_unusable_device(**_: object) -> None:
     problem = device and check_visible(device)
     if problem:
         log.error("refusing to start: %s", problem)
-        print(f"mxq: refusing to start: {problem}", file=sys.stderr, flush=True)
+        print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)
         os._exit(REFUSED_EXIT)

@@ -27,6 +27,7 @@ from workers.settings import Settings
 log = logging.getLogger(__name__)
 
 REFUSED_EXIT = 78  # a worker exits so when its device is unusable: do not restart it
+REFUSAL_PREFIX = "mxq: refusing to start: "  # what such a worker prints before it exits
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0  # warm shutdown waits for the running job; then it is killed
 MAX_BACKOFF_SECONDS = 30.0
@@ -179,13 +180,23 @@ class Launcher:
         recovered = self._recover(child)
         if code == REFUSED_EXIT:
             child.refused = True
-            log.error("%s refused to start (see its log); not restarting it", name)
+            reason = self._refusal(child)
+            if child.spec.device is not None:
+                beats.refuse(self.settings.database, name, reason)
+            log.error("%s refused to start: %s; not restarting it", name, reason)
             return
         child.crashes += 1
         delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (child.crashes - 1))
         child.restart_at = time.monotonic() + delay
         log.warning("%s exited with %s (jobs requeued: %s); restarting in %.1fs",
                     name, code, recovered or "none", delay)
+
+    def _refusal(self, child: Child) -> str:
+        """The reason a worker printed when it refused its device (the last such line of its log)."""
+        path = self.logs / f"{child.spec.name.replace('@', '-')}.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        said = [ln.split(REFUSAL_PREFIX, 1)[1] for ln in lines if REFUSAL_PREFIX in ln]
+        return said[-1].strip() if said else f"see {path}"
 
     def run(self) -> int:
         """Supervise until stopped; 0 on a clean stop, 1 when every worker refused."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from db.migrate import upgrade
 from db.schema import utcnow
-from db.workers import alive_since
+from db.workers import alive_since, refused_since
 from workers.devices import discover, installed_mxnet
 from workers.embedded import EmbeddedRedis
 from workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
@@ -80,7 +80,8 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
                                 start_new_session=True)
     names = [s.name for s in specs]
     deadline = time.monotonic() + timeout
-    while alive_since(settings.database, names, since, settings.heartbeat_ttl) != set(names):
+    while (alive_since(settings.database, names, since, settings.heartbeat_ttl)
+           | refused_since(settings.database, names, since)) != set(names):
         if proc.poll() is not None:
             raise StackError(f"the worker launcher exited with {proc.returncode}; "
                              f"see {logs / 'launcher.log'}")

@@ -1,0 +1,145 @@
+"""The `gpu` extra installed for real, on a host without a GPU (`make test-gpu-install`).
+
+`.venv-gpu` holds mxnet-cu112 and the nvidia-*-cu11 wheels; the NVIDIA driver's library
+(`libcuda.so.1`) comes from Debian's `libcuda1` package, unpacked under var/tools/libcuda and put
+on the loader path as a driver install puts it in a system folder; nvidia-smi is a fake printing a
+recorded listing of an A100, an L40S and an H200. Everything else is the real program: MXNet
+loads, finds no GPU, and mxq must still start, plan, refuse and stay up as it would on a host
+whose GPUs it cannot use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, ROOT, free_port, missing, wait_until
+
+pytestmark = pytest.mark.gpu_install
+
+GPU_PYTHON = ROOT / ".venv-gpu" / "bin" / "python"
+DRIVER = ROOT / "var" / "tools" / "libcuda" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
+LISTING = FIXTURES / "nvidia-smi" / "a100-l40s-h200.csv"
+NODE = "gpubox"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a GPU host's mxq: the driver's folder on the loader path, nothing else."""
+    if not GPU_PYTHON.exists():
+        missing(f"no {GPU_PYTHON}: `make test-gpu-install` builds it with the gpu extra")
+    if not (DRIVER / "libcuda.so.1").exists():
+        missing(f"no libcuda.so.1 in {DRIVER}: `make test-gpu-install` unpacks Debian's libcuda1 there")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat '{LISTING}'\n")
+    smi.chmod(0o755)
+    (tmp_path / "data").mkdir()
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("MXQ_", "LD_LIBRARY_PATH", "CUDA_"))}
+    return {**base, "LD_LIBRARY_PATH": str(DRIVER), "MXQ_HOME": str(tmp_path / "home"),
+            "MXQ_NODE": NODE, "MXQ_NVIDIA_SMI": str(smi), "MXQ_DATA_ROOT": str(tmp_path / "data"),
+            "MXQ_API_PORT": str(free_port()), "MXQ_HEARTBEAT_SECONDS": "0.5", "COLUMNS": "200"}
+
+
+def _run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(GPU_PYTHON), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _mxq(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return _run(env, "-m", "cli", *args, timeout=timeout)
+
+
+def test_mxnet_finds_the_cuda_wheels_without_ld_library_path(env: dict[str, str]) -> None:
+    bare = _run(env, "-c", "import mxnet")
+    assert bare.returncode != 0 and "libcu" in bare.stderr  # the wheels' folders are not searched
+    loaded = _run(env, "-c", "import tasks.mx as m, tasks.cuda as c; "
+                             "print(m.mx.__version__, m.mx.context.num_gpus(), len(c.load_cuda_libraries()))")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["1.9.1", "0", "10"]  # 10 libraries loaded, no GPU here
+
+
+def test_a_host_without_the_driver_gets_one_clear_error(env: dict[str, str]) -> None:
+    no_driver = _run({**env, "LD_LIBRARY_PATH": ""}, "-c", "import tasks.mx")
+    assert no_driver.returncode != 0
+    assert no_driver.stderr.strip().splitlines()[-1].startswith(
+        "ImportError: the GPU build of MXNet cannot load the NVIDIA driver's library (libcuda.so.1")
+
+
+def test_the_plan_runs_the_a100_and_the_l40s_and_refuses_the_h200(env: dict[str, str]) -> None:
+    proc = _mxq(env, "worker", "--dry-run", "--json")
+    out = json.loads(proc.stdout)
+    pins = {w["worker"]: w["env"]["CUDA_VISIBLE_DEVICES"] for w in out["workers"]}
+    assert pins == {f"gpu0@{NODE}": "0", f"gpu1@{NODE}": "1"}, proc.stderr
+    (refused,) = out["refused"]
+    assert refused.startswith("gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90) cannot run "
+                              "the installed mxnet-cu112 1.9.1")
+
+
+def _pids_of(cmdline_part: str, home: Path) -> list[int]:
+    """Processes of this stack (MXQ_HOME=home) whose command line holds `cmdline_part`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit():
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline_part in cmdline and f"MXQ_HOME={home}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def _get_json(url: str) -> object | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)
+    except OSError:
+        return None
+
+
+def _loads_mxnet(pid: int) -> bool:
+    return "libmxnet.so" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.fixture
+def up(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    proc = _mxq(env, "up", "--detach", timeout=300)
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield env
+    finally:
+        _mxq(env, "down", timeout=120)
+
+
+def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, str]) -> None:
+    env = up
+    home = Path(env["MXQ_HOME"])
+    added = _mxq(env, "models", "add", "m", "--arch", "mlp", "--input-shape", "16", "--json")
+    assert added.returncode == 0 and json.loads(added.stdout)["version"] == 1, added.stderr
+
+    devices = {d["device"]: d for d in json.loads(_mxq(env, "devices", "--json").stdout)}
+    assert set(devices) == {"gpu:0", "gpu:1"}  # the H200 was refused by the plan: no worker
+    for d in devices.values():
+        assert d["alive"] is False
+        assert "sees 0 GPUs through MXNet (expected 1)" in d["refused"], d
+    launcher = int((home / "launcher.pid").read_text())
+    schedule, api = _pids_of(f"-n schedule@{NODE}", home), _pids_of("-m cli api", home)
+    assert schedule and api
+    url = f"http://127.0.0.1:{env['MXQ_API_PORT']}/api/v1/devices"
+    listed = wait_until(lambda: _get_json(url), 60, f"{url} to answer", until=lambda r: r is not None)
+    assert {d["device"] for d in listed} == {"gpu:0", "gpu:1"}
+    log = (home / "logs" / "launcher.log").read_text()
+    for name in (f"gpu0@{NODE}", f"gpu1@{NODE}"):
+        assert log.count(f"started {name}") == 1, log  # refused once, never restarted
+        assert f"{name} refused to start: worker for gpu:" in log
+    assert Path(f"/proc/{launcher}").exists()
+    assert not any(_loads_mxnet(p) for p in [*schedule, *api, launcher])  # nothing that does not compute
