@@ -1,22 +1,21 @@
-# The mxq image: CUDA 11.2 runtime (cuDNN 8, Ubuntu 20.04), Python 3.11, mxq with the `gpu`
-# extra (mxnet-cu112 plus CUDA 11 / cuDNN 8 / NCCL as nvidia-*-cu11 wheels; the launcher puts
-# their lib folders first on each GPU worker's LD_LIBRARY_PATH). The GPU driver (libcuda.so.1,
-# nvidia-smi) comes from the NVIDIA container runtime: the CUDA base image sets
-# NVIDIA_DRIVER_CAPABILITIES=compute,utility, so both are mounted into a container given a GPU,
-# and its CUDA 11.2 libraries back up any the wheels do not carry.
+# The mxq image: the official python:3.11-slim-bookworm image, mxq with the `gpu` extra in a venv
+# at /opt/mxq, a non-root user `mxq`. No nvidia/cuda base image: those tags reach end of life and
+# get deleted, and the CUDA 11 / cuDNN 8 / NCCL libraries already come from the `gpu` extra's
+# nvidia-*-cu11 wheels, which mxq loads by absolute path before MXNet (tasks/cuda.py; no
+# LD_LIBRARY_PATH), so a CUDA image would only add a second copy of CUDA and cuDNN (gigabytes)
+# beside them. The driver (libcuda.so.1, nvidia-smi) is not in the image: the NVIDIA container
+# toolkit mounts it into a container given a GPU, for the capabilities NVIDIA_DRIVER_CAPABILITIES
+# names (compute: libcuda; utility: nvidia-smi and NVML, which the launcher uses to find GPUs).
+# The base image sets no NVIDIA_VISIBLE_DEVICES, so a container gets GPUs only where they are
+# asked for (the `worker` service of docker-compose.yml reserves them).
 #
-# Python 3.11 on Ubuntu 20.04 (which ships 3.8): the interpreter is copied from the official
-# python:3.11 image built on Debian 11 "bullseye". Bullseye has the same glibc as Ubuntu 20.04
-# (2.31) and links the same library sonames that 20.04 ships (libssl.so.1.1, libffi.so.7, ...),
-# so the copy runs unchanged; a bookworm-based image (glibc 2.36) would not. This needs only
-# Docker Hub and Ubuntu's archive at build time, unlike the deadsnakes PPA (Launchpad, and focal
-# is past its standard support there). The build stage also installs every wheel into a venv,
-# so the final stage has no compiler, no pip cache and no build tools.
+# The build stage installs every wheel into the venv; the final stage, from the same base image
+# (so the venv's interpreter links are valid), adds only what MXNet needs from the system and
+# the venv: no compiler, no pip cache, no build tools.
 #
 # No secret is set here: passwords and the API token come from the environment at run time.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bullseye
-ARG CUDA_IMAGE=nvidia/cuda:11.2.2-cudnn8-runtime-ubuntu20.04
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -28,6 +27,8 @@ COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['gpu']))" > requirements.txt \
  && /opt/mxq/bin/pip install -r requirements.txt
+# What pip needs to build mxq itself: the metadata, the readme it names, the top-level packages
+# of [tool.setuptools] packages.
 COPY README.md ./
 COPY api api
 COPY cli cli
@@ -36,23 +37,21 @@ COPY tasks tasks
 COPY workers workers
 RUN /opt/mxq/bin/pip install '.[gpu]'
 
-FROM ${CUDA_IMAGE}
+FROM ${PYTHON_IMAGE}
 ARG MXQ_UID=1000
-# Runtime libraries of the copied interpreter (Ubuntu 20.04 names), and libgomp for MXNet.
-# Nothing comes from NVIDIA's apt repository, so its list is dropped first: older CUDA images
-# carry a signing key NVIDIA has since rotated, and `apt-get update` would fail on it.
-RUN rm -f /etc/apt/sources.list.d/cuda*.list /etc/apt/sources.list.d/nvidia-ml*.list \
- && apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates tzdata libgomp1 libssl1.1 libffi7 libsqlite3-0 libbz2-1.0 liblzma5 zlib1g \
-      libexpat1 libuuid1 libreadline8 libncursesw6 libgdbm6 libgdbm-compat4 libdb5.3 libnsl2 \
-      libtirpc3 \
+# libgomp1: OpenMP, which libmxnet.so and its bundled OpenBLAS link; libquadmath0: needed by the
+# libgfortran.so.3 that the MXNet wheel bundles. Everything else comes with the base image.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libgomp1 libquadmath0 \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /usr/local/ /usr/local/
 COPY --from=build /opt/mxq /opt/mxq
-# Fail the build here, not at run time, if the copied interpreter misses a library.
-RUN ldconfig \
- && /opt/mxq/bin/python -c "import ssl, sqlite3, ctypes, lzma, bz2, zlib, uuid, decimal, readline" \
+# Fail the build here, not at run time, if MXNet or a CUDA wheel misses a system library: every
+# library they need must resolve, except the driver's libcuda.so.1 (mounted at run time). The
+# wheels' lib folders are searched for this check only; at run time tasks/cuda.py loads them.
+RUN cd "$(/opt/mxq/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+ && missing="$(LD_LIBRARY_PATH="$(echo "$PWD"/nvidia/*/lib | tr ' ' ':')" \
+      ldd mxnet/*.so* nvidia/*/lib/*.so* | grep 'not found' | grep -v 'libcuda\.so\.1' | sort -u)" \
+ && if [ -n "$missing" ]; then echo "missing system libraries:"; echo "$missing"; exit 1; fi \
  && /opt/mxq/bin/mxq --help > /dev/null
 RUN groupadd --gid "${MXQ_UID}" mxq \
  && useradd --uid "${MXQ_UID}" --gid mxq --create-home --shell /usr/sbin/nologin mxq \
@@ -60,8 +59,8 @@ RUN groupadd --gid "${MXQ_UID}" mxq \
  && chown mxq:mxq /var/lib/mxq
 ENV PATH=/opt/mxq/bin:${PATH} \
     VIRTUAL_ENV=/opt/mxq \
-    LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     MXQ_HOME=/var/lib/mxq \
     MXQ_DATA_ROOT=/data
 # /var/lib/mxq is the shared store (docker-compose.yml mounts a named volume there, NFS with more
