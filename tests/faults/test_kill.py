@@ -14,7 +14,7 @@ from db.epochs import list_epochs
 from tests.faults.stacks import FaultStack, report
 from workers.submit import submit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_legs]  # claims and prediction writes under SIGKILL, per backend
 
 KILLS = 10
 INFER_SAMPLES = 400_000
