@@ -14,7 +14,8 @@ from db.epochs import list_epochs
 from tests.faults.stacks import FaultStack, report
 from workers.submit import submit
 
-pytestmark = [pytest.mark.slow, pytest.mark.both_legs]  # claims and prediction writes under SIGKILL, per backend
+# Claims and prediction writes under SIGKILL differ by backend: both legs.
+pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
 KILLS = 10
 INFER_SAMPLES = 400_000
