@@ -6,6 +6,7 @@ import json
 import os
 import re
 import stat
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,12 @@ import pytest
 from tests.conftest import FIXTURES, ROOT, Stack
 from workers import devices as devices_module
 from workers.devices import (
-    BUILD_KERNELS,
-    BuildKernels,
     DeviceError,
     discover,
     incompatibility,
     parse_nvidia_smi,
 )
+from workers.kernels import RECORDED, BuildKernels, read_kernels
 from workers.launcher import plan
 from workers.settings import Settings
 
@@ -158,7 +158,7 @@ def _script(tmp_path: Path, body: str) -> Path:
 ])
 def test_the_cuda_compatibility_rule(sm: int, runs: bool) -> None:
     """SASS runs on its own major version at an equal or higher minor; there is no PTX to JIT."""
-    assert BUILD_KERNELS["mxnet-cu112"].runs_on(sm) is runs
+    assert RECORDED["mxnet-cu112"].runs_on(sm) is runs
     assert BuildKernels("x", sass=(80,), ptx=(70,)).runs_on(sm) is (sm >= 70)
 
 
@@ -281,3 +281,43 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
                             capture_output=True, text=True, timeout=120)
     assert device.stdout.strip() == ("['mxq.infer', 'mxq.probe', 'mxq.reconcile', 'mxq.tick', 'mxq.train'] "
                                      "True"), device.stderr
+
+
+def _fatbin(entries: list[tuple[int, int]]) -> bytes:
+    """A fat binary holding one entry (kind, sm) per item, each with a 16-byte body."""
+    header = "<HHIQIIHHI"  # kind, flags, header size, body size, ..., minor, major, sm
+    body = b"".join(struct.pack(header, kind, 0x101, 64, 16, 0, 0, sm % 10, sm // 10, sm).ljust(64, b"\0")
+                    + bytes(16) for kind, sm in entries)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _elf(sections: dict[str, bytes]) -> bytes:
+    """A minimal ELF64 file with the given sections (and the section-name table)."""
+    names = b"\0" + b"".join(n.encode() + b"\0" for n in [".shstrtab", *sections])
+    blobs = [names, *sections.values()]
+    data, offsets, at = b"", [], 64
+    for blob in blobs:
+        offsets.append(at + len(data))
+        data += blob
+    headers = bytes(64)  # the null section
+    name_at = 1
+    for blob, offset, name in zip(blobs, offsets, [".shstrtab", *sections], strict=True):
+        headers += struct.pack("<IIQQQQIIQQ", name_at, 1, 0, 0, offset, len(blob), 0, 0, 8, 0)
+        name_at += len(name) + 1
+    head = bytearray(64)
+    head[:5] = b"\x7fELF\x02"
+    struct.pack_into("<Q", head, 0x28, 64 + len(data))
+    struct.pack_into("<HHH", head, 0x3A, 64, len(blobs) + 1, 1)
+    return bytes(head) + data + headers
+
+
+def test_the_kernels_of_a_library_are_read_from_its_fat_binaries(tmp_path: Path) -> None:
+    library = tmp_path / "libfake.so"
+    fatbins = _fatbin([(2, 75), (2, 80)]) + bytes(8) + _fatbin([(1, 80), (2, 80)])
+    library.write_bytes(_elf({".text": b"\x90" * 40, ".nv_fatbin": fatbins}))
+    kernels = read_kernels(library, "0.1")
+    assert kernels == BuildKernels("0.1", sass=(75, 80), ptx=(80,))
+    assert kernels.runs_on(90) and kernels.runs_on(86) and not kernels.runs_on(70)
+    plain = tmp_path / "libplain.so"
+    plain.write_bytes(_elf({".text": b"\x90" * 40}))
+    assert read_kernels(plain) is None

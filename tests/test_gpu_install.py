@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, free_port, missing, wait_until
+from workers.kernels import RECORDED, read_kernels
 
 pytestmark = pytest.mark.gpu_install
 
@@ -143,3 +144,13 @@ def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, s
         assert f"{name} refused to start: worker for gpu:" in log
     assert Path(f"/proc/{launcher}").exists()
     assert not any(_loads_mxnet(p) for p in [*schedule, *api, launcher])  # nothing that does not compute
+
+
+def test_the_recorded_kernels_are_those_of_the_installed_libmxnet(env: dict[str, str]) -> None:
+    """What mxq assumes where mxnet-cu112 is named but not installed is what the real binary
+    carries: SASS for sm_50, 60, 70, 80 and 86, no PTX (cuobjdump lists the same)."""
+    library = next((ROOT / ".venv-gpu" / "lib").glob("python3.*/site-packages/mxnet/libmxnet.so"))
+    assert read_kernels(library, "1.9.1") == RECORDED["mxnet-cu112"]
+    found = _run(env, "-c", "from workers.kernels import kernels_of; k = kernels_of('mxnet-cu112'); "
+                            "print(k.version, k.sass, k.ptx)")
+    assert found.stdout.strip() == "1.9.1 (50, 60, 70, 80, 86) ()", found.stderr

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
+from workers.kernels import RECORDED, kernels_of
+
 log = logging.getLogger(__name__)
 
 QUERY_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.used",
@@ -27,34 +29,6 @@ DEV_NVIDIA0 = Path("/dev/nvidia0")
 # NVRTC from the pinned nvidia-cuda-nvrtc-cu11 11.8 wheel emits PTX that drivers older than R520
 # cannot load: MXNet's runtime-compiled (fused) kernels would fail, so fusion is turned off there.
 NVRTC_MIN_DRIVER = 520
-
-
-@dataclass(frozen=True)
-class BuildKernels:
-    """The GPU code a CUDA build of MXNet carries in libmxnet.so, as `cuobjdump --list-elf` and
-    `--list-ptx` list it: SASS per compute capability (major*10+minor) and PTX, if any."""
-
-    version: str
-    sass: tuple[int, ...]
-    ptx: tuple[int, ...] = ()
-
-    def runs_on(self, sm: int) -> bool:
-        """CUDA's rule: SASS runs on GPUs of the same major version with an equal or higher
-        minor; PTX is compiled by the driver for any GPU at or above its version."""
-        return (any(s // 10 == sm // 10 and s <= sm for s in self.sass)
-                or any(p <= sm for p in self.ptx))
-
-    def span(self) -> str:
-        """The compute capabilities it runs on, as a user reads them: `5.0 to 8.9`."""
-        low = min((*self.sass, *self.ptx))
-        top = "any newer" if self.ptx else f"{max(self.sass) // 10}.9"
-        return f"{low // 10}.{low % 10} to {top}"
-
-
-# Read off libmxnet.so of each pinned CUDA build with cuobjdump (no PTX in any of them).
-BUILD_KERNELS: dict[str, BuildKernels] = {
-    "mxnet-cu112": BuildKernels("1.9.1", sass=(50, 60, 70, 80, 86)),
-}
 
 
 class DeviceError(Exception):
@@ -207,7 +181,7 @@ def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
 
 def installed_mxnet() -> str | None:
     """The installed MXNet distribution's name (`mxnet`, `mxnet-cu112`, ...), without importing it."""
-    for dist in (*BUILD_KERNELS, "mxnet"):
+    for dist in (*RECORDED, "mxnet"):
         try:
             metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -234,7 +208,7 @@ def incompatibility(gpu: Device, build: str | None) -> str | None:
         return (f"{gpu.label} ({gpu.name}): the installed MXNet is "
                 f"{'missing' if build is None else 'the CPU-only build'}; "
                 "install the gpu extra (pip install '.[gpu]') to use GPUs")
-    kernels = BUILD_KERNELS.get(build)
+    kernels = kernels_of(build)
     if kernels is None or not gpu.compute_cap:
         return None  # an unknown build, or a driver that does not say: the worker finds out
     sm = _sm(gpu.compute_cap)
