@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from db import predictions, registry, schedules
 from db.history import JobFilter, count_jobs, get_job, list_jobs
 from workers.cancel import cancel_job
-from workers.schedule import add_schedule, resume, run_now
+from workers.fires import add_schedule, resume, run_now
 from workers.settings import Settings, get_settings
 from workers.status import device_table
 from workers.submit import submit

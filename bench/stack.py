@@ -164,7 +164,7 @@ def children(settings: Settings, parent_id: int) -> list[dict[str, Any]]:
 
 def pinned_env(cores: Sequence[int]) -> dict[str, str]:
     """The thread limits the launcher gives a CPU device worker on `cores` (workers.launcher)."""
-    from workers.launcher import THREAD_VARS
+    from workers.pinning import THREAD_VARS
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
     env.update({var: str(len(cores)) for var in THREAD_VARS}, MXNET_CPU_WORKER_NTHREADS="1",

@@ -55,7 +55,7 @@ def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> 
 def pinned_bare(copies: int, epochs: int, batch: int, k: int) -> list[float]:
     """The bare loop's epochs (samples/s) in a process with the cores and threads mxq gives a
     k-device job."""
-    from workers.launcher import cpu_cores
+    from workers.pinning import cpu_cores
 
     cores = sorted({c for i in range(k) for c in cpu_cores(i, 2)})
     out = run_pinned(["-m", "bench.train_overhead", "--bare", str(k), "--copies", str(copies),

@@ -9,7 +9,7 @@ import typer
 from cli import render
 from cli.models import parse_shape
 from db import schedules
-from workers.schedule import add_schedule, resume, run_now
+from workers.fires import add_schedule, resume, run_now
 from workers.settings import get_settings
 
 app = typer.Typer(help="Scheduled retraining: add, list, show, pause, resume, rm, run-now.",

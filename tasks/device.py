@@ -9,7 +9,7 @@ import sys
 from celery import signals
 
 from tasks.mx import mx
-from workers.launcher import REFUSAL_PREFIX, REFUSED_EXIT
+from workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from workers.queues import parse_device
 from workers.settings import get_settings
 

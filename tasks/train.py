@@ -26,7 +26,7 @@ from tasks import dist
 from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from workers import leases
 from workers.jobspecs import ParamsError, TrainParams, validate
-from workers.launcher import cpu_cores
+from workers.pinning import cpu_cores
 from workers.settings import Settings, get_settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)

@@ -13,7 +13,7 @@ from db import schedules
 from db.registry import list_models
 from tasks import datasets
 from tests.conftest import Stack, wait_until
-from workers.schedule import add_schedule, tick
+from workers.fires import add_schedule, tick
 
 
 def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool = False) -> None:

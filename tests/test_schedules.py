@@ -13,7 +13,7 @@ import pytest
 from db import schedules
 from db.history import get_job
 from tests.conftest import Stack
-from workers.schedule import add_schedule, run_now, tick
+from workers.fires import add_schedule, run_now, tick
 
 pytestmark = pytest.mark.both_legs
 

@@ -14,7 +14,7 @@ from workers.settings import Settings, get_settings
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
 # job tasks, which load MXNet; every other process (the schedule process, a publishing client)
 # gets only the control tasks and never loads MXNet.
-CONTROL_TASK_MODULES = ["workers.schedule"]
+CONTROL_TASK_MODULES = ["workers.control"]
 DEVICE_TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2

@@ -20,18 +20,16 @@ from dataclasses import dataclass, field
 
 from db import workers as beats
 from workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
+from workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
 from workers.queues import device_queue, pool_queue, worker_name
 from workers.recovery import recover_worker
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
-REFUSED_EXIT = 78  # a worker exits so when its device is unusable: do not restart it
-REFUSAL_PREFIX = "mxq: refusing to start: "  # what such a worker prints before it exits
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0  # warm shutdown waits for the running job; then it is killed
 MAX_BACKOFF_SECONDS = 30.0
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @dataclass
@@ -42,14 +40,6 @@ class WorkerSpec:
     command: list[str]
     env: dict[str, str]
     cores: list[int] = field(default_factory=list)
-
-
-def cpu_cores(index: int, count: int) -> list[int]:
-    """The slice of this process's cores that CPU device `index` of `count` gets."""
-    cores = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cores) // count)
-    start = (index * share) % len(cores)
-    return cores[start:start + share]
 
 
 def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str, str]:

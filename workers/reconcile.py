@@ -25,6 +25,7 @@ from db import events, jobs, schedules
 from db.engine import session_scope
 from db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
 from workers import leases
+from workers.fires import submit_fire
 from workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker
 from workers.settings import Settings
 from workers.submit import publish
@@ -188,8 +189,6 @@ def _free_leases(settings: Settings, report: Report) -> None:
 
 
 def _resubmit_fires(settings: Settings, report: Report) -> None:
-    from workers.schedule import submit_fire
-
     cutoff = utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)
     with session_scope(settings.database) as s:
         rows = s.execute(select(Fire.id, Schedule.name).join(Schedule)

@@ -1,7 +1,7 @@
-"""The schedule tick: find due schedules, fire each once, submit its training job.
+"""Schedule fires: find due schedules, fire each once, submit its training job.
 
 `tick(settings, now)` takes the clock as an argument, so tests drive it with any time; the
-schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (Celery beat).
+schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (workers/control.py).
 After downtime, every missed fire time collapses into one catch-up fire at the latest of them.
 """
 
@@ -15,11 +15,10 @@ from typing import Any
 
 from db import schedules
 from db.schema import utcnow
-from workers.app import app
 from workers.cron import check, due, next_after
 from workers.jobspecs import ParamsError, validate
 from workers.paths import PathError, inside_root
-from workers.settings import Settings, get_settings
+from workers.settings import Settings
 from workers.submit import JobRejected, SubmitError, submit
 
 log = logging.getLogger(__name__)
@@ -107,17 +106,3 @@ def resume(settings: Settings, name: str, now: datetime | None = None) -> None:
     sched = schedules.get(settings.database, name)
     schedules.set_enabled(settings.database, name, True,
                           next_after(sched["cron"], sched["tz"], now or utcnow()))
-
-
-@app.task(name="mxq.tick")
-def tick_task() -> list[int]:
-    return tick(get_settings())
-
-
-@app.task(name="mxq.reconcile")
-def reconcile_task() -> dict[str, list]:
-    from dataclasses import asdict
-
-    from workers.reconcile import reconcile
-
-    return asdict(reconcile(get_settings()))

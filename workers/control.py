@@ -1,0 +1,21 @@
+"""The Celery tasks of the control queue, which only the schedule process consumes: the tick
+that fires due schedules and the reconciler's pass, each run by Celery beat."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from workers.app import app
+from workers.fires import tick
+from workers.reconcile import reconcile
+from workers.settings import get_settings
+
+
+@app.task(name="mxq.tick")
+def tick_task() -> list[int]:
+    return tick(get_settings())
+
+
+@app.task(name="mxq.reconcile")
+def reconcile_task() -> dict[str, list]:
+    return asdict(reconcile(get_settings()))
