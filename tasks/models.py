@@ -119,9 +119,11 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
     except Exception as exc:  # MXNetError, AssertionError, ValueError from a mismatched pair
         raise ModelError(f"params file {params_file.name} does not match symbol "
                          f"{symbol_file.name}: {_first_line(exc)}") from None
-    if ctx.device_type == "cpu" and _weights_dtype(net) != "float32":
+    dtype = _weights_dtype(net)
+    if ctx.device_type == "cpu" and dtype != "float32":
         net.cast("float32")
-    net.mxq_input_dtype = _weights_dtype(net)
+        dtype = "float32"
+    net.mxq_input_dtype = dtype
     return net
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import struct
 import subprocess
 import sys
@@ -28,12 +27,17 @@ from workers.settings import Settings
 SMI = FIXTURES / "nvidia-smi"
 
 
-def fake_nvidia_smi(tmp_path: Path, fixture: str) -> Path:
-    """An `nvidia-smi` that prints recorded output (the GPU cannot exist here)."""
+def _script(tmp_path: Path, body: str) -> Path:
+    """An `nvidia-smi` stand-in running `body` (sh): the GPU cannot exist here."""
     exe = tmp_path / "nvidia-smi"
-    exe.write_text(f"#!/bin/sh\ncat '{SMI / fixture}'\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(0o755)
     return exe
+
+
+def fake_nvidia_smi(tmp_path: Path, fixture: str) -> Path:
+    """An `nvidia-smi` that prints recorded output."""
+    return _script(tmp_path, f"cat '{SMI / fixture}'")
 
 
 def test_parses_four_a100s() -> None:
@@ -133,22 +137,12 @@ def test_a_container_seeing_one_gpu_keeps_its_host_index(tmp_path: Path) -> None
     """As in docker-compose: the container of host GPU 1 sees it as its only GPU, index 0."""
     one = tmp_path / "one.csv"
     one.write_text("\n".join((SMI / "a100x4.csv").read_text().splitlines()[:2]) + "\n")
-    exe = tmp_path / "nvidia-smi"
-    exe.write_text(f"#!/bin/sh\ncat '{one}'\n")
-    exe.chmod(0o755)
+    exe = _script(tmp_path, f"cat '{one}'")
     settings = Settings(node="box1", home=tmp_path, host_gpus="1")
     (gpu,) = discover(str(exe), 2, settings.host_gpu_ids)
     specs, _ = plan(settings, [gpu], "mxnet-cu112")
     assert specs[0].name == "gpu1@box1" and specs[0].queues[0] == "box1.gpu.1"
     assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "0"
-
-
-def _script(tmp_path: Path, body: str) -> Path:
-    """An `nvidia-smi` stand-in running `body` (sh)."""
-    exe = tmp_path / "nvidia-smi"
-    exe.write_text(f"#!/bin/sh\n{body}\n")
-    exe.chmod(0o755)
-    return exe
 
 
 @pytest.mark.parametrize("sm, runs", [

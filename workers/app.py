@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from celery import Celery
 
+from workers.queues import CONTROL_QUEUE
 from workers.settings import Settings, get_settings
 
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
@@ -44,9 +45,9 @@ def celery_config(settings: Settings) -> dict:
         broker_connection_timeout=3,
         beat_schedule={
             "mxq-tick": {"task": "mxq.tick", "schedule": settings.tick_seconds,
-                         "options": {"queue": "mxq.control", "expires": settings.tick_seconds}},
+                         "options": {"queue": CONTROL_QUEUE, "expires": settings.tick_seconds}},
             "mxq-reconcile": {"task": "mxq.reconcile", "schedule": settings.reconcile_seconds,
-                              "options": {"queue": "mxq.control",
+                              "options": {"queue": CONTROL_QUEUE,
                                           "expires": settings.reconcile_seconds}},
         },
     )

@@ -22,7 +22,6 @@ from workers.settings import Settings
 from workers.submit import JobRejected, SubmitError, submit
 
 log = logging.getLogger(__name__)
-CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
 POLICIES = ("always", "if-better", "never")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from db import workers as beats
 from workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
 from workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
-from workers.queues import device_queue, pool_queue, worker_name
+from workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
 from workers.recovery import recover_worker
 from workers.settings import Settings
 
@@ -90,12 +90,12 @@ def schedule_spec(settings: Settings) -> WorkerSpec:
     """The schedule process: Celery beat plus one worker for the control queue (the tick)."""
     name = f"schedule@{settings.node}"
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-B", "--pool", "solo",
-               "--concurrency", "1", "-Q", "mxq.control", "-n", name, "--without-gossip",
+               "--concurrency", "1", "-Q", CONTROL_QUEUE, "-n", name, "--without-gossip",
                "--without-mingle", "-l", "INFO",
                "-s", str(settings.home_path / "celerybeat-schedule")]
     env = {k: v for k, v in worker_env(settings, Device("cpu", 0), []).items()
            if k not in ("MXQ_DEVICE", *THREAD_VARS)}
-    return WorkerSpec(None, name, ["mxq.control"], command, env)
+    return WorkerSpec(None, name, [CONTROL_QUEUE], command, env)
 
 
 def api_spec(settings: Settings) -> WorkerSpec:

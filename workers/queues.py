@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 KINDS = ("gpu", "cpu")
+CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
 _DEVICE = re.compile(r"^(gpu|cpu):(\d+)$")
 _AUTO = re.compile(r"^auto(?::(gpu|cpu))?$")
 
