@@ -27,9 +27,10 @@ COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['gpu']))" > requirements.txt \
  && /opt/mxq/bin/pip install -r requirements.txt
-# What pip needs to build mxq itself: the metadata, the readme it names, the top-level packages
-# of [tool.setuptools] packages.
+# What pip needs to build mxq itself: the metadata, the readme it names, and the folders of the
+# package `mxq` ([tool.setuptools.package-dir]: core/ is `mxq`, the others its subpackages).
 COPY README.md ./
+COPY core core
 COPY api api
 COPY cli cli
 COPY db db

@@ -16,18 +16,18 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.metrics import render_metrics
-from api.routes import router, settings
-from db.registry import ModelNotFound
-from db.schedules import ScheduleError, ScheduleExists
-from workers.cancel import CancelError
-from workers.cron import CronError
-from workers.jobspecs import ParamsError
-from workers.paths import PathError
-from workers.queues import DeviceSpecError
-from workers.routing import RoutingError
-from workers.settings import Settings
-from workers.submit import JobRejected, SubmitError
+from mxq.api.metrics import render_metrics
+from mxq.api.routes import router, settings
+from mxq.db.registry import ModelNotFound
+from mxq.db.schedules import ScheduleError, ScheduleExists
+from mxq.workers.cancel import CancelError
+from mxq.workers.cron import CronError
+from mxq.workers.jobspecs import ParamsError
+from mxq.workers.paths import PathError
+from mxq.workers.queues import DeviceSpecError
+from mxq.workers.routing import RoutingError
+from mxq.workers.settings import Settings
+from mxq.workers.submit import JobRejected, SubmitError
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
 STATUS = [(JobRejected, 422), (ModelNotFound, 404), (ScheduleError, 404), (CancelError, 404),

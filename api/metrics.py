@@ -7,11 +7,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from db.engine import session_scope
-from db.history import device_rates
-from db.schema import Job, utcnow
-from workers.settings import Settings
-from workers.status import RATE_WINDOW, device_table
+from mxq.db.engine import session_scope
+from mxq.db.history import device_rates
+from mxq.db.schema import Job, utcnow
+from mxq.workers.settings import Settings
+from mxq.workers.status import RATE_WINDOW, device_table
 
 
 class Collector:

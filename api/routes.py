@@ -12,13 +12,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from db import predictions, registry, schedules
-from db.history import JobFilter, count_jobs, get_job, list_jobs
-from workers.cancel import cancel_job
-from workers.fires import add_schedule, resume, run_now
-from workers.settings import Settings, get_settings
-from workers.status import device_table
-from workers.submit import submit
+from mxq.db import predictions, registry, schedules
+from mxq.db.history import JobFilter, count_jobs, get_job, list_jobs
+from mxq.workers.cancel import cancel_job
+from mxq.workers.fires import add_schedule, resume, run_now
+from mxq.workers.settings import Settings, get_settings
+from mxq.workers.status import device_table
+from mxq.workers.submit import submit
 
 router = APIRouter(prefix="/api/v1")
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]

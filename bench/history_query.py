@@ -16,10 +16,10 @@ from datetime import timedelta
 
 from sqlalchemy import insert
 
-from db.engine import get_engine
-from db.history import JobFilter, count_jobs, get_job, list_jobs
-from db.migrate import upgrade
-from db.schema import Job, JobMetric, utcnow
+from mxq.db.engine import get_engine
+from mxq.db.history import JobFilter, count_jobs, get_job, list_jobs
+from mxq.db.migrate import upgrade
+from mxq.db.schema import Job, JobMetric, utcnow
 
 STATUSES = ["succeeded"] * 8 + ["failed", "cancelled"]
 KINDS = ["infer", "infer", "probe", "train"]

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.stack import ROOT, wait_job
-from db.history import JobFilter, list_jobs
-from db.migrate import upgrade
-from db.schema import utcnow
-from db.workers import alive_since
-from workers.embedded import EmbeddedRedis
-from workers.settings import Settings
+from mxq.db.history import JobFilter, list_jobs
+from mxq.db.migrate import upgrade
+from mxq.db.schema import utcnow
+from mxq.db.workers import alive_since
+from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.settings import Settings
 
 
 def start_node(home: Path, settings: Settings, node: str, core: int) -> subprocess.Popen:
@@ -41,7 +41,7 @@ def start_node(home: Path, settings: Settings, node: str, core: int) -> subproce
     cores = sorted(os.sched_getaffinity(0))
     pin = {cores[core % len(cores)]}
     since = utcnow()
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: os.sched_setaffinity(0, pin))
     name = f"cpu0@{node}"
@@ -81,7 +81,7 @@ def main() -> None:
         upgrade(settings.database)
         nodes: list[subprocess.Popen] = []
         try:
-            from tasks.models import add_builtin
+            from mxq.tasks.models import add_builtin
 
             add_builtin(settings.database, settings.home_path, "bench", args.arch, shape, 10)
             path = home / "input.npy"
@@ -117,7 +117,7 @@ def main() -> None:
 
 
 def _submit(settings: Settings, params: dict) -> int:
-    from workers.submit import submit
+    from mxq.workers.submit import submit
 
     return submit(settings, "infer", params, "auto")
 

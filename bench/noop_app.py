@@ -15,8 +15,8 @@ from functools import lru_cache
 import redis
 from celery import Celery
 
-from workers.app import celery_config
-from workers.settings import Settings
+from mxq.workers.app import celery_config
+from mxq.workers.settings import Settings
 
 QUEUE = "bench.noop"
 TASK = "bench.noop"

@@ -19,11 +19,11 @@ from typing import Any
 
 from bench.infer_overhead import MODEL, make_input, register, warm
 from bench.stack import children, running_stack, wait_job, worker_cores
-from workers.settings import Settings
+from mxq.workers.settings import Settings
 
 
 def one_run(s: Settings, path: Path, samples: int, batch: int, devices: int) -> dict[str, Any]:
-    from workers.submit import submit
+    from mxq.workers.submit import submit
 
     params = {"model": MODEL, "input": str(path), "batch_size": batch, "chunk_size": samples // 2}
     t0 = time.perf_counter()

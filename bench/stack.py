@@ -14,11 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from db.migrate import upgrade
-from db.schema import as_utc, utcnow
-from db.workers import alive_since, list_workers
-from workers.embedded import EmbeddedRedis
-from workers.settings import Settings
+from mxq.db.migrate import upgrade
+from mxq.db.schema import as_utc, utcnow
+from mxq.db.workers import alive_since, list_workers
+from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0  # workers import MXNet; on a busy machine that takes a while
@@ -65,7 +65,7 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
         upgrade(settings.database)
         since = utcnow()
         log = open(home / "launcher.log", "ab")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], cwd=ROOT, env=child,
+        proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT, env=child,
                                 stdout=log, stderr=subprocess.STDOUT)
         log.close()
         names = [f"cpu{i}@{node}" for i in range(cpu_devices)]
@@ -82,7 +82,7 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
             proc.terminate()
             proc.wait(timeout=60)
             redis.stop()
-            from db.engine import get_engine
+            from mxq.db.engine import get_engine
 
             get_engine(settings.database).dispose()
 
@@ -105,7 +105,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def wait_job(settings: Settings, job_id: int, timeout: float = 3600, poll: float = 0.5) -> dict:
-    from db.history import get_job
+    from mxq.db.history import get_job
 
     deadline = time.monotonic() + timeout
     while (record := get_job(settings.database, job_id))["status"] not in FINAL:
@@ -124,8 +124,8 @@ def wait_jobs(settings: Settings, ids: Sequence[int], timeout: float = 3600,
     Raises if any failed: a benchmark of failing jobs measures nothing."""
     from sqlalchemy import func, select
 
-    from db.engine import session_scope
-    from db.schema import Job
+    from mxq.db.engine import session_scope
+    from mxq.db.schema import Job
 
     deadline = time.monotonic() + timeout
     while True:
@@ -152,8 +152,8 @@ def children(settings: Settings, parent_id: int) -> list[dict[str, Any]]:
     """The chunk jobs of a split job: device, start and finish."""
     from sqlalchemy import select
 
-    from db.engine import session_scope
-    from db.schema import Job
+    from mxq.db.engine import session_scope
+    from mxq.db.schema import Job
 
     with session_scope(settings.database) as s:
         return [{"id": j.id, "device": j.device, "started_at": as_utc(j.started_at),
@@ -164,7 +164,7 @@ def children(settings: Settings, parent_id: int) -> list[dict[str, Any]]:
 
 def pinned_env(cores: Sequence[int]) -> dict[str, str]:
     """The thread limits the launcher gives a CPU device worker on `cores` (workers.launcher)."""
-    from workers.pinning import THREAD_VARS
+    from mxq.workers.pinning import THREAD_VARS
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
     env.update({var: str(len(cores)) for var in THREAD_VARS}, MXNET_CPU_WORKER_NTHREADS="1",

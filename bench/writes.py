@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from bench.stack import scratch
-from db import predictions
-from db.jobs import create_job
-from db.migrate import upgrade
-from db.predictions import COLUMNS, Row
+from mxq.db import predictions
+from mxq.db.jobs import create_job
+from mxq.db.migrate import upgrade
+from mxq.db.predictions import COLUMNS, Row
 
 BATCH = 20_000  # rows per write, as tasks.infer.FLUSH_ROWS (importing it would load MXNet)
 POSTGRES = "postgresql://127.0.0.1:5432/test"
@@ -99,7 +99,7 @@ def scratch_postgres(server: str) -> Iterator[str]:
     """A scratch database on `server`, dropped afterwards."""
     import psycopg
 
-    from db.engine import get_engine
+    from mxq.db.engine import get_engine
 
     name = f"mxq_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True, connect_timeout=3) as conn:
@@ -135,7 +135,7 @@ def run(rows: int = 500_000, rounds: int = 3, postgres: str | None = POSTGRES,
             result["sqlite"] = measure(url, bare, rows, rounds)
         finally:
             close()
-            from db.engine import get_engine
+            from mxq.db.engine import get_engine
 
             get_engine(url).dispose()
     _show("SQLite", result["sqlite"], "executemany")

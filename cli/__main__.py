@@ -1,3 +1,3 @@
-from cli.main import main
+from mxq.cli.main import main
 
 main()

@@ -9,11 +9,11 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from cli import render
-from db.history import device_records, get_job
-from db.registry import ModelNotFound, resolve
-from workers.settings import Settings, get_settings
-from workers.submit import submit
+from mxq.cli import render
+from mxq.db.history import device_records, get_job
+from mxq.db.registry import ModelNotFound, resolve
+from mxq.workers.settings import Settings, get_settings
+from mxq.workers.submit import submit
 
 MODEL = "digits-demo"
 COLUMNS = ["device", "job", "status", "samples", "seconds", "samples_per_sec"]
@@ -37,7 +37,7 @@ def demo_model(s: Settings) -> dict:
     try:
         return resolve(s.database, MODEL)
     except ModelNotFound:
-        from tasks.models import add_builtin  # loads MXNet, only here
+        from mxq.tasks.models import add_builtin  # loads MXNet, only here
 
         return add_builtin(s.database, s.home_path, MODEL, "lenet", (1, 8, 8), 10)
 

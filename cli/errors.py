@@ -5,18 +5,18 @@ from __future__ import annotations
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from cli.models import ShapeError
-from db.registry import ModelNotFound
-from db.schedules import ScheduleError, ScheduleExists
-from workers.cancel import CancelError
-from workers.cron import CronError
-from workers.devices import DeviceError
-from workers.jobspecs import ParamsError
-from workers.paths import PathError
-from workers.queues import DeviceSpecError
-from workers.routing import RoutingError
-from workers.stack import StackError
-from workers.submit import JobRejected, SubmitError
+from mxq.cli.models import ShapeError
+from mxq.db.registry import ModelNotFound
+from mxq.db.schedules import ScheduleError, ScheduleExists
+from mxq.workers.cancel import CancelError
+from mxq.workers.cron import CronError
+from mxq.workers.devices import DeviceError
+from mxq.workers.jobspecs import ParamsError
+from mxq.workers.paths import PathError
+from mxq.workers.queues import DeviceSpecError
+from mxq.workers.routing import RoutingError
+from mxq.workers.stack import StackError
+from mxq.workers.submit import JobRejected, SubmitError
 
 USER_ERRORS = (SubmitError, RoutingError, DeviceSpecError, ParamsError, DeviceError, StackError,
                ShapeError, ModelNotFound, PathError, ScheduleError, CronError, CancelError, ScheduleExists)

@@ -10,15 +10,15 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import demo as demo_cli
-from cli import models as models_cli
-from cli import render
-from cli import schedule as schedule_cli
-from cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from db.history import JobFilter, get_job, list_jobs, pool_depths
-from db.schema import utcnow
-from workers.settings import Settings, get_settings
-from workers.status import device_table
+from mxq.cli import demo as demo_cli
+from mxq.cli import models as models_cli
+from mxq.cli import render
+from mxq.cli import schedule as schedule_cli
+from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
+from mxq.db.history import JobFilter, get_job, list_jobs, pool_depths
+from mxq.db.schema import utcnow
+from mxq.workers.settings import Settings, get_settings
+from mxq.workers.status import device_table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
@@ -56,8 +56,8 @@ def _since(text: str | None) -> datetime | None:
 def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once all workers answer.")] = False,  # noqa: E501
        timeout: float = 180.0) -> None:
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
-    from workers.embedded import EmbeddedRedis
-    from workers.stack import prepare, run_launcher, up_detached
+    from mxq.workers.embedded import EmbeddedRedis
+    from mxq.workers.stack import prepare, run_launcher, up_detached
 
     s = get_settings()
     started = prepare(s)
@@ -75,7 +75,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
 
 
 def _plan_or_exit(s: Settings) -> list:
-    from workers.stack import node_plan
+    from mxq.workers.stack import node_plan
 
     specs, refused = node_plan(s)
     for problem in refused:
@@ -89,7 +89,7 @@ def _plan_or_exit(s: Settings) -> list:
 @app.command()
 def down() -> None:
     """Stop everything `mxq up` started (by PID)."""
-    from workers.stack import down as stop
+    from mxq.workers.stack import down as stop
 
     stopped = stop(get_settings())
     render.out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -99,7 +99,7 @@ def _shown_env(key: str, value: str) -> str:
     """An environment value fit to print: the token masked, passwords out of the URLs."""
     from kombu.utils.url import maybe_sanitize_url
 
-    from db.engine import safe_url
+    from mxq.db.engine import safe_url
 
     if key == "MXQ_API_TOKEN":
         return "**********"
@@ -116,11 +116,11 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
            with_schedule: Annotated[bool, typer.Option("--with-schedule", hidden=True)] = False,
            json_: JsonOpt = False) -> None:
     """Start and supervise one pinned Celery worker per device of this node."""
-    from workers.stack import prepare, run_launcher
+    from mxq.workers.stack import prepare, run_launcher
 
     s = Settings(node=node) if node else get_settings()
     if dry_run:
-        from workers.stack import node_plan
+        from mxq.workers.stack import node_plan
 
         specs, refused = node_plan(s)
         plan = [{"worker": w.name, "device": w.device.label, "queues": w.queues, "cores": w.cores,
@@ -157,14 +157,14 @@ def api() -> None:
         render.err.print("mxq: no MXQ_API_TOKEN set: listening on loopback only, writes need no token",
                          markup=False)
     render.err.print(f"mxq: API and dashboard on http://{s.api_host}:{s.api_port}/", markup=False)
-    uvicorn.run("api.app:app", host=s.api_host, port=s.api_port, log_level="warning")
+    uvicorn.run("mxq.api.app:app", host=s.api_host, port=s.api_port, log_level="warning")
 
 
 @app.command()
 def stats(by: Annotated[str, typer.Option(help="device, model or day")] = "device",
           json_: JsonOpt = False) -> None:
     """Throughput and success rates per device, model or day."""
-    from db.history import stats as compute
+    from mxq.db.history import stats as compute
 
     if by not in ("device", "model", "day"):
         raise typer.BadParameter(f"{by!r}: expected device, model or day", param_hint="--by")
@@ -181,7 +181,7 @@ def scheduler() -> None:
     """The schedule process alone (Celery beat and the tick), as docker-compose runs it."""
     import os
 
-    from workers.launcher import schedule_spec
+    from mxq.workers.launcher import schedule_spec
 
     spec = schedule_spec(get_settings())
     os.execvpe(spec.command[0], spec.command, spec.env)
@@ -192,7 +192,7 @@ def reconcile(json_: JsonOpt = False) -> None:
     """One reconciler pass now: republish lost messages, requeue dead jobs, free stale leases."""
     from dataclasses import asdict
 
-    from workers.reconcile import reconcile as run_pass
+    from mxq.workers.reconcile import reconcile as run_pass
 
     report = asdict(run_pass(get_settings()))
     if json_:
@@ -205,8 +205,8 @@ def reconcile(json_: JsonOpt = False) -> None:
 @app.command()
 def migrate() -> None:
     """Bring the database to the newest schema (Alembic migrations; idempotent)."""
-    from db.engine import safe_url
-    from db.migrate import upgrade
+    from mxq.db.engine import safe_url
+    from mxq.db.migrate import upgrade
 
     s = get_settings()
     s.home_path.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def results(job_id: int,
             limit: Annotated[int | None, typer.Option(min=1)] = None,
             offset: Annotated[int, typer.Option(min=0)] = 0) -> None:
     """The predictions of an inference job (CSV: index,predicted_class,score[,top-k])."""
-    from db.predictions import read
+    from mxq.db.predictions import read
 
     if format not in ("table", "json", "csv"):
         raise typer.BadParameter(f"{format!r}: expected table, json or csv", param_hint="--format")
@@ -298,7 +298,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
                        wait: bool, json_: bool) -> None:
-    from workers.submit import submit
+    from mxq.workers.submit import submit
 
     s = get_settings()
     job_id = submit(s, kind, params, device, allow_offline)
@@ -369,7 +369,7 @@ def cancel(job_id: int,
            wait: Annotated[bool, typer.Option("--wait", help="Wait until it has stopped.")] = False,
            json_: JsonOpt = False) -> None:
     """Cancel a job: at once if queued, at its next batch or epoch boundary if running."""
-    from workers.cancel import MESSAGES, cancel_job
+    from mxq.workers.cancel import MESSAGES, cancel_job
 
     s = get_settings()
     outcome = cancel_job(s, job_id)

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from cli import render
-from db.registry import list_models, promote, resolve
-from workers.settings import get_settings
+from mxq.cli import render
+from mxq.db.registry import list_models, promote, resolve
+from mxq.workers.settings import get_settings
 
 
 class _NameMeansShow(TyperGroup):
@@ -76,7 +76,7 @@ def add(name: str,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params)."""
-    from tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
+    from mxq.tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
 
     s = get_settings()
     shape = parse_shape(input_shape)

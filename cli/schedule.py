@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from cli import render
-from cli.models import parse_shape
-from db import schedules
-from workers.fires import add_schedule, resume, run_now
-from workers.settings import get_settings
+from mxq.cli import render
+from mxq.cli.models import parse_shape
+from mxq.db import schedules
+from mxq.workers.fires import add_schedule, resume, run_now
+from mxq.workers.settings import get_settings
 
 app = typer.Typer(help="Scheduled retraining: add, list, show, pause, resume, rm, run-now.",
                   no_args_is_help=True)

@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from db.engine import session_scope
-from db.retry import db_retry
-from db.schema import Epoch, Job, iso
+from mxq.db.engine import session_scope
+from mxq.db.retry import db_retry
+from mxq.db.schema import Epoch, Job, iso
 
 
 @db_retry

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from db.engine import session_scope
-from db.retry import db_retry
-from db.schema import JobEvent, iso, utcnow
+from mxq.db.engine import session_scope
+from mxq.db.retry import db_retry
+from mxq.db.schema import JobEvent, iso, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from db.engine import session_scope
-from db.epochs import list_epochs
-from db.events import list_events
-from db.schedules import fire_of
-from db.schema import Job, JobMetric, JobStatus, iso
-from db.workers import list_workers
+from mxq.db.engine import session_scope
+from mxq.db.epochs import list_epochs
+from mxq.db.events import list_events
+from mxq.db.schedules import fire_of
+from mxq.db.schema import Job, JobMetric, JobStatus, iso
+from mxq.db.workers import list_workers
 
 
 @dataclass(frozen=True)

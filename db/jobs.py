@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, func, insert, or_, select, update
 
-from db.engine import session_scope
-from db.retry import db_retry
-from db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
+from mxq.db.engine import session_scope
+from mxq.db.retry import db_retry
+from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 
 
 class Claim(enum.Enum):
@@ -335,7 +335,7 @@ def settle_parent(url: str, parent_id: int) -> bool:
             return False
         kind = s.scalar(select(Job.kind).where(Job.id == parent_id))
     if kind == "train":
-        from db.epochs import merge_parts
+        from mxq.db.epochs import merge_parts
 
         merge_parts(url, parent_id)
     with session_scope(url) as s:

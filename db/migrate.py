@@ -7,7 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from db.engine import get_engine
+from mxq.db.engine import get_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

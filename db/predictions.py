@@ -6,9 +6,9 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from db.engine import get_engine, session_scope
-from db.retry import db_retry
-from db.schema import Prediction
+from mxq.db.engine import get_engine, session_scope
+from mxq.db.retry import db_retry
+from mxq.db.schema import Prediction
 
 
 @db_retry

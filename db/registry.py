@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from db.engine import session_scope
-from db.schema import Model, iso
+from mxq.db.engine import session_scope
+from mxq.db.schema import Model, iso
 
 
 class ModelNotFound(LookupError):

@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from db.engine import session_scope
-from db.registry import list_models, promote
-from db.schema import Fire, Job, Schedule, as_utc, iso
+from mxq.db.engine import session_scope
+from mxq.db.registry import list_models, promote
+from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
 
 
 class ScheduleError(LookupError):

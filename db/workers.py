@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from db.engine import session_scope
-from db.retry import db_retry
-from db.schema import WorkerBeat, as_utc, utcnow
+from mxq.db.engine import session_scope
+from mxq.db.retry import db_retry
+from mxq.db.schema import WorkerBeat, as_utc, utcnow
 
 
 @db_retry

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from db import jobs, predictions
-from tasks.inputs import InputSource
-from tasks.runner import JobContext, JobInputError, placement
-from workers import messages
-from workers.jobspecs import InferParams
-from workers.queues import device_queue, parse_device, pool_queue
-from workers.settings import Settings, get_settings
+from mxq.db import jobs, predictions
+from mxq.tasks.inputs import InputSource
+from mxq.tasks.runner import JobContext, JobInputError, placement
+from mxq.workers import messages
+from mxq.workers.jobspecs import InferParams
+from mxq.workers.queues import device_queue, parse_device, pool_queue
+from mxq.workers.settings import Settings, get_settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
 CANDIDATES = 2  # look at this many queued jobs per free sample slot (others may not match)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.inputs import IMAGE_SUFFIXES, InputError, open_input
+from mxq.tasks.inputs import IMAGE_SUFFIXES, InputError, open_input
 
 BUILTIN = ("digits",)
 
@@ -94,7 +94,7 @@ def _images(path: Path, shape: tuple[int, ...]) -> Dataset:
 
 
 def _recordio(path: Path, shape: tuple[int, ...]) -> Dataset:
-    from tasks.mx import mx
+    from mxq.tasks.mx import mx
 
     source = open_input(path, shape)
     reader = mx.recordio.MXIndexedRecordIO(str(path.with_suffix(".idx")), str(path), "r")

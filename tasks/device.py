@@ -8,10 +8,10 @@ import sys
 
 from celery import signals
 
-from tasks.mx import mx
-from workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
-from workers.queues import parse_device
-from workers.settings import get_settings
+from mxq.tasks.mx import mx
+from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.queues import parse_device
+from mxq.workers.settings import get_settings
 
 log = logging.getLogger(__name__)
 

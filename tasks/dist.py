@@ -37,17 +37,17 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from db.engine import session_scope
-from db.epochs import set_devices
-from db.jobs import KNOCK_ON, claimable
-from db.retry import db_retry
-from db.schema import Job, JobStatus, as_utc, utcnow
-from db.workers import list_workers
-from tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
-from workers import leases
-from workers.jobspecs import TrainParams
-from workers.queues import device_queue
-from workers.settings import Settings
+from mxq.db.engine import session_scope
+from mxq.db.epochs import set_devices
+from mxq.db.jobs import KNOCK_ON, claimable
+from mxq.db.retry import db_retry
+from mxq.db.schema import Job, JobStatus, as_utc, utcnow
+from mxq.db.workers import list_workers
+from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
+from mxq.workers import leases
+from mxq.workers.jobspecs import TrainParams
+from mxq.workers.queues import device_queue
+from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def die_with_parent(cores: list[int]) -> None:
 
 def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
     """The ps-lite scheduler and server (importing MXNet with DMLC_ROLE set runs them; through
-    `tasks.mx`, so a GPU install finds its CUDA libraries), as children of this worker: they die
+    `mxq.tasks.mx`, so a GPU install finds its CUDA libraries), as children of this worker: they die
     with it."""
     logs = s.home_path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
                "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
         path = logs / f"job-{p.dist.parent}-{name}.log"
         with open(path, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-c", "import tasks.mx"], env=env, stdout=out,
+            proc = subprocess.Popen([sys.executable, "-c", "import mxq.tasks.mx"], env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=lambda: die_with_parent(cores))
         roles.append(Role(name, proc, path))

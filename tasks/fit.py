@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks.datasets import Dataset
-from tasks.mx import autograd, gluon, mx
-from tasks.zoo import build
-from workers.jobspecs import TrainParams
+from mxq.tasks.datasets import Dataset
+from mxq.tasks.mx import autograd, gluon, mx
+from mxq.tasks.zoo import build
+from mxq.workers.jobspecs import TrainParams
 
 
 @dataclass

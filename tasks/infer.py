@@ -19,20 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from db import events, predictions, registry
-from db.jobs import record_metric
-from db.predictions import Row
-from tasks import batching
-from tasks.device import context
-from tasks.inputs import InputError, InputSource, open_input
-from tasks.models import ModelError, input_dtype, load
-from tasks.mx import mx
-from tasks.oom import OutOfMemory, is_out_of_memory
-from tasks.pipeline import BackgroundWriter, prefetch
-from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
-from workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
-from workers.paths import PathError, inside_root
-from workers.settings import get_settings
+from mxq.db import events, predictions, registry
+from mxq.db.jobs import record_metric
+from mxq.db.predictions import Row
+from mxq.tasks import batching
+from mxq.tasks.device import context
+from mxq.tasks.inputs import InputError, InputSource, open_input
+from mxq.tasks.models import ModelError, input_dtype, load
+from mxq.tasks.mx import mx
+from mxq.tasks.oom import OutOfMemory, is_out_of_memory
+from mxq.tasks.pipeline import BackgroundWriter, prefetch
+from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
+from mxq.workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
+from mxq.workers.paths import PathError, inside_root
+from mxq.workers.settings import get_settings
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many rows, whichever comes first

@@ -238,7 +238,7 @@ def _image_channels(path: Path, input_shape: tuple[int, ...]) -> None:
 
 def _to_chw(img: Any, shape: tuple[int, ...]) -> np.ndarray:
     """HWC mx NDArray -> CHW float32 at the model's (H, W), values 0..255 as decoded."""
-    from tasks.mx import mx
+    from mxq.tasks.mx import mx
 
     _c, h, w = shape
     if img.shape[:2] != (h, w):
@@ -248,7 +248,7 @@ def _to_chw(img: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 def _image_reader(files: list[Path], shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
     def fetch(start: int, stop: int) -> np.ndarray:
-        from tasks.mx import mx
+        from mxq.tasks.mx import mx
 
         out = []
         for f in files[start:stop]:
@@ -267,7 +267,7 @@ def _record_reader(path: Path, idx: Path, shape: tuple[int, ...]) -> Callable[[i
     """Records are opened per batch: no handle outlives a read, so the source survives forks."""
 
     def fetch(start: int, stop: int) -> np.ndarray:
-        from tasks.mx import mx
+        from mxq.tasks.mx import mx
 
         rec = mx.recordio.MXIndexedRecordIO(str(idx), str(path), "r")
         try:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from db import registry
-from tasks.mx import gluon, mx
-from tasks.zoo import build
+from mxq.db import registry
+from mxq.tasks.mx import gluon, mx
+from mxq.tasks.zoo import build
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
 PREFIX = "model"

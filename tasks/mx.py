@@ -6,7 +6,7 @@ NVIDIA driver library is missing gets one clear error instead of a loader messag
 
 from __future__ import annotations
 
-from tasks.cuda import load_cuda_libraries
+from mxq.tasks.cuda import load_cuda_libraries
 
 load_cuda_libraries()
 try:

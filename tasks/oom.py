@@ -14,7 +14,7 @@ MXNet are out of memory too.
 
 from __future__ import annotations
 
-from tasks.runner import JobInputError
+from mxq.tasks.runner import JobInputError
 
 NEEDLES = (
     "out of memory",  # GPU: cudaMalloc, CUDA calls

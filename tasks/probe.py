@@ -6,10 +6,10 @@ import time
 
 from pydantic import ValidationError
 
-from tasks.device import context, memory  # also checks the device at worker start
-from tasks.mx import mx
-from tasks.runner import JobContext, JobInputError, Outcome, job_task
-from workers.jobspecs import ParamsError, validate
+from mxq.tasks.device import context, memory  # also checks the device at worker start
+from mxq.tasks.mx import mx
+from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
+from mxq.workers.jobspecs import ParamsError, validate
 
 CONV_SHAPE = (3, 64, 64)  # one RGB image
 CONV_FILTERS, CONV_KERNEL = 16, 3

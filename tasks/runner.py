@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from db import jobs
-from db.engine import session_scope
-from db.jobs import Claim, Placement
-from db.retry import db_retry
-from db.schema import Job, utcnow
-from workers import app, heartbeat, leases
-from workers.queues import parse_device, worker_name
-from workers.settings import get_settings
-from workers.submit import publish
+from mxq.db import jobs
+from mxq.db.engine import session_scope
+from mxq.db.jobs import Claim, Placement
+from mxq.db.retry import db_retry
+from mxq.db.schema import Job, utcnow
+from mxq.workers import heartbeat, leases
+from mxq.workers.app import app
+from mxq.workers.queues import parse_device, worker_name
+from mxq.workers.settings import get_settings
+from mxq.workers.submit import publish
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The worker that takes the job leads it: it leases K devices of its node (its own first, the rest
 closest in topology on GPUs), waits until their workers are idle, then runs the training in a
-child process pinned to exactly those devices (`python -m tasks.train JOB`), renewing the leases
+child process pinned to exactly those devices (`python -m mxq.tasks.trainer JOB DEVICES`), renewing the leases
 while the child runs. The child checkpoints every epoch and resumes from the last one when the
 job is delivered again after a crash.
 
@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from db import epochs as epoch_rows
-from db.workers import list_workers
-from tasks import dist
-from tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
-from workers import leases
-from workers.jobspecs import ParamsError, TrainParams, validate
-from workers.pinning import cpu_cores
-from workers.settings import Settings, get_settings
+from mxq.db import epochs as epoch_rows
+from mxq.db.workers import list_workers
+from mxq.tasks import dist
+from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
+from mxq.workers import leases
+from mxq.workers.jobspecs import ParamsError, TrainParams, validate
+from mxq.workers.pinning import cpu_cores
+from mxq.workers.settings import Settings, get_settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
 CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
@@ -61,7 +61,7 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     if len(free) + 1 < p.devices:
         raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
     if kind == "gpu" and p.devices > 1:
-        from workers.topology import closest, read_topology
+        from mxq.workers.topology import closest, read_topology
 
         picked = closest(read_topology(s.nvidia_smi), [int(d[4:]) for d in free] + [int(own[4:])],
                          p.devices, must=int(own[4:]))
@@ -162,7 +162,7 @@ def train(job: JobContext) -> Outcome | FanOut:
     try:
         if p.dist is not None and p.dist.host:
             roles = dist.start_roles(s, p, cores)
-        child = subprocess.Popen([sys.executable, "-m", "tasks.trainer", str(job.id),
+        child = subprocess.Popen([sys.executable, "-m", "mxq.tasks.trainer", str(job.id),
                                   ",".join(job.devices)],
                                  env=env, preexec_fn=lambda: dist.die_with_parent(cores))
         if p.dist is not None:

@@ -1,4 +1,4 @@
-"""The training child process: `python -m tasks.trainer JOB_ID DEVICES`.
+"""The training child process: `python -m mxq.tasks.trainer JOB_ID DEVICES`.
 
 Started by the job's leader worker with exactly the leased devices visible; trains, checkpoints
 each epoch, resumes from the last checkpoint of an earlier attempt, and registers the model.
@@ -15,20 +15,20 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from db import epochs as epoch_rows
-from db import jobs, registry, schedules
-from db.engine import session_scope
-from db.schema import Job
-from tasks import datasets
-from tasks.fit import EpochResult, fit, make_net, make_trainer, share_initial_weights
-from tasks.inputs import InputError
-from tasks.models import add_trained
-from tasks.mx import mx
-from tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
-from tasks.zoo import ArchError, check_shape
-from workers.jobspecs import TrainParams
-from workers.paths import PathError, inside_root
-from workers.settings import get_settings
+from mxq.db import epochs as epoch_rows
+from mxq.db import jobs, registry, schedules
+from mxq.db.engine import session_scope
+from mxq.db.schema import Job
+from mxq.tasks import datasets
+from mxq.tasks.fit import EpochResult, fit, make_net, make_trainer, share_initial_weights
+from mxq.tasks.inputs import InputError
+from mxq.tasks.models import add_trained
+from mxq.tasks.mx import mx
+from mxq.tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
+from mxq.tasks.zoo import ArchError, check_shape
+from mxq.workers.jobspecs import TrainParams
+from mxq.workers.paths import PathError, inside_root
+from mxq.workers.settings import get_settings
 
 PROGRESS_SECONDS = 1.0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.mx import gluon
+from mxq.tasks.mx import gluon
 
 nn = gluon.nn
 vision = gluon.model_zoo.vision

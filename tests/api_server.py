@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
-from db.engine import get_engine
+from mxq.db.engine import get_engine
 from tests.conftest import ROOT, Stack, free_port, wait_until
 
 
@@ -44,7 +44,7 @@ def start_api(stack: Stack, token: str, name: str = "api", **env: str) -> Iterat
     port = free_port()
     log_path = stack.home / f"{name}-{port}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "api"], cwd=ROOT, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "api"], cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT,
                                 env=stack.environ(MXQ_API_TOKEN=token, MXQ_API_PORT=str(port), **env))
     api = Api(f"http://127.0.0.1:{port}", token, proc, log_path)

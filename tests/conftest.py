@@ -27,11 +27,11 @@ from typing import TypeVar
 import pytest
 from click.testing import CliRunner
 
-from db.migrate import upgrade
-from db.schema import utcnow
-from db.workers import alive_since
-from workers.embedded import EmbeddedRedis
-from workers.settings import Settings
+from mxq.db.migrate import upgrade
+from mxq.db.schema import utcnow
+from mxq.db.workers import alive_since
+from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -96,7 +96,7 @@ class _Mxq:
     """The `mxq` entry point as CliRunner invokes a command: `main(args=…)`."""
 
     def main(self, args: list[str], **_: object) -> None:
-        from cli.main import main
+        from mxq.cli.main import main
 
         main(list(args))
 
@@ -105,7 +105,7 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     """Run `mxq ARGS` in this process with exactly the MXQ_* settings of `env`, as the real
     program would print and exit; an unexpected exception ends in a traceback on stderr, as it
     would in a process."""
-    from workers.settings import get_settings
+    from mxq.workers.settings import get_settings
 
     unset = {k: None for k in os.environ if k.startswith("MXQ_") and k not in env}
     get_settings.cache_clear()
@@ -158,7 +158,7 @@ class Stack:
     def mxq_process(self, *args: str, env: dict[str, str] | None = None,
                     timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """`mxq ARGS` as a real process, for what needs one (a server, signals, start-up)."""
-        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, text=True,
+        return subprocess.run([sys.executable, "-m", "mxq.cli", *args], cwd=ROOT, text=True,
                               capture_output=True, env=self.environ(**(env or {})),
                               timeout=timeout)
 
@@ -168,7 +168,7 @@ class Stack:
         return json.loads(proc.stdout)
 
     def job(self, job_id: int) -> dict:
-        from db.history import get_job
+        from mxq.db.history import get_job
 
         return get_job(self.settings.database, job_id)
 
@@ -250,7 +250,7 @@ def _system(tmp: Path, redis_db: int = 7) -> Iterator[Stack]:
                                                "MXQ_BROKER_URL": broker,
                                                "MXQ_DATABASE_URL": url})
     finally:
-        from db.engine import get_engine
+        from mxq.db.engine import get_engine
 
         get_engine(url).dispose()
         with psycopg.connect(SYSTEM_PG, autocommit=True) as conn:
@@ -297,7 +297,7 @@ def launch(stack: Stack, *args: str, **env: str) -> subprocess.Popen:
     since = utcnow()
     log_path = stack.home / "launcher-test.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", *args], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker", *args], cwd=ROOT,
                                 env=stack.environ(**env), stdout=log, stderr=subprocess.STDOUT)
     names = {f"cpu0@{NODE}", f"cpu1@{NODE}"}
 

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from api import routes
-from api.app import app
+from mxq.api import routes
+from mxq.api.app import app
 from tests.conftest import FINAL, NODE, Stack, wait_until
 
 TOKEN = "s3cret-token"

@@ -19,11 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from api import routes
-from api.app import app
+from mxq.api import routes
+from mxq.api.app import app
+from mxq.workers.status import device_table
 from tests.api_server import Api, counts, start_api
 from tests.conftest import FINAL, NODE, Stack, wait_until
-from workers.status import device_table
 
 TOKEN = "fault-token-Zq9x"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -466,13 +466,13 @@ def _pickled(stack: Stack) -> None:
 
 
 def _unknown_task(stack: Stack) -> None:
-    from workers.app import app_for
+    from mxq.workers.app import app_for
 
     app_for(stack.settings.broker).send_task("mxq.dance", args=[1], queue=f"{NODE}.cpu.0")
 
 
 def _no_such_job(stack: Stack) -> None:
-    from workers.app import app_for
+    from mxq.workers.app import app_for
 
     app_for(stack.settings.broker).send_task("mxq.probe", args=[987654], queue=f"{NODE}.cpu.0",
                                              task_id="no-such-job-987654")

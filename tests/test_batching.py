@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from db import jobs, predictions
-from db.history import metrics
-from tasks import batching
+from mxq.db import jobs, predictions
+from mxq.db.history import metrics
+from mxq.tasks import batching
+from mxq.workers.submit import submit, submit_many
 from tests.conftest import Stack
 from tests.test_infer import _data, _direct
-from workers.submit import submit, submit_many
 
 JOBS = 120
 

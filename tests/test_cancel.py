@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from db import predictions
-from db.workers import forget, register
+from mxq.db import predictions
+from mxq.db.workers import forget, register
+from mxq.workers.submit import submit
 from tests.conftest import NODE, Stack, wait_until
-from workers.submit import submit
 
 
 def _free(devices: list[dict]) -> bool:

@@ -1,4 +1,4 @@
-"""Every `mxq` command once as a real process (`python -m cli …`), as a user's shell or script
+"""Every `mxq` command once as a real process (`python -m mxq.cli …`), as a user's shell or script
 runs it: its start-up, its environment, its output and exit status. Everything else about the CLI
 is tested in-process (`Stack.mxq`); `up`, `down`, `worker` and `api` run as processes in
 test_stack.py, conftest.py, test_devices.py and test_api.py."""
@@ -14,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from mxq.workers.submit import submit
 from tests.conftest import NODE, ROOT, Stack, wait_until
-from workers.submit import submit
 
 MODEL = "smoke"
 
@@ -136,10 +136,10 @@ def _demo(s: Stack, made: dict) -> None:
 
 def _scheduler(s: Stack, made: dict) -> None:
     """The schedule process alone: its worker answers a remote-control ping, as compose checks."""
-    from workers.app import app_for
+    from mxq.workers.app import app_for
 
     name = f"schedule@{NODE}"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "scheduler"], cwd=ROOT, env=s.environ(),
+    proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "scheduler"], cwd=ROOT, env=s.environ(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         control = app_for(s.settings.broker).control

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from mxq.workers.devices import parse_nvidia_smi
+from mxq.workers.launcher import STOP_GRACE_SECONDS, schedule_spec
+from mxq.workers.settings import Settings
 from tests.conftest import FIXTURES, ROOT, missing, run_cli
-from workers.devices import parse_nvidia_smi
-from workers.launcher import STOP_GRACE_SECONDS, schedule_spec
-from workers.settings import Settings
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE_PLUGIN = ROOT / "var/tools/compose/usr/libexec/docker/cli-plugins/docker-compose"
@@ -133,7 +133,7 @@ def test_services_exist_and_start_with_a_plain_up(compose: Compose, services: di
 def test_commands_are_mxq_commands(services: dict) -> None:
     import typer.main
 
-    from cli.main import app
+    from mxq.cli.main import app
 
     known = set(typer.main.get_command(app).commands)
     for name in MXQ_SERVICES:
@@ -253,7 +253,7 @@ def test_scheduler_health_check_pings_the_schedule_worker(services: dict) -> Non
     # Compose hands `$$` to the container as `$`: its shell expands MXQ_NODE from the environment.
     node = svc["environment"]["MXQ_NODE"]
     argv = shlex.split(script.replace("$${MXQ_NODE}", node))
-    assert argv[:5] == ["celery", "-A", "workers", "inspect", "ping"]
+    assert argv[:5] == ["celery", "-A", "mxq.workers", "inspect", "ping"]
     assert argv[argv.index("-d") + 1] == schedule_spec(Settings(node=node)).name
 
 
@@ -408,10 +408,10 @@ def test_dockerfile_installs_the_gpu_extra_and_every_package() -> None:
     assert re.search(r"pip install[^&]*'\.\[gpu\]'", runs), runs
     assert "optional-dependencies']['gpu']" in runs  # the wheels, from pyproject.toml first
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]}
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())  # core/, db/, workers/, ...
     copies = [rest.split()[0] for rest in _all(build_stage, "COPY")]
     assert copies[0] == "pyproject.toml"
-    assert packages | {"README.md"} <= set(copies), f"not copied: {packages - set(copies)}"
+    assert folders | {"README.md"} <= set(copies), f"not copied: {folders - set(copies)}"
 
 
 def test_dockerfile_runs_mxq_as_a_non_root_user() -> None:
@@ -442,5 +442,7 @@ def test_dockerignore_keeps_state_and_secrets_out_of_the_build() -> None:
 
     for path in ("var", ".venv", ".venv-gpu", ".env", ".git", "tests", ".pytest_cache"):
         assert ignored(path), path
-    for path in ("pyproject.toml", "README.md", "api", "cli", "db", "tasks", "workers"):
+    copied = [rest.split()[0] for rest in _all(_dockerfile()[0], "COPY")]
+    assert {"pyproject.toml", "core", "db"} <= set(copied)
+    for path in copied:
         assert not ignored(path), path  # what the Dockerfile copies

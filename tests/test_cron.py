@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workers.cron import CronError, check, due, next_after
+from mxq.workers.cron import CronError, check, due, next_after
 
 BERLIN = "Europe/Berlin"
 

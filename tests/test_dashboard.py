@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mxq.workers.submit import submit
 from tests.conftest import ROOT, Stack, free_port, missing, wait_until
-from workers.submit import submit
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
 @pytest.fixture
 def api_url(workers: Stack, tmp_path: Path):  # noqa: ANN201
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "api"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "api"], cwd=ROOT,
                             env=workers.environ(MXQ_API_PORT=str(port)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

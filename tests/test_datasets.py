@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks import datasets
-from tasks.inputs import InputError
+from mxq.tasks import datasets
+from mxq.tasks.inputs import InputError
 from tests.test_inputs import png_bytes, solid
 
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, Stack
-from workers import devices as devices_module
-from workers.devices import (
+from mxq.workers import devices as devices_module
+from mxq.workers.devices import (
     DeviceError,
     discover,
     incompatibility,
     parse_nvidia_smi,
 )
-from workers.kernels import RECORDED, BuildKernels, read_kernels
-from workers.launcher import plan
-from workers.settings import Settings
+from mxq.workers.kernels import RECORDED, BuildKernels, read_kernels
+from mxq.workers.launcher import plan
+from mxq.workers.settings import Settings
+from tests.conftest import FIXTURES, ROOT, Stack
 
 SMI = FIXTURES / "nvidia-smi"
 
@@ -128,7 +128,7 @@ def test_cli_imports_no_mxnet() -> None:
     import subprocess
     import sys
 
-    code = "import cli.main, sys; print('mxnet' in sys.modules)"
+    code = "import mxq.cli.main, sys; print('mxnet' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -252,9 +252,9 @@ def test_a_mig_enabled_gpu_is_refused_with_how_to_use_it(tmp_path: Path) -> None
 NO_MXNET = """
 import sys
 from fastapi.testclient import TestClient
-from workers.app import app as celery_app
-from api.app import app
-celery_app.loader.import_default_modules()  # what `celery -A workers worker` imports at start
+from mxq.workers.app import app as celery_app
+from mxq.api.app import app
+celery_app.loader.import_default_modules()  # what `celery -A mxq.workers worker` imports at start
 client = TestClient(app)
 assert client.get("/api/v1/jobs").status_code == 200 and client.get("/metrics").status_code == 200
 print(sorted(t for t in celery_app.tasks if t.startswith("mxq.")), "mxnet" in sys.modules)
@@ -265,7 +265,7 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
     """Only device workers (MXQ_DEVICE set by the launcher) import the job tasks and MXNet."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
     env["MXQ_HOME"] = str(tmp_path)
-    from db.migrate import upgrade
+    from mxq.db.migrate import upgrade
 
     upgrade(f"sqlite:///{tmp_path / 'mxq.db'}")
     control = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env=env, capture_output=True,

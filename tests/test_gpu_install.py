@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from mxq.workers.kernels import RECORDED, read_kernels
 from tests.conftest import FIXTURES, ROOT, free_port, missing, wait_until
-from workers.kernels import RECORDED, read_kernels
 
 pytestmark = pytest.mark.gpu_install
 
@@ -54,20 +54,20 @@ def _run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.Co
 
 
 def _mxq(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return _run(env, "-m", "cli", *args, timeout=timeout)
+    return _run(env, "-m", "mxq.cli", *args, timeout=timeout)
 
 
 def test_mxnet_finds_the_cuda_wheels_without_ld_library_path(env: dict[str, str]) -> None:
     bare = _run(env, "-c", "import mxnet")
     assert bare.returncode != 0 and "libcu" in bare.stderr  # the wheels' folders are not searched
-    loaded = _run(env, "-c", "import tasks.mx as m, tasks.cuda as c; "
+    loaded = _run(env, "-c", "import mxq.tasks.mx as m, mxq.tasks.cuda as c; "
                              "print(m.mx.__version__, m.mx.context.num_gpus(), len(c.load_cuda_libraries()))")
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split() == ["1.9.1", "0", "10"]  # 10 libraries loaded, no GPU here
 
 
 def test_a_host_without_the_driver_gets_one_clear_error(env: dict[str, str]) -> None:
-    no_driver = _run({**env, "LD_LIBRARY_PATH": ""}, "-c", "import tasks.mx")
+    no_driver = _run({**env, "LD_LIBRARY_PATH": ""}, "-c", "import mxq.tasks.mx")
     assert no_driver.returncode != 0
     assert no_driver.stderr.strip().splitlines()[-1].startswith(
         "ImportError: the GPU build of MXNet cannot load the NVIDIA driver's library (libcuda.so.1")
@@ -133,7 +133,7 @@ def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, s
         assert d["alive"] is False
         assert "sees 0 GPUs through MXNet (expected 1)" in d["refused"], d
     launcher = int((home / "launcher.pid").read_text())
-    schedule, api = _pids_of(f"-n schedule@{NODE}", home), _pids_of("-m cli api", home)
+    schedule, api = _pids_of(f"-n schedule@{NODE}", home), _pids_of("-m mxq.cli api", home)
     assert schedule and api
     url = f"http://127.0.0.1:{env['MXQ_API_PORT']}/api/v1/devices"
     listed = wait_until(lambda: _get_json(url), 60, f"{url} to answer", until=lambda r: r is not None)

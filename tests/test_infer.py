@@ -13,12 +13,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from db import predictions
-from db.registry import resolve
-from tasks.models import load
+from mxq.db import predictions
+from mxq.db.registry import resolve
+from mxq.tasks.models import load
+from mxq.workers.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 from tests.test_workers import _pid, _wait_alive
-from workers.submit import submit
 
 
 def _data(stack: Stack, name: str, array: np.ndarray) -> Path:

@@ -8,10 +8,10 @@ import time
 import pytest
 from sqlalchemy import inspect, update
 
-from db import jobs
-from db.engine import get_engine, session_scope
-from db.jobs import Claim, Placement
-from db.schema import Job
+from mxq.db import jobs
+from mxq.db.engine import get_engine, session_scope
+from mxq.db.jobs import Claim, Placement
+from mxq.db.schema import Job
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs
@@ -42,7 +42,7 @@ def test_migration_creates_tables_and_history_indexes(stack: Stack) -> None:
 def test_the_migration_connection_is_not_reused(stack: Stack) -> None:
     """Bulk writes through the connection that ran the DDL were slower on PostgreSQL (0.75 of a
     fresh one's rate): upgrade leaves no connection in the pool, and later work opens its own."""
-    from db.migrate import upgrade
+    from mxq.db.migrate import upgrade
 
     engine = get_engine(stack.settings.database)
     with engine.connect():
@@ -97,7 +97,7 @@ def test_heartbeat_age_decides_liveness(stack: Stack) -> None:
     with session_scope(url) as s:  # the worker went silent 10 s ago
         from datetime import timedelta
 
-        from db.schema import utcnow
+        from mxq.db.schema import utcnow
         s.execute(update(Job).where(Job.id == job_id)
                   .values(heartbeat_at=utcnow() - timedelta(seconds=10)))
     assert jobs.claim(url, job_id, B, 3, TTL) is Claim.RUN
@@ -108,7 +108,7 @@ def test_unclaimable_read_agrees_with_the_claim(stack: Stack) -> None:
     """The one-read early drop of a delivery never refuses a job the claim would take."""
     from datetime import timedelta
 
-    from db.schema import utcnow
+    from mxq.db.schema import utcnow
 
     url = stack.settings.database
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from mxq.workers import leases
+from mxq.workers.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
+from mxq.workers.submit import submit_many
 from tests.conftest import Stack
-from workers import leases
-from workers.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
-from workers.submit import submit_many
 
 pytestmark = pytest.mark.both_legs
 

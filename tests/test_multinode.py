@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from db.schema import utcnow
-from db.workers import alive_since, list_workers
+from mxq.db.schema import utcnow
+from mxq.db.workers import alive_since, list_workers
+from mxq.workers.submit import submit
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
 from tests.test_workers import _wait_alive
-from workers.submit import submit
 
 NODES = ("nodeA", "nodeB")
 SCHEDULE_NODE = "nodeB"  # runs the schedule process (the reconciler) and survives every test
@@ -57,7 +57,7 @@ def start_node(stack: Stack, node: str, core: int) -> subprocess.Popen:
     (stack.home / node).mkdir(parents=True, exist_ok=True)
     log_path = stack.home / f"launcher-{node}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", *args], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker", *args], cwd=ROOT,
                                 env=stack.environ(**_node_env(stack, node)), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: os.sched_setaffinity(0, pin))
@@ -239,9 +239,9 @@ TRAIN = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
 
 
 def _split_job(url: str) -> tuple[int, list[int]]:
-    from db import jobs
-    from db.jobs import Placement
-    from workers.jobspecs import validate
+    from mxq.db import jobs
+    from mxq.db.jobs import Placement
+    from mxq.workers.jobspecs import validate
 
     params = validate("train", TRAIN)
     parent = jobs.create_job(url, "train", params, "auto", "pool.cpu")
@@ -256,7 +256,7 @@ def _split_job(url: str) -> tuple[int, list[int]]:
 
 
 def _context(url: str, job_id: int, node: str):  # noqa: ANN202
-    from tasks.runner import JobContext
+    from mxq.tasks.runner import JobContext
 
     record = _job(url, job_id)
     return JobContext(job_id, "train", record["params"], "cpu:0", url, record["queue"], "cpu:0",
@@ -264,15 +264,15 @@ def _context(url: str, job_id: int, node: str):  # noqa: ANN202
 
 
 def _job(url: str, job_id: int) -> dict:
-    from db.history import get_job
+    from mxq.db.history import get_job
 
     return get_job(url, job_id, with_metrics=True)
 
 
 @pytest.fixture
 def db(tmp_path: Path):  # noqa: ANN201
-    from db.migrate import upgrade
-    from workers.settings import Settings
+    from mxq.db.migrate import upgrade
+    from mxq.workers.settings import Settings
 
     s = Settings(home=tmp_path, heartbeat_seconds=0.5, dist_start_seconds=1.0)
     upgrade(s.database)
@@ -280,9 +280,9 @@ def db(tmp_path: Path):  # noqa: ANN201
 
 
 def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
-    from db import jobs
-    from db.jobs import Placement
-    from workers.jobspecs import TrainParams
+    from mxq.db import jobs
+    from mxq.db.jobs import Placement
+    from mxq.workers.jobspecs import TrainParams
 
     contexts = []
     for job_id, node in zip(ids, "ab", strict=True):
@@ -294,9 +294,9 @@ def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
 
 
 def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # noqa: ANN001
-    from db import jobs
-    from tasks.dist import _verdict
-    from tasks.runner import JobFailed
+    from mxq.db import jobs
+    from mxq.tasks.dist import _verdict
+    from mxq.tasks.runner import JobFailed
 
     parent, ids = _split_job(db.database)
     (ctx0, p0), _ = _run_parts(db, ids)
@@ -316,11 +316,11 @@ def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # 
 
 
 def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: ANN001
-    from db import jobs
-    from db.jobs import Placement
-    from tasks.dist import _verdict
-    from tasks.runner import JobFailed
-    from workers.jobspecs import TrainParams
+    from mxq.db import jobs
+    from mxq.db.jobs import Placement
+    from mxq.tasks.dist import _verdict
+    from mxq.tasks.runner import JobFailed
+    from mxq.workers.jobspecs import TrainParams
 
     parent, ids = _split_job(db.database)
     assert jobs.claim(db.database, ids[0], Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
@@ -337,9 +337,9 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: A
 
 
 def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
-    from db import jobs
-    from tasks.dist import _verdict
-    from tasks.runner import JobCancelled
+    from mxq.db import jobs
+    from mxq.tasks.dist import _verdict
+    from mxq.tasks.runner import JobCancelled
 
     parent, ids = _split_job(db.database)
     contexts = _run_parts(db, ids)
@@ -349,7 +349,7 @@ def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
 
 
 def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None:  # noqa: ANN001
-    from db import epochs, jobs
+    from mxq.db import epochs, jobs
 
     parent, ids = _split_job(db.database)
     _run_parts(db, ids)
@@ -380,8 +380,8 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None: 
 
 
 def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
-    from workers.jobspecs import ParamsError, validate
-    from workers.submit import _check_nodes
+    from mxq.workers.jobspecs import ParamsError, validate
+    from mxq.workers.submit import _check_nodes
 
     known = [{"node": "a", "device": "cpu:0"}, {"node": "a", "device": "cpu:1"},
              {"node": "b", "device": "cpu:0"}]

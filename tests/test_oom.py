@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from mxnet.base import MXNetError
 
-from db import predictions
-from tasks.oom import is_out_of_memory
+from mxq.db import predictions
+from mxq.tasks.oom import is_out_of_memory
 from tests.conftest import NODE, ROOT, Stack, _stack
 from tests.test_infer import _data, _infer
 from tests.test_workers import _pid, _wait_alive
@@ -42,7 +42,7 @@ def capped(request: pytest.FixtureRequest,
     stack = next(stack_gen)
     stack.env.update({"MXQ_CPU_DEVICES": "1", "MXQ_WORKER_MEMORY_MB": str(MEMORY_MB)})
     log = open(stack.home / "launcher-oom.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], cwd=ROOT, env=stack.environ(),
+    proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT, env=stack.environ(),
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_alive(stack, WORKER, not_pid=0, timeout=120)

@@ -10,14 +10,14 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from db import events, schedules
-from db.engine import session_scope
-from db.schema import Fire, Job, utcnow
+from mxq.db import events, schedules
+from mxq.db.engine import session_scope
+from mxq.db.schema import Fire, Job, utcnow
+from mxq.workers import leases
+from mxq.workers.messages import UNACKED, UNACKED_INDEX, in_broker
+from mxq.workers.reconcile import UNACKED_GRACE_SECONDS, reconcile
+from mxq.workers.submit import submit
 from tests.conftest import Stack
-from workers import leases
-from workers.messages import UNACKED, UNACKED_INDEX, in_broker
-from workers.reconcile import UNACKED_GRACE_SECONDS, reconcile
-from workers.submit import submit
 
 pytestmark = pytest.mark.both_legs
 

@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from db import schedules
-from db.registry import list_models
-from tasks import datasets
+from mxq.db import schedules
+from mxq.db.registry import list_models
+from mxq.tasks import datasets
+from mxq.workers.fires import add_schedule, tick
 from tests.conftest import Stack, wait_until
-from workers.fires import add_schedule, tick
 
 
 def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool = False) -> None:

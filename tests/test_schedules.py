@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from db import schedules
-from db.history import get_job
+from mxq.db import schedules
+from mxq.db.history import get_job
+from mxq.workers.fires import add_schedule, run_now, tick
 from tests.conftest import Stack
-from workers.fires import add_schedule, run_now, tick
 
 pytestmark = pytest.mark.both_legs
 
@@ -56,7 +56,7 @@ def test_fires_at_local_times_across_dst(isolated: Stack) -> None:
 
 def _race(env: dict, now: datetime, barrier: multiprocessing.Barrier, out: multiprocessing.Queue) -> None:
     os.environ.update(env)
-    from workers.settings import Settings
+    from mxq.workers.settings import Settings
 
     barrier.wait()
     out.put(len(tick(Settings(), now)))

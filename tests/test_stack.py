@@ -7,8 +7,8 @@ import os
 import urllib.request
 from pathlib import Path
 
+from mxq.workers.embedded import EmbeddedRedis
 from tests.conftest import Stack, free_port, wait_until
-from workers.embedded import EmbeddedRedis
 
 
 def _alive(pid: int) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from db.history import JobFilter, list_jobs
+from mxq.db.history import JobFilter, list_jobs
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs
@@ -49,8 +49,8 @@ def test_bad_node_name_is_refused(stack: Stack) -> None:
 
 
 def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
-    from workers.messages import in_broker
-    from workers.submit import SubmitError, submit_many
+    from mxq.workers.messages import in_broker
+    from mxq.workers.submit import SubmitError, submit_many
 
     good = {"size": 16, "batch": 1, "repeat": 1}
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mxq.workers.topology import closest, parse_topo, read_topology
 from tests.conftest import FIXTURES
-from workers.topology import closest, parse_topo, read_topology
 
 TOPO = FIXTURES / "nvidia-smi-topo"
 

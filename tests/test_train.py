@@ -10,13 +10,13 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from db import predictions
-from tasks import datasets
-from tasks.fit import fit, make_net, make_trainer
+from mxq.db import predictions
+from mxq.tasks import datasets
+from mxq.tasks.fit import fit, make_net, make_trainer
+from mxq.workers.jobspecs import TrainParams
+from mxq.workers.submit import submit
 from tests.conftest import Stack, wait_until
 from tests.test_workers import _pid, _wait_alive
-from workers.jobspecs import TrainParams
-from workers.submit import submit
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}
 
@@ -167,8 +167,8 @@ def test_epoch_figures_equal_a_plain_evaluation() -> None:
     weights stay put, so they must equal an evaluation of the same net over the same samples."""
     from mxnet import gluon
 
-    from tasks import fit
-    from tasks.fit import run_epoch, train_step
+    from mxq.tasks import fit
+    from mxq.tasks.fit import run_epoch, train_step
 
     data = datasets.digits()
     p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=20, seed=5)

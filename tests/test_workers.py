@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from db.workers import list_workers
+from mxq.db.workers import list_workers
+from mxq.workers.submit import publish, submit
 from tests.conftest import NODE, Stack, wait_until
-from workers.submit import publish, submit
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}
 # Long enough on any CPU to be caught mid-run: a few seconds of matrix multiplies.
@@ -63,7 +63,7 @@ def test_each_worker_consumes_its_queue_and_the_pool_only(workers: Stack) -> Non
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "workers", "inspect",
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "mxq.workers", "inspect",
                            "active_queues", "--json", "--timeout", "5"],
                           capture_output=True, text=True, env=workers.environ(), timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -101,7 +101,7 @@ def test_bad_probe_parameters_fail_the_job_at_submit(workers: Stack) -> None:
 
 def test_a_bad_message_fails_its_job_and_the_worker_goes_on(workers: Stack) -> None:
     """Parameters that bypass submit (an old client, a hand-made row) fail the job, not the worker."""
-    from db.jobs import create_job
+    from mxq.db.jobs import create_job
 
     s = workers.settings
     job_id = create_job(s.database, "probe", {"size": -5}, "cpu:0", f"{NODE}.cpu.0")
@@ -129,7 +129,7 @@ def test_second_delivery_of_a_running_job_is_dropped(workers: Stack) -> None:
 
 
 def test_offline_device_needs_allow_offline(workers: Stack) -> None:
-    from db.workers import forget, register
+    from mxq.db.workers import forget, register
 
     s = workers.settings
     # A device whose worker is known but not running (as after `mxq down`).
@@ -204,7 +204,7 @@ def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -
 def test_a_pickled_message_is_refused_and_the_worker_goes_on(workers: Stack) -> None:
     from kombu import Connection
 
-    from workers.app import app_for
+    from mxq.workers.app import app_for
 
     s = workers.settings
     with Connection(s.broker) as conn:

@@ -1,6 +1,5 @@
-"""Celery app and settings, devices, queues, routing, the launcher. `celery -A workers` finds `app`."""
+"""The worker layer: settings, devices, queues and routing, the launcher, the reconciler.
 
-from workers import heartbeat as _heartbeat  # noqa: F401  (connects the worker signals)
-from workers.app import app
-
-__all__ = ["app"]
+Importing it, or any of its modules, starts nothing. `celery -A mxq.workers` loads
+`mxq.workers.celery`, which connects the heartbeat to the worker's signals.
+"""

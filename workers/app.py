@@ -9,14 +9,14 @@ from functools import lru_cache
 
 from celery import Celery
 
-from workers.queues import CONTROL_QUEUE
-from workers.settings import Settings, get_settings
+from mxq.workers.queues import CONTROL_QUEUE
+from mxq.workers.settings import Settings, get_settings
 
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
 # job tasks, which load MXNet; every other process (the schedule process, a publishing client)
 # gets only the control tasks and never loads MXNet.
-CONTROL_TASK_MODULES = ["workers.control"]
-DEVICE_TASK_MODULES = ["tasks.probe", "tasks.infer", "tasks.train", *CONTROL_TASK_MODULES]
+CONTROL_TASK_MODULES = ["mxq.workers.control"]
+DEVICE_TASK_MODULES = ["mxq.tasks.probe", "mxq.tasks.infer", "mxq.tasks.train", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from db.jobs import CancelOutcome, cancel
-from workers.app import app_for
-from workers.settings import Settings
+from mxq.db.jobs import CancelOutcome, cancel
+from mxq.workers.app import app_for
+from mxq.workers.settings import Settings
 
 
 class CancelError(LookupError):

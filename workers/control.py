@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from workers.app import app
-from workers.fires import tick
-from workers.reconcile import reconcile
-from workers.settings import get_settings
+from mxq.workers.app import app
+from mxq.workers.fires import tick
+from mxq.workers.reconcile import reconcile
+from mxq.workers.settings import get_settings
 
 
 @app.task(name="mxq.tick")

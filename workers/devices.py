@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
-from workers.kernels import RECORDED, kernels_of
+from mxq.workers.kernels import RECORDED, kernels_of
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from db import schedules
-from db.schema import utcnow
-from workers.cron import check, due, next_after
-from workers.jobspecs import ParamsError, validate
-from workers.paths import PathError, inside_root
-from workers.settings import Settings
-from workers.submit import JobRejected, SubmitError, submit
+from mxq.db import schedules
+from mxq.db.schema import utcnow
+from mxq.workers.cron import check, due, next_after
+from mxq.workers.jobspecs import ParamsError, validate
+from mxq.workers.paths import PathError, inside_root
+from mxq.workers.settings import Settings
+from mxq.workers.submit import JobRejected, SubmitError, submit
 
 log = logging.getLogger(__name__)
 POLICIES = ("always", "if-better", "never")

@@ -1,6 +1,7 @@
 """The heartbeat a device worker process writes: it is how routing knows the device is live.
 
-Started on Celery's `worker_ready` (the worker consumes from then on) and cleared on shutdown.
+Started on Celery's `worker_ready` (the worker consumes from then on) and cleared on shutdown;
+`mxq.workers.celery` connects `start` and `stop` to those signals.
 A thread keeps beating while the solo pool's main thread runs a long job.
 """
 
@@ -10,11 +11,9 @@ import logging
 import os
 import threading
 
-from celery import signals
-
-from db import jobs, workers
-from workers.queues import device_queue, parse_device, worker_name
-from workers.settings import get_settings
+from mxq.db import jobs, workers
+from mxq.workers.queues import device_queue, parse_device, worker_name
+from mxq.workers.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,8 @@ class Heartbeat:
 current: Heartbeat | None = None
 
 
-@signals.worker_ready.connect
-def _start(**_: object) -> None:
+def start(**_: object) -> None:
+    """At `worker_ready`: register the device's worker row and start beating."""
     global current
     s = get_settings()
     if s.device is None:  # a worker started by hand, not by the launcher: no device to announce
@@ -65,7 +64,7 @@ def _start(**_: object) -> None:
     log.info("%s is live on %s", name, s.device)
 
 
-@signals.worker_shutdown.connect
-def _stop(**_: object) -> None:
+def stop(**_: object) -> None:
+    """At `worker_shutdown`: stop beating and mark the worker dead."""
     if current is not None:
         current.stop()

@@ -18,7 +18,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
+from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
 # Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
 # checked against MXQ_MAX_BATCH_SIZE / MXQ_MAX_EPOCHS (these are their defaults).

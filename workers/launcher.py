@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from db import workers as beats
-from workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
-from workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
-from workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
-from workers.recovery import recover_worker
-from workers.settings import Settings
+from mxq.db import workers as beats
+from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
+from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
+from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
+from mxq.workers.recovery import recover_worker
+from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
         name = worker_name(settings.node, device.kind, device.index)
         queues = [device_queue(settings.node, device.kind, device.index), pool_queue(device.kind)]
         cores = cpu_cores(device.index, len(cpus)) if device.kind == "cpu" else []
-        command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--pool", "solo",
+        command = [sys.executable, "-m", "celery", "-A", "mxq.workers", "worker", "--pool", "solo",
                    "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", ",".join(queues),
                    "-n", name, "--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
         specs.append(WorkerSpec(device, name, queues, command,
@@ -89,7 +89,7 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
 def schedule_spec(settings: Settings) -> WorkerSpec:
     """The schedule process: Celery beat plus one worker for the control queue (the tick)."""
     name = f"schedule@{settings.node}"
-    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-B", "--pool", "solo",
+    command = [sys.executable, "-m", "celery", "-A", "mxq.workers", "worker", "-B", "--pool", "solo",
                "--concurrency", "1", "-Q", CONTROL_QUEUE, "-n", name, "--without-gossip",
                "--without-mingle", "-l", "INFO",
                "-s", str(settings.home_path / "celerybeat-schedule")]
@@ -102,7 +102,7 @@ def api_spec(settings: Settings) -> WorkerSpec:
     """The HTTP API and dashboard (`mxq api`)."""
     env = {k: v for k, v in worker_env(settings, Device("cpu", 0), []).items()
            if k not in ("MXQ_DEVICE", *THREAD_VARS)}
-    return WorkerSpec(None, f"api@{settings.node}", [], [sys.executable, "-m", "cli", "api"], env)
+    return WorkerSpec(None, f"api@{settings.node}", [], [sys.executable, "-m", "mxq.cli", "api"], env)
 
 
 def preexec(cores: list[int], memory_mb: int | None) -> Callable[[], None] | None:

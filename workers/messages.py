@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from workers import leases
+from mxq.workers import leases
 
 PRIORITY_SEP, PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
 UNACKED, UNACKED_INDEX = "unacked", "unacked_index"

@@ -21,14 +21,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
-from db import events, jobs, schedules
-from db.engine import session_scope
-from db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
-from workers import leases
-from workers.fires import submit_fire
-from workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker
-from workers.settings import Settings
-from workers.submit import publish
+from mxq.db import events, jobs, schedules
+from mxq.db.engine import session_scope
+from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
+from mxq.workers import leases
+from mxq.workers.fires import submit_fire
+from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker
+from mxq.workers.settings import Settings
+from mxq.workers.submit import publish
 
 log = logging.getLogger(__name__)
 

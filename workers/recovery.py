@@ -7,11 +7,11 @@ later second delivery of the same job is dropped.
 
 from __future__ import annotations
 
-from db import jobs
-from db.engine import session_scope
-from db.schema import Job
-from workers.reconcile import requeue
-from workers.settings import Settings
+from mxq.db import jobs
+from mxq.db.engine import session_scope
+from mxq.db.schema import Job
+from mxq.workers.reconcile import requeue
+from mxq.workers.settings import Settings
 
 
 def recover_worker(settings: Settings, worker: str) -> list[int]:

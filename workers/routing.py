@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from db.workers import list_workers
-from workers.queues import KINDS, DeviceSpec, device_queue, pool_queue
-from workers.settings import Settings
+from mxq.db.workers import list_workers
+from mxq.workers.queues import KINDS, DeviceSpec, device_queue, pool_queue
+from mxq.workers.settings import Settings
 
 
 class RoutingError(ValueError):

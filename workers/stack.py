@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from db.migrate import upgrade
-from db.schema import utcnow
-from db.workers import alive_since, refused_since
-from workers.devices import discover, installed_mxnet
-from workers.embedded import EmbeddedRedis
-from workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
-from workers.settings import Settings
+from mxq.db.migrate import upgrade
+from mxq.db.schema import utcnow
+from mxq.db.workers import alive_since, refused_since
+from mxq.workers.devices import discover, installed_mxnet
+from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
+from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
 UP_TIMEOUT_SECONDS = 180.0
@@ -74,7 +74,7 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
     logs.mkdir(parents=True, exist_ok=True)
     since = utcnow()
     with open(logs / "launcher.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--node", settings.node,
+        proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker", "--node", settings.node,
                                  "--with-schedule"],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -7,10 +7,10 @@ from typing import Any
 
 import redis
 
-from db.history import device_rates, device_records
-from db.schema import utcnow
-from workers import leases
-from workers.settings import Settings
+from mxq.db.history import device_rates, device_records
+from mxq.db.schema import utcnow
+from mxq.workers import leases
+from mxq.workers.settings import Settings
 
 RATE_WINDOW = timedelta(minutes=5)  # a device's samples/s is averaged over this recent stretch
 

@@ -15,16 +15,16 @@ from kombu.utils.url import maybe_sanitize_url
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from db.engine import get_engine, safe_url
-from db.jobs import create_job, create_jobs, delete_unstarted
-from db.registry import resolve
-from db.retry import retrying
-from workers.app import app_for
-from workers.jobspecs import SPECS, ParamsError, validate
-from workers.paths import PathError, inside_root
-from workers.queues import parse_device
-from workers.routing import Route, route
-from workers.settings import Settings
+from mxq.db.engine import get_engine, safe_url
+from mxq.db.jobs import create_job, create_jobs, delete_unstarted
+from mxq.db.registry import resolve
+from mxq.db.retry import retrying
+from mxq.workers.app import app_for
+from mxq.workers.jobspecs import SPECS, ParamsError, validate
+from mxq.workers.paths import PathError, inside_root
+from mxq.workers.queues import parse_device
+from mxq.workers.routing import Route, route
+from mxq.workers.settings import Settings
 
 BROKER_CHECK_SECONDS = 3
 
@@ -107,7 +107,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
 
 def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
     """Pin the dataset path, and refuse more devices than the node has."""
-    from db.workers import list_workers
+    from mxq.db.workers import list_workers
 
     dataset = params["dataset"]
     if dataset != "digits":

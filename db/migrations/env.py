@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from db.schema import Base
+from mxq.db.schema import Base
 
 connection = context.config.attributes["connection"]
 context.configure(

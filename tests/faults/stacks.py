@@ -20,10 +20,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import select
 
-from db.engine import session_scope
-from db.schema import Job, Prediction, WorkerBeat
+from mxq.db.engine import session_scope
+from mxq.db.schema import Job, Prediction, WorkerBeat
+from mxq.workers.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
-from workers.embedded import EmbeddedRedis
 
 FAULT_ENV = {"MXQ_RECONCILE_SECONDS": "2", "MXQ_TICK_SECONDS": "3600", "MXQ_MAX_ATTEMPTS": "5"}
 FEATURES = 64
@@ -122,7 +122,7 @@ class FaultStack(Stack):
         return name
 
     def infer(self, model: str, input_name: str, device: str = "auto", **params: object) -> int:
-        from workers.submit import submit
+        from mxq.workers.submit import submit
 
         return submit(self.settings, "infer", {"model": model, "input": input_name, **params}, device,
                       allow_offline=True)

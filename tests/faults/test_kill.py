@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from db import events
-from db.epochs import list_epochs
+from mxq.db import events
+from mxq.db.epochs import list_epochs
+from mxq.workers.submit import submit
 from tests.faults.stacks import FaultStack, report
-from workers.submit import submit
 
 # Claims and prediction writes under SIGKILL differ by backend: both legs.
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]

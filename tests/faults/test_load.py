@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
+from mxq.workers.submit import submit_many
 from tests.conftest import wait_until
 from tests.faults.stacks import FaultStack, report
-from workers.submit import submit_many
 
 pytestmark = pytest.mark.slow
 

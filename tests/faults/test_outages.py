@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from sqlalchemy.engine import make_url
 
-from db import events, jobs
+from mxq.db import events, jobs
+from mxq.workers import leases
+from mxq.workers.submit import submit
 from tests.conftest import SYSTEM_PG, wait_until
 from tests.faults.stacks import FaultStack, report
-from workers import leases
-from workers.submit import submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
