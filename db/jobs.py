@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, func, insert, or_, select, update
 
+from mxq import parts
 from mxq.db.engine import session_scope
+from mxq.db.epochs import merge_parts
 from mxq.db.retry import db_retry
 from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 
@@ -294,40 +296,10 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
                 for i in range(len(chunk_params))]
 
 
-# A part of a multi-node training that stopped because another part failed says so first: the
-# parent's error names the part that failed first of its own accord.
-KNOCK_ON = "stopped because "
-
-
-def _first_cause(failed: list[Job]) -> Job:
-    order = sorted(failed, key=lambda c: (c.error is None or c.error.startswith(KNOCK_ON),
-                                          as_utc(c.finished_at) or utcnow(), c.chunk_index))
-    return order[0]
-
-
-def _train_summary(parts: list[Job]) -> dict[str, Any]:
-    """A multi-node training's figures: per node, and summed over nodes (samples/s)."""
-    results = [p.result or {} for p in parts]
-    rank0 = next((r for r in results if r.get("rank") == 0), results[0])
-    per_node = {p.node: {"job_id": p.id, "part": p.chunk_index, "rank": r.get("rank"),
-                         "devices": r.get("devices"), "samples": p.samples, "seconds": p.seconds,
-                         "samples_per_sec": p.samples_per_sec, "per_device": r.get("per_device")}
-                for p, r in zip(parts, results, strict=True)}
-    rate = sum(p.samples_per_sec or 0.0 for p in parts)
-    seconds = max((p.seconds or 0.0 for p in parts), default=0.0)
-    devices = [d for r in results for d in (r.get("per_device") or {})]
-    keep = ("model", "model_version", "promotion", "val_accuracy", "train_accuracy", "train_loss",
-            "epochs", "resumed_from_epoch")
-    result = {**{k: rank0.get(k) for k in keep}, "nodes": len(parts), "devices": devices,
-              "samples_per_sec": rate, "per_node": per_node}
-    return dict(samples=sum(p.samples or 0 for p in parts), seconds=seconds or None,
-                samples_per_sec=rate or None, result=result, devices=devices)
-
-
 @db_retry
 def settle_parent(url: str, parent_id: int) -> bool:
-    """Finish the parent once every chunk has: aggregate samples over the wall-clock span (a
-    multi-node training: samples/s summed over its nodes, and its epochs merged)."""
+    """Finish the parent once every chunk has, as `mxq.parts.settle` says (a multi-node
+    training: its epochs merged first)."""
     with session_scope(url) as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
                                   .order_by(Job.chunk_index)))
@@ -335,37 +307,11 @@ def settle_parent(url: str, parent_id: int) -> bool:
             return False
         kind = s.scalar(select(Job.kind).where(Job.id == parent_id))
     if kind == "train":
-        from mxq.db.epochs import merge_parts
-
         merge_parts(url, parent_id)
     with session_scope(url) as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
                                   .order_by(Job.chunk_index)))
-        failed = [c for c in children if c.status != JobStatus.SUCCEEDED]
-        samples = sum(c.samples or 0 for c in children)
-        begin = min(as_utc(c.started_at) for c in children if c.started_at) if samples else None
-        end = max(as_utc(c.finished_at) for c in children if c.finished_at)
-        seconds = (end - begin).total_seconds() if begin else None
-        values: dict[str, Any] = dict(finished_at=utcnow(), samples=samples, seconds=seconds,
-                                      samples_per_sec=samples / seconds if seconds else None,
-                                      heartbeat_at=None)
-        if any(c.status == JobStatus.CANCELLED for c in children):
-            values.update(status=JobStatus.CANCELLED, error="cancelled; finished chunks kept")
-        elif failed and kind == "train":
-            first = _first_cause(failed)
-            values.update(status=JobStatus.FAILED,
-                          error=f"part {first.chunk_index} on node "
-                                f"{(first.params.get('dist') or {}).get('node', first.node)} "
-                                f"(job {first.id}) {first.status}: {first.error}")
-        elif failed:
-            first = failed[0]
-            values.update(status=JobStatus.FAILED,
-                          error=f"chunk {first.chunk_index} (job {first.id}) {first.status}: "
-                                f"{first.error}")
-        else:
-            values.update(status=JobStatus.SUCCEEDED, progress=1.0)
-            if kind == "train":
-                values.update(_train_summary(children))
+        values = parts.settle(kind, children, utcnow())
         return bool(s.execute(update(Job).where(Job.id == parent_id,
                                                 Job.status == JobStatus.RUNNING).values(**values)
                               ).rowcount)

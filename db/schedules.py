@@ -9,9 +9,11 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
+from mxq import promotion
 from mxq.db.engine import session_scope
 from mxq.db.registry import list_models, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
+from mxq.promotion import PromotionPolicy
 
 
 class ScheduleError(LookupError):
@@ -136,28 +138,15 @@ def fire_of(url: str, fire_id: int) -> dict[str, Any]:
 def decide_promotion(url: str, fire_id: int, name: str, version: int,
                      metrics: dict[str, Any]) -> dict[str, Any]:
     """Compare the new version with the promoted one by the schedule's policy; promote or keep."""
-    policy = fire_of(url, fire_id)
-    metric = policy["metric"]
-    new = metrics.get(metric)
+    stored = fire_of(url, fire_id)
+    policy = PromotionPolicy(stored["promote"], stored["metric"], stored["min_gain"])
+    new = metrics.get(policy.metric)
     current = next((m for m in list_models(url, name) if m["promoted"]), None)
-    old = current["metrics"].get(metric) if current else None
-    if policy["promote"] == "never":
-        promoted, reason = False, "policy is never"
-    elif policy["promote"] == "always":
-        promoted, reason = True, "policy is always"
-    elif new is None:
-        promoted, reason = False, f"the new version has no {metric}"
-    elif current is None or old is None:
-        promoted, reason = True, "no promoted version to compare with"
-    elif new >= old + policy["min_gain"]:
-        promoted, reason = True, f"{metric} {new:.4f} >= {old:.4f} + min gain {policy['min_gain']}"
-    else:
-        promoted, reason = False, f"{metric} {new:.4f} < {old:.4f} + min gain {policy['min_gain']}"
-    if promoted:
+    old = current["metrics"].get(policy.metric) if current else None
+    decision = promotion.decide(policy, new, old, has_current=current is not None)
+    if decision.promoted:
         promote(url, name, version)
-    decision = {"decision": "promoted" if promoted else "kept", "metric": metric,
-                "new_version": version, "new_value": new,
-                "promoted_version": current["version"] if current else None,
-                "promoted_value": old, "reason": reason}
-    settle_fire(url, fire_id, promotion=decision)
-    return decision
+    record = promotion.decision_record(decision, policy, version, new,
+                                       current["version"] if current else None, old)
+    settle_fire(url, fire_id, promotion=record)
+    return record

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +19,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from mxq.status import FINISHED as FINISHED
+from mxq.status import JobStatus as JobStatus
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -33,17 +35,6 @@ def as_utc(ts: datetime | None) -> datetime | None:
 def iso(ts: datetime | None) -> str | None:
     """A stored time as ISO 8601 with its UTC offset (None stays None)."""
     return ts and as_utc(ts).isoformat()
-
-
-class JobStatus(enum.StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class Base(DeclarativeBase):

@@ -39,10 +39,11 @@ from sqlalchemy import select, update
 
 from mxq.db.engine import session_scope
 from mxq.db.epochs import set_devices
-from mxq.db.jobs import KNOCK_ON, claimable
+from mxq.db.jobs import claimable
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobStatus, as_utc, utcnow
 from mxq.db.workers import list_workers
+from mxq.parts import knock_on
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
 from mxq.workers import leases
 from mxq.workers.jobspecs import TrainParams
@@ -237,7 +238,7 @@ def _verdict(s: Settings, job: JobContext, p: TrainParams, joined: bool,
             continue
         where = f"part {o.index} on node {o.node} (job {o.id})"
         if o.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-            return JobFailed(f"{KNOCK_ON}{where} {o.status}: {o.error}")
+            return JobFailed(knock_on(f"{where} {o.status}: {o.error}"))
         lost = None
         if o.status == JobStatus.RUNNING and o.heartbeat_at is None:  # taken for dead already
             lost = f"its worker on node {o.node} died while running it"
@@ -245,7 +246,7 @@ def _verdict(s: Settings, job: JobContext, p: TrainParams, joined: bool,
             lost = (f"its worker on node {o.node} stopped beating (no heartbeat for "
                     f"{(now - o.heartbeat_at).total_seconds():.0f}s)")
         if lost and fail_part(s.database, o.id, lost, cutoff):
-            return JobFailed(f"{KNOCK_ON}{where} failed: {lost}")
+            return JobFailed(knock_on(f"{where} failed: {lost}"))
     if not joined and waited > s.dist_start_seconds:
         late = [o for o in parts if o.id != job.id and o.status == JobStatus.QUEUED]
         for o in late:

@@ -1,0 +1,41 @@
+"""A multi-node training's epochs, merged from its parts' (each part records its own node's).
+
+Pure: `mxq.db.epochs.merge_parts` reads the parts' rows and stores what these return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class EpochFigures(Protocol):
+    """One part's record of one epoch (`mxq.db.schema.Epoch` is one)."""
+
+    train_loss: float
+    train_accuracy: float
+    val_accuracy: float | None
+    seconds: float
+    samples_per_sec: float
+    per_device: dict[str, Any] | None
+    checkpoint: str | None
+
+
+def ready(by_epoch: Mapping[int, Sequence[EpochFigures]], parts: int, merged: set[int]) -> list[int]:
+    """The epochs every part has finished and that are not merged yet, in order: an epoch some
+    part has not finished waits for a later merge."""
+    return sorted(n for n, rows in by_epoch.items() if len(rows) == parts and n not in merged)
+
+
+def merge(epoch: int, rows: Sequence[EpochFigures]) -> dict[str, Any]:
+    """The mean loss and accuracy, the slowest node's seconds, samples/s summed, every node's
+    devices in `per_device` (labelled `cpu:0@node`), the first checkpoint any part names."""
+    vals = [r.val_accuracy for r in rows if r.val_accuracy is not None]
+    return {"epoch": epoch,
+            "train_loss": sum(r.train_loss for r in rows) / len(rows),
+            "train_accuracy": sum(r.train_accuracy for r in rows) / len(rows),
+            "val_accuracy": sum(vals) / len(vals) if vals else None,
+            "seconds": max(r.seconds for r in rows),
+            "samples_per_sec": sum(r.samples_per_sec for r in rows),
+            "per_device": {k: v for r in rows for k, v in (r.per_device or {}).items()},
+            "checkpoint": next((r.checkpoint for r in rows if r.checkpoint), None)}

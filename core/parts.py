@@ -1,0 +1,102 @@
+"""How a job made of parts ends: the chunks of a chunked inference, or the nodes of a
+multi-node training. Once every part has finished, the parent's status, error and figures
+follow from the parts' alone.
+
+Pure: `mxq.db.jobs.settle_parent` reads the parts and stores what `settle` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from mxq.status import JobStatus
+
+# A part of a multi-node training that stopped because another part failed says so first (its
+# error starts with this): the parent's error names the part that failed first of its own accord.
+KNOCK_ON = "stopped because "
+# What a multi-node training's result keeps of its rank-0 part's.
+RANK0_KEYS = ("model", "model_version", "promotion", "val_accuracy", "train_accuracy", "train_loss",
+              "epochs", "resumed_from_epoch")
+
+
+class Part(Protocol):
+    """One finished part (`mxq.db.schema.Job` is one). A datetime without a zone is UTC."""
+
+    id: int
+    chunk_index: int | None
+    status: str
+    error: str | None
+    node: str | None
+    params: dict[str, Any]
+    result: dict[str, Any] | None
+    samples: int | None
+    seconds: float | None
+    samples_per_sec: float | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+def knock_on(reason: str) -> str:
+    """The error of a part that stopped because of another part."""
+    return f"{KNOCK_ON}{reason}"
+
+
+def first_cause(failed: Sequence[Part], now: datetime) -> Part:
+    """The part that failed first of its own accord (knock-on failures last)."""
+    return min(failed, key=lambda c: (c.error is None or c.error.startswith(KNOCK_ON),
+                                      _utc(c.finished_at) or now, c.chunk_index or 0))
+
+
+def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
+    """The parent's column values once every part has finished: samples over the wall-clock
+    span of the parts, and the outcome; a multi-node training (`kind` "train") also gets its
+    figures per node and summed (`train_summary`)."""
+    samples = sum(p.samples or 0 for p in parts)
+    begin = min((_utc(p.started_at) for p in parts if p.started_at), default=None) if samples else None
+    end = max((_utc(p.finished_at) for p in parts if p.finished_at), default=now)
+    seconds = (end - begin).total_seconds() if begin else None
+    values: dict[str, Any] = dict(finished_at=now, samples=samples, seconds=seconds,
+                                  samples_per_sec=samples / seconds if seconds else None,
+                                  heartbeat_at=None)
+    failed = [p for p in parts if p.status != JobStatus.SUCCEEDED]
+    if any(p.status == JobStatus.CANCELLED for p in parts):
+        values.update(status=JobStatus.CANCELLED, error="cancelled; finished chunks kept")
+    elif failed:
+        values.update(status=JobStatus.FAILED, error=_failure(kind, failed, now))
+    else:
+        values.update(status=JobStatus.SUCCEEDED, progress=1.0)
+        if kind == "train":
+            values.update(train_summary(parts))
+    return values
+
+
+def _utc(ts: datetime | None) -> datetime | None:
+    return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def _failure(kind: str, failed: Sequence[Part], now: datetime) -> str:
+    if kind != "train":
+        first = failed[0]
+        return f"chunk {first.chunk_index} (job {first.id}) {first.status}: {first.error}"
+    first = first_cause(failed, now)
+    node = (first.params.get("dist") or {}).get("node", first.node)
+    return f"part {first.chunk_index} on node {node} (job {first.id}) {first.status}: {first.error}"
+
+
+def train_summary(parts: Sequence[Part]) -> dict[str, Any]:
+    """A multi-node training's figures: per node, and summed over nodes (samples/s)."""
+    results = [p.result or {} for p in parts]
+    rank0 = next((r for r in results if r.get("rank") == 0), results[0])
+    per_node = {p.node: {"job_id": p.id, "part": p.chunk_index, "rank": r.get("rank"),
+                         "devices": r.get("devices"), "samples": p.samples, "seconds": p.seconds,
+                         "samples_per_sec": p.samples_per_sec, "per_device": r.get("per_device")}
+                for p, r in zip(parts, results, strict=True)}
+    rate = sum(p.samples_per_sec or 0.0 for p in parts)
+    seconds = max((p.seconds or 0.0 for p in parts), default=0.0)
+    devices = [d for r in results for d in (r.get("per_device") or {})]
+    result = {**{k: rank0.get(k) for k in RANK0_KEYS}, "nodes": len(parts), "devices": devices,
+              "samples_per_sec": rate, "per_node": per_node}
+    return dict(samples=sum(p.samples or 0 for p in parts), seconds=seconds or None,
+                samples_per_sec=rate or None, result=result, devices=devices)

@@ -1,0 +1,127 @@
+"""The pure rules of mxq (core/): promotion, epoch merge, how a job made of parts ends.
+
+No database and no broker: each rule is driven with values, as `mxq.db` hands them over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mxq import epochs, parts, promotion
+from mxq.promotion import PromotionPolicy
+from mxq.status import JobStatus
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("policy", "new", "old", "has_old", "promoted", "reason"), [
+    ("never", 0.99, 0.1, True, False, "policy is never"),
+    ("always", 0.1, 0.99, True, True, "policy is always"),
+    ("if-better", None, 0.5, True, False, "the new version has no val_accuracy"),
+    ("if-better", 0.5, None, False, True, "no promoted version to compare with"),
+    ("if-better", 0.5, None, True, True, "no promoted version to compare with"),  # it has no metric
+    ("if-better", 0.93, 0.90, True, True, "val_accuracy 0.9300 >= 0.9000 + min gain 0.02"),
+    ("if-better", 0.91, 0.90, True, False, "val_accuracy 0.9100 < 0.9000 + min gain 0.02"),
+])
+def test_promotion_by_policy(policy: str, new: float | None, old: float | None, has_old: bool,
+                             promoted: bool, reason: str) -> None:
+    rule = PromotionPolicy(policy, "val_accuracy", 0.02)
+    decision = promotion.decide(rule, new, old, has_current=has_old)
+    assert (decision.promoted, decision.reason) == (promoted, reason)
+    record = promotion.decision_record(decision, rule, 7, new, 6 if has_old else None, old)
+    assert record["decision"] == ("promoted" if promoted else "kept")
+    assert (record["new_version"], record["promoted_version"]) == (7, 6 if has_old else None)
+
+
+@dataclass
+class EpochRow:
+    train_loss: float
+    train_accuracy: float
+    val_accuracy: float | None
+    seconds: float
+    samples_per_sec: float
+    per_device: dict[str, Any] | None
+    checkpoint: str | None = None
+
+
+def test_epoch_merge_means_accuracy_and_sums_rate() -> None:
+    a = EpochRow(0.4, 0.8, 0.7, 10.0, 100.0, {"cpu:0@a": 50.0, "cpu:1@a": 50.0}, "ck/a")
+    b = EpochRow(0.2, 0.6, None, 12.0, 80.0, {"cpu:0@b": 80.0})
+    merged = epochs.merge(3, [a, b])
+    assert merged["epoch"] == 3
+    assert merged["train_loss"] == pytest.approx(0.3) and merged["train_accuracy"] == pytest.approx(0.7)
+    assert merged["val_accuracy"] == pytest.approx(0.7)  # a part without validation does not count
+    assert merged["seconds"] == 12.0 and merged["samples_per_sec"] == 180.0
+    assert set(merged["per_device"]) == {"cpu:0@a", "cpu:1@a", "cpu:0@b"}
+    assert merged["checkpoint"] == "ck/a"
+
+
+def test_only_epochs_every_part_finished_are_merged_once() -> None:
+    row = EpochRow(0.1, 0.9, 0.9, 1.0, 1.0, None)
+    by_epoch = {0: [row, row], 1: [row, row], 2: [row]}
+    assert epochs.ready(by_epoch, parts=2, merged={0}) == [1]
+    assert epochs.ready(by_epoch, parts=2, merged=set()) == [0, 1]
+
+
+@dataclass
+class PartRow:
+    id: int
+    chunk_index: int
+    status: str = JobStatus.SUCCEEDED
+    error: str | None = None
+    node: str | None = "a"
+    params: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    samples: int | None = 100
+    seconds: float | None = 10.0
+    samples_per_sec: float | None = 10.0
+    started_at: datetime | None = T0
+    finished_at: datetime | None = T0 + timedelta(seconds=10)
+
+
+def test_chunks_that_all_succeeded_sum_samples_over_the_wall_clock_span() -> None:
+    late = PartRow(2, 1, started_at=T0 + timedelta(seconds=5), finished_at=T0 + timedelta(seconds=20))
+    values = parts.settle("infer", [PartRow(1, 0), late], T0 + timedelta(seconds=30))
+    assert values["status"] == JobStatus.SUCCEEDED and values["progress"] == 1.0
+    assert values["samples"] == 200 and values["seconds"] == 20.0 and values["samples_per_sec"] == 10.0
+
+
+def test_naive_datetimes_are_read_as_utc() -> None:
+    naive = PartRow(1, 0, started_at=T0.replace(tzinfo=None), finished_at=None)
+    assert parts.settle("infer", [naive], T0 + timedelta(seconds=4))["seconds"] == 4.0
+
+
+def test_a_cancelled_chunk_cancels_the_parent_and_a_failed_one_fails_it() -> None:
+    failed = PartRow(8, 1, status=JobStatus.FAILED, error="bad row 7")
+    cancelled = PartRow(9, 2, status=JobStatus.CANCELLED)
+    assert parts.settle("infer", [PartRow(1, 0), failed, cancelled], T0)["status"] == JobStatus.CANCELLED
+    values = parts.settle("infer", [PartRow(1, 0), failed], T0)
+    assert values["status"] == JobStatus.FAILED
+    assert values["error"] == "chunk 1 (job 8) failed: bad row 7"
+
+
+def test_a_multinode_failure_names_the_part_that_failed_of_its_own_accord() -> None:
+    knocked = PartRow(5, 0, status=JobStatus.FAILED, node="a", finished_at=T0,
+                      error=parts.knock_on("part 1 on node b (job 6) failed: out of memory"))
+    cause = PartRow(6, 1, status=JobStatus.FAILED, node="b", finished_at=T0 + timedelta(seconds=1),
+                    error="out of memory", params={"dist": {"node": "b"}})
+    values = parts.settle("train", [knocked, cause], T0 + timedelta(seconds=2))
+    assert values["error"] == "part 1 on node b (job 6) failed: out of memory"
+    assert parts.first_cause([knocked, cause], T0) is cause
+
+
+def test_a_multinode_training_sums_rate_and_keeps_rank0s_model() -> None:
+    rank0 = PartRow(5, 0, node="a", samples_per_sec=300.0, seconds=9.0,
+                    result={"rank": 0, "model": "m", "model_version": 3, "per_device": {"cpu:0@a": 300.0}})
+    rank1 = PartRow(6, 1, node="b", samples_per_sec=200.0, seconds=11.0,
+                    result={"rank": 1, "model": "m", "model_version": None, "per_device": {"cpu:0@b": 200.0}})
+    values = parts.settle("train", [rank1, rank0], T0 + timedelta(seconds=20))
+    assert values["samples_per_sec"] == 500.0 and values["seconds"] == 11.0
+    result = values["result"]
+    assert result["model_version"] == 3 and result["nodes"] == 2
+    assert result["devices"] == ["cpu:0@b", "cpu:0@a"]
+    assert result["per_node"]["b"]["rank"] == 1 and result["per_node"]["a"]["job_id"] == 5
