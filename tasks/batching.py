@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from mxq.db import jobs, predictions
+from mxq.device import Device
 from mxq.tasks.inputs import InputSource
 from mxq.tasks.runner import JobContext, JobInputError, placement
 from mxq.workers import messages
 from mxq.workers.jobspecs import InferParams
-from mxq.workers.queues import device_queue, parse_device, pool_queue
+from mxq.workers.queues import device_queue, pool_queue
 from mxq.workers.settings import Settings, get_settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
@@ -47,7 +48,7 @@ def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
 
 
 def _queues(job: JobContext) -> list[str]:
-    spec = parse_device(job.device)
+    spec = Device.parse(job.device)
     return [device_queue(get_settings().node, spec.kind, spec.index), pool_queue(spec.kind)]
 
 
@@ -74,7 +75,7 @@ def gather(job: JobContext, model: dict[str, Any], open_input: Any, read: Any,
     while samples < s.merge_samples:
         found = _candidates(job, model, s.merge_samples - samples, seen)
         seen.update(i for i, _ in found)
-        for part in _slices(found, parse_device(job.device).index):
+        for part in _slices(found, Device.parse(job.device).index):
             samples += _take(job, model, part, open_input, read, at, members)
             if samples >= s.merge_samples:
                 break

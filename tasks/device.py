@@ -8,9 +8,9 @@ import sys
 
 from celery import signals
 
+from mxq.device import Device
 from mxq.tasks.mx import mx
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
-from mxq.workers.queues import parse_device
 from mxq.workers.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def context(device: str) -> mx.Context:
     """A GPU worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as gpu(0)."""
-    spec = parse_device(device)
+    spec = Device.parse(device)
     if spec.kind == "gpu":
         return mx.gpu(0)
     return mx.cpu(spec.index)
@@ -26,7 +26,7 @@ def context(device: str) -> mx.Context:
 
 def memory(device: str) -> dict[str, float]:
     """Free and total memory of the device, in MiB (host memory for a CPU device)."""
-    if parse_device(device).kind == "gpu":
+    if Device.parse(device).kind == "gpu":
         free, total = mx.context.gpu_memory_info(0)
         return {"memory_total_mib": total / 2**20, "memory_free_mib": free / 2**20}
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -36,7 +36,7 @@ def memory(device: str) -> dict[str, float]:
 
 def check_visible(device: str) -> str | None:
     """Cross-check with MXNet: a GPU worker must see exactly one GPU."""
-    if parse_device(device).kind != "gpu":
+    if Device.parse(device).kind != "gpu":
         return None
     seen = mx.context.num_gpus()
     if seen != 1:

@@ -43,6 +43,7 @@ from mxq.db.jobs import claimable
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobStatus, as_utc, utcnow
 from mxq.db.workers import list_workers
+from mxq.device import Device
 from mxq.parts import knock_on
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
 from mxq.workers import leases
@@ -61,10 +62,10 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
 
     JobInputError: fewer than N nodes have K devices of this kind at all. LookupError: they do,
     but fewer are live now (the job waits, as for devices)."""
-    kind = own.split(":")[0]
+    kind = Device.parse(own).kind
     by_node: dict[str, list[dict[str, Any]]] = {}
     for w in list_workers(s.database, s.heartbeat_ttl):
-        if w["device"].startswith(kind + ":"):
+        if Device.parse(w["device"]).kind == kind:
             by_node.setdefault(w["node"], []).append(w)
     if sum(len(ws) >= p.devices for ws in by_node.values()) < p.nodes:
         have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
@@ -86,7 +87,7 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
     others = sorted((n for n in ready if n != s.node), key=lambda n: (-len(idle[n]), n))
     chosen = [(s.node, own)]
     for node in others[:p.nodes - 1]:
-        by_index = sorted(idle[node] or live[node], key=lambda d: int(d.split(":")[1]))
+        by_index = sorted(idle[node] or live[node], key=Device.parse)
         chosen.append((node, by_index[0]))
     return chosen
 
@@ -112,8 +113,8 @@ def split(s: Settings, job: JobContext, p: TrainParams) -> FanOut:
     base = p.model_dump(exclude={"dist"})
     parts = [{**base, "dist": {"parent": job.id, "index": i, "node": node, "host": i == 0,
                                "env": env}} for i, (node, _) in enumerate(chosen)]
-    queues = [device_queue(node, device.split(":")[0], int(device.split(":")[1]))
-              for node, device in chosen]
+    queues = [device_queue(node, d.kind, d.index)
+              for node, d in ((node, Device.parse(device)) for node, device in chosen)]
     set_devices(job.url, job.id, [f"{device}@{node}" for node, device in chosen])
     log.info("job %s: %s nodes (%s), scheduler at %s:%s", job.id, len(chosen),
              ", ".join(n for n, _ in chosen), env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"])

@@ -18,9 +18,10 @@ from mxq.db.engine import session_scope
 from mxq.db.jobs import Claim, Placement
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, utcnow
+from mxq.device import Device
 from mxq.workers import heartbeat, leases
 from mxq.workers.app import app
-from mxq.workers.queues import parse_device, worker_name
+from mxq.workers.queues import worker_name
 from mxq.workers.settings import get_settings
 from mxq.workers.submit import publish
 
@@ -114,7 +115,7 @@ def placement() -> Placement:
     """Where this worker process runs: its worker name, node and device."""
     s = get_settings()
     device = s.device or "cpu:0"
-    spec = parse_device(device)
+    spec = Device.parse(device)
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from mxq.db import epochs as epoch_rows
 from mxq.db.workers import list_workers
+from mxq.device import Device
 from mxq.tasks import dist
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from mxq.workers import leases
@@ -49,9 +50,9 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     """This worker's device plus K-1 free live devices of the same kind on this node."""
     if p.device_list:
         return list(p.device_list)
-    kind = own.split(":")[0]
+    kind = Device.parse(own).kind
     known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-             if w["device"].startswith(kind + ":")]
+             if Device.parse(w["device"]).kind == kind]
     if len(known) < p.devices:  # waiting would never end: fail with what there is
         raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
                             f"{kind} devices ({', '.join(w['device'] for w in known) or 'none'})")
@@ -63,10 +64,11 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     if kind == "gpu" and p.devices > 1:
         from mxq.workers.topology import closest, read_topology
 
-        picked = closest(read_topology(s.nvidia_smi), [int(d[4:]) for d in free] + [int(own[4:])],
-                         p.devices, must=int(own[4:]))
+        picked = closest(read_topology(s.nvidia_smi),
+                         [Device.parse(d).index for d in [*free, own]], p.devices,
+                         must=Device.parse(own).index)
         return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
-    return [own, *sorted(free, key=lambda d: int(d.split(":")[1]))[:p.devices - 1]]
+    return [own, *sorted(free, key=Device.parse)[:p.devices - 1]]
 
 
 def admit(job: JobContext) -> list[str] | None:
@@ -109,11 +111,12 @@ def _wait_idle(s: Settings, job: JobContext) -> None:
 def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int]]:
     """The training child sees exactly the leased devices (GPUs by UUID) or their CPU cores."""
     env = dict(os.environ)
-    if devices[0].startswith("gpu"):
+    if Device.parse(devices[0]).is_gpu:
         info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(info.get(d, {}).get("uuid") or d[4:] for d in devices)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(info.get(d, {}).get("uuid") or str(Device.parse(d).index)
+                                               for d in devices)
         return env, []
-    cores = sorted({c for d in devices for c in cpu_cores(int(d[4:]), s.cpu_devices)})
+    cores = sorted({c for d in devices for c in cpu_cores(Device.parse(d).index, s.cpu_devices)})
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(len(cores)),
                MKL_NUM_THREADS=str(len(cores)), OPENBLAS_NUM_THREADS=str(len(cores)))
     return env, cores
@@ -134,7 +137,7 @@ def train(job: JobContext) -> Outcome | FanOut:
     p = params(job.params)
     if p.nodes > 1 and p.dist is None:
         return dist.split(s, job, p)
-    if p.dtype == "float16" and job.device.startswith("cpu"):
+    if p.dtype == "float16" and not Device.parse(job.device).is_gpu:
         raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
                             "on the CPU; use --dtype float32 on CPU devices")
     if len(job.devices) != p.devices:

@@ -19,6 +19,7 @@ from mxq.db import epochs as epoch_rows
 from mxq.db import jobs, registry, schedules
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job
+from mxq.device import Device
 from mxq.tasks import datasets
 from mxq.tasks.fit import EpochResult, fit, make_net, make_trainer, share_initial_weights
 from mxq.tasks.inputs import InputError
@@ -90,7 +91,7 @@ def main(job_id: int, devices: list[str]) -> int:
         rank, workers = kv.rank, kv.num_workers
         labels = [f"{d}@{s.node}" for d in devices]
         ready_file(s, job_id).write_text(json.dumps({"rank": rank}))
-    on_gpu = devices[0].startswith("gpu")
+    on_gpu = Device.parse(devices[0]).is_gpu
     ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(devices))]
     net = make_net(p, train.classes, train.sample_shape, ctxs)
     trainer = make_trainer(p, net, on_gpu, kv)

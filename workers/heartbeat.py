@@ -12,7 +12,8 @@ import os
 import threading
 
 from mxq.db import jobs, workers
-from mxq.workers.queues import device_queue, parse_device, worker_name
+from mxq.device import Device
+from mxq.workers.queues import device_queue, worker_name
 from mxq.workers.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def start(**_: object) -> None:
     s = get_settings()
     if s.device is None:  # a worker started by hand, not by the launcher: no device to announce
         return
-    spec = parse_device(s.device)
+    spec = Device.parse(s.device)
     name = worker_name(s.node, spec.kind, spec.index)
     workers.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
                      os.getpid(), {})

@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from mxq.device import Device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
 # Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
@@ -148,7 +149,7 @@ class TrainParams(BaseModel):
         if self.device_list:
             if len(set(self.device_list)) != len(self.device_list):
                 raise ValueError(f"--device lists a device twice: {','.join(self.device_list)}")
-            if len({d.split(":")[0] for d in self.device_list}) != 1:
+            if len({Device.parse(d).kind for d in self.device_list}) != 1:
                 raise ValueError("--device must list devices of one kind, e.g. gpu:0,gpu:1")
             self.devices = len(self.device_list)
             if self.nodes > 1:

@@ -9,6 +9,8 @@ from functools import lru_cache
 
 import redis
 
+from mxq.device import Device
+
 # Compare-and-set scripts: only the holder may renew or release its lease.
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
@@ -30,7 +32,7 @@ def key(node: str, device: str) -> str:
 
 
 def _order(devices: list[str]) -> list[str]:
-    return sorted(devices, key=lambda d: (d.split(":")[0], int(d.split(":")[1])))
+    return sorted(devices, key=Device.parse)
 
 
 def acquire(broker: str, node: str, devices: list[str], job_id: int, ttl: float) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KINDS = ("gpu", "cpu")
+from mxq.device import Device
+
 CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
-_DEVICE = re.compile(r"^(gpu|cpu):(\d+)$")
 _AUTO = re.compile(r"^auto(?::(gpu|cpu))?$")
 
 
@@ -36,8 +36,12 @@ def parse_device(text: str) -> DeviceSpec:
     value = text.strip().lower()
     if m := _AUTO.match(value):
         return DeviceSpec(kind=m.group(1), index=None)
-    if m := _DEVICE.match(value):
-        return DeviceSpec(kind=m.group(1), index=int(m.group(2)))
+    try:
+        device = Device.parse(value)
+    except ValueError:
+        device = None
+    if device is not None and device.node is None:
+        return DeviceSpec(kind=device.kind, index=device.index)
     raise DeviceSpecError(
         f"invalid device {text!r}: expected auto, auto:gpu, auto:cpu, gpu:N or cpu:N "
         "(N a device index such as 0)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mxq.db.workers import list_workers
-from mxq.workers.queues import KINDS, DeviceSpec, device_queue, pool_queue
+from mxq.device import KINDS, Device
+from mxq.workers.queues import DeviceSpec, device_queue, pool_queue
 from mxq.workers.settings import Settings
 
 
@@ -38,13 +39,13 @@ def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False) -> 
 
 
 def _pool_for(spec: DeviceSpec, known: list[dict], allow_offline: bool) -> str:
-    live_kinds = {w["device"].split(":")[0] for w in known if w["alive"]}
+    live_kinds = {Device.parse(w["device"]).kind for w in known if w["alive"]}
     kinds = [spec.kind] if spec.kind else [k for k in KINDS]
     for kind in kinds:  # GPUs first when both are live
         if kind in live_kinds:
             return pool_queue(kind)
     if allow_offline:
-        known_kinds = {w["device"].split(":")[0] for w in known}
+        known_kinds = {Device.parse(w["device"]).kind for w in known}
         return pool_queue(next((k for k in kinds if k in known_kinds), kinds[-1]))
     wanted = f"{spec.kind} " if spec.kind else ""
     raise RoutingError(f"no live {wanted}worker to run an auto job; start workers with "

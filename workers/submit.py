@@ -7,6 +7,7 @@ removed again, so a failed submit leaves nothing half-written.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mxq.db.engine import get_engine, safe_url
 from mxq.db.jobs import create_job, create_jobs, delete_unstarted
 from mxq.db.registry import resolve
 from mxq.db.retry import retrying
+from mxq.device import Device
 from mxq.workers.app import app_for
 from mxq.workers.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, inside_root
@@ -118,11 +120,10 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
     if params["nodes"] > 1:
         _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), params)
         return {**params, "dataset": dataset}
-    kind = params["device_list"][0].split(":")[0] if params["device_list"] else None
-    have = sorted(w["device"] for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
-                  if kind is None or w["device"].startswith(kind + ":"))
-    kinds = {d.split(":")[0] for d in have}
-    most = max((sum(d.startswith(k + ":") for d in have) for k in kinds), default=0)
+    kind = Device.parse(params["device_list"][0]).kind if params["device_list"] else None
+    workers = list_workers(settings.database, settings.heartbeat_ttl, settings.node)
+    have = sorted(w["device"] for w in workers if kind is None or Device.parse(w["device"]).kind == kind)
+    most = max(Counter(Device.parse(d).kind for d in have).values(), default=0)
     if have and params["devices"] > most:  # (no worker known yet: the job waits for them)
         raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
                           f"({', '.join(have) or 'none'}); a training job runs on one node")
@@ -139,7 +140,7 @@ def _check_nodes(known: list[dict[str, Any]], params: dict[str, Any]) -> None:
         return
     per_node: dict[tuple[str, str], int] = {}
     for w in known:
-        key = (w["node"], w["device"].split(":")[0])
+        key = (w["node"], Device.parse(w["device"]).kind)
         per_node[key] = per_node.get(key, 0) + 1
     fit = {node for (node, _), n in per_node.items() if n >= params["devices"]}
     if len(fit) < params["nodes"]:

@@ -1,4 +1,5 @@
-"""The pure rules of mxq (core/): promotion, epoch merge, how a job made of parts ends.
+"""The package's own modules (core/): the Device type, and the pure rules (promotion, epoch
+merge, how a job made of parts ends).
 
 No database and no broker: each rule is driven with values, as `mxq.db` hands them over.
 """
@@ -12,10 +13,28 @@ from typing import Any
 import pytest
 
 from mxq import epochs, parts, promotion
+from mxq.device import Device
 from mxq.promotion import PromotionPolicy
 from mxq.status import JobStatus
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+
+
+def test_device_labels_parse_once_and_sort_by_index() -> None:
+    assert Device.parse(" GPU:3 ") == Device("gpu", 3)
+    on_node = Device.parse("cpu:0@node-b")
+    assert (on_node.kind, on_node.index, on_node.node, on_node.label) == ("cpu", 0, "node-b", "cpu:0")
+    assert str(on_node) == "cpu:0@node-b" and str(Device("gpu", 1)) == "gpu:1"
+    assert sorted(map(Device.parse, ["cpu:10", "cpu:2", "gpu:0"])) == [
+        Device("cpu", 2), Device("cpu", 10), Device("gpu", 0)]
+    assert Device.parse("gpu:0").is_gpu and not Device.parse("cpu:0").is_gpu
+
+
+@pytest.mark.parametrize("text", ["gpu", "gpu:-1", "tpu:0", "gpu:0@", "gpu:0@a@b", "gpu:1x", "", "auto"])
+def test_a_bad_device_label_says_what_is_allowed(text: str) -> None:
+    with pytest.raises(ValueError, match="expected gpu:N or cpu:N") as err:
+        Device.parse(text)
+    assert repr(text) in str(err.value)
 
 
 @pytest.mark.parametrize(("policy", "new", "old", "has_old", "promoted", "reason"), [
