@@ -18,31 +18,25 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router, settings
-from mxq.db.registry import ModelNotFound
-from mxq.db.schedules import ScheduleError, ScheduleExists
-from mxq.workers.cancel import CancelError
-from mxq.workers.cron import CronError
-from mxq.workers.jobspecs import ParamsError
-from mxq.workers.paths import PathError
-from mxq.workers.queues import DeviceSpecError
-from mxq.workers.routing import RoutingError
+from mxq.errors import Conflict, MxqError, NotFound, Unavailable, UserError
 from mxq.workers.settings import Settings
-from mxq.workers.submit import JobRejected, SubmitError
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
-STATUS = [(JobRejected, 422), (ModelNotFound, 404), (ScheduleError, 404), (CancelError, 404),
-          (ScheduleExists, 409), (RoutingError, 422), (DeviceSpecError, 422), (ParamsError, 422),
-          (PathError, 422), (CronError, 422), (SubmitError, 503), (OperationalError, 503)]
+# The one place an expected failure becomes an HTTP status (mxq.errors); the first match wins.
+STATUS: list[tuple[type[Exception], int]] = [(UserError, 422), (NotFound, 404), (Conflict, 409),
+                                             (Unavailable, 503), (OperationalError, 503)]
 
 
-def _handler(status: int):  # noqa: ANN202
-    async def handle(_request: Request, exc: Exception) -> JSONResponse:
-        body = {"detail": str(exc) if not isinstance(exc, OperationalError)
-                else "database unavailable: " + str(exc.orig or exc).splitlines()[0]}
-        if isinstance(exc, JobRejected):
-            body["job_id"] = exc.job_id
-        return JSONResponse(body, status_code=status)
-    return handle
+def status_of(exc: Exception) -> int:
+    return next((status for kind, status in STATUS if isinstance(exc, kind)), 500)
+
+
+async def _expected(_request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, OperationalError):
+        body: dict[str, Any] = {"detail": "database unavailable: " + str(exc.orig or exc).splitlines()[0]}
+    else:
+        body = {"detail": str(exc), **(exc.details() if isinstance(exc, MxqError) else {})}
+    return JSONResponse(body, status_code=status_of(exc))
 
 
 def _too_large(limit: int, length: int | None = None) -> str:
@@ -103,8 +97,8 @@ def create_app() -> FastAPI:
                   description="Batch deep-learning jobs on pinned GPU/CPU workers: submit, "
                               "query the history, cancel.")
     app.include_router(router)
-    for exc_type, status in STATUS:
-        app.add_exception_handler(exc_type, _handler(status))
+    app.add_exception_handler(MxqError, _expected)
+    app.add_exception_handler(OperationalError, _expected)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_middleware(BodyLimit)
 

@@ -1,27 +1,12 @@
-"""Known failures become one line on stderr and exit status 2, never a traceback."""
+"""Known failures become one line on stderr and an exit status, never a traceback."""
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from mxq.cli.models import ShapeError
-from mxq.db.registry import ModelNotFound
-from mxq.db.schedules import ScheduleError, ScheduleExists
-from mxq.workers.cancel import CancelError
-from mxq.workers.cron import CronError
-from mxq.workers.devices import DeviceError
-from mxq.workers.jobspecs import ParamsError
-from mxq.workers.paths import PathError
-from mxq.workers.queues import DeviceSpecError
-from mxq.workers.routing import RoutingError
-from mxq.workers.stack import StackError
-from mxq.workers.submit import JobRejected, SubmitError
+from mxq.errors import JobRejected, MxqError
 
-USER_ERRORS = (SubmitError, RoutingError, DeviceSpecError, ParamsError, DeviceError, StackError,
-               ShapeError, ModelNotFound, PathError, ScheduleError, CronError, CancelError, ScheduleExists)
-# Errors of modules that load MXNet, matched by name so importing the CLI never loads it.
-LAZY_ERRORS = ("ModelError", "ArchError")
 EXIT_USAGE = 2
 EXIT_JOB_FAILED = 1
 
@@ -40,12 +25,14 @@ def settings_message(exc: ValidationError) -> str:
 
 
 def exit_code(exc: BaseException) -> int:
+    """The one place an expected failure (mxq.errors) becomes an exit status: a request recorded
+    as a failed job exits as a failed job does, every other expected failure as a usage error."""
     return EXIT_JOB_FAILED if isinstance(exc, JobRejected) else EXIT_USAGE
 
 
 def describe(exc: BaseException) -> str | None:
     """The one-line message for a known failure, or None for a real bug."""
-    if isinstance(exc, USER_ERRORS) or type(exc).__name__ in LAZY_ERRORS:
+    if isinstance(exc, MxqError):
         return str(exc)
     if isinstance(exc, ValidationError):
         return settings_message(exc)

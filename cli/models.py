@@ -10,6 +10,7 @@ from typer.core import TyperGroup
 
 from mxq.cli import render
 from mxq.db.registry import list_models, promote, resolve
+from mxq.errors import UserError
 from mxq.workers.settings import get_settings
 
 
@@ -27,7 +28,7 @@ app = typer.Typer(help="The model registry: `mxq models [NAME] [--json]`, `add`,
 COLUMNS = ["name", "version", "arch", "input_shape", "classes", "promoted", "source", "created_at"]
 
 
-class ShapeError(ValueError):
+class ShapeError(UserError):
     """An --input-shape that is not a list of positive integers."""
 
 

@@ -9,9 +9,10 @@ from sqlalchemy.exc import IntegrityError
 
 from mxq.db.engine import session_scope
 from mxq.db.schema import Model, iso
+from mxq.errors import NotFound
 
 
-class ModelNotFound(LookupError):
+class ModelNotFound(NotFound):
     """No such model or version; the message lists what exists."""
 
 

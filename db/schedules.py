@@ -13,14 +13,15 @@ from mxq import promotion
 from mxq.db.engine import session_scope
 from mxq.db.registry import list_models, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
+from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
 
 
-class ScheduleError(LookupError):
+class ScheduleNotFound(NotFound):
     """An unknown schedule name."""
 
 
-class ScheduleExists(ValueError):
+class ScheduleExists(Conflict):
     """A schedule of that name exists already."""
 
 
@@ -46,7 +47,7 @@ def _get(s: Any, name: str) -> Schedule:
     row = s.scalar(select(Schedule).where(Schedule.name == name))
     if row is None:
         known = ", ".join(s.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
-        raise ScheduleError(f"unknown schedule {name!r}; schedules: {known}")
+        raise ScheduleNotFound(f"unknown schedule {name!r}; schedules: {known}")
     return row
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from mxq.errors import UserError
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
 NUMERIC_KINDS = "biuf"  # bool, int, uint, float
@@ -33,7 +35,7 @@ _NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order':
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """Bad input; the message names the file and the problem."""
 
 

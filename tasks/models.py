@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mxq.db import registry
+from mxq.errors import UserError
 from mxq.tasks.mx import gluon, mx
 from mxq.tasks.zoo import build
 
@@ -24,7 +25,7 @@ PREFIX = "model"
 _cache: OrderedDict[tuple, gluon.SymbolBlock] = OrderedDict()
 
 
-class ModelError(ValueError):
+class ModelError(UserError):
     """A model that cannot be stored or loaded; the message says which file and why."""
 
 

@@ -19,6 +19,7 @@ from mxq.db.jobs import Claim, Placement
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, utcnow
 from mxq.device import Device
+from mxq.errors import UserError
 from mxq.workers import heartbeat, leases
 from mxq.workers.app import app
 from mxq.workers.queues import worker_name
@@ -28,7 +29,7 @@ from mxq.workers.submit import publish
 log = logging.getLogger(__name__)
 
 
-class JobInputError(ValueError):
+class JobInputError(UserError):
     """The job's parameters are wrong; the message says which and what is allowed."""
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from mxq.errors import UserError
 from mxq.tasks.mx import gluon
 
 nn = gluon.nn
 vision = gluon.model_zoo.vision
 
 
-class ArchError(ValueError):
+class ArchError(UserError):
     """An unknown architecture, or an input shape it cannot take."""
 
 

@@ -144,3 +144,35 @@ def test_a_multinode_training_sums_rate_and_keeps_rank0s_model() -> None:
     assert result["model_version"] == 3 and result["nodes"] == 2
     assert result["devices"] == ["cpu:0@b", "cpu:0@a"]
     assert result["per_node"]["b"]["rank"] == 1 and result["per_node"]["a"]["job_id"] == 5
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {c for sub in cls.__subclasses__() for c in {sub, *_subclasses(sub)}}
+
+
+def test_every_expected_failure_has_one_status_and_one_exit_code() -> None:
+    """Each error class of every layer maps to an HTTP status and an exit status through the
+    hierarchy alone: a new error class needs no entry in a list."""
+    import importlib
+    import pkgutil
+
+    import mxq
+    from mxq.api.app import status_of
+    from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
+    from mxq.errors import JobRejected, MxqError
+
+    for layer in ("db", "workers", "tasks", "api", "cli"):
+        package = importlib.import_module(f"mxq.{layer}")
+        for info in pkgutil.walk_packages(package.__path__, f"mxq.{layer}."):
+            if ".migrations" not in info.name and not info.name.endswith((".__main__", ".celery")):
+                importlib.import_module(info.name)
+    found = _subclasses(MxqError)
+    names = {c.__name__ for c in found}
+    assert {"ParamsError", "ModelNotFound", "ScheduleExists", "SubmitError", "ModelError",
+            "ArchError", "InputError", "JobNotFound"} <= names, names
+    for cls in found:
+        exc = cls(7, "bad") if issubclass(cls, JobRejected) else cls("bad thing")
+        assert status_of(exc) in (404, 409, 422, 503), cls
+        assert describe(exc) == str(exc)
+        assert exit_code(exc) == (EXIT_JOB_FAILED if cls is JobRejected else EXIT_USAGE)
+    assert mxq.__file__ is not None

@@ -49,15 +49,16 @@ def test_bad_node_name_is_refused(stack: Stack) -> None:
 
 
 def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
+    from mxq.workers.jobspecs import ParamsError
     from mxq.workers.messages import in_broker
-    from mxq.workers.submit import SubmitError, submit_many
+    from mxq.workers.submit import submit_many
 
     good = {"size": 16, "batch": 1, "repeat": 1}
     try:
         submit_many(isolated.settings, "probe", [good, good, {**good, "size": 1}], "cpu:0",
                     allow_offline=True)
         raise AssertionError("a bad item was accepted")
-    except SubmitError as exc:
+    except ParamsError as exc:
         assert "job 2 of 3" in str(exc) and "size=1" in str(exc) and "nothing was queued" in str(exc)
     assert list_jobs(isolated.settings.database, JobFilter(limit=10)) == []
     ids = submit_many(isolated.settings, "probe", [good] * 3, "cpu:0", allow_offline=True)

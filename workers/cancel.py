@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from mxq.db.jobs import CancelOutcome, cancel
+from mxq.errors import NotFound
 from mxq.workers.app import app_for
 from mxq.workers.settings import Settings
 
 
-class CancelError(LookupError):
+class JobNotFound(NotFound):
     """No such job."""
 
 
 def cancel_job(settings: Settings, job_id: int) -> CancelOutcome:
     outcome = cancel(settings.database, job_id)
     if outcome is CancelOutcome.MISSING:
-        raise CancelError(f"no job {job_id}")
+        raise JobNotFound(f"no job {job_id}")
     if outcome is CancelOutcome.CANCELLED:
         # The claim would drop it anyway; revoking spares the worker the delivery.
         app_for(settings.broker).control.revoke(f"job-{job_id}")

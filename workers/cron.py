@@ -12,11 +12,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from mxq.errors import UserError
+
 # Fires older than this many are not listed one by one when catching up after downtime.
 MAX_LISTED_MISSES = 100_000
 
 
-class CronError(ValueError):
+class CronError(UserError):
     """An invalid cron expression or an unknown time zone."""
 
 

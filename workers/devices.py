@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
+from mxq.errors import Unavailable
 from mxq.workers.kernels import RECORDED, kernels_of
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,8 @@ DEV_NVIDIA0 = Path("/dev/nvidia0")
 NVRTC_MIN_DRIVER = 520
 
 
-class DeviceError(Exception):
-    """A device query or compatibility problem, with a message meant for the user."""
+class DeviceError(Unavailable):
+    """The devices cannot be read or used as configured (nvidia-smi, the driver, MIG)."""
 
 
 @dataclass(frozen=True)

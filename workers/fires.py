@@ -15,11 +15,12 @@ from typing import Any
 
 from mxq.db import schedules
 from mxq.db.schema import utcnow
+from mxq.errors import JobRejected, MxqError
 from mxq.workers.cron import check, due, next_after
 from mxq.workers.jobspecs import ParamsError, validate
 from mxq.workers.paths import PathError, inside_root
 from mxq.workers.settings import Settings
-from mxq.workers.submit import JobRejected, SubmitError, submit
+from mxq.workers.submit import submit
 
 log = logging.getLogger(__name__)
 POLICIES = ("always", "if-better", "never")
@@ -56,7 +57,7 @@ def submit_fire(settings: Settings, sched: dict[str, Any], fire_id: int) -> int 
     except JobRejected as exc:
         schedules.settle_fire(settings.database, fire_id, job_id=exc.job_id, error=str(exc))
         return exc.job_id
-    except (PathError, SubmitError, ValueError) as exc:
+    except (MxqError, ValueError) as exc:
         schedules.settle_fire(settings.database, fire_id, error=str(exc))
         log.info("schedule %s fire %s failed: %s", sched["name"], fire_id, exc)
         return None

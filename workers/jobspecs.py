@@ -19,6 +19,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from mxq.device import Device
+from mxq.errors import UserError
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
 # Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
@@ -164,7 +165,7 @@ class TrainParams(BaseModel):
 SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams}
 
 
-class ParamsError(ValueError):
+class ParamsError(UserError):
     """Job parameters that do not fit the kind's spec."""
 
 

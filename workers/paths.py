@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mxq.errors import UserError
 
-class PathError(ValueError):
+
+class PathError(UserError):
     """A path outside its root, or one that does not exist."""
 
 

@@ -6,12 +6,13 @@ import re
 from dataclasses import dataclass
 
 from mxq.device import Device
+from mxq.errors import UserError
 
 CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
 _AUTO = re.compile(r"^auto(?::(gpu|cpu))?$")
 
 
-class DeviceSpecError(ValueError):
+class DeviceSpecError(UserError):
     """A device string that is not one of the accepted forms."""
 
 

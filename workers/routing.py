@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 from mxq.db.workers import list_workers
 from mxq.device import KINDS, Device
+from mxq.errors import UserError
 from mxq.workers.queues import DeviceSpec, device_queue, pool_queue
 from mxq.workers.settings import Settings
 
 
-class RoutingError(ValueError):
+class RoutingError(UserError):
     """The job cannot be routed as asked; the message says why and what would work."""
 
 

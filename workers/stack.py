@@ -13,6 +13,7 @@ from pathlib import Path
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.db.workers import alive_since, refused_since
+from mxq.errors import Unavailable
 from mxq.workers.devices import discover, installed_mxnet
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 UP_TIMEOUT_SECONDS = 180.0
 
 
-class StackError(RuntimeError):
+class StackError(Unavailable):
     """The stack could not be brought up or down; the message says what to look at."""
 
 

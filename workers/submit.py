@@ -21,6 +21,7 @@ from mxq.db.jobs import create_job, create_jobs, delete_unstarted
 from mxq.db.registry import resolve
 from mxq.db.retry import retrying
 from mxq.device import Device
+from mxq.errors import JobRejected, Unavailable
 from mxq.workers.app import app_for
 from mxq.workers.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, inside_root
@@ -31,8 +32,8 @@ from mxq.workers.settings import Settings
 BROKER_CHECK_SECONDS = 3
 
 
-class SubmitError(RuntimeError):
-    """The job could not be submitted; nothing was recorded."""
+class SubmitError(Unavailable):
+    """The database or the broker cannot be reached: the job was not submitted."""
 
 
 def check_database(settings: Settings) -> None:
@@ -69,14 +70,6 @@ def _storable(value: Any) -> Any:
     if isinstance(value, list):
         return [_storable(v) for v in value]
     return value
-
-
-class JobRejected(SubmitError):
-    """The request was recorded as a failed job: its parameters or input are wrong."""
-
-    def __init__(self, job_id: int, reason: str) -> None:
-        super().__init__(f"job {job_id} failed: {reason}")
-        self.job_id = job_id
 
 
 def _input_bytes(path: Path) -> int:
@@ -161,7 +154,7 @@ def _prepare(settings: Settings, kind: str, params: dict[str, Any], models: Mode
 def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
     """Check the kind, the device, the database and the broker; then where the job goes."""
     if kind not in SPECS:
-        raise SubmitError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+        raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
     spec = parse_device(device)
     check_database(settings)
     check_broker(settings)
@@ -200,7 +193,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
         try:
             checked.append(_prepare(settings, kind, p, models))
         except (ParamsError, PathError, LookupError) as exc:
-            raise SubmitError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
+            raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from None
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
     app = app_for(settings.broker)

@@ -1,0 +1,47 @@
+"""The failures mxq expects, by what the caller can do about them.
+
+Every module raises one of these (or a subclass naming its own case); the API maps them to an
+HTTP status in one place (`mxq.api.app`), the CLI to an exit status in one place
+(`mxq.cli.errors`). The message is one line for the user: what, which value, what is allowed.
+A failure outside this hierarchy is a bug: the CLI shows its traceback, the API answers 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MxqError(Exception):
+    """Base of the expected failures."""
+
+    def details(self) -> dict[str, Any]:
+        """Fields beside the message that callers rely on (the API adds them to its body)."""
+        return {}
+
+
+class UserError(MxqError, ValueError):
+    """The request is wrong: a bad parameter, path, device or shape. API 422, exit 2."""
+
+
+class NotFound(MxqError, LookupError):
+    """No such job, model, version or schedule; the message lists what exists. API 404, exit 2."""
+
+
+class Conflict(MxqError):
+    """It exists already (a schedule name, a model version). API 409, exit 2."""
+
+
+class Unavailable(MxqError):
+    """A server mxq needs is down or unreachable (broker, database, the stack). API 503, exit 2."""
+
+
+class JobRejected(UserError):
+    """The request was recorded as a failed job (its parameters or input are wrong): API 422
+    with the job's id, exit 1 as a failed job's `--wait` does."""
+
+    def __init__(self, job_id: int, reason: str) -> None:
+        super().__init__(f"job {job_id} failed: {reason}")
+        self.job_id = job_id
+
+    def details(self) -> dict[str, Any]:
+        return {"job_id": self.job_id}
