@@ -25,14 +25,12 @@ demo: venv
 	$(MXQ) jobs
 	@echo "The stack is still up: '$(MXQ) down' stops it."
 
-test: venv compose
-	$(BIN)/ruff check .
+test: venv compose lint
 	$(BIN)/pytest -m "not slow and not gpu_install" --legs embedded
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the 25 slowest tests are listed.
-test-all: venv browser compose
-	$(BIN)/ruff check .
+test-all: venv browser compose lint
 	$(BIN)/pytest -m "not gpu_install" --legs both --durations=25
 
 # The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
@@ -58,8 +56,13 @@ browser:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
 		echo "chromium is not installed: the dashboard test will skip (and fail where CI is set)"
 
+# ruff, then the type checker and import-linter's layer contracts (pyproject.toml), both run on
+# var/view/mxq: the package as one folder of links (tools/package_view.py), which they can walk.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/python tools/package_view.py var/view >/dev/null
+	cd var/view && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p mxq
+	cd var/view && PYTHONPATH=. ../../$(BIN)/lint-imports --no-cache ../../pyproject.toml
 
 down:
 	$(MXQ) down

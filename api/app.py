@@ -80,8 +80,9 @@ def _where(loc: tuple[Any, ...]) -> str:
     return ".".join(map(str, loc[1:] if loc and loc[0] in ("body", "query", "path") else loc))
 
 
-async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
     """Request validation errors in the API's one-line style: `field=value: what is allowed`."""
+    assert isinstance(exc, RequestValidationError)
     problems = []
     for e in exc.errors():
         if e["type"] == "json_invalid":

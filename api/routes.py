@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Resp
 from pydantic import BaseModel, ConfigDict, Field
 
 from mxq.db import predictions, registry, schedules
-from mxq.db.history import JobFilter, count_jobs, get_job, list_jobs
+from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.workers.cancel import cancel_job
 from mxq.workers.fires import add_schedule, resume, run_now
 from mxq.workers.settings import Settings, get_settings
@@ -44,10 +44,7 @@ Write = Depends(writer)
 
 
 def _job_or_404(s: Settings, job_id: int, full: bool = False) -> dict[str, Any]:
-    record = get_job(s.database, job_id, with_metrics=full)
-    if record is None:
-        raise HTTPException(404, f"no job {job_id}")
-    return record
+    return require_job(s.database, job_id, with_metrics=full)
 
 
 @router.get("/jobs")

@@ -10,7 +10,7 @@ import numpy as np
 import typer
 
 from mxq.cli import render
-from mxq.db.history import device_records, get_job
+from mxq.db.history import device_records, require_job
 from mxq.db.registry import ModelNotFound, resolve
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.submit import submit
@@ -57,7 +57,7 @@ def demo(copies: Annotated[int, typer.Option(help="Repeat the 1,797 digits this 
            for d in devices}
     rows = []
     for device, job_id in ids.items():
-        record = render.wait_for(job_id, lambda i: get_job(s.database, i), None)
+        record = render.wait_for(job_id, lambda i: require_job(s.database, i), None)
         rows.append({**record, "job": job_id, "device": device})
     render.table(rows, COLUMNS, "bulk inference per device")
     if any(r["status"] != "succeeded" for r in rows):

@@ -15,7 +15,7 @@ from mxq.cli import models as models_cli
 from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from mxq.db.history import JobFilter, get_job, list_jobs, pool_depths
+from mxq.db.history import JobFilter, list_jobs, pool_depths, require_job
 from mxq.db.schema import utcnow
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.status import device_table
@@ -123,7 +123,8 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
         from mxq.workers.stack import node_plan
 
         specs, refused = node_plan(s)
-        plan = [{"worker": w.name, "device": w.device.label, "queues": w.queues, "cores": w.cores,
+        plan = [{"worker": w.name, "device": w.device.label if w.device else None,
+                 "queues": w.queues, "cores": w.cores,
                  "command": w.command, "env": {k: _shown_env(k, v) for k, v in w.env.items()
                                                if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))}}
                 for w in specs]
@@ -259,10 +260,7 @@ def results(job_id: int,
     if format not in ("table", "json", "csv"):
         raise typer.BadParameter(f"{format!r}: expected table, json or csv", param_hint="--format")
     s = get_settings()
-    record = get_job(s.database, job_id)
-    if record is None:
-        render.err.print(f"mxq: no job {job_id}", markup=False)
-        raise typer.Exit(EXIT_USAGE)
+    record = require_job(s.database, job_id)
     render.predictions(read(s.database, job_id, limit, offset), format)
     if record["status"] in ("failed", "cancelled"):
         render.err.print(f"mxq: job {job_id} {record['status']}: {record['error']}", markup=False)
@@ -291,7 +289,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,
-              "input_shape": list(models_cli.parse_shape(input_shape)) if input_shape else None}
+              "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None}
     route = device_list[0] if device_list else "auto"
     _submit_and_report("train", params, route, allow_offline, wait, json_)
 
@@ -303,14 +301,14 @@ def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_off
     s = get_settings()
     job_id = submit(s, kind, params, device, allow_offline)
     if not wait:
-        record = get_job(s.database, job_id)
+        record = require_job(s.database, job_id)
         if json_:
             render.print_json(record)
         else:
             render.out.print(f"job {job_id} queued on {record['queue']}")
         return
-    render.wait_for(job_id, lambda i: get_job(s.database, i), None)
-    _show_job(get_job(s.database, job_id, with_metrics=True), json_)
+    render.wait_for(job_id, lambda i: require_job(s.database, i), None)
+    _show_job(require_job(s.database, job_id, with_metrics=True), json_)
 
 
 def _show_job(record: dict[str, Any], json_: bool) -> None:
@@ -373,9 +371,9 @@ def cancel(job_id: int,
 
     s = get_settings()
     outcome = cancel_job(s, job_id)
-    record = get_job(s.database, job_id)
+    record = require_job(s.database, job_id)
     if wait:
-        record = render.wait_for(job_id, lambda i: get_job(s.database, i), None)
+        record = render.wait_for(job_id, lambda i: require_job(s.database, i), None)
     if json_:
         render.print_json({"outcome": outcome.value, **record})
     else:
@@ -385,11 +383,7 @@ def cancel(job_id: int,
 @app.command()
 def job(job_id: int, json_: JsonOpt = False) -> None:
     """One job's full record; exits 1 when the job failed or was cancelled."""
-    record = get_job(get_settings().database, job_id, with_metrics=True)
-    if record is None:
-        render.err.print(f"mxq: no job {job_id}", markup=False)
-        raise typer.Exit(EXIT_USAGE)
-    _show_job(record, json_)
+    _show_job(require_job(get_settings().database, job_id, with_metrics=True), json_)
 
 
 def main(argv: list[str] | None = None) -> None:

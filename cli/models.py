@@ -17,7 +17,7 @@ from mxq.workers.settings import get_settings
 class _NameMeansShow(TyperGroup):
     """`mxq models NAME` reads as `mxq models show NAME`."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
         if args and not args[0].startswith("-") and args[0] not in self.commands:
             args = ["show", *args]
         return super().parse_args(ctx, args)

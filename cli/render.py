@@ -91,7 +91,7 @@ def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
            for r in rows], ["index", "predicted_class", "score", *(["top_k"] if k else [])])
 
 
-def wait_for(job_id: int, fetch: Callable[[int], dict[str, Any] | None],
+def wait_for(job_id: int, fetch: Callable[[int], dict[str, Any]],
              timeout: float | None) -> dict[str, Any]:
     """Show a progress bar (on stderr) until the job is over; return its final record."""
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -39,7 +39,7 @@ def add(name: str,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
-            "input_shape": list(parse_shape(input_shape)) if input_shape else None}
+            "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain)
     if json_:
         render.print_json(record)

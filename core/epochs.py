@@ -12,13 +12,20 @@ from typing import Any, Protocol
 class EpochFigures(Protocol):
     """One part's record of one epoch (`mxq.db.schema.Epoch` is one)."""
 
-    train_loss: float
-    train_accuracy: float
-    val_accuracy: float | None
-    seconds: float
-    samples_per_sec: float
-    per_device: dict[str, Any] | None
-    checkpoint: str | None
+    @property
+    def train_loss(self) -> float: ...
+    @property
+    def train_accuracy(self) -> float: ...
+    @property
+    def val_accuracy(self) -> float | None: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def samples_per_sec(self) -> float: ...
+    @property
+    def per_device(self) -> dict[str, Any] | None: ...
+    @property
+    def checkpoint(self) -> str | None: ...
 
 
 def ready(by_epoch: Mapping[int, Sequence[EpochFigures]], parts: int, merged: set[int]) -> list[int]:

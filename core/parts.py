@@ -24,18 +24,30 @@ RANK0_KEYS = ("model", "model_version", "promotion", "val_accuracy", "train_accu
 class Part(Protocol):
     """One finished part (`mxq.db.schema.Job` is one). A datetime without a zone is UTC."""
 
-    id: int
-    chunk_index: int | None
-    status: str
-    error: str | None
-    node: str | None
-    params: dict[str, Any]
-    result: dict[str, Any] | None
-    samples: int | None
-    seconds: float | None
-    samples_per_sec: float | None
-    started_at: datetime | None
-    finished_at: datetime | None
+    @property
+    def id(self) -> int: ...
+    @property
+    def chunk_index(self) -> int | None: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    @property
+    def result(self) -> dict[str, Any] | None: ...
+    @property
+    def samples(self) -> int | None: ...
+    @property
+    def seconds(self) -> float | None: ...
+    @property
+    def samples_per_sec(self) -> float | None: ...
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def finished_at(self) -> datetime | None: ...
 
 
 def knock_on(reason: str) -> str:
@@ -46,7 +58,7 @@ def knock_on(reason: str) -> str:
 def first_cause(failed: Sequence[Part], now: datetime) -> Part:
     """The part that failed first of its own accord (knock-on failures last)."""
     return min(failed, key=lambda c: (c.error is None or c.error.startswith(KNOCK_ON),
-                                      _utc(c.finished_at) or now, c.chunk_index or 0))
+                                      _utc(c.finished_at or now), c.chunk_index or 0))
 
 
 def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
@@ -54,8 +66,9 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
     span of the parts, and the outcome; a multi-node training (`kind` "train") also gets its
     figures per node and summed (`train_summary`)."""
     samples = sum(p.samples or 0 for p in parts)
-    begin = min((_utc(p.started_at) for p in parts if p.started_at), default=None) if samples else None
-    end = max((_utc(p.finished_at) for p in parts if p.finished_at), default=now)
+    starts = [_utc(p.started_at) for p in parts if p.started_at is not None]
+    begin = min(starts) if samples and starts else None
+    end = max([_utc(p.finished_at) for p in parts if p.finished_at is not None], default=now)
     seconds = (end - begin).total_seconds() if begin else None
     values: dict[str, Any] = dict(finished_at=now, samples=samples, seconds=seconds,
                                   samples_per_sec=samples / seconds if seconds else None,
@@ -72,8 +85,8 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
     return values
 
 
-def _utc(ts: datetime | None) -> datetime | None:
-    return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
+def _utc(ts: datetime) -> datetime:
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
 def _failure(kind: str, failed: Sequence[Part], now: datetime) -> str:

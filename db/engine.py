@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,7 +17,7 @@ CONNECT_TIMEOUT = 5
 SQLITE_BUSY_SECONDS = 30
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     """WAL lets readers and one writer share the file across worker processes; with WAL,
     synchronous=NORMAL syncs at checkpoints instead of every commit (SQLite's advice for WAL:
     a crash of any process loses nothing, a power cut at most the last commits)."""
@@ -65,3 +66,8 @@ def session_scope(url: str) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE matched (SQLAlchemy types `execute` as a plain Result)."""
+    return cast("CursorResult[Any]", result).rowcount

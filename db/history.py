@@ -14,6 +14,7 @@ from mxq.db.events import list_events
 from mxq.db.schedules import fire_of
 from mxq.db.schema import Job, JobMetric, JobStatus, iso
 from mxq.db.workers import list_workers
+from mxq.errors import NotFound
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,18 @@ def metrics(url: str, job_id: int) -> list[dict[str, Any]]:
         return [{"job_id": m.job_id, "step": m.step, "at": iso(m.at), "device": m.device,
                  "samples": m.samples, "seconds": m.seconds, "samples_per_sec": m.samples_per_sec}
                 for m in rows]
+
+
+class JobNotFound(NotFound):
+    """No such job."""
+
+
+def require_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any]:
+    """The job's record (`get_job`); JobNotFound when there is none."""
+    record = get_job(url, job_id, with_metrics)
+    if record is None:
+        raise JobNotFound(f"no job {job_id}")
+    return record
 
 
 def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any] | None:
@@ -146,7 +159,7 @@ def pool_depths(url: str) -> dict[str, int]:
 def stats(url: str, by: str) -> list[dict[str, Any]]:
     """Per device, model or day: jobs, outcomes, success rate, samples and samples/s."""
     with session_scope(url) as s:
-        pg = s.bind.dialect.name == "postgresql"
+        pg = s.get_bind().dialect.name == "postgresql"
         key = {"device": Job.device,  # inference names its model `model`, training `name`
                "model": func.coalesce(Job.params["model"].as_string(), Job.params["name"].as_string()),
                "day": func.to_char(Job.submitted_at, "YYYY-MM-DD") if pg
@@ -175,4 +188,4 @@ def device_rates(url: str, since: datetime) -> dict[str, float]:
     q = (select(JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
          .where(JobMetric.at >= since, JobMetric.device.is_not(None)).group_by(JobMetric.device))
     with session_scope(url) as s:
-        return {d: float(n) / float(t) for d, n, t in s.execute(q) if t}
+        return {str(d): float(n) / float(t) for d, n, t in s.execute(q) if t}

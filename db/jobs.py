@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.orm import Session
 
 from mxq import parts
-from mxq.db.engine import session_scope
+from mxq.db.engine import rowcount, session_scope
 from mxq.db.epochs import merge_parts
 from mxq.db.retry import db_retry
 from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
@@ -71,18 +72,18 @@ def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
             f"running this job each time (last on {worker})")
 
 
-def heartbeat_stale(cutoff: datetime):  # noqa: ANN201
+def heartbeat_stale(cutoff: datetime) -> ColumnElement[bool]:
     """No heartbeat since `cutoff` (or none at all: requeued, waiting for a new claim)."""
     return or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)
 
 
-def claimable(cutoff: datetime):  # noqa: ANN201
+def claimable(cutoff: datetime) -> ColumnElement[bool]:
     """Queued, or running without a heartbeat since `cutoff` (its worker is gone)."""
     return or_(Job.status == JobStatus.QUEUED,
                and_(Job.status == JobStatus.RUNNING, heartbeat_stale(cutoff)))
 
 
-def unclaimable(status: JobStatus, heartbeat_at: datetime | None, cutoff: datetime) -> Claim | None:
+def unclaimable(status: str, heartbeat_at: datetime | None, cutoff: datetime) -> Claim | None:
     """Why a job as just read cannot be claimed (over, or a live worker runs it), else None.
 
     Lets a worker drop a late delivery after one read; `claim` stays the arbiter of the rest."""
@@ -117,11 +118,11 @@ def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -
     now = utcnow()
     cutoff = now - timedelta(seconds=ttl)
     with session_scope(url) as s:
-        taken = s.execute(
+        taken = rowcount(s.execute(
             update(Job)
             .where(Job.id == job_id, Job.attempts < max_attempts, claimable(cutoff))
             .values(**_taken_by(at, now))
-        ).rowcount
+        ))
         if taken:
             return Claim.RUN
         job = s.get(Job, job_id)
@@ -133,14 +134,16 @@ def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -
         return Claim.EXHAUSTED if _fail_exhausted(s, job_id, cutoff, max_attempts) else Claim.DUPLICATE
 
 
-def _fail_exhausted(s, job_id: int, cutoff: datetime, max_attempts: int) -> bool:  # noqa: ANN001
+def _fail_exhausted(s: Session, job_id: int, cutoff: datetime, max_attempts: int) -> bool:
     job = s.get(Job, job_id)
+    if job is None:
+        return False
     message = exhausted_message(job.attempts, max_attempts, job.worker)
-    return bool(s.execute(
+    return bool(rowcount(s.execute(
         update(Job)
         .where(Job.id == job_id, Job.attempts >= max_attempts, claimable(cutoff))
         .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
-    ).rowcount)
+    )))
 
 
 @db_retry
@@ -180,6 +183,7 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
                 for job_id, (samples, seconds, result) in outcomes.items() if job_id != lead]
         if done:  # one executemany, not a statement per job
             table = Job.__table__
+            assert isinstance(table, Table)
             s.execute(update(table).where(table.c.id == bindparam("job_id"),
                                           table.c.worker == at.worker,
                                           table.c.status == JobStatus.RUNNING), done)
@@ -221,11 +225,11 @@ def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
 def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
             result: dict[str, Any]) -> bool:
     with session_scope(url) as s:
-        return bool(s.execute(
+        return bool(rowcount(s.execute(
             update(Job)
             .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
             .values(**_succeeded(samples, seconds, result, utcnow()))
-        ).rowcount)
+        )))
 
 
 @db_retry
@@ -235,10 +239,10 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
     if worker is not None:
         cond.append(Job.worker == worker)
     with session_scope(url) as s:
-        return bool(s.execute(
+        return bool(rowcount(s.execute(
             update(Job).where(*cond)
             .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
-        ).rowcount)
+        )))
 
 
 @db_retry
@@ -251,7 +255,7 @@ def clear_heartbeat(url: str, job_id: int, stale_before: datetime | None = None)
     if stale_before is not None:
         cond.append(heartbeat_stale(stale_before))
     with session_scope(url) as s:
-        return bool(s.execute(update(Job).where(*cond).values(heartbeat_at=None)).rowcount)
+        return bool(rowcount(s.execute(update(Job).where(*cond).values(heartbeat_at=None))))
 
 
 @db_retry
@@ -311,10 +315,10 @@ def settle_parent(url: str, parent_id: int) -> bool:
     with session_scope(url) as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
                                   .order_by(Job.chunk_index)))
-        values = parts.settle(kind, children, utcnow())
-        return bool(s.execute(update(Job).where(Job.id == parent_id,
+        values = parts.settle(str(kind), children, utcnow())
+        return bool(rowcount(s.execute(update(Job).where(Job.id == parent_id,
                                                 Job.status == JobStatus.RUNNING).values(**values)
-                              ).rowcount)
+                              )))
 
 
 class CancelOutcome(enum.Enum):
@@ -374,8 +378,8 @@ def run_check(url: str, job_id: int, worker: str) -> RunCheck:
 def mark_cancelled(url: str, job_id: int, worker: str, samples: int | None = None) -> bool:
     """A running job stopped on request; what it wrote is kept."""
     with session_scope(url) as s:
-        return bool(s.execute(
+        return bool(rowcount(s.execute(
             update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
             .values(status=JobStatus.CANCELLED, finished_at=utcnow(), heartbeat_at=None,
                     samples=samples, error="cancelled while running; partial results kept")
-        ).rowcount)
+        )))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import delete, func, select
 
@@ -34,7 +34,7 @@ def write(url: str, rows: list[Row]) -> None:
     engine = get_engine(url)
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            with conn.connection.cursor() as cur, cur.copy(
+            with cast(Any, conn.connection).cursor() as cur, cur.copy(
                     f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)

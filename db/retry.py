@@ -16,7 +16,8 @@ from typing import ParamSpec, TypeVar
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 log = logging.getLogger(__name__)
-P, T = ParamSpec("P"), TypeVar("T")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # An outage shorter than this is ridden out; after it the error is raised as it is.
 RETRY_SECONDS = 120.0

@@ -8,9 +8,10 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from mxq import promotion
-from mxq.db.engine import session_scope
+from mxq.db.engine import rowcount, session_scope
 from mxq.db.registry import list_models, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
 from mxq.errors import Conflict, NotFound
@@ -43,8 +44,8 @@ def add(url: str, values: dict[str, Any]) -> dict[str, Any]:
         raise ScheduleExists(f"a schedule named {values['name']!r} exists already") from None
 
 
-def _get(s: Any, name: str) -> Schedule:
-    row = s.scalar(select(Schedule).where(Schedule.name == name))
+def _get(s: Session, name: str) -> Schedule:
+    row: Schedule | None = s.scalar(select(Schedule).where(Schedule.name == name))
     if row is None:
         known = ", ".join(s.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
         raise ScheduleNotFound(f"unknown schedule {name!r}; schedules: {known}")
@@ -89,9 +90,9 @@ def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime
     """Move next_fire_at from `expected_next` and record the fire; None if another tick did."""
     try:
         with session_scope(url) as s:
-            moved = s.execute(update(Schedule)
+            moved = rowcount(s.execute(update(Schedule)
                               .where(Schedule.id == schedule_id, Schedule.next_fire_at == expected_next)
-                              .values(next_fire_at=new_next, last_fire_at=fire_time)).rowcount
+                              .values(next_fire_at=new_next, last_fire_at=fire_time)))
             if not moved:
                 return None
             fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=False)
@@ -131,7 +132,9 @@ def fires(url: str, name: str) -> list[dict[str, Any]]:
 def fire_of(url: str, fire_id: int) -> dict[str, Any]:
     with session_scope(url) as s:
         fire = s.get(Fire, fire_id)
-        sched = s.get(Schedule, fire.schedule_id)
+        sched = s.get(Schedule, fire.schedule_id) if fire is not None else None
+        if fire is None or sched is None:
+            raise ScheduleNotFound(f"no fire {fire_id} of a known schedule")
         return {"schedule": sched.name, "fire_time": iso(fire.fire_time), "promote": sched.promote,
                 "metric": sched.metric, "min_gain": sched.min_gain}
 

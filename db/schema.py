@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import (
     JSON,
@@ -27,6 +27,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@overload
+def as_utc(ts: datetime) -> datetime: ...
+@overload
+def as_utc(ts: None) -> None: ...
+@overload
+def as_utc(ts: datetime | None) -> datetime | None: ...
 def as_utc(ts: datetime | None) -> datetime | None:
     """SQLite hands datetimes back without a zone; all of ours are UTC."""
     return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
@@ -34,7 +40,7 @@ def as_utc(ts: datetime | None) -> datetime | None:
 
 def iso(ts: datetime | None) -> str | None:
     """A stored time as ISO 8601 with its UTC offset (None stays None)."""
-    return ts and as_utc(ts).isoformat()
+    return None if ts is None else as_utc(ts).isoformat()
 
 
 class Base(DeclarativeBase):

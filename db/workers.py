@@ -47,7 +47,8 @@ def refused_since(url: str, names: list[str], since: datetime) -> set[str]:
     """Which of `names` were registered after `since` and have refused their device."""
     with session_scope(url) as s:
         rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
-        return {r.name for r in rows if as_utc(r.started_at) >= since and (r.info or {}).get("refused")}
+        return {r.name for r in rows
+                if r.started_at and as_utc(r.started_at) >= since and (r.info or {}).get("refused")}
 
 
 @db_retry
@@ -85,7 +86,8 @@ def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[
     with session_scope(url) as s:
         rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
         return {r.name for r in rows
-                if r.last_seen and as_utc(r.started_at) >= since and as_utc(r.last_seen) >= cutoff}
+                if r.last_seen and r.started_at and as_utc(r.started_at) >= since
+                and as_utc(r.last_seen) >= cutoff}
 
 
 def forget(url: str, name: str) -> None:

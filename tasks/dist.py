@@ -35,19 +35,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
-
-from mxq.db.engine import session_scope
+from mxq.db import peers
 from mxq.db.epochs import set_devices
-from mxq.db.jobs import claimable
-from mxq.db.retry import db_retry
-from mxq.db.schema import Job, JobStatus, as_utc, utcnow
+from mxq.db.schema import JobStatus, utcnow
 from mxq.db.workers import list_workers
 from mxq.device import Device
 from mxq.parts import knock_on
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
 from mxq.workers import leases
-from mxq.workers.jobspecs import TrainParams
+from mxq.workers.jobspecs import DistRole, TrainParams
 from mxq.workers.queues import device_queue
 from mxq.workers.settings import Settings
 
@@ -121,19 +117,24 @@ def split(s: Settings, job: JobContext, p: TrainParams) -> FanOut:
     return FanOut(parts, queues, [device for _, device in chosen])
 
 
+def _role(p: TrainParams) -> DistRole:
+    """This part's place in its multi-node training (set by the leader for every part)."""
+    if p.dist is None:
+        raise JobFailed("not a part of a multi-node training: no dist role")
+    return p.dist
+
+
 def check_first_run(s: Settings, job: JobContext, p: TrainParams) -> None:
     """A part delivered again (its worker died while it ran) cannot rejoin the training."""
-    with session_scope(s.database) as session:
-        attempts = session.scalar(select(Job.attempts).where(Job.id == job.id))
-    if attempts and attempts > 1:
-        raise JobFailed(f"part {p.dist.index} on node {s.node} was interrupted (its worker "
+    if peers.attempts(s.database, job.id) > 1:
+        raise JobFailed(f"part {_role(p).index} on node {s.node} was interrupted (its worker "
                         "stopped while it ran): a dist_sync training cannot take a replacement "
                         "worker; submit the job again")
 
 
 def worker_env(s: Settings, p: TrainParams) -> dict[str, str]:
     """What the part's training child adds to its environment."""
-    return {**p.dist.env, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": s.address,
+    return {**_role(p).env, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": s.address,
             "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
 
 
@@ -168,10 +169,10 @@ def start_roles(s: Settings, p: TrainParams, cores: list[int]) -> list[Role]:
     logs.mkdir(parents=True, exist_ok=True)
     roles = []
     for name in ("scheduler", "server"):
-        env = {**os.environ, **p.dist.env, "DMLC_ROLE": name, "DMLC_NODE_HOST": s.address,
+        env = {**os.environ, **_role(p).env, "DMLC_ROLE": name, "DMLC_NODE_HOST": s.address,
                "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
-        path = logs / f"job-{p.dist.parent}-{name}.log"
+        path = logs / f"job-{_role(p).parent}-{name}.log"
         with open(path, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-c", "import mxq.tasks.mx"], env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -191,42 +192,10 @@ def stop_roles(roles: list[Role], grace: float = 0.0) -> None:
             role.proc.wait()
 
 
-@dataclass
-class PartRow:
-    id: int
-    index: int
-    node: str
-    status: str
-    attempts: int
-    heartbeat_at: Any
-    error: str | None
-    worker: str | None
-    cancel: bool
-
-
-def _parts(url: str, parent: int) -> list[PartRow]:
-    with session_scope(url) as session:
-        rows = session.scalars(select(Job).where(Job.parent_id == parent).order_by(Job.chunk_index))
-        return [PartRow(j.id, j.chunk_index, (j.params.get("dist") or {}).get("node", j.node),
-                        j.status, j.attempts, as_utc(j.heartbeat_at), j.error, j.worker,
-                        j.cancel_requested_at is not None) for j in rows]
-
-
-@db_retry
-def fail_part(url: str, job_id: int, error: str, stale_before: Any) -> bool:
-    """Fail a part that is queued, or running with no heartbeat since `stale_before` (a requeued
-    part keeps `running` with no heartbeat until a worker claims it again)."""
-    with session_scope(url) as session:
-        return bool(session.execute(
-            update(Job).where(Job.id == job_id, claimable(stale_before))
-            .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
-        ).rowcount)
-
-
 def _verdict(s: Settings, job: JobContext, p: TrainParams, joined: bool,
              waited: float) -> Exception | None:
     """Why this part must stop now, if it must."""
-    parts = _parts(s.database, p.dist.parent)
+    parts = peers.parts_of(s.database, _role(p).parent)
     me = next(r for r in parts if r.id == job.id)
     if me.status != JobStatus.RUNNING or me.worker != job.worker:
         return JobLost(f"part {me.index} (job {job.id}) is {me.status} now")
@@ -243,15 +212,15 @@ def _verdict(s: Settings, job: JobContext, p: TrainParams, joined: bool,
         lost = None
         if o.status == JobStatus.RUNNING and o.heartbeat_at is None:  # taken for dead already
             lost = f"its worker on node {o.node} died while running it"
-        elif o.status == JobStatus.RUNNING and o.heartbeat_at < cutoff:
+        elif o.status == JobStatus.RUNNING and o.heartbeat_at is not None and o.heartbeat_at < cutoff:
             lost = (f"its worker on node {o.node} stopped beating (no heartbeat for "
                     f"{(now - o.heartbeat_at).total_seconds():.0f}s)")
-        if lost and fail_part(s.database, o.id, lost, cutoff):
+        if lost and peers.fail_part(s.database, o.id, lost, cutoff):
             return JobFailed(knock_on(f"{where} failed: {lost}"))
     if not joined and waited > s.dist_start_seconds:
         late = [o for o in parts if o.id != job.id and o.status == JobStatus.QUEUED]
         for o in late:
-            fail_part(s.database, o.id, f"not started within {s.dist_start_seconds:g}s "
+            peers.fail_part(s.database, o.id, f"not started within {s.dist_start_seconds:g}s "
                       "(MXQ_DIST_START_SECONDS): its node's device was busy or down", cutoff)
         waiting = ", ".join(f"part {o.index} on node {o.node} {o.status}" for o in parts
                             if o.id != job.id) or "none"

@@ -5,6 +5,7 @@ and stepping by the global batch size."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,7 +166,7 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
     step = train_step(net)
     for epoch in range(start_epoch, p.epochs + 1):
         loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
-                                          lambda f, e=epoch: on_batch(e, f), rank, workers)
+                                          functools.partial(on_batch, epoch), rank, workers)
         val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
         result = EpochResult(epoch, loss, acc, val_acc, seconds, n / seconds, {
             label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)})

@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -92,7 +92,8 @@ def _npy(path: Path) -> np.ndarray:
     (mapping a file costs more than reading a few pages)."""
     with path.open("rb") as f:
         shape, fortran, dtype = _read_header(f, path)
-        offset, items, order = f.tell(), math.prod(shape), "F" if fortran else "C"
+        offset, items = f.tell(), math.prod(shape)
+        order: Literal["C", "F"] = "F" if fortran else "C"
         if items * dtype.itemsize <= SMALL_NPY_BYTES:
             array = np.fromfile(f, dtype=dtype, count=items)
             if array.size != items:

@@ -158,8 +158,9 @@ def train(job: JobContext) -> Outcome | FanOut:
 
     def renew() -> None:
         if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
-            child.kill()
-            child.wait()
+            if child is not None:
+                child.kill()
+                child.wait()
             raise RuntimeError(f"lost the lease on {', '.join(job.devices)} (expired and taken)")
 
     try:
@@ -175,8 +176,9 @@ def train(job: JobContext) -> Outcome | FanOut:
             time.sleep(s.heartbeat_seconds)
     finally:
         if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
+            if child is not None:
+                child.kill()
+                child.wait()
         # after a clean end the scheduler and server stop by themselves; else they are killed
         dist.stop_roles(roles, dist.ROLE_EXIT_SECONDS if child and child.returncode == 0 else 0)
         ready.unlink(missing_ok=True)

@@ -78,7 +78,10 @@ def main(job_id: int, devices: list[str]) -> int:
     s = get_settings()
     url = s.database
     with session_scope(url) as session:
-        p = TrainParams(**session.get(Job, job_id).params)
+        row = session.get(Job, job_id)
+        if row is None:
+            return CHILD_INPUT_ERROR
+        p = TrainParams(**row.params)
     out = run_file(s, job_id)
     try:
         train, val = load_data(p, url)

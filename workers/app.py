@@ -6,6 +6,7 @@ Job outcomes live in SQL (`db/`), so there is no result backend for users to cle
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from celery import Celery
 
@@ -25,7 +26,7 @@ def task_modules(settings: Settings) -> list[str]:
     return DEVICE_TASK_MODULES if settings.device else CONTROL_TASK_MODULES
 
 
-def celery_config(settings: Settings) -> dict:
+def celery_config(settings: Settings) -> dict[str, Any]:
     return dict(
         include=task_modules(settings),
         broker_url=settings.broker,

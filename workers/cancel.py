@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
+from mxq.db.history import JobNotFound
 from mxq.db.jobs import CancelOutcome, cancel
-from mxq.errors import NotFound
 from mxq.workers.app import app_for
 from mxq.workers.settings import Settings
-
-
-class JobNotFound(NotFound):
-    """No such job."""
 
 
 def cancel_job(settings: Settings, job_id: int) -> CancelOutcome:

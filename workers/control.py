@@ -11,11 +11,11 @@ from mxq.workers.reconcile import reconcile
 from mxq.workers.settings import get_settings
 
 
-@app.task(name="mxq.tick")
+@app.task(name="mxq.tick")  # type: ignore[untyped-decorator]  # Celery has no types
 def tick_task() -> list[int]:
     return tick(get_settings())
 
 
-@app.task(name="mxq.reconcile")
-def reconcile_task() -> dict[str, list]:
+@app.task(name="mxq.reconcile")  # type: ignore[untyped-decorator]
+def reconcile_task() -> dict[str, list[int]]:
     return asdict(reconcile(get_settings()))

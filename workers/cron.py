@@ -40,15 +40,20 @@ def check(cron: str, tz: str) -> None:
     zone(tz)
 
 
+def _next(cron: str, start: datetime) -> datetime:
+    found: datetime = croniter(cron, start).get_next(datetime)
+    return found
+
+
 def next_after(cron: str, tz: str, after: datetime) -> datetime:
     """The first fire strictly after the instant `after`, as a UTC instant."""
     z = zone(tz)
     local = after.astimezone(z).replace(tzinfo=None)
-    candidate = croniter(cron, local).get_next(datetime)
+    candidate = _next(cron, local)
     fire = candidate.replace(tzinfo=z, fold=0).astimezone(UTC)
     # A gap time maps before the change; step past `after` if the mapping went backwards.
     while fire <= after:
-        candidate = croniter(cron, candidate).get_next(datetime)
+        candidate = _next(cron, candidate)
         fire = candidate.replace(tzinfo=z, fold=0).astimezone(UTC)
     return fire
 

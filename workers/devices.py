@@ -126,7 +126,7 @@ def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(command, None, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
+        return subprocess.CompletedProcess(command, -1, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
 
 
 def _failure(proc: subprocess.CompletedProcess[str]) -> str:

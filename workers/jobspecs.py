@@ -84,7 +84,7 @@ class InferParams(BaseModel):
     @field_validator("batch_size")
     @classmethod
     def _batch_limit(cls, value: int | str, info: ValidationInfo) -> int | str:
-        return value if value == "auto" else _at_most(value, info, "max_batch_size")
+        return value if isinstance(value, str) else _at_most(value, info, "max_batch_size")
 
     @model_validator(mode="after")
     def _range(self) -> InferParams:

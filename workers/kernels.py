@@ -103,7 +103,7 @@ def kernels_of(build: str) -> BuildKernels | None:
     """What `build` carries: read from its installed libmxnet.so, else as recorded."""
     try:
         dist = metadata.distribution(build)
-        library = Path(dist.locate_file("mxnet/libmxnet.so"))
+        library = Path(str(dist.locate_file("mxnet/libmxnet.so")))
         if library.is_file():
             return read_kernels(library, dist.version) or RECORDED.get(build)
     except (metadata.PackageNotFoundError, OSError, struct.error, ValueError):

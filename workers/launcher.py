@@ -129,7 +129,7 @@ def preexec(cores: list[int], memory_mb: int | None) -> Callable[[], None] | Non
 @dataclass
 class Child:
     spec: WorkerSpec
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     crashes: int = 0
     restart_at: float = 0.0
     refused: bool = False
@@ -224,18 +224,18 @@ class Launcher:
         self.stopping = True
 
     def _stop_all(self) -> None:
-        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        for c in live:
-            c.proc.terminate()  # Celery warm shutdown: finish the current job, then exit
+        live = [(c.spec.name, c.proc) for c in self.children
+                if c.proc is not None and c.proc.poll() is None]
+        for _, proc in live:
+            proc.terminate()  # Celery warm shutdown: finish the current job, then exit
         deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for c in live:
+        for name, proc in live:
             try:
-                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0fs; killing it", c.spec.name,
-                            STOP_GRACE_SECONDS)
-                c.proc.kill()
-                c.proc.wait()
+                log.warning("%s did not stop in %.0fs; killing it", name, STOP_GRACE_SECONDS)
+                proc.kill()
+                proc.wait()
         for c in self.children:
             self._recover(c)
 

@@ -78,7 +78,8 @@ def in_broker(broker: str, queues: set[str]) -> tuple[set[int], dict[int, list[H
     for tag, raw in unacked.items():
         if (found := job_id(raw)) is not None:
             held.setdefault(found, []).append(Held(tag, now - since.get(tag, now)))
-    return {job_id(raw) for lst in waiting for raw in lst} - {None}, held
+    queued = {found for lst in waiting for raw in lst if (found := job_id(raw)) is not None}
+    return queued, held
 
 
 def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:

@@ -110,7 +110,9 @@ def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
     tags = [h.tag for entries in stale.values() for h in entries]
     if tags:
         pipe = leases.client(settings.broker).pipeline(transaction=True)
-        pipe.zrem(UNACKED_INDEX, *tags).hdel(UNACKED, *tags).execute()
+        pipe.zrem(UNACKED_INDEX, *tags)
+        pipe.hdel(UNACKED, *tags)
+        pipe.execute()
 
 
 def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
@@ -120,6 +122,8 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
     With `stale_before`, a job whose heartbeat came back meanwhile is left alone (None)."""
     with session_scope(settings.database) as s:
         job = s.get(Job, job_id)
+        if job is None:
+            return None
         attempts, worker = job.attempts, job.worker
     if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
         return None

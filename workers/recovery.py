@@ -20,6 +20,8 @@ def recover_worker(settings: Settings, worker: str) -> list[int]:
     for job_id in ids:
         with session_scope(settings.database) as s:
             job = s.get(Job, job_id)
+            if job is None:
+                continue
             kind, queue = job.kind, job.queue
         requeue(settings, job_id, kind, queue, f"worker {worker} died while running it")
     return ids

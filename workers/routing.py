@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mxq.db.workers import list_workers
 from mxq.device import KINDS, Device
@@ -36,10 +37,11 @@ def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False) -> 
         raise RoutingError(f"device {spec} on node {settings.node} has no live worker; "
                            "start workers with `mxq up` (or `mxq worker`), or pass "
                            "--allow-offline to queue the job until one starts")
+    assert spec.kind is not None and spec.index is not None  # not auto
     return Route(device_queue(settings.node, spec.kind, spec.index), str(spec))
 
 
-def _pool_for(spec: DeviceSpec, known: list[dict], allow_offline: bool) -> str:
+def _pool_for(spec: DeviceSpec, known: list[dict[str, Any]], allow_offline: bool) -> str:
     live_kinds = {Device.parse(w["device"]).kind for w in known if w["alive"]}
     kinds = [spec.kind] if spec.kind else [k for k in KINDS]
     for kind in kinds:  # GPUs first when both are live

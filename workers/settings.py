@@ -172,7 +172,7 @@ class Settings(BaseSettings):
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
                 probe.connect(("192.0.2.1", 9))  # UDP connect sends nothing: it picks a route
-                return probe.getsockname()[0]
+                return str(probe.getsockname()[0])
         except OSError:
             return "127.0.0.1"
 

@@ -48,7 +48,8 @@ def check_database(settings: Settings) -> None:
 
 def check_broker(settings: Settings) -> None:
     try:
-        with Connection(settings.broker, connect_timeout=BROKER_CHECK_SECONDS) as conn:
+        with Connection(settings.broker,  # type: ignore[no-untyped-call]  # kombu has no types
+                        connect_timeout=BROKER_CHECK_SECONDS) as conn:
             conn.ensure_connection(max_retries=1, timeout=BROKER_CHECK_SECONDS)
     except Exception as exc:  # kombu raises several unrelated types here
         raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from None
@@ -188,7 +189,8 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
     """
     where = _reachable_route(settings, kind, device, allow_offline)
-    checked, models = [], {}
+    checked: list[dict[str, Any]] = []
+    models: Models = {}
     for i, p in enumerate(params):
         try:
             checked.append(_prepare(settings, kind, p, models))
