@@ -32,6 +32,10 @@ DEV_NVIDIA0 = Path("/dev/nvidia0")
 NVRTC_MIN_DRIVER = 520
 
 
+# The status given to an nvidia-smi run that did not answer in time (a process never exits with it).
+TIMED_OUT = 255 << 8
+
+
 class DeviceError(Unavailable):
     """The devices cannot be read or used as configured (nvidia-smi, the driver, MIG)."""
 
@@ -126,12 +130,12 @@ def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(command, -1, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
+        return subprocess.CompletedProcess(command, TIMED_OUT, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
 
 
 def _failure(proc: subprocess.CompletedProcess[str]) -> str:
     said = " ".join((proc.stderr or proc.stdout or "").split()) or "nothing"
-    status = "timed out" if proc.returncode is None else f"exited with {proc.returncode}"
+    status = "timed out" if proc.returncode == TIMED_OUT else f"exited with {proc.returncode}"
     return f"`{' '.join(proc.args)}` {status}: {said[:300]}"
 
 
