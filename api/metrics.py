@@ -27,11 +27,11 @@ class Collector:
                                      labels=["kind"])
         rate = GaugeMetricFamily("mxq_device_samples_per_second",
                                  "Samples/s per device over the last 5 minutes", labels=["device"])
-        with session_scope(url) as s:
-            for status, kind, n in s.execute(select(Job.status, Job.kind, func.count())
+        with session_scope(url) as session:
+            for status, kind, n in session.execute(select(Job.status, Job.kind, func.count())
                                              .group_by(Job.status, Job.kind)):
                 jobs.add_metric([status, kind], n)
-            for kind, total, n in s.execute(select(Job.kind, func.sum(Job.seconds), func.count())
+            for kind, total, n in session.execute(select(Job.kind, func.sum(Job.seconds), func.count())
                                             .where(Job.seconds.is_not(None)).group_by(Job.kind)):
                 durations.add_metric([kind], float(total or 0))
                 finished.add_metric([kind], n)

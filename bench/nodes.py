@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.stack import ROOT, wait_job
+from mxq.db.fleet import alive_since
 from mxq.db.history import JobFilter, list_jobs
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
-from mxq.db.workers import alive_since
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mxq.db.fleet import alive_since, list_workers
 from mxq.db.migrate import upgrade
 from mxq.db.schema import as_utc, utcnow
-from mxq.db.workers import alive_since, list_workers
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 

@@ -15,14 +15,14 @@ from mxq.db.schema import Epoch, Job, iso
 
 @db_retry
 def record(url: str, job_id: int, values: dict[str, Any]) -> None:
-    with session_scope(url) as s:
-        s.execute(delete(Epoch).where(Epoch.job_id == job_id, Epoch.epoch == values["epoch"]))
-        s.execute(insert(Epoch).values(job_id=job_id, **values))
+    with session_scope(url) as session:
+        session.execute(delete(Epoch).where(Epoch.job_id == job_id, Epoch.epoch == values["epoch"]))
+        session.execute(insert(Epoch).values(job_id=job_id, **values))
 
 
 def list_epochs(url: str, job_id: int) -> list[dict[str, Any]]:
-    with session_scope(url) as s:
-        rows = s.scalars(select(Epoch).where(Epoch.job_id == job_id).order_by(Epoch.epoch))
+    with session_scope(url) as session:
+        rows = session.scalars(select(Epoch).where(Epoch.job_id == job_id).order_by(Epoch.epoch))
         return [{"epoch": e.epoch, "train_loss": e.train_loss, "train_accuracy": e.train_accuracy,
                  "val_accuracy": e.val_accuracy, "seconds": e.seconds,
                  "samples_per_sec": e.samples_per_sec, "per_device": e.per_device,
@@ -31,8 +31,8 @@ def list_epochs(url: str, job_id: int) -> list[dict[str, Any]]:
 
 @db_retry
 def set_devices(url: str, job_id: int, devices: list[str]) -> None:
-    with session_scope(url) as s:
-        s.execute(update(Job).where(Job.id == job_id).values(devices=devices))
+    with session_scope(url) as session:
+        session.execute(update(Job).where(Job.id == job_id).values(devices=devices))
 
 
 def merge_parts(url: str, parent_id: int) -> None:
@@ -46,11 +46,11 @@ def merge_parts(url: str, parent_id: int) -> None:
 
 @db_retry
 def _merge(url: str, parent_id: int) -> None:
-    with session_scope(url) as s:
-        parts = list(s.scalars(select(Job.id).where(Job.parent_id == parent_id)))
+    with session_scope(url) as session:
+        parts = list(session.scalars(select(Job.id).where(Job.parent_id == parent_id)))
         by_epoch: dict[int, list[Epoch]] = {}
-        for e in s.scalars(select(Epoch).where(Epoch.job_id.in_(parts))):
+        for e in session.scalars(select(Epoch).where(Epoch.job_id.in_(parts))):
             by_epoch.setdefault(e.epoch, []).append(e)
-        merged = set(s.scalars(select(Epoch.epoch).where(Epoch.job_id == parent_id)))
+        merged = set(session.scalars(select(Epoch.epoch).where(Epoch.job_id == parent_id)))
         for n in epochs.ready(by_epoch, len(parts), merged):
-            s.execute(insert(Epoch).values(job_id=parent_id, **epochs.merge(n, by_epoch[n])))
+            session.execute(insert(Epoch).values(job_id=parent_id, **epochs.merge(n, by_epoch[n])))

@@ -25,14 +25,14 @@ RESUBMITTED = "resubmitted"  # a schedule fire without a job got one
 
 @db_retry
 def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
-    with session_scope(url) as s:
-        s.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
+    with session_scope(url) as session:
+        session.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
                                           data=data))
     log.info("job %s %s: %s", job_id, kind, message)
 
 
 def list_events(url: str, job_id: int) -> list[dict[str, Any]]:
-    with session_scope(url) as s:
-        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
+    with session_scope(url) as session:
+        rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
         return [{"at": iso(e.at), "kind": e.kind, "message": e.message, "data": e.data}
                 for e in rows]

@@ -11,9 +11,9 @@ from sqlalchemy import func, select
 from mxq.db.engine import session_scope
 from mxq.db.epochs import list_epochs
 from mxq.db.events import list_events
+from mxq.db.fleet import list_workers
 from mxq.db.schedules import fire_of
 from mxq.db.schema import Job, JobMetric, JobStatus, iso
-from mxq.db.workers import list_workers
 from mxq.errors import NotFound
 
 
@@ -62,9 +62,9 @@ def job_record(job: Job) -> dict[str, Any]:
 
 def metrics(url: str, job_id: int) -> list[dict[str, Any]]:
     """Throughput over time of a job and, for a parent, of its chunks."""
-    with session_scope(url) as s:
-        ids = [job_id, *s.scalars(select(Job.id).where(Job.parent_id == job_id))]
-        rows = s.scalars(select(JobMetric).where(JobMetric.job_id.in_(ids))
+    with session_scope(url) as session:
+        ids = [job_id, *session.scalars(select(Job.id).where(Job.parent_id == job_id))]
+        rows = session.scalars(select(JobMetric).where(JobMetric.job_id.in_(ids))
                          .order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
         return [{"job_id": m.job_id, "step": m.step, "at": iso(m.at), "device": m.device,
                  "samples": m.samples, "seconds": m.seconds, "samples_per_sec": m.samples_per_sec}
@@ -84,8 +84,8 @@ def require_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, 
 
 
 def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any] | None:
-    with session_scope(url) as s:
-        job = s.get(Job, job_id)
+    with session_scope(url) as session:
+        job = session.get(Job, job_id)
         record = job_record(job) if job else None
     if record and with_metrics:
         record["metrics"] = metrics(url, job_id)
@@ -108,13 +108,13 @@ def _filtered(q: Any, f: JobFilter) -> Any:
 def list_jobs(url: str, f: JobFilter) -> list[dict[str, Any]]:
     """Newest first, filtered, one page."""
     q = _filtered(select(Job), f).order_by(Job.submitted_at.desc(), Job.id.desc())
-    with session_scope(url) as s:
-        return [job_record(j) for j in s.scalars(q.limit(f.limit).offset(f.offset))]
+    with session_scope(url) as session:
+        return [job_record(j) for j in session.scalars(q.limit(f.limit).offset(f.offset))]
 
 
 def count_jobs(url: str, f: JobFilter) -> int:
-    with session_scope(url) as s:
-        return s.scalar(_filtered(select(func.count()).select_from(Job), f)) or 0
+    with session_scope(url) as session:
+        return session.scalar(_filtered(select(func.count()).select_from(Job), f)) or 0
 
 
 def counts_by_queue(url: str) -> dict[tuple[str, str], int]:
@@ -122,15 +122,15 @@ def counts_by_queue(url: str) -> dict[tuple[str, str], int]:
     q = (select(Job.queue, Job.status, func.count())
          .where(Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
          .group_by(Job.queue, Job.status))
-    with session_scope(url) as s:
-        return {(queue, status): n for queue, status, n in s.execute(q)}
+    with session_scope(url) as session:
+        return {(queue, status): n for queue, status, n in session.execute(q)}
 
 
 def running_by_worker(url: str) -> dict[str, int]:
     q = (select(Job.worker, func.count()).where(Job.status == JobStatus.RUNNING)
          .group_by(Job.worker))
-    with session_scope(url) as s:
-        return {w: n for w, n in s.execute(q) if w}
+    with session_scope(url) as session:
+        return {w: n for w, n in session.execute(q) if w}
 
 
 def device_records(url: str, ttl: float) -> list[dict[str, Any]]:
@@ -158,8 +158,8 @@ def pool_depths(url: str) -> dict[str, int]:
 
 def stats(url: str, by: str) -> list[dict[str, Any]]:
     """Per device, model or day: jobs, outcomes, success rate, samples and samples/s."""
-    with session_scope(url) as s:
-        pg = s.get_bind().dialect.name == "postgresql"
+    with session_scope(url) as session:
+        pg = session.get_bind().dialect.name == "postgresql"
         key = {"device": Job.device,  # inference names its model `model`, training `name`
                "model": func.coalesce(Job.params["model"].as_string(), Job.params["name"].as_string()),
                "day": func.to_char(Job.submitted_at, "YYYY-MM-DD") if pg
@@ -167,7 +167,7 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
         q = (select(key, Job.status, func.count(), func.sum(Job.samples), func.sum(Job.seconds))
              .where(key.is_not(None)).group_by(key, Job.status))
         rows: dict[Any, dict[str, Any]] = {}
-        for k, status, n, samples, seconds in s.execute(q):
+        for k, status, n, samples, seconds in session.execute(q):
             r = rows.setdefault(k, {by: k, "jobs": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
                                     "samples": 0, "seconds": 0.0})
             r["jobs"] += n
@@ -187,5 +187,5 @@ def device_rates(url: str, since: datetime) -> dict[str, float]:
     """Samples/s per device from the throughput points recorded since `since`."""
     q = (select(JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
          .where(JobMetric.at >= since, JobMetric.device.is_not(None)).group_by(JobMetric.device))
-    with session_scope(url) as s:
-        return {str(d): float(n) / float(t) for d, n, t in s.execute(q) if t}
+    with session_scope(url) as session:
+        return {str(d): float(n) / float(t) for d, n, t in session.execute(q) if t}

@@ -41,30 +41,30 @@ class Placement:
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
                rejected: str | None = None) -> int:
     """A queued job, or (with `rejected`) one that failed at submit for that reason."""
-    with session_scope(url) as s:
+    with session_scope(url) as session:
         job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
                   status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
                   attempts=0, error=rejected, finished_at=utcnow() if rejected else None)
-        s.add(job)
-        s.flush()
+        session.add(job)
+        session.flush()
         return job.id
 
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
                 queue: str) -> list[int]:
     """Many queued jobs in one transaction."""
-    with session_scope(url) as s:
+    with session_scope(url) as session:
         rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
                     status=JobStatus.QUEUED, progress=0.0, attempts=0) for p in params]
-        s.add_all(rows)
-        s.flush()
+        session.add_all(rows)
+        session.flush()
         return [r.id for r in rows]
 
 
 def delete_unstarted(url: str, job_id: int) -> None:
     """Undo a submit whose message could not be published (the job never existed for anyone)."""
-    with session_scope(url) as s:
-        s.query(Job).filter(Job.id == job_id, Job.status == JobStatus.QUEUED).delete()
+    with session_scope(url) as session:
+        session.query(Job).filter(Job.id == job_id, Job.status == JobStatus.QUEUED).delete()
 
 
 def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
@@ -117,29 +117,29 @@ def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -
     """Take the job for `at` in one atomic update, or say why not."""
     now = utcnow()
     cutoff = now - timedelta(seconds=ttl)
-    with session_scope(url) as s:
-        taken = rowcount(s.execute(
+    with session_scope(url) as session:
+        taken = rowcount(session.execute(
             update(Job)
             .where(Job.id == job_id, Job.attempts < max_attempts, claimable(cutoff))
             .values(**_taken_by(at, now))
         ))
         if taken:
             return Claim.RUN
-        job = s.get(Job, job_id)
+        job = session.get(Job, job_id)
         if job is None:
             return Claim.MISSING
         if (verdict := unclaimable(job.status, job.heartbeat_at, cutoff)) is not None:
             return verdict
         # Claimable but not taken: its attempts are used up (or a racing claim won).
-        return Claim.EXHAUSTED if _fail_exhausted(s, job_id, cutoff, max_attempts) else Claim.DUPLICATE
+        return Claim.EXHAUSTED if _fail_exhausted(session, job_id, cutoff, max_attempts) else Claim.DUPLICATE
 
 
-def _fail_exhausted(s: Session, job_id: int, cutoff: datetime, max_attempts: int) -> bool:
-    job = s.get(Job, job_id)
+def _fail_exhausted(session: Session, job_id: int, cutoff: datetime, max_attempts: int) -> bool:
+    job = session.get(Job, job_id)
     if job is None:
         return False
     message = exhausted_message(job.attempts, max_attempts, job.worker)
-    return bool(rowcount(s.execute(
+    return bool(rowcount(session.execute(
         update(Job)
         .where(Job.id == job_id, Job.attempts >= max_attempts, claimable(cutoff))
         .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
@@ -149,8 +149,8 @@ def _fail_exhausted(s: Session, job_id: int, cutoff: datetime, max_attempts: int
 @db_retry
 def queued_infer(url: str, queues: list[str], limit: int) -> list[tuple[int, dict[str, Any]]]:
     """The oldest queued, unchunked inference jobs on `queues`: (id, params)."""
-    with session_scope(url) as s:
-        return [(r.id, r.params) for r in s.execute(
+    with session_scope(url) as session:
+        return [(r.id, r.params) for r in session.execute(
             select(Job.id, Job.params).where(Job.status == JobStatus.QUEUED, Job.kind == "infer",
                                              Job.queue.in_(queues), Job.parent_id.is_(None))
             .order_by(Job.id).limit(limit))]
@@ -162,8 +162,8 @@ def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
     if not ids:
         return []
     now = utcnow()
-    with session_scope(url) as s:
-        return sorted(s.scalars(
+    with session_scope(url) as session:
+        return sorted(session.scalars(
             update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
             .values(**_taken_by(at, now))
             .returning(Job.id)))
@@ -175,16 +175,16 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
     """One transaction for a dynamic batch: a throughput point for every job (id -> samples,
     seconds, result), and every job but the lead (which its own task finishes) succeeded."""
     now = utcnow()
-    with session_scope(url) as s:
-        s.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
-        s.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
+    with session_scope(url) as session:
+        session.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
+        session.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
                                       for i, (n, sec, _) in outcomes.items()])
         done = [{"job_id": job_id, **_succeeded(samples, seconds, result, now)}
                 for job_id, (samples, seconds, result) in outcomes.items() if job_id != lead]
         if done:  # one executemany, not a statement per job
             table = Job.__table__
             assert isinstance(table, Table)
-            s.execute(update(table).where(table.c.id == bindparam("job_id"),
+            session.execute(update(table).where(table.c.id == bindparam("job_id"),
                                           table.c.worker == at.worker,
                                           table.c.status == JobStatus.RUNNING), done)
 
@@ -192,8 +192,8 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
 @db_retry
 def beat(url: str, job_id: int, worker: str) -> None:
     """Refresh the heartbeat of a job this worker is running."""
-    with session_scope(url) as s:
-        s.execute(update(Job)
+    with session_scope(url) as session:
+        session.execute(update(Job)
                   .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
                   .values(heartbeat_at=utcnow()))
 
@@ -201,13 +201,13 @@ def beat(url: str, job_id: int, worker: str) -> None:
 @db_retry
 def set_progress(url: str, job_id: int, progress: float) -> None:
     """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
-    with session_scope(url) as s:
-        s.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
+    with session_scope(url) as session:
+        session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
                   .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=utcnow()))
-        parent = s.scalar(select(Job.parent_id).where(Job.id == job_id))
+        parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
         if parent is not None:
-            mean = s.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))
-            s.execute(update(Job).where(Job.id == parent, Job.status == JobStatus.RUNNING)
+            mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))
+            session.execute(update(Job).where(Job.id == parent, Job.status == JobStatus.RUNNING)
                       .values(progress=mean))
 
 
@@ -215,17 +215,17 @@ def set_progress(url: str, job_id: int, progress: float) -> None:
 def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
                   seconds: float) -> None:
     """One point of throughput over time; keyed by (job, step) so a rerun overwrites it."""
-    with session_scope(url) as s:
-        s.query(JobMetric).filter(JobMetric.job_id == job_id, JobMetric.step == step).delete()
-        s.execute(insert(JobMetric).values(**_metric(job_id, step, device, samples, seconds,
+    with session_scope(url) as session:
+        session.query(JobMetric).filter(JobMetric.job_id == job_id, JobMetric.step == step).delete()
+        session.execute(insert(JobMetric).values(**_metric(job_id, step, device, samples, seconds,
                                                      utcnow())))
 
 
 @db_retry
 def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
             result: dict[str, Any]) -> bool:
-    with session_scope(url) as s:
-        return bool(rowcount(s.execute(
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(
             update(Job)
             .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
             .values(**_succeeded(samples, seconds, result, utcnow()))
@@ -238,8 +238,8 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
     cond = [Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])]
     if worker is not None:
         cond.append(Job.worker == worker)
-    with session_scope(url) as s:
-        return bool(rowcount(s.execute(
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(
             update(Job).where(*cond)
             .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
         )))
@@ -254,8 +254,8 @@ def clear_heartbeat(url: str, job_id: int, stale_before: datetime | None = None)
     cond = [Job.id == job_id, Job.status == JobStatus.RUNNING]
     if stale_before is not None:
         cond.append(heartbeat_stale(stale_before))
-    with session_scope(url) as s:
-        return bool(rowcount(s.execute(update(Job).where(*cond).values(heartbeat_at=None))))
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(update(Job).where(*cond).values(heartbeat_at=None))))
 
 
 @db_retry
@@ -265,12 +265,12 @@ def orphan(url: str, worker: str) -> list[int]:
     A parent whose chunks are out is not the worker's any more: its chunks run it. A job already
     orphaned (no heartbeat) was requeued when the worker died before; it waits for its delivery.
     """
-    with session_scope(url) as s:
-        ids = list(s.scalars(select(Job.id).where(Job.worker == worker, Job.chunks.is_(None),
+    with session_scope(url) as session:
+        ids = list(session.scalars(select(Job.id).where(Job.worker == worker, Job.chunks.is_(None),
                                                   Job.status == JobStatus.RUNNING,
                                                   Job.heartbeat_at.is_not(None))))
         if ids:
-            s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
+            session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
                       .values(heartbeat_at=None))
         return ids
 
@@ -285,17 +285,17 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
     """
     queues = [queue] * len(chunk_params) if isinstance(queue, str) else queue
     asked = [requested] * len(chunk_params) if isinstance(requested, str) else requested
-    with session_scope(url) as s:
-        existing = {c.chunk_index: c for c in s.scalars(select(Job).where(Job.parent_id == parent_id))}
+    with session_scope(url) as session:
+        existing = {c.chunk_index: c for c in session.scalars(select(Job).where(Job.parent_id == parent_id))}
         for index, params in enumerate(chunk_params):
             if index not in existing:
                 existing[index] = Job(kind=kind, params=params, requested_device=asked[index],
                                       queue=queues[index], status=JobStatus.QUEUED, progress=0.0,
                                       attempts=0, parent_id=parent_id, chunk_index=index)
-                s.add(existing[index])
-        s.execute(update(Job).where(Job.id == parent_id)
+                session.add(existing[index])
+        session.execute(update(Job).where(Job.id == parent_id)
                   .values(chunks=len(chunk_params), heartbeat_at=None))
-        s.flush()
+        session.flush()
         return [(existing[i].id, existing[i].status == JobStatus.QUEUED, existing[i].queue)
                 for i in range(len(chunk_params))]
 
@@ -304,19 +304,19 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
 def settle_parent(url: str, parent_id: int) -> bool:
     """Finish the parent once every chunk has, as `mxq.parts.settle` says (a multi-node
     training: its epochs merged first)."""
-    with session_scope(url) as s:
-        children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
+    with session_scope(url) as session:
+        children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
                                   .order_by(Job.chunk_index)))
         if not children or any(c.status not in FINISHED for c in children):
             return False
-        kind = s.scalar(select(Job.kind).where(Job.id == parent_id))
+        kind = session.scalar(select(Job.kind).where(Job.id == parent_id))
     if kind == "train":
         merge_parts(url, parent_id)
-    with session_scope(url) as s:
-        children = list(s.scalars(select(Job).where(Job.parent_id == parent_id)
+    with session_scope(url) as session:
+        children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
                                   .order_by(Job.chunk_index)))
         values = parts.settle(str(kind), children, utcnow())
-        return bool(rowcount(s.execute(update(Job).where(Job.id == parent_id,
+        return bool(rowcount(session.execute(update(Job).where(Job.id == parent_id,
                                                 Job.status == JobStatus.RUNNING).values(**values)
                               )))
 
@@ -331,30 +331,30 @@ class CancelOutcome(enum.Enum):
 def cancel(url: str, job_id: int) -> CancelOutcome:
     """Cancel a job and its chunks: queued ones at once, running ones at their next boundary."""
     now = utcnow()
-    with session_scope(url) as s:
-        job = s.get(Job, job_id)
+    with session_scope(url) as session:
+        job = session.get(Job, job_id)
         if job is None:
             return CancelOutcome.MISSING
         if job.status in FINISHED:
             return CancelOutcome.FINISHED
-        ids = [job_id, *s.scalars(select(Job.id).where(Job.parent_id == job_id))]
-        s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+        ids = [job_id, *session.scalars(select(Job.id).where(Job.parent_id == job_id))]
+        session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
                   .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled"))
-        s.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
+        session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
                   .values(cancel_requested_at=now))
-        s.flush()
+        session.flush()
         chunked = job.chunks is not None
     if chunked:
         settle_parent(url, job_id)  # every chunk may have been queued, and so is over now
-    with session_scope(url) as s:
-        status = s.scalar(select(Job.status).where(Job.id == job_id))
+    with session_scope(url) as session:
+        status = session.scalar(select(Job.status).where(Job.id == job_id))
     return CancelOutcome.CANCELLED if status == JobStatus.CANCELLED else CancelOutcome.REQUESTED
 
 
 @db_retry
 def cancel_requested(url: str, job_id: int) -> bool:
-    with session_scope(url) as s:
-        return s.scalar(select(Job.cancel_requested_at).where(Job.id == job_id)) is not None
+    with session_scope(url) as session:
+        return session.scalar(select(Job.cancel_requested_at).where(Job.id == job_id)) is not None
 
 
 class RunCheck(enum.Enum):
@@ -366,8 +366,8 @@ class RunCheck(enum.Enum):
 @db_retry
 def run_check(url: str, job_id: int, worker: str) -> RunCheck:
     """What a running job's worker should do at its next batch or epoch boundary."""
-    with session_scope(url) as s:
-        row = s.execute(select(Job.status, Job.worker, Job.cancel_requested_at)
+    with session_scope(url) as session:
+        row = session.execute(select(Job.status, Job.worker, Job.cancel_requested_at)
                         .where(Job.id == job_id)).one_or_none()
     if row is None or row.status != JobStatus.RUNNING or row.worker != worker:
         return RunCheck.LOST
@@ -377,8 +377,8 @@ def run_check(url: str, job_id: int, worker: str) -> RunCheck:
 @db_retry
 def mark_cancelled(url: str, job_id: int, worker: str, samples: int | None = None) -> bool:
     """A running job stopped on request; what it wrote is kept."""
-    with session_scope(url) as s:
-        return bool(rowcount(s.execute(
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(
             update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
             .values(status=JobStatus.CANCELLED, finished_at=utcnow(), heartbeat_at=None,
                     samples=samples, error="cancelled while running; partial results kept")

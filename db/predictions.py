@@ -14,8 +14,8 @@ from mxq.db.schema import Prediction
 @db_retry
 def replace_range(url: str, job_id: int, start: int, stop: int) -> None:
     """Clear [start, stop) before a (re)run writes it: a redelivered chunk never duplicates rows."""
-    with session_scope(url) as s:
-        s.execute(delete(Prediction).where(Prediction.job_id == job_id, Prediction.idx >= start,
+    with session_scope(url) as session:
+        session.execute(delete(Prediction).where(Prediction.job_id == job_id, Prediction.idx >= start,
                                            Prediction.idx < stop))
 
 
@@ -49,8 +49,8 @@ _MARK = {"qmark": "?", "format": "%s", "pyformat": "%s", "numeric": "?"}
 
 
 def count(url: str, job_id: int) -> int:
-    with session_scope(url) as s:
-        return s.scalar(select(func.count()).where(Prediction.job_id == job_id)) or 0
+    with session_scope(url) as session:
+        return session.scalar(select(func.count()).where(Prediction.job_id == job_id)) or 0
 
 
 def read(url: str, job_id: int, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
@@ -58,6 +58,6 @@ def read(url: str, job_id: int, limit: int | None = None, offset: int = 0) -> li
          .where(Prediction.job_id == job_id).order_by(Prediction.idx).offset(offset))
     if limit is not None:
         q = q.limit(limit)
-    with session_scope(url) as s:
+    with session_scope(url) as session:
         return [{"index": i, "predicted_class": c, "score": sc, "top_k": tk}
-                for i, c, sc, tk in s.execute(q)]
+                for i, c, sc, tk in session.execute(q)]

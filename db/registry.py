@@ -26,17 +26,17 @@ def model_record(m: Model) -> dict[str, Any]:
 
 
 def next_version(url: str, name: str) -> int:
-    with session_scope(url) as s:
-        return (s.scalar(select(func.max(Model.version)).where(Model.name == name)) or 0) + 1
+    with session_scope(url) as session:
+        return (session.scalar(select(func.max(Model.version)).where(Model.name == name)) or 0) + 1
 
 
 def add_model(url: str, record: dict[str, Any]) -> dict[str, Any]:
     """Insert a version (the record names it); a clash with a concurrent add is an error."""
     try:
-        with session_scope(url) as s:
+        with session_scope(url) as session:
             model = Model(**record)
-            s.add(model)
-            s.flush()
+            session.add(model)
+            session.flush()
             return model_record(model)
     except IntegrityError:
         raise ModelNotFound(f"model {record['name']} version {record['version']} was added "
@@ -45,10 +45,10 @@ def add_model(url: str, record: dict[str, Any]) -> dict[str, Any]:
 
 def resolve(url: str, name: str, version: int | None = None) -> dict[str, Any]:
     """A given version, else the promoted one, else the newest."""
-    with session_scope(url) as s:
-        versions = list(s.scalars(select(Model).where(Model.name == name).order_by(Model.version)))
+    with session_scope(url) as session:
+        versions = list(session.scalars(select(Model).where(Model.name == name).order_by(Model.version)))
         if not versions:
-            known = sorted(set(s.scalars(select(Model.name))))
+            known = sorted(set(session.scalars(select(Model.name))))
             raise ModelNotFound(f"unknown model {name!r}; known models: "
                                 f"{', '.join(known) or 'none (add one with `mxq models add`)'}")
         if version is None:
@@ -65,12 +65,12 @@ def list_models(url: str, name: str | None = None) -> list[dict[str, Any]]:
     q = select(Model).order_by(Model.name, Model.version)
     if name is not None:
         q = q.where(Model.name == name)
-    with session_scope(url) as s:
-        return [model_record(m) for m in s.scalars(q)]
+    with session_scope(url) as session:
+        return [model_record(m) for m in session.scalars(q)]
 
 
 def promote(url: str, name: str, version: int) -> dict[str, Any]:
     resolve(url, name, version)  # raises with the versions that exist
-    with session_scope(url) as s:
-        s.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))
+    with session_scope(url) as session:
+        session.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))
     return resolve(url, name, version)

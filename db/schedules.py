@@ -26,61 +26,62 @@ class ScheduleExists(Conflict):
     """A schedule of that name exists already."""
 
 
-def schedule_record(s: Schedule) -> dict[str, Any]:
-    return {"name": s.name, "cron": s.cron, "tz": s.tz, "spec": s.spec, "dataset": s.dataset,
-            "promote": s.promote, "metric": s.metric, "min_gain": s.min_gain,
-            "enabled": s.enabled, "next_fire_at": iso(s.next_fire_at),
-            "last_fire_at": iso(s.last_fire_at), "created_at": iso(s.created_at)}
+def schedule_record(sched: Schedule) -> dict[str, Any]:
+    return {"name": sched.name, "cron": sched.cron, "tz": sched.tz, "spec": sched.spec,
+            "dataset": sched.dataset,
+            "promote": sched.promote, "metric": sched.metric, "min_gain": sched.min_gain,
+            "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
+            "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at)}
 
 
 def add(url: str, values: dict[str, Any]) -> dict[str, Any]:
     try:
-        with session_scope(url) as s:
+        with session_scope(url) as session:
             row = Schedule(**values)
-            s.add(row)
-            s.flush()
+            session.add(row)
+            session.flush()
             return schedule_record(row)
     except IntegrityError:
         raise ScheduleExists(f"a schedule named {values['name']!r} exists already") from None
 
 
-def _get(s: Session, name: str) -> Schedule:
-    row: Schedule | None = s.scalar(select(Schedule).where(Schedule.name == name))
+def _get(session: Session, name: str) -> Schedule:
+    row: Schedule | None = session.scalar(select(Schedule).where(Schedule.name == name))
     if row is None:
-        known = ", ".join(s.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
+        known = ", ".join(session.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
         raise ScheduleNotFound(f"unknown schedule {name!r}; schedules: {known}")
     return row
 
 
 def get(url: str, name: str) -> dict[str, Any]:
-    with session_scope(url) as s:
-        row = _get(s, name)
+    with session_scope(url) as session:
+        row = _get(session, name)
         return {**schedule_record(row), "id": row.id}
 
 
 def list_schedules(url: str) -> list[dict[str, Any]]:
-    with session_scope(url) as s:
-        return [schedule_record(r) for r in s.scalars(select(Schedule).order_by(Schedule.name))]
+    with session_scope(url) as session:
+        return [schedule_record(r) for r in session.scalars(select(Schedule).order_by(Schedule.name))]
 
 
 def set_enabled(url: str, name: str, enabled: bool, next_fire_at: datetime | None = None) -> None:
-    with session_scope(url) as s:
-        row = _get(s, name)
+    with session_scope(url) as session:
+        row = _get(session, name)
         row.enabled = enabled
         if next_fire_at is not None:
             row.next_fire_at = next_fire_at
 
 
 def remove(url: str, name: str) -> None:
-    with session_scope(url) as s:
-        row = _get(s, name)
-        s.execute(delete(Fire).where(Fire.schedule_id == row.id))
-        s.delete(row)
+    with session_scope(url) as session:
+        row = _get(session, name)
+        session.execute(delete(Fire).where(Fire.schedule_id == row.id))
+        session.delete(row)
 
 
 def due(url: str, now: datetime) -> list[dict[str, Any]]:
-    with session_scope(url) as s:
-        rows = s.scalars(select(Schedule).where(Schedule.enabled.is_(True),
+    with session_scope(url) as session:
+        rows = session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
                                                 Schedule.next_fire_at <= now))
         return [{**schedule_record(r), "id": r.id, "next": as_utc(r.next_fire_at)} for r in rows]
 
@@ -89,50 +90,50 @@ def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime
          fire_time: datetime, missed: int) -> int | None:
     """Move next_fire_at from `expected_next` and record the fire; None if another tick did."""
     try:
-        with session_scope(url) as s:
-            moved = rowcount(s.execute(update(Schedule)
+        with session_scope(url) as session:
+            moved = rowcount(session.execute(update(Schedule)
                               .where(Schedule.id == schedule_id, Schedule.next_fire_at == expected_next)
                               .values(next_fire_at=new_next, last_fire_at=fire_time)))
             if not moved:
                 return None
             fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=False)
-            s.add(fire)
-            s.flush()
+            session.add(fire)
+            session.flush()
             return fire.id
     except IntegrityError:
         return None
 
 
 def record_manual(url: str, schedule_id: int, fire_time: datetime) -> int:
-    with session_scope(url) as s:
+    with session_scope(url) as session:
         fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=0, manual=True)
-        s.add(fire)
-        s.execute(update(Schedule).where(Schedule.id == schedule_id).values(last_fire_at=fire_time))
-        s.flush()
+        session.add(fire)
+        session.execute(update(Schedule).where(Schedule.id == schedule_id).values(last_fire_at=fire_time))
+        session.flush()
         return fire.id
 
 
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:
     """Set the fire's dataset file, job id, error or promotion decision."""
-    with session_scope(url) as s:
-        s.execute(update(Fire).where(Fire.id == fire_id).values(**values))
+    with session_scope(url) as session:
+        session.execute(update(Fire).where(Fire.id == fire_id).values(**values))
 
 
 def fires(url: str, name: str) -> list[dict[str, Any]]:
-    with session_scope(url) as s:
-        row = _get(s, name)
+    with session_scope(url) as session:
+        row = _get(session, name)
         q = (select(Fire, Job.status).outerjoin(Job, Job.id == Fire.job_id)
              .where(Fire.schedule_id == row.id).order_by(Fire.fire_time, Fire.id))
         return [{"fire_time": iso(f.fire_time), "fired_at": iso(f.fired_at), "manual": f.manual,
                  "missed": f.missed, "catch_up": f.missed > 0, "dataset_file": f.dataset_file,
                  "job_id": f.job_id, "job_status": status or ("failed" if f.error else None),
-                 "error": f.error, "promotion": f.promotion} for f, status in s.execute(q)]
+                 "error": f.error, "promotion": f.promotion} for f, status in session.execute(q)]
 
 
 def fire_of(url: str, fire_id: int) -> dict[str, Any]:
-    with session_scope(url) as s:
-        fire = s.get(Fire, fire_id)
-        sched = s.get(Schedule, fire.schedule_id) if fire is not None else None
+    with session_scope(url) as session:
+        fire = session.get(Fire, fire_id)
+        sched = session.get(Schedule, fire.schedule_id) if fire is not None else None
         if fire is None or sched is None:
             raise ScheduleNotFound(f"no fire {fire_id} of a known schedule")
         return {"schedule": sched.name, "fire_time": iso(fire.fire_time), "promote": sched.promote,

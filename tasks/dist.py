@@ -37,8 +37,8 @@ from typing import Any
 
 from mxq.db import peers
 from mxq.db.epochs import set_devices
+from mxq.db.fleet import list_workers
 from mxq.db.schema import JobStatus, utcnow
-from mxq.db.workers import list_workers
 from mxq.device import Device
 from mxq.parts import knock_on
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
@@ -192,7 +192,7 @@ def stop_roles(roles: list[Role], grace: float = 0.0) -> None:
             role.proc.wait()
 
 
-def _verdict(s: Settings, job: JobContext, p: TrainParams, joined: bool,
+def _check_peers(s: Settings, job: JobContext, p: TrainParams, joined: bool,
              waited: float) -> Exception | None:
     """Why this part must stop now, if it must."""
     parts = peers.parts_of(s.database, _role(p).parent)
@@ -249,7 +249,7 @@ def watch(s: Settings, job: JobContext, p: TrainParams, child: subprocess.Popen,
                 stop(JobFailed(f"the ps-lite {role.name} on node {s.node} exited with {code}: "
                                f"{role.tail() or 'see ' + str(role.log)}"))
         joined = joined or ready.exists()
-        verdict = _verdict(s, job, p, joined, time.monotonic() - started)
+        verdict = _check_peers(s, job, p, joined, time.monotonic() - started)
         if verdict is not None:
             log.warning("job %s: stopping: %s", job.id, verdict)
             stop(verdict)

@@ -27,9 +27,9 @@ from typing import TypeVar
 import pytest
 from click.testing import CliRunner
 
+from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
-from mxq.db.workers import alive_since
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 

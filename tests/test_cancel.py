@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mxq.db import predictions
-from mxq.db.workers import forget, register
+from mxq.db.fleet import forget, register
 from mxq.workers.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 

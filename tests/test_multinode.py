@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from mxq.db.fleet import alive_since, list_workers
 from mxq.db.schema import utcnow
-from mxq.db.workers import alive_since, list_workers
 from mxq.workers.submit import submit
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
 from tests.test_workers import _wait_alive
@@ -295,14 +295,14 @@ def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
 
 def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # noqa: ANN001
     from mxq.db import jobs
-    from mxq.tasks.dist import _verdict
+    from mxq.tasks.dist import _check_peers
     from mxq.tasks.runner import JobFailed
 
     parent, ids = _split_job(db.database)
     (ctx0, p0), _ = _run_parts(db, ids)
-    assert _verdict(db, ctx0, p0, joined=True, waited=0) is None
+    assert _check_peers(db, ctx0, p0, joined=True, waited=0) is None
     jobs.orphan(db.database, "cpu0@b")  # its worker died: requeued, no heartbeat
-    verdict = _verdict(db, ctx0, p0, joined=True, waited=0)
+    verdict = _check_peers(db, ctx0, p0, joined=True, waited=0)
     assert isinstance(verdict, JobFailed)
     assert str(verdict) == (f"stopped because part 1 on node b (job {ids[1]}) failed: its worker "
                             "on node b died while running it")
@@ -318,7 +318,7 @@ def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # 
 def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: ANN001
     from mxq.db import jobs
     from mxq.db.jobs import Placement
-    from mxq.tasks.dist import _verdict
+    from mxq.tasks.dist import _check_peers
     from mxq.tasks.runner import JobFailed
     from mxq.workers.jobspecs import TrainParams
 
@@ -326,9 +326,9 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: A
     assert jobs.claim(db.database, ids[0], Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
     ctx = _context(db.database, ids[0], "a")
     p = TrainParams(**ctx.params)
-    assert _verdict(db, ctx, p, joined=False, waited=0.5) is None  # part 1 may still come
-    assert _verdict(db, ctx, p, joined=True, waited=5) is None  # joined: no start-up limit
-    verdict = _verdict(db, ctx, p, joined=False, waited=5)
+    assert _check_peers(db, ctx, p, joined=False, waited=0.5) is None  # part 1 may still come
+    assert _check_peers(db, ctx, p, joined=True, waited=5) is None  # joined: no start-up limit
+    verdict = _check_peers(db, ctx, p, joined=False, waited=5)
     assert isinstance(verdict, JobFailed)
     assert "did not all join within 1s (MXQ_DIST_START_SECONDS)" in str(verdict)
     assert "part 1 on node b queued" in str(verdict)
@@ -338,14 +338,14 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: A
 
 def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
     from mxq.db import jobs
-    from mxq.tasks.dist import _verdict
+    from mxq.tasks.dist import _check_peers
     from mxq.tasks.runner import JobCancelled
 
     parent, ids = _split_job(db.database)
     contexts = _run_parts(db, ids)
     assert jobs.cancel(db.database, parent) is jobs.CancelOutcome.REQUESTED
     for ctx, p in contexts:
-        assert isinstance(_verdict(db, ctx, p, joined=True, waited=0), JobCancelled)
+        assert isinstance(_check_peers(db, ctx, p, joined=True, waited=0), JobCancelled)
 
 
 def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None:  # noqa: ANN001

@@ -12,7 +12,7 @@ import pytest
 
 from mxq.db import predictions
 from mxq.tasks import datasets
-from mxq.tasks.fit import fit, make_net, make_trainer
+from mxq.tasks.train_loop import fit, make_net, make_trainer
 from mxq.workers.jobspecs import TrainParams
 from mxq.workers.submit import submit
 from tests.conftest import Stack, wait_until
@@ -167,8 +167,8 @@ def test_epoch_figures_equal_a_plain_evaluation() -> None:
     weights stay put, so they must equal an evaluation of the same net over the same samples."""
     from mxnet import gluon
 
-    from mxq.tasks import fit
-    from mxq.tasks.fit import run_epoch, train_step
+    from mxq.tasks import train_loop as fit
+    from mxq.tasks.train_loop import run_epoch, train_step
 
     data = datasets.digits()
     p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=20, seed=5)

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from mxq.db.workers import list_workers
+from mxq.db.fleet import list_workers
 from mxq.workers.submit import publish, submit
 from tests.conftest import NODE, Stack, wait_until
 
@@ -129,7 +129,7 @@ def test_second_delivery_of_a_running_job_is_dropped(workers: Stack) -> None:
 
 
 def test_offline_device_needs_allow_offline(workers: Stack) -> None:
-    from mxq.db.workers import forget, register
+    from mxq.db.fleet import forget, register
 
     s = workers.settings
     # A device whose worker is known but not running (as after `mxq down`).

@@ -17,7 +17,7 @@ from mxq.workers.settings import Settings, get_settings
 # job tasks, which load MXNet; every other process (the schedule process, a publishing client)
 # gets only the control tasks and never loads MXNet.
 CONTROL_TASK_MODULES = ["mxq.workers.control"]
-DEVICE_TASK_MODULES = ["mxq.tasks.probe", "mxq.tasks.infer", "mxq.tasks.train", *CONTROL_TASK_MODULES]
+DEVICE_TASK_MODULES = ["mxq.tasks.probe", "mxq.tasks.infer", "mxq.tasks.train_task", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 
-from mxq.db import jobs, workers
+from mxq.db import fleet, jobs
 from mxq.device import Device
 from mxq.workers.queues import device_queue, worker_name
 from mxq.workers.settings import get_settings
@@ -31,7 +31,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         job = self.current_job
-        workers.beat(self.url, self.name, job)
+        fleet.beat(self.url, self.name, job)
         if job is not None:
             jobs.beat(self.url, job, self.name)
 
@@ -44,7 +44,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        workers.mark_dead(self.url, self.name)
+        fleet.mark_dead(self.url, self.name)
 
 
 current: Heartbeat | None = None
@@ -58,7 +58,7 @@ def start(**_: object) -> None:
         return
     spec = Device.parse(s.device)
     name = worker_name(s.node, spec.kind, spec.index)
-    workers.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
+    fleet.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
                      os.getpid(), {})
     current = Heartbeat(s.database, name, s.heartbeat_seconds)
     current.start()

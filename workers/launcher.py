@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mxq.db import workers as beats
+from mxq.db import fleet as beats
 from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
 from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name

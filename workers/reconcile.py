@@ -57,16 +57,16 @@ class Report:
 
 def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
     cutoff = utcnow() - timedelta(seconds=SUBMIT_GRACE_SECONDS)
-    with session_scope(settings.database) as s:
-        rows = s.execute(select(Job.id, Job.kind, Job.queue)
+    with session_scope(settings.database) as session:
+        rows = session.execute(select(Job.id, Job.kind, Job.queue)
                          .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
         return {r.id: (r.kind, r.queue) for r in rows}
 
 
 def _stale_running(settings: Settings) -> dict[int, tuple[str, str]]:
     cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
-    with session_scope(settings.database) as s:
-        rows = s.execute(select(Job.id, Job.kind, Job.queue).where(
+    with session_scope(settings.database) as session:
+        rows = session.execute(select(Job.id, Job.kind, Job.queue).where(
             Job.status == JobStatus.RUNNING, Job.chunks.is_(None), jobs.heartbeat_stale(cutoff)))
         return {r.id: (r.kind, r.queue) for r in rows}
 
@@ -74,8 +74,8 @@ def _stale_running(settings: Settings) -> dict[int, tuple[str, str]]:
 def _still_queued(settings: Settings, ids: set[int]) -> set[int]:
     if not ids:
         return set()
-    with session_scope(settings.database) as s:
-        return set(s.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
+    with session_scope(settings.database) as session:
+        return set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
 
 
 def _live(held: dict[int, list[Held]]) -> set[int]:
@@ -120,8 +120,8 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
     """Publish a dead job again (True), or fail it when its attempts are used up (False).
 
     With `stale_before`, a job whose heartbeat came back meanwhile is left alone (None)."""
-    with session_scope(settings.database) as s:
-        job = s.get(Job, job_id)
+    with session_scope(settings.database) as session:
+        job = session.get(Job, job_id)
         if job is None:
             return None
         attempts, worker = job.attempts, job.worker
@@ -160,8 +160,8 @@ def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: 
 
 
 def _settle_parents(settings: Settings, report: Report) -> None:
-    with session_scope(settings.database) as s:
-        parents = list(s.scalars(select(Job.id).where(Job.status == JobStatus.RUNNING,
+    with session_scope(settings.database) as session:
+        parents = list(session.scalars(select(Job.id).where(Job.status == JobStatus.RUNNING,
                                                       Job.chunks.is_not(None))))
     for parent in parents:
         if jobs.settle_parent(settings.database, parent):
@@ -179,8 +179,8 @@ def _free_leases(settings: Settings, report: Report) -> None:
     held = {k: v for k in r.scan_iter(match="mxq:lease:*", count=500) if (v := r.get(k))}
     if not held:
         return
-    with session_scope(settings.database) as s:
-        state = dict(s.execute(select(Job.id, Job.status).where(
+    with session_scope(settings.database) as session:
+        state = dict(session.execute(select(Job.id, Job.status).where(
             Job.id.in_({int(v) for v in held.values() if v.isdigit()}))).all())
     for k, v in held.items():
         status = state.get(int(v)) if v.isdigit() else None
@@ -194,8 +194,8 @@ def _free_leases(settings: Settings, report: Report) -> None:
 
 def _resubmit_fires(settings: Settings, report: Report) -> None:
     cutoff = utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)
-    with session_scope(settings.database) as s:
-        rows = s.execute(select(Fire.id, Schedule.name).join(Schedule)
+    with session_scope(settings.database) as session:
+        rows = session.execute(select(Fire.id, Schedule.name).join(Schedule)
                          .where(Fire.job_id.is_(None), Fire.error.is_(None),
                                 Fire.fired_at < cutoff)).all()
     for fire_id, name in rows:

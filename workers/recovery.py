@@ -18,8 +18,8 @@ def recover_worker(settings: Settings, worker: str) -> list[int]:
     """Requeue (or fail, past the cap) every job `worker` was running; return their ids."""
     ids = jobs.orphan(settings.database, worker)
     for job_id in ids:
-        with session_scope(settings.database) as s:
-            job = s.get(Job, job_id)
+        with session_scope(settings.database) as session:
+            job = session.get(Job, job_id)
             if job is None:
                 continue
             kind, queue = job.kind, job.queue

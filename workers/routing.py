@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mxq.db.workers import list_workers
+from mxq.db.fleet import list_workers
 from mxq.device import KINDS, Device
 from mxq.errors import UserError
 from mxq.workers.queues import DeviceSpec, device_queue, pool_queue

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from mxq.db.fleet import alive_since, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
-from mxq.db.workers import alive_since, refused_since
 from mxq.errors import Unavailable
 from mxq.workers.devices import discover, installed_mxnet
 from mxq.workers.embedded import EmbeddedRedis

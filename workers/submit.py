@@ -103,7 +103,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
 
 def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
     """Pin the dataset path, and refuse more devices than the node has."""
-    from mxq.db.workers import list_workers
+    from mxq.db.fleet import list_workers
 
     dataset = params["dataset"]
     if dataset != "digits":

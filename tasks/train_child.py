@@ -1,4 +1,4 @@
-"""The training child process: `python -m mxq.tasks.trainer JOB_ID DEVICES`.
+"""The training child process: `python -m mxq.tasks.train_child JOB_ID DEVICES`.
 
 Started by the job's leader worker with exactly the leased devices visible; trains, checkpoints
 each epoch, resumes from the last checkpoint of an earlier attempt, and registers the model.
@@ -21,11 +21,11 @@ from mxq.db.engine import session_scope
 from mxq.db.schema import Job
 from mxq.device import Device
 from mxq.tasks import datasets
-from mxq.tasks.fit import EpochResult, fit, make_net, make_trainer, share_initial_weights
 from mxq.tasks.inputs import InputError
 from mxq.tasks.models import add_trained
 from mxq.tasks.mx import mx
-from mxq.tasks.train import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
+from mxq.tasks.train_loop import EpochResult, fit, make_net, make_trainer, share_initial_weights
+from mxq.tasks.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
 from mxq.tasks.zoo import ArchError, check_shape
 from mxq.workers.jobspecs import TrainParams
 from mxq.workers.paths import PathError, inside_root

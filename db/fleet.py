@@ -17,18 +17,18 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
              info: dict[str, Any], alive: bool = True) -> None:
     """Insert or refresh a worker's row; `alive` says it consumes from now on."""
     now = utcnow()
-    with session_scope(url) as s:
-        row = s.get(WorkerBeat, name) or WorkerBeat(name=name)
+    with session_scope(url) as session:
+        row = session.get(WorkerBeat, name) or WorkerBeat(name=name)
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
         row.info = info or row.info or {}
         row.started_at, row.last_seen, row.current_job = now, now if alive else None, None
-        s.add(row)
+        session.add(row)
 
 
 @db_retry
 def beat(url: str, name: str, current_job: int | None) -> None:
-    with session_scope(url) as s:
-        s.execute(update(WorkerBeat).where(WorkerBeat.name == name)
+    with session_scope(url) as session:
+        session.execute(update(WorkerBeat).where(WorkerBeat.name == name)
                   .values(last_seen=utcnow(), current_job=current_job))
 
 
@@ -36,8 +36,8 @@ def beat(url: str, name: str, current_job: int | None) -> None:
 def refuse(url: str, name: str, reason: str) -> None:
     """The worker refused its device (MXNet cannot use it) and will not be restarted: offline,
     with the reason kept in its info (shown by `mxq devices`) until a launcher registers it anew."""
-    with session_scope(url) as s:
-        row = s.get(WorkerBeat, name)
+    with session_scope(url) as session:
+        row = session.get(WorkerBeat, name)
         if row is not None:
             row.last_seen, row.current_job = None, None
             row.info = {**(row.info or {}), "refused": reason}
@@ -45,8 +45,8 @@ def refuse(url: str, name: str, reason: str) -> None:
 
 def refused_since(url: str, names: list[str], since: datetime) -> set[str]:
     """Which of `names` were registered after `since` and have refused their device."""
-    with session_scope(url) as s:
-        rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
+    with session_scope(url) as session:
+        rows = session.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
         return {r.name for r in rows
                 if r.started_at and as_utc(r.started_at) >= since and (r.info or {}).get("refused")}
 
@@ -54,8 +54,8 @@ def refused_since(url: str, names: list[str], since: datetime) -> set[str]:
 @db_retry
 def mark_dead(url: str, name: str) -> None:
     """The worker stopped or died: it is offline from now on."""
-    with session_scope(url) as s:
-        s.execute(update(WorkerBeat).where(WorkerBeat.name == name)
+    with session_scope(url) as session:
+        session.execute(update(WorkerBeat).where(WorkerBeat.name == name)
                   .values(last_seen=None, current_job=None))
 
 
@@ -65,8 +65,8 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[dict[str
     q = select(WorkerBeat).order_by(WorkerBeat.node, WorkerBeat.device)
     if node is not None:
         q = q.where(WorkerBeat.node == node)
-    with session_scope(url) as s:
-        rows = list(s.scalars(q))
+    with session_scope(url) as session:
+        rows = list(session.scalars(q))
     out = []
     for r in rows:
         seen = as_utc(r.last_seen)
@@ -83,8 +83,8 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[dict[str
 def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[str]:
     """Which of `names` have registered after `since` and beat within `ttl`."""
     cutoff = utcnow() - timedelta(seconds=ttl)
-    with session_scope(url) as s:
-        rows = s.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
+    with session_scope(url) as session:
+        rows = session.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
         return {r.name for r in rows
                 if r.last_seen and r.started_at and as_utc(r.started_at) >= since
                 and as_utc(r.last_seen) >= cutoff}
@@ -92,5 +92,5 @@ def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[
 
 def forget(url: str, name: str) -> None:
     """Drop a worker's row: a device that is gone for good leaves the routing table."""
-    with session_scope(url) as s:
-        s.query(WorkerBeat).filter(WorkerBeat.name == name).delete()
+    with session_scope(url) as session:
+        session.query(WorkerBeat).filter(WorkerBeat.name == name).delete()

@@ -2,9 +2,9 @@
 
 The worker that takes the job leads it: it leases K devices of its node (its own first, the rest
 closest in topology on GPUs), waits until their workers are idle, then runs the training in a
-child process pinned to exactly those devices (`python -m mxq.tasks.trainer JOB DEVICES`), renewing the leases
-while the child runs. The child checkpoints every epoch and resumes from the last one when the
-job is delivered again after a crash.
+child process pinned to exactly those devices (`python -m mxq.tasks.train_child JOB DEVICES`),
+renewing the leases while the child runs. The child checkpoints every epoch and resumes from
+the last one when the job is delivered again after a crash.
 
 With `nodes` N > 1 the job is split into one such training per node, joined by MXNet's dist_sync
 kvstore: see tasks/dist.py.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mxq.db import epochs as epoch_rows
-from mxq.db.workers import list_workers
+from mxq.db.fleet import list_workers
 from mxq.device import Device
 from mxq.tasks import dist
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
@@ -166,7 +166,7 @@ def train(job: JobContext) -> Outcome | FanOut:
     try:
         if p.dist is not None and p.dist.host:
             roles = dist.start_roles(s, p, cores)
-        child = subprocess.Popen([sys.executable, "-m", "mxq.tasks.trainer", str(job.id),
+        child = subprocess.Popen([sys.executable, "-m", "mxq.tasks.train_child", str(job.id),
                                   ",".join(job.devices)],
                                  env=env, preexec_fn=lambda: dist.die_with_parent(cores))
         if p.dist is not None:
