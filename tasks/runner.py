@@ -22,9 +22,9 @@ from mxq.device import Device
 from mxq.errors import UserError
 from mxq.workers import heartbeat, leases
 from mxq.workers.app import app
+from mxq.workers.publish import publish
 from mxq.workers.queues import worker_name
 from mxq.workers.settings import get_settings
-from mxq.workers.submit import publish
 
 log = logging.getLogger(__name__)
 

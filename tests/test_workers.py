@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 
 from mxq.db.fleet import list_workers
-from mxq.workers.submit import publish, submit
+from mxq.workers.publish import publish
+from mxq.workers.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import select
 
@@ -27,8 +27,8 @@ from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
 from mxq.workers import leases
 from mxq.workers.fires import submit_fire
 from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker
+from mxq.workers.publish import publish, requeue
 from mxq.workers.settings import Settings
-from mxq.workers.submit import publish
 
 log = logging.getLogger(__name__)
 
@@ -113,29 +113,6 @@ def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
         pipe.zrem(UNACKED_INDEX, *tags)
         pipe.hdel(UNACKED, *tags)
         pipe.execute()
-
-
-def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
-            stale_before: datetime | None = None) -> bool | None:
-    """Publish a dead job again (True), or fail it when its attempts are used up (False).
-
-    With `stale_before`, a job whose heartbeat came back meanwhile is left alone (None)."""
-    with session_scope(settings.database) as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            return None
-        attempts, worker = job.attempts, job.worker
-    if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
-        return None
-    if attempts >= settings.max_attempts:
-        jobs.fail(settings.database, job_id,
-                  jobs.exhausted_message(attempts, settings.max_attempts, worker))
-        log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)
-        return False
-    publish(settings, job_id, kind, queue, patient=True)
-    events.record(settings.database, job_id, events.REQUEUED, f"requeued to {queue}: {why}",
-                  attempts=attempts, worker=worker)
-    return True
 
 
 def _republish(settings: Settings, lost: dict[int, tuple[str, str]], stale: dict[int, list[Held]],

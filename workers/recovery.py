@@ -10,7 +10,7 @@ from __future__ import annotations
 from mxq.db import jobs
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job
-from mxq.workers.reconcile import requeue
+from mxq.workers.publish import requeue
 from mxq.workers.settings import Settings
 
 

@@ -17,23 +17,19 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import get_engine, safe_url
-from mxq.db.jobs import create_job, create_jobs, delete_unstarted
+from mxq.db.jobs import create_job, create_jobs
 from mxq.db.registry import resolve
-from mxq.db.retry import retrying
 from mxq.device import Device
-from mxq.errors import JobRejected, Unavailable
+from mxq.errors import JobRejected
 from mxq.workers.app import app_for
 from mxq.workers.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, inside_root
+from mxq.workers.publish import SubmitError, publish, task_name
 from mxq.workers.queues import parse_device
 from mxq.workers.routing import Route, route
 from mxq.workers.settings import Settings
 
 BROKER_CHECK_SECONDS = 3
-
-
-class SubmitError(Unavailable):
-    """The database or the broker cannot be reached: the job was not submitted."""
 
 
 def check_database(settings: Settings) -> None:
@@ -53,10 +49,6 @@ def check_broker(settings: Settings) -> None:
             conn.ensure_connection(max_retries=1, timeout=BROKER_CHECK_SECONDS)
     except Exception as exc:  # kombu raises several unrelated types here
         raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from None
-
-
-def task_name(kind: str) -> str:
-    return f"mxq.{kind}"
 
 
 def _storable(value: Any) -> Any:
@@ -209,26 +201,3 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
                           "the reconciler publishes the jobs already recorded") from None
     return ids
-
-
-def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
-    app_for(broker).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
-                              retry=True)
-
-
-# Workers and the reconciler wait out a broker restart; a user's submit is told at once.
-_send_patiently = retrying(lambda exc: not isinstance(exc, (TypeError, ValueError)))(_send)
-
-
-def publish(settings: Settings, job_id: int, kind: str, queue: str,
-            undo_on_failure: bool = False, patient: bool = False) -> None:
-    """Send the job's message to `queue` (again, when requeuing a job whose worker died).
-
-    `patient` (inside workers) retries for minutes through a broker restart."""
-    try:
-        (_send_patiently if patient else _send)(settings.broker, job_id, kind, queue)
-    except Exception as exc:
-        if undo_on_failure:
-            delete_unstarted(settings.database, job_id)
-        raise SubmitError(f"could not publish job {job_id} to {maybe_sanitize_url(settings.broker)}: "
-                          f"{exc}") from None
