@@ -7,7 +7,7 @@ import csv
 import io
 import secrets
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +44,8 @@ Write = Depends(writer)
 
 
 def _job_or_404(s: Settings, job_id: int, full: bool = False) -> dict[str, Any]:
-    return require_job(s.database, job_id, with_metrics=full)
+    # Served as it is: the routes' responses are plain JSON objects in the API's spec.
+    return cast(dict[str, Any], require_job(s.database, job_id, with_metrics=full))
 
 
 @router.get("/jobs")

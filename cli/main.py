@@ -16,6 +16,7 @@ from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.db.history import JobFilter, list_jobs, pool_depths, require_job
+from mxq.db.records import JobRecord
 from mxq.db.schema import utcnow
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.status import device_table
@@ -311,7 +312,7 @@ def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_off
     _show_job(require_job(s.database, job_id, with_metrics=True), json_)
 
 
-def _show_job(record: dict[str, Any], json_: bool) -> None:
+def _show_job(record: JobRecord, json_: bool) -> None:
     if json_:
         render.print_json(record)
     else:

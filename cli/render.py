@@ -7,12 +7,14 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from mxq.db.records import JobRecord
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
 WIDTH = shutil.get_terminal_size((160, 24)).columns
@@ -34,7 +36,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = None) -> None:
+def table(rows: Sequence[Mapping[str, Any]], columns: list[str], title: str | None = None) -> None:
     t = Table(title=title)
     for c in columns:
         t.add_column(c)
@@ -48,7 +50,7 @@ JOB_LISTS = {"epochs": ["epoch", "train_loss", "train_accuracy", "val_accuracy",
              "events": ["at", "kind", "message"]}
 
 
-def job_detail(record: dict[str, Any]) -> None:
+def job_detail(record: Mapping[str, Any]) -> None:
     t = Table(show_header=False, title=f"job {record['id']}")
     t.add_column("field", style="bold")
     t.add_column("value")
@@ -66,7 +68,7 @@ def job_detail(record: dict[str, Any]) -> None:
             table(record[key], columns, key)
 
 
-def csv_rows(rows: list[dict[str, Any]], columns: list[str]) -> None:
+def csv_rows(rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(columns)
     for r in rows:
@@ -91,8 +93,8 @@ def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
            for r in rows], ["index", "predicted_class", "score", *(["top_k"] if k else [])])
 
 
-def wait_for(job_id: int, fetch: Callable[[int], dict[str, Any]],
-             timeout: float | None) -> dict[str, Any]:
+def wait_for(job_id: int, fetch: Callable[[int], JobRecord],
+             timeout: float | None) -> JobRecord:
     """Show a progress bar (on stderr) until the job is over; return its final record."""
     deadline = None if timeout is None else time.monotonic() + timeout
     columns = (TextColumn("job {task.fields[job]} {task.fields[status]:<9}"), BarColumn(),

@@ -9,6 +9,7 @@ from sqlalchemy.exc import IntegrityError
 
 from mxq import epochs
 from mxq.db.engine import session_scope
+from mxq.db.records import EpochRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import Epoch, Job, iso
 
@@ -20,7 +21,7 @@ def record(url: str, job_id: int, values: dict[str, Any]) -> None:
         session.execute(insert(Epoch).values(job_id=job_id, **values))
 
 
-def list_epochs(url: str, job_id: int) -> list[dict[str, Any]]:
+def list_epochs(url: str, job_id: int) -> list[EpochRecord]:
     with session_scope(url) as session:
         rows = session.scalars(select(Epoch).where(Epoch.job_id == job_id).order_by(Epoch.epoch))
         return [{"epoch": e.epoch, "train_loss": e.train_loss, "train_accuracy": e.train_accuracy,

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import insert, select
 
 from mxq.db.engine import session_scope
+from mxq.db.records import EventRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import JobEvent, iso, utcnow
 
@@ -31,7 +32,7 @@ def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
     log.info("job %s %s: %s", job_id, kind, message)
 
 
-def list_events(url: str, job_id: int) -> list[dict[str, Any]]:
+def list_events(url: str, job_id: int) -> list[EventRecord]:
     with session_scope(url) as session:
         rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
         return [{"at": iso(e.at), "kind": e.kind, "message": e.message, "data": e.data}

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from mxq.db.engine import session_scope
+from mxq.db.records import WorkerRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import WorkerBeat, as_utc, utcnow
 
@@ -59,7 +60,7 @@ def mark_dead(url: str, name: str) -> None:
                   .values(last_seen=None, current_job=None))
 
 
-def list_workers(url: str, ttl: float, node: str | None = None) -> list[dict[str, Any]]:
+def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRecord]:
     """Every known device worker with `alive` decided by heartbeat age."""
     now = utcnow()
     q = select(WorkerBeat).order_by(WorkerBeat.node, WorkerBeat.device)
@@ -67,7 +68,7 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[dict[str
         q = q.where(WorkerBeat.node == node)
     with session_scope(url) as session:
         rows = list(session.scalars(q))
-    out = []
+    out: list[WorkerRecord] = []
     for r in rows:
         seen = as_utc(r.last_seen)
         age = (now - seen).total_seconds() if seen else None

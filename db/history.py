@@ -12,6 +12,7 @@ from mxq.db.engine import session_scope
 from mxq.db.epochs import list_epochs
 from mxq.db.events import list_events
 from mxq.db.fleet import list_workers
+from mxq.db.records import JobRecord, MetricPoint
 from mxq.db.schedules import fire_of
 from mxq.db.schema import Job, JobMetric, JobStatus, iso
 from mxq.errors import NotFound
@@ -28,7 +29,7 @@ class JobFilter:
     offset: int = 0
 
 
-def job_record(job: Job) -> dict[str, Any]:
+def job_record(job: Job) -> JobRecord:
     """The stable JSON shape of one job (`mxq job ID --json`)."""
     return {
         "id": job.id,
@@ -60,7 +61,7 @@ def job_record(job: Job) -> dict[str, Any]:
     }
 
 
-def metrics(url: str, job_id: int) -> list[dict[str, Any]]:
+def metrics(url: str, job_id: int) -> list[MetricPoint]:
     """Throughput over time of a job and, for a parent, of its chunks."""
     with session_scope(url) as session:
         ids = [job_id, *session.scalars(select(Job.id).where(Job.parent_id == job_id))]
@@ -75,7 +76,7 @@ class JobNotFound(NotFound):
     """No such job."""
 
 
-def require_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any]:
+def require_job(url: str, job_id: int, with_metrics: bool = False) -> JobRecord:
     """The job's record (`get_job`); JobNotFound when there is none."""
     record = get_job(url, job_id, with_metrics)
     if record is None:
@@ -83,7 +84,7 @@ def require_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, 
     return record
 
 
-def get_job(url: str, job_id: int, with_metrics: bool = False) -> dict[str, Any] | None:
+def get_job(url: str, job_id: int, with_metrics: bool = False) -> JobRecord | None:
     with session_scope(url) as session:
         job = session.get(Job, job_id)
         record = job_record(job) if job else None
@@ -105,7 +106,7 @@ def _filtered(q: Any, f: JobFilter) -> Any:
     return q if f.since is None else q.where(Job.submitted_at >= f.since)
 
 
-def list_jobs(url: str, f: JobFilter) -> list[dict[str, Any]]:
+def list_jobs(url: str, f: JobFilter) -> list[JobRecord]:
     """Newest first, filtered, one page."""
     q = _filtered(select(Job), f).order_by(Job.submitted_at.desc(), Job.id.desc())
     with session_scope(url) as session:
@@ -144,7 +145,7 @@ def device_records(url: str, ttl: float) -> list[dict[str, Any]]:
             "alive": w["alive"], "queued": counts.get((w["queue"], JobStatus.QUEUED), 0),
             "running": running.get(w["name"], 0), "current_job": w["current_job"],
             "last_heartbeat": w["last_seen"], "heartbeat_age": w["heartbeat_age"],
-            "pid": w["pid"], **{k: v for k, v in w["info"].items() if k != "device"},
+            "pid": w["pid"], **{k: v for k, v in (w["info"] or {}).items() if k != "device"},
         })
     return records
 

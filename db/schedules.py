@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from mxq import promotion
 from mxq.db.engine import rowcount, session_scope
+from mxq.db.records import FirePolicy
 from mxq.db.registry import list_models, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
 from mxq.errors import Conflict, NotFound
@@ -130,7 +131,7 @@ def fires(url: str, name: str) -> list[dict[str, Any]]:
                  "error": f.error, "promotion": f.promotion} for f, status in session.execute(q)]
 
 
-def fire_of(url: str, fire_id: int) -> dict[str, Any]:
+def fire_of(url: str, fire_id: int) -> FirePolicy:
     with session_scope(url) as session:
         fire = session.get(Fire, fire_id)
         sched = session.get(Schedule, fire.schedule_id) if fire is not None else None

@@ -38,6 +38,7 @@ from typing import Any
 from mxq.db import peers
 from mxq.db.epochs import set_devices
 from mxq.db.fleet import list_workers
+from mxq.db.records import WorkerRecord
 from mxq.db.schema import JobStatus, utcnow
 from mxq.device import Device
 from mxq.parts import knock_on
@@ -59,7 +60,7 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
     JobInputError: fewer than N nodes have K devices of this kind at all. LookupError: they do,
     but fewer are live now (the job waits, as for devices)."""
     kind = Device.parse(own).kind
-    by_node: dict[str, list[dict[str, Any]]] = {}
+    by_node: dict[str, list[WorkerRecord]] = {}
     for w in list_workers(s.database, s.heartbeat_ttl):
         if Device.parse(w["device"]).kind == kind:
             by_node.setdefault(w["node"], []).append(w)

@@ -113,7 +113,7 @@ def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int
     env = dict(os.environ)
     if Device.parse(devices[0]).is_gpu:
         info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(info.get(d, {}).get("uuid") or str(Device.parse(d).index)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join((info.get(d) or {}).get("uuid") or str(Device.parse(d).index)
                                                for d in devices)
         return env, []
     cores = sorted({c for d in devices for c in cpu_cores(Device.parse(d).index, s.cpu_devices)})

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from mxq.db.fleet import list_workers
+from mxq.db.records import WorkerRecord
 from mxq.device import KINDS, Device
 from mxq.errors import UserError
 from mxq.workers.queues import DeviceSpec, device_queue, pool_queue
@@ -41,7 +41,7 @@ def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False) -> 
     return Route(device_queue(settings.node, spec.kind, spec.index), str(spec))
 
 
-def _pool_for(spec: DeviceSpec, known: list[dict[str, Any]], allow_offline: bool) -> str:
+def _pool_for(spec: DeviceSpec, known: list[WorkerRecord], allow_offline: bool) -> str:
     live_kinds = {Device.parse(w["device"]).kind for w in known if w["alive"]}
     kinds = [spec.kind] if spec.kind else [k for k in KINDS]
     for kind in kinds:  # GPUs first when both are live

@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import get_engine, safe_url
 from mxq.db.jobs import create_job, create_jobs
+from mxq.db.records import WorkerRecord
 from mxq.db.registry import resolve
 from mxq.device import Device
 from mxq.errors import JobRejected
@@ -120,7 +121,7 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
     return {**params, "dataset": dataset}
 
 
-def _check_nodes(known: list[dict[str, Any]], params: dict[str, Any]) -> None:
+def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
     """Refuse more nodes than have K devices of one kind (no worker known yet: it waits)."""
     if not known:
         return
