@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -60,33 +60,43 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
     JobInputError: fewer than N nodes have K devices of this kind at all. LookupError: they do,
     but fewer are live now (the job waits, as for devices)."""
     kind = Device.parse(own).kind
+    by_node = _workers_by_node(s, kind)
+    big_enough = sum(len(ws) >= p.devices for ws in by_node.values())
+    if big_enough < p.nodes:
+        have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
+        raise JobInputError(f"{p.nodes} nodes with {p.devices} {kind} devices each asked but only "
+                            f"{big_enough} have that many; {kind} devices per node: {have}")
+    live, idle = _live_and_idle(s, by_node)
+    ready = [n for n in live if len(live[n]) >= p.devices]
+    if s.node not in ready or len(ready) < p.nodes:
+        raise LookupError(f"{p.nodes} nodes with {p.devices} live {kind} devices wanted, "
+                          f"{len(ready)} now ({', '.join(sorted(ready)) or 'none'})")
+    others = sorted((n for n in ready if n != s.node), key=lambda n: (-len(idle[n]), n))
+    return [(s.node, own), *((node, min(idle[node] or live[node], key=Device.parse))
+                             for node in others[:p.nodes - 1])]
+
+
+def _workers_by_node(s: Settings, kind: str) -> dict[str, list[WorkerRecord]]:
     by_node: dict[str, list[WorkerRecord]] = {}
     for w in list_workers(s.database, s.heartbeat_ttl):
         if Device.parse(w["device"]).kind == kind:
             by_node.setdefault(w["node"], []).append(w)
-    if sum(len(ws) >= p.devices for ws in by_node.values()) < p.nodes:
-        have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
-        raise JobInputError(f"{p.nodes} nodes with {p.devices} {kind} devices each asked but only "
-                            f"{sum(len(ws) >= p.devices for ws in by_node.values())} have that "
-                            f"many; {kind} devices per node: {have}")
-    idle: dict[str, list[str]] = {}
+    return by_node
+
+
+def _live_and_idle(s: Settings, by_node: dict[str, list[WorkerRecord]]
+                   ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Per node, the devices whose worker is alive, and of those the ones neither running a job
+    nor leased."""
     live: dict[str, list[str]] = {}
+    idle: dict[str, list[str]] = {}
     for node, ws in by_node.items():
         up = [w for w in ws if w["alive"]]
         held = leases.holders(s.broker, node, [w["device"] for w in up])
         live[node] = [w["device"] for w in up]
         idle[node] = [w["device"] for w in up
                       if w["current_job"] is None and held.get(w["device"]) is None]
-    ready = [n for n in live if len(live[n]) >= p.devices]
-    if s.node not in ready or len(ready) < p.nodes:
-        raise LookupError(f"{p.nodes} nodes with {p.devices} live {kind} devices wanted, "
-                          f"{len(ready)} now ({', '.join(sorted(ready)) or 'none'})")
-    others = sorted((n for n in ready if n != s.node), key=lambda n: (-len(idle[n]), n))
-    chosen = [(s.node, own)]
-    for node in others[:p.nodes - 1]:
-        by_index = sorted(idle[node] or live[node], key=Device.parse)
-        chosen.append((node, by_index[0]))
-    return chosen
+    return live, idle
 
 
 def free_port(address: str) -> int:
@@ -194,8 +204,9 @@ def stop_roles(roles: list[Role], grace: float = 0.0) -> None:
 
 
 def _check_peers(s: Settings, job: JobContext, p: TrainParams, joined: bool,
-             waited: float) -> Exception | None:
-    """Why this part must stop now, if it must."""
+                 waited: float) -> Exception | None:
+    """Why this part must stop now, if it must: it is no longer this worker's, it was cancelled,
+    a peer failed (or stalled, which fails it), or the peers did not all join in time."""
     parts = peers.parts_of(s.database, _role(p).parent)
     me = next(r for r in parts if r.id == job.id)
     if me.status != JobStatus.RUNNING or me.worker != job.worker:
@@ -204,30 +215,43 @@ def _check_peers(s: Settings, job: JobContext, p: TrainParams, joined: bool,
         return JobCancelled()
     now = utcnow()
     cutoff = now - timedelta(seconds=s.heartbeat_ttl)
-    for o in parts:
-        if o.id == job.id:
-            continue
-        where = f"part {o.index} on node {o.node} (job {o.id})"
-        if o.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-            return JobFailed(knock_on(f"{where} {o.status}: {o.error}"))
-        lost = None
-        if o.status == JobStatus.RUNNING and o.heartbeat_at is None:  # taken for dead already
-            lost = f"its worker on node {o.node} died while running it"
-        elif o.status == JobStatus.RUNNING and o.heartbeat_at is not None and o.heartbeat_at < cutoff:
-            lost = (f"its worker on node {o.node} stopped beating (no heartbeat for "
-                    f"{(now - o.heartbeat_at).total_seconds():.0f}s)")
-        if lost and peers.fail_part(s.database, o.id, lost, cutoff):
-            return JobFailed(knock_on(f"{where} failed: {lost}"))
+    others = [o for o in parts if o.id != job.id]
+    for o in others:
+        if (failure := _peer_failure(s, o, now, cutoff)) is not None:
+            return failure
     if not joined and waited > s.dist_start_seconds:
-        late = [o for o in parts if o.id != job.id and o.status == JobStatus.QUEUED]
-        for o in late:
-            peers.fail_part(s.database, o.id, f"not started within {s.dist_start_seconds:g}s "
-                      "(MXQ_DIST_START_SECONDS): its node's device was busy or down", cutoff)
-        waiting = ", ".join(f"part {o.index} on node {o.node} {o.status}" for o in parts
-                            if o.id != job.id) or "none"
-        return JobFailed(f"the {len(parts)} nodes did not all join within "
-                         f"{s.dist_start_seconds:g}s (MXQ_DIST_START_SECONDS); others: {waiting}")
+        return _not_joined(s, len(parts), others, cutoff)
     return None
+
+
+def _peer_failure(s: Settings, o: peers.PartRow, now: datetime, cutoff: datetime) -> JobFailed | None:
+    """A peer that failed, or whose worker died or stopped beating (then failed here)."""
+    where = f"part {o.index} on node {o.node} (job {o.id})"
+    if o.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        return JobFailed(knock_on(f"{where} {o.status}: {o.error}"))
+    if o.status != JobStatus.RUNNING:
+        return None
+    if o.heartbeat_at is None:  # taken for dead already
+        lost = f"its worker on node {o.node} died while running it"
+    elif o.heartbeat_at < cutoff:
+        lost = (f"its worker on node {o.node} stopped beating (no heartbeat for "
+                f"{(now - o.heartbeat_at).total_seconds():.0f}s)")
+    else:
+        return None
+    if not peers.fail_part(s.database, o.id, lost, cutoff):
+        return None  # its heartbeat came back, or another part failed it first
+    return JobFailed(knock_on(f"{where} failed: {lost}"))
+
+
+def _not_joined(s: Settings, nodes: int, others: list[peers.PartRow], cutoff: datetime) -> JobFailed:
+    """The start-up limit passed before every node joined: fail the parts that never started."""
+    for o in others:
+        if o.status == JobStatus.QUEUED:
+            peers.fail_part(s.database, o.id, f"not started within {s.dist_start_seconds:g}s "
+                            "(MXQ_DIST_START_SECONDS): its node's device was busy or down", cutoff)
+    waiting = ", ".join(f"part {o.index} on node {o.node} {o.status}" for o in others) or "none"
+    return JobFailed(f"the {nodes} nodes did not all join within "
+                     f"{s.dist_start_seconds:g}s (MXQ_DIST_START_SECONDS); others: {waiting}")
 
 
 def watch(s: Settings, job: JobContext, p: TrainParams, child: subprocess.Popen,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -56,20 +57,18 @@ def test_promotion_by_policy(policy: str, new: float | None, old: float | None, 
     assert (record["new_version"], record["promoted_version"]) == (7, 6 if has_old else None)
 
 
-@dataclass
-class EpochRow:
-    train_loss: float
-    train_accuracy: float
-    val_accuracy: float | None
-    seconds: float
-    samples_per_sec: float
-    per_device: dict[str, Any] | None
-    checkpoint: str | None = None
+def epoch_row(train_loss: float, train_accuracy: float, val_accuracy: float | None, seconds: float,
+             samples_per_sec: float, per_device: dict[str, Any] | None,
+             checkpoint: str | None = None) -> epochs.EpochFigures:
+    """One part's epoch as `mxq.db` reads it (an Epoch row has these attributes)."""
+    return SimpleNamespace(train_loss=train_loss, train_accuracy=train_accuracy,  # type: ignore[return-value]
+                           val_accuracy=val_accuracy, seconds=seconds, samples_per_sec=samples_per_sec,
+                           per_device=per_device, checkpoint=checkpoint)
 
 
 def test_epoch_merge_means_accuracy_and_sums_rate() -> None:
-    a = EpochRow(0.4, 0.8, 0.7, 10.0, 100.0, {"cpu:0@a": 50.0, "cpu:1@a": 50.0}, "ck/a")
-    b = EpochRow(0.2, 0.6, None, 12.0, 80.0, {"cpu:0@b": 80.0})
+    a = epoch_row(0.4, 0.8, 0.7, 10.0, 100.0, {"cpu:0@a": 50.0, "cpu:1@a": 50.0}, "ck/a")
+    b = epoch_row(0.2, 0.6, None, 12.0, 80.0, {"cpu:0@b": 80.0})
     merged = epochs.merge(3, [a, b])
     assert merged["epoch"] == 3
     assert merged["train_loss"] == pytest.approx(0.3) and merged["train_accuracy"] == pytest.approx(0.7)
@@ -80,7 +79,7 @@ def test_epoch_merge_means_accuracy_and_sums_rate() -> None:
 
 
 def test_only_epochs_every_part_finished_are_merged_once() -> None:
-    row = EpochRow(0.1, 0.9, 0.9, 1.0, 1.0, None)
+    row = epoch_row(0.1, 0.9, 0.9, 1.0, 1.0, None)
     by_epoch = {0: [row, row], 1: [row, row], 2: [row]}
     assert epochs.ready(by_epoch, parts=2, merged={0}) == [1]
     assert epochs.ready(by_epoch, parts=2, merged=set()) == [0, 1]
