@@ -29,10 +29,10 @@ class Collector:
                                  "Samples/s per device over the last 5 minutes", labels=["device"])
         with session_scope(url) as session:
             for status, kind, n in session.execute(select(Job.status, Job.kind, func.count())
-                                             .group_by(Job.status, Job.kind)):
+                                                   .group_by(Job.status, Job.kind)):
                 jobs.add_metric([status, kind], n)
             for kind, total, n in session.execute(select(Job.kind, func.sum(Job.seconds), func.count())
-                                            .where(Job.seconds.is_not(None)).group_by(Job.kind)):
+                                                  .where(Job.seconds.is_not(None)).group_by(Job.kind)):
                 durations.add_metric([kind], float(total or 0))
                 finished.add_metric([kind], n)
         for device, per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():

@@ -28,7 +28,7 @@ RESUBMITTED = "resubmitted"  # a schedule fire without a job got one
 def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
     with session_scope(url) as session:
         session.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
-                                          data=data))
+                                                data=data))
     log.info("job %s %s: %s", job_id, kind, message)
 
 

@@ -30,7 +30,7 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
 def beat(url: str, name: str, current_job: int | None) -> None:
     with session_scope(url) as session:
         session.execute(update(WorkerBeat).where(WorkerBeat.name == name)
-                  .values(last_seen=utcnow(), current_job=current_job))
+                        .values(last_seen=utcnow(), current_job=current_job))
 
 
 @db_retry
@@ -57,7 +57,7 @@ def mark_dead(url: str, name: str) -> None:
     """The worker stopped or died: it is offline from now on."""
     with session_scope(url) as session:
         session.execute(update(WorkerBeat).where(WorkerBeat.name == name)
-                  .values(last_seen=None, current_job=None))
+                        .values(last_seen=None, current_job=None))
 
 
 def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRecord]:

@@ -66,7 +66,7 @@ def metrics(url: str, job_id: int) -> list[MetricPoint]:
     with session_scope(url) as session:
         ids = [job_id, *session.scalars(select(Job.id).where(Job.parent_id == job_id))]
         rows = session.scalars(select(JobMetric).where(JobMetric.job_id.in_(ids))
-                         .order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
+                               .order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
         return [{"job_id": m.job_id, "step": m.step, "at": iso(m.at), "device": m.device,
                  "samples": m.samples, "seconds": m.seconds, "samples_per_sec": m.samples_per_sec}
                 for m in rows]

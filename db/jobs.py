@@ -178,15 +178,15 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
     with session_scope(url) as session:
         session.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
         session.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
-                                      for i, (n, sec, _) in outcomes.items()])
+                                            for i, (n, sec, _) in outcomes.items()])
         done = [{"job_id": job_id, **_succeeded(samples, seconds, result, now)}
                 for job_id, (samples, seconds, result) in outcomes.items() if job_id != lead]
         if done:  # one executemany, not a statement per job
             table = Job.__table__
             assert isinstance(table, Table)
             session.execute(update(table).where(table.c.id == bindparam("job_id"),
-                                          table.c.worker == at.worker,
-                                          table.c.status == JobStatus.RUNNING), done)
+                                                table.c.worker == at.worker,
+                                                table.c.status == JobStatus.RUNNING), done)
 
 
 @db_retry
@@ -194,7 +194,7 @@ def beat(url: str, job_id: int, worker: str) -> None:
     """Refresh the heartbeat of a job this worker is running."""
     with session_scope(url) as session:
         session.execute(update(Job)
-                  .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
+                        .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
                   .values(heartbeat_at=utcnow()))
 
 
@@ -203,12 +203,12 @@ def set_progress(url: str, job_id: int, progress: float) -> None:
     """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
     with session_scope(url) as session:
         session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
-                  .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=utcnow()))
+                        .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=utcnow()))
         parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
         if parent is not None:
             mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))
             session.execute(update(Job).where(Job.id == parent, Job.status == JobStatus.RUNNING)
-                      .values(progress=mean))
+                            .values(progress=mean))
 
 
 @db_retry
@@ -218,7 +218,7 @@ def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
     with session_scope(url) as session:
         session.query(JobMetric).filter(JobMetric.job_id == job_id, JobMetric.step == step).delete()
         session.execute(insert(JobMetric).values(**_metric(job_id, step, device, samples, seconds,
-                                                     utcnow())))
+                                                           utcnow())))
 
 
 @db_retry
@@ -267,11 +267,11 @@ def orphan(url: str, worker: str) -> list[int]:
     """
     with session_scope(url) as session:
         ids = list(session.scalars(select(Job.id).where(Job.worker == worker, Job.chunks.is_(None),
-                                                  Job.status == JobStatus.RUNNING,
-                                                  Job.heartbeat_at.is_not(None))))
+                                                        Job.status == JobStatus.RUNNING,
+                                                        Job.heartbeat_at.is_not(None))))
         if ids:
             session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
-                      .values(heartbeat_at=None))
+                            .values(heartbeat_at=None))
         return ids
 
 
@@ -294,7 +294,7 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
                                       attempts=0, parent_id=parent_id, chunk_index=index)
                 session.add(existing[index])
         session.execute(update(Job).where(Job.id == parent_id)
-                  .values(chunks=len(chunk_params), heartbeat_at=None))
+                        .values(chunks=len(chunk_params), heartbeat_at=None))
         session.flush()
         return [(existing[i].id, existing[i].status == JobStatus.QUEUED, existing[i].queue)
                 for i in range(len(chunk_params))]
@@ -306,7 +306,7 @@ def settle_parent(url: str, parent_id: int) -> bool:
     training: its epochs merged first)."""
     with session_scope(url) as session:
         children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
-                                  .order_by(Job.chunk_index)))
+                                        .order_by(Job.chunk_index)))
         if not children or any(c.status not in FINISHED for c in children):
             return False
         kind = session.scalar(select(Job.kind).where(Job.id == parent_id))
@@ -314,7 +314,7 @@ def settle_parent(url: str, parent_id: int) -> bool:
         merge_parts(url, parent_id)
     with session_scope(url) as session:
         children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
-                                  .order_by(Job.chunk_index)))
+                                        .order_by(Job.chunk_index)))
         values = parts.settle(str(kind), children, utcnow())
         return bool(rowcount(session.execute(update(Job).where(Job.id == parent_id,
                                                 Job.status == JobStatus.RUNNING).values(**values)
@@ -339,9 +339,9 @@ def cancel(url: str, job_id: int) -> CancelOutcome:
             return CancelOutcome.FINISHED
         ids = [job_id, *session.scalars(select(Job.id).where(Job.parent_id == job_id))]
         session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
-                  .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled"))
+                        .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled"))
         session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.RUNNING)
-                  .values(cancel_requested_at=now))
+                        .values(cancel_requested_at=now))
         session.flush()
         chunked = job.chunks is not None
     if chunked:
@@ -368,7 +368,7 @@ def run_check(url: str, job_id: int, worker: str) -> RunCheck:
     """What a running job's worker should do at its next batch or epoch boundary."""
     with session_scope(url) as session:
         row = session.execute(select(Job.status, Job.worker, Job.cancel_requested_at)
-                        .where(Job.id == job_id)).one_or_none()
+                              .where(Job.id == job_id)).one_or_none()
     if row is None or row.status != JobStatus.RUNNING or row.worker != worker:
         return RunCheck.LOST
     return RunCheck.CANCEL if row.cancel_requested_at is not None else RunCheck.GO_ON

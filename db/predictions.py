@@ -16,7 +16,7 @@ def replace_range(url: str, job_id: int, start: int, stop: int) -> None:
     """Clear [start, stop) before a (re)run writes it: a redelivered chunk never duplicates rows."""
     with session_scope(url) as session:
         session.execute(delete(Prediction).where(Prediction.job_id == job_id, Prediction.idx >= start,
-                                           Prediction.idx < stop))
+                                                 Prediction.idx < stop))
 
 
 COLUMNS = ("job_id", "idx", "predicted_class", "score", "top_k")

@@ -83,7 +83,7 @@ def remove(url: str, name: str) -> None:
 def due(url: str, now: datetime) -> list[dict[str, Any]]:
     with session_scope(url) as session:
         rows = session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
-                                                Schedule.next_fire_at <= now))
+                                                      Schedule.next_fire_at <= now))
         return [{**schedule_record(r), "id": r.id, "next": as_utc(r.next_fire_at)} for r in rows]
 
 

@@ -59,7 +59,7 @@ def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
     cutoff = utcnow() - timedelta(seconds=SUBMIT_GRACE_SECONDS)
     with session_scope(settings.database) as session:
         rows = session.execute(select(Job.id, Job.kind, Job.queue)
-                         .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
+                               .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
         return {r.id: (r.kind, r.queue) for r in rows}
 
 
@@ -139,7 +139,7 @@ def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: 
 def _settle_parents(settings: Settings, report: Report) -> None:
     with session_scope(settings.database) as session:
         parents = list(session.scalars(select(Job.id).where(Job.status == JobStatus.RUNNING,
-                                                      Job.chunks.is_not(None))))
+                                                            Job.chunks.is_not(None))))
     for parent in parents:
         if jobs.settle_parent(settings.database, parent):
             events.record(settings.database, parent, events.SETTLED,
@@ -173,7 +173,7 @@ def _resubmit_fires(settings: Settings, report: Report) -> None:
     cutoff = utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)
     with session_scope(settings.database) as session:
         rows = session.execute(select(Fire.id, Schedule.name).join(Schedule)
-                         .where(Fire.job_id.is_(None), Fire.error.is_(None),
+                               .where(Fire.job_id.is_(None), Fire.error.is_(None),
                                 Fire.fired_at < cutoff)).all()
     for fire_id, name in rows:
         job_id = submit_fire(settings, schedules.get(settings.database, name), fire_id)
