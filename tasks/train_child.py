@@ -29,7 +29,7 @@ from mxq.tasks.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file,
 from mxq.tasks.zoo import ArchError, check_shape
 from mxq.workers.jobspecs import TrainParams
 from mxq.workers.paths import PathError, inside_root
-from mxq.workers.settings import get_settings
+from mxq.workers.settings import Settings, get_settings
 
 PROGRESS_SECONDS = 1.0
 
@@ -74,6 +74,40 @@ def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]
     return 0
 
 
+def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
+          ) -> tuple[Any, int, int, list[str]]:
+    """The kvstore, this worker's rank, the number of workers and the device labels: for one
+    node's part of a multi-node training (DMLC_* set by the leader) after joining the others."""
+    if p.dist is None:
+        return None, 0, 1, devices
+    kv = mx.kv.create("dist_sync")  # returns once every node's worker and the server joined
+    ready_file(s, job_id).write_text(json.dumps({"rank": kv.rank}))
+    return kv, kv.rank, kv.num_workers, [f"{d}@{s.node}" for d in devices]
+
+
+def _register(s: Settings, p: TrainParams, job_id: int, net: Any, train: Any,
+              metrics: dict[str, Any]) -> dict[str, Any]:
+    """Register the trained version (and, for a scheduled retraining, promote it or not)."""
+    owner = p.dist.parent if p.dist is not None else job_id
+    model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
+                        train.classes, metrics, owner)
+    promotion = None
+    if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
+        promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
+                                               metrics)
+    return {"model_version": model["version"], "promotion": promotion}
+
+
+def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
+                seconds: float) -> dict[str, Any]:
+    """A multi-node part's own samples/s, overall and per device (time-weighted over epochs)."""
+    if not seconds:
+        return {"samples_per_sec": None, "per_device": {}}
+    return {"samples_per_sec": samples / seconds,
+            "per_device": {k: sum(r.per_device[k] * r.seconds for r in results) / seconds
+                           for k in labels}}
+
+
 def main(job_id: int, devices: list[str]) -> int:
     s = get_settings()
     url = s.database
@@ -88,12 +122,7 @@ def main(job_id: int, devices: list[str]) -> int:
     except BadInput as exc:
         out.write_text(json.dumps({"error": str(exc)}))
         return CHILD_INPUT_ERROR
-    kv, rank, workers, labels = None, 0, 1, devices
-    if p.dist is not None:  # one node's part of a multi-node training (DMLC_* set by the leader)
-        kv = mx.kv.create("dist_sync")  # returns once every node's worker and the server joined
-        rank, workers = kv.rank, kv.num_workers
-        labels = [f"{d}@{s.node}" for d in devices]
-        ready_file(s, job_id).write_text(json.dumps({"rank": rank}))
+    kv, rank, workers, labels = _join(s, p, job_id, devices)
     on_gpu = Device.parse(devices[0]).is_gpu
     ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(devices))]
     net = make_net(p, train.classes, train.sample_shape, ctxs)
@@ -139,19 +168,10 @@ def main(job_id: int, devices: list[str]) -> int:
     result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": done, "devices": labels,
                               **metrics}
     if rank == 0:  # one registration per job (a multi-node job's parts share the weights)
-        owner = p.dist.parent if p.dist is not None else job_id
-        model = add_trained(url, s.home_path, p.name, net, p.arch, train.sample_shape,
-                            train.classes, metrics, owner)
-        promotion = None
-        if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
-            promotion = schedules.decide_promotion(url, p.fire_id, p.name, model["version"],
-                                                   metrics)
-        result.update(model_version=model["version"], promotion=promotion)
+        result.update(_register(s, p, job_id, net, train, metrics))
     if p.dist is not None:
         result.update(rank=rank, workers=workers, node=s.node,
-                      samples_per_sec=samples * len(results) / seconds if seconds else None,
-                      per_device={k: sum(r.per_device[k] * r.seconds for r in results) / seconds
-                                  for k in labels} if seconds else {})
+                      **_part_rates(results, labels, samples * len(results), seconds))
     out.write_text(json.dumps({"samples": samples * len(results), "seconds": seconds,
                                "result": result}))
     return 0

@@ -137,13 +137,7 @@ def train(job: JobContext) -> Outcome | FanOut:
     p = params(job.params)
     if p.nodes > 1 and p.dist is None:
         return dist.split(s, job, p)
-    if p.dtype == "float16" and not Device.parse(job.device).is_gpu:
-        raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
-                            "on the CPU; use --dtype float32 on CPU devices")
-    if len(job.devices) != p.devices:
-        choose_devices(s, p, job.device)  # raises the reason admit could not lease them
-    if p.dist is not None:
-        dist.check_first_run(s, job, p)
+    _check_runnable(s, job, p)
     epoch_rows.set_devices(job.url, job.id, job.devices)
     _wait_idle(s, job)
     env, cores = child_env(s, job.devices)
@@ -153,14 +147,32 @@ def train(job: JobContext) -> Outcome | FanOut:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     ready.unlink(missing_ok=True)
+    returncode = _run_child(s, job, p, env, cores, ready)
+    return _outcome(returncode, json.loads(out.read_text()) if out.exists() else {})
+
+
+def _check_runnable(s: Settings, job: JobContext, p: TrainParams) -> None:
+    """Fail what can never run here: float16 on CPUs, devices that could not be leased, a
+    multi-node part delivered again."""
+    if p.dtype == "float16" and not Device.parse(job.device).is_gpu:
+        raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
+                            "on the CPU; use --dtype float32 on CPU devices")
+    if len(job.devices) != p.devices:
+        choose_devices(s, p, job.device)  # raises the reason admit could not lease them
+    if p.dist is not None:
+        dist.check_first_run(s, job, p)
+
+
+def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str], cores: list[int],
+               ready: Path) -> int:
+    """Run the training child (and, leading a multi-node job, its ps-lite roles) to its end,
+    renewing the leases; kill it when a lease is lost or the job must stop."""
     roles: list[dist.Role] = []
-    child = None
+    child: subprocess.Popen[bytes] | None = None
 
     def renew() -> None:
         if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
-            if child is not None:
-                child.kill()
-                child.wait()
+            _kill(child)
             raise RuntimeError(f"lost the lease on {', '.join(job.devices)} (expired and taken)")
 
     try:
@@ -174,19 +186,27 @@ def train(job: JobContext) -> Outcome | FanOut:
         while child.poll() is None:
             renew()
             time.sleep(s.heartbeat_seconds)
+        return child.returncode
     finally:
-        if child is not None and child.poll() is None:
-            if child is not None:
-                child.kill()
-                child.wait()
+        _kill(child)
         # after a clean end the scheduler and server stop by themselves; else they are killed
-        dist.stop_roles(roles, dist.ROLE_EXIT_SECONDS if child and child.returncode == 0 else 0)
+        clean = child is not None and child.returncode == 0
+        dist.stop_roles(roles, dist.ROLE_EXIT_SECONDS if clean else 0)
         ready.unlink(missing_ok=True)
-    report = json.loads(out.read_text()) if out.exists() else {}
-    if child.returncode == CHILD_CANCELLED:
+
+
+def _kill(child: subprocess.Popen[bytes] | None) -> None:
+    if child is not None and child.poll() is None:
+        child.kill()
+        child.wait()
+
+
+def _outcome(returncode: int, report: dict[str, Any]) -> Outcome:
+    """The job's outcome from the child's exit status and the report it wrote."""
+    if returncode == CHILD_CANCELLED:
         raise JobCancelled(report.get("samples"))
-    if child.returncode == CHILD_INPUT_ERROR:
+    if returncode == CHILD_INPUT_ERROR:
         raise JobInputError(report.get("error", "training input error"))
-    if child.returncode != 0:
-        raise RuntimeError(report.get("error") or f"training process exited with {child.returncode}")
+    if returncode != 0:
+        raise RuntimeError(report.get("error") or f"training process exited with {returncode}")
     return Outcome(samples=report["samples"], seconds=report["seconds"], result=report["result"])
