@@ -47,9 +47,24 @@ def lease_ttl(s: Settings) -> float:
 
 
 def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
-    """This worker's device plus K-1 free live devices of the same kind on this node."""
+    """This worker's device plus K-1 free live devices of the same kind on this node (GPUs:
+    the closest in the topology)."""
     if p.device_list:
         return list(p.device_list)
+    free = _free_devices(s, p, own)
+    if Device.parse(own).is_gpu and p.devices > 1:
+        from mxq.workers.topology import closest, read_topology
+
+        picked = closest(read_topology(s.nvidia_smi),
+                         [Device.parse(d).index for d in [*free, own]], p.devices,
+                         must=Device.parse(own).index)
+        return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
+    return [own, *sorted(free, key=Device.parse)[:p.devices - 1]]
+
+
+def _free_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
+    """The live, unleased devices of `own`'s kind on this node besides `own`. JobInputError:
+    the node has fewer than K such devices at all; LookupError: fewer are free now (wait)."""
     kind = Device.parse(own).kind
     known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
              if Device.parse(w["device"]).kind == kind]
@@ -61,14 +76,7 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]
     if len(free) + 1 < p.devices:
         raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
-    if kind == "gpu" and p.devices > 1:
-        from mxq.workers.topology import closest, read_topology
-
-        picked = closest(read_topology(s.nvidia_smi),
-                         [Device.parse(d).index for d in [*free, own]], p.devices,
-                         must=Device.parse(own).index)
-        return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
-    return [own, *sorted(free, key=Device.parse)[:p.devices - 1]]
+    return free
 
 
 def admit(job: JobContext) -> list[str] | None:

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import get_engine, safe_url
+from mxq.db.fleet import list_workers
 from mxq.db.jobs import create_job, create_jobs
 from mxq.db.records import WorkerRecord
 from mxq.db.registry import resolve
@@ -96,8 +97,6 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
 
 def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
     """Pin the dataset path, and refuse more devices than the node has."""
-    from mxq.db.fleet import list_workers
-
     dataset = params["dataset"]
     if dataset != "digits":
         dataset = str(inside_root(dataset, settings.data_root, "dataset"))
@@ -107,18 +106,24 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
     if params["nodes"] > 1:
         _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), params)
         return {**params, "dataset": dataset}
+    _check_one_node(settings, params)
+    return {**params, "dataset": dataset}
+
+
+def _check_one_node(settings: Settings, params: dict[str, Any]) -> None:
+    """Refuse more devices than this node has of the kind, or a listed device it does not have
+    (no worker known yet: the job waits for them)."""
     kind = Device.parse(params["device_list"][0]).kind if params["device_list"] else None
     workers = list_workers(settings.database, settings.heartbeat_ttl, settings.node)
     have = sorted(w["device"] for w in workers if kind is None or Device.parse(w["device"]).kind == kind)
     most = max(Counter(Device.parse(d).kind for d in have).values(), default=0)
-    if have and params["devices"] > most:  # (no worker known yet: the job waits for them)
+    if have and params["devices"] > most:
         raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
                           f"({', '.join(have) or 'none'}); a training job runs on one node")
     for device in params["device_list"] or []:
         if device not in have:
             raise ParamsError(f"device {device} is not known on node {settings.node}; "
                               f"known: {', '.join(have) or 'none'}")
-    return {**params, "dataset": dataset}
 
 
 def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
