@@ -65,14 +65,7 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
     """The parent's column values once every part has finished: samples over the wall-clock
     span of the parts, and the outcome; a multi-node training (`kind` "train") also gets its
     figures per node and summed (`train_summary`)."""
-    samples = sum(p.samples or 0 for p in parts)
-    starts = [_utc(p.started_at) for p in parts if p.started_at is not None]
-    begin = min(starts) if samples and starts else None
-    end = max([_utc(p.finished_at) for p in parts if p.finished_at is not None], default=now)
-    seconds = (end - begin).total_seconds() if begin else None
-    values: dict[str, Any] = dict(finished_at=now, samples=samples, seconds=seconds,
-                                  samples_per_sec=samples / seconds if seconds else None,
-                                  heartbeat_at=None)
+    values: dict[str, Any] = dict(finished_at=now, heartbeat_at=None, **_throughput(parts, now))
     failed = [p for p in parts if p.status != JobStatus.SUCCEEDED]
     if any(p.status == JobStatus.CANCELLED for p in parts):
         values.update(status=JobStatus.CANCELLED, error="cancelled; finished chunks kept")
@@ -83,6 +76,17 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
         if kind == "train":
             values.update(train_summary(parts))
     return values
+
+
+def _throughput(parts: Sequence[Part], now: datetime) -> dict[str, Any]:
+    """Samples over the wall-clock span from the first part's start to the last one's end."""
+    samples = sum(p.samples or 0 for p in parts)
+    starts = [_utc(p.started_at) for p in parts if p.started_at is not None]
+    begin = min(starts) if samples and starts else None
+    end = max([_utc(p.finished_at) for p in parts if p.finished_at is not None], default=now)
+    seconds = (end - begin).total_seconds() if begin else None
+    return {"samples": samples, "seconds": seconds,
+            "samples_per_sec": samples / seconds if seconds else None}
 
 
 def _utc(ts: datetime) -> datetime:
@@ -102,10 +106,7 @@ def train_summary(parts: Sequence[Part]) -> dict[str, Any]:
     """A multi-node training's figures: per node, and summed over nodes (samples/s)."""
     results = [p.result or {} for p in parts]
     rank0 = next((r for r in results if r.get("rank") == 0), results[0])
-    per_node = {p.node: {"job_id": p.id, "part": p.chunk_index, "rank": r.get("rank"),
-                         "devices": r.get("devices"), "samples": p.samples, "seconds": p.seconds,
-                         "samples_per_sec": p.samples_per_sec, "per_device": r.get("per_device")}
-                for p, r in zip(parts, results, strict=True)}
+    per_node = {p.node: _node_figures(p, r) for p, r in zip(parts, results, strict=True)}
     rate = sum(p.samples_per_sec or 0.0 for p in parts)
     seconds = max((p.seconds or 0.0 for p in parts), default=0.0)
     devices = [d for r in results for d in (r.get("per_device") or {})]
@@ -113,3 +114,9 @@ def train_summary(parts: Sequence[Part]) -> dict[str, Any]:
               "samples_per_sec": rate, "per_node": per_node}
     return dict(samples=sum(p.samples or 0 for p in parts), seconds=seconds or None,
                 samples_per_sec=rate or None, result=result, devices=devices)
+
+
+def _node_figures(part: Part, result: dict[str, Any]) -> dict[str, Any]:
+    return {"job_id": part.id, "part": part.chunk_index, "rank": result.get("rank"),
+            "devices": result.get("devices"), "samples": part.samples, "seconds": part.seconds,
+            "samples_per_sec": part.samples_per_sec, "per_device": result.get("per_device")}
