@@ -235,6 +235,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
           batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
           output: Annotated[str, typer.Option(help="db, npy or both")] = "db",
+          engine: Annotated[str, typer.Option(help="auto, mxnet or onnx (auto: the one measured faster for this model on this kind of device).")] = "auto",  # noqa: E501
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
@@ -245,7 +246,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
-              "output": output,
+              "output": output, "engine": engine,
               "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan}
     _submit_and_report("infer", params, device, allow_offline, wait, json_)
 

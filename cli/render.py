@@ -19,7 +19,7 @@ from mxq.db.records import JobRecord
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
 WIDTH = shutil.get_terminal_size((160, 24)).columns
 out = Console(width=None if sys.stdout.isatty() else WIDTH)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a one-line error stays one line, however long
 WAIT_POLL_SECONDS = 0.25
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -22,6 +22,7 @@ def model_record(m: Model) -> dict[str, Any]:
         "classes": m.classes, "params_file": m.params_file, "symbol_file": m.symbol_file,
         "checksum": m.checksum, "created_at": iso(m.created_at),
         "source": m.source, "promoted": m.promoted, "metrics": m.metrics,
+        "onnx": m.onnx, "engines": m.engines or {},
     }
 
 
@@ -74,3 +75,15 @@ def promote(url: str, name: str, version: int) -> dict[str, Any]:
     with session_scope(url) as session:
         session.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))
     return resolve(url, name, version)
+
+
+def record_engine_speeds(url: str, name: str, version: int, kind: str,
+                         speeds: dict[str, float]) -> dict[str, Any]:
+    """Store each engine's measured samples/s for `kind` devices; return all kinds' figures."""
+    with session_scope(url) as session:
+        model = session.scalar(select(Model).where(Model.name == name, Model.version == version)
+                               .with_for_update())
+        if model is None:
+            raise ModelNotFound(f"model {name!r} has no version {version}")
+        model.engines = {**(model.engines or {}), kind: speeds}
+        return dict(model.engines)

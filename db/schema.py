@@ -145,6 +145,10 @@ class Model(Base):
     source: Mapped[str] = mapped_column(String(256))
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The ONNX export: {"file", "max_diff", "argmax_agreement"} or {"file": None, "error"}.
+    onnx: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # Measured samples/s per device kind: {"cpu": {"mxnet": 4100.0, "onnx": 15800.0}}.
+    engines: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
 
     __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),)
 

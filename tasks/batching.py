@@ -54,11 +54,13 @@ def _queues(job: JobContext) -> list[str]:
 
 def _candidates(job: JobContext, model: dict[str, Any], room: int,
                 taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
-    """Queued jobs that ask for the same model version (whether each is mergeable is decided
-    once its input is open)."""
+    """Queued jobs that ask for the same model version and engine (whether each is mergeable is
+    decided once its input is open)."""
     found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)))
+    engine = job.params.get("engine", "auto")
     return [(i, params) for i, params in found if i not in taken
-            and params.get("model") == model["name"] and params.get("model_version") == model["version"]]
+            and params.get("model") == model["name"] and params.get("model_version") == model["version"]
+            and params.get("engine", "auto") == engine]
 
 
 def gather(job: JobContext, model: dict[str, Any], open_input: Any, read: Any,

@@ -22,11 +22,9 @@ import numpy as np
 from mxq.db import events, predictions, registry
 from mxq.db.jobs import record_metric
 from mxq.db.predictions import Row
-from mxq.tasks import batching
+from mxq.tasks import batching, engines
 from mxq.tasks.device import context
 from mxq.tasks.inputs import InputError, InputSource, open_input
-from mxq.tasks.models import ModelError, input_dtype, load
-from mxq.tasks.mx import mx
 from mxq.tasks.oom import OutOfMemory, is_out_of_memory
 from mxq.tasks.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
@@ -109,23 +107,20 @@ def infer(job: JobContext) -> Outcome | FanOut:
     if stop > source.count:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
-    ctx = context(job.device)
-    try:
-        net, cached = load(model, ctx)
-    except ModelError as exc:
-        raise JobInputError(str(exc)) from None
+    engine = engines.pick(job, model, p.engine, context(job.device))
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
     predictions.replace_range(settings.database, owner, start, stop)
     began = time.perf_counter()
     fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
-    done = _stream(job, p, source, net, ctx, owner, out, start, stop, fit)
+    done = _stream(job, p, source, engine, owner, out, start, stop, fit)
     seconds = time.perf_counter() - began
     if out is not None:
         out.flush()
     return Outcome(samples=done, seconds=seconds, result={
-        "model": model["name"], "model_version": model["version"], "model_cache": "hit" if cached
-        else "miss", "input": str(source.path), "range": [start, stop], "batch_size": p.batch_size,
+        "model": model["name"], "model_version": model["version"],
+        "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
+        "input": str(source.path), "range": [start, stop], "batch_size": p.batch_size,
         "batch_size_used": fit.size,
         "output": str(output_path(owner)) if out is not None else "db", "classes": model["classes"],
     })
@@ -138,11 +133,7 @@ def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
 
 def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: InputSource) -> Outcome:
     """A small job, run in one batch with the queued small jobs of the same model (batching)."""
-    ctx = context(job.device)
-    try:
-        net, cached = load(model, ctx)
-    except ModelError as exc:
-        raise JobInputError(str(exc)) from None
+    engine = engines.pick(job, model, p.engine, context(job.device))
     members = [batching.Member(job.id, p, _read_all(p, source))]
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
@@ -150,12 +141,13 @@ def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: Inpu
     asked = _start_batch(p, len(x), get_settings().max_batch_size)
     # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
     fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
-    probs = fit.predict(net, ctx, x)
+    probs = fit.predict(engine, x)
     parts = np.split(probs, np.cumsum([len(m.x) for m in members])[:-1])
     seconds = time.perf_counter() - began
     samples, share, result = batching.finish(job, members, parts, seconds, {
         "model": model["name"], "model_version": model["version"],
-        "model_cache": "hit" if cached else "miss", "batch_size_used": fit.size, "output": "db",
+        "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
+        "batch_size_used": fit.size, "output": "db",
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
         "batch_lead": job.id}, _rows)
     return Outcome(samples=samples, seconds=share, result=result)
@@ -196,22 +188,8 @@ def _check_finite(p: InferParams, first: int, x: np.ndarray) -> None:
     raise JobInputError(f"input {p.input} has {found} in sample {first + row} (--reject-nan is set)")
 
 
-def _forward(net: Any, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
-    """Class probabilities of one batch, in float32 whatever the net's dtype (a float16 net is
-    fed float16); `asnumpy` waits for MXNet, so its errors surface here."""
-    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net)))
-    return mx.nd.softmax(out.astype("float32", copy=False)).asnumpy()
-
-
-def _release(net: Any) -> None:
-    """Drop the net's compiled graph and the memory it holds; the next call builds it anew.
-
-    A `static_alloc` graph (tasks.models.load) keeps the buffers it got before an allocation
-    failed, and then every later call fails too, at any batch size (seen with MXNet 1.9.1).
-    """
-    clear = getattr(net, "_clear_cached_op", None)  # what Gluon's own hybridize() calls
-    if clear is not None:
-        clear()
+def _engine_fields(engine: engines.Engine) -> dict[str, str]:
+    return {"engine": engine.name, "engine_reason": engine.reason}
 
 
 @dataclass
@@ -226,17 +204,17 @@ class _Fit:
     def __post_init__(self) -> None:
         self.size = self.size or self.requested
 
-    def predict(self, net: Any, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
+    def predict(self, engine: engines.Engine, x: np.ndarray) -> np.ndarray:
         """Probabilities of all of `x`, computed in slices of the current size, in order."""
         parts, i = [], 0
         while i < len(x):
             n = min(self.size, len(x) - i)
             try:
-                probs = _forward(net, ctx, x[i:i + n])
+                probs = engine.forward(x[i:i + n])
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
-                _release(net)
+                engine.release()
                 self._halve(n)
                 continue  # the same samples again, in smaller slices
             self._settle(worked=True)
@@ -265,7 +243,7 @@ class _Fit:
                       worked=worked, device=self.job.device)
 
 
-def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx: mx.Context,
+def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
             owner: int, out: np.memmap | None, start: int, stop: int, fit: _Fit) -> int:
     """Compute every batch here; reading runs ahead and storing runs behind on side threads."""
 
@@ -286,7 +264,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, net: Any, ctx:
                 writer.submit((pending, step, first - mark, time.perf_counter() - since, first))
                 raise
             last = first + len(x)
-            probs = fit.predict(net, ctx, x)
+            probs = fit.predict(engine, x)
             if out is not None:
                 out[first:last] = probs
             if p.output != "npy":

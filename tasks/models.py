@@ -17,6 +17,7 @@ import numpy as np
 
 from mxq.db import registry
 from mxq.errors import UserError
+from mxq.tasks import onnx_export
 from mxq.tasks.mx import gluon, mx
 from mxq.tasks.zoo import build
 
@@ -46,16 +47,19 @@ def store_dir(home: Path, name: str, version: int) -> Path:
 
 
 def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any]) -> dict[str, Any]:
-    """Write the files of the next version with `write(folder)`, then its row; undo files on failure."""
+    """Write the files of the next version with `write(folder)` and its ONNX export, then its
+    row; undo files on failure."""
     version = registry.next_version(url, name)
     folder = store_dir(home, name, version)
     folder.mkdir(parents=True, exist_ok=False)
     try:
         write(folder)
-        params = folder / f"{PREFIX}-0000.params"
+        params, symbol = folder / f"{PREFIX}-0000.params", folder / f"{PREFIX}-symbol.json"
+        onnx = onnx_export.export(folder, symbol, params, tuple(fields["input_shape"]),
+                                  lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x))
         return registry.add_model(url, {
             **fields, "name": name, "version": version, "params_file": str(params),
-            "symbol_file": str(folder / f"{PREFIX}-symbol.json"), "checksum": sha256(params),
+            "symbol_file": str(symbol), "checksum": sha256(params), "onnx": onnx,
         })
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
@@ -106,6 +110,13 @@ def input_dtype(net: gluon.Block) -> str:
     """The dtype a batch must have for `net`: that of its weights (float16 or float32), noted on
     a stored net when it is opened (so not looked up on every batch)."""
     return getattr(net, "mxq_input_dtype", None) or _weights_dtype(net)
+
+
+def probabilities(net: gluon.Block, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
+    """Class probabilities of one batch, in float32 whatever the net's dtype (a float16 net is
+    fed float16); `asnumpy` waits for MXNet, so its errors surface here."""
+    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net)))
+    return mx.nd.softmax(out.astype("float32", copy=False)).asnumpy()
 
 
 def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.SymbolBlock:

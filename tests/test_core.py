@@ -175,3 +175,34 @@ def test_every_expected_failure_has_one_status_and_one_exit_code() -> None:
         assert describe(exc) == str(exc)
         assert exit_code(exc) == (EXIT_JOB_FAILED if cls is JobRejected else EXIT_USAGE)
     assert mxq.__file__ is not None
+
+
+AGREES = {"file": "m.onnx", "max_diff": 3e-8, "argmax_agreement": 1.0}
+
+
+@pytest.mark.parametrize(("asked", "onnx", "speeds", "engine", "reason"), [
+    ("mxnet", AGREES, {"onnx": 9.0, "mxnet": 1.0}, "mxnet", "asked"),
+    ("onnx", None, None, "onnx", "asked"),  # the task refuses it if there is no export
+    ("auto", AGREES, {"onnx": 9.0, "mxnet": 1.0}, "onnx", "measured faster: onnx 9 vs mxnet 1 samples/s"),
+    ("auto", AGREES, {"onnx": 1.0, "mxnet": 9.0}, "mxnet", "measured faster: onnx 1 vs mxnet 9 samples/s"),
+    ("auto", AGREES, {"onnx": 5.0, "mxnet": 5.0}, "mxnet", "measured faster: onnx 5 vs mxnet 5 samples/s"),
+    ("auto", {"file": None, "error": "erfinv"}, None, "mxnet", "no ONNX export (erfinv)"),
+    ("auto", {**AGREES, "max_diff": 2e-3}, {"onnx": 9.0, "mxnet": 1.0}, "mxnet",
+     "ONNX disagrees with MXNet (max diff 0.002, argmax agreement 100.00%; allowed 0.0001 and 100%)"),
+    ("auto", {**AGREES, "argmax_agreement": 0.9375}, {"onnx": 9.0}, "mxnet",
+     "ONNX disagrees with MXNet (max diff 3e-08, argmax agreement 93.75%; allowed 0.0001 and 100%)"),
+])
+def test_the_engine_a_job_gets(asked: str, onnx: dict | None, speeds: dict | None, engine: str,
+                               reason: str) -> None:
+    from mxq import engines
+
+    assert engines.choose(asked, onnx, speeds) == engines.Choice(engine, reason)
+
+
+def test_auto_measures_only_an_agreeing_export_without_figures() -> None:
+    from mxq.engines import needs_measuring
+
+    assert needs_measuring("auto", AGREES, None) and needs_measuring("auto", AGREES, {})
+    assert not needs_measuring("auto", AGREES, {"onnx": 1.0, "mxnet": 2.0})
+    assert not needs_measuring("mxnet", AGREES, None) and not needs_measuring("onnx", AGREES, None)
+    assert not needs_measuring("auto", {"file": None, "error": "x"}, None)

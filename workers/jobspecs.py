@@ -65,6 +65,9 @@ class InferParams(BaseModel):
         256, description="Samples per batch, or 'auto': the largest that fits, halving from "
         "AUTO_BATCH_START.")
     output: Literal["db", "npy", "both"] = "db"
+    engine: Literal["auto", "mxnet", "onnx"] = Field(
+        "auto", description="MXNet, ONNX Runtime on the model's ONNX export, or 'auto': the one "
+        "measured faster for this model on this kind of device (MXNet where ONNX disagrees).")
     top_k: int = Field(0, ge=0, le=MAX_TOP_K)
     reject_nan: bool = False
     chunk_size: int | None = Field(None, ge=1)

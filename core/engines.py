@@ -1,0 +1,50 @@
+"""Which inference engine runs a job: MXNet, or ONNX Runtime on the model's ONNX export.
+
+Pure: the inference task hands over what the registry stores (the export's agreement with
+MXNet, each engine's measured samples/s on this kind of device) and runs what this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ENGINES = ("auto", "mxnet", "onnx")
+# ONNX serves `auto` only when it agrees with MXNet on the check batch: every argmax the same
+# and no class probability further apart than this.
+MAX_DIFF = 1e-4
+
+
+@dataclass(frozen=True)
+class Choice:
+    engine: str  # "mxnet" or "onnx"
+    reason: str
+
+
+def disagreement(onnx: dict[str, Any] | None) -> str | None:
+    """Why the ONNX export may not serve `auto` (none, or it disagrees), else None."""
+    if not onnx or not onnx.get("file"):
+        return f"no ONNX export ({(onnx or {}).get('error') or 'not exported'})"
+    if onnx["argmax_agreement"] < 1.0 or onnx["max_diff"] > MAX_DIFF:
+        return (f"ONNX disagrees with MXNet (max diff {onnx['max_diff']:.2g}, argmax agreement "
+                f"{onnx['argmax_agreement']:.2%}; allowed {MAX_DIFF:g} and 100%)")
+    return None
+
+
+def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None) -> bool:
+    """`auto` with an agreeing export and no speeds measured yet on this kind of device."""
+    return asked == "auto" and disagreement(onnx) is None and not speeds
+
+
+def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None) -> Choice:
+    """The engine for a job that asked `asked`: an explicit engine as asked; `auto` the faster
+    measured one (MXNet on a tie), MXNet where the export is missing or disagrees."""
+    if asked in ("mxnet", "onnx"):
+        return Choice(asked, "asked")
+    if (why := disagreement(onnx)) is not None:
+        return Choice("mxnet", why)
+    if not speeds:
+        return Choice("mxnet", "no speeds measured")
+    mxnet, onnx_rate = speeds.get("mxnet", 0.0), speeds.get("onnx", 0.0)
+    winner = "onnx" if onnx_rate > mxnet else "mxnet"
+    return Choice(winner, f"measured faster: onnx {onnx_rate:.0f} vs mxnet {mxnet:.0f} samples/s")

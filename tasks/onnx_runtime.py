@@ -1,0 +1,67 @@
+"""ONNX Runtime sessions for a worker: pinned to its cores, one per model file, kept loaded.
+
+On a CPU device the worker owns a slice of the host's cores (`mxq.workers.pinning`, which sets
+OMP_NUM_THREADS to the slice's size for MXNet); ONNX Runtime's intra-op pool gets as many
+threads, and no inter-op pool, so two workers never compete for one core.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE_SIZE = 2  # sessions kept per worker process, as for MXNet models (tasks.models)
+_sessions: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
+
+
+# The execution provider that runs a kind of device.
+PROVIDERS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
+
+
+def unavailable(kind: str = "cpu") -> str | None:
+    """None when ONNX Runtime can run on `kind` devices here, else why not."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "ONNX Runtime is not installed (the `cpu` extra has it)"
+    if PROVIDERS[kind] not in ort.get_available_providers():
+        return f"this ONNX Runtime has no {PROVIDERS[kind]} for {kind} devices"
+    return None
+
+
+def threads() -> int:
+    """The worker's cores: OMP_NUM_THREADS as pinning set it, else the CPUs it may run on."""
+    pinned = os.environ.get("OMP_NUM_THREADS", "")
+    return int(pinned) if pinned.isdigit() and int(pinned) > 0 else len(os.sched_getaffinity(0))
+
+
+def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
+    """The loaded session for the ONNX file `path` on `kind` devices (reloaded when the file
+    changes), and whether it came from this process's cache; a GPU worker sees only its own GPU
+    (CUDA_VISIBLE_DEVICES), device 0 to it."""
+    import onnxruntime as ort
+
+    key = (str(path), path.stat().st_mtime_ns, kind)
+    if key in _sessions:
+        _sessions.move_to_end(key)
+        return _sessions[key], True
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only: its warnings are about graph rewrites
+    _sessions[key] = ort.InferenceSession(str(path), options, providers=[PROVIDERS[kind]])
+    while len(_sessions) > CACHE_SIZE:
+        _sessions.popitem(last=False)
+    return _sessions[key], False
+
+
+def run(sess: Any, x: np.ndarray) -> np.ndarray:
+    """Class probabilities of one batch (the exported graph ends in a softmax), as float32."""
+    name = sess.get_inputs()[0].name
+    return np.asarray(sess.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0],
+                      dtype=np.float32)
