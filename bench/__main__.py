@@ -5,7 +5,7 @@
 Writes OUT/report.md (machine, date, aim vs measured with pass/miss, one section per case),
 OUT/*.png (matplotlib plots) and OUT/results.json (every figure). Each case runs on a stack of
 its own (embedded Redis + SQLite in a fresh home under OUT/tmp, removed afterwards unless the
-case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory.
+case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory, engines.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "writes": {"quick": {"rows": 20_000, "rounds": 2}, "full": {"rows": 500_000, "rounds": 3}},
     "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 5}},
     "memory": {"quick": {"samples": 5_000}, "full": {"samples": 50_000}},
+    "engines": {"quick": {"scale": 0.02}, "full": {"scale": 1.0}},
 }
 CASES = list(SIZES)
 
@@ -39,7 +40,8 @@ CASES = list(SIZES)
 RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "memory": ("bench.infer_overhead", "run_memory"), "scaling": ("bench.scaling", "run"),
            "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
-           "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run")}
+           "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
+           "engines": ("bench.engines", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:

@@ -37,11 +37,14 @@ def test_a_queued_job_is_cancelled_at_once(workers: Stack, mlp: dict) -> None:
 
 
 @pytest.mark.both_legs  # the rows written before the cancel are committed
-def test_a_running_inference_stops_and_keeps_its_rows(workers: Stack, mlp: dict) -> None:
+@pytest.mark.parametrize(("engine", "batch"), [("mxnet", 16), ("onnx", 1)])
+def test_a_running_inference_stops_and_keeps_its_rows(workers: Stack, mlp: dict, engine: str,
+                                                      batch: int) -> None:
     s = workers.settings
     n = 200_000  # small batches over many samples: seconds, so the (in-process) cancel lands mid-run
     np.save(workers.home / "data" / "long.npy", np.ones((n, 64), np.float32))
-    job_id = submit(s, "infer", {"model": "mlp64", "input": "long.npy", "batch_size": 16}, "cpu:0")
+    job_id = submit(s, "infer", {"model": "mlp64", "input": "long.npy", "batch_size": batch,
+                                 "engine": engine}, "cpu:0")
     wait_until(lambda: workers.job(job_id), 120, f"job {job_id} to reach 2% progress",
                until=lambda record: record["progress"] >= 0.02, interval=0.05)
     assert workers.mxq("cancel", str(job_id)).returncode == 0
