@@ -2,8 +2,9 @@
 
 MXNet runs the stored model; ONNX Runtime runs its ONNX export (`tasks.onnx_export`). For
 `--engine auto` the first job of a model version on a kind of device measures both engines on a
-few batches of that worker's device and stores their samples/s (`registry.record_engine_speeds`);
-every later job of that version on that kind reads the choice (`mxq.engines.choose`).
+few batches of its own batch size on that worker's device and stores their samples/s
+(`registry.record_engine_speeds`); every later job of that version on that kind reads the choice
+(`mxq.engines.choose`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from mxq.tasks.models import ModelError, load, probabilities
 from mxq.tasks.mx import mx
 from mxq.tasks.runner import JobContext, JobInputError
 
-MEASURE_BATCHES = 3  # timed batches per engine (after one untimed warm-up)
-MEASURE_BATCH_SIZE = 256
+# Each engine is timed on batches of the job's size (kept between these bounds), after one
+# untimed warm-up, for at least MEASURE_BATCHES batches and MEASURE_SECONDS.
+MEASURE_BATCHES, MEASURE_SECONDS = 3, 0.3
+MEASURE_BATCH_RANGE = (16, 256)
 
 
 @dataclass
@@ -73,15 +76,18 @@ def onnx_engine(model: dict[str, Any], kind: str, reason: str) -> Engine:
 
 def _rate(engine: Engine, sample: np.ndarray) -> float:
     engine.forward(sample)  # warm-up: graph building, allocation
-    began = time.perf_counter()
-    for _ in range(MEASURE_BATCHES):
+    began, batches = time.perf_counter(), 0
+    while batches < MEASURE_BATCHES or time.perf_counter() - began < MEASURE_SECONDS:
         engine.forward(sample)
-    return MEASURE_BATCHES * len(sample) / (time.perf_counter() - began)
+        batches += 1
+    return batches * len(sample) / (time.perf_counter() - began)
 
 
-def _measure(job: JobContext, model: dict[str, Any], ctx: mx.Context) -> dict[str, float]:
+def _measure(job: JobContext, model: dict[str, Any], ctx: mx.Context,
+             batch_size: int) -> dict[str, float]:
     """Both engines' samples/s on this worker, on a seeded batch of the model's input shape."""
-    batch = np.random.default_rng(0).random((MEASURE_BATCH_SIZE, *model["input_shape"]),
+    low, high = MEASURE_BATCH_RANGE
+    batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)
     kind = Device.parse(job.device).kind
     speeds = {"mxnet": _rate(mxnet_engine(model, ctx, ""), batch),
@@ -91,14 +97,16 @@ def _measure(job: JobContext, model: dict[str, Any], ctx: mx.Context) -> dict[st
     return speeds
 
 
-def pick(job: JobContext, model: dict[str, Any], asked: str, ctx: mx.Context) -> Engine:
-    """The engine this job runs on (measuring both first, for `auto`, when no figures exist)."""
+def pick(job: JobContext, model: dict[str, Any], asked: str, ctx: mx.Context,
+         batch_size: int) -> Engine:
+    """The engine this job runs on (measuring both first, for `auto`, when no figures exist, on
+    batches of `batch_size`)."""
     kind = Device.parse(job.device).kind
     if asked == "auto" and (missing := onnx_runtime.unavailable(kind)) is not None:
         return mxnet_engine(model, ctx, missing)
     speeds = (model.get("engines") or {}).get(kind)
     if rule.needs_measuring(asked, model.get("onnx"), speeds):
-        speeds = _measure(job, model, ctx)
+        speeds = _measure(job, model, ctx, batch_size)
     choice = rule.choose(asked, model.get("onnx"), speeds)
     if choice.engine == "onnx":
         return onnx_engine(model, kind, choice.reason)

@@ -107,12 +107,12 @@ def infer(job: JobContext) -> Outcome | FanOut:
     if stop > source.count:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
-    engine = engines.pick(job, model, p.engine, context(job.device))
+    fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
+    engine = engines.pick(job, model, p.engine, context(job.device), fit.size)
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
     predictions.replace_range(settings.database, owner, start, stop)
     began = time.perf_counter()
-    fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
     done = _stream(job, p, source, engine, owner, out, start, stop, fit)
     seconds = time.perf_counter() - began
     if out is not None:
@@ -133,7 +133,7 @@ def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
 
 def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: InputSource) -> Outcome:
     """A small job, run in one batch with the queued small jobs of the same model (batching)."""
-    engine = engines.pick(job, model, p.engine, context(job.device))
+    engine = engines.pick(job, model, p.engine, context(job.device), source.count)
     members = [batching.Member(job.id, p, _read_all(p, source))]
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
