@@ -4,8 +4,11 @@ For each model (the built-in MLP, LeNet and ResNet-18, random weights): one regi
 (exported to ONNX at registration) and one `.npy` input. Both bare loops run in a process pinned
 like the worker (its cores and thread limits): read a batch, run the engine, probabilities to
 NumPy. Then `mxq infer --engine auto` on cpu:0: its first job measures both engines and stores
-the choice; the figure is the job after it, which reads it. Aim: `auto` at least 0.9 of the
-faster bare engine, with predictions equal to MXNet's (every argmax, probabilities within 1e-4).
+the choice; the figure is the job after it, which reads it and stores its probabilities in the
+job's `.npy` (`--output npy`). A third job stores every prediction as SQL rows instead, for
+information: with a fast engine and a small model, the rows' writes bound it. Aim: `auto` at
+least 0.9 of the faster bare engine, with predictions equal to MXNet's (every argmax,
+probabilities within 1e-4).
 
     python -m bench.engines [--scale 1.0]
 """
@@ -74,14 +77,16 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, sample
     bare = {"mxnet": _pinned(s, "mxnet", arch, path, batch, cores),
             "onnx": _pinned(s, "onnx", arch, path, batch, cores)}
     params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
-    first = wait_job(s, submit(s, "infer", params, "cpu:0"))  # measures both engines, stores
-    job = wait_job(s, submit(s, "infer", params, "cpu:0"))
+    first = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))  # measures, stores
+    job = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))
+    rows = wait_job(s, submit(s, "infer", params, "cpu:0"))
     faster = max(bare, key=lambda k: bare[k])
     return {"arch": arch, "shape": list(shape), "batch_size": batch, "samples": samples,
             "cores": cores, "bare": bare, "faster_bare": faster, "mxq_auto": job["samples_per_sec"],
-            "first_job": first["samples_per_sec"], "engine": job["result"]["engine"],
-            "engine_reason": job["result"]["engine_reason"], "onnx": model["onnx"],
-            "ratio": job["samples_per_sec"] / bare[faster], **_agreement(s, job["id"], model, path)}
+            "mxq_auto_sql": rows["samples_per_sec"], "first_job": first["samples_per_sec"],
+            "engine": job["result"]["engine"], "engine_reason": job["result"]["engine_reason"],
+            "onnx": model["onnx"], "ratio": job["samples_per_sec"] / bare[faster],
+            **_agreement(s, rows["id"], model, path)}
 
 
 def run(scale: float = 1.0, root: Path | None = None) -> dict[str, Any]:
@@ -92,7 +97,8 @@ def run(scale: float = 1.0, root: Path | None = None) -> dict[str, Any]:
             results.append(r)
             print(f"  {arch:12} {str(tuple(shape)):14} batch {batch:4}: bare MXNet "
                   f"{r['bare']['mxnet']:10,.0f}  bare ONNX Runtime {r['bare']['onnx']:10,.0f}  "
-                  f"mxq auto ({r['engine']}) {r['mxq_auto']:10,.0f} samples/s  ratio {r['ratio']:.3f}; "
+                  f"mxq auto ({r['engine']}) {r['mxq_auto']:10,.0f} samples/s  ratio {r['ratio']:.3f} "
+                  f"(SQL rows: {r['mxq_auto_sql']:,.0f}); "
                   f"argmax agreement {r['argmax_agreement']:.2%}, max score diff {r['max_score_diff']:.1e}")
     worst = min(results, key=lambda r: r["ratio"])
     return {"models": results, "ratio": worst["ratio"], "worst": worst["arch"]}

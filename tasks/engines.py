@@ -71,7 +71,7 @@ def onnx_engine(model: dict[str, Any], kind: str, reason: str) -> Engine:
     if not path.is_file():
         raise JobInputError(f"ONNX file {path} of {model['name']}:{model['version']} is missing")
     sess, cached = onnx_runtime.session(path, kind)
-    return Engine("onnx", lambda x: onnx_runtime.run(sess, x), lambda: None, cached, reason)
+    return Engine("onnx", onnx_runtime.runner(sess), lambda: None, cached, reason)
 
 
 def _rate(engine: Engine, sample: np.ndarray) -> float:

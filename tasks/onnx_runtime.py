@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,15 @@ def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
 
 def run(sess: Any, x: np.ndarray) -> np.ndarray:
     """Class probabilities of one batch (the exported graph ends in a softmax), as float32."""
+    return runner(sess)(x)
+
+
+def runner(sess: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """`run` for one session, its input name looked up once (a job calls it for every batch)."""
     name = sess.get_inputs()[0].name
-    return np.asarray(sess.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0],
-                      dtype=np.float32)
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        out = sess.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return np.asarray(out, dtype=np.float32)
+
+    return forward
