@@ -36,15 +36,24 @@ test-all: venv browser compose lint
 # The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
 # nvidia-*-cu11 wheels, about 2 GB) and the driver's libcuda.so.1 from Debian's libcuda1 (non-free),
 # unpacked under var/tools; tests/test_gpu_install.py runs mxq from that venv. CI runs it.
+# The gpu-onnx extra the same way, alone (a host with only GPUs MXNet cannot run): .venv-gpu-onnx
+# holds onnxruntime-gpu and the nvidia-*-cu12 wheels (about 3.7 GB) and no MXNet.
 GPU_VENV := .venv-gpu
+GPU_ONNX_VENV := .venv-gpu-onnx
 LIBCUDA := var/tools/libcuda/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1
-test-gpu-install: venv $(GPU_VENV)/.installed $(LIBCUDA)
+test-gpu-install: venv $(GPU_VENV)/.installed $(GPU_ONNX_VENV)/.installed $(LIBCUDA)
 	$(BIN)/pytest -m gpu_install --durations=10
 
 $(GPU_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(GPU_VENV)/bin/python -m pip install --quiet -e '.[gpu]'
+	touch $@
+
+$(GPU_ONNX_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(GPU_ONNX_VENV)
+	$(GPU_ONNX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_ONNX_VENV)/bin/python -m pip install --quiet -e '.[gpu-onnx]'
 	touch $@
 
 $(LIBCUDA):

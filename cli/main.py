@@ -124,17 +124,20 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
         from mxq.workers.stack import node_plan
 
         specs, refused = node_plan(s)
-        plan = [{"worker": w.name, "device": w.device.label if w.device else None,
-                 "queues": w.queues, "cores": w.cores,
-                 "command": w.command, "env": {k: _shown_env(k, v) for k, v in w.env.items()
-                                               if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))}}
-                for w in specs]
+        plan: list[dict[str, Any]] = [
+            {"worker": w.name, "device": w.device.label if w.device else None,
+             "queues": w.queues, "cores": w.cores,
+             "engines": ["onnx"] if "MXQ_MXNET_UNUSABLE" in w.env else ["mxnet", "onnx"],
+             "command": w.command, "env": {k: _shown_env(k, v) for k, v in w.env.items()
+                                           if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))}}
+            for w in specs]
         if json_:
             render.print_json({"workers": plan, "refused": refused})
         else:
             for problem in refused:
                 render.err.print(f"mxq: refusing {problem}", markup=False)
-            render.table(plan, ["worker", "device", "queues", "cores"], "workers")
+            render.table([{**w, "engines": ", ".join(w["engines"])} for w in plan],
+                         ["worker", "device", "queues", "cores", "engines"], "workers")
         raise typer.Exit(0 if specs else 1)
     specs = _plan_or_exit(s)
     prepare(s)

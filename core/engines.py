@@ -36,9 +36,17 @@ def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, f
     return asked == "auto" and disagreement(onnx) is None and not speeds
 
 
-def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None) -> Choice:
+class NoEngine(ValueError):
+    """Neither engine may run the job on this device; the message says why and what to do."""
+
+
+def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None,
+           mxnet_unusable: str | None = None) -> Choice:
     """The engine for a job that asked `asked`: an explicit engine as asked; `auto` the faster
-    measured one (MXNet on a tie), MXNet where the export is missing or disagrees."""
+    measured one (MXNet on a tie), MXNet where the export is missing or disagrees. On a device
+    MXNet cannot run (`mxnet_unusable` says why) only ONNX: NoEngine when it cannot serve."""
+    if mxnet_unusable is not None:
+        return _onnx_only(asked, onnx, mxnet_unusable)
     if asked in ("mxnet", "onnx"):
         return Choice(asked, "asked")
     if (why := disagreement(onnx)) is not None:
@@ -48,3 +56,17 @@ def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | N
     mxnet, onnx_rate = speeds.get("mxnet", 0.0), speeds.get("onnx", 0.0)
     winner = "onnx" if onnx_rate > mxnet else "mxnet"
     return Choice(winner, f"measured faster: onnx {onnx_rate:.0f} vs mxnet {mxnet:.0f} samples/s")
+
+
+def _onnx_only(asked: str, onnx: dict[str, Any] | None, why: str) -> Choice:
+    if asked == "mxnet":
+        raise NoEngine(f"--engine mxnet cannot run here: {why}")
+    if asked == "onnx":
+        return Choice("onnx", "asked")
+    problem = disagreement(onnx)
+    if problem is None:
+        return Choice("onnx", "MXNet cannot run this device")
+    if onnx and onnx.get("file"):  # exported, but it disagrees: only an explicit ask runs it
+        raise NoEngine(f"{problem}, and MXNet cannot run this device ({why}); pass --engine onnx "
+                       "to run the ONNX export anyway")
+    raise NoEngine(f"{problem}, and MXNet cannot run this device ({why})")

@@ -21,9 +21,8 @@ from mxq import engines as rule
 from mxq.db import registry
 from mxq.device import Device
 from mxq.tasks import onnx_runtime
-from mxq.tasks.models import ModelError, load, probabilities
-from mxq.tasks.mx import mx
 from mxq.tasks.runner import JobContext, JobInputError
+from mxq.workers.settings import get_settings
 
 # Each engine is timed on batches of the job's size (kept between these bounds), after one
 # untimed warm-up, for at least MEASURE_BATCHES batches and MEASURE_SECONDS.
@@ -51,7 +50,12 @@ def _release(net: Any) -> None:
         clear()
 
 
-def mxnet_engine(model: dict[str, Any], ctx: mx.Context, reason: str) -> Engine:
+def mxnet_engine(model: dict[str, Any], device: str, reason: str) -> Engine:
+    """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it)."""
+    from mxq.tasks.device import context
+    from mxq.tasks.models import ModelError, load, probabilities
+
+    ctx = context(device)
     try:
         net, cached = load(model, ctx)
     except ModelError as exc:
@@ -83,31 +87,33 @@ def _rate(engine: Engine, sample: np.ndarray) -> float:
     return batches * len(sample) / (time.perf_counter() - began)
 
 
-def _measure(job: JobContext, model: dict[str, Any], ctx: mx.Context,
-             batch_size: int) -> dict[str, float]:
+def _measure(job: JobContext, model: dict[str, Any], batch_size: int) -> dict[str, float]:
     """Both engines' samples/s on this worker, on a seeded batch of the model's input shape."""
     low, high = MEASURE_BATCH_RANGE
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)
     kind = Device.parse(job.device).kind
-    speeds = {"mxnet": _rate(mxnet_engine(model, ctx, ""), batch),
+    speeds = {"mxnet": _rate(mxnet_engine(model, job.device, ""), batch),
               "onnx": _rate(onnx_engine(model, kind, ""), batch)}
     registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
     model["engines"] = {**(model.get("engines") or {}), kind: speeds}
     return speeds
 
 
-def pick(job: JobContext, model: dict[str, Any], asked: str, ctx: mx.Context,
-         batch_size: int) -> Engine:
+def pick(job: JobContext, model: dict[str, Any], asked: str, batch_size: int) -> Engine:
     """The engine this job runs on (measuring both first, for `auto`, when no figures exist, on
-    batches of `batch_size`)."""
+    batches of `batch_size`). A worker whose GPU MXNet cannot run serves ONNX only."""
     kind = Device.parse(job.device).kind
-    if asked == "auto" and (missing := onnx_runtime.unavailable(kind)) is not None:
-        return mxnet_engine(model, ctx, missing)
+    mxnet_unusable = get_settings().mxnet_unusable
+    if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
+        return mxnet_engine(model, job.device, missing)
     speeds = (model.get("engines") or {}).get(kind)
-    if rule.needs_measuring(asked, model.get("onnx"), speeds):
-        speeds = _measure(job, model, ctx, batch_size)
-    choice = rule.choose(asked, model.get("onnx"), speeds)
+    if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
+        speeds = _measure(job, model, batch_size)
+    try:
+        choice = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+    except rule.NoEngine as exc:
+        raise JobInputError(f"{model['name']}:{model['version']} on {job.device}: {exc}") from None
     if choice.engine == "onnx":
         return onnx_engine(model, kind, choice.reason)
-    return mxnet_engine(model, ctx, choice.reason)
+    return mxnet_engine(model, job.device, choice.reason)

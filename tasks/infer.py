@@ -23,7 +23,6 @@ from mxq.db import events, predictions, registry
 from mxq.db.jobs import record_metric
 from mxq.db.predictions import Row
 from mxq.tasks import batching, engines
-from mxq.tasks.device import context
 from mxq.tasks.inputs import InputError, InputSource, open_input
 from mxq.tasks.oom import OutOfMemory, is_out_of_memory
 from mxq.tasks.pipeline import BackgroundWriter, prefetch
@@ -108,7 +107,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
     fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
-    engine = engines.pick(job, model, p.engine, context(job.device), fit.size)
+    engine = engines.pick(job, model, p.engine, fit.size)
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
     predictions.replace_range(settings.database, owner, start, stop)
@@ -133,7 +132,7 @@ def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
 
 def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: InputSource) -> Outcome:
     """A small job, run in one batch with the queued small jobs of the same model (batching)."""
-    engine = engines.pick(job, model, p.engine, context(job.device), source.count)
+    engine = engines.pick(job, model, p.engine, source.count)
     members = [batching.Member(job.id, p, _read_all(p, source))]
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()

@@ -7,9 +7,13 @@ threads, and no inter-op pool, so two workers never compete for one core.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,8 @@ def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
     (CUDA_VISIBLE_DEVICES), device 0 to it."""
     import onnxruntime as ort
 
+    if kind == "gpu":
+        _load_cuda_wheels(ort)
     key = (str(path), path.stat().st_mtime_ns, kind)
     if key in _sessions:
         _sessions.move_to_end(key)
@@ -75,3 +81,36 @@ def runner(sess: Any) -> Callable[[np.ndarray], np.ndarray]:
         return np.asarray(out, dtype=np.float32)
 
     return forward
+
+
+@cache
+def _load_cuda_wheels(ort: Any) -> None:
+    """CUDA 12 and cuDNN 9 from the gpu-onnx extra's nvidia-*-cu12 wheels, loaded by ONNX
+    Runtime itself from site-packages (no LD_LIBRARY_PATH), once per process."""
+    ort.preload_dlls(cuda=True, cudnn=True, msvc=False)
+
+
+def cuda_problem(device: str) -> str | None:
+    """Whether ONNX Runtime's CUDA provider really runs on this worker's GPU: it falls back to
+    the CPU when CUDA cannot start (no GPU, no driver), so a one-node graph is run through it."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "check", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    said = io.StringIO()  # ONNX Runtime prints why CUDA failed, then falls back to the CPU
+    try:
+        _load_cuda_wheels(ort)
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            sess = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDERS["gpu"]])
+        sess.run(None, {"x": np.zeros(1, np.float32)})
+    except Exception as exc:
+        return f"ONNX Runtime's CUDA provider cannot start on {device}: {exc}".splitlines()[0]
+    if PROVIDERS["gpu"] not in sess.get_providers():
+        found = re.search(r"CUDA failure \d+: [^;]*?(?= ;|$)", said.getvalue(), re.MULTILINE)
+        cause = f" ({found.group(0).strip()})" if found else ""
+        return (f"ONNX Runtime's CUDA provider cannot start on {device}{cause}: no GPU visible, or "
+                "the driver is missing or older than R525, which CUDA 12 needs; it would run on the CPU")
+    return None

@@ -206,3 +206,17 @@ def test_auto_measures_only_an_agreeing_export_without_figures() -> None:
     assert not needs_measuring("auto", AGREES, {"onnx": 1.0, "mxnet": 2.0})
     assert not needs_measuring("mxnet", AGREES, None) and not needs_measuring("onnx", AGREES, None)
     assert not needs_measuring("auto", {"file": None, "error": "x"}, None)
+
+
+def test_a_device_mxnet_cannot_run_gets_onnx_or_a_reason() -> None:
+    from mxq.engines import Choice, NoEngine, choose
+
+    why = "gpu:0 (NVIDIA H200, compute capability 9.0 = sm_90) cannot run the installed mxnet-cu112"
+    assert choose("auto", AGREES, None, why) == Choice("onnx", "MXNet cannot run this device")
+    assert choose("onnx", {**AGREES, "max_diff": 0.5}, None, why) == Choice("onnx", "asked")
+    with pytest.raises(NoEngine, match=r"^--engine mxnet cannot run here: gpu:0 \(NVIDIA H200"):
+        choose("mxnet", AGREES, None, why)
+    with pytest.raises(NoEngine, match=r"ONNX disagrees .*pass --engine onnx to run the ONNX export"):
+        choose("auto", {**AGREES, "max_diff": 0.5}, None, why)
+    with pytest.raises(NoEngine, match=r"^no ONNX export \(erfinv\), and MXNet cannot run this device"):
+        choose("auto", {"file": None, "error": "erfinv"}, None, why)

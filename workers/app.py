@@ -14,16 +14,22 @@ from mxq.workers.queues import CONTROL_QUEUE
 from mxq.workers.settings import Settings, get_settings
 
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
-# job tasks, which load MXNet; every other process (the schedule process, a publishing client)
-# gets only the control tasks and never loads MXNet.
+# job tasks, which load MXNet (tasks.device checks the device at start); a worker for a GPU MXNet
+# cannot run (MXQ_MXNET_UNUSABLE) runs inference on ONNX Runtime and refuses the rest, never
+# loading MXNet; every other process (the schedule process, a publishing client) gets only the
+# control tasks.
 CONTROL_TASK_MODULES = ["mxq.workers.control"]
-DEVICE_TASK_MODULES = ["mxq.tasks.probe", "mxq.tasks.infer", "mxq.tasks.train_task", *CONTROL_TASK_MODULES]
+DEVICE_TASK_MODULES = ["mxq.tasks.device", "mxq.tasks.probe", "mxq.tasks.infer", "mxq.tasks.train_task",
+                       *CONTROL_TASK_MODULES]
+ONNX_TASK_MODULES = ["mxq.tasks.onnx_worker", "mxq.tasks.infer", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 
 
 def task_modules(settings: Settings) -> list[str]:
-    return DEVICE_TASK_MODULES if settings.device else CONTROL_TASK_MODULES
+    if not settings.device:
+        return CONTROL_TASK_MODULES
+    return ONNX_TASK_MODULES if settings.mxnet_unusable else DEVICE_TASK_MODULES
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

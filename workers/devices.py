@@ -195,6 +195,16 @@ def installed_mxnet() -> str | None:
     return None
 
 
+def onnx_runs_gpus() -> bool:
+    """Whether the installed ONNX Runtime is the GPU build (`onnxruntime-gpu`, the gpu-onnx
+    extra), without importing it."""
+    try:
+        metadata.version("onnxruntime-gpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _sm(compute_cap: str) -> int:
     major, _, minor = compute_cap.partition(".")
     return int(major) * 10 + int(minor or 0)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
-from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility
+from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility, onnx_runs_gpus
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
 from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
 from mxq.workers.recovery import recover_worker
@@ -42,7 +42,8 @@ class WorkerSpec:
     cores: list[int] = field(default_factory=list)
 
 
-def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str, str]:
+def worker_env(settings: Settings, device: Device, cores: list[int],
+               mxnet_unusable: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "MXQ_DEVICE": device.label, "MXQ_NODE": settings.node,
@@ -52,7 +53,9 @@ def worker_env(settings: Settings, device: Device, cores: list[int]) -> dict[str
     if device.kind == "gpu":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's numbering
         env["CUDA_VISIBLE_DEVICES"] = str(device.visible_index)
-        if fusion_off(device):
+        if mxnet_unusable:
+            env["MXQ_MXNET_UNUSABLE"] = mxnet_unusable
+        elif fusion_off(device):
             env["MXNET_USE_FUSION"] = "0"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU worker must not touch a GPU
@@ -68,10 +71,14 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
     specs, refused = [], []
     cpus = [d for d in devices if d.kind == "cpu"]
     for device in devices:
-        if device.kind == "gpu" and (problem := incompatibility(device, build)):
-            refused.append(problem)
+        mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
+        if mxnet_unusable and (device.mig or not onnx_runs_gpus()):
+            refused.append(mxnet_unusable)
             continue
-        if device.kind == "gpu" and fusion_off(device):
+        if mxnet_unusable:
+            log.warning("%s; it serves inference with ONNX Runtime (the gpu-onnx extra) and refuses "
+                        "training", mxnet_unusable)
+        elif device.kind == "gpu" and fusion_off(device):
             log.warning("%s: driver %s is older than R%s, which the PTX of NVRTC 11.8 needs: its "
                         "worker runs with MXNet's kernel fusion off (MXNET_USE_FUSION=0)",
                         device.label, device.driver_version, NVRTC_MIN_DRIVER)
@@ -82,7 +89,7 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
                    "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", ",".join(queues),
                    "-n", name, "--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
         specs.append(WorkerSpec(device, name, queues, command,
-                                worker_env(settings, device, cores), cores))
+                                worker_env(settings, device, cores, mxnet_unusable), cores))
     return specs, refused
 
 

@@ -111,6 +111,9 @@ class Settings(BaseSettings):
                                       "its nodes to join before it fails.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
+    mxnet_unusable: str | None = Field(
+        None, description="Why MXNet cannot run this worker's GPU (set by the launcher): the worker "
+        "serves inference with ONNX Runtime only and refuses training.")
 
     @field_validator("cpu_devices")
     @classmethod

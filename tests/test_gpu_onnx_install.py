@@ -1,0 +1,89 @@
+"""The `gpu-onnx` extra installed for real, alone, on a host without a GPU (`make test-gpu-install`).
+
+`.venv-gpu-onnx` holds onnxruntime-gpu and the nvidia-*-cu12 wheels and no MXNet: a host whose
+GPUs MXNet cannot run (H100, H200). The driver's `libcuda.so.1` comes from Debian's `libcuda1`
+(as in tests/test_gpu_install.py) and nvidia-smi is a fake printing a recorded listing. mxq
+must plan an inference worker (ONNX Runtime only) for every GPU, and that worker, finding no
+GPU, must refuse to start with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from tests.conftest import FIXTURES, ROOT, missing
+
+pytestmark = pytest.mark.gpu_install
+
+ONNX_PYTHON = ROOT / ".venv-gpu-onnx" / "bin" / "python"
+DRIVER = ROOT / "var" / "tools" / "libcuda" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
+LISTING = FIXTURES / "nvidia-smi" / "a100-l40s-h200.csv"
+NODE = "hopperbox"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A GPU host's environment: the driver's folder on the loader path, nothing else."""
+    if not ONNX_PYTHON.exists():
+        missing(f"no {ONNX_PYTHON}: `make test-gpu-install` builds it with the gpu-onnx extra")
+    if not (DRIVER / "libcuda.so.1").exists():
+        missing(f"no libcuda.so.1 in {DRIVER}: `make test-gpu-install` unpacks Debian's libcuda1 there")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat '{LISTING}'\n")
+    smi.chmod(0o755)
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("MXQ_", "LD_LIBRARY_PATH", "CUDA_"))}
+    return {**base, "LD_LIBRARY_PATH": str(DRIVER), "MXQ_HOME": str(tmp_path / "home"),
+            "MXQ_NODE": NODE, "MXQ_NVIDIA_SMI": str(smi)}
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ONNX_PYTHON), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_onnx_runtime_for_gpus_installs_without_mxnet(env: dict[str, str]) -> None:
+    proc = _run(env, "-c", "import importlib.util, onnxruntime as o; "
+                           "print(o.__version__, 'CUDAExecutionProvider' in o.get_available_providers(), "
+                           "importlib.util.find_spec('mxnet') is None)")
+    assert proc.stdout.split() == ["1.23.2", "True", "True"], proc.stderr
+
+
+def _plan(env: dict[str, str]) -> dict:
+    proc = _run(env, "-m", "mxq.cli", "worker", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_every_gpu_gets_an_inference_worker_on_onnx_runtime(env: dict[str, str]) -> None:
+    plan = _plan(env)
+    assert plan["refused"] == []
+    assert [(w["worker"], w["engines"], w["env"]["CUDA_VISIBLE_DEVICES"]) for w in plan["workers"]] == [
+        (f"gpu{i}@{NODE}", ["onnx"], str(i)) for i in range(3)]
+    for w in plan["workers"]:
+        assert "the installed MXNet is missing" in w["env"]["MXQ_MXNET_UNUSABLE"]
+
+
+def test_a_worker_that_finds_no_gpu_refuses_with_the_reason(env: dict[str, str]) -> None:
+    """The worker exactly as the launcher would start it (its command and settings from the plan)."""
+    from mxq.db.migrate import upgrade
+
+    home = Path(env["MXQ_HOME"])
+    home.mkdir(parents=True)
+    upgrade(f"sqlite:///{home / 'mxq.db'}")
+    worker = _plan(env)["workers"][2]  # the H200
+    assert Path(worker["command"][0]).parent == ONNX_PYTHON.parent
+    proc = subprocess.run(worker["command"], cwd=ROOT, env={**env, **worker["env"]}, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == REFUSED_EXIT, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith(REFUSAL_PREFIX)]
+    assert line.startswith(f"{REFUSAL_PREFIX}ONNX Runtime's CUDA provider cannot start on gpu:2 "
+                           "(CUDA failure ")
+    assert "no GPU visible, or the driver is missing or older than R525" in line
+    assert "libmxnet" not in proc.stderr
