@@ -9,7 +9,8 @@ because the engine is asynchronous:
   cuDNN call that could not get memory ("CUDA: out of memory", "CUDNN_STATUS_ALLOC_FAILED").
 
 NumPy's `MemoryError` (copying a batch into MXNet) and a C++ `std::bad_alloc` passed through by
-MXNet are out of memory too.
+MXNet are out of memory too. ONNX Runtime raises its own: "Failed to allocate memory for requested
+buffer of size N" from its arenas, "CUDA failure 2: out of memory" on a GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ NEEDLES = (
     "cudaerrormemoryallocation",
     "cudnn_status_alloc_failed",
     "std::bad_alloc",
+    "failed to allocate memory for requested buffer",  # ONNX Runtime's arenas (CPU and GPU)
 )
 
 
