@@ -11,7 +11,6 @@ whose GPUs it cannot use.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -20,32 +19,20 @@ from pathlib import Path
 import pytest
 
 from mxq.workers.kernels import RECORDED, read_kernels
-from tests.conftest import FIXTURES, ROOT, free_port, missing, wait_until
+from tests.conftest import ROOT, free_port, wait_until
+from tests.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
 
 GPU_PYTHON = ROOT / ".venv-gpu" / "bin" / "python"
-DRIVER = ROOT / "var" / "tools" / "libcuda" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
-LISTING = FIXTURES / "nvidia-smi" / "a100-l40s-h200.csv"
 NODE = "gpubox"
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    """The environment of a GPU host's mxq: the driver's folder on the loader path, nothing else."""
-    if not GPU_PYTHON.exists():
-        missing(f"no {GPU_PYTHON}: `make test-gpu-install` builds it with the gpu extra")
-    if not (DRIVER / "libcuda.so.1").exists():
-        missing(f"no libcuda.so.1 in {DRIVER}: `make test-gpu-install` unpacks Debian's libcuda1 there")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat '{LISTING}'\n")
-    smi.chmod(0o755)
     (tmp_path / "data").mkdir()
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("MXQ_", "LD_LIBRARY_PATH", "CUDA_"))}
-    return {**base, "LD_LIBRARY_PATH": str(DRIVER), "MXQ_HOME": str(tmp_path / "home"),
-            "MXQ_NODE": NODE, "MXQ_NVIDIA_SMI": str(smi), "MXQ_DATA_ROOT": str(tmp_path / "data"),
-            "MXQ_API_PORT": str(free_port()), "MXQ_HEARTBEAT_SECONDS": "0.5", "COLUMNS": "200"}
+    return host_env(tmp_path, GPU_PYTHON, "gpu", NODE, MXQ_DATA_ROOT=str(tmp_path / "data"),
+                    MXQ_API_PORT=str(free_port()), MXQ_HEARTBEAT_SECONDS="0.5", COLUMNS="200")
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -1,8 +1,7 @@
 """The `gpu-onnx` extra installed for real, alone, on a host without a GPU (`make test-gpu-install`).
 
 `.venv-gpu-onnx` holds onnxruntime-gpu and the nvidia-*-cu12 wheels and no MXNet: a host whose
-GPUs MXNet cannot run (H100, H200). The driver's `libcuda.so.1` comes from Debian's `libcuda1`
-(as in tests/test_gpu_install.py) and nvidia-smi is a fake printing a recorded listing. mxq
+GPUs MXNet cannot run (H100, H200), with the driver and nvidia-smi of tests/gpu_host.py. mxq
 must plan an inference worker (ONNX Runtime only) for every GPU, and that worker, finding no
 GPU, must refuse to start with the reason.
 """
@@ -10,37 +9,24 @@ GPU, must refuse to start with the reason.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
-from tests.conftest import FIXTURES, ROOT, missing
+from tests.conftest import ROOT
+from tests.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
 
 ONNX_PYTHON = ROOT / ".venv-gpu-onnx" / "bin" / "python"
-DRIVER = ROOT / "var" / "tools" / "libcuda" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
-LISTING = FIXTURES / "nvidia-smi" / "a100-l40s-h200.csv"
 NODE = "hopperbox"
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    """A GPU host's environment: the driver's folder on the loader path, nothing else."""
-    if not ONNX_PYTHON.exists():
-        missing(f"no {ONNX_PYTHON}: `make test-gpu-install` builds it with the gpu-onnx extra")
-    if not (DRIVER / "libcuda.so.1").exists():
-        missing(f"no libcuda.so.1 in {DRIVER}: `make test-gpu-install` unpacks Debian's libcuda1 there")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat '{LISTING}'\n")
-    smi.chmod(0o755)
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("MXQ_", "LD_LIBRARY_PATH", "CUDA_"))}
-    return {**base, "LD_LIBRARY_PATH": str(DRIVER), "MXQ_HOME": str(tmp_path / "home"),
-            "MXQ_NODE": NODE, "MXQ_NVIDIA_SMI": str(smi)}
+    return host_env(tmp_path, ONNX_PYTHON, "gpu-onnx", NODE)
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
