@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
+from mxq import engines
 from mxq.db.engine import session_scope
 from mxq.db.schema import Model, iso
 from mxq.errors import NotFound
@@ -22,8 +24,14 @@ def model_record(m: Model) -> dict[str, Any]:
         "classes": m.classes, "params_file": m.params_file, "symbol_file": m.symbol_file,
         "checksum": m.checksum, "created_at": iso(m.created_at),
         "source": m.source, "promoted": m.promoted, "metrics": m.metrics,
-        "onnx": m.onnx, "engines": m.engines or {},
+        "onnx": m.onnx, "engines": m.engines or {}, "auto_engine": _auto_engines(m),
     }
+
+
+def _auto_engines(m: Model) -> dict[str, dict[str, str]]:
+    """What `--engine auto` runs per device kind measured so far, and why (`mxq.engines`)."""
+    return {kind: asdict(engines.choose("auto", m.onnx, speeds))
+            for kind, speeds in (m.engines or {}).items()}
 
 
 def next_version(url: str, name: str) -> int:

@@ -157,6 +157,8 @@ def test_auto_measures_both_engines_once_per_device_kind(workers: Stack) -> None
     speeds = shown[0]["engines"]["cpu"]
     assert speeds["mxnet"] > 0 and speeds["onnx"] > 0
     assert first["result"]["engine"] == max(speeds, key=speeds.get)
+    assert shown[0]["auto_engine"]["cpu"] == {"engine": first["result"]["engine"],
+                                              "reason": first["result"]["engine_reason"]}
     again = _infer(workers, "fresh", name, "--device", "cpu:1")
     assert again["result"]["engine"] == first["result"]["engine"]
     assert json.loads(workers.mxq("models", "fresh", "--json").stdout)[0]["engines"]["cpu"] == speeds
