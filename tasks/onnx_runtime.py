@@ -61,6 +61,8 @@ def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only: its warnings are about graph rewrites
+    # Idle pool threads sleep instead of spinning: the job's reader and writer threads share the cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     _sessions[key] = ort.InferenceSession(str(path), options, providers=[PROVIDERS[kind]])
     while len(_sessions) > CACHE_SIZE:
         _sessions.popitem(last=False)
