@@ -93,3 +93,26 @@ def test_a_worker_for_a_gpu_onnx_runtime_cannot_use_refuses_to_start(tmp_path: P
     assert lines == [f"{REFUSAL_PREFIX}gpu:0: MXNet cannot run it and this ONNX Runtime has no "
                      "CUDAExecutionProvider for gpu devices: install the gpu-onnx extra (pip install "
                      "'.[gpu-onnx]') to serve inference on it"]
+
+
+REFUSE = """
+from types import SimpleNamespace
+from mxq.tasks import onnx_worker
+from mxq.tasks.runner import JobInputError
+for body in (onnx_worker.train, onnx_worker.probe):
+    try:
+        body(SimpleNamespace(device="gpu:2"))
+    except JobInputError as exc:
+        print(exc)
+"""
+
+
+def test_training_and_probe_jobs_on_such_a_gpu_fail_with_the_gpu_and_the_reason(tmp_path: Path) -> None:
+    reason = "gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90) cannot run the installed mxnet-cu112 1.9.1"
+    proc = subprocess.run([sys.executable, "-c", REFUSE], cwd=ROOT, capture_output=True, text=True,
+                          env=_env(tmp_path, MXQ_DEVICE="gpu:2", MXQ_MXNET_UNUSABLE=reason), timeout=120)
+    assert proc.stdout.splitlines() == [
+        f"gpu:2 cannot run training (it runs on MXNet): {reason}; this device serves inference only "
+        "(ONNX Runtime)",
+        f"gpu:2 cannot run probe jobs (they run on MXNet): {reason}; this device serves inference only "
+        "(ONNX Runtime)"], proc.stderr
