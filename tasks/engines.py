@@ -109,7 +109,11 @@ def pick(job: JobContext, model: dict[str, Any], asked: str, batch_size: int) ->
         return mxnet_engine(model, job.device, missing)
     speeds = (model.get("engines") or {}).get(kind)
     if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
-        speeds = _measure(job, model, batch_size)
+        try:
+            speeds = _measure(job, model, batch_size)
+        except Exception as exc:  # one engine could not run here: MXNet serves (or says why not)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return mxnet_engine(model, job.device, f"not measured: {reason}")
     try:
         choice = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
     except rule.NoEngine as exc:

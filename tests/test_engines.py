@@ -176,3 +176,14 @@ def test_a_model_without_an_export_serves_with_mxnet(workers: Stack, tmp_path: P
     forced = _infer(workers, "odd", name, "--engine", "onnx")
     assert forced["status"] == "failed"
     assert "has no ONNX export" in forced["error"] and "--engine mxnet" in forced["error"]
+
+
+def test_auto_serves_with_mxnet_when_the_onnx_side_cannot_be_measured(workers: Stack) -> None:
+    model = _add(workers, "lost-onnx")
+    Path(model["onnx"]["file"]).unlink()  # the store lost the export after registration
+    job = _infer(workers, "lost-onnx", _data(workers, "lost.npy", np.ones((30, 32), np.float32)))
+    assert job["status"] == "succeeded", job["error"]
+    assert job["result"]["engine"] == "mxnet"
+    assert job["result"]["engine_reason"].startswith("not measured: ONNX file ")
+    forced = _infer(workers, "lost-onnx", "lost.npy", "--engine", "onnx")
+    assert forced["status"] == "failed" and "is missing" in forced["error"]
