@@ -118,19 +118,19 @@ def devices(s: Settings = Depends(settings)) -> list[dict[str, Any]]:
 
 @router.get("/models")
 def models(s: Settings = Depends(settings)) -> list[dict[str, Any]]:
-    return registry.list_models(s.database)
+    return cast(list[dict[str, Any]], registry.list_models(s.database))
 
 
 @router.get("/models/{name}")
 def model_versions(name: str, s: Settings = Depends(settings)) -> list[dict[str, Any]]:
     registry.resolve(s.database, name)  # 404 for an unknown name
-    return registry.list_models(s.database, name)
+    return cast(list[dict[str, Any]], registry.list_models(s.database, name))
 
 
 @router.post("/models/{name}/promote", dependencies=[Write])
 def promote(name: str, version: Annotated[int, Body(embed=True, ge=1)],
             s: Settings = Depends(settings)) -> dict[str, Any]:
-    return registry.promote(s.database, name, version)
+    return cast(dict[str, Any], registry.promote(s.database, name, version))
 
 
 class ScheduleRequest(BaseModel):

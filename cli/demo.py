@@ -11,6 +11,7 @@ import typer
 
 from mxq.cli import render
 from mxq.db.history import device_records, require_job
+from mxq.db.records import ModelRecord
 from mxq.db.registry import ModelNotFound, resolve
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.submit import submit
@@ -33,7 +34,7 @@ def demo_input(s: Settings, copies: int) -> Path:
     return path
 
 
-def demo_model(s: Settings) -> dict:
+def demo_model(s: Settings) -> ModelRecord:
     try:
         return resolve(s.database, MODEL)
     except ModelNotFound:

@@ -99,3 +99,23 @@ class JobRecord(TypedDict):
     events: NotRequired[list[EventRecord]]
     epochs: NotRequired[list[EpochRecord]]  # training only
     schedule: NotRequired[FirePolicy | None]  # training only
+
+
+class ModelRecord(TypedDict):
+    """One version of a model in the store (`mxq models NAME --json`)."""
+
+    name: str
+    version: int
+    arch: str
+    input_shape: list[int]
+    classes: int
+    params_file: str
+    symbol_file: str | None
+    checksum: str
+    created_at: str | None
+    source: str
+    promoted: bool
+    metrics: dict[str, Any]
+    onnx: dict[str, Any] | None  # the ONNX export and its agreement with MXNet
+    engines: dict[str, dict[str, float]]  # samples/s per device kind and engine
+    auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from mxq import engines
 from mxq.db.engine import session_scope
+from mxq.db.records import ModelRecord
 from mxq.db.schema import Model, iso
 from mxq.errors import NotFound
 
@@ -18,7 +19,7 @@ class ModelNotFound(NotFound):
     """No such model or version; the message lists what exists."""
 
 
-def model_record(m: Model) -> dict[str, Any]:
+def model_record(m: Model) -> ModelRecord:
     return {
         "name": m.name, "version": m.version, "arch": m.arch, "input_shape": list(m.input_shape),
         "classes": m.classes, "params_file": m.params_file, "symbol_file": m.symbol_file,
@@ -39,7 +40,7 @@ def next_version(url: str, name: str) -> int:
         return (session.scalar(select(func.max(Model.version)).where(Model.name == name)) or 0) + 1
 
 
-def add_model(url: str, record: dict[str, Any]) -> dict[str, Any]:
+def add_model(url: str, record: dict[str, Any]) -> ModelRecord:
     """Insert a version (the record names it); a clash with a concurrent add is an error."""
     try:
         with session_scope(url) as session:
@@ -52,7 +53,7 @@ def add_model(url: str, record: dict[str, Any]) -> dict[str, Any]:
                             "concurrently; add it again") from None
 
 
-def resolve(url: str, name: str, version: int | None = None) -> dict[str, Any]:
+def resolve(url: str, name: str, version: int | None = None) -> ModelRecord:
     """A given version, else the promoted one, else the newest."""
     with session_scope(url) as session:
         versions = list(session.scalars(select(Model).where(Model.name == name).order_by(Model.version)))
@@ -70,7 +71,7 @@ def resolve(url: str, name: str, version: int | None = None) -> dict[str, Any]:
                             f"{', '.join(str(m.version) for m in versions)}")
 
 
-def list_models(url: str, name: str | None = None) -> list[dict[str, Any]]:
+def list_models(url: str, name: str | None = None) -> list[ModelRecord]:
     q = select(Model).order_by(Model.name, Model.version)
     if name is not None:
         q = q.where(Model.name == name)
@@ -78,7 +79,7 @@ def list_models(url: str, name: str | None = None) -> list[dict[str, Any]]:
         return [model_record(m) for m in session.scalars(q)]
 
 
-def promote(url: str, name: str, version: int) -> dict[str, Any]:
+def promote(url: str, name: str, version: int) -> ModelRecord:
     resolve(url, name, version)  # raises with the versions that exist
     with session_scope(url) as session:
         session.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mxq.db import jobs, predictions
+from mxq.db.records import ModelRecord
 from mxq.device import Device
 from mxq.tasks.inputs import InputSource
 from mxq.tasks.runner import JobContext, JobInputError, placement
@@ -52,7 +53,7 @@ def _queues(job: JobContext) -> list[str]:
     return [device_queue(get_settings().node, spec.kind, spec.index), pool_queue(spec.kind)]
 
 
-def _candidates(job: JobContext, model: dict[str, Any], room: int,
+def _candidates(job: JobContext, model: ModelRecord, room: int,
                 taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
     """Queued jobs that ask for the same model version and engine (whether each is mergeable is
     decided once its input is open)."""
@@ -63,7 +64,7 @@ def _candidates(job: JobContext, model: dict[str, Any], room: int,
             and params.get("engine", "auto") == engine]
 
 
-def gather(job: JobContext, model: dict[str, Any], open_input: Any, read: Any,
+def gather(job: JobContext, model: ModelRecord, open_input: Any, read: Any,
            samples: int) -> list[Member]:
     """Claim queued small jobs of the same model until the batch is full or the wait is over.
 
@@ -97,7 +98,7 @@ def _slices(found: list[Any], index: int) -> list[list[Any]]:
     return [walk[i:i + CLAIM_SLICE] for i in range(0, len(walk), CLAIM_SLICE)]
 
 
-def _take(job: JobContext, model: dict[str, Any], found: list[tuple[int, dict[str, Any]]],
+def _take(job: JobContext, model: ModelRecord, found: list[tuple[int, dict[str, Any]]],
           open_input: Any, read: Any, at: jobs.Placement, members: list[Member]) -> int:
     """Open `found`, claim the mergeable ones still queued, add them to `members`; the samples
     added."""
@@ -124,7 +125,7 @@ def _take(job: JobContext, model: dict[str, Any], found: list[tuple[int, dict[st
     return added
 
 
-def _open(params: dict[str, Any], model: dict[str, Any],
+def _open(params: dict[str, Any], model: ModelRecord,
           open_input: Any) -> tuple[InferParams, InputSource] | str:
     """A candidate's parameters and input, or why its job fails."""
     try:

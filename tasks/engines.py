@@ -19,6 +19,7 @@ import numpy as np
 
 from mxq import engines as rule
 from mxq.db import registry
+from mxq.db.records import ModelRecord
 from mxq.device import Device
 from mxq.tasks import onnx_runtime
 from mxq.tasks.runner import JobContext, JobInputError
@@ -50,7 +51,7 @@ def _release(net: Any) -> None:
         clear()
 
 
-def mxnet_engine(model: dict[str, Any], device: str, reason: str) -> Engine:
+def mxnet_engine(model: ModelRecord, device: str, reason: str) -> Engine:
     """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it)."""
     from mxq.tasks.device import context
     from mxq.tasks.models import ModelError, load, probabilities
@@ -63,7 +64,7 @@ def mxnet_engine(model: dict[str, Any], device: str, reason: str) -> Engine:
     return Engine("mxnet", lambda x: probabilities(net, ctx, x), lambda: _release(net), cached, reason)
 
 
-def onnx_engine(model: dict[str, Any], kind: str, reason: str) -> Engine:
+def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
     onnx = model.get("onnx") or {}
     if not onnx.get("file"):
         raise JobInputError(f"model {model['name']}:{model['version']} has no ONNX export "
@@ -87,7 +88,7 @@ def _rate(engine: Engine, sample: np.ndarray) -> float:
     return batches * len(sample) / (time.perf_counter() - began)
 
 
-def _measure(job: JobContext, model: dict[str, Any], batch_size: int) -> dict[str, float]:
+def _measure(job: JobContext, model: ModelRecord, batch_size: int) -> dict[str, float]:
     """Both engines' samples/s on this worker, on a seeded batch of the model's input shape."""
     low, high = MEASURE_BATCH_RANGE
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
@@ -100,7 +101,7 @@ def _measure(job: JobContext, model: dict[str, Any], batch_size: int) -> dict[st
     return speeds
 
 
-def pick(job: JobContext, model: dict[str, Any], asked: str, batch_size: int) -> Engine:
+def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int) -> Engine:
     """The engine this job runs on (measuring both first, for `auto`, when no figures exist, on
     batches of `batch_size`). A worker whose GPU MXNet cannot run serves ONNX only."""
     kind = Device.parse(job.device).kind

@@ -22,6 +22,7 @@ import numpy as np
 from mxq.db import events, predictions, registry
 from mxq.db.jobs import record_metric
 from mxq.db.predictions import Row
+from mxq.db.records import ModelRecord
 from mxq.tasks import batching, engines
 from mxq.tasks.inputs import InputError, InputSource, open_input
 from mxq.tasks.oom import OutOfMemory, is_out_of_memory
@@ -43,7 +44,7 @@ def _params(job: JobContext) -> InferParams:
         raise JobInputError(str(exc)) from None
 
 
-def _open(p: InferParams, model: dict[str, Any]) -> InputSource:
+def _open(p: InferParams, model: ModelRecord) -> InputSource:
     try:
         path = inside_root(p.input, get_settings().data_root)
         return open_input(path, tuple(model["input_shape"]), p.key)
@@ -130,7 +131,7 @@ def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
     return next(_batches(p, source, 0, source.count, lambda: source.count))[1]
 
 
-def _merged(job: JobContext, p: InferParams, model: dict[str, Any], source: InputSource) -> Outcome:
+def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource) -> Outcome:
     """A small job, run in one batch with the queued small jobs of the same model (batching)."""
     engine = engines.pick(job, model, p.engine, source.count)
     members = [batching.Member(job.id, p, _read_all(p, source))]

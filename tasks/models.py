@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mxq.db import registry
+from mxq.db.records import ModelRecord
 from mxq.errors import UserError
 from mxq.tasks import onnx_export
 from mxq.tasks.mx import gluon, mx
@@ -46,7 +47,7 @@ def store_dir(home: Path, name: str, version: int) -> Path:
     return home / "models" / name / str(version)
 
 
-def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any]) -> dict[str, Any]:
+def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any]) -> ModelRecord:
     """Write the files of the next version with `write(folder)` and its ONNX export, then its
     row; undo files on failure."""
     version = registry.next_version(url, name)
@@ -67,7 +68,7 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
 
 
 def add_builtin(url: str, home: Path, name: str, arch: str, input_shape: tuple[int, ...],
-                classes: int, seed: int = 0, source: str = "builtin") -> dict[str, Any]:
+                classes: int, seed: int = 0, source: str = "builtin") -> ModelRecord:
     """A built-in architecture with random (seeded) weights."""
     net = build(arch, classes, input_shape)
     mx.random.seed(seed)
@@ -140,7 +141,7 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
 
 
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
-                 input_shape: tuple[int, ...] | None) -> dict[str, Any]:
+                 input_shape: tuple[int, ...] | None) -> ModelRecord:
     """A user's `net.export()` output, checked by loading it and running one sample."""
     for f in (symbol, params):
         if not f.is_file():
@@ -172,7 +173,7 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
                                               "source": f"import:{symbol.name}"})
 
 
-def load(model: dict[str, Any], ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
+def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
     """The loaded, hybridized model and whether it came from this process's cache."""
     key = (model["name"], model["version"], model["checksum"], str(ctx))
     if key in _cache:
@@ -184,6 +185,8 @@ def load(model: dict[str, Any], ctx: mx.Context) -> tuple[gluon.SymbolBlock, boo
     if sha256(params) != model["checksum"]:
         raise ModelError(f"params file {params} of {model['name']}:{model['version']} does not "
                          "match its recorded checksum: it was changed after registration")
+    if model["symbol_file"] is None:
+        raise ModelError(f"{model['name']}:{model['version']} has no symbol file recorded")
     net = _open(Path(model["symbol_file"]), params, ctx)
     net.hybridize(static_alloc=True)
     _cache[key] = net
@@ -202,7 +205,7 @@ def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) 
 
 def add_trained(url: str, home: Path, name: str, net: gluon.HybridBlock, arch: str,
                 input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
-                job_id: int) -> dict[str, Any]:
+                job_id: int) -> ModelRecord:
     """A new version of `name` from a finished training job, with its validation metrics."""
     return _register(url, home, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
         "arch": arch, "input_shape": list(input_shape), "classes": classes,

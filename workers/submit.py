@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from mxq.db.engine import get_engine, safe_url
 from mxq.db.fleet import list_workers
 from mxq.db.jobs import create_job, create_jobs
-from mxq.db.records import WorkerRecord
+from mxq.db.records import ModelRecord, WorkerRecord
 from mxq.db.registry import resolve
 from mxq.device import Device
 from mxq.errors import JobRejected
@@ -74,7 +74,7 @@ def _input_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-Models = dict[tuple[str, int | None], dict[str, Any]]  # resolved once per submit_many
+Models = dict[tuple[str, int | None], ModelRecord]  # resolved once per submit_many
 
 
 def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -> dict[str, Any]:
