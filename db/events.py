@@ -20,6 +20,7 @@ REPUBLISHED = "republished"  # queued in SQL but its message was gone from the b
 LEASE_FREED = "lease-freed"  # a device lease it held outlived it
 RETRY = "retry"  # a transient broker or database error was retried
 OOM = "out-of-memory"  # a batch did not fit: the batch size was halved
+RESUMED = "resumed"  # a later attempt of an inference job went on after its last stored sample
 SETTLED = "settled"  # a parent whose chunks had all finished was closed by the reconciler
 RESUBMITTED = "resubmitted"  # a schedule fire without a job got one
 

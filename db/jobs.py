@@ -221,6 +221,13 @@ def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
                                                            utcnow())))
 
 
+def next_metric_step(url: str, job_id: int) -> int:
+    """The step after the job's last throughput point: a resumed attempt adds to the earlier ones."""
+    with session_scope(url) as session:
+        last = session.scalar(select(func.max(JobMetric.step)).where(JobMetric.job_id == job_id))
+    return 0 if last is None else last + 1
+
+
 @db_retry
 def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
             result: dict[str, Any]) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Connection, delete, func, select, update
 
 from mxq.db.engine import get_engine, session_scope
 from mxq.db.retry import db_retry
-from mxq.db.schema import Prediction
+from mxq.db.schema import Job, JobStatus, Prediction, utcnow
 
 
 @db_retry
@@ -25,24 +25,53 @@ Row = tuple[int, int, int, float, str | None]  # top_k as JSON text
 
 @db_retry
 def write(url: str, rows: list[Row]) -> None:
-    """Store rows in one bulk write: COPY on PostgreSQL, a driver-level executemany elsewhere.
+    """Store rows in one bulk write (see `_insert`)."""
+    if not rows:
+        return
+    with get_engine(url).begin() as conn:
+        _insert(conn, rows)
+
+
+@db_retry
+def commit(url: str, job_id: int, worker: str, rows: list[Row], position: int) -> bool:
+    """Store `rows` and move the job's committed position to `position`, in one transaction.
+
+    Only for the worker that runs the job: False (nothing stored) when it is not ours any more.
+    Rows and position move together, so a later attempt resumes right after the last stored
+    sample, with nothing lost and nothing written twice."""
+    with get_engine(url).begin() as conn:
+        moved = conn.execute(update(Job).where(Job.id == job_id, Job.worker == worker,
+                                               Job.status == JobStatus.RUNNING)
+                             .values(committed=position, heartbeat_at=utcnow()))
+        if not moved.rowcount:  # nothing was changed: there is nothing to undo
+            return False
+        _insert(conn, rows)
+    return True
+
+
+def committed_position(url: str, job_id: int) -> int | None:
+    """Where the job's last attempt stopped storing results (None: it stored none)."""
+    with session_scope(url) as session:
+        return session.scalar(select(Job.committed).where(Job.id == job_id))
+
+
+def _insert(conn: Connection, rows: list[Row]) -> None:
+    """COPY on PostgreSQL, a driver-level executemany elsewhere.
 
     Both skip per-value ORM processing, which on a busy worker costs more CPU than the model.
     """
     if not rows:
         return
-    engine = get_engine(url)
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            with cast(Any, conn.connection).cursor() as cur, cur.copy(
-                    f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
-        else:
-            marks = ", ".join([_MARK[engine.dialect.paramstyle]] * len(COLUMNS))
-            # Column names and placeholders are constants; every value is a bound parameter.
-            conn.exec_driver_sql(f"INSERT INTO predictions ({', '.join(COLUMNS)}) VALUES ({marks})",  # noqa: S608
-                                 rows)
+    if conn.dialect.name == "postgresql":
+        with cast(Any, conn.connection).cursor() as cur, cur.copy(
+                f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+    else:
+        marks = ", ".join([_MARK[conn.dialect.paramstyle]] * len(COLUMNS))
+        # Column names and placeholders are constants; every value is a bound parameter.
+        conn.exec_driver_sql(f"INSERT INTO predictions ({', '.join(COLUMNS)}) VALUES ({marks})",  # noqa: S608
+                             rows)
 
 
 _MARK = {"qmark": "?", "format": "%s", "pyformat": "%s", "numeric": "?"}

@@ -81,6 +81,9 @@ class Job(Base):
     devices: Mapped[list[str] | None] = mapped_column(JSON)
     # Set by a cancel of a running job; the job stops at its next batch or epoch boundary.
     cancel_requested_at: Mapped[datetime | None]
+    # Inference: the sample index before which every result of this job (or chunk) is stored.
+    # It moves in the transaction that stores the results, so a later attempt resumes here.
+    committed: Mapped[int | None]
 
     __table_args__ = (
         Index("ix_jobs_parent", "parent_id"),
@@ -149,6 +152,8 @@ class Model(Base):
     onnx: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     # Measured samples/s per device kind: {"cpu": {"mxnet": 4100.0, "onnx": 15800.0}}.
     engines: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # How inputs are scaled before the model sees them: {"scale", "mean", "std", "layout"}.
+    preprocess: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
 
     __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),)
 

@@ -1,31 +1,28 @@
 """`infer`: stream an input through a model on the worker's device; store every prediction.
 
-Batches have a fixed shape (the last one may be short); results go to SQL in bulk inserts, at
-most every FLUSH_SECONDS, each flush also recording a throughput point and the progress.
+Batches have a fixed shape (the last one may be short); results are stored (`tasks/outputs.py`:
+SQL rows, an .npy or Parquet) at most every FLUSH_SECONDS or FLUSH_ROWS samples, each flush
+committing the job's position with its results, a throughput point and the progress; a later
+attempt of a killed job resumes after the last committed sample.
 A batch that runs out of device memory is split: the batch size is halved (down to
 MIN_BATCH_SIZE) and kept for the rest of the job; each halving is recorded as a job event.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import repeat
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mxq.db import events, predictions, registry
-from mxq.db.jobs import record_metric
-from mxq.db.predictions import Row
+from mxq.db import events, jobs, registry
 from mxq.db.records import ModelRecord
 from mxq.tasks import batching, engines
 from mxq.tasks.inputs import InputError, InputSource, open_input
 from mxq.tasks.oom import OutOfMemory, is_out_of_memory
+from mxq.tasks.outputs import JobOutputs, rows
 from mxq.tasks.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from mxq.workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
@@ -33,7 +30,7 @@ from mxq.workers.paths import PathError, inside_root
 from mxq.workers.settings import get_settings
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
-FLUSH_ROWS = 20000  # ... or after this many rows, whichever comes first
+FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
 MIN_BATCH_SIZE = 1  # the floor: a batch that runs out of memory at this size fails the job
 
 
@@ -52,39 +49,10 @@ def _open(p: InferParams, model: ModelRecord) -> InputSource:
         raise JobInputError(str(exc)) from None
 
 
-def output_path(job_id: int) -> Path:
-    return get_settings().home_path / "outputs" / f"job-{job_id}.npy"
-
-
-def _output_array(job_id: int, rows: int, classes: int) -> np.memmap:
-    """The job's full output array, created once (under a lock: chunks share it)."""
-    path = output_path(job_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
-    return np.load(path, mmap_mode="r+")
-
-
 def _chunks(p: InferParams, count: int) -> list[dict[str, Any]]:
     size = p.chunk_size or count
     base = p.model_dump(exclude={"chunk_size"})
     return [{**base, "start": a, "stop": min(a + size, count)} for a in range(0, count, size)]
-
-
-def _rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[Row]:
-    """Prediction rows of one batch, built with vectorized NumPy and one zip."""
-    classes = probs.argmax(axis=1)
-    scores = probs[np.arange(len(probs)), classes]
-    top: Iterable[str | None] = repeat(None)
-    if top_k:
-        order = np.argsort(-probs, axis=1)[:, :top_k]
-        best = np.take_along_axis(probs, order, axis=1)
-        top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(order.tolist(), best.tolist(),
-                                                                         strict=True))
-    return list(zip(repeat(owner), range(first, first + len(probs)), classes.tolist(),
-                    scores.tolist(), top))
 
 
 @job_task("infer")
@@ -110,19 +78,18 @@ def infer(job: JobContext) -> Outcome | FanOut:
     fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
     engine = engines.pick(job, model, p.engine, fit.size)
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
-    out = _output_array(owner, source.count, model["classes"]) if p.output != "db" else None
-    predictions.replace_range(settings.database, owner, start, stop)
+    out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
+    begin = out.resume()
     began = time.perf_counter()
-    done = _stream(job, p, source, engine, owner, out, start, stop, fit)
+    _stream(job, p, source, engine, out, begin, fit)
     seconds = time.perf_counter() - began
-    if out is not None:
-        out.flush()
-    return Outcome(samples=done, seconds=seconds, result={
+    out.finish()
+    return Outcome(samples=stop - begin, seconds=seconds, result={
         "model": model["name"], "model_version": model["version"],
         "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
-        "input": str(source.path), "range": [start, stop], "batch_size": p.batch_size,
-        "batch_size_used": fit.size,
-        "output": str(output_path(owner)) if out is not None else "db", "classes": model["classes"],
+        "input": str(source.path), "range": [start, stop],
+        "resumed_from": begin if begin > start else None, "batch_size": p.batch_size,
+        "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
     })
 
 
@@ -149,7 +116,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
         "batch_size_used": fit.size, "output": "db",
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
-        "batch_lead": job.id}, _rows)
+        "batch_lead": job.id}, rows)
     return Outcome(samples=samples, seconds=share, result=result)
 
 
@@ -244,35 +211,23 @@ class _Fit:
 
 
 def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
-            owner: int, out: np.memmap | None, start: int, stop: int, fit: _Fit) -> int:
-    """Compute every batch here; reading runs ahead and storing runs behind on side threads."""
-
-    def store(item: tuple[list[Row], int, int, float, int]) -> None:
-        rows, step, samples, seconds, last = item
-        predictions.write(job.url, rows)
-        record_metric(job.url, job.id, step, job.device, samples, seconds)
-        job.progress((last - start) / (stop - start))
-
-    writer = BackgroundWriter(store)
-    pending: list[Row] = []
-    step, since, mark = 0, time.perf_counter(), start
+            out: JobOutputs, begin: int, fit: _Fit) -> None:
+    """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
+    side threads. A flush is due every FLUSH_SECONDS or FLUSH_ROWS samples, and at the end."""
+    writer = BackgroundWriter(out.store, depth=1)  # at most one flush waits: a kill loses little
+    step, since, mark = jobs.next_metric_step(job.url, job.id), time.perf_counter(), begin
     try:
-        for first, x in prefetch(_batches(p, source, start, stop, lambda: fit.size)):
+        for first, x in prefetch(_batches(p, source, begin, out.stop, lambda: fit.size)):
             try:
-                job.check_cancelled(first - start)
-            except JobCancelled:  # keep every row computed so far: hand the rest to the writer
-                writer.submit((pending, step, first - mark, time.perf_counter() - since, first))
+                job.check_cancelled(first - out.start)
+            except JobCancelled:  # keep every result computed so far: hand the rest to the writer
+                writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
                 raise
             last = first + len(x)
-            probs = fit.predict(engine, x)
-            if out is not None:
-                out[first:last] = probs
-            if p.output != "npy":
-                pending.extend(_rows(owner, first, probs, p.top_k))
+            out.add(first, fit.predict(engine, x))
             now = time.perf_counter()
-            if now - since >= FLUSH_SECONDS or len(pending) >= FLUSH_ROWS or last == stop:
-                writer.submit((pending, step, last - mark, now - since, last))
-                pending, step, since, mark = [], step + 1, now, last
+            if now - since >= FLUSH_SECONDS or last - mark >= FLUSH_ROWS or last == out.stop:
+                writer.submit(out.take(step, last - mark, now - since, last))
+                step, since, mark = step + 1, now, last
     finally:
         writer.close()
-    return stop - start

@@ -1,0 +1,150 @@
+"""Where an inference job's predictions go, and how a later attempt resumes after the last
+stored sample.
+
+Each output kind is kept so that what SQL calls committed is really stored:
+- `db`: the rows of a flush and the job's committed position in one transaction;
+- `npy`: the probabilities written into `job-ID.npy` (memory-mapped), synced to disk before the
+  position moves;
+- `parquet`: each flush a part file, on disk before the position moves, merged into
+  `job-ID.parquet` at the end (`mxq.db.parquet`).
+A killed attempt loses at most what it computed since its last commit; the next one starts there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from mxq.db import events, parquet, predictions
+from mxq.db.jobs import record_metric
+from mxq.db.predictions import Row
+from mxq.tasks.runner import JobContext, JobLost
+from mxq.workers.jobspecs import InferParams
+from mxq.workers.settings import get_settings
+
+
+def output_path(job_id: int, suffix: str = ".npy") -> Path:
+    return get_settings().home_path / "outputs" / f"job-{job_id}{suffix}"
+
+
+def _output_array(job_id: int, rows: int, classes: int) -> np.memmap:
+    """The job's full output array, created once (under a lock: chunks share it)."""
+    path = output_path(job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
+    return np.load(path, mmap_mode="r+")
+
+
+def rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[Row]:
+    """Prediction rows of one batch, built with vectorized NumPy and one zip."""
+    classes = probs.argmax(axis=1)
+    scores = probs[np.arange(len(probs)), classes]
+    top: Iterable[str | None] = repeat(None)
+    if top_k:
+        order = np.argsort(-probs, axis=1)[:, :top_k]
+        best = np.take_along_axis(probs, order, axis=1)
+        top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(order.tolist(), best.tolist(),
+                                                                         strict=True))
+    return list(zip(repeat(owner), range(first, first + len(probs)), classes.tolist(),
+                    scores.tolist(), top))
+
+
+@dataclass
+class Flush:
+    """What one flush stores: results up to sample `last`, and its throughput point."""
+
+    rows: list[Row]
+    tables: list[pa.Table]
+    step: int
+    samples: int
+    seconds: float
+    last: int
+
+
+@dataclass
+class JobOutputs:
+    """The outputs of one job (or chunk) over [start, stop) of an input of `count` samples."""
+
+    job: JobContext
+    p: InferParams
+    owner: int  # the job the predictions belong to: a chunk's parent, else the job
+    count: int
+    classes: int
+    start: int
+    stop: int
+    array: np.memmap | None = None
+    _rows: list[Row] = field(default_factory=list)
+    _tables: list[pa.Table] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.p.output in ("npy", "both"):
+            self.array = _output_array(self.owner, self.count, self.classes)
+
+    @property
+    def parquet_file(self) -> Path | None:
+        return output_path(self.owner, ".parquet") if self.p.output == "parquet" else None
+
+    @property
+    def shown(self) -> str:
+        """What the job's result names as its output."""
+        if self.parquet_file is not None:
+            return str(self.parquet_file)
+        return str(output_path(self.owner)) if self.array is not None else "db"
+
+    def resume(self) -> int:
+        """The first sample this attempt computes: right after the last one an earlier attempt
+        committed (recorded as a `resumed` event), else `start`. What lies beyond it is cleared."""
+        done = predictions.committed_position(self.job.url, self.job.id)
+        begin = done if done is not None and self.start < done <= self.stop else self.start
+        predictions.replace_range(self.job.url, self.owner, begin, self.stop)
+        if self.parquet_file is not None:
+            parquet.drop_parts(self.parquet_file, begin, self.stop)
+        if begin > self.start:
+            events.record(self.job.url, self.job.id, events.RESUMED,
+                          f"resumed at sample {begin}: an earlier attempt stored "
+                          f"[{self.start}, {begin}) of [{self.start}, {self.stop})",
+                          position=begin, start=self.start, stop=self.stop)
+        return begin
+
+    def add(self, first: int, probs: np.ndarray) -> None:
+        """One batch's results, held until the next flush (the npy array takes them at once)."""
+        if self.array is not None:
+            self.array[first:first + len(probs)] = probs
+        if self.p.output in ("db", "both"):
+            self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
+        if self.parquet_file is not None:
+            self._tables.append(parquet.from_probabilities(first, probs, self.p.top_k))
+
+    def take(self, step: int, samples: int, seconds: float, last: int) -> Flush:
+        flush = Flush(self._rows, self._tables, step, samples, seconds, last)
+        self._rows, self._tables = [], []
+        return flush
+
+    def store(self, flush: Flush) -> None:
+        """Make the flush durable, then commit its position with its rows (on the writer thread)."""
+        if self.array is not None:
+            self.array.flush()
+        if self.parquet_file is not None and flush.tables:
+            parquet.write_part(self.parquet_file, flush.tables)
+        if not predictions.commit(self.job.url, self.job.id, self.job.worker, flush.rows, flush.last):
+            raise JobLost(f"job {self.job.id} now belongs to another worker")
+        record_metric(self.job.url, self.job.id, flush.step, self.job.device, flush.samples,
+                      flush.seconds)
+        self.job.progress((flush.last - self.start) / (self.stop - self.start))
+
+    def finish(self) -> None:
+        """Once every flush is stored: the npy on disk, the Parquet parts merged when complete."""
+        if self.array is not None:
+            self.array.flush()
+        if self.parquet_file is not None:
+            parquet.merge_if_complete(self.parquet_file, self.count)
