@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, cast
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from mxq.db import predictions, registry, schedules
+from mxq.db import registry, results, schedules
 from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.workers.cancel import cancel_job
 from mxq.workers.fires import add_schedule, resume, run_now
@@ -96,11 +96,11 @@ def job_predictions(job_id: int, limit: Annotated[int, Query(ge=1, le=100_000)] 
                     offset: Annotated[int, Query(ge=0)] = 0,
                     format: Literal["json", "csv"] = "json",
                     s: Settings = Depends(settings)) -> Any:
-    _job_or_404(s, job_id)
-    rows = predictions.read(s.database, job_id, limit, offset)
+    record = require_job(s.database, job_id)
+    rows = results.read(s.database, s.home_path, record, limit, offset)
     if format == "json":
-        return {"items": rows, "total": predictions.count(s.database, job_id), "limit": limit,
-                "offset": offset}
+        return {"items": rows, "total": results.count(s.database, s.home_path, record),
+                "limit": limit, "offset": offset}
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["index", "predicted_class", "score", "top_k"])

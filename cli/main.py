@@ -6,6 +6,7 @@ import logging
 import re
 import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -237,7 +238,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           input: Annotated[str, typer.Argument(help="Input inside MXQ_DATA_ROOT: .npy, .npz, .csv, image folder, .rec")],  # noqa: E501
           device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
           batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
-          output: Annotated[str, typer.Option(help="db, npy or both")] = "db",
+          output: Annotated[str, typer.Option(help="db (SQL rows), npy, both (db and npy) or parquet: $MXQ_HOME/outputs/job-ID.npy or .parquet.")] = "db",  # noqa: E501
           engine: Annotated[str, typer.Option(help="auto, mxnet or onnx (auto: the one measured faster for this model on this kind of device).")] = "auto",  # noqa: E501
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
@@ -256,17 +257,26 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
 
 @app.command()
 def results(job_id: int,
-            format: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
+            format: Annotated[str, typer.Option("--format", help="table, json, csv or parquet (with --out)")] = "table",  # noqa: E501
+            out: Annotated[Path | None, typer.Option("--out", help="The file --format parquet writes.")] = None,  # noqa: E501
             limit: Annotated[int | None, typer.Option(min=1)] = None,
             offset: Annotated[int, typer.Option(min=0)] = 0) -> None:
-    """The predictions of an inference job (CSV: index,predicted_class,score[,top-k])."""
-    from mxq.db.predictions import read
+    """The predictions of an inference job (CSV: index,predicted_class,score[,top-k]), or all of
+    them exported as a Parquet file (`--format parquet --out FILE`)."""
+    from mxq.db import results as stored
 
-    if format not in ("table", "json", "csv"):
-        raise typer.BadParameter(f"{format!r}: expected table, json or csv", param_hint="--format")
+    if format not in ("table", "json", "csv", "parquet"):
+        raise typer.BadParameter(f"{format!r}: expected table, json, csv or parquet", param_hint="--format")
+    if (format == "parquet") != (out is not None):
+        raise typer.BadParameter("--out FILE goes with --format parquet, and only with it",
+                                 param_hint="--out")
     s = get_settings()
     record = require_job(s.database, job_id)
-    render.predictions(read(s.database, job_id, limit, offset), format)
+    if out is not None:
+        rows = stored.export_parquet(s.database, s.home_path, record, out, limit, offset)
+        render.err.print(f"wrote {rows} predictions of job {job_id} to {out}", markup=False)
+    else:
+        render.predictions(stored.read(s.database, s.home_path, record, limit, offset), format)
     if record["status"] in ("failed", "cancelled"):
         render.err.print(f"mxq: job {job_id} {record['status']}: {record['error']}", markup=False)
         raise typer.Exit(EXIT_JOB_FAILED)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 ROW_GROUP_ROWS = 131_072  # rows per row group of a merged or exported file
 COMPRESSION = "zstd"
@@ -38,14 +39,14 @@ def schema(top_k: int) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _lists(values: np.ndarray, kind: pa.DataType) -> pa.ListArray:
+def _lists(values: NDArray[Any], kind: pa.DataType) -> pa.ListArray:
     """Rows of a 2-D array as a list column."""
     rows, width = values.shape
     offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, pa.array(values.ravel(), type=kind))
 
 
-def from_probabilities(first: int, probs: np.ndarray, top_k: int) -> pa.Table:
+def from_probabilities(first: int, probs: NDArray[np.float32], top_k: int) -> pa.Table:
     """The rows of one batch of probabilities (sample `first` onwards)."""
     classes = probs.argmax(axis=1)
     columns: list[Any] = [np.arange(first, first + len(probs), dtype=np.int64),

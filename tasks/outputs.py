@@ -25,13 +25,14 @@ import pyarrow as pa
 from mxq.db import events, parquet, predictions
 from mxq.db.jobs import record_metric
 from mxq.db.predictions import Row
+from mxq.db.results import output_file
 from mxq.tasks.runner import JobContext, JobLost
 from mxq.workers.jobspecs import InferParams
 from mxq.workers.settings import get_settings
 
 
 def output_path(job_id: int, suffix: str = ".npy") -> Path:
-    return get_settings().home_path / "outputs" / f"job-{job_id}{suffix}"
+    return output_file(get_settings().home_path, job_id, suffix)
 
 
 def _output_array(job_id: int, rows: int, classes: int) -> np.memmap:

@@ -1,0 +1,75 @@
+"""A job's predictions wherever its output kind stored them: SQL rows, or its Parquet file
+(`--output parquet` keeps no rows in SQL). The CLI and the API read them through here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from mxq.db import parquet, predictions
+from mxq.db.records import JobRecord
+
+PAGE_ROWS = 50_000  # rows read at a time by an export
+
+
+def output_file(home: Path, job_id: int, suffix: str) -> Path:
+    """Where a job's file output lives: `$MXQ_HOME/outputs/job-ID.npy` or `.parquet`."""
+    return home / "outputs" / f"job-{job_id}{suffix}"
+
+
+def _parquet_of(home: Path, record: JobRecord) -> Path | None:
+    """The job's merged Parquet file, when it asked for one and it is there."""
+    if (record.get("params") or {}).get("output") != "parquet":
+        return None
+    path = output_file(home, record["id"], ".parquet")
+    return path if path.exists() else None
+
+
+def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
+         offset: int = 0) -> list[dict[str, Any]]:
+    """Rows `offset` onwards, at most `limit`, ordered by index."""
+    path = _parquet_of(home, record)
+    if path is not None:
+        return list(parquet.read_rows(path, limit, offset))
+    return predictions.read(url, record["id"], limit, offset)
+
+
+def count(url: str, home: Path, record: JobRecord) -> int:
+    path = _parquet_of(home, record)
+    if path is not None:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    return predictions.count(url, record["id"])
+
+
+def pages(url: str, home: Path, record: JobRecord, limit: int | None = None,
+          offset: int = 0) -> Iterator[list[dict[str, Any]]]:
+    """The same rows as `read`, a page of at most PAGE_ROWS at a time (bounded memory)."""
+    path = _parquet_of(home, record)
+    if path is not None:
+        rows = parquet.read_rows(path, limit, offset)
+        while page := list(islice(rows, PAGE_ROWS)):
+            yield page
+        return
+    while limit is None or limit > 0:
+        size = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
+        page = predictions.read(url, record["id"], size, offset)
+        if not page:
+            return
+        yield page
+        offset += len(page)
+        limit = None if limit is None else limit - len(page)
+
+
+def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: int | None = None,
+                   offset: int = 0) -> int:
+    """Write the job's stored predictions to `out` as Parquet; the number of rows written."""
+    top_k = int((record.get("params") or {}).get("top_k") or 0)
+    tables = (parquet.from_rows(page, top_k) for page in pages(url, home, record, limit, offset))
+    tmp = out.with_name(out.name + ".tmp")
+    rows = parquet.write_tables(tables, tmp, parquet.schema(top_k))
+    tmp.replace(out)
+    return rows
