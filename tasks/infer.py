@@ -214,7 +214,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
             out: JobOutputs, begin: int, fit: _Fit) -> None:
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
     side threads. A flush is due every FLUSH_SECONDS or FLUSH_ROWS samples, and at the end."""
-    writer = BackgroundWriter(out.store, depth=1)  # at most one flush waits: a kill loses little
+    writer = BackgroundWriter(out.store, in_flight=1)  # a kill loses the flush in store and the next
     step, since, mark = jobs.next_metric_step(job.url, job.id), time.perf_counter(), begin
     try:
         for first, x in prefetch(_batches(p, source, begin, out.stop, lambda: fit.size)):

@@ -48,13 +48,17 @@ def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
 class BackgroundWriter:
     """Runs `write(item)` for each submitted item on one thread, in order.
 
+    At most `in_flight` items are submitted and not yet written: `submit` waits for the writer
+    beyond that. With 1, the caller computes the next item while the last one is written, and
+    never further ahead, which bounds what a killed job loses to those two.
     `close()` waits for everything to be written and re-raises the first failure, so a job
     never reports success for results that were not stored.
     """
 
-    def __init__(self, write: Callable[[Any], None], depth: int = 4) -> None:
+    def __init__(self, write: Callable[[Any], None], in_flight: int = 4) -> None:
         self._write = write
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._q: queue.Queue = queue.Queue()
+        self._slots = threading.Semaphore(in_flight)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mxq-writer", daemon=True)
         self._thread.start()
@@ -66,10 +70,12 @@ class BackgroundWriter:
                     self._write(item)
                 except BaseException as exc:
                     self._error = exc
+            self._slots.release()
 
     def submit(self, item: Any) -> None:
         if self._error is not None:
             raise self._error
+        self._slots.acquire()
         self._q.put(item)
 
     def close(self) -> None:

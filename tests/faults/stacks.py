@@ -25,7 +25,11 @@ from mxq.db.schema import Job, Prediction, WorkerBeat
 from mxq.workers.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
 
-FAULT_ENV = {"MXQ_RECONCILE_SECONDS": "2", "MXQ_TICK_SECONDS": "3600", "MXQ_MAX_ATTEMPTS": "5"}
+# Heartbeats every second (taken for dead after 5 s): a worker busy writing under SIGKILLs all
+# around must not be taken for dead while it lives. The launcher requeues a killed worker's job
+# at once whatever the interval.
+FAULT_ENV = {"MXQ_RECONCILE_SECONDS": "2", "MXQ_TICK_SECONDS": "3600", "MXQ_MAX_ATTEMPTS": "5",
+             "MXQ_HEARTBEAT_SECONDS": "1"}
 FEATURES = 64
 
 

@@ -7,10 +7,13 @@ import random
 import time
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from mxq.db import events
+from mxq.db import events, predictions
 from mxq.db.epochs import list_epochs
+from mxq.db.parquet import parts_dir
+from mxq.tasks.infer import FLUSH_ROWS
 from mxq.workers.submit import submit
 from tests.faults.stacks import FaultStack, report
 
@@ -87,9 +90,82 @@ def test_sigkill_mid_inference(faulty: FaultStack) -> None:
         assert done[job_id]["attempts"] == 2  # killed once, then run to the end
         kinds = [e["kind"] for e in events.list_events(faulty.settings.database, job_id)]
         assert events.REQUEUED in kinds
+        resumed = done[job_id]["result"]["resumed_from"]
+        assert (events.RESUMED in kinds) == (resumed is not None)
+        assert done[job_id]["samples"] == INFER_SAMPLES - (resumed or 0)
     report("SIGKILL mid-inference", {"backend": faulty.name, "trials": KILLS, "jobs": len(ids),
                                      "finished": len(done), "rows_lost": missing,
                                      "rows_duplicated": duplicated, "kill_progress": points})
+
+
+def _committed(stack: FaultStack, job_id: int) -> int:
+    return predictions.committed_position(stack.settings.database, job_id) or 0
+
+
+def _computed_rows(path: str) -> int:
+    """How many leading rows of a job's .npy hold probabilities (the file starts as zeros, and
+    a worker fills it in index order): what the worker had computed when it died."""
+    filled = np.load(path, mmap_mode="r").any(axis=1)
+    return int(filled.argmin()) if not filled.all() else len(filled)
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) -> None:
+    """One SIGKILL at about 60 % of a large unchunked job, for each output kind: the next attempt
+    starts after the last committed sample, and the predictions equal an uninterrupted run."""
+    faulty.model()
+    faulty.samples("resume.npy", INFER_SAMPLES, seed=3)
+    whole = faulty.wait_all([faulty.infer("mlp64", "resume.npy", output="both")], 300)
+    reference = np.load(next(iter(whole.values()))["output"])
+    figures = {}
+    for output in ("db", "npy", "parquet", "both"):
+        job_id = faulty.infer("mlp64", "resume.npy", output=output, batch_size=512)
+        wait_until_committed = time.monotonic() + 300
+        while _committed(faulty, job_id) < 0.6 * INFER_SAMPLES:
+            assert time.monotonic() < wait_until_committed, faulty.job(job_id)
+            time.sleep(0.02)
+        at_kill = _committed(faulty, job_id)
+        assert faulty.kill_worker(faulty.job(job_id)["worker"])
+        time.sleep(0.3)  # the process is gone; what it stored stays
+        computed = _computed_rows(str(faulty.home / "outputs" / f"job-{job_id}.npy")) \
+            if output in ("npy", "both") else None
+        job = faulty.wait_all([job_id], 300)[job_id]
+        assert job["status"] == "succeeded", job["error"]
+        assert job["attempts"] == 2
+        resumed = job["result"]["resumed_from"]
+        assert resumed is not None and resumed >= at_kill
+        assert job["samples"] == INFER_SAMPLES - resumed  # the second attempt computed only the rest
+        kinds = [e for e in events.list_events(faulty.settings.database, job_id)
+                 if e["kind"] == events.RESUMED]
+        assert [e["data"]["position"] for e in kinds] == [resumed]
+        # Measured where the killed attempt's work is visible (the .npy it filled as it went).
+        total = None if computed is None else computed + job["samples"]
+        if computed is not None:  # what the killed attempt computed and did not commit, exactly:
+            # at most the flush being stored and the one being computed (of FLUSH_ROWS + a batch)
+            assert 0 <= computed - resumed <= 2 * (FLUSH_ROWS + 512)
+        _check_predictions(faulty, job, output, reference)
+        figures[output] = {"killed_at": round(at_kill / INFER_SAMPLES, 3),
+                           "resumed_from": resumed, "computed_total": total,
+                           "recomputed": None if total is None else total - INFER_SAMPLES}
+    report("SIGKILL at 60 %, resumed", {"backend": faulty.name, "samples": INFER_SAMPLES,
+                                        "flush_rows": FLUSH_ROWS, **figures})
+
+
+def _check_predictions(stack: FaultStack, job: dict, output: str, reference: np.ndarray) -> None:
+    """Every sample stored once, equal to the uninterrupted run."""
+    classes = reference.argmax(axis=1)
+    if output in ("db", "both"):
+        index, stored = stack.predicted(job["id"])
+        assert np.array_equal(index, np.arange(INFER_SAMPLES))
+        assert np.array_equal(stored, classes)
+    if output in ("npy", "both"):
+        np.testing.assert_allclose(np.load(job["output"]), reference, rtol=1e-5, atol=1e-7)
+    if output == "parquet":
+        path = stack.home / "outputs" / f"job-{job['id']}.parquet"
+        table = pq.read_table(path)
+        assert table.column("index").to_pylist() == list(range(INFER_SAMPLES))
+        assert np.array_equal(table.column("predicted_class").to_numpy(), classes)
+        assert not parts_dir(path).exists()
 
 
 @pytest.mark.timeout(1200)
