@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -11,6 +11,7 @@ from typer.core import TyperGroup
 from mxq.cli import render
 from mxq.db.registry import list_models, promote, resolve
 from mxq.errors import UserError
+from mxq.preprocess import Preprocess
 from mxq.workers.settings import get_settings
 
 
@@ -25,7 +26,8 @@ class _NameMeansShow(TyperGroup):
 
 app = typer.Typer(help="The model registry: `mxq models [NAME] [--json]`, `add`, `promote`.",
                   cls=_NameMeansShow, invoke_without_command=True, no_args_is_help=False)
-COLUMNS = ["name", "version", "arch", "input_shape", "classes", "promoted", "source", "created_at"]
+COLUMNS = ["name", "version", "arch", "input_shape", "classes", "preprocess", "promoted", "source",
+           "created_at"]
 
 
 class ShapeError(UserError):
@@ -45,12 +47,23 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return dims
 
 
+def describe(stored: dict[str, Any]) -> str:
+    """A version's preprocessing in one short line: `x*0.00392 -0.5 /0.25 NCHW`, or `none`."""
+    spec = Preprocess.from_dict(stored)
+    if spec.identity:
+        return "none"
+    parts = [f"x*{spec.scale:.6g}"]
+    parts += [f"-{','.join(f'{v:g}' for v in spec.mean)}"] if spec.mean else []
+    parts += [f"/{','.join(f'{v:g}' for v in spec.std)}"] if spec.std else []
+    return " ".join([*parts, spec.layout])
+
+
 def _list(name: str | None, json_: bool) -> None:
     rows = list_models(get_settings().database, name)
     if json_:
         render.print_json(rows)
     else:
-        render.table(rows, COLUMNS, "models")
+        render.table([{**r, "preprocess": describe(r["preprocess"])} for r in rows], COLUMNS, "models")
 
 
 @app.callback()
@@ -75,8 +88,15 @@ def add(name: str,
         input_shape: Annotated[str | None, typer.Option(help="One sample's shape: 64 or 1,8,8.")] = None,
         classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+        scale: Annotated[str | None, typer.Option(help="Multiply inputs by this first: 1/255 or 0.5.")] = None,  # noqa: E501
+        mean: Annotated[str | None, typer.Option(help="Then subtract: one value, or one per channel (R,G,B).")] = None,  # noqa: E501
+        std: Annotated[str | None, typer.Option(help="Then divide by: one value, or one per channel.")] = None,  # noqa: E501
+        layout: Annotated[str | None, typer.Option(help="NCHW (default) or NHWC: where the channels are.")] = None,  # noqa: E501
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params)."""
+    """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params).
+
+    The worker feeds it (x * scale - mean) / std; with none given, inputs as they are stored."""
+    prep = Preprocess.parse(scale, mean, std, layout)  # refused before MXNet is even loaded
     from mxq.tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
 
     s = get_settings()
@@ -84,16 +104,17 @@ def add(name: str,
     if arch and not (symbol or params):
         if shape is None:
             raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
-        record = add_builtin(s.database, s.home_path, name, arch, shape, classes, seed)
+        record = add_builtin(s.database, s.home_path, name, arch, shape, classes, seed, preprocess=prep)
     elif symbol and params and not arch:
-        record = add_exported(s.database, s.home_path, name, symbol, params, shape)
+        record = add_exported(s.database, s.home_path, name, symbol, params, shape, prep)
     else:
         raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
     if json_:
         render.print_json(record)
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
-                         f"{tuple(record['input_shape'])}, {record['classes']} classes)")
+                         f"{tuple(record['input_shape'])}, {record['classes']} classes, "
+                         f"preprocessing {describe(record['preprocess'])})")
 
 
 @app.command("promote")

@@ -119,3 +119,4 @@ class ModelRecord(TypedDict):
     onnx: dict[str, Any] | None  # the ONNX export and its agreement with MXNet
     engines: dict[str, dict[str, float]]  # samples/s per device kind and engine
     auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why
+    preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)

@@ -13,6 +13,7 @@ from mxq.db.engine import session_scope
 from mxq.db.records import ModelRecord
 from mxq.db.schema import Model, iso
 from mxq.errors import NotFound
+from mxq.preprocess import Preprocess
 
 
 class ModelNotFound(NotFound):
@@ -26,6 +27,7 @@ def model_record(m: Model) -> ModelRecord:
         "checksum": m.checksum, "created_at": iso(m.created_at),
         "source": m.source, "promoted": m.promoted, "metrics": m.metrics,
         "onnx": m.onnx, "engines": m.engines or {}, "auto_engine": _auto_engines(m),
+        "preprocess": Preprocess.from_dict(m.preprocess).as_dict(),
     }
 
 

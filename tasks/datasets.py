@@ -5,11 +5,12 @@ training reads every sample every epoch."""
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from mxq.preprocess import Preprocess
 from mxq.tasks.inputs import IMAGE_SUFFIXES, InputError, open_input
 
 BUILTIN = ("digits",)
@@ -17,14 +18,22 @@ BUILTIN = ("digits",)
 
 @dataclass
 class Dataset:
-    x: np.ndarray  # float32 (N, *sample_shape)
+    x: np.ndarray  # float32 (N, *sample_shape), as stored
     y: np.ndarray  # int32 (N,)
     classes: int
     source: str
+    # How the net sees `x` in training, registered with the trained version so that inference
+    # over inputs stored like `x` scales them the same way.
+    preprocess: Preprocess = field(default_factory=Preprocess)
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
+
+    def for_training(self) -> Dataset:
+        """`x` scaled as the net trains on it; `preprocess` still says how, for the version the
+        training registers."""
+        return replace(self, x=self.preprocess.apply(self.x))
 
 
 def _labels(y: np.ndarray, source: str) -> tuple[np.ndarray, int]:
@@ -44,7 +53,8 @@ def digits() -> Dataset:
 
     d = load_digits()
     y, classes = _labels(d.target, "digits")
-    return Dataset((d.images / 16.0).astype(np.float32)[:, None], y, classes, "digits")
+    # Pixels are 0..16 as scikit-learn stores them; the net sees them over 16.
+    return Dataset(d.images.astype(np.float32)[:, None], y, classes, "digits", Preprocess(scale=1 / 16))
 
 
 def _npz(path: Path) -> Dataset:
@@ -132,5 +142,4 @@ def split(ds: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, Dataset
     if n_val == 0:
         return ds, None
     train, val = order[:-n_val], order[-n_val:]
-    return (Dataset(ds.x[train], ds.y[train], ds.classes, ds.source),
-            Dataset(ds.x[val], ds.y[val], ds.classes, ds.source))
+    return (replace(ds, x=ds.x[train], y=ds.y[train]), replace(ds, x=ds.x[val], y=ds.y[val]))

@@ -19,6 +19,7 @@ import numpy as np
 
 from mxq.db import events, jobs, registry
 from mxq.db.records import ModelRecord
+from mxq.preprocess import Preprocess
 from mxq.tasks import batching, engines
 from mxq.tasks.inputs import InputError, InputSource, open_input
 from mxq.tasks.oom import OutOfMemory, is_out_of_memory
@@ -44,7 +45,8 @@ def _params(job: JobContext) -> InferParams:
 def _open(p: InferParams, model: ModelRecord) -> InputSource:
     try:
         path = inside_root(p.input, get_settings().data_root)
-        return open_input(path, tuple(model["input_shape"]), p.key)
+        return open_input(path, tuple(model["input_shape"]), p.key,
+                          Preprocess.from_dict(model["preprocess"]))
     except (PathError, InputError) as exc:
         raise JobInputError(str(exc)) from None
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mxq.errors import UserError
+from mxq.preprocess import Preprocess
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
@@ -215,13 +216,15 @@ class InputSource:
     count: int  # number of samples
     sample_shape: tuple[int, ...]  # shape of one sample as the model sees it
     fetch: Callable[[int, int], Any] = field(repr=False)  # raw samples [start, stop)
+    preprocess: Preprocess = field(default_factory=Preprocess)  # the model's input scaling
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Samples [start, stop) as float32 (stop-start, *sample_shape); only that batch is read."""
+        """Samples [start, stop) as the model takes them: float32 (stop-start, *sample_shape),
+        scaled by its preprocessing; only that batch is read."""
         if not 0 <= start <= stop <= self.count:
             raise IndexError(f"samples [{start}, {stop}) out of range for {self.count} in {self.path}")
         batch = np.asarray(self.fetch(start, stop), dtype=np.float32)
-        return batch.reshape((stop - start, *self.sample_shape))
+        return self.preprocess.apply(batch.reshape((stop - start, *self.sample_shape)))
 
 
 def _check_shape(path: Path, shape: tuple[int, ...], want: tuple[int, ...]) -> None:
@@ -233,40 +236,63 @@ def _check_shape(path: Path, shape: tuple[int, ...], want: tuple[int, ...]) -> N
     raise InputError(f"input {path} has samples of shape {shape} but model expects {want}")
 
 
-def _image_channels(path: Path, input_shape: tuple[int, ...]) -> None:
-    if len(input_shape) != 3 or input_shape[0] not in (1, 3):
-        raise InputError(f"input {path} holds images, so the model input must be (C, H, W) with C 1 or 3, "
-                         f"not {input_shape}")
+def _image_channels(path: Path, input_shape: tuple[int, ...], layout: str = "NCHW") -> None:
+    channels = input_shape[-1] if layout == "NHWC" else input_shape[0] if input_shape else 0
+    if len(input_shape) != 3 or channels not in (1, 3):
+        form = "(H, W, C)" if layout == "NHWC" else "(C, H, W)"
+        raise InputError(f"input {path} holds images, so the model input must be {form} with C 1 "
+                         f"or 3, not {input_shape}")
 
 
-def _to_chw(img: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """HWC mx NDArray -> CHW float32 at the model's (H, W), values 0..255 as decoded."""
+@dataclass(frozen=True)
+class _ImageShape:
+    """Where the model wants an image's channels (NCHW: first, NHWC: last) and its size."""
+
+    channels: int
+    height: int
+    width: int
+    last: bool  # NHWC
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...], layout: str) -> _ImageShape:
+        if layout == "NHWC":
+            return cls(shape[2], shape[0], shape[1], True)
+        return cls(shape[0], shape[1], shape[2], False)
+
+    @property
+    def flag(self) -> int:
+        """MXNet's decode flag: 0 grey, 1 colour."""
+        return 0 if self.channels == 1 else 1
+
+
+def _to_model(img: Any, shape: _ImageShape) -> np.ndarray:
+    """HWC mx NDArray -> float32 at the model's (H, W) in its layout, values 0..255 as decoded."""
     from mxq.tasks.mx import mx
 
-    _c, h, w = shape
-    if img.shape[:2] != (h, w):
-        img = mx.image.imresize(img, w, h)
-    return img.asnumpy().astype(np.float32).transpose(2, 0, 1)
+    if img.shape[:2] != (shape.height, shape.width):
+        img = mx.image.imresize(img, shape.width, shape.height)
+    pixels = img.asnumpy().astype(np.float32)
+    return pixels if shape.last else pixels.transpose(2, 0, 1)
 
 
-def _image_reader(files: list[Path], shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+def _image_reader(files: list[Path], shape: _ImageShape) -> Callable[[int, int], np.ndarray]:
     def fetch(start: int, stop: int) -> np.ndarray:
         from mxq.tasks.mx import mx
 
         out = []
         for f in files[start:stop]:
             try:
-                img = mx.image.imread(str(f), flag=0 if shape[0] == 1 else 1)
+                img = mx.image.imread(str(f), flag=shape.flag)
             except mx.base.MXNetError as e:
                 reason = str(e).strip().splitlines()[-1]
                 raise InputError(f"input {f} is not a decodable image: {reason}") from e
-            out.append(_to_chw(img, shape))
+            out.append(_to_model(img, shape))
         return np.stack(out)
 
     return fetch
 
 
-def _record_reader(path: Path, idx: Path, shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+def _record_reader(path: Path, idx: Path, shape: _ImageShape) -> Callable[[int, int], np.ndarray]:
     """Records are opened per batch: no handle outlives a read, so the source survives forks."""
 
     def fetch(start: int, stop: int) -> np.ndarray:
@@ -278,10 +304,10 @@ def _record_reader(path: Path, idx: Path, shape: tuple[int, ...]) -> Callable[[i
             for key in rec.keys[start:stop]:
                 _header, payload = mx.recordio.unpack(rec.read_idx(key))
                 try:  # unpack_img needs cv2; imdecode is MXNet's own decoder (RGB, like imread)
-                    img = mx.image.imdecode(payload, flag=0 if shape[0] == 1 else 1)
+                    img = mx.image.imdecode(payload, flag=shape.flag)
                 except mx.base.MXNetError as e:
                     raise InputError(f"input {path} record {key} is not a decodable image") from e
-                out.append(_to_chw(img, shape))
+                out.append(_to_model(img, shape))
             return np.stack(out)
         finally:
             rec.close()
@@ -305,15 +331,19 @@ def _npz_reader(path: Path, key: str) -> Callable[[int, int], np.ndarray]:
     return fetch
 
 
-def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None) -> InputSource:
-    """Open an already-resolved input for a model whose single-sample input shape is `input_shape`."""
+def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None,
+               preprocess: Preprocess | None = None) -> InputSource:
+    """Open an already-resolved input for a model whose single-sample input shape is
+    `input_shape` and which takes its input scaled by `preprocess` (images in its layout)."""
     input_shape = tuple(input_shape)
+    preprocess = preprocess or Preprocess()
     kind = _kind(path)
     fetch: Callable[[int, int], Any]
     if kind in ("images", "rec"):
-        _image_channels(path, input_shape)
-        fetch = (_image_reader(_images(path), input_shape) if kind == "images"
-                 else _record_reader(path, _idx(path), input_shape))
+        _image_channels(path, input_shape, preprocess.layout)
+        image = _ImageShape.of(input_shape, preprocess.layout)
+        fetch = (_image_reader(_images(path), image) if kind == "images"
+                 else _record_reader(path, _idx(path), image))
         count, sample_shape = count_samples(path, key), input_shape
     elif kind == "npz":
         key, shape = _npz_member(path, key)
@@ -325,4 +355,4 @@ def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None)
     if count == 0:
         raise InputError(f"input {path} holds no samples")
     _check_shape(path, tuple(sample_shape), input_shape)
-    return InputSource(path, count, input_shape, fetch)
+    return InputSource(path, count, input_shape, fetch, preprocess)

@@ -18,6 +18,7 @@ import numpy as np
 from mxq.db import registry
 from mxq.db.records import ModelRecord
 from mxq.errors import UserError
+from mxq.preprocess import Preprocess
 from mxq.tasks import onnx_export
 from mxq.tasks.mx import gluon, mx
 from mxq.tasks.zoo import build
@@ -47,9 +48,12 @@ def store_dir(home: Path, name: str, version: int) -> Path:
     return home / "models" / name / str(version)
 
 
-def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any]) -> ModelRecord:
+def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any],
+              preprocess: Preprocess | None = None) -> ModelRecord:
     """Write the files of the next version with `write(folder)` and its ONNX export, then its
     row; undo files on failure."""
+    preprocess = preprocess or Preprocess()
+    preprocess.check(tuple(fields["input_shape"]))
     version = registry.next_version(url, name)
     folder = store_dir(home, name, version)
     folder.mkdir(parents=True, exist_ok=False)
@@ -61,6 +65,7 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
         return registry.add_model(url, {
             **fields, "name": name, "version": version, "params_file": str(params),
             "symbol_file": str(symbol), "checksum": sha256(params), "onnx": onnx,
+            "preprocess": preprocess.as_dict(),
         })
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
@@ -68,7 +73,8 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
 
 
 def add_builtin(url: str, home: Path, name: str, arch: str, input_shape: tuple[int, ...],
-                classes: int, seed: int = 0, source: str = "builtin") -> ModelRecord:
+                classes: int, seed: int = 0, source: str = "builtin",
+                preprocess: Preprocess | None = None) -> ModelRecord:
     """A built-in architecture with random (seeded) weights."""
     net = build(arch, classes, input_shape)
     mx.random.seed(seed)
@@ -76,7 +82,8 @@ def add_builtin(url: str, home: Path, name: str, arch: str, input_shape: tuple[i
     net.hybridize()
     net(mx.nd.zeros((1, *input_shape)))
     return _register(url, home, name, lambda folder: net.export(str(folder / PREFIX), 0), {
-        "arch": arch, "input_shape": list(input_shape), "classes": classes, "source": source})
+        "arch": arch, "input_shape": list(input_shape), "classes": classes, "source": source},
+        preprocess)
 
 
 def _symbol_shape(symbol_file: Path, data: str) -> tuple[int, ...] | None:
@@ -141,7 +148,7 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
 
 
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
-                 input_shape: tuple[int, ...] | None) -> ModelRecord:
+                 input_shape: tuple[int, ...] | None, preprocess: Preprocess | None = None) -> ModelRecord:
     """A user's `net.export()` output, checked by loading it and running one sample."""
     for f in (symbol, params):
         if not f.is_file():
@@ -170,7 +177,8 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
 
     return _register(url, home, name, write, {"arch": "symbol", "input_shape": list(shape),
                                               "classes": int(out.shape[1]),
-                                              "source": f"import:{symbol.name}"})
+                                              "source": f"import:{symbol.name}"},
+                     preprocess)
 
 
 def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
@@ -205,8 +213,8 @@ def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) 
 
 def add_trained(url: str, home: Path, name: str, net: gluon.HybridBlock, arch: str,
                 input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
-                job_id: int) -> ModelRecord:
+                job_id: int, preprocess: Preprocess) -> ModelRecord:
     """A new version of `name` from a finished training job, with its validation metrics."""
     return _register(url, home, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
         "arch": arch, "input_shape": list(input_shape), "classes": classes,
-        "source": f"train:job-{job_id}", "metrics": metrics})
+        "source": f"train:job-{job_id}", "metrics": metrics}, preprocess)

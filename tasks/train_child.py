@@ -56,7 +56,7 @@ def load_data(p: TrainParams, url: str) -> tuple[datasets.Dataset, datasets.Data
     if known and ds.classes > known[-1]["classes"]:
         raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
                        f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
-    return datasets.split(ds, p.val_fraction, p.seed)
+    return datasets.split(ds.for_training(), p.val_fraction, p.seed)
 
 
 def checkpoint_dir(job_id: int) -> Path:
@@ -90,7 +90,7 @@ def _register(s: Settings, p: TrainParams, job_id: int, net: Any, train: Any,
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
     owner = p.dist.parent if p.dist is not None else job_id
     model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
-                        train.classes, metrics, owner)
+                        train.classes, metrics, owner, train.preprocess)
     promotion = None
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],

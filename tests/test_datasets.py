@@ -14,7 +14,8 @@ from tests.test_inputs import png_bytes, solid
 
 def test_digits_and_a_seeded_split() -> None:
     ds = datasets.digits()
-    assert ds.x.shape == (1797, 1, 8, 8) and ds.classes == 10 and 0 <= ds.x.min() <= ds.x.max() <= 1
+    assert ds.x.shape == (1797, 1, 8, 8) and ds.classes == 10 and 0 <= ds.x.min() and ds.x.max() == 16
+    assert ds.preprocess.scale == 1 / 16 and ds.for_training().x.max() == 1.0  # as scikit-learn scales
     a_train, a_val = datasets.split(ds, 0.2, seed=7)
     b_train, b_val = datasets.split(ds, 0.2, seed=7)
     assert len(a_val.y) == 359 and np.array_equal(a_val.y, b_val.y)

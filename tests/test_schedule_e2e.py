@@ -24,7 +24,7 @@ def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool =
     if corrupt:
         path.write_bytes(b"not a zip archive")
     else:
-        d = datasets.digits()
+        d = datasets.digits().for_training()  # a file dataset is trained on as stored
         y = np.random.default_rng(0).permutation(d.y) if shuffle_labels else d.y
         np.savez(path, X=d.x.reshape(len(d.y), -1), y=y)
     stamp = time.time() + len(list(folder.iterdir()))  # strictly newer than the files before it

@@ -28,7 +28,7 @@ def _train(stack: Stack, *args: str) -> tuple[int, dict]:
 
 def test_data_parallel_equals_one_device() -> None:
     """Same seed and global batch: one epoch on 2 devices gives the 1-device parameters."""
-    train, val = datasets.split(datasets.digits(), 0.2, 0)
+    train, val = datasets.split(datasets.digits().for_training(), 0.2, 0)
     p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=64, seed=3)
 
     def one_epoch(k: int) -> list[np.ndarray]:
@@ -59,6 +59,7 @@ def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) 
     models = workers.mxq_json("models", "digits-cnn")
     assert models[0]["metrics"]["val_accuracy"] == last["val_accuracy"]
     assert models[0]["source"] == f"train:job-{job['id']}"
+    assert models[0]["preprocess"]["scale"] == 1 / 16  # what it trained with: served raw digits
     digits = datasets.digits()
     np.save(workers.home / "data" / "digits.npy", digits.x)
     served = workers.mxq_json("infer", "digits-cnn", "digits.npy", "--wait")
@@ -170,7 +171,7 @@ def test_epoch_figures_equal_a_plain_evaluation() -> None:
     from mxq.tasks import train_loop as fit
     from mxq.tasks.train_loop import run_epoch, train_step
 
-    data = datasets.digits()
+    data = datasets.digits().for_training()
     p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=20, seed=5)
     assert len(data.y) / p.batch_size > fit.FOLD_BATCHES  # the sums are folded during the epoch
     ctxs = [mx.cpu(0), mx.cpu(1)]

@@ -1,0 +1,125 @@
+"""How a model expects its input scaled: `(x * scale - mean) / std`, per channel, in a layout.
+
+Stored on each model version (`mxq models add --scale 1/255 --mean R,G,B --std R,G,B
+--layout NCHW|NHWC`; a training registers what it trained with) and applied by the worker to
+every input kind before the model sees it. With none given a version keeps the identity: inputs
+reach the model as they are stored (images as decoded, 0..255).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mxq.errors import UserError
+
+LAYOUTS = ("NCHW", "NHWC")
+Layout = Literal["NCHW", "NHWC"]
+
+
+class PreprocessError(UserError):
+    """A --scale, --mean, --std or --layout that cannot describe the model's input."""
+
+
+def parse_scale(text: str) -> float:
+    """A positive finite number, written as one (0.00392) or as a fraction (1/255)."""
+    try:
+        value = float(Fraction(text.replace(" ", ""))) if "/" in text else float(text)
+    except (ValueError, ZeroDivisionError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise PreprocessError(f"--scale {text!r}: expected a positive number or fraction such as "
+                              "1/255 or 0.5")
+    return value
+
+
+def parse_channels(option: str, text: str, positive: bool = False) -> tuple[float, ...]:
+    """Comma-separated finite numbers (one, or one per channel)."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = (math.nan,)
+    if not values or not all(math.isfinite(v) and (v > 0 or not positive) for v in values):
+        kind = "positive numbers" if positive else "numbers"
+        raise PreprocessError(f"{option} {text!r}: expected {kind} separated by commas, one or one "
+                              "per channel, such as 0.485,0.456,0.406")
+    return values
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    scale: float = 1.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    layout: Layout = "NCHW"
+
+    @classmethod
+    def parse(cls, scale: str | None = None, mean: str | None = None, std: str | None = None,
+              layout: str | None = None) -> Preprocess:
+        """From the options of `mxq models add` (`check` then holds it against the model)."""
+        if layout is not None and layout.upper() not in LAYOUTS:
+            raise PreprocessError(f"--layout {layout!r}: expected NCHW or NHWC")
+        return cls(scale=1.0 if scale is None else parse_scale(scale),
+                   mean=None if mean is None else parse_channels("--mean", mean),
+                   std=None if std is None else parse_channels("--std", std, positive=True),
+                   layout="NHWC" if layout is not None and layout.upper() == "NHWC" else "NCHW")
+
+    def channels(self, input_shape: tuple[int, ...]) -> int:
+        """The size of the channel axis of one sample in this layout."""
+        return input_shape[-1] if self.layout == "NHWC" else input_shape[0]
+
+    def check(self, input_shape: tuple[int, ...]) -> None:
+        """Refuse a layout or a channel count the model's one-sample shape does not have."""
+        if self.layout == "NHWC" and len(input_shape) != 3:
+            raise PreprocessError(f"--layout NHWC needs an input shape (H, W, C), not {input_shape}")
+        width = self.channels(input_shape)
+        for option, values in (("--mean", self.mean), ("--std", self.std)):
+            if values is not None and len(values) not in (1, width):
+                allowed = "1 value" if width == 1 else f"1 or {width} values"
+                raise PreprocessError(f"{option} has {len(values)} values; the input {input_shape} "
+                                      f"({self.layout}) has {width} channel(s): give {allowed}")
+
+    @property
+    def identity(self) -> bool:
+        return self.scale == 1.0 and self.mean is None and self.std is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "mean": None if self.mean is None else list(self.mean),
+                "std": None if self.std is None else list(self.std), "layout": self.layout}
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any] | None) -> Preprocess:
+        """What a version stores (None: a version from before preprocessing was stored)."""
+        if not stored:
+            return cls()
+        mean, std = stored.get("mean"), stored.get("std")
+        return cls(scale=float(stored.get("scale", 1.0)),
+                   mean=None if mean is None else tuple(float(v) for v in mean),
+                   std=None if std is None else tuple(float(v) for v in std),
+                   layout="NHWC" if stored.get("layout") == "NHWC" else "NCHW")
+
+    def _per_channel(self, values: tuple[float, ...], ndim: int) -> NDArray[np.float32]:
+        """`values` shaped to broadcast over a batch of `ndim` dimensions on the channel axis."""
+        array = np.asarray(values, dtype=np.float32)
+        if len(values) == 1:
+            return array.reshape(())
+        shape = [1] * ndim
+        shape[-1 if self.layout == "NHWC" else 1] = len(values)
+        return array.reshape(shape)
+
+    def apply(self, batch: NDArray[Any]) -> NDArray[np.float32]:
+        """A batch (N, *sample_shape) as the model expects it, in float32."""
+        x = np.asarray(batch, dtype=np.float32)
+        if self.identity:
+            return x
+        x = x * np.float32(self.scale)
+        if self.mean is not None:
+            x -= self._per_channel(self.mean, x.ndim)
+        if self.std is not None:
+            x /= self._per_channel(self.std, x.ndim)
+        return x
