@@ -5,7 +5,6 @@ MXNet on the scaled input."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mxnet as mx
 import numpy as np
