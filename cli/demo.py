@@ -24,7 +24,7 @@ def demo_input(s: Settings, copies: int) -> Path:
     """Digits images (N, 1, 8, 8), repeated `copies` times, inside the data root."""
     from sklearn.datasets import load_digits
 
-    root = s.data_root.resolve()
+    root = s.inputs_root
     folder = s.home_path / "demo" if s.home_path.is_relative_to(root) else root / "mxq-demo"
     folder.mkdir(parents=True, exist_ok=True)
     images = load_digits().images.astype(np.float32)[:, None] / 16.0

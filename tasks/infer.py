@@ -27,7 +27,7 @@ from mxq.tasks.outputs import JobOutputs, rows
 from mxq.tasks.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
 from mxq.workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
-from mxq.workers.paths import PathError, inside_root
+from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import get_settings
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
@@ -44,7 +44,7 @@ def _params(job: JobContext) -> InferParams:
 
 def _open(p: InferParams, model: ModelRecord) -> InputSource:
     try:
-        path = inside_root(p.input, get_settings().data_root)
+        path = confine(get_settings(), p.input)
         return open_input(path, tuple(model["input_shape"]), p.key,
                           Preprocess.from_dict(model["preprocess"]))
     except (PathError, InputError) as exc:

@@ -28,7 +28,7 @@ from mxq.tasks.train_loop import EpochResult, fit, make_net, make_trainer, share
 from mxq.tasks.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
 from mxq.tasks.zoo import ArchError, check_shape
 from mxq.workers.jobspecs import TrainParams
-from mxq.workers.paths import PathError, inside_root
+from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings, get_settings
 
 PROGRESS_SECONDS = 1.0
@@ -45,8 +45,7 @@ class BadInput(Exception):
 def load_data(p: TrainParams, url: str) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     s = get_settings()
     try:
-        path = p.dataset if p.dataset in datasets.BUILTIN else inside_root(p.dataset, s.data_root,
-                                                                             "dataset")
+        path = p.dataset if p.dataset in datasets.BUILTIN else confine(s, p.dataset, "dataset")
         shape = tuple(p.input_shape) if p.input_shape else None
         ds = datasets.load(path, shape, p.label_column)
         check_shape(p.arch, ds.sample_shape)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mxq.errors import UserError
+
+if TYPE_CHECKING:
+    from mxq.workers.settings import Settings
 
 
 class PathError(UserError):
@@ -21,3 +25,9 @@ def inside_root(path: str | Path, root: str | Path, what: str = "input",
     if not resolved.exists():
         raise PathError(f"{what} {path} does not exist")
     return resolved
+
+
+def confine(settings: Settings, path: str | Path, what: str = "input") -> Path:
+    """`path` resolved inside the stack's data root (`Settings.inputs_root`); the error names the
+    path, the root and where the root is set."""
+    return inside_root(path, settings.inputs_root, what, settings.inputs_root_origin)

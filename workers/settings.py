@@ -6,6 +6,8 @@ No other module reads `os.environ`.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -63,7 +65,10 @@ class Settings(BaseSettings):
         default_factory=lambda: socket.gethostname().split(".")[0], description="This machine's name."
     )
     cpu_devices: int = Field(DEFAULT_CPU_DEVICES, description="CPU devices on a GPU-less host.")
-    data_root: Path = Field(Path("."), description="Job inputs must lie inside this folder.")
+    data_root: Path | None = Field(
+        None, description="Job inputs must lie inside this folder. Unset: your home folder, or "
+        "$MXQ_HOME/data when the API listens beyond loopback. `mxq up` records the one it starts "
+        "with in $MXQ_HOME/stack.json, and every process of the stack uses that one.")
     nvidia_smi: str = Field("nvidia-smi", description="The nvidia-smi program to query GPUs.")
     expect_gpus: bool = Field(False, description="Fail instead of starting CPU devices when "
                               "nvidia-smi fails (also the case wherever /dev/nvidia0 exists).")
@@ -180,8 +185,66 @@ class Settings(BaseSettings):
             return "127.0.0.1"
 
     @property
+    def own_data_root(self) -> Path:
+        """This process's own MXQ_DATA_ROOT, or the default (see `data_root`)."""
+        if self.data_root is not None:
+            return self.data_root.expanduser().resolve()
+        return Path.home().resolve() if _loopback(self.api_host) else self.home_path / "data"
+
+    @property
+    def inputs_root(self) -> Path:
+        """The folder inputs must lie in: the one the stack recorded at `mxq up`, else our own."""
+        return recorded_data_root(self.home_path) or self.own_data_root
+
+    @property
+    def inputs_root_origin(self) -> str:
+        """Where `inputs_root` comes from and how to change it, for error messages."""
+        if recorded_data_root(self.home_path) is not None:
+            return (f"the stack's, recorded by `mxq up` in {self.home_path / STACK_RECORD}; restart "
+                    "the stack with MXQ_DATA_ROOT=FOLDER to change it")
+        return "MXQ_DATA_ROOT" if self.data_root is not None else "the default; set MXQ_DATA_ROOT"
+
+    @property
     def heartbeat_ttl(self) -> float:
         return self.heartbeat_seconds * HEARTBEAT_TTL_FACTOR
+
+
+STACK_RECORD = "stack.json"  # in $MXQ_HOME: what `mxq up` started with, read by every process
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def record_stack(settings: Settings) -> None:
+    """At `mxq up` / `mxq worker`: the data root the stack runs with, for every process to read."""
+    path = settings.home_path / STACK_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"data_root": str(settings.own_data_root)}))
+    tmp.replace(path)
+
+
+def recorded_data_root(home: Path) -> Path | None:
+    path = home / STACK_RECORD
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _read_record(path, stamp)
+
+
+@lru_cache(maxsize=8)
+def _read_record(path: Path, _stamp: int) -> Path | None:
+    """The recorded root, read once per version of the file (submit_many asks per job)."""
+    try:
+        root = json.loads(path.read_text()).get("data_root")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(root) if isinstance(root, str) and root else None
 
 
 @lru_cache(maxsize=1)

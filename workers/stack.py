@@ -17,7 +17,7 @@ from mxq.errors import Unavailable
 from mxq.workers.devices import discover, installed_mxnet
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
-from mxq.workers.settings import Settings
+from mxq.workers.settings import Settings, record_stack
 
 log = logging.getLogger(__name__)
 UP_TIMEOUT_SECONDS = 180.0
@@ -34,6 +34,7 @@ def launcher_pidfile(settings: Settings) -> Path:
 def prepare(settings: Settings) -> bool:
     """Home folder, embedded broker (when no broker URL is set) and schema; True if Redis started."""
     settings.home_path.mkdir(parents=True, exist_ok=True)
+    record_stack(settings)
     started = EmbeddedRedis(settings.home_path).start() if settings.embedded_broker else False
     upgrade(settings.database)
     return started

@@ -25,7 +25,7 @@ from mxq.device import Device
 from mxq.errors import JobRejected
 from mxq.workers.app import app_for
 from mxq.workers.jobspecs import SPECS, ParamsError, validate
-from mxq.workers.paths import PathError, inside_root
+from mxq.workers.paths import PathError, confine
 from mxq.workers.publish import SubmitError, publish, task_name
 from mxq.workers.queues import parse_device
 from mxq.workers.routing import Route, route
@@ -87,7 +87,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
     if key not in models:
         models[key] = resolve(settings.database, *key)
     model = models[key]
-    path = inside_root(params["input"], settings.data_root)
+    path = confine(settings, params["input"])
     size = _input_bytes(path)
     if size > settings.max_input_bytes:
         raise PathError(f"input {params['input']} holds {size} bytes, more than the "
@@ -99,7 +99,7 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
     """Pin the dataset path, and refuse more devices than the node has."""
     dataset = params["dataset"]
     if dataset != "digits":
-        dataset = str(inside_root(dataset, settings.data_root, "dataset"))
+        dataset = str(confine(settings, dataset, "dataset"))
     if params.get("dist") is not None:
         raise ParamsError("dist is set by a multi-node job's leader for its parts; "
                           "ask for nodes with --nodes N")
