@@ -183,7 +183,8 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
         "top-k over the max": infer(needle="top_k=101: Input should be less than or equal to 100", top_k=101),
         "top-k over the classes": infer(needle="top-k 11 exceeds the 10 classes of mlp64:1", ends=ON_WORKER,
                                         top_k=11),
-        "unknown output": infer(needle="output='xml': Input should be 'db', 'npy', 'both' or 'parquet'", output="xml"),
+        "unknown output": infer(needle="output='xml': Input should be 'db', 'npy', 'both' or 'parquet'",
+                                output="xml"),
         "train batch size over the max": train("batch_size=100000: Input should be less than or equal to "
                                                "65536 (MXQ_MAX_BATCH_SIZE)", batch_size=100000),
         "epochs 0": train("epochs=0: Input should be greater than or equal to 1", epochs=0),

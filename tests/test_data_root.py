@@ -21,7 +21,8 @@ def test_default_root_is_the_home_folder_on_loopback(tmp_path: Path, monkeypatch
     np.save(tmp_path / "user" / "data" / "x.npy", np.zeros((2, 3)))
     s = Settings(home=tmp_path / "state", data_root=None)
     assert s.own_data_root == (tmp_path / "user").resolve()
-    assert confine(s, tmp_path / "user" / "data" / "x.npy") == (tmp_path / "user" / "data" / "x.npy").resolve()
+    x = tmp_path / "user" / "data" / "x.npy"
+    assert confine(s, x) == x.resolve()
     exposed = Settings(home=tmp_path / "state", data_root=None, api_host="0.0.0.0")
     assert exposed.own_data_root == (tmp_path / "state" / "data").resolve()  # not the home folder
     with pytest.raises(PathError, match=r"lies outside the data root .*state/data \(the default; set "
