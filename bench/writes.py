@@ -36,7 +36,7 @@ Writer = Callable[[list[Row]], None]
 
 
 def make_rows(job_id: int, n: int, seed: int = 0) -> list[Row]:
-    """Rows like a worker's (tasks.infer._rows with top_k 0): class, score, no top-k."""
+    """Rows like a worker's (tasks.outputs.rows with top_k 0): class, score, no top-k."""
     rng = np.random.default_rng(seed)
     return list(zip([job_id] * n, range(n), rng.integers(0, 10, n).tolist(),
                     rng.random(n).tolist(), [None] * n, strict=True))

@@ -100,8 +100,9 @@ def down(settings: Settings) -> list[str]:
     if pid:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS + 10
-        while launcher_pid(settings) == pid and _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        # Until the process is gone, not only its pidfile: it removes that before Python exits.
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         stopped.append(f"workers (launcher pid {pid})")
     redis = EmbeddedRedis(settings.home_path)
     if settings.embedded_broker and redis.running():
@@ -111,8 +112,12 @@ def down(settings: Settings) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie (exited, waiting for its parent to reap it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): the signal reached it
