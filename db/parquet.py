@@ -26,8 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-ROW_GROUP_ROWS = 131_072  # rows per row group of a merged or exported file
+ROW_GROUP_ROWS = 65_536  # rows per row group of a merged or exported file (about 1 MiB)
 COMPRESSION = "zstd"
+PART_COMPRESSION = "none"  # parts live until the merge: no compressor state in the worker
+# Dictionary encoding only where values repeat: on the unique indexes and scores it would build
+# a hash table per row group (tens of MiB a worker keeps) for no gain.
+DICTIONARY_COLUMNS = ["predicted_class", "top_k_classes"]
 
 
 def schema(top_k: int) -> pa.Schema:
@@ -99,7 +103,7 @@ def write_part(final: Path, tables: list[pa.Table]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{first:012d}-{last:012d}.parquet"
     tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp, compression=COMPRESSION)
+    pq.write_table(table, tmp, compression=PART_COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -138,7 +142,7 @@ def merge_if_complete(final: Path, count: int) -> bool:
         if not _complete(parts, count):
             return False
         tmp = final.with_suffix(".parquet.tmp")
-        write_tables((pq.read_table(path) for _, _, path in parts), tmp,
+        write_tables((pq.ParquetFile(path).read() for _, _, path in parts), tmp,
                      pq.read_schema(parts[0][2]) if parts else schema(0))
         os.replace(tmp, final)
         shutil.rmtree(parts_dir(final), ignore_errors=True)
@@ -149,7 +153,8 @@ def merge_if_complete(final: Path, count: int) -> bool:
 def write_tables(tables: Iterable[pa.Table], path: Path, table_schema: pa.Schema) -> int:
     """Write `tables` in order into one file, in row groups of about ROW_GROUP_ROWS; the rows."""
     rows, pending, held = 0, [], 0
-    with pq.ParquetWriter(path, table_schema, compression=COMPRESSION) as writer:
+    with pq.ParquetWriter(path, table_schema, compression=COMPRESSION,
+                          use_dictionary=DICTIONARY_COLUMNS) as writer:
         for table in tables:
             pending.append(table)
             held += table.num_rows

@@ -146,3 +146,17 @@ def test_exports_and_stats(client: TestClient, workers: Stack) -> None:
     by_day = workers.mxq_json("stats", "--by", "day")
     assert by_day and len(by_day[0]["day"]) == 10
     assert workers.mxq("stats", "--by", "week").returncode == 2
+
+
+def test_a_parquet_jobs_predictions_are_served_from_its_file(client: TestClient, workers: Stack,
+                                                             mlp: dict) -> None:
+    np.save(workers.home / "data" / "api-pq.npy",
+            np.random.default_rng(9).normal(size=(400, 64)).astype(np.float32))
+    submitted = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "api-pq.npy",
+                                                  "output": "parquet", "top_k": 2}, headers=AUTH)
+    assert submitted.status_code == 201, submitted.text
+    job = _done(client, submitted.json()["id"])
+    assert job["status"] == "succeeded" and job["output"].endswith(f"job-{job['id']}.parquet")
+    page = client.get(f"/api/v1/jobs/{job['id']}/predictions", params={"limit": 50, "offset": 390}).json()
+    assert page["total"] == 400 and [r["index"] for r in page["items"]] == list(range(390, 400))
+    assert all(len(r["top_k"]) == 2 and r["top_k"][0][0] == r["predicted_class"] for r in page["items"])

@@ -1,9 +1,9 @@
-"""A 1-million-sample job with Parquet output, read back by pyarrow and DuckDB, and the peak
-memory of the worker that ran it against the same job with SQL output, each on a fresh worker."""
+"""A 1-million-sample job with Parquet output, read back by pyarrow and DuckDB, and the memory
+the worker took for it against the same job with SQL output: its peak resident memory during the
+job (VmHWM, reset when the job starts) above what it held before."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import duckdb
@@ -20,42 +20,44 @@ SAMPLES = 1_000_000
 DEVICE = "cpu:0"
 
 
-def _peak_mib(pid: int) -> float:
-    """The process's peak resident memory so far (VmHWM)."""
+def _memory_mib(pid: int, field: str) -> float:
+    """VmRSS (resident now) or VmHWM (peak since the last reset) of a process."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmHWM for {pid}")
+    raise AssertionError(f"no {field} for {pid}")
 
 
-def _fresh_worker(stack: FaultStack) -> tuple[str, int]:
-    """SIGKILL the device's worker and wait for the launcher's new one: its memory starts clean."""
+def _reset_peak(pid: int) -> float:
+    """Start the peak over from now (Linux: clear_refs 5); what the process holds now."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return _memory_mib(pid, "VmRSS")
+
+
+def _worker_pid(stack: FaultStack) -> int:
     name = next(d["worker"] for d in stack.mxq_json("devices") if d["device"] == DEVICE)
-    old = stack.worker_pid(name)
-    assert stack.kill_worker(name)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        pid = stack.worker_pid(name)
-        alive = [d for d in stack.mxq_json("devices") if d["device"] == DEVICE and d["alive"]]
-        if pid is not None and pid != old and alive:
-            return name, pid
-        time.sleep(0.2)
-    raise AssertionError(f"{name} was not restarted")
+    pid = stack.worker_pid(name)
+    assert pid is not None
+    return pid
 
 
 @pytest.mark.timeout(900)
 def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: FaultStack) -> None:
     faulty.model()
     faulty.samples("million.npy", SAMPLES, seed=5)
-    peaks, jobs = {}, {}
-    for output in ("db", "parquet"):
-        _, pid = _fresh_worker(faulty)
-        job_id = faulty.infer("mlp64", "million.npy", DEVICE, output=output, engine="onnx",
-                              batch_size=1024)
+    faulty.samples("warm.npy", 5000, seed=6)
+    params = {"engine": "onnx", "batch_size": 1024}
+    growth, jobs = {}, {}
+    for output in ("db", "parquet", "db", "parquet"):  # twice each, interleaved
+        warm = faulty.infer("mlp64", "warm.npy", DEVICE, output=output, **params)
+        assert faulty.wait_all([warm], 300)[warm]["status"] == "succeeded"  # model and session loaded
+        pid = _worker_pid(faulty)
+        before = _reset_peak(pid)
+        job_id = faulty.infer("mlp64", "million.npy", DEVICE, output=output, **params)
         jobs[output] = faulty.wait_all([job_id], 600)[job_id]
         assert jobs[output]["status"] == "succeeded", jobs[output]["error"]
-        assert jobs[output]["attempts"] == 1
-        peaks[output] = _peak_mib(pid)
+        assert jobs[output]["attempts"] == 1 and _worker_pid(faulty) == pid
+        growth.setdefault(output, []).append(_memory_mib(pid, "VmHWM") - before)
 
     path = Path(jobs["parquet"]["output"])
     table = pq.read_table(path)
@@ -73,9 +75,13 @@ def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: Faul
     by_class = dict(duckdb.sql(f"SELECT predicted_class, count(*) FROM '{path}' GROUP BY 1").fetchall())
     assert by_class == {int(c): int(n) for c, n in zip(*np.unique(stored, return_counts=True), strict=True)}
 
-    assert peaks["parquet"] <= peaks["db"], peaks
+    # Both stream: a job holds a flush or two, never its million results (16 MiB as Arrow
+    # columns, about 150 MiB as Python rows). Each kind's first job in a worker also grows the
+    # allocator's pools, so the rounds are compared as sums.
+    assert max(growth["parquet"] + growth["db"]) < 48, growth
+    assert sum(growth["parquet"]) <= sum(growth["db"]), growth
     report("1M samples: Parquet vs SQL output", {
         "backend": faulty.name, "samples": SAMPLES, "parquet_mb": round(path.stat().st_size / 2**20, 1),
         "row_groups": pq.ParquetFile(path).metadata.num_row_groups,
-        "peak_worker_mib": {k: round(v) for k, v in peaks.items()},
+        "worker_peak_growth_mib": {k: [round(v, 1) for v in vs] for k, vs in growth.items()},
         "samples_per_sec": {k: round(j["samples_per_sec"]) for k, j in jobs.items()}})
