@@ -212,12 +212,18 @@ def reconcile(json_: JsonOpt = False) -> None:
 def migrate() -> None:
     """Bring the database to the newest schema (Alembic migrations; idempotent)."""
     from mxq.db.engine import safe_url
-    from mxq.db.migrate import upgrade
+    from mxq.db.migrate import current_revision, upgrade
 
     s = get_settings()
     s.home_path.mkdir(parents=True, exist_ok=True)
-    upgrade(s.database)
-    render.out.print(f"database {safe_url(s.database)} is at the newest schema")
+    applied = upgrade(s.database)
+    where = f"database {safe_url(s.database)}"
+    if applied:
+        render.out.print(f"{where}: applied {len(applied)} migration(s), {', '.join(applied)}; "
+                         f"now at {applied[-1]}, the newest schema")
+    else:
+        render.out.print(f"{where} is at the newest schema ({current_revision(s.database)}): "
+                         "nothing to apply")
 
 
 @app.command()

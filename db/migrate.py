@@ -6,14 +6,16 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from mxq.db.engine import get_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Run the migrations up to `revision` (idempotent).
+def upgrade(url: str, revision: str = "head") -> list[str]:
+    """Run the migrations up to `revision` (idempotent); the revisions it applied, oldest first.
 
     The connection that ran them is closed afterwards: on PostgreSQL, bulk COPY of predictions
     through it ran at 0.75 of a fresh connection's rate (measured with bench/writes.py)."""
@@ -21,6 +23,17 @@ def upgrade(url: str, revision: str = "head") -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS))
     engine = get_engine(url)
     with engine.begin() as conn:
+        before = MigrationContext.configure(conn).get_current_revision()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+        after = MigrationContext.configure(conn).get_current_revision()
     engine.dispose()
+    if after == before or after is None:
+        return []
+    script = ScriptDirectory.from_config(cfg)
+    return [r.revision for r in reversed(list(script.iterate_revisions(after, before)))]
+
+
+def current_revision(url: str) -> str | None:
+    with get_engine(url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

@@ -12,12 +12,16 @@ from mxq import engines
 from mxq.db.engine import session_scope
 from mxq.db.records import ModelRecord
 from mxq.db.schema import Model, iso
-from mxq.errors import NotFound
+from mxq.errors import Conflict, NotFound
 from mxq.preprocess import Preprocess
 
 
 class ModelNotFound(NotFound):
     """No such model or version; the message lists what exists."""
+
+
+class ModelConflict(Conflict):
+    """The version being added was taken by a concurrent add of the same name."""
 
 
 def model_record(m: Model) -> ModelRecord:
@@ -51,7 +55,7 @@ def add_model(url: str, record: dict[str, Any]) -> ModelRecord:
             session.flush()
             return model_record(model)
     except IntegrityError:
-        raise ModelNotFound(f"model {record['name']} version {record['version']} was added "
+        raise ModelConflict(f"model {record['name']} version {record['version']} was added "
                             "concurrently; add it again") from None
 
 

@@ -221,6 +221,8 @@ class Schedule(Base):
     last_fire_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
+    __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"),)
+
 
 class Fire(Base):
     """One firing of a schedule, recorded once per (schedule, fire time)."""
