@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,9 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
     since MXNet's CPU kernels (FullyConnected, Convolution) have no float16."""
     try:
         data = _data_name(symbol_file, params_file)
-        net = gluon.SymbolBlock.imports(str(symbol_file), [data], str(params_file), ctx=ctx)
+        with warnings.catch_warnings():  # the input's type is set by the first batch: not news
+            warnings.filterwarnings("ignore", "Cannot decide type", UserWarning)
+            net = gluon.SymbolBlock.imports(str(symbol_file), [data], str(params_file), ctx=ctx)
     except ModelError:
         raise
     except Exception as exc:  # MXNetError, AssertionError, ValueError from a mismatched pair

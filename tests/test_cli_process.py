@@ -50,8 +50,11 @@ def _models(s: Stack, made: dict) -> None:
 
 
 def _models_add(s: Stack, made: dict) -> None:
-    added = _json(s, "models", "add", "smoke-added", "--arch", "mlp", "--input-shape", "8", "--json")
+    proc = s.mxq_process("models", "add", "smoke-added", "--arch", "mlp", "--input-shape", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    added = json.loads(proc.stdout)
     assert added["name"] == "smoke-added" and added["version"] == 1
+    assert "Warning" not in proc.stderr, proc.stderr  # MXNet's import chatter stays inside
 
 
 def _models_promote(s: Stack, made: dict) -> None:
