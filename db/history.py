@@ -12,8 +12,8 @@ from mxq.db.engine import session_scope
 from mxq.db.epochs import list_epochs
 from mxq.db.events import list_events
 from mxq.db.fleet import list_workers
-from mxq.db.records import JobRecord, MetricPoint
-from mxq.db.schedules import fire_of
+from mxq.db.records import FirePolicy, JobRecord, MetricPoint
+from mxq.db.schedules import ScheduleNotFound, fire_of
 from mxq.db.schema import Job, JobMetric, JobStatus, iso
 from mxq.errors import NotFound
 
@@ -93,9 +93,19 @@ def get_job(url: str, job_id: int, with_metrics: bool = False) -> JobRecord | No
         record["events"] = list_events(url, job_id)
         if record["kind"] == "train":
             record["epochs"] = list_epochs(url, job_id)
-            fire = record["params"].get("fire_id")
-            record["schedule"] = fire_of(url, fire) if fire else None
+            record["schedule"] = _schedule_of(url, record["params"].get("fire_id"))
     return record
+
+
+def _schedule_of(url: str, fire_id: int | None) -> FirePolicy | None:
+    """The fire behind a scheduled training; None for another, or for a fire deleted with its
+    schedule before fires were kept (migration 0009): the job still describes itself."""
+    if fire_id is None:
+        return None
+    try:
+        return fire_of(url, fire_id)
+    except ScheduleNotFound:
+        return None
 
 
 def _filtered(q: Any, f: JobFilter) -> Any:

@@ -63,6 +63,7 @@ class FirePolicy(TypedDict):
     promote: str
     metric: str
     min_gain: float
+    removed: bool  # the schedule was removed since; the fire and its job are history
 
 
 class JobRecord(TypedDict):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -74,10 +74,26 @@ def set_enabled(url: str, name: str, enabled: bool, next_fire_at: datetime | Non
 
 
 def remove(url: str, name: str) -> None:
+    """Remove the schedule; its fires stay as the history of the jobs they started (each keeps
+    the schedule's name and policy), and a fire still training promotes by that policy."""
     with session_scope(url) as session:
         row = _get(session, name)
-        session.execute(delete(Fire).where(Fire.schedule_id == row.id))
+        session.execute(update(Fire).where(Fire.schedule_id == row.id).values(schedule_id=None))
         session.delete(row)
+
+
+def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: int,
+              manual: bool) -> Fire:
+    """A fire of the schedule, with what it needs to describe itself if the schedule goes."""
+    sched = session.get(Schedule, schedule_id)
+    if sched is None:
+        raise ScheduleNotFound(f"no schedule {schedule_id} to fire (removed meanwhile)")
+    fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=manual,
+                schedule_name=sched.name, policy={"promote": sched.promote, "metric": sched.metric,
+                                                  "min_gain": sched.min_gain})
+    session.add(fire)
+    session.flush()
+    return fire
 
 
 def due(url: str, now: datetime) -> list[dict[str, Any]]:
@@ -97,21 +113,15 @@ def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime
                               .values(next_fire_at=new_next, last_fire_at=fire_time)))
             if not moved:
                 return None
-            fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=False)
-            session.add(fire)
-            session.flush()
-            return fire.id
+            return _new_fire(session, schedule_id, fire_time, missed, manual=False).id
     except IntegrityError:
         return None
 
 
 def record_manual(url: str, schedule_id: int, fire_time: datetime) -> int:
     with session_scope(url) as session:
-        fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=0, manual=True)
-        session.add(fire)
         session.execute(update(Schedule).where(Schedule.id == schedule_id).values(last_fire_at=fire_time))
-        session.flush()
-        return fire.id
+        return _new_fire(session, schedule_id, fire_time, 0, manual=True).id
 
 
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:
@@ -132,13 +142,15 @@ def fires(url: str, name: str) -> list[dict[str, Any]]:
 
 
 def fire_of(url: str, fire_id: int) -> FirePolicy:
+    """The schedule and policy a fire was fired with, from the fire itself: it outlives its
+    schedule (`removed` then says so)."""
     with session_scope(url) as session:
         fire = session.get(Fire, fire_id)
-        sched = session.get(Schedule, fire.schedule_id) if fire is not None else None
-        if fire is None or sched is None:
-            raise ScheduleNotFound(f"no fire {fire_id} of a known schedule")
-        return {"schedule": sched.name, "fire_time": iso(fire.fire_time), "promote": sched.promote,
-                "metric": sched.metric, "min_gain": sched.min_gain}
+        if fire is None or fire.policy is None:
+            raise ScheduleNotFound(f"no fire {fire_id} of a schedule")
+        return {"schedule": str(fire.schedule_name), "fire_time": iso(fire.fire_time),
+                "promote": fire.policy["promote"], "metric": fire.policy["metric"],
+                "min_gain": float(fire.policy["min_gain"]), "removed": fire.schedule_id is None}
 
 
 def decide_promotion(url: str, fire_id: int, name: str, version: int,

@@ -225,12 +225,18 @@ class Schedule(Base):
 
 
 class Fire(Base):
-    """One firing of a schedule, recorded once per (schedule, fire time)."""
+    """One firing of a schedule, recorded once per (schedule, fire time).
+
+    It keeps what its job needs to describe itself (the schedule's name and promotion policy
+    when it fired): a removed schedule leaves its fires, with `schedule_id` None, as history."""
 
     __tablename__ = "schedule_fires"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
+    schedule_name: Mapped[str | None] = mapped_column(String(128))
+    # {"promote", "metric", "min_gain"} as the schedule had them when it fired.
+    policy: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     fire_time: Mapped[datetime]
     fired_at: Mapped[datetime] = mapped_column(default=utcnow)
     manual: Mapped[bool] = mapped_column(Boolean, default=False)

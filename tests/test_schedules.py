@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from mxq.db import schedules
+from mxq.db import registry, schedules
 from mxq.db.history import get_job
 from mxq.workers.fires import add_schedule, run_now, tick
 from tests.conftest import Stack
@@ -139,3 +139,27 @@ def test_bad_schedules_are_refused(isolated: Stack, args: list[str], needle: str
     proc = isolated.mxq("schedule", "add", "bad", *flat)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert schedules.list_schedules(isolated.settings.database) == []
+
+
+def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> None:
+    url = isolated.settings.database
+    _dataset(isolated)
+    _add(isolated, "gone", "0 3 * * *")
+    fire_id = run_now(isolated.settings, "gone", T0)
+    job_id = schedules.fires(url, "gone")[0]["job_id"]
+    schedules.remove(url, "gone")
+    described = get_job(url, job_id, with_metrics=True)  # crashed before: the fire went with it
+    assert described["schedule"] == {"schedule": "gone", "fire_time": T0.isoformat(),
+                                     "promote": "if-better", "metric": "val_accuracy",
+                                     "min_gain": 0.0, "removed": True}
+    shown = isolated.mxq("job", str(job_id), "--json")
+    assert shown.returncode == 0, shown.stderr
+    # A fire still training when its schedule goes decides by the policy it was fired with.
+    registry.add_model(url, {"name": "retrained-gone", "version": 1, "arch": "mlp", "input_shape": [4],
+                             "classes": 3, "params_file": "p", "symbol_file": "s", "checksum": "0" * 64,
+                             "source": "test"})
+    decision = schedules.decide_promotion(url, fire_id, "retrained-gone", 1, {"val_accuracy": 0.5})
+    assert decision["decision"] == "promoted" and decision["metric"] == "val_accuracy"
+    _add(isolated, "newer", "0 4 * * *")  # a new schedule never inherits the old one's fires
+    assert schedules.fires(url, "newer") == []
+    assert get_job(url, job_id, with_metrics=True)["schedule"]["schedule"] == "gone"

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import text
 
-from mxq.db import registry
+from mxq.db import registry, schedules
 from mxq.db.engine import get_engine
 from mxq.db.migrate import MIGRATIONS, upgrade
 from mxq.db.schema import Base
@@ -47,3 +48,21 @@ def test_a_version_taken_by_a_concurrent_add_is_a_conflict(isolated: Stack) -> N
     with pytest.raises(Conflict, match="model raced version 1 was added concurrently; add it again"):
         registry.add_model(url, record)  # what the loser of two `models add` at once does
     assert [m["version"] for m in registry.list_models(url, "raced")] == [1]
+
+
+def test_0009_keeps_fires_and_fills_in_their_schedule(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0008")
+    with get_engine(url).begin() as conn:
+        conn.execute(text("INSERT INTO schedules (id, name, cron, tz, spec, dataset, promote, metric, "
+                          "min_gain, enabled, next_fire_at, created_at) VALUES (1, 'nightly', "
+                          "'0 3 * * *', 'UTC', '{}', 'd.npz', 'never', 'val_accuracy', 0.5, 1, "
+                          "'2026-01-01 03:00:00', '2026-01-01 00:00:00')"))
+        conn.execute(text("INSERT INTO schedule_fires (id, schedule_id, fire_time, fired_at, manual, "
+                          "missed) VALUES (7, 1, '2026-01-01 03:00:00', '2026-01-01 03:00:01', 0, 0)"))
+    assert upgrade(url) == ["0009"]
+    assert schedules.fire_of(url, 7) == {"schedule": "nightly", "fire_time": "2026-01-01T03:00:00+00:00",
+                                         "promote": "never", "metric": "val_accuracy", "min_gain": 0.5,
+                                         "removed": False}
+    schedules.remove(url, "nightly")
+    assert schedules.fire_of(url, 7)["removed"] is True
