@@ -151,19 +151,20 @@ def merge_if_complete(final: Path, count: int) -> bool:
 
 
 def write_tables(tables: Iterable[pa.Table], path: Path, table_schema: pa.Schema) -> int:
-    """Write `tables` in order into one file, in row groups of about ROW_GROUP_ROWS; the rows."""
-    rows, pending, held = 0, [], 0
+    """Write `tables` in order into one file, in row groups of ROW_GROUP_ROWS (the last one
+    shorter); the number of rows."""
+    rows = 0
+    held = pa.Table.from_batches([], schema=table_schema)
     with pq.ParquetWriter(path, table_schema, compression=COMPRESSION,
                           use_dictionary=DICTIONARY_COLUMNS) as writer:
         for table in tables:
-            pending.append(table)
-            held += table.num_rows
-            if held >= ROW_GROUP_ROWS:
-                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-                rows, pending, held = rows + held, [], 0
-        if pending:
-            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-            rows += held
+            held = pa.concat_tables([held, table])
+            while held.num_rows >= ROW_GROUP_ROWS:
+                writer.write_table(held.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                held, rows = held.slice(ROW_GROUP_ROWS), rows + ROW_GROUP_ROWS
+        if held.num_rows:
+            writer.write_table(held, row_group_size=ROW_GROUP_ROWS)
+            rows += held.num_rows
     return rows
 
 
