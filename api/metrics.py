@@ -26,7 +26,8 @@ class Collector:
         finished = GaugeMetricFamily("mxq_job_duration_seconds_count", "Finished jobs by kind",
                                      labels=["kind"])
         rate = GaugeMetricFamily("mxq_device_samples_per_second",
-                                 "Samples/s per device over the last 5 minutes", labels=["device"])
+                                 "Samples/s per device over the last 5 minutes",
+                                 labels=["node", "device"])
         with session_scope(url) as session:
             for status, kind, n in session.execute(select(Job.status, Job.kind, func.count())
                                                    .group_by(Job.status, Job.kind)):
@@ -35,8 +36,8 @@ class Collector:
                                                   .where(Job.seconds.is_not(None)).group_by(Job.kind)):
                 durations.add_metric([kind], float(total or 0))
                 finished.add_metric([kind], n)
-        for device, per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
-            rate.add_metric([device], per_sec)
+        for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
+            rate.add_metric([node, device], per_sec)
         depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue",
                                   labels=["node", "device"])
         alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import secrets
-from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
@@ -14,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mxq.db import registry, results, schedules
 from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
+from mxq.db.schema import utcnow
+from mxq.since import parse_since
 from mxq.workers.cancel import cancel_job
 from mxq.workers.fires import add_schedule, resume, run_now
 from mxq.workers.settings import Settings, get_settings
@@ -50,11 +51,13 @@ def _job_or_404(s: Settings, job_id: int, full: bool = False) -> dict[str, Any]:
 
 @router.get("/jobs")
 def jobs(status: Status | None = None, kind: str | None = None, device: str | None = None,
-         node: str | None = None, since: datetime | None = None,
+         node: str | None = None,
+         since: Annotated[str | None, Query(description="An age (30m, 2h, 1d) or an ISO time.")] = None,
          limit: Annotated[int, Query(ge=1, le=1000)] = 50,
          offset: Annotated[int, Query(ge=0)] = 0, s: Settings = Depends(settings)) -> dict[str, Any]:
     """Job history, newest first, filtered like `mxq jobs`, in pages."""
-    f = JobFilter(status, kind, device, node, since, limit, offset)
+    f = JobFilter(status, kind, device, node, None if since is None else parse_since(since, utcnow()),
+                  limit, offset)
     return {"items": list_jobs(s.database, f), "total": count_jobs(s.database, f),
             "limit": limit, "offset": offset}
 

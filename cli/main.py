@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +18,7 @@ from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.db.history import JobFilter, list_jobs, pool_depths, require_job
 from mxq.db.records import JobRecord
 from mxq.db.schema import utcnow
+from mxq.since import parse_since
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.status import device_table
 
@@ -36,22 +36,8 @@ JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_pe
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
                "samples", "seconds", "samples_per_sec", "submitted_at", "started_at", "finished_at",
                "model", "model_version", "parent_id", "error"]
-_AGO = re.compile(r"^(\d+)([smhd])$")
-
-
 def _since(text: str | None) -> datetime | None:
-    """`2h`, `30m`, `1d`, `45s` ago, or an ISO date/time (UTC when it names no zone)."""
-    if text is None:
-        return None
-    if m := _AGO.match(text.strip()):
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
-        return utcnow() - timedelta(**{unit: int(m.group(1))})
-    try:
-        ts = datetime.fromisoformat(text)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: use an age such as 30m, 2h, 1d or an ISO time "
-                                 "such as 2026-11-30T08:00") from None
-    return ts if ts.tzinfo else ts.replace(tzinfo=utcnow().tzinfo)
+    return None if text is None else parse_since(text, utcnow())
 
 
 @app.command()

@@ -194,9 +194,12 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: str(r[by]))
 
 
-def device_rates(url: str, since: datetime) -> dict[str, float]:
-    """Samples/s per device from the throughput points recorded since `since`."""
-    q = (select(JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
-         .where(JobMetric.at >= since, JobMetric.device.is_not(None)).group_by(JobMetric.device))
+def device_rates(url: str, since: datetime) -> dict[tuple[str, str], float]:
+    """Samples/s per (node, device) from the throughput points recorded since `since`: a
+    device label such as cpu:0 exists on every node."""
+    q = (select(Job.node, JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
+         .join(Job, Job.id == JobMetric.job_id)
+         .where(JobMetric.at >= since, JobMetric.device.is_not(None), Job.node.is_not(None))
+         .group_by(Job.node, JobMetric.device))
     with session_scope(url) as session:
-        return {str(d): float(n) / float(t) for d, n, t in session.execute(q) if t}
+        return {(str(node), str(d)): float(n) / float(t) for node, d, n, t in session.execute(q) if t}

@@ -72,6 +72,11 @@ def test_job_list_filters_and_pages(client: TestClient, workers: Stack) -> None:
     assert first["total"] == second["total"] >= 5 and first["limit"] == 2
     assert [j["id"] for j in first["items"]] == ids[::-1][:2]
     assert [j["id"] for j in second["items"]] == ids[::-1][2:4]
+    recent = client.get("/api/v1/jobs", params={"kind": "probe", "since": "2h", "limit": 1000})
+    assert recent.status_code == 200 and set(ids) <= {j["id"] for j in recent.json()["items"]}
+    assert client.get("/api/v1/jobs", params={"since": "2099-01-01T00:00"}).json()["total"] == 0
+    bad = client.get("/api/v1/jobs", params={"since": "yesterday"})
+    assert bad.status_code == 422 and "use an age such as 30m" in bad.json()["detail"]
     failed = client.get("/api/v1/jobs", params={"status": "failed", "limit": 1000}).json()
     assert all(j["status"] == "failed" for j in failed["items"])
     devices = client.get("/api/v1/devices").json()
@@ -110,8 +115,12 @@ def _probe(client: TestClient, device: str, size: int) -> dict:
     return _done(client, r.json()["id"])
 
 
-def test_openapi_metrics_and_dashboard(client: TestClient) -> None:
+def test_openapi_metrics_and_dashboard(client: TestClient, workers: Stack, mlp: dict) -> None:
     assert _probe(client, "cpu:0", 32)["status"] == "succeeded"
+    np.save(workers.home / "data" / "rates.npy", np.ones((2000, 64), np.float32))
+    infer = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "rates.npy",
+                                              "device": "cpu:1"}, headers=AUTH).json()
+    assert _done(client, infer["id"])["status"] == "succeeded"  # a throughput point on cpu:1
     paths = client.get("/openapi.json").json()["paths"]
     for path in ("/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel",
                  "/api/v1/jobs/{job_id}/predictions", "/api/v1/devices", "/api/v1/models",
@@ -121,6 +130,8 @@ def test_openapi_metrics_and_dashboard(client: TestClient) -> None:
     assert 'mxq_jobs{kind="probe",status="succeeded"}' in metrics
     assert 'mxq_queue_depth{device="cpu:0",node="testnode"}' in metrics
     assert "mxq_device_samples_per_second" in metrics and "mxq_job_duration_seconds_sum" in metrics
+    rates = [ln for ln in metrics.splitlines() if ln.startswith("mxq_device_samples_per_second{")]
+    assert rates and all(f'node="{NODE}"' in ln and 'device="cpu:' in ln for ln in rates), rates
     page = client.get("/")
     assert page.status_code == 200 and 'id="jobs-table"' in page.text
 

@@ -16,6 +16,7 @@ import pytest
 from mxq import epochs, parts, promotion
 from mxq.device import Device
 from mxq.promotion import PromotionPolicy
+from mxq.since import SinceError, parse_since
 from mxq.status import JobStatus
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
@@ -220,3 +221,14 @@ def test_a_device_mxnet_cannot_run_gets_onnx_or_a_reason() -> None:
         choose("auto", {**AGREES, "max_diff": 0.5}, None, why)
     with pytest.raises(NoEngine, match=r"^no ONNX export \(erfinv\), and MXNet cannot run this device"):
         choose("auto", {"file": None, "error": "erfinv"}, None, why)
+
+
+def test_since_is_an_age_or_an_iso_time() -> None:
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    assert parse_since("2h", now) == now - timedelta(hours=2)
+    assert parse_since(" 45s", now) == now - timedelta(seconds=45)
+    assert parse_since("2026-11-30T08:00", now) == datetime(2026, 11, 30, 8, tzinfo=UTC)
+    assert parse_since("2026-11-30T08:00+01:00", now).utcoffset() == timedelta(hours=1)
+    for bad in ("yesterday", "2x", "-1h", "999999999d"):
+        with pytest.raises(SinceError, match=r"since .*"):
+            parse_since(bad, now)

@@ -27,4 +27,4 @@ def device_table(s: Settings) -> list[dict[str, Any]]:
         pass  # the broker is down: the table still shows what SQL knows
     rates = device_rates(s.database, utcnow() - RATE_WINDOW)
     return [{**r, "leased_by": held.get((r["node"], r["device"])),
-             "samples_per_sec": rates.get(r["device"])} for r in records]
+             "samples_per_sec": rates.get((r["node"], r["device"]))} for r in records]
