@@ -105,11 +105,7 @@ def job_predictions(job_id: int, limit: Annotated[int, Query(ge=1, le=100_000)] 
         return {"items": rows, "total": results.count(s.database, s.home_path, record),
                 "limit": limit, "offset": offset}
     out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(["index", "predicted_class", "score", "top_k"])
-    for r in rows:
-        w.writerow([r["index"], r["predicted_class"], r["score"],
-                    " ".join(f"{c}:{p:.6g}" for c, p in r["top_k"] or [])])
+    csv.writer(out, lineterminator="\n").writerows(results.prediction_csv(rows))
     return Response(out.getvalue(), media_type="text/csv")
 
 

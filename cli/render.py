@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mxq.db.records import JobRecord
+from mxq.db.results import prediction_csv
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
 WIDTH = shutil.get_terminal_size((160, 24)).columns
@@ -80,15 +81,10 @@ def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
     if fmt == "json":
         print_json(rows)
         return
-    k = max((len(r["top_k"] or []) for r in rows), default=0)
     if fmt == "csv":
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(["index", "predicted_class", "score",
-                         *[f"{h}_{i}" for i in range(1, k + 1) for h in ("top", "top_score")]])
-        for r in rows:
-            pairs = [v for pair in (r["top_k"] or []) for v in pair]
-            writer.writerow([r["index"], r["predicted_class"], f"{r['score']:.6g}", *pairs])
+        csv.writer(sys.stdout, lineterminator="\n").writerows(prediction_csv(rows))
         return
+    k = max((len(r["top_k"] or []) for r in rows), default=0)
     table([{**r, "top_k": " ".join(f"{c}:{p:.3f}" for c, p in (r["top_k"] or [])) or None}
            for r in rows], ["index", "predicted_class", "score", *(["top_k"] if k else [])])
 

@@ -73,3 +73,14 @@ def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: in
     rows = parquet.write_tables(tables, tmp, parquet.schema(top_k))
     tmp.replace(out)
     return rows
+
+
+def prediction_csv(rows: list[dict[str, Any]]) -> Iterator[list[Any]]:
+    """The predictions' CSV, the same from the CLI and the API: `index,predicted_class,score`,
+    then `top_1,top_score_1,…` when top-k was stored; the header first."""
+    k = max((len(r["top_k"] or []) for r in rows), default=0)
+    yield ["index", "predicted_class", "score",
+           *[f"{h}_{i}" for i in range(1, k + 1) for h in ("top", "top_score")]]
+    for r in rows:
+        pairs = [v for pair in (r["top_k"] or []) for v in pair]
+        yield [r["index"], r["predicted_class"], f"{r['score']:.6g}", *pairs]

@@ -48,7 +48,7 @@ def test_submit_probe_infer_and_train_then_read_them_back(client: TestClient, wo
     assert page.json()["total"] == 300 and [r["index"] for r in page.json()["items"]] == list(range(250, 300))
     csv_text = client.get(f"/api/v1/jobs/{infer['id']}/predictions",
                           params={"format": "csv", "limit": 2}).text
-    assert csv_text.splitlines()[0] == "index,predicted_class,score,top_k" and len(csv_text.splitlines()) == 3
+    assert csv_text.splitlines()[0] == "index,predicted_class,score" and len(csv_text.splitlines()) == 3
 
     train = client.post("/api/v1/jobs", json={"kind": "train", "arch": "mlp", "dataset": "digits",
                                               "name": "api-model", "epochs": 1}, headers=AUTH).json()
@@ -171,3 +171,7 @@ def test_a_parquet_jobs_predictions_are_served_from_its_file(client: TestClient,
     page = client.get(f"/api/v1/jobs/{job['id']}/predictions", params={"limit": 50, "offset": 390}).json()
     assert page["total"] == 400 and [r["index"] for r in page["items"]] == list(range(390, 400))
     assert all(len(r["top_k"]) == 2 and r["top_k"][0][0] == r["predicted_class"] for r in page["items"])
+    api_csv = client.get(f"/api/v1/jobs/{job['id']}/predictions", params={"format": "csv", "limit": 5}).text
+    cli_csv = workers.mxq("results", str(job["id"]), "--format", "csv", "--limit", "5").stdout
+    assert api_csv == cli_csv and api_csv.splitlines()[0] == \
+        "index,predicted_class,score,top_1,top_score_1,top_2,top_score_2"
