@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from mxq.db.predictions import Ranked
+
 ROW_GROUP_ROWS = 65_536  # rows per row group of a merged or exported file (about 1 MiB)
 COMPRESSION = "zstd"
 PART_COMPRESSION = "none"  # parts live until the merge: no compressor state in the worker
@@ -52,14 +54,12 @@ def _lists(values: NDArray[Any], kind: pa.DataType) -> pa.ListArray:
 
 def from_probabilities(first: int, probs: NDArray[np.float32], top_k: int) -> pa.Table:
     """The rows of one batch of probabilities (sample `first` onwards)."""
-    classes = probs.argmax(axis=1)
+    r = Ranked.of(probs, top_k)
     columns: list[Any] = [np.arange(first, first + len(probs), dtype=np.int64),
-                          classes.astype(np.int32),
-                          probs[np.arange(len(probs)), classes].astype(np.float32)]
-    if top_k:
-        order = np.argsort(-probs, axis=1)[:, :top_k]
-        columns += [_lists(order.astype(np.int32), pa.int32()),
-                    _lists(np.take_along_axis(probs, order, axis=1).astype(np.float32), pa.float32())]
+                          r.classes.astype(np.int32), r.scores.astype(np.float32)]
+    if r.order is not None and r.best is not None:
+        columns += [_lists(r.order.astype(np.int32), pa.int32()),
+                    _lists(r.best.astype(np.float32), pa.float32())]
     return pa.Table.from_arrays(columns, schema=schema(top_k))
 
 

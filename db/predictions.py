@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
+import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import Connection, delete, func, select, update
 
 from mxq.db.engine import get_engine, session_scope
@@ -21,6 +24,26 @@ def replace_range(url: str, job_id: int, start: int, stop: int) -> None:
 
 COLUMNS = ("job_id", "idx", "predicted_class", "score", "top_k")
 Row = tuple[int, int, int, float, str | None]  # top_k as JSON text
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One batch of probabilities ranked: each sample's class and score, and with top-k its
+    k best classes and their probabilities, best first (`order` and `best` are (n, k))."""
+
+    classes: NDArray[np.int64]
+    scores: NDArray[np.float32]
+    order: NDArray[np.int64] | None
+    best: NDArray[np.float32] | None
+
+    @classmethod
+    def of(cls, probs: NDArray[np.float32], top_k: int) -> Ranked:
+        classes = probs.argmax(axis=1)
+        scores = probs[np.arange(len(probs)), classes]
+        if not top_k:
+            return cls(classes, scores, None, None)
+        order = np.argsort(-probs, axis=1)[:, :top_k]
+        return cls(classes, scores, order, np.take_along_axis(probs, order, axis=1))
 
 
 @db_retry

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from mxq.db import events, parquet, predictions
 from mxq.db.jobs import record_metric
-from mxq.db.predictions import Row
+from mxq.db.predictions import Ranked, Row
 from mxq.db.results import output_file
 from mxq.tasks.runner import JobContext, JobLost
 from mxq.workers.jobspecs import InferParams
@@ -48,16 +48,13 @@ def _output_array(job_id: int, rows: int, classes: int) -> np.memmap:
 
 def rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[Row]:
     """Prediction rows of one batch, built with vectorized NumPy and one zip."""
-    classes = probs.argmax(axis=1)
-    scores = probs[np.arange(len(probs)), classes]
+    r = Ranked.of(probs, top_k)
     top: Iterable[str | None] = repeat(None)
-    if top_k:
-        order = np.argsort(-probs, axis=1)[:, :top_k]
-        best = np.take_along_axis(probs, order, axis=1)
-        top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(order.tolist(), best.tolist(),
+    if r.order is not None and r.best is not None:
+        top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(r.order.tolist(), r.best.tolist(),
                                                                          strict=True))
-    return list(zip(repeat(owner), range(first, first + len(probs)), classes.tolist(),
-                    scores.tolist(), top))
+    return list(zip(repeat(owner), range(first, first + len(probs)), r.classes.tolist(),
+                    r.scores.tolist(), top))
 
 
 @dataclass
@@ -83,17 +80,19 @@ class JobOutputs:
     classes: int
     start: int
     stop: int
-    array: np.memmap | None = None
-    _rows: list[Row] = field(default_factory=list)
-    _tables: list[pa.Table] = field(default_factory=list)
+    array: np.memmap | None = field(default=None, init=False)  # npy, both
+    parquet_file: Path | None = field(default=None, init=False)  # parquet
+    rows_wanted: bool = field(default=False, init=False)  # db, both
+    _rows: list[Row] = field(default_factory=list, init=False)
+    _tables: list[pa.Table] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
+        """Decided once per job, not per batch: which outputs this job keeps."""
         if self.p.output in ("npy", "both"):
             self.array = _output_array(self.owner, self.count, self.classes)
-
-    @property
-    def parquet_file(self) -> Path | None:
-        return output_path(self.owner, ".parquet") if self.p.output == "parquet" else None
+        if self.p.output == "parquet":
+            self.parquet_file = output_path(self.owner, ".parquet")
+        self.rows_wanted = self.p.output in ("db", "both")
 
     @property
     def shown(self) -> str:
@@ -121,7 +120,7 @@ class JobOutputs:
         """One batch's results, held until the next flush (the npy array takes them at once)."""
         if self.array is not None:
             self.array[first:first + len(probs)] = probs
-        if self.p.output in ("db", "both"):
+        if self.rows_wanted:
             self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
         if self.parquet_file is not None:
             self._tables.append(parquet.from_probabilities(first, probs, self.p.top_k))
