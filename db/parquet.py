@@ -168,9 +168,8 @@ def write_tables(tables: Iterable[pa.Table], path: Path, table_schema: pa.Schema
     return rows
 
 
-def read_rows(path: Path, limit: int | None, offset: int) -> Iterator[dict[str, Any]]:
-    """Rows `offset` onwards (at most `limit`) of a job's Parquet file, read a row group at a
-    time, shaped like `mxq.db.predictions.read` (top-k as [class, score] pairs)."""
+def read_tables(path: Path, limit: int | None, offset: int) -> Iterator[pa.Table]:
+    """Rows `offset` onwards (at most `limit`) of a job's Parquet file, a batch at a time."""
     skip, left = offset, limit
     for batch in pq.ParquetFile(path).iter_batches():
         if skip >= batch.num_rows:
@@ -178,15 +177,21 @@ def read_rows(path: Path, limit: int | None, offset: int) -> Iterator[dict[str, 
             continue
         batch = batch.slice(skip, left)
         skip = 0
-        data = batch.to_pydict()
-        for i in range(batch.num_rows):
+        yield pa.Table.from_batches([batch])
+        if left is not None:
+            left -= batch.num_rows
+            if left <= 0:
+                return
+
+
+def read_rows(path: Path, limit: int | None, offset: int) -> Iterator[dict[str, Any]]:
+    """The same rows shaped like `mxq.db.predictions.read` (top-k as [class, score] pairs)."""
+    for table in read_tables(path, limit, offset):
+        data = table.to_pydict()
+        for i in range(table.num_rows):
             top = None
             if "top_k_classes" in data:
                 top = [list(p) for p in zip(data["top_k_classes"][i], data["top_k_scores"][i],
                                             strict=True)]
             yield {"index": data["index"][i], "predicted_class": data["predicted_class"][i],
                    "score": data["score"][i], "top_k": top}
-        if left is not None:
-            left -= batch.num_rows
-            if left <= 0:
-                return

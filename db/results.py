@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +44,9 @@ def count(url: str, home: Path, record: JobRecord) -> int:
     return predictions.count(url, record["id"])
 
 
-def pages(url: str, home: Path, record: JobRecord, limit: int | None = None,
-          offset: int = 0) -> Iterator[list[dict[str, Any]]]:
-    """The same rows as `read`, a page of at most PAGE_ROWS at a time (bounded memory)."""
-    path = _parquet_of(home, record)
-    if path is not None:
-        rows = parquet.read_rows(path, limit, offset)
-        while page := list(islice(rows, PAGE_ROWS)):
-            yield page
-        return
+def _sql_pages(url: str, record: JobRecord, limit: int | None,
+               offset: int) -> Iterator[list[dict[str, Any]]]:
+    """The job's SQL rows from `offset` (at most `limit`), a page of PAGE_ROWS at a time."""
     while limit is None or limit > 0:
         size = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
         page = predictions.read(url, record["id"], size, offset)
@@ -68,7 +61,9 @@ def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: in
                    offset: int = 0) -> int:
     """Write the job's stored predictions to `out` as Parquet; the number of rows written."""
     top_k = int((record.get("params") or {}).get("top_k") or 0)
-    tables = (parquet.from_rows(page, top_k) for page in pages(url, home, record, limit, offset))
+    path = _parquet_of(home, record)
+    tables = (parquet.read_tables(path, limit, offset) if path is not None else
+              (parquet.from_rows(page, top_k) for page in _sql_pages(url, record, limit, offset)))
     tmp = out.with_name(out.name + ".tmp")
     rows = parquet.write_tables(tables, tmp, parquet.schema(top_k))
     tmp.replace(out)

@@ -21,7 +21,7 @@ def _expected(stack: Stack, x: np.ndarray) -> np.ndarray:
     return _direct(stack, "mlp64", x)
 
 
-def test_parquet_output_read_by_pyarrow_and_duckdb(workers: Stack, mlp: dict) -> None:
+def test_parquet_output_read_by_pyarrow_and_duckdb(workers: Stack, mlp: dict, tmp_path: Path) -> None:
     x = np.random.default_rng(3).normal(size=(30_000, 64)).astype(np.float32)
     _data(workers, "pq.npy", x)
     job = _infer(workers, "mlp64", "pq.npy", "--output", "parquet", "--top-k", "3",
@@ -49,6 +49,12 @@ def test_parquet_output_read_by_pyarrow_and_duckdb(workers: Stack, mlp: dict) ->
                                    "--offset", "29998").stdout)
     assert [r["index"] for r in shown] == [29998, 29999]
     assert shown[0]["top_k"][0][0] == int(expected[29998].argmax())
+
+    exported = tmp_path / "slice.parquet"  # a Parquet job's export is a slice of its file
+    proc = workers.mxq("results", str(job["id"]), "--format", "parquet", "--out", str(exported),
+                       "--offset", "100", "--limit", "5000")
+    assert proc.returncode == 0, proc.stderr
+    assert pq.read_table(exported).to_pydict() == table.slice(100, 5000).to_pydict()
 
 
 def test_chunked_parquet_job_merges_into_one_file(workers: Stack, mlp: dict) -> None:
