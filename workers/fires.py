@@ -18,7 +18,7 @@ from mxq.db.schema import utcnow
 from mxq.errors import JobRejected, MxqError
 from mxq.workers.cron import check, due, next_after
 from mxq.workers.jobspecs import ParamsError, validate
-from mxq.workers.paths import PathError, confine
+from mxq.workers.paths import PathError, inside_root
 from mxq.workers.settings import Settings
 from mxq.workers.submit import submit
 
@@ -28,7 +28,7 @@ POLICIES = ("always", "if-better", "never")
 
 def newest_file(settings: Settings, source: str) -> Path:
     """A file, the newest file in a folder, or the newest match of a glob, inside the data root."""
-    root = settings.inputs_root
+    root, origin = settings.inputs_root_and_origin()
     pattern = source if Path(source).is_absolute() else str(root / source)
     if any(c in source for c in "*?["):
         matches = [Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
@@ -39,7 +39,7 @@ def newest_file(settings: Settings, source: str) -> Path:
     if not matches:
         raise PathError(f"dataset source {source!r} matches no file (in {root})")
     newest = max(matches, key=lambda p: (p.stat().st_mtime, p.name))
-    return confine(settings, newest, "dataset")
+    return inside_root(newest, root, "dataset", origin)
 
 
 def submit_fire(settings: Settings, sched: dict[str, Any], fire_id: int) -> int | None:

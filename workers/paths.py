@@ -30,4 +30,5 @@ def inside_root(path: str | Path, root: str | Path, what: str = "input",
 def confine(settings: Settings, path: str | Path, what: str = "input") -> Path:
     """`path` resolved inside the stack's data root (`Settings.inputs_root`); the error names the
     path, the root and where the root is set."""
-    return inside_root(path, settings.inputs_root, what, settings.inputs_root_origin)
+    root, origin = settings.inputs_root_and_origin()
+    return inside_root(path, root, what, origin)

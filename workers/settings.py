@@ -194,15 +194,17 @@ class Settings(BaseSettings):
     @property
     def inputs_root(self) -> Path:
         """The folder inputs must lie in: the one the stack recorded at `mxq up`, else our own."""
-        return recorded_data_root(self.home_path) or self.own_data_root
+        return self.inputs_root_and_origin()[0]
 
-    @property
-    def inputs_root_origin(self) -> str:
-        """Where `inputs_root` comes from and how to change it, for error messages."""
-        if recorded_data_root(self.home_path) is not None:
-            return (f"the stack's, recorded by `mxq up` in {self.home_path / STACK_RECORD}; restart "
-                    "the stack with MXQ_DATA_ROOT=FOLDER to change it")
-        return "MXQ_DATA_ROOT" if self.data_root is not None else "the default; set MXQ_DATA_ROOT"
+    def inputs_root_and_origin(self) -> tuple[Path, str]:
+        """`inputs_root`, and where it comes from and how to change it (for error messages),
+        from one look at the stack's record."""
+        recorded = recorded_data_root(self.home_path)
+        if recorded is not None:
+            return recorded, (f"the stack's, recorded by `mxq up` in {self.home_path / STACK_RECORD}; "
+                              "restart the stack with MXQ_DATA_ROOT=FOLDER to change it")
+        origin = "MXQ_DATA_ROOT" if self.data_root is not None else "the default; set MXQ_DATA_ROOT"
+        return self.own_data_root, origin
 
     @property
     def heartbeat_ttl(self) -> float:
