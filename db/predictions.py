@@ -72,12 +72,6 @@ def commit(url: str, job_id: int, worker: str, rows: list[Row], position: int) -
     return True
 
 
-def committed_position(url: str, job_id: int) -> int | None:
-    """Where the job's last attempt stopped storing results (None: it stored none)."""
-    with session_scope(url) as session:
-        return session.scalar(select(Job.committed).where(Job.id == job_id))
-
-
 def _insert(conn: Connection, rows: list[Row]) -> None:
     """COPY on PostgreSQL, a driver-level executemany elsewhere.
 

@@ -217,7 +217,8 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
     side threads. A flush is due every FLUSH_SECONDS or FLUSH_ROWS samples, and at the end."""
     writer = BackgroundWriter(out.store, in_flight=1)  # a kill loses the flush in store and the next
-    step, since, mark = jobs.next_metric_step(job.url, job.id), time.perf_counter(), begin
+    step = jobs.next_metric_step(job.url, job.id) if begin > out.start else 0  # after earlier points
+    since, mark = time.perf_counter(), begin
     try:
         for first, x in prefetch(_batches(p, source, begin, out.stop, lambda: fit.size)):
             try:

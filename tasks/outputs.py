@@ -104,7 +104,7 @@ class JobOutputs:
     def resume(self) -> int:
         """The first sample this attempt computes: right after the last one an earlier attempt
         committed (recorded as a `resumed` event), else `start`. What lies beyond it is cleared."""
-        done = predictions.committed_position(self.job.url, self.job.id)
+        done = self.job.committed
         begin = done if done is not None and self.start < done <= self.stop else self.start
         predictions.replace_range(self.job.url, self.owner, begin, self.stop)
         if self.parquet_file is not None:

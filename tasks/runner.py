@@ -82,6 +82,9 @@ class JobContext:
     parent_id: int | None
     devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
     worker: str = ""  # the worker that claimed it
+    # Inference: where earlier attempts stopped storing results (read with the row: a worker
+    # still writing then is fenced off by the claim, and what it adds is cleared on resume).
+    committed: int | None = None
     _checked_at: float = field(default_factory=time.monotonic)
     _progress_at: float = field(default_factory=time.monotonic)
 
@@ -132,7 +135,7 @@ def _context(job_id: int, device: str) -> JobContext | Claim:
         if (verdict := jobs.unclaimable(row.status, row.heartbeat_at, cutoff)) is not None:
             return verdict
         return JobContext(job_id, row.kind, dict(row.params), device, s.database, row.queue,
-                          row.requested_device, row.parent_id, [device])
+                          row.requested_device, row.parent_id, [device], committed=row.committed)
 
 
 def _defer(job: JobContext, why: str) -> str:
