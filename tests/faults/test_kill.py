@@ -3,19 +3,24 @@ succeeded, every prediction row exists exactly once, and training resumes from c
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import select
 
-from mxq.db import events, predictions
+from mxq.db import events
+from mxq.db.engine import session_scope
 from mxq.db.epochs import list_epochs
 from mxq.db.parquet import parts_dir
+from mxq.db.schema import Job
 from mxq.tasks.infer import FLUSH_ROWS
 from mxq.workers.submit import submit
-from tests.faults.stacks import FaultStack, report
+from tests.faults.stacks import FaultStack, _zombie_or_gone, report
 
 # Claims and prediction writes under SIGKILL differ by backend: both legs.
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
@@ -101,7 +106,9 @@ def test_sigkill_mid_inference(faulty: FaultStack) -> None:
 
 
 def _committed(stack: FaultStack, job_id: int) -> int:
-    return predictions.committed_position(stack.settings.database, job_id) or 0
+    """Where the job's results are stored up to (the column its flushes move)."""
+    with session_scope(stack.settings.database) as session:
+        return session.scalar(select(Job.committed).where(Job.id == job_id)) or 0
 
 
 def _computed_rows(path: str) -> int:
@@ -109,6 +116,25 @@ def _computed_rows(path: str) -> int:
     a worker fills it in index order): what the worker had computed when it died."""
     filled = np.load(path, mmap_mode="r").any(axis=1)
     return int(filled.argmin()) if not filled.all() else len(filled)
+
+
+def _kill_and_read(stack: FaultStack, job_id: int, output: str) -> int | None:
+    """SIGKILL the job's worker; how far it had computed (from its .npy, for npy outputs).
+
+    The launcher is held (SIGSTOP) until the .npy is read, so no new attempt, which would write
+    the same rows from the resume point on, can have started: the figure is the dead attempt's."""
+    os.kill(stack.launcher.pid, signal.SIGSTOP)
+    try:
+        name = stack.job(job_id)["worker"]
+        pid = stack.worker_pid(name)
+        assert pid is not None and stack.kill_worker(name)
+        while not _zombie_or_gone(pid):
+            time.sleep(0.01)
+        if output not in ("npy", "both"):
+            return None
+        return _computed_rows(str(stack.home / "outputs" / f"job-{job_id}.npy"))
+    finally:
+        os.kill(stack.launcher.pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(900)
@@ -127,10 +153,7 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
             assert time.monotonic() < wait_until_committed, faulty.job(job_id)
             time.sleep(0.02)
         at_kill = _committed(faulty, job_id)
-        assert faulty.kill_worker(faulty.job(job_id)["worker"])
-        time.sleep(0.3)  # the process is gone; what it stored stays
-        computed = _computed_rows(str(faulty.home / "outputs" / f"job-{job_id}.npy")) \
-            if output in ("npy", "both") else None
+        computed = _kill_and_read(faulty, job_id, output)
         job = faulty.wait_all([job_id], 300)[job_id]
         assert job["status"] == "succeeded", job["error"]
         assert job["attempts"] == 2
