@@ -132,9 +132,6 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
     raise typer.Exit(run_launcher(s, specs, with_schedule))
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
 @app.command()
 def api() -> None:
     """The HTTP API and dashboard on MXQ_API_HOST:MXQ_API_PORT (default 127.0.0.1:8470)."""
@@ -142,7 +139,7 @@ def api() -> None:
 
     s = get_settings()
     if s.api_token is None:
-        if s.api_host not in LOOPBACK:
+        if not s.api_on_loopback:
             render.err.print(f"mxq: refusing to serve on {s.api_host} without MXQ_API_TOKEN: set a "
                              "token, or use a loopback address", markup=False)
             raise typer.Exit(EXIT_USAGE)

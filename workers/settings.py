@@ -189,7 +189,15 @@ class Settings(BaseSettings):
         """This process's own MXQ_DATA_ROOT, or the default (see `data_root`)."""
         if self.data_root is not None:
             return self.data_root.expanduser().resolve()
-        return Path.home().resolve() if _loopback(self.api_host) else self.home_path / "data"
+        return Path.home().resolve() if self.api_on_loopback else self.home_path / "data"
+
+    @property
+    def api_on_loopback(self) -> bool:
+        """The API listens on this machine only (127.0.0.0/8, ::1, localhost)."""
+        try:
+            return ipaddress.ip_address(self.api_host).is_loopback
+        except ValueError:
+            return self.api_host == "localhost"
 
     @property
     def inputs_root(self) -> Path:
@@ -212,13 +220,6 @@ class Settings(BaseSettings):
 
 
 STACK_RECORD = "stack.json"  # in $MXQ_HOME: what `mxq up` started with, read by every process
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def record_stack(settings: Settings) -> None:
