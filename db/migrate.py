@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 
 from mxq.db.engine import get_engine
 
@@ -22,16 +23,34 @@ def upgrade(url: str, revision: str = "head") -> list[str]:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     engine = get_engine(url)
-    with engine.begin() as conn:
-        before = MigrationContext.configure(conn).get_current_revision()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-        after = MigrationContext.configure(conn).get_current_revision()
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:  # a rebuilt table must not delete or refuse what refers to it (0010)
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")  # only outside a transaction
+            conn.commit()
+        with conn.begin():
+            before = MigrationContext.configure(conn).get_current_revision()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+            after = MigrationContext.configure(conn).get_current_revision()
+            if sqlite:
+                _check_foreign_keys(conn)
+        if sqlite:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            conn.commit()
     engine.dispose()
     if after == before or after is None:
         return []
     script = ScriptDirectory.from_config(cfg)
     return [r.revision for r in reversed(list(script.iterate_revisions(after, before)))]
+
+
+def _check_foreign_keys(conn: Connection) -> None:
+    """Refuse to commit migrations that left a row referring to nothing (SQLite, keys off)."""
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if broken:
+        raise RuntimeError(f"migration left {len(broken)} rows with a broken reference, first: "
+                           f"{tuple(broken[0])}; nothing was applied")
 
 
 def current_revision(url: str) -> str | None:

@@ -43,6 +43,11 @@ def iso(ts: datetime | None) -> str | None:
     return None if ts is None else as_utc(ts).isoformat()
 
 
+# Tables whose ids history refers to: on SQLite an id is then never handed out twice, even after
+# the row holding the largest one is deleted (migration 0010; PostgreSQL's sequences never reuse).
+NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
 
@@ -93,6 +98,7 @@ class Job(Base):
         Index("ix_jobs_node_submitted", "node", "submitted_at"),
         Index("ix_jobs_submitted", "submitted_at"),
         Index("ix_jobs_worker_status", "worker", "status"),
+        NEVER_REUSE_IDS,
     )
 
 
@@ -109,7 +115,7 @@ class JobEvent(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
-    __table_args__ = (Index("ix_job_events_job", "job_id", "id"),)
+    __table_args__ = (Index("ix_job_events_job", "job_id", "id"), NEVER_REUSE_IDS)
 
 
 class WorkerBeat(Base):
@@ -155,7 +161,8 @@ class Model(Base):
     # How inputs are scaled before the model sees them: {"scale", "mean", "std", "layout"}.
     preprocess: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
 
-    __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),)
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),
+                      NEVER_REUSE_IDS)
 
 
 class Prediction(Base):
@@ -221,7 +228,7 @@ class Schedule(Base):
     last_fire_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"),)
+    __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"), NEVER_REUSE_IDS)
 
 
 class Fire(Base):
@@ -246,4 +253,5 @@ class Fire(Base):
     error: Mapped[str | None] = mapped_column(Text)
     promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
-    __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_fires_schedule_time"),)
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_fires_schedule_time"),
+                      NEVER_REUSE_IDS)

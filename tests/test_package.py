@@ -28,9 +28,11 @@ def _build_wheel(tmp: Path) -> Path:
         shutil.copy(ROOT / name, src / name)
     for folder in folders.values():
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--wheel-dir", str(tmp / "dist"), str(src)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--verbose",
+                            "--wheel-dir", str(tmp / "dist"), str(src)],
+                           check=True, capture_output=True, text=True, timeout=300)
+    # A folder that setuptools sees as a package but the packages list lacks (api/static did).
+    assert "is absent from the `packages` configuration" not in build.stdout + build.stderr
     return next((tmp / "dist").glob("mxq-*.whl"))
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from mxq.db import registry, schedules
 from mxq.db.engine import get_engine
 from mxq.db.migrate import MIGRATIONS, upgrade
-from mxq.db.schema import Base
+from mxq.db.schema import Base, utcnow
 from mxq.errors import Conflict
 from tests.conftest import Stack, run_cli
 
@@ -60,9 +60,52 @@ def test_0009_keeps_fires_and_fills_in_their_schedule(tmp_path: Path) -> None:
                           "'2026-01-01 03:00:00', '2026-01-01 00:00:00')"))
         conn.execute(text("INSERT INTO schedule_fires (id, schedule_id, fire_time, fired_at, manual, "
                           "missed) VALUES (7, 1, '2026-01-01 03:00:00', '2026-01-01 03:00:01', 0, 0)"))
-    assert upgrade(url) == ["0009"]
+    assert upgrade(url, "0009") == ["0009"]
     assert schedules.fire_of(url, 7) == {"schedule": "nightly", "fire_time": "2026-01-01T03:00:00+00:00",
                                          "promote": "never", "metric": "val_accuracy", "min_gain": 0.5,
                                          "removed": False}
     schedules.remove(url, "nightly")
     assert schedules.fire_of(url, 7)["removed"] is True
+
+
+def test_ids_are_never_reused_after_a_delete(isolated: Stack) -> None:
+    """SQLite without AUTOINCREMENT hands a deleted last row's id to the next insert."""
+    url = isolated.settings.database
+    def add(name: str) -> None:
+        schedules.add(url, {"name": name, "cron": "0 3 * * *", "tz": "UTC", "dataset": "d.npz",
+                            "spec": {"arch": "mlp", "name": "m"}, "promote": "never",
+                            "metric": "val_accuracy", "min_gain": 0.0, "enabled": True,
+                            "next_fire_at": utcnow()})
+
+    add("first")
+    add("second")
+    removed = schedules.get(url, "second")["id"]
+    schedules.remove(url, "second")
+    add("third")
+    assert schedules.get(url, "third")["id"] > removed
+    insert = text("INSERT INTO jobs (kind, status, params, requested_device, queue, submitted_at, "
+                  "progress, attempts) VALUES ('probe', 'failed', '{}', 'auto', 'q', "
+                  "'2026-01-01 00:00:00', 0, 0)")
+    with get_engine(url).begin() as conn:
+        conn.execute(insert)
+        deleted = conn.execute(text("SELECT max(id) FROM jobs")).scalar()
+        conn.execute(text("DELETE FROM jobs WHERE id = :id"), {"id": deleted})
+        conn.execute(insert)
+        assert conn.execute(text("SELECT max(id) FROM jobs")).scalar() == deleted + 1
+
+
+def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0009")
+    with get_engine(url).begin() as conn:
+        conn.execute(text("INSERT INTO jobs (id, kind, status, params, requested_device, queue, "
+                          "submitted_at, progress, attempts) VALUES (7, 'probe', 'succeeded', '{}', "
+                          "'auto', 'q', '2026-01-01 00:00:00', 1, 1)"))
+        conn.execute(text("INSERT INTO job_events (id, job_id, at, kind, message, data) VALUES "
+                          "(3, 7, '2026-01-01 00:00:00', 'requeued', 'm', '{}')"))
+    assert upgrade(url) == ["0010"]
+    with get_engine(url).begin() as conn:
+        assert conn.execute(text("SELECT job_id FROM job_events WHERE id = 3")).scalar() == 7
+        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'jobs'")).scalar()
+        assert "AUTOINCREMENT" in sql
+        assert conn.execute(text("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'")).scalar() == 7
