@@ -17,12 +17,8 @@ $(VENV)/.installed: pyproject.toml
 
 demo: venv
 	$(MXQ) up --detach
-	@for d in $$($(MXQ) devices --json | $(BIN)/python -c 'import json,sys; print(" ".join(r["device"] for r in json.load(sys.stdin) if r["alive"]))'); do \
-		$(MXQ) probe --device $$d --wait || exit 1; \
-	done
 	$(MXQ) demo
 	$(MXQ) devices
-	$(MXQ) jobs
 	@echo "The stack is still up: '$(MXQ) down' stops it."
 
 test: venv compose lint

@@ -1,65 +1,125 @@
-"""`mxq demo`: the main job on a running stack: bulk inference over scikit-learn's digits on
-every live device, then per-device throughput."""
+"""`mxq demo`: the main job on a running stack, with figures that mean something.
+
+It probes every live device of this node, trains a LeNet on scikit-learn's digits through the
+training path `mxq train` takes (data-parallel over the live devices of one kind), then runs bulk
+inference of that version over the digits on every device and prints, per device, throughput
+beside accuracy against the digits' labels.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
 from mxq.cli import render
-from mxq.db.history import device_records, require_job
-from mxq.db.records import ModelRecord
-from mxq.db.registry import ModelNotFound, resolve
-from mxq.workers.settings import Settings, get_settings
-from mxq.workers.submit import submit
+from mxq.cli.settings import get_settings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mxq.db.records import JobRecord
+    from mxq.workers.settings import Settings
 
 MODEL = "digits-demo"
-COLUMNS = ["device", "job", "status", "samples", "seconds", "samples_per_sec"]
+PROBE = {"size": 512, "batch": 32, "repeat": 3}  # a second or two per device
+PROBE_COLUMNS = ["device", "job", "status", "matmul_gflops", "conv_images_per_sec"]
+INFER_COLUMNS = ["device", "job", "status", "samples", "seconds", "samples_per_sec", "accuracy"]
 
 
-def demo_input(s: Settings, copies: int) -> Path:
-    """Digits images (N, 1, 8, 8), repeated `copies` times, inside the data root."""
+def demo_input(s: Settings, copies: int) -> tuple[Path, np.ndarray]:
+    """The digits as stored (pixels 0 to 16, shape N,1,8,8), repeated `copies` times, inside the
+    data root, and their labels. The trained version scales them itself (its preprocessing)."""
+    import numpy as np
     from sklearn.datasets import load_digits
 
     root = s.inputs_root
     folder = s.home_path / "demo" if s.home_path.is_relative_to(root) else root / "mxq-demo"
     folder.mkdir(parents=True, exist_ok=True)
-    images = load_digits().images.astype(np.float32)[:, None] / 16.0
-    path = folder / f"digits-x{copies}.npy"
+    digits = load_digits()
+    path = folder / f"digits-raw-x{copies}.npy"
     if not path.exists():
-        np.save(path, np.tile(images, (copies, 1, 1, 1)))
-    return path
+        np.save(path, np.tile(digits.images.astype(np.float32)[:, None], (copies, 1, 1, 1)))
+    return path, np.tile(digits.target, copies)
 
 
-def demo_model(s: Settings) -> ModelRecord:
-    try:
-        return resolve(s.database, MODEL)
-    except ModelNotFound:
-        from mxq.tasks.models import add_builtin  # loads MXNet, only here
+def _run(s: Settings, kind: str, params: dict[str, Any], devices: list[str]) -> list[JobRecord]:
+    """One job of `kind` per device, queued at once, each waited for with its progress shown."""
+    from mxq.db.history import require_job
+    from mxq.workers.submit import submit
 
-        return add_builtin(s.database, s.home_path, MODEL, "lenet", (1, 8, 8), 10)
+    ids = [submit(s, kind, params, d) for d in devices]
+    return [render.wait_for(i, lambda j: require_job(s.database, j), None) for i in ids]
 
 
-def demo(copies: Annotated[int, typer.Option(help="Repeat the 1,797 digits this often.")] = 20) -> None:
-    """Register a LeNet for digits, infer over digits on every live device, show throughput."""
-    s = get_settings()
-    devices = [d["device"] for d in device_records(s.database, s.heartbeat_ttl)
-               if d["alive"] and d["node"] == s.node]
+def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
+    """A LeNet trained on digits over the live devices of the first one's kind (GPUs first)."""
+    from mxq.db.history import require_job
+    from mxq.device import Device
+    from mxq.workers.submit import submit
+
+    kind = Device.parse(devices[0]).kind
+    group = [d for d in devices if Device.parse(d).kind == kind]
+    params = {"arch": "lenet", "dataset": "digits", "name": MODEL, "devices": len(group),
+              "device_list": group, "epochs": epochs, "batch_size": 64, "optimizer": "adam",
+              "lr": 0.005}
+    render.out.print(f"training {MODEL} (lenet) on digits over {', '.join(group)}, {epochs} epochs")
+    job_id = submit(s, "train", params, group[0])
+    render.wait_for(job_id, lambda j: require_job(s.database, j), None)
+    return require_job(s.database, job_id, with_metrics=True)  # with its epochs
+
+
+def _accuracy(s: Settings, record: JobRecord, labels: np.ndarray) -> float | None:
+    """The share of samples whose predicted class is the label (None if the job failed)."""
+    import numpy as np
+
+    from mxq.db.results import output_file
+
+    if record["status"] != "succeeded":
+        return None
+    probabilities = np.load(output_file(s.home_path, record["id"], ".npy"), mmap_mode="r")
+    return float((probabilities.argmax(axis=1) == labels).mean())
+
+
+def _live_devices(s: Settings) -> list[str]:
+    from mxq.db.history import device_records
+
+    devices = sorted((d["device"] for d in device_records(s.database, s.heartbeat_ttl)
+                      if d["alive"] and d["node"] == s.node), key=lambda d: (d[:3] != "gpu", d))
     if not devices:
         render.err.print("mxq: no live device: run `mxq up --detach` first", markup=False)
         raise typer.Exit(1)
-    model, data = demo_model(s), demo_input(s, copies)
-    render.out.print(f"model {model['name']}:{model['version']}, input {data} "
-                     f"({copies * 1797:,} samples), devices {', '.join(devices)}")
-    ids = {d: submit(s, "infer", {"model": MODEL, "input": str(data), "batch_size": 256}, d)
-           for d in devices}
-    rows = []
-    for device, job_id in ids.items():
-        record = render.wait_for(job_id, lambda i: require_job(s.database, i), None)
-        rows.append({**record, "job": job_id, "device": device})
-    render.table(rows, COLUMNS, "bulk inference per device")
-    if any(r["status"] != "succeeded" for r in rows):
+    return devices
+
+
+def demo(copies: Annotated[int, typer.Option(min=1, max=1000, help="Repeat the 1,797 digits this often for inference.")] = 20,  # noqa: E501
+         epochs: Annotated[int, typer.Option(min=1, max=100, help="Training epochs over the digits.")] = 8) -> None:  # noqa: E501
+    """Probe every live device, train a LeNet on digits, infer with it on every device: accuracy
+    and throughput per device."""
+    s = get_settings()
+    devices = _live_devices(s)
+    probes = _run(s, "probe", PROBE, devices)
+    render.table([{**(r["result"] or {}), **r, "job": r["id"], "device": d}
+                  for d, r in zip(devices, probes, strict=True)], PROBE_COLUMNS, "probe per device")
+    trained = _train(s, devices, epochs)
+    if trained["status"] != "succeeded":
+        render.err.print(f"mxq: training job {trained['id']} {trained['status']}: {trained['error']}",
+                         markup=False)
+        raise typer.Exit(1)
+    version = (trained["result"] or {})["model_version"]
+    epochs_run = trained.get("epochs") or []
+    val = epochs_run[-1].get("val_accuracy") if epochs_run else None
+    render.out.print(f"trained {MODEL}:{version} in {trained['seconds'] or 0:.1f} s, "
+                     f"{trained['samples_per_sec'] or 0:,.0f} samples/s"
+                     + (f", validation accuracy {val:.3f}" if val is not None else ""))
+    data, labels = demo_input(s, copies)
+    render.out.print(f"bulk inference of {MODEL}:{version} over {data} ({len(labels):,} samples) "
+                     f"on {', '.join(devices)}")
+    runs = _run(s, "infer", {"model": f"{MODEL}:{version}", "input": str(data), "batch_size": 256,
+                             "output": "npy"}, devices)
+    rows = [{**r, "job": r["id"], "device": d, "accuracy": _accuracy(s, r, labels)}
+            for d, r in zip(devices, runs, strict=True)]
+    render.table(rows, INFER_COLUMNS, "bulk inference per device (accuracy against the labels)")
+    if any(r["status"] != "succeeded" for r in [*probes, *runs]):
         raise typer.Exit(1)

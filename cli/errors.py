@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError, ProgrammingError
+import sys
+from typing import TYPE_CHECKING
 
 from mxq.errors import JobRejected, MxqError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 EXIT_USAGE = 2
 EXIT_JOB_FAILED = 1
@@ -34,8 +37,21 @@ def describe(exc: BaseException) -> str | None:
     """The one-line message for a known failure, or None for a real bug."""
     if isinstance(exc, MxqError):
         return str(exc)
-    if isinstance(exc, ValidationError):
-        return settings_message(exc)
+    # A pydantic or SQLAlchemy error can only come from a command that imported them; asking
+    # otherwise would import them for nothing (tests/test_cli_start.py).
+    if "pydantic" in sys.modules:
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            return settings_message(exc)
+    if "sqlalchemy" in sys.modules:
+        return _database_message(exc)
+    return None
+
+
+def _database_message(exc: BaseException) -> str | None:
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
     if isinstance(exc, OperationalError | ProgrammingError):
         reason = str(exc.orig or exc).strip().splitlines()[0]
         if "no such table" in reason or "does not exist" in reason or "unable to open" in reason:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,12 +15,16 @@ from mxq.cli import models as models_cli
 from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from mxq.db.history import JobFilter, list_jobs, pool_depths, require_job
-from mxq.db.records import JobRecord
-from mxq.db.schema import utcnow
+from mxq.cli.settings import get_settings
 from mxq.since import parse_since
-from mxq.workers.settings import Settings, get_settings
-from mxq.workers.status import device_table
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
+    from mxq.workers.settings import Settings
+
+# Each command imports what it uses (SQLAlchemy, Celery, Redis, NumPy) when it runs, so that
+# `mxq --help` and the commands that only read or submit start fast; tests/test_cli_start.py
+# keeps the heavy modules out of `import mxq.cli.main`.
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
@@ -37,7 +41,7 @@ CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "att
                "samples", "seconds", "samples_per_sec", "submitted_at", "started_at", "finished_at",
                "model", "model_version", "parent_id", "error"]
 def _since(text: str | None) -> datetime | None:
-    return None if text is None else parse_since(text, utcnow())
+    return None if text is None else parse_since(text, datetime.now(UTC))
 
 
 @app.command()
@@ -46,6 +50,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
     from mxq.workers.embedded import EmbeddedRedis
     from mxq.workers.stack import prepare, run_launcher, up_detached
+    from mxq.workers.status import device_table
 
     s = get_settings()
     started = prepare(s)
@@ -104,6 +109,7 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
            with_schedule: Annotated[bool, typer.Option("--with-schedule", hidden=True)] = False,
            json_: JsonOpt = False) -> None:
     """Start and supervise one pinned Celery worker per device of this node."""
+    from mxq.workers.settings import Settings
     from mxq.workers.stack import prepare, run_launcher
 
     s = Settings(node=node) if node else get_settings()
@@ -253,6 +259,7 @@ def results(job_id: int,
     """The predictions of an inference job (CSV: index,predicted_class,score[,top-k]), or all of
     them exported as a Parquet file (`--format parquet --out FILE`)."""
     from mxq.db import results as stored
+    from mxq.db.history import require_job
 
     if format not in ("table", "json", "csv", "parquet"):
         raise typer.BadParameter(f"{format!r}: expected table, json, csv or parquet", param_hint="--format")
@@ -300,6 +307,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
                        wait: bool, json_: bool) -> None:
+    from mxq.db.history import require_job
     from mxq.workers.submit import submit
 
     s = get_settings()
@@ -330,6 +338,9 @@ def _show_job(record: JobRecord, json_: bool) -> None:
 @app.command()
 def devices(json_: JsonOpt = False) -> None:
     """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat."""
+    from mxq.db.history import pool_depths
+    from mxq.workers.status import device_table
+
     s = get_settings()
     records = device_table(s)
     if json_:
@@ -354,6 +365,8 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
     if status is not None and status not in allowed:
         raise typer.BadParameter(f"{status!r}: expected one of {', '.join(allowed)}",
                                  param_hint="--status")
+    from mxq.db.history import JobFilter, list_jobs
+
     s = get_settings()
     rows = list_jobs(s.database, JobFilter(status, kind, device, node, _since(since), limit))
     if format not in ("table", "json", "csv"):
@@ -371,6 +384,7 @@ def cancel(job_id: int,
            wait: Annotated[bool, typer.Option("--wait", help="Wait until it has stopped.")] = False,
            json_: JsonOpt = False) -> None:
     """Cancel a job: at once if queued, at its next batch or epoch boundary if running."""
+    from mxq.db.history import require_job
     from mxq.workers.cancel import MESSAGES, cancel_job
 
     s = get_settings()
@@ -387,6 +401,8 @@ def cancel(job_id: int,
 @app.command()
 def job(job_id: int, json_: JsonOpt = False) -> None:
     """One job's full record; exits 1 when the job failed or was cancelled."""
+    from mxq.db.history import require_job
+
     _show_job(require_job(get_settings().database, job_id, with_metrics=True), json_)
 
 

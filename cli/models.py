@@ -9,10 +9,8 @@ import typer
 from typer.core import TyperGroup
 
 from mxq.cli import render
-from mxq.db.registry import list_models, promote, resolve
+from mxq.cli.settings import get_settings
 from mxq.errors import UserError
-from mxq.preprocess import Preprocess
-from mxq.workers.settings import get_settings
 
 
 class _NameMeansShow(TyperGroup):
@@ -49,6 +47,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
 
 def describe(stored: dict[str, Any]) -> str:
     """A version's preprocessing in one short line: `x*0.00392 -0.5 /0.25 NCHW`, or `none`."""
+    from mxq.preprocess import Preprocess  # NumPy: imported by the commands that show versions
+
     spec = Preprocess.from_dict(stored)
     if spec.identity:
         return "none"
@@ -59,6 +59,8 @@ def describe(stored: dict[str, Any]) -> str:
 
 
 def _list(name: str | None, json_: bool) -> None:
+    from mxq.db.registry import list_models
+
     rows = list_models(get_settings().database, name)
     if json_:
         render.print_json(rows)
@@ -76,6 +78,8 @@ def models(ctx: typer.Context, json_: Annotated[bool, typer.Option("--json")] = 
 @app.command()
 def show(name: str, json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The versions of NAME with their metrics."""
+    from mxq.db.registry import resolve
+
     resolve(get_settings().database, name)  # an unknown name is an error, not an empty list
     _list(name, json_)
 
@@ -96,6 +100,8 @@ def add(name: str,
     """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params).
 
     The worker feeds it (x * scale - mean) / std; with none given, inputs as they are stored."""
+    from mxq.preprocess import Preprocess
+
     prep = Preprocess.parse(scale, mean, std, layout)  # refused before MXNet is even loaded
     from mxq.tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
 
@@ -120,5 +126,7 @@ def add(name: str,
 @app.command("promote")
 def promote_cmd(name: str, version: int) -> None:
     """Make VERSION the one `mxq infer NAME` uses."""
+    from mxq.db.registry import promote
+
     record = promote(get_settings().database, name, version)
     render.out.print(f"{record['name']}:{record['version']} is promoted")

@@ -15,7 +15,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mxq.db.records import JobRecord
-from mxq.db.results import prediction_csv
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
 WIDTH = shutil.get_terminal_size((160, 24)).columns
@@ -82,6 +81,8 @@ def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
         print_json(rows)
         return
     if fmt == "csv":
+        from mxq.db.results import prediction_csv  # Parquet and SQLAlchemy: only for this command
+
         csv.writer(sys.stdout, lineterminator="\n").writerows(prediction_csv(rows))
         return
     k = max((len(r["top_k"] or []) for r in rows), default=0)

@@ -8,9 +8,7 @@ import typer
 
 from mxq.cli import render
 from mxq.cli.models import parse_shape
-from mxq.db import schedules
-from mxq.workers.fires import add_schedule, resume, run_now
-from mxq.workers.settings import get_settings
+from mxq.cli.settings import get_settings
 
 app = typer.Typer(help="Scheduled retraining: add, list, show, pause, resume, rm, run-now.",
                   no_args_is_help=True)
@@ -35,6 +33,8 @@ def add(name: str,
         dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
         input_shape: str | None = None, json_: JsonOpt = False) -> None:
     """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time."""
+    from mxq.workers.fires import add_schedule
+
     spec = {"arch": arch, "name": model, "devices": devices,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
@@ -50,6 +50,8 @@ def add(name: str,
 @app.command("list")
 def list_(json_: JsonOpt = False) -> None:
     """Every schedule with its next fire time."""
+    from mxq.db import schedules
+
     rows = schedules.list_schedules(get_settings().database)
     if json_:
         render.print_json(rows)
@@ -60,6 +62,8 @@ def list_(json_: JsonOpt = False) -> None:
 @app.command()
 def show(name: str, json_: JsonOpt = False) -> None:
     """One schedule and its fires, with their jobs, outcomes and promotion decisions."""
+    from mxq.db import schedules
+
     s = get_settings()
     record = {**schedules.get(s.database, name), "fires": schedules.fires(s.database, name)}
     record.pop("id")
@@ -73,6 +77,8 @@ def show(name: str, json_: JsonOpt = False) -> None:
 @app.command()
 def pause(name: str) -> None:
     """Stop firing until resumed."""
+    from mxq.db import schedules
+
     schedules.set_enabled(get_settings().database, name, False)
     render.out.print(f"schedule {name} paused")
 
@@ -80,13 +86,17 @@ def pause(name: str) -> None:
 @app.command("resume")
 def resume_cmd(name: str) -> None:
     """Fire again from the next cron time (fires missed while paused are skipped)."""
+    from mxq.workers.fires import resume
+
     resume(get_settings(), name)
     render.out.print(f"schedule {name} resumed")
 
 
 @app.command()
 def rm(name: str) -> None:
-    """Delete the schedule and its fire history (its jobs and models stay)."""
+    """Delete the schedule; its fires stay as the history of the jobs they started."""
+    from mxq.db import schedules
+
     schedules.remove(get_settings().database, name)
     render.out.print(f"schedule {name} removed")
 
@@ -94,6 +104,9 @@ def rm(name: str) -> None:
 @app.command("run-now")
 def run_now_cmd(name: str, json_: JsonOpt = False) -> None:
     """Fire once, now."""
+    from mxq.db import schedules
+    from mxq.workers.fires import run_now
+
     s = get_settings()
     fire_id = run_now(s, name)
     fire = next(f for f in reversed(schedules.fires(s.database, name)) if f["manual"])

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING, Any, Literal
 
 from mxq.errors import UserError
+
+if TYPE_CHECKING:  # NumPy is imported by `apply`: the registry reads rules, the CLI starts fast
+    import numpy as np
+    from numpy.typing import NDArray
 
 LAYOUTS = ("NCHW", "NHWC")
 Layout = Literal["NCHW", "NHWC"]
@@ -105,6 +106,8 @@ class Preprocess:
 
     def _per_channel(self, values: tuple[float, ...], ndim: int) -> NDArray[np.float32]:
         """`values` shaped to broadcast over a batch of `ndim` dimensions on the channel axis."""
+        import numpy as np
+
         array = np.asarray(values, dtype=np.float32)
         if len(values) == 1:
             return array.reshape(())
@@ -114,6 +117,8 @@ class Preprocess:
 
     def apply(self, batch: NDArray[Any]) -> NDArray[np.float32]:
         """A batch (N, *sample_shape) as the model expects it, in float32."""
+        import numpy as np
+
         x = np.asarray(batch, dtype=np.float32)
         if self.identity:
             return x

@@ -6,6 +6,7 @@ test_stack.py, conftest.py, test_devices.py and test_api.py."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -132,9 +133,16 @@ def _schedule(s: Stack, made: dict) -> None:
 
 
 def _demo(s: Stack, made: dict) -> None:
-    proc = s.mxq_process("demo", "--copies", "1", timeout=300)
+    """Probe, train on digits over both devices, infer on each: the trained version is accurate."""
+    proc = s.mxq_process("demo", "--copies", "1", "--epochs", "4", timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "cpu:0" in proc.stdout and "cpu:1" in proc.stdout
+    assert re.search(r"training digits-demo \(lenet\) on digits over cpu:0, cpu:1", proc.stdout)
+    inference = proc.stdout.split("bulk inference per device")[-1]
+    accuracy = {cells[0]: float(cells[-1]) for line in inference.splitlines()
+                if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) > 1
+                and cells[0].startswith("cpu:")}
+    assert set(accuracy) == {"cpu:0", "cpu:1"}, proc.stdout
+    assert min(accuracy.values()) > 0.8, accuracy  # random weights score about 0.1
 
 
 def _scheduler(s: Stack, made: dict) -> None:
