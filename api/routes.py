@@ -82,9 +82,12 @@ def submit_job(req: JobRequest, s: Settings = Depends(settings)) -> dict[str, An
 
 
 @router.get("/jobs/{job_id}")
-def job(job_id: int, s: Settings = Depends(settings)) -> dict[str, Any]:
+def job(job_id: int, points: Annotated[int | None, Query(
+            ge=2, le=100_000, description="At most this many throughput points per device: "
+            "consecutive ones merged (samples and seconds summed). Default: every point.")] = None,
+        s: Settings = Depends(settings)) -> dict[str, Any]:
     """One job with its throughput over time (and epochs, for training)."""
-    return _job_or_404(s, job_id, full=True)
+    return cast(dict[str, Any], require_job(s.database, job_id, with_metrics=True, points=points))
 
 
 @router.post("/jobs/{job_id}/cancel", dependencies=[Write])

@@ -54,42 +54,64 @@ def job_record(job: Job) -> JobRecord:
         "parent_id": job.parent_id,
         "chunk_index": job.chunk_index,
         "chunks": job.chunks,
-        "model": job.params.get("model"),
+        # Inference names the model it serves `model`, training the one it registers `name`.
+        "model": job.params.get("model") or (job.params.get("name") if job.kind == "train" else None),
         "model_version": (job.result or {}).get("model_version", job.params.get("model_version")),
         "output": (job.result or {}).get("output"),
         "devices": job.devices,
     }
 
 
-def metrics(url: str, job_id: int) -> list[MetricPoint]:
-    """Throughput over time of a job and, for a parent, of its chunks."""
+def metrics(url: str, job_id: int, points: int | None = None) -> list[MetricPoint]:
+    """Throughput over time of a job and, for a parent, of its chunks; with `points`, at most
+    that many per job (or chunk) and device: consecutive steps merged in SQL (their samples and
+    seconds summed, so each merged point's rate is the true rate over its span; a day-long job
+    has ~86,000 points, which a chart refreshed every 2 s should not fetch whole)."""
     with session_scope(url) as session:
         ids = [job_id, *session.scalars(select(Job.id).where(Job.parent_id == job_id))]
-        rows = session.scalars(select(JobMetric).where(JobMetric.job_id.in_(ids))
-                               .order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
-        return [{"job_id": m.job_id, "step": m.step, "at": iso(m.at), "device": m.device,
-                 "samples": m.samples, "seconds": m.seconds, "samples_per_sec": m.samples_per_sec}
-                for m in rows]
+        mine = JobMetric.job_id.in_(ids)
+        width = 1  # steps per merged point: a job's steps count up from 0 (over its devices)
+        if points is not None:
+            last = session.scalar(select(func.max(JobMetric.step)).where(mine))
+            width = max(1, -(-((last or 0) + 1) // points))
+        if width == 1:
+            rows = session.execute(select(JobMetric.job_id, JobMetric.step, JobMetric.at,
+                                          JobMetric.device, JobMetric.samples, JobMetric.seconds)
+                                   .where(mine).order_by(JobMetric.at, JobMetric.job_id, JobMetric.step))
+        else:
+            bucket = JobMetric.step // width
+            rows = session.execute(
+                select(JobMetric.job_id, func.max(JobMetric.step), func.max(JobMetric.at),
+                       JobMetric.device, func.sum(JobMetric.samples), func.sum(JobMetric.seconds))
+                .where(mine).group_by(JobMetric.job_id, JobMetric.device, bucket)
+                .order_by(func.max(JobMetric.at), JobMetric.job_id, func.max(JobMetric.step)))
+        return [{"job_id": j, "step": step, "at": iso(at), "device": device, "samples": int(n),
+                 "seconds": float(t), "samples_per_sec": float(n) / float(t) if t else 0.0}
+                for j, step, at, device, n, t in rows]
 
 
 class JobNotFound(NotFound):
     """No such job."""
 
 
-def require_job(url: str, job_id: int, with_metrics: bool = False) -> JobRecord:
+def require_job(url: str, job_id: int, with_metrics: bool = False,
+                points: int | None = None) -> JobRecord:
     """The job's record (`get_job`); JobNotFound when there is none."""
-    record = get_job(url, job_id, with_metrics)
+    record = get_job(url, job_id, with_metrics, points)
     if record is None:
         raise JobNotFound(f"no job {job_id}")
     return record
 
 
-def get_job(url: str, job_id: int, with_metrics: bool = False) -> JobRecord | None:
+def get_job(url: str, job_id: int, with_metrics: bool = False,
+            points: int | None = None) -> JobRecord | None:
+    """The job's record; `with_metrics` adds its throughput points (at most about `points` per
+    device, merged: `metrics`), events and, for training, epochs and schedule."""
     with session_scope(url) as session:
         job = session.get(Job, job_id)
         record = job_record(job) if job else None
     if record and with_metrics:
-        record["metrics"] = metrics(url, job_id)
+        record["metrics"] = metrics(url, job_id, points)
         record["events"] = list_events(url, job_id)
         if record["kind"] == "train":
             record["epochs"] = list_epochs(url, job_id)

@@ -107,6 +107,14 @@ def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
                            for k in labels}}
 
 
+def _record_throughput(url: str, job_id: int, r: EpochResult) -> None:
+    """One throughput point per device per epoch, as inference records one per flush, so the
+    job's chart and `mxq_device_samples_per_second` show training too."""
+    for i, (device, rate) in enumerate(sorted(r.per_device.items())):
+        jobs.record_metric(url, job_id, (r.epoch - 1) * len(r.per_device) + i, device,
+                           round(rate * r.seconds), r.seconds)
+
+
 def main(job_id: int, devices: list[str]) -> int:
     s = get_settings()
     url = s.database
@@ -148,6 +156,7 @@ def main(job_id: int, devices: list[str]) -> int:
             net.save_parameters(f"{prefix}.params")
             trainer.save_states(f"{prefix}.states")
         epoch_rows.record(url, job_id, {**r.__dict__, "checkpoint": str(prefix) if rank == 0 else None})
+        _record_throughput(url, job_id, r)
         jobs.set_progress(url, job_id, r.epoch / p.epochs)
         if p.dist is not None:
             epoch_rows.merge_parts(url, p.dist.parent)  # the job's epoch, once every node has it

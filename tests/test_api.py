@@ -5,14 +5,19 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
+from datetime import timedelta
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from sqlalchemy import insert
 
 from mxq.api import routes
 from mxq.api.app import app
+from mxq.db import jobs
+from mxq.db.engine import session_scope
+from mxq.db.schema import JobMetric, utcnow
 from tests.conftest import FINAL, NODE, Stack, wait_until
 
 TOKEN = "s3cret-token"
@@ -175,3 +180,28 @@ def test_a_parquet_jobs_predictions_are_served_from_its_file(client: TestClient,
     cli_csv = workers.mxq("results", str(job["id"]), "--format", "csv", "--limit", "5").stdout
     assert api_csv == cli_csv and api_csv.splitlines()[0] == \
         "index,predicted_class,score,top_1,top_score_1,top_2,top_score_2"
+
+
+@pytest.mark.both_legs  # merged in SQL: integer division and grouping on either backend
+def test_a_jobs_throughput_is_merged_to_the_points_asked(client: TestClient, workers: Stack) -> None:
+    """A long job's chart gets at most `points` per device, and merging keeps every sample."""
+    url = workers.settings.database
+    job_id = jobs.create_job(url, "infer", {}, "auto", "pool.cpu", "a job with synthetic points")
+    start = utcnow()
+    with session_scope(url) as session:
+        session.execute(insert(JobMetric), [
+            {"job_id": job_id, "step": i, "at": start + timedelta(seconds=i),
+             "device": f"cpu:{i % 2}", "samples": 100 + i % 7, "seconds": 1.0 + i % 3,
+             "samples_per_sec": (100 + i % 7) / (1.0 + i % 3)} for i in range(5000)])
+    whole = client.get(f"/api/v1/jobs/{job_id}").json()["metrics"]
+    merged = client.get(f"/api/v1/jobs/{job_id}", params={"points": 400}).json()["metrics"]
+    assert len(whole) == 5000
+    for device in ("cpu:0", "cpu:1"):
+        points = [p for p in merged if p["device"] == device]
+        assert 0 < len(points) <= 400
+        assert sum(p["samples"] for p in points) == sum(p["samples"] for p in whole if p["device"] == device)
+        assert sum(p["seconds"] for p in points) == pytest.approx(
+            sum(p["seconds"] for p in whole if p["device"] == device))
+        assert all(p["samples_per_sec"] == pytest.approx(p["samples"] / p["seconds"]) for p in points)
+    assert [p["at"] for p in merged] == sorted(p["at"] for p in merged)
+    assert client.get(f"/api/v1/jobs/{job_id}", params={"points": 1}).status_code == 422

@@ -52,6 +52,12 @@ def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str
                           text=True, timeout=120)
 
 
+def _chart(dom: str) -> str:
+    """The rendered throughput chart of a dumped page."""
+    chart = dom[dom.index('id="throughput-chart"'):]
+    return chart[:chart.index("</svg>")]
+
+
 def test_dashboard_lists_jobs_and_shows_a_throughput_chart(workers: Stack, mlp: dict, api_url: str,
                                                            tmp_path: Path) -> None:
     s = workers.settings
@@ -63,10 +69,18 @@ def test_dashboard_lists_jobs_and_shows_a_throughput_chart(workers: Stack, mlp: 
     page = f"{api_url}#job={infer}"
     dom = _chromium(["--dump-dom", page], tmp_path / "p1").stdout
     assert f'data-job-id="{infer}"' in dom and f'data-job-id="{probe}"' in dom
-    chart = dom[dom.index('id="throughput-chart"'):]
-    chart = chart[:chart.index("</svg>")]
+    chart = _chart(dom)
     assert "<polyline" in chart and 'class="series' in chart
     assert "no throughput points yet" not in chart
+    done = _chart(_chromium(["--dump-dom", f"{api_url}#job={probe}"], tmp_path / "p3").stdout)
+    assert "no throughput points recorded" in done and "no throughput points yet" not in done
+
+    train = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "dash-train",
+                                "epochs": 2, "devices": 2}, "cpu:0")
+    assert workers.wait(train, timeout=300)["status"] == "succeeded"
+    trained = _chromium(["--dump-dom", f"{api_url}#job={train}"], tmp_path / "p4").stdout
+    assert "<dt>model</dt><dd>dash-train v1</dd>" in trained  # was "model —"
+    assert _chart(trained).count("<polyline") == 2  # one line per device
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / f"dashboard-{workers.name}.png"
     shot.unlink(missing_ok=True)

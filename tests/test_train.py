@@ -56,6 +56,14 @@ def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) 
     assert last["val_accuracy"] >= 0.9, job["epochs"]
     assert set(last["per_device"]) == {"cpu:0", "cpu:1"} and last["samples_per_sec"] > 0
     assert job["model_version"] == 1 and job["attempts"] == 1
+    assert job["model"] == "digits-cnn"  # the dashboard's "model" of a training job
+    # One throughput point per device per epoch, each device's share of the epoch's samples.
+    points = job["metrics"]
+    assert sorted((p["step"], p["device"]) for p in points) == \
+        [(2 * e + i, d) for e in range(5) for i, d in enumerate(["cpu:0", "cpu:1"])]
+    for e in job["epochs"]:
+        mine = [p for p in points if p["step"] // 2 == e["epoch"] - 1]
+        assert sum(p["samples"] for p in mine) == pytest.approx(e["samples_per_sec"] * e["seconds"], abs=2)
     models = workers.mxq_json("models", "digits-cnn")
     assert models[0]["metrics"]["val_accuracy"] == last["val_accuracy"]
     assert models[0]["source"] == f"train:job-{job['id']}"
