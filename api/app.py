@@ -1,19 +1,24 @@
 """The FastAPI app: `/api/v1`, the dashboard at `/`, Prometheus metrics at `/metrics`.
 
-Errors are JSON `{"detail": "..."}` with the status that fits: 404 unknown, 409 exists,
-413 body too large, 422 bad input (a rejected job also names its failed job id), 401 no token,
-503 a server down.
+Every error is an RFC 9457 problem document (`application/problem+json`: `type`, `title`,
+`status`, `detail`, and `job_id` for a request recorded as a failed job) with the status that
+fits: 401 no token, 404 unknown, 405 method (with `Allow`), 409 exists, 413 body too large,
+422 bad input, 503 a server down. The OpenAPI description declares each route's.
 """
 
 from __future__ import annotations
 
+import re
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mxq.api.metrics import render_metrics
@@ -31,12 +36,46 @@ def status_of(exc: Exception) -> int:
     return next((status for kind, status in STATUS if isinstance(exc, kind)), 500)
 
 
+PROBLEM = "application/problem+json"
+# What FastAPI says when a body is not text it can decode as JSON (bytes that are not UTF-8).
+UNPARSED_BODY = "There was an error parsing the body"
+
+
+def problem(status: int, detail: str, headers: dict[str, str] | None = None,
+            **extra: Any) -> JSONResponse:
+    """The one error shape (RFC 9457); `extra` adds members such as a rejected job's `job_id`."""
+    body = {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status,
+            "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM)
+
+
 async def _expected(_request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, OperationalError):
-        body: dict[str, Any] = {"detail": "database unavailable: " + str(exc.orig or exc).splitlines()[0]}
-    else:
-        body = {"detail": str(exc), **(exc.details() if isinstance(exc, MxqError) else {})}
-    return JSONResponse(body, status_code=status_of(exc))
+        return problem(503, "database unavailable: " + str(exc.orig or exc).splitlines()[0])
+    return problem(status_of(exc), str(exc), **(exc.details() if isinstance(exc, MxqError) else {}))
+
+
+def _allowed(request: Request) -> str | None:
+    """Every method the OpenAPI description gives the request's path (Starlette's own 405 names
+    only the first route it matched), with HEAD beside GET; None for a path it does not list."""
+    path = request.url.path
+    for template, operations in request.app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods = {m.upper() for m in operations} | ({"HEAD"} if "get" in operations else set())
+            return ", ".join(sorted(methods))
+    return None
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's and FastAPI's own errors (401, 404 no such route, 405, 413) as problems; a body
+    FastAPI could not decode is bad input like any other malformed JSON."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == UNPARSED_BODY:
+        return problem(422, "malformed JSON body: it is not UTF-8 text")
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed(request) or headers.get("Allow", "")
+    return problem(exc.status_code, str(exc.detail), headers)
 
 
 def _too_large(limit: int, length: int | None = None) -> str:
@@ -59,8 +98,7 @@ class BodyLimit:
         limit = overrides.get(settings, settings)().max_body_bytes
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await JSONResponse({"detail": _too_large(limit, int(length))}, status_code=413)(
-                scope, receive, send)
+            await problem(413, _too_large(limit, int(length)))(scope, receive, send)
             return
         received = 0
 
@@ -90,7 +128,17 @@ async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
                             f"{e.get('ctx', {}).get('error', e['msg'])}")
         else:
             problems.append(f"{_where(e['loc']) or 'body'}={e.get('input')!r}: {e['msg']}")
-    return JSONResponse({"detail": "invalid request: " + "; ".join(problems)}, status_code=422)
+    return problem(422, "invalid request: " + "; ".join(problems))
+
+
+def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+    """Declare every error answer as `application/problem+json`, as the handlers send it."""
+    for operation in (op for path in schema.get("paths", {}).values() for op in path.values()):
+        for status, answer in operation.get("responses", {}).items():
+            content = answer.get("content", {})
+            if status[0] in "45" and "application/json" in content:
+                content[PROBLEM] = content.pop("application/json")
+    return schema
 
 
 def create_app() -> FastAPI:
@@ -101,7 +149,17 @@ def create_app() -> FastAPI:
     app.add_exception_handler(MxqError, _expected)
     app.add_exception_handler(OperationalError, _expected)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
     app.add_middleware(BodyLimit)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _problem_media_types(get_openapi(
+                title=app.title, version=app.version, description=app.description,
+                routes=app.routes))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:

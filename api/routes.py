@@ -1,60 +1,89 @@
 """`/api/v1`: jobs, predictions, devices, models, schedules. Reads are open; writes need the
-bearer token when MXQ_API_TOKEN is set."""
+bearer token when MXQ_API_TOKEN is set. Bodies and answers are typed in `mxq.api.schemas`; each
+route declares the errors it can answer, all as problem documents (`mxq.api.app`)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import secrets
-from typing import Annotated, Any, Literal, cast
+from http import HTTPStatus
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from mxq.api.schemas import (
+    SINCE_AGE_PATTERN,
+    CancelAnswer,
+    DeviceRecord,
+    JobPage,
+    JobRecord,
+    JobRequest,
+    ModelRecord,
+    PredictionPage,
+    Problem,
+    PromoteRequest,
+    ScheduleDetail,
+    ScheduleRecord,
+    ScheduleRequest,
+    Status,
+)
 from mxq.db import registry, results, schedules
 from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
 from mxq.since import parse_since
 from mxq.workers.cancel import cancel_job
 from mxq.workers.fires import add_schedule, resume, run_now
+from mxq.workers.jobspecs import TrainOptions
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.status import device_table
 from mxq.workers.submit import submit
 
 router = APIRouter(prefix="/api/v1")
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+MAX_ID = 2**31 - 1  # ids and offsets fit PostgreSQL's integer
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
+Name = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
+bearer = HTTPBearer(auto_error=False, description="MXQ_API_TOKEN, when the server has one set.")
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI entries of the errors a route can answer: each a Problem document."""
+    return {status: {"model": Problem, "description": HTTPStatus(status).phrase}
+            for status in sorted({*statuses, 422, 503})}
 
 
 def settings() -> Settings:
     return get_settings()
 
 
-def writer(authorization: Annotated[str | None, Header()] = None,
+def writer(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
            s: Settings = Depends(settings)) -> None:
     """Writes need `Authorization: Bearer <MXQ_API_TOKEN>` (compared in constant time)."""
     token = s.api_token.get_secret_value() if s.api_token else None
     if token is None:
         return  # no token set: the server listens on loopback only
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
+    given = credentials.credentials.strip() if credentials else ""
+    if not secrets.compare_digest(given.encode(), token.encode()):
         raise HTTPException(401, "this endpoint needs the header Authorization: Bearer <MXQ_API_TOKEN>",
                             headers={"WWW-Authenticate": "Bearer"})
 
 
 Write = Depends(writer)
+WRITE_ERRORS = (401, 413)
 
 
-def _job_or_404(s: Settings, job_id: int, full: bool = False) -> dict[str, Any]:
-    # Served as it is: the routes' responses are plain JSON objects in the API's spec.
-    return cast(dict[str, Any], require_job(s.database, job_id, with_metrics=full))
-
-
-@router.get("/jobs")
+@router.get("/jobs", response_model=JobPage, responses=problems())
 def jobs(status: Status | None = None, kind: str | None = None, device: str | None = None,
          node: str | None = None,
-         since: Annotated[str | None, Query(description="An age (30m, 2h, 1d) or an ISO time.")] = None,
+         since: Annotated[str | None, Query(
+             description="An age (45s, 30m, 2h, 1d) or an ISO 8601 date or time (UTC unless it "
+             "names a zone).", json_schema_extra={"anyOf": [
+                 {"type": "string", "pattern": SINCE_AGE_PATTERN},
+                 {"type": "string", "format": "date-time"}, {"type": "string", "format": "date"}]})] = None,
          limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-         offset: Annotated[int, Query(ge=0)] = 0, s: Settings = Depends(settings)) -> dict[str, Any]:
+         offset: Offset = 0, s: Settings = Depends(settings)) -> Any:
     """Job history, newest first, filtered like `mxq jobs`, in pages."""
     f = JobFilter(status, kind, device, node, None if since is None else parse_since(since, utcnow()),
                   limit, offset)
@@ -62,46 +91,47 @@ def jobs(status: Status | None = None, kind: str | None = None, device: str | No
             "limit": limit, "offset": offset}
 
 
-class JobRequest(BaseModel):
-    """`kind` plus the options of the matching CLI command (`device`, `allow_offline` route it)."""
-
-    model_config = ConfigDict(extra="allow")
-    kind: Literal["probe", "infer", "train"]
-    device: str = "auto"
-    allow_offline: bool = False
-
-
-@router.post("/jobs", status_code=201, dependencies=[Write])
-def submit_job(req: JobRequest, s: Settings = Depends(settings)) -> dict[str, Any]:
-    params = dict(req.model_extra or {})
+@router.post("/jobs", status_code=201, dependencies=[Write], response_model=JobRecord,
+             responses=problems(*WRITE_ERRORS))
+def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")],
+               s: Settings = Depends(settings)) -> Any:
+    """Queue a job. A request the schema refuses is answered 422 and recorded nowhere; one that
+    fits but cannot run (an unknown model, an input outside the data root or over the size
+    limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`."""
+    params = req.model_dump(exclude={"kind", "device", "allow_offline"})
     device = req.device
-    if req.kind == "train" and isinstance(params.get("device_list"), list) and params["device_list"]:
+    if req.kind == "train" and params.get("device_list"):
         device = params["device_list"][0]
     job_id = submit(s, req.kind, params, device, req.allow_offline)
-    return _job_or_404(s, job_id)
+    return require_job(s.database, job_id)
 
 
-@router.get("/jobs/{job_id}")
-def job(job_id: int, points: Annotated[int | None, Query(
+@router.get("/jobs/{job_id}", response_model=JobRecord, responses=problems(404))
+def job(job_id: JobId, points: Annotated[int | None, Query(
             ge=2, le=100_000, description="At most this many throughput points per device: "
             "consecutive ones merged (samples and seconds summed). Default: every point.")] = None,
-        s: Settings = Depends(settings)) -> dict[str, Any]:
+        s: Settings = Depends(settings)) -> Any:
     """One job with its throughput over time (and epochs, for training)."""
-    return cast(dict[str, Any], require_job(s.database, job_id, with_metrics=True, points=points))
+    return require_job(s.database, job_id, with_metrics=True, points=points)
 
 
-@router.post("/jobs/{job_id}/cancel", dependencies=[Write])
-def cancel(job_id: int, s: Settings = Depends(settings)) -> dict[str, Any]:
-    _job_or_404(s, job_id)
+@router.post("/jobs/{job_id}/cancel", dependencies=[Write], response_model=CancelAnswer,
+             responses=problems(404, *WRITE_ERRORS))
+def cancel(job_id: JobId, s: Settings = Depends(settings)) -> Any:
+    """Cancel at once if queued, at the next batch or epoch boundary if running."""
+    require_job(s.database, job_id)
     outcome = cancel_job(s, job_id)
-    return {"outcome": outcome.value, **_job_or_404(s, job_id)}
+    return {"outcome": outcome.value, **require_job(s.database, job_id)}
 
 
-@router.get("/jobs/{job_id}/predictions")
-def job_predictions(job_id: int, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-                    offset: Annotated[int, Query(ge=0)] = 0,
-                    format: Literal["json", "csv"] = "json",
+@router.get("/jobs/{job_id}/predictions", response_model=PredictionPage, responses={
+    **problems(404), 200: {"description": "A page of predictions: JSON, or with format=csv the CSV "
+                           "`mxq results --format csv` prints",
+                           "content": {"text/csv": {"schema": {"type": "string"}}}}})
+def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+                    offset: Offset = 0, format: Literal["json", "csv"] = "json",
                     s: Settings = Depends(settings)) -> Any:
+    """Predictions `offset` onwards, ordered by sample index."""
     record = require_job(s.database, job_id)
     rows = results.read(s.database, s.home_path, record, limit, offset)
     if format == "json":
@@ -112,82 +142,87 @@ def job_predictions(job_id: int, limit: Annotated[int, Query(ge=1, le=100_000)] 
     return Response(out.getvalue(), media_type="text/csv")
 
 
-@router.get("/devices")
-def devices(s: Settings = Depends(settings)) -> list[dict[str, Any]]:
+@router.get("/devices", response_model=list[DeviceRecord], responses=problems())
+def devices(s: Settings = Depends(settings)) -> Any:
     """Every device worker: live state, queue depth, the job holding it, heartbeat age."""
     return device_table(s)
 
 
-@router.get("/models")
-def models(s: Settings = Depends(settings)) -> list[dict[str, Any]]:
-    return cast(list[dict[str, Any]], registry.list_models(s.database))
+@router.get("/models", response_model=list[ModelRecord], responses=problems())
+def models(s: Settings = Depends(settings)) -> Any:
+    """Every version of every model."""
+    return registry.list_models(s.database)
 
 
-@router.get("/models/{name}")
-def model_versions(name: str, s: Settings = Depends(settings)) -> list[dict[str, Any]]:
+@router.get("/models/{name}", response_model=list[ModelRecord], responses=problems(404))
+def model_versions(name: Name, s: Settings = Depends(settings)) -> Any:
+    """The versions of one model."""
     registry.resolve(s.database, name)  # 404 for an unknown name
-    return cast(list[dict[str, Any]], registry.list_models(s.database, name))
+    return registry.list_models(s.database, name)
 
 
-@router.post("/models/{name}/promote", dependencies=[Write])
-def promote(name: str, version: Annotated[int, Body(embed=True, ge=1)],
-            s: Settings = Depends(settings)) -> dict[str, Any]:
-    return cast(dict[str, Any], registry.promote(s.database, name, version))
+@router.post("/models/{name}/promote", dependencies=[Write], response_model=ModelRecord,
+             responses=problems(404, *WRITE_ERRORS))
+def promote(name: Name, req: PromoteRequest, s: Settings = Depends(settings)) -> Any:
+    """Make a version the one inference uses by default."""
+    return registry.promote(s.database, name, req.version)
 
 
-class ScheduleRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=128)
-    cron: str
-    tz: str = "UTC"
-    dataset: str
-    promote: str = "if-better"
-    metric: str = "val_accuracy"
-    min_gain: float = 0.0
-
-
-@router.get("/schedules")
-def list_schedules(s: Settings = Depends(settings)) -> list[dict[str, Any]]:
+@router.get("/schedules", response_model=list[ScheduleRecord], responses=problems())
+def list_schedules(s: Settings = Depends(settings)) -> Any:
+    """Every schedule with its next fire time."""
     return schedules.list_schedules(s.database)
 
 
-@router.post("/schedules", status_code=201, dependencies=[Write])
-def create_schedule(req: ScheduleRequest, s: Settings = Depends(settings)) -> dict[str, Any]:
-    """The body holds the schedule fields plus the training options (`arch`, `name` of the model
-    as `model`, `epochs`, ...)."""
-    spec = dict(req.model_extra or {})
-    if "model" in spec:
-        spec["name"] = spec.pop("model")
+@router.post("/schedules", status_code=201, dependencies=[Write], response_model=ScheduleRecord,
+             responses=problems(409, *WRITE_ERRORS))
+def create_schedule(req: ScheduleRequest, s: Settings = Depends(settings)) -> Any:
+    """A schedule: its own fields plus the options of the training it fires (`model` is the
+    name the training registers)."""
+    spec = {**req.model_dump(include=set(TrainOptions.model_fields)), "name": req.model}
     return add_schedule(s, req.name, req.cron, req.tz, req.dataset, spec, req.promote, req.metric,
                         req.min_gain)
 
 
-@router.get("/schedules/{name}")
-def schedule(name: str, s: Settings = Depends(settings)) -> dict[str, Any]:
+def _schedule(s: Settings, name: str) -> dict[str, Any]:
     record = schedules.get(s.database, name)
     record.pop("id")
     return {**record, "fires": schedules.fires(s.database, name)}
 
 
-@router.post("/schedules/{name}/pause", dependencies=[Write])
-def pause(name: str, s: Settings = Depends(settings)) -> dict[str, Any]:
+@router.get("/schedules/{name}", response_model=ScheduleDetail, responses=problems(404))
+def schedule(name: Name, s: Settings = Depends(settings)) -> Any:
+    """One schedule and its fires, with their jobs, outcomes and promotion decisions."""
+    return _schedule(s, name)
+
+
+@router.post("/schedules/{name}/pause", dependencies=[Write], response_model=ScheduleDetail,
+             responses=problems(404, *WRITE_ERRORS))
+def pause(name: Name, s: Settings = Depends(settings)) -> Any:
+    """Stop firing until resumed."""
     schedules.set_enabled(s.database, name, False)
-    return schedule(name, s)
+    return _schedule(s, name)
 
 
-@router.post("/schedules/{name}/resume", dependencies=[Write])
-def resume_schedule(name: str, s: Settings = Depends(settings)) -> dict[str, Any]:
+@router.post("/schedules/{name}/resume", dependencies=[Write], response_model=ScheduleDetail,
+             responses=problems(404, *WRITE_ERRORS))
+def resume_schedule(name: Name, s: Settings = Depends(settings)) -> Any:
+    """Fire again from the next cron time."""
     resume(s, name)
-    return schedule(name, s)
+    return _schedule(s, name)
 
 
-@router.post("/schedules/{name}/run-now", dependencies=[Write])
-def fire_now(name: str, s: Settings = Depends(settings)) -> dict[str, Any]:
+@router.post("/schedules/{name}/run-now", dependencies=[Write], response_model=ScheduleDetail,
+             responses=problems(404, *WRITE_ERRORS))
+def fire_now(name: Name, s: Settings = Depends(settings)) -> Any:
+    """Fire once, now."""
     run_now(s, name)
-    return schedule(name, s)
+    return _schedule(s, name)
 
 
-@router.delete("/schedules/{name}", status_code=204, dependencies=[Write])
-def delete_schedule(name: str, s: Settings = Depends(settings)) -> Response:
+@router.delete("/schedules/{name}", status_code=204, dependencies=[Write],
+               responses=problems(404, *WRITE_ERRORS))
+def delete_schedule(name: Name, s: Settings = Depends(settings)) -> Response:
+    """Remove the schedule; its fires stay as the history of the jobs they started."""
     schedules.remove(s.database, name)
     return Response(status_code=204)

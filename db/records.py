@@ -6,7 +6,10 @@ added, never renamed or dropped.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired
+
+# pydantic (the API's answers) reads TypedDicts from typing_extensions only, on Python 3.11
+from typing_extensions import TypedDict
 
 
 class WorkerRecord(TypedDict):

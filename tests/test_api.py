@@ -205,3 +205,21 @@ def test_a_jobs_throughput_is_merged_to_the_points_asked(client: TestClient, wor
         assert all(p["samples_per_sec"] == pytest.approx(p["samples"] / p["seconds"]) for p in points)
     assert [p["at"] for p in merged] == sorted(p["at"] for p in merged)
     assert client.get(f"/api/v1/jobs/{job_id}", params={"points": 1}).status_code == 422
+
+
+def test_every_error_is_a_problem_document(client: TestClient) -> None:
+    """RFC 9457 for mxq's errors and the framework's own (no route, wrong method)."""
+    answers = {"no job": client.get("/api/v1/jobs/987654"),
+               "no route": client.get("/api/v1/nothing-here"),
+               "bad query": client.get("/api/v1/jobs", params={"limit": 0}),
+               "no token": client.post("/api/v1/jobs", json={"kind": "probe"}),
+               "wrong method": client.options("/api/v1/schedules/nightly")}
+    for what, r in answers.items():
+        assert r.headers["content-type"] == "application/problem+json", what
+        body = r.json()
+        assert body["status"] == r.status_code and body["type"] == "about:blank", (what, body)
+        assert body["title"] and body["detail"] and set(body) <= {"type", "title", "status", "detail",
+                                                                  "job_id"}, (what, body)
+    assert [r.status_code for r in answers.values()] == [404, 404, 422, 401, 405]
+    # Every method the path has, not just those of the first route Starlette matched.
+    assert answers["wrong method"].headers["allow"] == "DELETE, GET, HEAD"

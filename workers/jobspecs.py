@@ -52,8 +52,8 @@ class ProbeParams(BaseModel):
     repeat: int = Field(5, ge=1, le=10000, description="Timed rounds of each benchmark.")
 
 
-class InferParams(BaseModel):
-    """Bulk inference of one model over one input (or one chunk [start, stop) of it)."""
+class InferRequest(BaseModel):
+    """Bulk inference of one model over one input: what a user asks for (`mxq infer`, the API)."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -73,14 +73,14 @@ class InferParams(BaseModel):
     top_k: int = Field(0, ge=0, le=MAX_TOP_K)
     reject_nan: bool = False
     chunk_size: int | None = Field(None, ge=1)
-    start: int | None = Field(None, ge=0)
-    stop: int | None = Field(None, ge=1)
 
     @field_validator("batch_size", mode="before")
     @classmethod
     def _int_or_auto(cls, value: Any) -> Any:
-        if isinstance(value, str) and value != "auto" and not value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and value != "auto" and not value.strip().lstrip("-").isdecimal():
             raise ValueError(f"{value!r} is neither a positive integer nor 'auto'")
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            return value  # pydantic's own checks name what is wrong with it
         if value != "auto" and int(value) < 1:
             raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal "
                                       "to {ge}", {"ge": 1})
@@ -90,6 +90,14 @@ class InferParams(BaseModel):
     @classmethod
     def _batch_limit(cls, value: int | str, info: ValidationInfo) -> int | str:
         return value if isinstance(value, str) else _at_most(value, info, "max_batch_size")
+
+
+class InferParams(InferRequest):
+    """An inference job as stored: the request, or one chunk [start, stop) of it, which only mxq
+    sets when it fans a job out (never a user: the API's schema has no such fields)."""
+
+    start: int | None = Field(None, ge=0)
+    stop: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _range(self) -> InferParams:
@@ -116,19 +124,16 @@ class DistRole(BaseModel):
     env: dict[str, str] = Field(description="DMLC_* settings every role of the job shares.")
 
 
-class TrainParams(BaseModel):
-    """Data-parallel training of a built-in architecture on one node's devices (or, with
-    `nodes`, on K devices of each of N nodes through MXNet's dist_sync kvstore)."""
+class TrainOptions(BaseModel):
+    """How to train (architecture, devices, epochs, optimizer, ...): what a training job and a
+    retraining schedule share."""
 
     model_config = ConfigDict(extra="forbid")
 
     arch: Literal["mlp", "lenet", "resnet18_v1"]
-    dataset: str = Field(min_length=1)
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     devices: int = Field(1, ge=1, le=MAX_DEVICES)
     device_list: list[str] | None = None
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes to train on (dist_sync).")
-    dist: DistRole | None = Field(None, description="Internal: this job is one node's part.")
     epochs: int = Field(10, ge=1)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)
@@ -138,7 +143,6 @@ class TrainParams(BaseModel):
     seed: int = 0
     label_column: str = "label"
     input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
-    fire_id: int | None = Field(None, description="The schedule fire that started this job.")
 
     @field_validator("epochs")
     @classmethod
@@ -151,7 +155,7 @@ class TrainParams(BaseModel):
         return _at_most(value, info, "max_batch_size")
 
     @model_validator(mode="after")
-    def _devices_agree(self) -> TrainParams:
+    def _devices_agree(self) -> TrainOptions:
         if self.device_list:
             if len(set(self.device_list)) != len(self.device_list):
                 raise ValueError(f"--device lists a device twice: {','.join(self.device_list)}")
@@ -165,6 +169,23 @@ class TrainParams(BaseModel):
             raise ValueError(f"batch_size={self.batch_size} is smaller than the "
                              f"{self.nodes * self.devices} devices it is split over")
         return self
+
+
+class TrainRequest(TrainOptions):
+    """Data-parallel training of a built-in architecture on one node's devices (or, with
+    `nodes`, on K devices of each of N nodes through MXNet's dist_sync kvstore): what a user
+    asks for (`mxq train`, the API)."""
+
+    dataset: str = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class TrainParams(TrainRequest):
+    """A training job as stored: the request, plus what only mxq sets (never a user: the API's
+    schema has no such fields)."""
+
+    dist: DistRole | None = Field(None, description="Internal: this job is one node's part.")
+    fire_id: int | None = Field(None, description="The schedule fire that started this job.")
 
 
 SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams}

@@ -1,0 +1,191 @@
+"""The HTTP API's contract: every request body and every answer typed, so that the OpenAPI
+description (`/openapi.json`) is what the server does and a client generated from it works.
+
+Job requests are the public parameters of each kind (`mxq.workers.jobspecs`: what `mxq probe`,
+`mxq infer` and `mxq train` take) plus where to run, told apart by `kind`; fields only mxq sets
+(a chunk's range, a schedule's fire) are not in them, so a request that names one is refused.
+Records are the TypedDicts `mxq.db` returns (`mxq.db.records`). Every error is one RFC 9457
+problem document.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import TypedDict
+
+from mxq.db.records import EventRecord, JobRecord, ModelRecord
+from mxq.workers.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+# `since` as `mxq jobs --since` takes it (mxq.since): an age such as 45s, 30m, 2h or 1d; an ISO
+# 8601 date or time is declared by its format beside it.
+SINCE_AGE_PATTERN = r"^[0-9]{1,5}[smhd]$"  # (up to 273 years back; the server takes 9 digits)
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return [_whole(v) for v in value] if isinstance(value, list) else value
+
+
+def _takes_float(annotation: Any) -> bool:
+    return annotation is float or float in get_args(annotation)
+
+
+class JsonBody(BaseModel):
+    """A request body read as JSON Schema reads it: strictly typed (0 is not a boolean, "5" not
+    a number: refused, not coerced), except that 3.0 is the integer 3."""
+
+    model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_integers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {k: v if k not in cls.model_fields or _takes_float(cls.model_fields[k].annotation)
+                else _whole(v) for k, v in data.items()}
+
+
+class Routing(JsonBody):
+    """Where a job runs: `auto`, `auto:gpu`, `auto:cpu`, `gpu:N` or `cpu:N` (with
+    `allow_offline`, a device whose worker is not live yet)."""
+
+    device: str = Field("auto", min_length=1, max_length=64,
+                        description="auto, auto:gpu, auto:cpu, gpu:N or cpu:N.")
+    allow_offline: bool = Field(False, description="Queue even if the device has no live worker.")
+
+
+class ProbeJob(ProbeParams, Routing):
+    """`mxq probe`: matrix multiply and convolution throughput of one device."""
+    kind: Literal["probe"]
+
+
+class InferJob(InferRequest, Routing):
+    """`mxq infer`: bulk inference of a model over an input inside the data root."""
+    kind: Literal["infer"]
+
+
+class TrainJob(TrainRequest, Routing):
+    """`mxq train`: data-parallel training on K devices (of N nodes); with `device_list`, on
+    exactly those devices (the first routes the job)."""
+    kind: Literal["train"]
+
+
+JobRequest = Annotated[ProbeJob | InferJob | TrainJob, Field(discriminator="kind")]
+
+
+class ScheduleRequest(TrainOptions, JsonBody):
+    """A retraining schedule: when (`cron` in `tz`), on what (`dataset`, a file, folder or glob
+    whose newest match each fire uses), registering which model, with which promotion policy,
+    and how to train (the options of a training job)."""
+    name: str = Field(min_length=1, max_length=128, description="The schedule's name.")
+    cron: str = Field(min_length=9, max_length=256, description="Five fields, e.g. '0 3 * * *'.")
+    tz: str = Field("UTC", min_length=1, max_length=64, description="An IANA time zone.")
+    dataset: str = Field(min_length=1, max_length=4096)
+    model: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="The model it registers.")
+    promote: Literal["always", "if-better", "never"] = "if-better"
+    metric: str = Field("val_accuracy", min_length=1, max_length=64)
+    min_gain: float = Field(0.0, allow_inf_nan=False, description="How much better it must be.")
+
+
+class PromoteRequest(JsonBody):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1, le=2**31 - 1)
+
+
+class Problem(BaseModel):
+    """Every error answer (RFC 9457, `application/problem+json`): `detail` is the one-line
+    message naming what, which value and what is allowed."""
+
+    type: str = Field("about:blank", description="Always about:blank: the status says it all.")
+    title: str = Field(description="The status's phrase, e.g. Not Found.")
+    status: int
+    detail: str
+    job_id: int | None = Field(None, description="A request recorded as a failed job: its id.")
+
+
+class JobPage(TypedDict):
+    items: list[JobRecord]
+    total: int
+    limit: int
+    offset: int
+
+
+class CancelAnswer(JobRecord):
+    outcome: Literal["cancelled", "requested", "finished"]
+
+
+class PredictionRow(TypedDict):
+    index: int
+    predicted_class: int
+    score: float
+    top_k: list[tuple[int, float]] | None  # [class, probability] pairs, best first
+
+
+class PredictionPage(TypedDict):
+    items: list[PredictionRow]
+    total: int
+    limit: int
+    offset: int
+
+
+class DeviceRecord(BaseModel):
+    """One device worker (`mxq devices`); what it reported of its device (name, memory, compute
+    capability, a refusal) comes as further fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    device: str
+    node: str
+    queue: str
+    worker: str
+    alive: bool
+    queued: int
+    running: int
+    current_job: int | None
+    last_heartbeat: str | None
+    heartbeat_age: float | None
+    pid: int | None
+    leased_by: int | None
+    samples_per_sec: float | None
+
+
+class ScheduleRecord(TypedDict):
+    name: str
+    cron: str
+    tz: str
+    spec: dict[str, Any]
+    dataset: str
+    promote: str
+    metric: str
+    min_gain: float
+    enabled: bool
+    next_fire_at: str | None
+    last_fire_at: str | None
+    created_at: str | None
+
+
+class FireRecord(TypedDict):
+    fire_time: str | None
+    fired_at: str | None
+    manual: bool
+    missed: int
+    catch_up: bool
+    dataset_file: str | None
+    job_id: int | None
+    job_status: str | None
+    error: str | None
+    promotion: dict[str, Any] | None
+
+
+class ScheduleDetail(ScheduleRecord):
+    fires: list[FireRecord]
+
+
+__all__ = ["CancelAnswer", "DeviceRecord", "EventRecord", "JobPage", "JobRecord", "JobRequest",
+           "ModelRecord", "PredictionPage", "Problem", "PromoteRequest", "ScheduleDetail",
+           "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status"]
