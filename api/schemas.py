@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
 from mxq.db.records import EventRecord, JobRecord, ModelRecord
+from mxq.names import NAME_PATTERN
 from mxq.workers.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -85,7 +86,7 @@ class ScheduleRequest(TrainOptions, JsonBody):
     cron: str = Field(min_length=9, max_length=256, description="Five fields, e.g. '0 3 * * *'.")
     tz: str = Field("UTC", min_length=1, max_length=64, description="An IANA time zone.")
     dataset: str = Field(min_length=1, max_length=4096)
-    model: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="The model it registers.")
+    model: str = Field(pattern=NAME_PATTERN, description="The model it registers.")
     promote: Literal["always", "if-better", "never"] = "if-better"
     metric: str = Field("val_accuracy", min_length=1, max_length=64)
     min_gain: float = Field(0.0, allow_inf_nan=False, description="How much better it must be.")

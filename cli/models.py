@@ -100,9 +100,11 @@ def add(name: str,
     """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params).
 
     The worker feeds it (x * scale - mean) / std; with none given, inputs as they are stored."""
+    from mxq.names import check_name
     from mxq.preprocess import Preprocess
 
-    prep = Preprocess.parse(scale, mean, std, layout)  # refused before MXNet is even loaded
+    check_name(name)  # refused before MXNet is even loaded, as bad preprocessing is
+    prep = Preprocess.parse(scale, mean, std, layout)
     from mxq.tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
 
     s = get_settings()

@@ -19,6 +19,7 @@ import numpy as np
 from mxq.db import registry
 from mxq.db.records import ModelRecord
 from mxq.errors import UserError
+from mxq.names import check_name
 from mxq.preprocess import Preprocess
 from mxq.tasks import onnx_export
 from mxq.tasks.mx import gluon, mx
@@ -46,7 +47,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def store_dir(home: Path, name: str, version: int) -> Path:
-    return home / "models" / name / str(version)
+    """Where a version's files live; the name is checked here, where it becomes a path."""
+    return home / "models" / check_name(name) / str(version)
 
 
 def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any],

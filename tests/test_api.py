@@ -20,7 +20,7 @@ from mxq.db.engine import session_scope
 from mxq.db.schema import JobMetric, utcnow
 from tests.conftest import FINAL, NODE, Stack, wait_until
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

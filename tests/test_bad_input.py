@@ -239,6 +239,14 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                                               "does not match its recorded checksum",
                                                               ON_WORKER),
     },
+    "names": {  # a model's name becomes a folder of the model store (mxq.names)
+        "training named ..": by_schema(train("name='..': String should match pattern", name="..")),
+        "training named by an absolute path": by_schema(train("name='/tmp/x': String should match pattern",
+                                                              name="/tmp/x")),
+        "training named like a flag": by_schema(train("name='-rf': String should match pattern", name="-rf")),
+        "training named with 10,000 characters": by_schema(train("String should match pattern",
+                                                                 name="a" * 10_000)),
+    },
     "devices": {
         "unknown device": probe("device cpu:7 is not known on node testnode; known devices: cpu:0, cpu:1",
                                 device="cpu:7"),
@@ -482,6 +490,25 @@ def test_bad_http_request_to_the_real_server(workers: Stack, server: Api, pids: 
     with server.client() as real:
         _check_http_case(workers, pids, real, case)
     assert server.proc.poll() is None
+
+
+BAD_NAMES = {"..": "'..'", "../../../x": "'../../../x'", "/tmp/absolute": "'/tmp/absolute'",
+             "": "''", "-rf": "'-rf'", ".hidden": "'.hidden'", "a/b": "'a/b'",
+             "x" * 10_000: f"'{'x' * 80}…' (10000 characters)"}
+
+
+@pytest.mark.parametrize("name", list(BAD_NAMES), ids=lambda n: _id(n[:20]) or "empty")
+def test_bad_model_name_is_refused_before_anything_is_written(workers: Stack, pids: dict[str, int],
+                                                              name: str) -> None:
+    """`mxq models add` once wrote outside the model store for `../../../x`, `/abs`, `..`."""
+    before, files = counts(workers), sorted(p for p in workers.home.rglob("*") if "logs" not in p.parts)
+    proc = workers.mxq("models", "add", "--arch", "mlp", "--input-shape", "4", "--", name)
+    line = _one_line(proc.stderr)
+    assert proc.returncode == 2 and f"model name {BAD_NAMES[name]}" in line and "is not allowed" in line, line
+    assert len(line) < 400  # a 10,000-character name is shortened, not echoed whole
+    _expect_changes(before, counts(workers), 0)
+    assert sorted(p for p in workers.home.rglob("*") if "logs" not in p.parts) == files
+    _still_standing(workers, pids)
 
 
 def _pickled(stack: Stack) -> None:

@@ -38,7 +38,7 @@ BASE_IMAGE = "python:3.11-slim-bookworm"
 INFRA = {"redis", "postgres"}
 MXQ_SERVICES = {"migrate", "api", "scheduler", "worker"}
 SECRETS = ("POSTGRES_PASSWORD", "MXQ_API_TOKEN")
-PASSWORD, TOKEN = "pw-0123abcd", "tok-4567efgh"
+PASSWORD, TOKEN = "pw-0123abcd", "tok-4567efgh-89ab"
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|PASSWD|API_KEY|PRIVATE_KEY", re.I)
 VARIABLE = re.compile(r"(?<!\$)\$\{?([A-Za-z_]\w*)")  # ${NAME…} or $NAME, not $$ (escaped)
 # compose(env, *args): Compose v2 on docker-compose.yml, `env` as its env file.

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mxq.db.history import JobFilter, list_jobs
-from tests.conftest import Stack
+from tests.conftest import Stack, free_port
 
 pytestmark = pytest.mark.both_legs
 
@@ -46,6 +46,16 @@ def test_zero_cpu_devices_is_refused(stack: Stack) -> None:
 def test_bad_node_name_is_refused(stack: Stack) -> None:
     line = _one_line(stack.mxq("jobs", env={"MXQ_NODE": "box.1"}))
     assert "MXQ_NODE 'box.1'" in line
+
+
+@pytest.mark.parametrize("token", ["", "   ", "fifteen-chars!!"], ids=["empty", "blank", "short"])
+def test_an_empty_or_short_token_is_refused_at_start(stack: Stack, token: str) -> None:
+    """`MXQ_API_TOKEN=` once opened the API to the network: refused before anything serves."""
+    proc = stack.mxq_process("api", env={"MXQ_API_TOKEN": token, "MXQ_API_HOST": "0.0.0.0",
+                                         "MXQ_API_PORT": str(free_port())}, timeout=60)
+    line = _one_line(proc)
+    assert f"MXQ_API_TOKEN has {len(token.strip())} characters; at least 16 are needed" in line
+    assert token.strip() == "" or token not in line  # the token itself is never printed
 
 
 def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from mxq.device import Device
 from mxq.errors import UserError
+from mxq.names import NAME_PATTERN
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
 # Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
@@ -177,7 +178,7 @@ class TrainRequest(TrainOptions):
     asks for (`mxq train`, the API)."""
 
     dataset: str = Field(min_length=1)
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    name: str = Field(pattern=NAME_PATTERN, description="The model name it registers.")
 
 
 class TrainParams(TrainRequest):

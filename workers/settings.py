@@ -24,6 +24,8 @@ DEFAULT_HEARTBEAT_SECONDS = 2.0
 HEARTBEAT_TTL_FACTOR = 5
 # A job whose worker dies this many times is failed rather than retried forever.
 DEFAULT_MAX_ATTEMPTS = 3
+# The shortest API token accepted: an empty or guessable one must not open the API.
+MIN_TOKEN_CHARS = 16
 # Schedules fire at minute granularity; a tick every 15 s keeps them within a quarter minute.
 DEFAULT_TICK_SECONDS = 15.0
 # The reconciler (in the schedule process) compares SQL with the broker this often.
@@ -127,6 +129,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"MXQ_CPU_DEVICES must be at least 1 (got {value}): "
                 "a host without GPUs needs at least one CPU device to run jobs"
+            )
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _token_is_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        """A set token that is empty or short would open the API beyond loopback to anyone who
+        guesses it: refused, so no process starts with it (unset means no token, loopback only)."""
+        if value is not None and len(value.get_secret_value().strip()) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"MXQ_API_TOKEN has {len(value.get_secret_value().strip())} characters; at least "
+                f"{MIN_TOKEN_CHARS} are needed (e.g. `openssl rand -hex 24`), or leave it unset to "
+                "serve on loopback only, where writes need no token"
             )
         return value
 
