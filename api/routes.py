@@ -32,6 +32,7 @@ from mxq.api.schemas import (
 from mxq.db import registry, results, schedules
 from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
+from mxq.ids import MAX_ID
 from mxq.since import parse_since
 from mxq.workers.cancel import cancel_job
 from mxq.workers.fires import add_schedule, resume, run_now
@@ -41,7 +42,6 @@ from mxq.workers.status import device_table
 from mxq.workers.submit import submit
 
 router = APIRouter(prefix="/api/v1")
-MAX_ID = 2**31 - 1  # ids and offsets fit PostgreSQL's integer
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 Name = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]

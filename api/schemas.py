@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
 from mxq.db.records import EventRecord, JobRecord, ModelRecord
+from mxq.ids import MAX_ID
 from mxq.names import NAME_PATTERN
 from mxq.workers.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
 
@@ -95,7 +96,7 @@ class ScheduleRequest(TrainOptions, JsonBody):
 class PromoteRequest(JsonBody):
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(ge=1, le=2**31 - 1)
+    version: int = Field(ge=1, le=MAX_ID)
 
 
 class Problem(BaseModel):

@@ -16,6 +16,7 @@ from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.cli.settings import get_settings
+from mxq.ids import MAX_ID
 from mxq.since import parse_since
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ app.add_typer(schedule_cli.app, name="schedule")
 app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
                   "current_job", "leased_by", "heartbeat_age", "refused"]
 JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
@@ -251,11 +253,11 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
 
 
 @app.command()
-def results(job_id: int,
+def results(job_id: JobId,
             format: Annotated[str, typer.Option("--format", help="table, json, csv or parquet (with --out)")] = "table",  # noqa: E501
             out: Annotated[Path | None, typer.Option("--out", help="The file --format parquet writes.")] = None,  # noqa: E501
-            limit: Annotated[int | None, typer.Option(min=1)] = None,
-            offset: Annotated[int, typer.Option(min=0)] = 0) -> None:
+            limit: Annotated[int | None, typer.Option(min=1, max=MAX_ID)] = None,
+            offset: Annotated[int, typer.Option(min=0, max=MAX_ID)] = 0) -> None:
     """The predictions of an inference job (CSV: index,predicted_class,score[,top-k]), or all of
     them exported as a Parquet file (`--format parquet --out FILE`)."""
     from mxq.db import results as stored
@@ -380,7 +382,7 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
 
 
 @app.command()
-def cancel(job_id: int,
+def cancel(job_id: JobId,
            wait: Annotated[bool, typer.Option("--wait", help="Wait until it has stopped.")] = False,
            json_: JsonOpt = False) -> None:
     """Cancel a job: at once if queued, at its next batch or epoch boundary if running."""
@@ -399,7 +401,7 @@ def cancel(job_id: int,
 
 
 @app.command()
-def job(job_id: int, json_: JsonOpt = False) -> None:
+def job(job_id: JobId, json_: JsonOpt = False) -> None:
     """One job's full record; exits 1 when the job failed or was cancelled."""
     from mxq.db.history import require_job
 

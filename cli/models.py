@@ -11,6 +11,7 @@ from typer.core import TyperGroup
 from mxq.cli import render
 from mxq.cli.settings import get_settings
 from mxq.errors import UserError
+from mxq.ids import MAX_ID
 
 
 class _NameMeansShow(TyperGroup):
@@ -126,7 +127,7 @@ def add(name: str,
 
 
 @app.command("promote")
-def promote_cmd(name: str, version: int) -> None:
+def promote_cmd(name: str, version: Annotated[int, typer.Argument(min=1, max=MAX_ID)]) -> None:
     """Make VERSION the one `mxq infer NAME` uses."""
     from mxq.db.registry import promote
 

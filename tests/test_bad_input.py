@@ -449,6 +449,41 @@ HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
                                   "status='bogus': Input should be 'queued', 'running', 'succeeded', "
                                   "'failed' or 'cancelled'"),
     },
+    "edge values": {  # numbers past what a column holds, or past any date
+        "job id of 2**63": ("GET", f"/api/v1/jobs/{2**63}", {}, 422,
+                            f"job_id='{2**63}': Input should be less than or equal to 2147483647"),
+        "cancel id of 10**23": ("POST", f"/api/v1/jobs/{10**23}/cancel", {"headers": AUTH}, 422,
+                                "Input should be less than or equal to 2147483647"),
+        "offset of 2**63": ("GET", f"/api/v1/jobs?offset={2**63}", {}, 422,
+                            f"offset='{2**63}': Input should be less than or equal to 2147483647"),
+        "predictions offset of 2**63": ("GET", f"/api/v1/jobs/1/predictions?offset={2**63}", {}, 422,
+                                        "Input should be less than or equal to 2147483647"),
+        "promote version 2**63": ("POST", "/api/v1/models/mlp64/promote",
+                                  {"json": {"version": 2**63}, "headers": AUTH}, 422,
+                                  "Input should be less than or equal to 2147483647"),
+        "model version 2**63": ("POST", "/api/v1/jobs", {"json": {"kind": "infer", "model": "mlp64",
+                                                                  "input": "ok.npy", "model_version": 2**63},
+                                                         "headers": AUTH}, 422,
+                                "Input should be less than or equal to 2147483647"),
+        "batch size 1e400": ("POST", "/api/v1/jobs", {"content": b'{"kind": "infer", "model": "mlp64", '
+                                                                 b'"input": "ok.npy", "batch_size": 1e400}',
+                                                      "headers": {**AUTH, **JSON}}, 422,
+                             "infer.batch_size.constrained-int=inf: Input should be a valid integer"),
+        "since 99999999999h": ("GET", "/api/v1/jobs?since=99999999999h", {}, 422,
+                               "since '99999999999h': use an age such as 30m"),
+        "since 999999999d": ("GET", "/api/v1/jobs?since=999999999d", {}, 422,
+                             "since '999999999d' reaches before the year 1"),
+        "cron that never comes": ("POST", "/api/v1/schedules", {
+            "json": {"name": "never", "cron": "0 0 30 2 *", "dataset": "d.npz", "model": "never",
+                     "arch": "mlp"}, "headers": AUTH}, 422,
+            "cron expression '0 0 30 2 *' names no date that ever comes (such as February 30)"),
+        "a boolean given as 0": ("POST", "/api/v1/jobs", {"json": {"kind": "probe", "allow_offline": 0},
+                                                         "headers": AUTH}, 422,
+                                 "probe.allow_offline=0: Input should be a valid boolean"),
+        "a number given as text": ("POST", "/api/v1/jobs", {"json": {"kind": "probe", "size": "64"},
+                                                           "headers": AUTH}, 422,
+                                   "probe.size='64': Input should be a valid integer"),
+    },
     "method": {
         "a method the path lacks": ("PUT", "/api/v1/schedules/x", {"headers": AUTH}, 405,
                                     "Method Not Allowed"),
@@ -490,6 +525,31 @@ def test_bad_http_request_to_the_real_server(workers: Stack, server: Api, pids: 
     with server.client() as real:
         _check_http_case(workers, pids, real, case)
     assert server.proc.poll() is None
+
+
+# The CLI at the same edges: (arguments, what the one error says). Exit 2, no traceback.
+CLI_EDGES: dict[str, tuple[list[str], str]] = {
+    "job id of 2**63": (["job", str(2**63)], "Input should be less than or equal to 2147483647"),
+    "results of job 10**23": (["results", str(10**23)], "Input should be less than or equal to 2147483647"),
+    "cancel job 2**63": (["cancel", str(2**63)], "Input should be less than or equal to 2147483647"),
+    "results offset 2**63": (["results", "1", "--offset", str(2**63)], "less than or equal to"),
+    "promote version 2**63": (["models", "promote", "mlp64", str(2**63)], "less than or equal to"),
+    "since 99999999999h": (["jobs", "--since", "99999999999h"], "use an age such as 30m"),
+    "since 999999999d": (["jobs", "--since", "999999999d"], "reaches before the year 1"),
+    "cron that never comes": (["schedule", "add", "never", "--cron", "0 0 30 2 *", "--arch", "mlp",
+                               "--dataset", "d.npz", "--model", "never"], "names no date that ever comes"),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_EDGES), ids=_id)
+def test_cli_edge_values(workers: Stack, pids: dict[str, int], case: str) -> None:
+    args, needle = CLI_EDGES[case]
+    before = counts(workers)
+    proc = workers.mxq(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert needle in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr
+    _expect_changes(before, counts(workers), 0)
+    _still_standing(workers, pids)
 
 
 BAD_NAMES = {"..": "'..'", "../../../x": "'../../../x'", "/tmp/absolute": "'/tmp/absolute'",

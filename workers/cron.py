@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from mxq.errors import UserError
 
@@ -38,6 +38,11 @@ def check(cron: str, tz: str) -> None:
         raise CronError(f"invalid cron expression {cron!r}: expected five fields "
                         f"(minute hour day-of-month month day-of-week){got}, e.g. '0 3 * * *'")
     zone(tz)
+    try:  # croniter searches some years ahead for a date such as February 30, then gives up
+        _next(cron, datetime(2000, 1, 1))
+    except CroniterBadDateError:
+        raise CronError(f"cron expression {cron!r} names no date that ever comes (such as "
+                        "February 30): it would never fire") from None
 
 
 def _next(cron: str, start: datetime) -> datetime:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from mxq.device import Device
 from mxq.errors import UserError
+from mxq.ids import MAX_ID
 from mxq.names import NAME_PATTERN
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -59,7 +60,7 @@ class InferRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field(min_length=1)
-    model_version: int | None = Field(None, ge=1)
+    model_version: int | None = Field(None, ge=1, le=MAX_ID)
     input: str = Field(min_length=1)
     key: str | None = Field(None, description="Array name inside an .npz input.")
     batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
