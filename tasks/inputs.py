@@ -22,6 +22,7 @@ import numpy as np
 
 from mxq.errors import UserError
 from mxq.preprocess import Preprocess
+from mxq.tasks.image_headers import ImageHeaderError, image_size
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
@@ -38,6 +39,56 @@ _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.f
 
 class InputError(UserError):
     """Bad input; the message names the file and the problem."""
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+LISTED_NAMES = 10  # an error lists this many of an .npz's arrays, then how many there are
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What an input may decode to, whatever its size on disk (an .npz of 995 KB can hold
+    1 GiB, a PNG of 875 KB 900 MB of pixels): array bytes and image pixels."""
+
+    max_bytes: int  # MXQ_MAX_INPUT_BYTES
+    max_pixels: int  # MXQ_MAX_IMAGE_PIXELS
+
+    @classmethod
+    def of_process(cls) -> Limits:
+        from mxq.workers.settings import get_settings
+
+        s = get_settings()
+        return cls(s.max_input_bytes, s.max_image_pixels)
+
+    def check_bytes(self, path: Path, what: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        size = math.prod(shape) * dtype.itemsize
+        if size > self.max_bytes:
+            raise InputError(f"input {path} {what}holds {size:,} bytes of {dtype} {shape} when read, "
+                             f"more than the {self.max_bytes:,} allowed (MXQ_MAX_INPUT_BYTES)")
+
+    def check_image(self, where: str, data: bytes) -> None:
+        """A whole PNG or JPEG of at most max_pixels, judged from its header before decoding."""
+        try:
+            width, height = image_size(data)
+        except ImageHeaderError as e:
+            raise InputError(f"input {where} is not a whole PNG or JPEG image: it is {e}") from None
+        if width * height > self.max_pixels or not width or not height:
+            raise InputError(f"input {where} is {width}x{height} pixels ({width * height:,}), more than "
+                             f"the {self.max_pixels:,} allowed (MXQ_MAX_IMAGE_PIXELS)"
+                             if width and height else f"input {where} is {width}x{height} pixels")
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED_NAMES]) or "none"
+    return shown if len(names) <= LISTED_NAMES else f"{shown}, … ({len(names)} arrays)"
+
+
+def regular_file(path: Path, what: str = "input") -> Path:
+    """`path` if it is a regular file (after symlinks): a FIFO or a device would block the
+    worker in open() for good, with its heartbeat still fresh."""
+    if not path.is_file():
+        raise InputError(f"{what} {path} is not a regular file (a FIFO, socket or device?)")
+    return path
 
 
 def _kind(path: Path) -> str:
@@ -69,7 +120,11 @@ def _parse_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     text = f.read(struct.unpack(fmt, raw)[0]).decode("latin1")
     if (m := _NUMPY_HEADER.fullmatch(text)) is not None:
         descr, fortran, dims = m.groups()
-        return tuple(int(n) for n in dims.split(",") if n.strip()), fortran == "True", np.dtype(descr)
+        try:
+            dtype = np.dtype(descr)
+        except TypeError:
+            raise ValueError(f"its header names the dtype {descr!r}, which is not a NumPy dtype") from None
+        return tuple(int(n) for n in dims.split(",") if n.strip()), fortran == "True", dtype
     f.seek(start)
     return _HEADER_READERS[np.lib.format.read_magic(f)](f)
 
@@ -79,8 +134,8 @@ def _read_header(f: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
     non-numeric dtypes."""
     try:
         shape, fortran, dtype = _parse_header(f)
-    except ValueError as e:
-        raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+    except (ValueError, TypeError, SyntaxError) as e:  # NumPy's own reader raises all three
+        raise InputError(f"input {path} is truncated or corrupt: {e}") from None
     if dtype.kind not in NUMERIC_KINDS:
         raise InputError(f"input {path} has dtype {dtype}; allowed: bool, int, uint or float arrays")
     if not shape:
@@ -88,11 +143,12 @@ def _read_header(f: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
     return shape, fortran, dtype
 
 
-def _npy(path: Path) -> np.ndarray:
+def _npy(path: Path, limits: Limits | None = None) -> np.ndarray:
     """The .npy array, its header read once: memory-mapped read-only, or read whole when small
     (mapping a file costs more than reading a few pages)."""
-    with path.open("rb") as f:
+    with regular_file(path).open("rb") as f:
         shape, fortran, dtype = _read_header(f, path)
+        (limits or Limits.of_process()).check_bytes(path, "", shape, dtype)
         offset, items = f.tell(), math.prod(shape)
         order: Literal["C", "F"] = "F" if fortran else "C"
         if items * dtype.itemsize <= SMALL_NPY_BYTES:
@@ -131,23 +187,30 @@ def _array_reader(array: np.ndarray) -> Callable[[int, int], np.ndarray]:
     return fetch
 
 
-def _npz_member(path: Path, key: str | None) -> tuple[str, tuple[int, ...]]:
-    """Pick the array (`key`, the only one, else `X`) and read its shape from its header only."""
+def _npz_member(path: Path, key: str | None, limits: Limits | None = None) -> tuple[str, tuple[int, ...]]:
+    """Pick the array (`key`, the only one, else `X`) and read its shape from its header only;
+    with `limits`, refuse one that would decompress past them."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(regular_file(path)) as zf:
             names = [n.removesuffix(".npy") for n in zf.namelist()]
             if key is not None and key not in names:
-                raise InputError(f"input {path} has no array {key!r}; available: {', '.join(names)}")
+                raise InputError(f"input {path} has no array {key!r}; available: {_names(names)}")
             if key is None:
                 if len(names) == 1:
                     key = names[0]
                 elif "X" in names:
                     key = "X"
                 else:
-                    raise InputError(f"input {path} holds several arrays ({', '.join(names) or 'none'}) "
+                    raise InputError(f"input {path} holds several arrays ({_names(names)}) "
                                      "and none is named X; choose one with the input key")
             with zf.open(key + ".npy") as f:
-                shape, _fortran, _dtype = _read_header(f, path)
+                shape, _fortran, dtype = _read_header(f, path)
+            if limits is not None:
+                limits.check_bytes(path, f"array {key!r} ", shape, dtype)
+                unpacked = zf.getinfo(key + ".npy").file_size
+                if unpacked > limits.max_bytes:
+                    raise InputError(f"input {path} array {key!r} unpacks to {unpacked:,} bytes, more "
+                                     f"than the {limits.max_bytes:,} allowed (MXQ_MAX_INPUT_BYTES)")
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
     return key, shape
@@ -155,7 +218,9 @@ def _npz_member(path: Path, key: str | None) -> tuple[str, tuple[int, ...]]:
 
 def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
     """(line number, cells) for each non-blank data line; a non-numeric first line is a header."""
-    with path.open(encoding="utf-8", errors="replace") as f:
+    # utf-8-sig: a BOM (Excel writes one) is not part of the first cell, so a numeric first
+    # line stays data instead of being taken for a header.
+    with regular_file(path).open(encoding="utf-8-sig", errors="replace") as f:
         rows = [(n, line.strip().split(",")) for n, line in enumerate(f, 1) if line.strip()]
     return rows[1:] if rows and not _numeric(rows[0][1]) else rows
 
@@ -184,21 +249,32 @@ def _csv(path: Path) -> np.ndarray:
 
 
 def _images(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The folder's images, each checked where it leads: a symlink out of the (confined) folder
+    would read a file outside the data root, a FIFO would block the worker."""
+    folder = path.resolve()
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    for p in files:
+        if not p.resolve().is_relative_to(folder):
+            raise InputError(f"input {p} leads outside its folder {folder} (a symlink to "
+                             f"{p.resolve()}): the images of a folder must lie in it")
+        regular_file(p)
+    return files
 
 
 def _idx(path: Path) -> Path:
     idx = path.with_suffix(".idx")
-    if not idx.is_file():
+    if not idx.exists():
         raise InputError(f"input {path} has no index {idx.name} beside it (RecordIO needs .rec + .idx)")
-    return idx
+    if not idx.resolve().is_relative_to(path.resolve().parent):
+        raise InputError(f"input {path} has an index {idx.name} that leads outside its folder")
+    return regular_file(idx, "the index of input")
 
 
 def count_samples(path: Path, key: str | None = None) -> int:
     """Number of samples, from headers and line counts only; never imports mxnet."""
     kind = _kind(path)
     if kind == "npy":
-        with path.open("rb") as f:
+        with regular_file(path).open("rb") as f:
             return _read_header(f, path)[0][0]
     if kind == "npz":
         return _npz_member(path, key)[1][0]
@@ -206,8 +282,24 @@ def count_samples(path: Path, key: str | None = None) -> int:
         return len(_csv_rows(path))
     if kind == "images":
         return len(_images(path))
-    with _idx(path).open() as f:
-        return sum(1 for line in f if line.strip())
+    return len(_index_keys(path))
+
+
+def _index_keys(path: Path) -> list[int]:
+    """The record keys a RecordIO index lists (`key<TAB>offset` per line), or one error naming the
+    line that is not one (MXNet's own reader answers a traceback)."""
+    idx = _idx(path)
+    keys = []
+    with idx.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            if len(parts) != 2 or not all(p.isdecimal() for p in parts):
+                raise InputError(f"input {path} has an index {idx.name} whose line {n} is not "
+                                 f"'key<TAB>offset': {line.strip()[:60]!r}")
+            keys.append(int(parts[0]))
+    return keys
 
 
 @dataclass
@@ -223,8 +315,20 @@ class InputSource:
         scaled by its preprocessing; only that batch is read."""
         if not 0 <= start <= stop <= self.count:
             raise IndexError(f"samples [{start}, {stop}) out of range for {self.count} in {self.path}")
-        batch = np.asarray(self.fetch(start, stop), dtype=np.float32)
+        raw = np.asarray(self.fetch(start, stop))
+        if raw.dtype.kind == "f" and raw.dtype.itemsize > 4:
+            self._check_float32_range(raw, start)
+        batch = raw.astype(np.float32, copy=False)
         return self.preprocess.apply(batch.reshape((stop - start, *self.sample_shape)))
+
+    def _check_float32_range(self, raw: np.ndarray, start: int) -> None:
+        """A finite float64 beyond float32's range would become inf without a word."""
+        over = np.isfinite(raw) & (np.abs(raw) > FLOAT32_MAX)
+        if over.any():
+            sample = int(np.argwhere(over)[0][0])
+            value = raw.reshape(len(raw), -1)[sample][over.reshape(len(raw), -1)[sample]][0]
+            raise InputError(f"input {self.path} has {value:g} in sample {start + sample}, beyond "
+                             f"float32's range (±{FLOAT32_MAX:.4g}), which models compute in")
 
 
 def _check_shape(path: Path, shape: tuple[int, ...], want: tuple[int, ...]) -> None:
@@ -275,39 +379,55 @@ def _to_model(img: Any, shape: _ImageShape) -> np.ndarray:
     return pixels if shape.last else pixels.transpose(2, 0, 1)
 
 
-def _image_reader(files: list[Path], shape: _ImageShape) -> Callable[[int, int], np.ndarray]:
-    def fetch(start: int, stop: int) -> np.ndarray:
-        from mxq.tasks.mx import mx
+def _last_line(exc: BaseException) -> str:
+    """MXNet's errors carry a C++ traceback: its last line says what happened."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
 
+
+def _decode(data: bytes, where: str, shape: _ImageShape, limits: Limits) -> Any:
+    """One image, its header checked first (format, whole, pixels), then decoded by MXNet."""
+    from mxq.tasks.mx import mx
+
+    limits.check_image(where, data)
+    try:
+        return mx.image.imdecode(data, flag=shape.flag)
+    except mx.base.MXNetError as e:
+        raise InputError(f"input {where} is not a decodable image: {_last_line(e)}") from None
+
+
+def _image_reader(files: list[Path], shape: _ImageShape, limits: Limits) -> Callable[[int, int], np.ndarray]:
+    def fetch(start: int, stop: int) -> np.ndarray:
         out = []
         for f in files[start:stop]:
-            try:
-                img = mx.image.imread(str(f), flag=shape.flag)
-            except mx.base.MXNetError as e:
-                reason = str(e).strip().splitlines()[-1]
-                raise InputError(f"input {f} is not a decodable image: {reason}") from e
+            img = _decode(regular_file(f).read_bytes(), str(f), shape, limits)
             out.append(_to_model(img, shape))
         return np.stack(out)
 
     return fetch
 
 
-def _record_reader(path: Path, idx: Path, shape: _ImageShape) -> Callable[[int, int], np.ndarray]:
+def _record_reader(path: Path, idx: Path, shape: _ImageShape,
+                   limits: Limits) -> Callable[[int, int], np.ndarray]:
     """Records are opened per batch: no handle outlives a read, so the source survives forks."""
 
     def fetch(start: int, stop: int) -> np.ndarray:
         from mxq.tasks.mx import mx
 
-        rec = mx.recordio.MXIndexedRecordIO(str(idx), str(path), "r")
+        try:
+            rec = mx.recordio.MXIndexedRecordIO(str(idx), str(path), "r")
+        except (mx.base.MXNetError, ValueError, IndexError) as e:
+            raise InputError(f"input {path} is not a RecordIO file MXNet can open with its index "
+                             f"{idx.name}: {_last_line(e)}") from None
         try:
             out = []
             for key in rec.keys[start:stop]:
-                _header, payload = mx.recordio.unpack(rec.read_idx(key))
-                try:  # unpack_img needs cv2; imdecode is MXNet's own decoder (RGB, like imread)
-                    img = mx.image.imdecode(payload, flag=shape.flag)
-                except mx.base.MXNetError as e:
-                    raise InputError(f"input {path} record {key} is not a decodable image") from e
-                out.append(_to_model(img, shape))
+                try:
+                    _header, payload = mx.recordio.unpack(rec.read_idx(key))
+                except (mx.base.MXNetError, struct.error, ValueError) as e:
+                    raise InputError(f"input {path} record {key} cannot be read at the offset its "
+                                     f"index gives: {_last_line(e)}") from None
+                # imdecode, MXNet's own decoder (RGB, like imread); unpack_img would need cv2
+                out.append(_to_model(_decode(payload, f"{path} record {key}", shape, limits), shape))
             return np.stack(out)
         finally:
             rec.close()
@@ -332,24 +452,26 @@ def _npz_reader(path: Path, key: str) -> Callable[[int, int], np.ndarray]:
 
 
 def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None,
-               preprocess: Preprocess | None = None) -> InputSource:
+               preprocess: Preprocess | None = None, limits: Limits | None = None) -> InputSource:
     """Open an already-resolved input for a model whose single-sample input shape is
-    `input_shape` and which takes its input scaled by `preprocess` (images in its layout)."""
+    `input_shape` and which takes its input scaled by `preprocess` (images in its layout), within
+    `limits` (default: the process settings')."""
     input_shape = tuple(input_shape)
     preprocess = preprocess or Preprocess()
+    limits = limits or Limits.of_process()
     kind = _kind(path)
     fetch: Callable[[int, int], Any]
     if kind in ("images", "rec"):
         _image_channels(path, input_shape, preprocess.layout)
         image = _ImageShape.of(input_shape, preprocess.layout)
-        fetch = (_image_reader(_images(path), image) if kind == "images"
-                 else _record_reader(path, _idx(path), image))
+        fetch = (_image_reader(_images(path), image, limits) if kind == "images"
+                 else _record_reader(path, _idx(path), image, limits))
         count, sample_shape = count_samples(path, key), input_shape
     elif kind == "npz":
-        key, shape = _npz_member(path, key)
+        key, shape = _npz_member(path, key, limits)
         fetch, count, sample_shape = _npz_reader(path, key), shape[0], shape[1:]
     else:
-        array = _npy(path) if kind == "npy" else _csv(path)
+        array = _npy(path, limits) if kind == "npy" else _csv(path)
         fetch = _array_reader(array)
         count, sample_shape = array.shape[0], array.shape[1:]
     if count == 0:

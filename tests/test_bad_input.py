@@ -7,8 +7,13 @@ real `mxq api` server."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shutil
+import struct
+import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +29,7 @@ from mxq.api.app import app
 from mxq.workers.status import device_table
 from tests.api_server import Api, counts, start_api
 from tests.conftest import FINAL, NODE, Stack, wait_until
+from tests.test_inputs import png_bytes, solid
 
 TOKEN = "fault-token-Zq9x"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -96,6 +102,91 @@ def _tampered(stack: Stack) -> dict[str, Any]:
                                "--classes", "3")
         shutil.copyfile(other["params_file"], fragile["params_file"])
     return {"model": "fragile", "input": _ok(stack), "device": "cpu:0"}
+
+
+def _npy_claiming(stack: Stack, name: str, shape: tuple[int, ...], descr: str = "<f4") -> str:
+    """An .npy whose header claims `shape` of `descr` over a few bytes of data."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}".encode()
+    header += b" " * (63 - len(header) % 64) + b"\n"
+    (stack.home / "data" / name).write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header))
+                                             + header + b"\x00" * 64)
+    return name
+
+
+def _npz_claiming(stack: Stack) -> str:
+    """An .npz of 1 KB whose array claims (10**12, 64) float32: 256 TB when read."""
+    _npy_claiming(stack, "claims.npy", (10**12, 64))
+    with zipfile.ZipFile(stack.home / "data" / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(stack.home / "data" / "claims.npy", "X.npy")
+    return "bomb.npz"
+
+
+def _many_arrays(stack: Stack) -> str:
+    np.savez(stack.home / "data" / "many.npz", **{f"a{i}": np.zeros(1, np.float32) for i in range(2000)})
+    return "many.npz"
+
+
+def _fifo(stack: Stack, name: str = "fifo.npy") -> str:
+    path = stack.home / "data" / name
+    if not path.exists():
+        os.mkfifo(path)
+    return name
+
+
+def _images_with(stack: Stack, folder: str, name: str, body: bytes | None) -> str:
+    """A folder of two good 8x8 images and `name`: `body`, or a FIFO when None."""
+    path = stack.home / "data" / folder
+    path.mkdir(exist_ok=True)
+    for i in range(2):
+        (path / f"good{i}.png").write_bytes(png_bytes(solid((10, 20, 30), 8, 8)[:, :, 0]))
+    if body is None:
+        _fifo(stack, f"{folder}/{name}")
+    else:
+        (path / name).write_bytes(body)
+    return folder
+
+
+def _image_escape(stack: Stack) -> str:
+    (stack.home / "outside.png").write_bytes(png_bytes(solid((1, 2, 3), 8, 8)[:, :, 0]))
+    folder = _images_with(stack, "escape-imgs", "good9.png", png_bytes(solid((4, 5, 6), 8, 8)[:, :, 0]))
+    link = stack.home / "data" / folder / "linked.png"
+    if not link.is_symlink():
+        link.symlink_to(stack.home / "outside.png")
+    return folder
+
+
+def _jpeg(cut: int | None = None) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.full((8, 8), 128, np.uint8)).save(out, format="JPEG")
+    return out.getvalue()[:cut]
+
+
+def _huge_png_header() -> bytes:
+    """A PNG whose header says 30000x30000 (900 million pixels) in 57 bytes."""
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def _bad_index(stack: Stack) -> str:
+    (stack.home / "data" / "bad.rec").write_bytes(b"\x00" * 64)
+    (stack.home / "data" / "bad.idx").write_text("0\t0\nnot an index line\n")
+    return "bad.rec"
+
+
+def _image_model(stack: Stack) -> str:
+    """`cnn8`: a LeNet for 1x8x8 images, registered once."""
+    if "cnn8" not in {m["name"] for m in stack.mxq_json("models")}:
+        assert stack.mxq("models", "add", "cnn8", "--arch", "lenet", "--input-shape", "1,8,8").returncode == 0
+    return "cnn8"
+
+
+def image_case(input: Callable[[Stack], str], needle: str, ends: str = ON_WORKER) -> JobCase:
+    return JobCase("infer", lambda s: {"model": _image_model(s), "input": input(s), "device": "cpu:0"},
+                   needle, ends)
 
 
 @dataclass(frozen=True)
@@ -183,6 +274,48 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                        ON_WORKER, reject_nan=True),
         "-inf with --reject-nan": infer(_with(float("-inf")), "has -inf in sample 5 (--reject-nan is set)",
                                         ON_WORKER, reject_nan=True),
+    },
+    "decoded size": {  # what a file holds once read, not its bytes on disk
+        "npz whose array claims 256 TB": infer(_npz_claiming, "array 'X' holds 256,000,000,000,000 bytes "
+                                               "of float32 (1000000000000, 64) when read, more than the",
+                                               ON_WORKER),
+        "npy whose header claims 10**23 samples": infer(
+            lambda s: _npy_claiming(s, "huge.npy", (10**23, 64)),
+            "holds 25,600,000,000,000,000,000,000,000 bytes of float32", ON_WORKER),
+        "image of 30000x30000 pixels in 57 bytes": image_case(
+            lambda s: _images_with(s, "huge-imgs", "huge.png", _huge_png_header()),
+            "is 30000x30000 pixels (900,000,000), more than the 50,000,000 allowed (MXQ_MAX_IMAGE_PIXELS)"),
+    },
+    "broken files": {  # each fails its job naming the file and what it found
+        "PNG cut to 40 bytes": image_case(
+            lambda s: _images_with(s, "cut-imgs", "cut.png", png_bytes(solid((9, 9, 9), 8, 8)[:, :, 0])[:40]),
+            "cut.png is not a whole PNG or JPEG image: it is a PNG cut short"),
+        "empty PNG": image_case(lambda s: _images_with(s, "empty-imgs", "empty.png", b""),
+                                "empty.png is not a whole PNG or JPEG image: it is an empty file (0 bytes)"),
+        "text saved as a PNG": image_case(
+            lambda s: _images_with(s, "text-imgs", "text.png", b"hello"),
+            "text.png is not a whole PNG or JPEG image: it is neither PNG nor JPEG"),
+        "JPEG cut short": image_case(lambda s: _images_with(s, "cutjpg-imgs", "cut.jpg", _jpeg(cut=-40)),
+                                     "cut.jpg is not a whole PNG or JPEG image: it is a JPEG cut short"),
+        "npy of dtype <f3": infer(lambda s: _npy_claiming(s, "f3.npy", (4, 64), "<f3"),
+                                  "its header names the dtype '<f3', which is not a NumPy dtype", ON_WORKER),
+        "npz of 2,000 arrays, none named X": infer(_many_arrays, "a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, … "
+                                                   "(2000 arrays)) and none is named X", ON_WORKER),
+        "float64 beyond float32's range": infer(
+            lambda s: _data(s, "f64.npy", np.where(np.arange(40 * 64).reshape(40, 64) == 5 * 64 + 3, 1e300,
+                                                   ROWS.astype(np.float64))),
+            "has 1e+300 in sample 5, beyond float32's range", ON_WORKER),
+        "RecordIO with a bad index": image_case(_bad_index, "has an index bad.idx whose line 2 is not "
+                                                "'key<TAB>offset': 'not an index line'"),
+    },
+    "not regular files": {  # a FIFO blocks whoever opens it until a writer comes
+        "FIFO as input": infer(_fifo, "input fifo.npy is not a regular file or folder (a FIFO, socket or "
+                               "device?)"),
+        "FIFO inside an image folder": image_case(
+            lambda s: _images_with(s, "fifo-imgs", "pipe.png", None),
+            "pipe.png is not a regular file (a FIFO, socket or device?)"),
+        "image symlinked from outside the data root": image_case(
+            _image_escape, "linked.png leads outside its folder"),
     },
     "numbers": {  # the API's schema refuses these; the CLI records them as failed jobs
         "batch size 0": by_schema(infer(

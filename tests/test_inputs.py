@@ -264,7 +264,8 @@ def test_image_folder_undecodable_file_is_named(image_dir: Path) -> None:
     (image_dir / "bad.jpg").write_bytes(b"not a jpeg")
     src = open_input(image_dir, (3, 8, 8))
     assert src.count == 4
-    with pytest.raises(InputError, match=rf"input {image_dir / 'bad.jpg'} is not a decodable image"):
+    with pytest.raises(InputError, match=rf"input {image_dir / 'bad.jpg'} is not a whole PNG or JPEG image: "
+                       r"it is neither PNG nor JPEG"):
         src.read(0, 4)
 
 
@@ -409,3 +410,12 @@ def test_cli_side_never_imports_mxnet(tmp_path: Path, image_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_csv_saved_with_a_bom_keeps_its_first_row(tmp_path: Path) -> None:
+    """Excel writes a UTF-8 BOM: it once made the first numeric row look like a header."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes("1,2,3\n4,5,6\n".encode("utf-8-sig"))
+    src = open_input(path, (3,))
+    assert src.count == count_samples(path) == 2
+    assert src.read(0, 2).tolist() == [[1, 2, 3], [4, 5, 6]]

@@ -24,6 +24,8 @@ def inside_root(path: str | Path, root: str | Path, what: str = "input",
         raise PathError(f"{what} {path} lies outside the data root {base} ({setting})")
     if not resolved.exists():
         raise PathError(f"{what} {path} does not exist")
+    if not (resolved.is_file() or resolved.is_dir()):  # opening a FIFO blocks until a writer comes
+        raise PathError(f"{what} {path} is not a regular file or folder (a FIFO, socket or device?)")
     return resolved
 
 

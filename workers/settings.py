@@ -43,6 +43,8 @@ DEFAULT_CPU_DEVICES = 2
 # Inputs are memory-mapped a batch at a time, so this only stops a wrong path (a disk image, a
 # dump) from tying up a device for hours; raise it for genuinely larger inputs.
 DEFAULT_MAX_INPUT_BYTES = 64 * 2**30
+# Largest image, in pixels, judged from its header before decoding (an 8K frame is 33 million).
+DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 # A batch this large already fills a big GPU with a small model; more is almost surely a typo.
 DEFAULT_MAX_BATCH_SIZE = 65536
 # Training longer than this many epochs is a typo (an extra zero), not a plan.
@@ -104,6 +106,8 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1,
                                  description="Largest inference input (file or folder) accepted.")
+    max_image_pixels: int = Field(DEFAULT_MAX_IMAGE_PIXELS, ge=1,
+                                  description="Largest image (width x height) an input may hold.")
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1, description="Largest batch size.")
     max_epochs: int = Field(DEFAULT_MAX_EPOCHS, ge=1, description="Most epochs a training may ask.")
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1,
