@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mxq.api.guard import RequestGuard
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router, settings
 from mxq.errors import Conflict, MxqError, NotFound, Unavailable, UserError
@@ -83,6 +84,12 @@ def _too_large(limit: int, length: int | None = None) -> str:
     return f"{size} exceeds the limit of {limit} bytes (MXQ_MAX_BODY_BYTES)"
 
 
+def scope_settings(scope: Scope) -> Settings:
+    """The settings the routes see (a test's override included), for the middlewares."""
+    overrides = scope["app"].dependency_overrides
+    return overrides.get(settings, settings)()
+
+
 class BodyLimit:
     """413 for a request body over MXQ_MAX_BODY_BYTES: at once when Content-Length says so, else
     as soon as the streamed (chunked) body passes the limit, so no body is ever buffered whole."""
@@ -94,8 +101,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        overrides = scope["app"].dependency_overrides  # honour a test's settings override
-        limit = overrides.get(settings, settings)().max_body_bytes
+        limit = scope_settings(scope).max_body_bytes
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await problem(413, _too_large(limit, int(length)))(scope, receive, send)
@@ -151,6 +157,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_middleware(BodyLimit)
+    app.add_middleware(RequestGuard, settings=scope_settings, answer=problem)  # runs first
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

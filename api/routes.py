@@ -51,7 +51,7 @@ bearer = HTTPBearer(auto_error=False, description="MXQ_API_TOKEN, when the serve
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI entries of the errors a route can answer: each a Problem document."""
     return {status: {"model": Problem, "description": HTTPStatus(status).phrase}
-            for status in sorted({*statuses, 422, 503})}
+            for status in sorted({*statuses, 421, 422, 503})}
 
 
 def settings() -> Settings:
@@ -71,7 +71,7 @@ def writer(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(b
 
 
 Write = Depends(writer)
-WRITE_ERRORS = (401, 413)
+WRITE_ERRORS = (401, 403, 413, 415)  # (403, 415: api/guard.py)
 
 
 @router.get("/jobs", response_model=JobPage, responses=problems())

@@ -26,7 +26,7 @@ class Api:
     """A running `mxq api` subprocess and how to talk to it."""
 
     url: str
-    token: str
+    token: str | None
     proc: subprocess.Popen
     log: Path
 
@@ -38,15 +38,16 @@ class Api:
         return {"Authorization": f"Bearer {self.token}"}
 
 
-def start_api(stack: Stack, token: str, name: str = "api", **env: str) -> Iterator[Api]:
-    """`mxq api` on a free loopback port with MXQ_API_TOKEN set, its output in
+def start_api(stack: Stack, token: str | None, name: str = "api", **env: str) -> Iterator[Api]:
+    """`mxq api` on a free loopback port with MXQ_API_TOKEN set (unless None), its output in
     `<home>/<name>-<port>.log`; stopped with SIGTERM afterwards."""
     port = free_port()
     log_path = stack.home / f"{name}-{port}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "api"], cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT,
-                                env=stack.environ(MXQ_API_TOKEN=token, MXQ_API_PORT=str(port), **env))
+                                env=stack.environ(**({"MXQ_API_TOKEN": token} if token else {}),
+                                                  MXQ_API_PORT=str(port), **env))
     api = Api(f"http://127.0.0.1:{port}", token, proc, log_path)
     with api.client() as client:
 

@@ -28,7 +28,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def client(workers: Stack) -> Iterator[TestClient]:
     s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN)})
     app.dependency_overrides[routes.settings] = lambda: s
-    yield TestClient(app)
+    yield TestClient(app, base_url="http://127.0.0.1")
     app.dependency_overrides.clear()
 
 

@@ -415,7 +415,7 @@ def client(workers: Stack) -> Iterator[TestClient]:
     s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN),
                                             "max_input_bytes": API_MAX_INPUT_BYTES})
     app.dependency_overrides[routes.settings] = lambda: s
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url="http://127.0.0.1") as test_client:
         yield test_client
     app.dependency_overrides.clear()
 
@@ -630,8 +630,40 @@ HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
         "unknown schedule": ("GET", "/api/v1/schedules/nope", {}, 404, "nope"),
     },
 }
+# Without a token the API serves loopback only, and a browser is the adversary: a page of another
+# origin posting a form, or a DNS name of the attacker's rebound to 127.0.0.1.
+EVIL = "http://attacker.example"
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+NO_TOKEN_CASES: dict[str, HttpCase] = {
+    "form post from another origin cancels": ("POST", "/api/v1/jobs/1/cancel", {
+        "content": b"x=1", "headers": {"Origin": EVIL, **FORM}}, 403,
+        "a write from the page origin 'http://attacker.example' is refused"),
+    "text/plain form fires a schedule": ("POST", "/api/v1/schedules/nightly/run-now", {
+        "content": b"x", "headers": {"Origin": EVIL, "Content-Type": "text/plain"}}, 403,
+        "without MXQ_API_TOKEN only this API's own pages and programs may write"),
+    "script on another port of this host": ("DELETE", "/api/v1/schedules/nightly", {
+        "headers": {"Origin": "http://127.0.0.1:3000"}}, 403, "'http://127.0.0.1:3000' is refused"),
+    "sandboxed page (Origin null)": ("POST", "/api/v1/jobs", {
+        "json": {"kind": "probe"}, "headers": {"Origin": "null"}}, 403, "'null' is refused"),
+    "text/plain job without an Origin": ("POST", "/api/v1/jobs", {
+        "content": b'{"kind": "probe"}', "headers": {"Content-Type": "text/plain"}}, 415,
+        "Content-Type 'text/plain' is refused: a request body must be application/json"),
+    "application/evil+json": ("POST", "/api/v1/jobs", {
+        "content": b'{"kind": "probe"}', "headers": {"Content-Type": "application/evil+json"}}, 415,
+        "Content-Type 'application/evil+json' is refused"),
+    "multipart form": ("POST", "/api/v1/jobs", {
+        "files": {"kind": ("k", b"probe")}}, 415, "Content-Type 'multipart/form-data' is refused"),
+    "rebound DNS name reads": ("GET", "/api/v1/jobs", {"headers": {"Host": "attacker.example"}}, 421,
+                               "Host 'attacker.example' is not a name this API serves"),
+    "rebound DNS name writes": ("POST", "/api/v1/jobs", {
+        "json": {"kind": "probe"}, "headers": {"Host": "attacker.example:8470"}}, 421,
+        "Host 'attacker.example' is not a name this API serves"),
+    "no Host at all": ("GET", "/api/v1/devices", {"headers": {"Host": ""}}, 421,
+                       "Host '(none)' is not a name this API serves"),
+}
+HTTP_CASE_KINDS["no token"] = NO_TOKEN_CASES
 HTTP_CASES: dict[str, HttpCase] = {name: c for cases in HTTP_CASE_KINDS.values() for name, c in cases.items()}
-HTTP_ROUND_TRIPS = [next(iter(cases)) for cases in HTTP_CASE_KINDS.values()]
+HTTP_ROUND_TRIPS = [next(iter(cases)) for kind, cases in HTTP_CASE_KINDS.items() if kind != "no token"]
 
 
 def _check_http_case(stack: Stack, pids: dict[str, int], client: httpx.Client, case: str) -> None:
@@ -647,9 +679,37 @@ def _check_http_case(stack: Stack, pids: dict[str, int], client: httpx.Client, c
     _still_standing(stack, pids)
 
 
-@pytest.mark.parametrize("case", list(HTTP_CASES), ids=_id)
+@pytest.fixture(scope="module")
+def open_client(workers: Stack) -> Iterator[TestClient]:
+    """The API app with no token set, as on loopback by default."""
+    s = workers.settings.model_copy(update={"api_token": None})
+    app.dependency_overrides[routes.settings] = lambda: s
+    with TestClient(app, base_url="http://127.0.0.1") as test_client:
+        yield test_client
+    app.dependency_overrides.clear()
+
+
+@pytest.mark.parametrize("case", [c for c in HTTP_CASES if c not in NO_TOKEN_CASES], ids=_id)
 def test_bad_http_request(workers: Stack, client: TestClient, pids: dict[str, int], case: str) -> None:
     _check_http_case(workers, pids, client, case)
+
+
+@pytest.mark.parametrize("case", list(NO_TOKEN_CASES), ids=_id)
+def test_bad_http_request_without_a_token(workers: Stack, open_client: TestClient, pids: dict[str, int],
+                                          case: str) -> None:
+    _check_http_case(workers, pids, open_client, case)
+    allowed = open_client.post("/api/v1/jobs/987654/cancel", headers={"Origin": "http://127.0.0.1"})
+    assert allowed.status_code == 404  # the same origin passes (and finds no such job)
+
+
+@pytest.mark.parametrize("case", ["form post from another origin cancels", "rebound DNS name reads"],
+                         ids=_id)
+def test_bad_http_request_without_a_token_to_the_real_server(workers: Stack, pids: dict[str, int],
+                                                             case: str) -> None:
+    for server in start_api(workers, None, "api-no-token"):
+        with server.client() as real:
+            _check_http_case(workers, pids, real, case)
+        assert server.proc.poll() is None
 
 
 @pytest.mark.parametrize("case", HTTP_ROUND_TRIPS, ids=_id)

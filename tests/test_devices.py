@@ -255,7 +255,7 @@ from fastapi.testclient import TestClient
 from mxq.workers.app import app as celery_app
 from mxq.api.app import app
 celery_app.loader.import_default_modules()  # what `celery -A mxq.workers worker` imports at start
-client = TestClient(app)
+client = TestClient(app, base_url="http://127.0.0.1")
 assert client.get("/api/v1/jobs").status_code == 200 and client.get("/metrics").status_code == 200
 print(sorted(t for t in celery_app.tasks if t.startswith("mxq.")), "mxnet" in sys.modules)
 """

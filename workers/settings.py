@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     )
     api_host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
     api_port: int = Field(8470, ge=1, le=65535)
+    api_hosts: str | None = Field(None, description="More names (comma-separated) the API serves "
+                                  "as Host, beside loopback and MXQ_API_HOST.")
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1,
                                  description="Largest inference input (file or folder) accepted.")

@@ -1,0 +1,94 @@
+"""What a browser must not be able to make the API do: the checks on a request's headers before
+any route runs.
+
+- **Host**: a request must name a host the API serves (loopback names, `MXQ_API_HOST`,
+  `MXQ_API_HOSTS`); a page whose DNS name is rebound to 127.0.0.1 sends its own name and is
+  refused (421), so it cannot read or write through a loopback API.
+- **Origin**: without a token, a write from a page of another origin (an auto-submitted form, a
+  script) is refused (403); the dashboard's own requests and programs that send no `Origin` pass.
+- **Content type**: a write with a body must say `application/json`: a form (`text/plain`,
+  `application/x-www-form-urlencoded`, `multipart/form-data`) or `application/evil+json` is
+  refused (415) instead of parsed as JSON.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mxq.workers.settings import Settings
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+# Hosts that mean "every interface": the API then serves whatever name reaches it, unless
+# MXQ_API_HOSTS lists the names.
+WILDCARDS = {"0.0.0.0", "::", ""}
+
+
+def _host_name(value: str) -> str:
+    """The host of a Host header or an Origin's netloc, without its port, lower case."""
+    host = urlsplit(f"//{value}").hostname or ""
+    return host.lower()
+
+
+def served_names(s: Settings) -> set[str] | None:
+    """The names a request's Host may give; None when any will do (a wildcard bind without
+    MXQ_API_HOSTS)."""
+    extra = {h.strip().lower() for h in (s.api_hosts or "").split(",") if h.strip()}
+    if s.api_host in WILDCARDS and not extra:
+        return None
+    return LOOPBACK_NAMES | {s.api_host.lower().strip("[]")} | extra
+
+
+def _loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return name == "localhost"
+
+
+def refusal(s: Settings, method: str, headers: dict[bytes, bytes],
+            has_body: bool) -> tuple[int, str] | None:
+    """(status, why) for a request the API must not serve, else None."""
+    host_header = headers.get(b"host", b"").decode("latin-1").strip().lower()
+    host = _host_name(host_header)
+    names = served_names(s)
+    if names is not None and host not in names and not (_loopback(host) and s.api_on_loopback):
+        return 421, (f"Host {host or '(none)'!r} is not a name this API serves "
+                     f"({', '.join(sorted(names))}; more with MXQ_API_HOSTS)")
+    if method not in WRITES:
+        return None
+    origin = headers.get(b"origin")
+    if s.api_token is None and origin is not None:  # same origin: the same host and port
+        if urlsplit(origin.decode("latin-1").strip()).netloc.lower() != host_header:
+            return 403, (f"a write from the page origin {origin.decode('latin-1')[:100]!r} is refused: "
+                         "without MXQ_API_TOKEN only this API's own pages and programs may write")
+    if has_body:
+        kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if kind != "application/json":
+            return 415, (f"Content-Type {kind or '(none)'!r} is refused: a request body must be "
+                         "application/json")
+    return None
+
+
+class RequestGuard:
+    """ASGI middleware applying `refusal` to every HTTP request (the settings through the same
+    lookup the routes use, so a test's override holds)."""
+
+    def __init__(self, app: ASGIApp, settings: Callable[[Scope], Settings],
+                 answer: Callable[[int, str], ASGIApp]) -> None:
+        self.app, self.settings, self.answer = app, settings, answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length", b"0")
+            has_body = b"transfer-encoding" in headers or (length.isdigit() and int(length) > 0)
+            refused = refusal(self.settings(scope), scope["method"], headers, has_body)
+            if refused is not None:
+                await self.answer(*refused)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
