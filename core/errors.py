@@ -45,3 +45,12 @@ class JobRejected(UserError):
 
     def details(self) -> dict[str, Any]:
         return {"job_id": self.job_id}
+
+
+def reason(exc: BaseException, limit: int = 300) -> str:
+    """The line of an exception's message that says what happened: MXNet's carry a traceback
+    ("Traceback (most recent call last):", "[bt] (0) ...", "File ...") before their last line."""
+    frames = ("Traceback (most recent call last)", "[bt]", "File ", "Stack trace")
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(frames)]
+    return ((said or lines or [type(exc).__name__])[-1])[:limit]

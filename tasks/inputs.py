@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mxq.errors import UserError
+from mxq.errors import UserError, reason
 from mxq.preprocess import Preprocess
 from mxq.tasks.image_headers import ImageHeaderError, image_size
 
@@ -379,11 +379,6 @@ def _to_model(img: Any, shape: _ImageShape) -> np.ndarray:
     return pixels if shape.last else pixels.transpose(2, 0, 1)
 
 
-def _last_line(exc: BaseException) -> str:
-    """MXNet's errors carry a C++ traceback: its last line says what happened."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
-
-
 def _decode(data: bytes, where: str, shape: _ImageShape, limits: Limits) -> Any:
     """One image, its header checked first (format, whole, pixels), then decoded by MXNet."""
     from mxq.tasks.mx import mx
@@ -392,7 +387,7 @@ def _decode(data: bytes, where: str, shape: _ImageShape, limits: Limits) -> Any:
     try:
         return mx.image.imdecode(data, flag=shape.flag)
     except mx.base.MXNetError as e:
-        raise InputError(f"input {where} is not a decodable image: {_last_line(e)}") from None
+        raise InputError(f"input {where} is not a decodable image: {reason(e)}") from None
 
 
 def _image_reader(files: list[Path], shape: _ImageShape, limits: Limits) -> Callable[[int, int], np.ndarray]:
@@ -417,7 +412,7 @@ def _record_reader(path: Path, idx: Path, shape: _ImageShape,
             rec = mx.recordio.MXIndexedRecordIO(str(idx), str(path), "r")
         except (mx.base.MXNetError, ValueError, IndexError) as e:
             raise InputError(f"input {path} is not a RecordIO file MXNet can open with its index "
-                             f"{idx.name}: {_last_line(e)}") from None
+                             f"{idx.name}: {reason(e)}") from None
         try:
             out = []
             for key in rec.keys[start:stop]:
@@ -425,7 +420,7 @@ def _record_reader(path: Path, idx: Path, shape: _ImageShape,
                     _header, payload = mx.recordio.unpack(rec.read_idx(key))
                 except (mx.base.MXNetError, struct.error, ValueError) as e:
                     raise InputError(f"input {path} record {key} cannot be read at the offset its "
-                                     f"index gives: {_last_line(e)}") from None
+                                     f"index gives: {reason(e)}") from None
                 # imdecode, MXNet's own decoder (RGB, like imread); unpack_img would need cv2
                 out.append(_to_model(_decode(payload, f"{path} record {key}", shape, limits), shape))
             return np.stack(out)

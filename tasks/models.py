@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import struct
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 
 from mxq.db import registry
 from mxq.db.records import ModelRecord
-from mxq.errors import UserError
+from mxq.errors import UserError, reason
 from mxq.names import check_name
 from mxq.preprocess import Preprocess
 from mxq.tasks import onnx_export
@@ -41,9 +42,6 @@ def sha256(path: Path) -> str:
             h.update(block)
     return h.hexdigest()
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def store_dir(home: Path, name: str, version: int) -> Path:
@@ -143,7 +141,7 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
         raise
     except Exception as exc:  # MXNetError, AssertionError, ValueError from a mismatched pair
         raise ModelError(f"params file {params_file.name} does not match symbol "
-                         f"{symbol_file.name}: {_first_line(exc)}") from None
+                         f"{symbol_file.name}: {reason(exc)}") from None
     dtype = _weights_dtype(net)
     if ctx.device_type == "cpu" and dtype != "float32":
         net.cast("float32")
@@ -152,18 +150,51 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
     return net
 
 
+PARAMS_MAGIC = 0x112  # MXNet's NDArray-list files start with it (then 8 reserved bytes, a count)
+
+
+def _check_params_file(path: Path) -> None:
+    """A params file as MXNet writes one, judged from its header: MXNet itself answers a random
+    file with a traceback and one claiming 2**63 arrays with std::bad_alloc."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or struct.unpack("<Q", head[:8])[0] != PARAMS_MAGIC:
+        raise ModelError(f"params file {path.name} is not an MXNet params file: it does not start "
+                         f"with MXNet's NDArray-list header (found {head[:8]!r}, {size} bytes)")
+    count = struct.unpack("<Q", head[16:24])[0]
+    if count * 16 > size:  # each array's header alone takes more than 16 bytes
+        raise ModelError(f"params file {path.name} claims {count} arrays in {size} bytes: it is "
+                         "cut short or corrupt")
+
+
+def _check_symbol_file(path: Path) -> None:
+    """A symbol file is the JSON graph `net.export()` writes (`nodes`, `heads`)."""
+    try:
+        graph = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ModelError(f"symbol file {path.name} is not JSON: {reason(exc, 120)}") from None
+    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list) or not graph["nodes"] \
+            or "heads" not in graph:
+        found = sorted(graph)[:5] if isinstance(graph, dict) else type(graph).__name__
+        raise ModelError(f"symbol file {path.name} is not an MXNet symbol graph: expected 'nodes' "
+                         f"and 'heads', found {found}")
+
+
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
                  input_shape: tuple[int, ...] | None, preprocess: Preprocess | None = None) -> ModelRecord:
     """A user's `net.export()` output, checked by loading it and running one sample."""
     for f in (symbol, params):
         if not f.is_file():
             raise ModelError(f"{f} does not exist")
+    _check_symbol_file(symbol)
+    _check_params_file(params)
     try:
         shape = input_shape or _symbol_shape(symbol, _data_name(symbol, params))
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"cannot read {symbol.name} / {params.name}: {_first_line(exc)}") from None
+        raise ModelError(f"cannot read {symbol.name} / {params.name}: {reason(exc)}") from None
     if shape is None:
         raise ModelError(f"{symbol.name} does not record its input shape; pass --input-shape "
                          "(one sample, e.g. 64 or 3,32,32)")
@@ -172,7 +203,7 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
         out = net(mx.nd.zeros((1, *shape), dtype=input_dtype(net)))
         out.wait_to_read()  # MXNet runs asynchronously: its errors surface when the result is read
     except Exception as exc:
-        raise ModelError(f"model does not run on input shape {shape}: {_first_line(exc)}") from None
+        raise ModelError(f"model does not run on input shape {shape}: {reason(exc)}") from None
     if out.ndim != 2 or out.shape[1] < 2:
         raise ModelError(f"model output has shape {out.shape}; mxq expects (batch, classes)")
 

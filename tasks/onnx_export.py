@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from mxq.errors import reason
 from mxq.tasks import onnx_runtime
 from mxq.tasks.mx import mx
 
@@ -22,9 +23,6 @@ ONNX_FILE = "model.onnx"
 CHECK_BATCH = 16  # samples of the agreement check
 OUTPUT = "probabilities"
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def _missing() -> str | None:
@@ -74,7 +72,7 @@ def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...
         ours = onnx_runtime.run(onnx_runtime.session(target)[0], sample)
     except Exception as exc:  # the converter raises many types for ops it does not know
         target.unlink(missing_ok=True)
-        return {"file": None, "error": f"the ONNX exporter cannot convert it: {_first_line(exc)}"}
+        return {"file": None, "error": f"the ONNX exporter cannot convert it: {reason(exc)}"}
     theirs = mxnet_probs(sample)
     return {"file": str(target), "max_diff": float(np.abs(ours - theirs).max()),
             "argmax_agreement": float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())}

@@ -16,6 +16,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -761,6 +762,49 @@ def test_bad_model_name_is_refused_before_anything_is_written(workers: Stack, pi
     assert len(line) < 400  # a 10,000-character name is shortened, not echoed whole
     _expect_changes(before, counts(workers), 0)
     assert sorted(p for p in workers.home.rglob("*") if "logs" not in p.parts) == files
+    _still_standing(workers, pids)
+
+
+# `mxq models add NAME --symbol S --params P` with files that are not what they claim: (how to make
+# the symbol and params from a good pair, what the one error says).
+ModelFiles = Callable[[Path, Path, Path], tuple[Path, Path]]
+
+
+def _write(tmp: Path, name: str, body: bytes) -> Path:
+    (tmp / name).write_bytes(body)
+    return tmp / name
+
+
+MODEL_FILE_CASES: dict[str, tuple[ModelFiles, str]] = {
+    "random bytes as params": (
+        lambda sym, par, tmp: (sym, _write(tmp, "random.params", np.random.default_rng(1).bytes(5000))),
+        "params file random.params is not an MXNet params file: it does not start with MXNet's"),
+    "params claiming 2**63 arrays": (
+        lambda sym, par, tmp: (sym, _write(tmp, "bomb.params", struct.pack("<QQQ", 0x112, 0, 2**63 - 1))),
+        "params file bomb.params claims 9223372036854775807 arrays in 24 bytes: it is cut short or corrupt"),
+    "params cut short": (lambda sym, par, tmp: (sym, _write(tmp, "cut.params", par.read_bytes()[:300])),
+                         "params file cut.params does not match symbol"),
+    "symbol that is not JSON": (lambda sym, par, tmp: (_write(tmp, "s.json", b"\x9b\x00binary"), par),
+                                "symbol file s.json is not JSON"),
+    "symbol JSON of something else": (lambda sym, par, tmp: (_write(tmp, "s.json", b'{"nodes": []}'), par),
+                                      "symbol file s.json is not an MXNet symbol graph: expected 'nodes' "
+                                      "and 'heads'"),
+    "an empty params file": (lambda sym, par, tmp: (sym, _write(tmp, "empty.params", b"")),
+                             "params file empty.params is not an MXNet params file"),
+}
+
+
+@pytest.mark.parametrize("case", list(MODEL_FILE_CASES), ids=_id)
+def test_bad_model_files_are_refused_in_one_line(workers: Stack, mlp: dict, pids: dict[str, int],
+                                                 tmp_path: Path, case: str) -> None:
+    make, needle = MODEL_FILE_CASES[case]
+    symbol, params = make(Path(mlp["symbol_file"]), Path(mlp["params_file"]), tmp_path)
+    before = counts(workers)
+    proc = workers.mxq("models", "add", "imported", "--symbol", str(symbol), "--params", str(params),
+                       "--input-shape", "64")
+    line = _one_line(proc.stderr)
+    assert proc.returncode == 2 and needle in line and "Traceback" not in line, line
+    _expect_changes(before, counts(workers), 0)
     _still_standing(workers, pids)
 
 
