@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from mxq.workers import groups
 from mxq.workers.embedded import EmbeddedRedis
 from tests.conftest import Stack, free_port, wait_until
 
@@ -62,3 +66,29 @@ def test_up_probe_every_device_down(tmp_path: Path) -> None:
     assert not any(_alive(p) for p in [*pids, launcher])
     after = stack.mxq_json("devices")
     assert [d["alive"] for d in after] == [False, False]
+
+
+@pytest.mark.slow
+def test_down_ends_every_process_even_after_the_launcher_died(tmp_path: Path) -> None:
+    """`mxq down` once left the schedule worker's beat child running under PID 1: each child of
+    the launcher leads its own process group, and down ends what is left of every group."""
+    home = tmp_path / "var"
+    stack = Stack("up", home, {"MXQ_HOME": str(home), "MXQ_NODE": "downnode", "MXQ_CPU_DEVICES": "1",
+                               "MXQ_NVIDIA_SMI": str(tmp_path / "absent"), "MXQ_API_PORT": str(free_port())})
+    up = stack.mxq_process("up", "--detach", timeout=240)
+    try:
+        assert up.returncode == 0, up.stderr
+        recorded = groups.recorded(home)
+        assert len(recorded) == 3  # cpu:0's worker, the schedule worker (with beat), the API
+        launcher = int((home / "launcher.pid").read_text())
+        os.kill(launcher, signal.SIGKILL)  # it can no longer stop anything
+        wait_until(lambda: _alive(launcher), 30, "the launcher to die", until=lambda alive: not alive)
+        before = {g: groups.members(g) for g in recorded}
+        assert all(before.values()), before  # its children outlive it
+    finally:
+        down = stack.mxq_process("down", timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert "processes the workers had left behind" in down.stdout
+    left = {g: groups.members(g) for g in recorded}
+    assert not any(left.values()), left
+    assert not groups.groups_file(home).exists()

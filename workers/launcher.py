@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
+from mxq.workers import groups
 from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility, onnx_runs_gpus
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
 from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
@@ -156,11 +157,13 @@ class Launcher:
         self.logs.mkdir(parents=True, exist_ok=True)
         out = open(self.logs / f"{spec.name.replace('@', '-')}.log", "ab")  # noqa: SIM115
         memory_mb = self.settings.worker_memory_mb if spec.device is not None else None
-        child.proc = subprocess.Popen(
+        child.proc = subprocess.Popen(  # its own session and group: its tree ends with it
             spec.command, env=spec.env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, preexec_fn=preexec(spec.cores, memory_mb),
+            start_new_session=True,
         )
         out.close()
+        groups.record(self.settings.home_path, {c.proc.pid for c in self.children if c.proc})
         log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,
                  spec.device.label if spec.device else "no device", ",".join(spec.queues))
 
@@ -221,6 +224,9 @@ class Launcher:
                 continue
             code = child.proc.poll()
             if code is not None:
+                strays = groups.end(child.proc.pid)  # what it started and left behind
+                if strays:
+                    log.warning("%s left %d processes behind; ended them", child.spec.name, strays)
                 child.proc = None
                 self._on_exit(child, code)
             elif child.crashes and now - child.restart_at > 60:
@@ -243,6 +249,9 @@ class Launcher:
                 log.warning("%s did not stop in %.0fs; killing it", name, STOP_GRACE_SECONDS)
                 proc.kill()
                 proc.wait()
+            strays = groups.end(proc.pid, grace=1.0)  # a pool or beat process that outlived it
+            if strays:
+                log.warning("%s left %d processes behind; ended them", name, strays)
         for c in self.children:
             self._recover(c)
 

@@ -14,6 +14,7 @@ from mxq.db.fleet import alive_since, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
+from mxq.workers import groups
 from mxq.workers.devices import discover, installed_mxnet
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
@@ -104,6 +105,9 @@ def down(settings: Settings) -> list[str]:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         stopped.append(f"workers (launcher pid {pid})")
+    strays = groups.end_recorded(settings.home_path)  # what outlived its parent, even the launcher
+    if strays:
+        stopped.append(f"{strays} processes the workers had left behind")
     redis = EmbeddedRedis(settings.home_path)
     if settings.embedded_broker and redis.running():
         redis.stop()

@@ -1,0 +1,72 @@
+"""The process groups the launcher starts: one per child (each child leads its own session), so
+that a child's whole tree (Celery's pool, the beat process of the schedule worker, a training's
+child and its ps-lite roles) can be ended together, even the parts whose parent died first and
+that now hang off PID 1.
+
+The launcher records the groups in `$MXQ_HOME/launcher.groups`; `mxq down` ends whatever is still
+in them once the launcher is gone, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+GRACE_SECONDS = 5.0  # after SIGTERM, before SIGKILL
+
+
+def groups_file(home: Path) -> Path:
+    return home / "launcher.groups"
+
+
+def record(home: Path, groups: set[int]) -> None:
+    """Write the groups of the live children (replaced whole, so it never lists a stale one twice)."""
+    path = groups_file(home)
+    path.write_text("".join(f"{g}\n" for g in sorted(groups)))
+
+
+def recorded(home: Path) -> set[int]:
+    try:
+        return {int(line) for line in groups_file(home).read_text().split() if line.isdigit()}
+    except FileNotFoundError:
+        return set()
+
+
+def members(group: int) -> list[int]:
+    """The processes of a group that still run (zombies, already dead, are left out)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != "Z" and int(fields[2]) == group:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def end(group: int, grace: float = GRACE_SECONDS) -> int:
+    """End every process of `group`: SIGTERM, then SIGKILL after `grace`; how many there were."""
+    left = members(group)
+    if not left:
+        return 0
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return len(left)
+        deadline = time.monotonic() + grace
+        while members(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not members(group):
+            break
+    return len(left)
+
+
+def end_recorded(home: Path) -> int:
+    """End what is left of every recorded group (the launcher is gone); how many processes."""
+    ended = sum(end(g) for g in recorded(home))
+    groups_file(home).unlink(missing_ok=True)
+    return ended
