@@ -35,7 +35,7 @@ from mxq.db.schema import utcnow
 from mxq.ids import MAX_ID
 from mxq.since import parse_since
 from mxq.workers.cancel import cancel_job
-from mxq.workers.fires import add_schedule, resume, run_now
+from mxq.workers.fires import add_schedule, request_fire, resume
 from mxq.workers.jobspecs import TrainOptions
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.status import device_table
@@ -212,11 +212,12 @@ def resume_schedule(name: Name, s: Settings = Depends(settings)) -> Any:
     return _schedule(s, name)
 
 
-@router.post("/schedules/{name}/run-now", dependencies=[Write], response_model=ScheduleDetail,
-             responses=problems(404, *WRITE_ERRORS))
+@router.post("/schedules/{name}/run-now", status_code=202, dependencies=[Write],
+             response_model=ScheduleDetail, responses=problems(404, *WRITE_ERRORS))
 def fire_now(name: Name, s: Settings = Depends(settings)) -> Any:
-    """Fire once, now."""
-    run_now(s, name)
+    """Fire once, now: the fire is recorded at once (listed last, with no job yet) and the
+    schedule process resolves its dataset and submits its job."""
+    request_fire(s, name)
     return _schedule(s, name)
 
 

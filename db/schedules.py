@@ -124,6 +124,17 @@ def record_manual(url: str, schedule_id: int, fire_time: datetime) -> int:
         return _new_fire(session, schedule_id, fire_time, 0, manual=True).id
 
 
+def pending_fire(url: str, fire_id: int) -> dict[str, Any] | None:
+    """The schedule of a fire that has neither a job nor an error yet (else None): what the
+    schedule process still has to submit."""
+    with session_scope(url) as session:
+        fire = session.get(Fire, fire_id)
+        if fire is None or fire.job_id is not None or fire.error is not None or fire.schedule_id is None:
+            return None
+        row = session.get(Schedule, fire.schedule_id)
+        return None if row is None else {**schedule_record(row), "id": row.id}
+
+
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:
     """Set the fire's dataset file, job id, error or promotion decision."""
     with session_scope(url) as session:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -18,7 +21,8 @@ from mxq.api.app import app
 from mxq.db import jobs
 from mxq.db.engine import session_scope
 from mxq.db.schema import JobMetric, utcnow
-from tests.conftest import FINAL, NODE, Stack, wait_until
+from mxq.tasks import datasets
+from tests.conftest import FINAL, NODE, ROOT, Stack, wait_until
 
 TOKEN = "s3cret-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -98,8 +102,9 @@ def test_schedules_crud(client: TestClient, workers: Stack) -> None:
     assert "api-nightly" in {s["name"] for s in client.get("/api/v1/schedules").json()}
     assert client.post("/api/v1/schedules/api-nightly/pause", headers=AUTH).json()["enabled"] is False
     assert client.post("/api/v1/schedules/api-nightly/resume", headers=AUTH).json()["enabled"] is True
-    fired = client.post("/api/v1/schedules/api-nightly/run-now", headers=AUTH).json()
-    assert len(fired["fires"]) == 1 and "matches no file" in fired["fires"][0]["error"]
+    fired = client.post("/api/v1/schedules/api-nightly/run-now", headers=AUTH)
+    assert fired.status_code == 202  # recorded; the schedule process resolves and submits it
+    assert [(f["manual"], f["job_id"], f["error"]) for f in fired.json()["fires"]] == [(True, None, None)]
     assert client.delete("/api/v1/schedules/api-nightly", headers=AUTH).status_code == 204
     assert client.get("/api/v1/schedules/api-nightly").status_code == 404
 
@@ -223,3 +228,28 @@ def test_every_error_is_a_problem_document(client: TestClient) -> None:
     assert [r.status_code for r in answers.values()] == [404, 404, 422, 401, 405]
     # Every method the path has, not just those of the first route Starlette matched.
     assert answers["wrong method"].headers["allow"] == "DELETE, GET, HEAD"
+
+
+def test_run_now_hands_the_fire_to_the_schedule_process(client: TestClient, workers: Stack) -> None:
+    """The API never walks a dataset glob itself: the schedule process (`mxq scheduler`, the
+    `mxq.fire` task) resolves the fire's dataset and submits its training."""
+    folder = workers.home / "data" / "handover"
+    folder.mkdir(exist_ok=True)
+    d = datasets.digits().for_training()
+    np.savez(folder / "day1.npz", X=d.x.reshape(len(d.y), -1)[:200], y=d.y[:200])
+    body = {"name": "handover", "cron": "0 4 * * *", "dataset": "handover/*.npz", "arch": "mlp",
+            "model": "handover", "epochs": 1}
+    assert client.post("/api/v1/schedules", json=body, headers=AUTH).status_code == 201
+    scheduler = subprocess.Popen([sys.executable, "-m", "mxq.cli", "scheduler"], cwd=ROOT,
+                                 env=workers.environ(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+    try:
+        assert client.post("/api/v1/schedules/handover/run-now", headers=AUTH).status_code == 202
+        fire = wait_until(lambda: client.get("/api/v1/schedules/handover").json()["fires"][-1], 120,
+                          "the schedule process to submit the fire", until=lambda f: f["job_id"])
+        assert fire["dataset_file"].endswith("handover/day1.npz") and fire["error"] is None
+        assert workers.wait(fire["job_id"])["status"] == "succeeded"
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.wait(timeout=60)
+        client.delete("/api/v1/schedules/handover", headers=AUTH)

@@ -358,6 +358,12 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
         "cron in words": schedule("invalid cron expression 'every day'", cron="every day"),
         "unknown time zone": schedule("unknown time zone 'Mars/Olympus_Mons': use an IANA name",
                                       tz="Mars/Olympus_Mons"),
+        "dataset outside the data root": schedule("dataset source /etc lies outside the data root",
+                                                  dataset="/etc/*"),
+        "recursive glob outside the data root": schedule("dataset source /usr lies outside the data root",
+                                                         dataset="/usr/**/*.py"),
+        "dataset climbing out with ..": schedule("dataset source ../.. lies outside the data root",
+                                                 dataset="../../*.npz"),
         "schedule epochs over the max": schedule("epochs=20000: Input should be less than or equal to 10000",
                                                  epochs=20000),
     },
@@ -719,6 +725,51 @@ def test_bad_http_request_to_the_real_server(workers: Stack, server: Api, pids: 
     with server.client() as real:
         _check_http_case(workers, pids, real, case)
     assert server.proc.poll() is None
+
+
+def _glob_tree(stack: Stack) -> None:
+    """Below the data root: a symlink loop, a symlink to a file outside the root, 60 folders."""
+    tree = stack.home / "data" / "globs"
+    if tree.exists():
+        return
+    (tree / "loop").mkdir(parents=True)
+    (tree / "loop" / "again").symlink_to(tree / "loop")  # loop/again/again/... for ever
+    np.save(stack.home / "secret-train.npy", ROWS)
+    (tree / "leak").mkdir()
+    (tree / "leak" / "secret.npz").symlink_to(stack.home / "secret-train.npy")
+    for i in range(60):
+        (tree / "wide" / f"d{i}").mkdir(parents=True)
+
+
+# `mxq schedule run-now` walking a dataset glob inside the root: (source, its environment, the
+# error of the fire). The walk never enters a symlinked folder, never offers a file outside the
+# root (nor names it), and stops at its bounds.
+GLOB_CASES: dict[str, tuple[str, dict[str, str], str]] = {
+    "glob through a symlink loop": ("globs/loop/**/*.npz", {}, "matches no file"),
+    "glob matching only a file outside the root": ("globs/leak/*.npz", {}, "matches no file"),
+    "glob past MXQ_GLOB_MAX_ENTRIES": ("globs/wide/**/*.npz", {"MXQ_GLOB_MAX_ENTRIES": "50"},
+                                       "looked at more than 50 entries without finishing "
+                                       "(MXQ_GLOB_MAX_ENTRIES)"),
+    "glob past MXQ_GLOB_SECONDS": ("globs/wide/**/*.npz", {"MXQ_GLOB_SECONDS": "0.000001"},
+                                   "to search (MXQ_GLOB_SECONDS): narrow the pattern"),
+}
+
+
+@pytest.mark.parametrize("case", list(GLOB_CASES), ids=_id)
+def test_schedule_globs_are_bounded_and_confined(workers: Stack, pids: dict[str, int], case: str) -> None:
+    source, env, needle = GLOB_CASES[case]
+    _glob_tree(workers)
+    name = f"glob-{_id(case)}"
+    add = workers.mxq("schedule", "add", name, "--cron", "0 3 * * *", "--arch", "mlp", "--dataset", source,
+                      "--model", "globbed", env=env)
+    assert add.returncode == 0, add.stderr
+    try:
+        proc = workers.mxq("schedule", "run-now", name, env=env)  # (a loop once spun for minutes)
+        line = _one_line(proc.stderr)
+        assert proc.returncode == 1 and needle in line and "secret" not in line, line
+    finally:
+        workers.mxq("schedule", "rm", name)
+    _still_standing(workers, pids)
 
 
 # The CLI at the same edges: (arguments, what the one error says). Exit 2, no traceback.

@@ -7,39 +7,23 @@ After downtime, every missed fire time collapses into one catch-up fire at the l
 
 from __future__ import annotations
 
-import glob
 import logging
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from mxq.db import schedules
 from mxq.db.schema import utcnow
 from mxq.errors import JobRejected, MxqError
+from mxq.workers.app import app_for
 from mxq.workers.cron import check, due, next_after
 from mxq.workers.jobspecs import ParamsError, validate
-from mxq.workers.paths import PathError, inside_root
+from mxq.workers.queues import CONTROL_QUEUE
 from mxq.workers.settings import Settings
+from mxq.workers.sources import check_source, newest_file
 from mxq.workers.submit import submit
 
 log = logging.getLogger(__name__)
 POLICIES = ("always", "if-better", "never")
-
-
-def newest_file(settings: Settings, source: str) -> Path:
-    """A file, the newest file in a folder, or the newest match of a glob, inside the data root."""
-    root, origin = settings.inputs_root_and_origin()
-    pattern = source if Path(source).is_absolute() else str(root / source)
-    if any(c in source for c in "*?["):
-        matches = [Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
-    elif Path(pattern).is_dir():
-        matches = [p for p in Path(pattern).iterdir() if p.is_file()]
-    else:
-        matches = [Path(pattern)] if Path(pattern).exists() else []
-    if not matches:
-        raise PathError(f"dataset source {source!r} matches no file (in {root})")
-    newest = max(matches, key=lambda p: (p.stat().st_mtime, p.name))
-    return inside_root(newest, root, "dataset", origin)
 
 
 def submit_fire(settings: Settings, sched: dict[str, Any], fire_id: int) -> int | None:
@@ -87,6 +71,22 @@ def run_now(settings: Settings, name: str, now: datetime | None = None) -> int:
     return fire_id
 
 
+def request_fire(settings: Settings, name: str, now: datetime | None = None) -> int:
+    """Record a fire now and hand it to the schedule process (the `mxq.fire` task on the control
+    queue), which resolves the dataset and submits the job: the API's run-now never walks a
+    dataset glob in its request handler. Should the message be lost, the reconciler submits the
+    fire after FIRE_GRACE_SECONDS."""
+    sched = schedules.get(settings.database, name)
+    fire_id = schedules.record_manual(settings.database, sched["id"], now or utcnow())
+    try:
+        app_for(settings.broker).send_task("mxq.fire", args=[fire_id], queue=CONTROL_QUEUE,
+                                           task_id=f"fire-{fire_id}")
+    except Exception as exc:  # kombu raises several unrelated types; the reconciler catches up
+        log.warning("fire %s of %s not handed over (%s); the reconciler will submit it", fire_id,
+                    name, exc)
+    return fire_id
+
+
 def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str,
                  spec: dict[str, Any], promote: str, metric: str, min_gain: float,
                  now: datetime | None = None) -> dict[str, Any]:
@@ -95,6 +95,7 @@ def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str
     if promote not in POLICIES:
         raise ParamsError(f"--promote {promote!r}: expected one of {', '.join(POLICIES)}")
     validate("train", {**spec, "dataset": dataset})  # the training options, checked now, not at 3 am
+    check_source(settings, dataset)
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
         "metric": metric, "min_gain": min_gain, "enabled": True,

@@ -15,13 +15,22 @@ class PathError(UserError):
     """A path outside its root, or one that does not exist."""
 
 
-def inside_root(path: str | Path, root: str | Path, what: str = "input",
-                setting: str = "MXQ_DATA_ROOT") -> Path:
-    """The resolved path (relative paths count from `root`), or PathError saying why not."""
+def within(path: str | Path, root: str | Path, what: str = "input",
+           setting: str = "MXQ_DATA_ROOT") -> Path:
+    """The resolved path (relative paths count from `root`) if it lies inside `root`, whether or
+    not it exists; else PathError naming it, the root and where the root is set."""
     base = Path(root).resolve()
     resolved = (base / Path(path)).resolve()
     if not resolved.is_relative_to(base):
         raise PathError(f"{what} {path} lies outside the data root {base} ({setting})")
+    return resolved
+
+
+def inside_root(path: str | Path, root: str | Path, what: str = "input",
+                setting: str = "MXQ_DATA_ROOT") -> Path:
+    """The resolved path (relative paths count from `root`) of a regular file or folder inside
+    `root`, or PathError saying why not."""
+    resolved = within(path, root, what, setting)
     if not resolved.exists():
         raise PathError(f"{what} {path} does not exist")
     if not (resolved.is_file() or resolved.is_dir()):  # opening a FIFO blocks until a writer comes

@@ -45,6 +45,9 @@ DEFAULT_CPU_DEVICES = 2
 DEFAULT_MAX_INPUT_BYTES = 64 * 2**30
 # Largest image, in pixels, judged from its header before decoding (an 8K frame is 33 million).
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+# A schedule's dataset glob stops past this many folder entries, or this many seconds.
+DEFAULT_GLOB_MAX_ENTRIES = 100_000
+DEFAULT_GLOB_SECONDS = 10.0
 # A batch this large already fills a big GPU with a small model; more is almost surely a typo.
 DEFAULT_MAX_BATCH_SIZE = 65536
 # Training longer than this many epochs is a typo (an extra zero), not a plan.
@@ -108,6 +111,10 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1,
                                  description="Largest inference input (file or folder) accepted.")
+    glob_max_entries: int = Field(DEFAULT_GLOB_MAX_ENTRIES, ge=1, description="Most folder "
+                                  "entries a schedule's dataset glob may look at.")
+    glob_seconds: float = Field(DEFAULT_GLOB_SECONDS, gt=0, description="Longest a schedule's "
+                                "dataset glob may search, in seconds.")
     max_image_pixels: int = Field(DEFAULT_MAX_IMAGE_PIXELS, ge=1,
                                   description="Largest image (width x height) an input may hold.")
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1, description="Largest batch size.")

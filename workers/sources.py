@@ -1,0 +1,108 @@
+"""Where a schedule's dataset comes from: a file, the newest file of a folder, or the newest match
+of a glob, all inside the data root, found by a bounded walk.
+
+`glob.glob("/usr/**/*.py", recursive=True)` once spun for minutes, following symlink loops, and a
+source of `/etc/*` answered with the name of a file outside the data root. Here the walk starts
+at the glob's fixed leading folders, which must lie inside the root; it never follows a symlinked
+folder; it stops past MXQ_GLOB_MAX_ENTRIES entries or MXQ_GLOB_SECONDS; and a match that leads
+outside the root (a symlinked file) is never a candidate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from mxq.workers.paths import PathError, inside_root, within
+from mxq.workers.settings import Settings
+
+WILDCARDS = "*?["
+
+
+def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """`parts` (a path below the walk's start) against glob components; `**` is any depth."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_matches(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
+
+
+def _split(source: str) -> tuple[Path, tuple[str, ...]]:
+    """The glob's fixed leading folders and its remaining components."""
+    parts = Path(source).parts
+    fixed = next((i for i, p in enumerate(parts) if any(c in p for c in WILDCARDS)), len(parts))
+    return Path(*parts[:fixed]) if fixed else Path("."), tuple(parts[fixed:])
+
+
+class Walk:
+    """A bounded walk below `start`: counts every entry it looks at, watches the clock."""
+
+    def __init__(self, settings: Settings, source: str) -> None:
+        self.source, self.seen = source, 0
+        self.max_entries, self.seconds = settings.glob_max_entries, settings.glob_seconds
+        self.deadline = time.monotonic() + settings.glob_seconds
+
+    def _tick(self) -> None:
+        self.seen += 1
+        if self.seen > self.max_entries:
+            raise PathError(f"dataset source {self.source!r} looked at more than {self.max_entries:,} "
+                            "entries without finishing (MXQ_GLOB_MAX_ENTRIES): narrow the pattern")
+        if time.monotonic() > self.deadline:
+            raise PathError(f"dataset source {self.source!r} took more than {self.seconds:g} s to "
+                            "search (MXQ_GLOB_SECONDS): narrow the pattern")
+
+    def files(self, start: Path, pattern: tuple[str, ...]) -> list[Path]:
+        """Files below `start` whose relative path matches `pattern` (symlinked folders are not
+        entered, so no loop can hold the walk)."""
+        deep = "**" in pattern
+        found: list[Path] = []
+        stack: list[tuple[Path, tuple[str, ...]]] = [(start, ())]
+        while stack:
+            folder, rel = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue  # unreadable or gone: nothing from it
+            for entry in entries:
+                self._tick()
+                parts = (*rel, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    if deep or len(parts) < len(pattern):
+                        stack.append((Path(entry.path), parts))
+                elif _matches(parts, pattern):
+                    found.append(Path(entry.path))
+        return found
+
+
+def check_source(settings: Settings, source: str) -> None:
+    """Refuse, when a schedule is added, a source whose fixed leading folders lie outside the
+    data root (`/etc/*`, `/usr/**/*.py`): nothing outside it is ever listed."""
+    root, origin = settings.inputs_root_and_origin()
+    within(_split(source)[0], root, "dataset source", origin)
+
+
+def newest_file(settings: Settings, source: str) -> Path:
+    """The file a fire trains on: `source` itself, the newest file of that folder, or the newest
+    match of that glob; inside the data root, or PathError saying why not."""
+    root, origin = settings.inputs_root_and_origin()
+    start, pattern = _split(source)
+    base = within(start, root, "dataset source", origin)  # before anything is listed
+    walk = Walk(settings, source)
+    if pattern:
+        candidates = walk.files(base, pattern) if base.is_dir() else []
+    elif base.is_dir():
+        candidates = walk.files(base, ("*",))
+    else:
+        candidates = [base] if base.exists() else []
+    inside = []
+    for path in candidates:
+        try:
+            inside.append(inside_root(path, root, "dataset", origin))
+        except PathError:
+            continue  # a symlink out of the root is no candidate (and its name is not told)
+    if not inside:
+        raise PathError(f"dataset source {source!r} matches no file (in {root})")
+    return max(inside, key=lambda p: (p.stat().st_mtime, p.name))
