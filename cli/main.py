@@ -199,6 +199,24 @@ def reconcile(json_: JsonOpt = False) -> None:
             render.out.print(f"{action.replace('_', ' ')}: {', '.join(map(str, items)) or 'none'}")
 
 
+@app.command("dead-letters")
+def dead_letters(clear: Annotated[bool, typer.Option("--clear", help="Drop them all.")] = False,
+                 json_: JsonOpt = False) -> None:
+    """Broker messages no worker could read, moved aside (newest first): their queue, when, why."""
+    from mxq.workers import deadletters, leases
+
+    client = leases.client(get_settings().broker)
+    if clear:
+        render.out.print(f"cleared {deadletters.clear(client)} dead letters")
+        return
+    rows = deadletters.listed(client)
+    if json_:
+        render.print_json(rows)
+    else:
+        render.table([{**r, "message": r["message"][:60]} for r in rows],
+                     ["at", "queue", "reason", "chars", "message"], "dead letters")
+
+
 @app.command()
 def migrate() -> None:
     """Bring the database to the newest schema (Alembic migrations; idempotent)."""

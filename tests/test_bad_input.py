@@ -7,6 +7,7 @@ real `mxq api` server."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -882,8 +883,47 @@ def _no_such_job(stack: Stack) -> None:
                                              task_id="no-such-job-987654")
 
 
+def _push(queue: str, item: str) -> Callable[[Stack], None]:
+    """Push a raw item onto a queue as kombu stores messages (what any broker client can do)."""
+    def push(stack: Stack) -> None:
+        from mxq.workers import leases
+
+        leases.client(stack.settings.broker).lpush(queue, item)
+    return push
+
+
+def _envelope(**changes: Any) -> str:
+    """A kombu envelope of a probe message for job 987654, with `changes` made to it."""
+    body = base64.b64encode(json.dumps([[987654], {}, {}]).encode()).decode()
+    envelope = {"body": body, "content-encoding": "utf-8", "content-type": "application/json",
+                "headers": {"task": "mxq.probe", "id": "poison"},
+                "properties": {"body_encoding": "base64", "delivery_tag": "poison-tag",
+                               "delivery_info": {"exchange": "", "routing_key": "x"}, "priority": 0}}
+    for key, value in changes.items():
+        if key.startswith("properties."):
+            envelope["properties"][key.split(".", 1)[1]] = value
+        else:
+            envelope[key] = value
+    return json.dumps(envelope)
+
+
+POISON = f"moved an unreadable message of {NODE}.cpu.0 to mxq.dead-letters"
 # Messages published straight to cpu:0's queue: (publish, what cpu:0's log must then say).
 BROKER_CASES: dict[str, tuple[Callable[[Stack], None], str]] = {
+    "body that is not base64": (_push(f"{NODE}.cpu.0", _envelope(body="%%% not base64 %%%")),
+                                f"{POISON}: its body is not base64"),
+    "bare JSON number": (_push(f"{NODE}.cpu.0", "5"), f"{POISON}: not a message envelope but a JSON int"),
+    "JSON list": (_push(f"{NODE}.cpu.0", "[1, 2]"), f"{POISON}: not a message envelope but a JSON list"),
+    "not JSON at all": (_push(f"{NODE}.cpu.0", "\x00\xff garbage"), f"{POISON}: not JSON"),
+    "envelope without properties": (_push(f"{NODE}.cpu.0", _envelope(properties=None)),
+                                    f"{POISON}: its envelope has no properties with a delivery_tag"),
+    "unknown body_encoding": (_push(f"{NODE}.cpu.0", _envelope(**{"properties.body_encoding": "rot13"})),
+                              f"{POISON}: its body_encoding 'rot13' is not one kombu knows"),
+    "headers that are not an object": (_push(f"{NODE}.cpu.0", _envelope(headers=[1])),
+                                       f"{POISON}: its headers are not an object"),
+    "body that is not base64 on the CPU pool": (
+        _push("pool.cpu", _envelope(body="%%% not base64 %%%")),
+        "moved an unreadable message of pool.cpu to mxq.dead-letters: its body is not base64"),
     "pickled message": (_pickled,
                         "ContentDisallowed: Refusing to deserialize untrusted content of type pickle"),
     "unknown task name": (_unknown_task, "Received unregistered task of type 'mxq.dance'"),
@@ -893,15 +933,22 @@ BROKER_CASES: dict[str, tuple[Callable[[Stack], None], str]] = {
 
 @pytest.mark.parametrize("case", list(BROKER_CASES), ids=_id)
 def test_bad_message(workers: Stack, pids: dict[str, int], case: str) -> None:
+    """A worker meets the message, logs what it is and goes on: its PID stays the same."""
     publish, needle = BROKER_CASES[case]
-    log = workers.home / "logs" / f"cpu0-{NODE}.log"
-    seen = log.read_text(errors="replace").count(needle)
+    logs = [workers.home / "logs" / f"cpu{i}-{NODE}.log" for i in (0, 1)]
+
+    def logged() -> int:  # a pool message goes to whichever worker takes it
+        return sum(log.read_text(errors="replace").count(needle) for log in logs)
+
+    seen = logged()
     before = counts(workers)
     publish(workers)
-    wait_until(lambda: log.read_text(errors="replace").count(needle), 60, f"cpu:0 to log {needle!r}",
-               until=lambda count: count > seen)
+    wait_until(logged, 60, f"a worker to log {needle!r}", until=lambda count: count > seen)
     _expect_changes(before, counts(workers), 0)
     _still_standing(workers, pids)
+    if "dead-letters" in needle:  # moved aside, where `mxq dead-letters` shows it
+        newest = workers.mxq_json("dead-letters")[0]
+        assert needle.split(": ", 1)[1] in newest["reason"] and newest["queue"] in needle, newest
 
 
 def test_a_normal_job_still_succeeds(workers: Stack, client: TestClient, pids: dict[str, int]) -> None:

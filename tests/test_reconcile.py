@@ -13,7 +13,7 @@ from sqlalchemy import update
 from mxq.db import events, schedules
 from mxq.db.engine import session_scope
 from mxq.db.schema import Fire, Job, utcnow
-from mxq.workers import leases
+from mxq.workers import deadletters, leases
 from mxq.workers.messages import UNACKED, UNACKED_INDEX, in_broker
 from mxq.workers.reconcile import UNACKED_GRACE_SECONDS, reconcile
 from mxq.workers.submit import submit
@@ -160,3 +160,42 @@ def test_a_fire_whose_tick_died_before_submitting_gets_its_job(isolated: Stack) 
     assert [e["kind"] for e in events.list_events(isolated.settings.database, job["id"])] == \
         [events.RESUBMITTED]
     assert reconcile(isolated.settings).fires_submitted == []
+
+
+@pytest.mark.parametrize("poison", ["5", "[1, 2]", "not json", '{"body": "x"}'])
+def test_poison_beside_a_queued_job_is_moved_aside_and_lost_messages_still_republished(
+        isolated: Stack, poison: str) -> None:
+    """A bare number in a queue once made every reconciler pass fail ('int' object has no
+    attribute 'get'), so lost messages were no longer republished."""
+    lost, kept = _probe(isolated), _probe(isolated)
+    for job_id in (lost, kept):
+        _age(isolated, job_id)
+    r = leases.client(isolated.settings.broker)
+    queue = _queue(isolated, lost)
+    for raw in r.lrange(queue, 0, -1):
+        if f'"job-{lost}"' in raw:
+            r.lrem(queue, 1, raw)
+    r.lpush(queue, poison)
+
+    report = reconcile(isolated.settings)
+
+    assert report.republished == [lost] and report.dead_lettered == [queue]
+    assert in_broker(isolated.settings.broker, {queue})[0] == {lost, kept}
+    assert poison not in r.lrange(queue, 0, -1)
+    newest = deadletters.listed(r)[0]
+    assert newest["queue"] == queue and newest["message"] == poison and newest["reason"]
+    assert reconcile(isolated.settings).dead_lettered == []  # moved once, not met again
+
+
+def test_mxq_dead_letters_shows_and_clears_them(isolated: Stack) -> None:
+    r = leases.client(isolated.settings.broker)
+    for item in ("5", "{}"):
+        r.lpush("pool.cpu", item)
+    assert reconcile(isolated.settings).dead_lettered == ["pool.cpu", "pool.cpu"]
+    shown = isolated.mxq_json("dead-letters")
+    assert sorted((d["queue"], d["message"]) for d in shown) == [("pool.cpu", "5"), ("pool.cpu", "{}")]
+    table = isolated.mxq("dead-letters")
+    assert table.returncode == 0 and "not a message envelope but a JSON int" in table.stdout
+    cleared = isolated.mxq("dead-letters", "--clear")
+    assert cleared.returncode == 0 and "cleared 2 dead letters" in cleared.stdout
+    assert isolated.mxq_json("dead-letters") == []

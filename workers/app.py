@@ -12,6 +12,7 @@ from celery import Celery
 
 from mxq.workers.queues import CONTROL_QUEUE
 from mxq.workers.settings import Settings, get_settings
+from mxq.workers.transport import transport_url
 
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
 # job tasks, which load MXNet (tasks.device checks the device at start); a worker for a GPU MXNet
@@ -35,7 +36,7 @@ def task_modules(settings: Settings) -> list[str]:
 def celery_config(settings: Settings) -> dict[str, Any]:
     return dict(
         include=task_modules(settings),
-        broker_url=settings.broker,
+        broker_url=transport_url(settings.broker),  # kombu's Redis transport, poison-proof
         task_serializer="json",
         result_serializer="json",
         event_serializer="json",

@@ -8,10 +8,13 @@ sorted set. A message's task id is `job-<id>` (workers.submit).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass
+from typing import Any
 
-from mxq.workers import leases
+from mxq.workers import deadletters, leases
 
 PRIORITY_SEP, PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
 UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
@@ -41,14 +44,36 @@ def stored_names(queues: set[str] | list[str]) -> list[str]:
             for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))]
 
 
+def unreadable(message: Any) -> str | None:
+    """Why a queue item (parsed from JSON) is not a message kombu can read, else None."""
+    if not isinstance(message, dict):
+        return f"not a message envelope but a JSON {type(message).__name__}"
+    props = message.get("properties")
+    if not isinstance(props, dict) or "delivery_tag" not in props:
+        return "its envelope has no properties with a delivery_tag"
+    if not isinstance(message.get("headers") or {}, dict):
+        return "its headers are not an object"
+    body, encoding = message.get("body"), props.get("body_encoding")
+    if body and encoding is not None:
+        if encoding != "base64":
+            return f"its body_encoding {encoding!r} is not one kombu knows (base64)"
+        try:
+            base64.b64decode(str(body).encode(), validate=True)
+        except (binascii.Error, ValueError):
+            return "its body is not base64, although its body_encoding says so"
+    return None
+
+
 def job_id(raw: str) -> int | None:
-    """The job id of one stored kombu message."""
+    """The job id of one stored kombu message (None for anything else, however malformed)."""
     try:
         message = json.loads(raw)
     except ValueError:
         return None
     if isinstance(message, list):  # an unacked entry: [message, exchange, routing key]
         message = message[0] if message else {}
+    if not isinstance(message, dict) or not isinstance(message.get("headers") or {}, dict):
+        return None
     task_id = str((message.get("headers") or {}).get("id", ""))
     return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
 
@@ -92,3 +117,22 @@ def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:
         return 0
     names = stored_names(queues)
     return int(leases.client(broker).eval(_DROP, len(names), *names, *(f"job-{i}" for i in job_ids)))
+
+
+def sweep(broker: str, queues: set[str]) -> list[str]:
+    """Move the unreadable items of `queues` to the dead-letter list; the queue of each one moved.
+
+    A poison item no worker takes (its queue's worker is gone, or it sits behind a queued job)
+    would otherwise stay, and each look at the queue would meet it again."""
+    client = leases.client(broker)
+    moved = []
+    for name in stored_names(queues):
+        for raw in map(str, client.lrange(name, 0, -1)):  # (the client decodes responses)
+            try:
+                reason = unreadable(json.loads(raw))
+            except ValueError as exc:
+                reason = f"not JSON: {exc}"
+            if reason is not None and client.lrem(name, 1, raw):
+                deadletters.store(client, name, raw, reason)
+                moved.append(name)
+    return moved

@@ -23,11 +23,13 @@ from sqlalchemy import select
 
 from mxq.db import events, jobs, schedules
 from mxq.db.engine import session_scope
+from mxq.db.fleet import list_workers
 from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
 from mxq.workers import leases
 from mxq.workers.fires import submit_fire
-from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker
+from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker, sweep
 from mxq.workers.publish import publish, requeue
+from mxq.workers.queues import CONTROL_QUEUE, pool_queue
 from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class Report:
     settled: list[int] = field(default_factory=list)
     leases_freed: list[str] = field(default_factory=list)
     fires_submitted: list[int] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)  # the queue of each message moved aside
 
     def empty(self) -> bool:
         return not any(vars(self).values())
@@ -184,9 +187,21 @@ def _resubmit_fires(settings: Settings, report: Report) -> None:
         report.fires_submitted.append(fire_id)
 
 
+def _known_queues(settings: Settings) -> set[str]:
+    """Every queue mxq routes to: each device worker's, each queued or running job's (its worker
+    may be gone), the pools, the control queue."""
+    workers = list_workers(settings.database, settings.heartbeat_ttl)
+    with session_scope(settings.database) as session:
+        jobs_at = set(session.scalars(select(Job.queue).distinct().where(
+            Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))))
+    return ({w["queue"] for w in workers} | jobs_at
+            | {pool_queue("cpu"), pool_queue("gpu"), CONTROL_QUEUE})
+
+
 def reconcile(settings: Settings) -> Report:
     """One pass over every check; returns what it did."""
     report = Report()
+    report.dead_lettered = sweep(settings.broker, _known_queues(settings))
     lost, dead, stale = lost_messages(settings)
     _drop_unacked(settings, stale)
     _republish(settings, lost, stale, report)
