@@ -23,6 +23,7 @@ OOM = "out-of-memory"  # a batch did not fit: the batch size was halved
 RESUMED = "resumed"  # a later attempt of an inference job went on after its last stored sample
 SETTLED = "settled"  # a parent whose chunks had all finished was closed by the reconciler
 RESUBMITTED = "resubmitted"  # a schedule fire without a job got one
+STALLED = "stalled"  # no progress, or a cancel not heeded: ended by the reconciler
 
 
 @db_retry

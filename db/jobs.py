@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam, func, insert, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Table, and_, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy.orm import Session, aliased
 
 from mxq import parts
 from mxq.db.engine import rowcount, session_scope
@@ -97,7 +97,8 @@ def unclaimable(status: str, heartbeat_at: datetime | None, cutoff: datetime) ->
 def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
     """The columns a claim sets: the job runs for `at` from `now`, one more attempt."""
     return dict(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
-                attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, error=None)
+                attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, progress_at=now,
+                error=None)
 
 
 def _succeeded(samples: int, seconds: float, result: dict[str, Any], now: datetime) -> dict[str, Any]:
@@ -190,20 +191,44 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
 
 
 @db_retry
-def beat(url: str, job_id: int, worker: str) -> None:
-    """Refresh the heartbeat of a job this worker is running."""
+def beat(url: str, job_id: int, worker: str) -> bool:
+    """Refresh the heartbeat of a job this worker is running; False when it is not running on
+    this worker any more (finished, or failed or cancelled by the reconciler)."""
     with session_scope(url) as session:
-        session.execute(update(Job)
-                        .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
-                  .values(heartbeat_at=utcnow()))
+        return bool(rowcount(session.execute(
+            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
+            .values(heartbeat_at=utcnow()))))
+
+
+def stuck(url: str, no_progress_before: datetime, cancel_before: datetime) -> tuple[list[int], list[int]]:
+    """Running jobs that made no progress since `no_progress_before`, and running jobs whose
+    cancel, asked before `cancel_before`, was not heeded: what the reconciler ends."""
+    since = func.coalesce(Job.progress_at, Job.started_at)
+    part = aliased(Job)  # a parent runs while its chunks or nodes do: they are judged, not it
+    with session_scope(url) as session:
+        running = select(Job.id).where(Job.status == JobStatus.RUNNING,
+                                       ~exists().where(part.parent_id == Job.id))
+        stalled = list(session.scalars(running.where(since < no_progress_before)))
+        ignored = list(session.scalars(running.where(Job.cancel_requested_at < cancel_before)))
+    return stalled, [i for i in ignored if i not in stalled]
+
+
+def end_ignored_cancel(url: str, job_id: int, error: str) -> bool:
+    """A running job that did not stop on its cancel: cancelled in SQL, whatever its worker does."""
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(
+            update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
+            .values(status=JobStatus.CANCELLED, finished_at=utcnow(), heartbeat_at=None, error=error))))
 
 
 @db_retry
 def set_progress(url: str, job_id: int, progress: float) -> None:
     """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
     with session_scope(url) as session:
+        now = utcnow()
         session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
-                        .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=utcnow()))
+                        .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=now,
+                                progress_at=now))
         parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
         if parent is not None:
             mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))

@@ -72,6 +72,9 @@ class Job(Base):
     # Refreshed by the worker while it runs the job: a stale value means the worker is gone.
     heartbeat_at: Mapped[datetime | None]
     progress: Mapped[float] = mapped_column(Float, default=0.0)
+    # When a running job last reported progress (or started): none for MXQ_STALL_SECONDS and the
+    # reconciler fails it, although its worker's heartbeat is fresh (a read blocked for good).
+    progress_at: Mapped[datetime | None]
     samples: Mapped[int | None]
     seconds: Mapped[float | None] = mapped_column(Float)
     samples_per_sec: Mapped[float | None] = mapped_column(Float)

@@ -103,7 +103,7 @@ def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
                           "'auto', 'q', '2026-01-01 00:00:00', 1, 1)"))
         conn.execute(text("INSERT INTO job_events (id, job_id, at, kind, message, data) VALUES "
                           "(3, 7, '2026-01-01 00:00:00', 'requeued', 'm', '{}')"))
-    assert upgrade(url) == ["0010"]
+    assert upgrade(url, "0010") == ["0010"]
     with get_engine(url).begin() as conn:
         assert conn.execute(text("SELECT job_id FROM job_events WHERE id = 3")).scalar() == 7
         sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'jobs'")).scalar()

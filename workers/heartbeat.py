@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from mxq.db import fleet, jobs
 from mxq.device import Device
@@ -19,10 +20,19 @@ from mxq.workers.settings import get_settings
 log = logging.getLogger(__name__)
 
 
+# The exit status of a worker that left a job taken from it (the launcher restarts it).
+STUCK_EXIT = 75
+
+
 class Heartbeat:
-    def __init__(self, url: str, name: str, interval: float) -> None:
-        self.url, self.name, self.interval = url, name, interval
+    """Beats for the worker and its current job; and ends the worker when that job was taken
+    from it (failed for no progress, or cancelled by the reconciler) while its thread stays in it
+    longer than `stuck_after` seconds: a read blocked for good frees its device only so."""
+
+    def __init__(self, url: str, name: str, interval: float, stuck_after: float = 120.0) -> None:
+        self.url, self.name, self.interval, self.stuck_after = url, name, interval, stuck_after
         self.current_job: int | None = None
+        self._lost: tuple[int, float] | None = None  # (job, when it was first seen not ours)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mxq-heartbeat", daemon=True)
 
@@ -32,8 +42,16 @@ class Heartbeat:
     def beat(self) -> None:
         job = self.current_job
         fleet.beat(self.url, self.name, job)
-        if job is not None:
-            jobs.beat(self.url, job, self.name)
+        if job is None or jobs.beat(self.url, job, self.name):
+            self._lost = None
+            return
+        if self._lost is None or self._lost[0] != job:
+            self._lost = (job, time.monotonic())
+        elif time.monotonic() - self._lost[1] > self.stuck_after:
+            log.error("job %s is no longer this worker's (see `mxq job %s`) and the worker has "
+                      "not come back from it in %.0f s (MXQ_CANCEL_GRACE_SECONDS): exiting so "
+                      "that the launcher starts a fresh worker", job, job, self.stuck_after)
+            os._exit(STUCK_EXIT)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -60,7 +78,7 @@ def start(**_: object) -> None:
     name = worker_name(s.node, spec.kind, spec.index)
     fleet.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
                      os.getpid(), {})
-    current = Heartbeat(s.database, name, s.heartbeat_seconds)
+    current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds)
     current.start()
     log.info("%s is live on %s", name, s.device)
 

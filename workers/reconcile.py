@@ -53,6 +53,8 @@ class Report:
     leases_freed: list[str] = field(default_factory=list)
     fires_submitted: list[int] = field(default_factory=list)
     dead_lettered: list[str] = field(default_factory=list)  # the queue of each message moved aside
+    stalled: list[int] = field(default_factory=list)  # failed: no progress for MXQ_STALL_SECONDS
+    cancels_enforced: list[int] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not any(vars(self).values())
@@ -187,6 +189,27 @@ def _resubmit_fires(settings: Settings, report: Report) -> None:
         report.fires_submitted.append(fire_id)
 
 
+def _end_stuck(settings: Settings, report: Report) -> None:
+    """Fail running jobs that made no progress for MXQ_STALL_SECONDS and cancel those that did not
+    heed a cancel within MXQ_CANCEL_GRACE_SECONDS; their workers, still in them, then exit
+    (mxq.workers.heartbeat) and the launcher starts fresh ones."""
+    now = utcnow()
+    stalled, ignored = jobs.stuck(settings.database, now - timedelta(seconds=settings.stall_seconds),
+                                  now - timedelta(seconds=settings.cancel_grace_seconds))
+    for job_id in stalled:
+        reason = (f"made no progress for {settings.stall_seconds:g} s (MXQ_STALL_SECONDS) although "
+                  "its worker was alive: failed by the reconciler")
+        if jobs.fail(settings.database, job_id, reason):
+            events.record(settings.database, job_id, events.STALLED, reason)
+            report.stalled.append(job_id)
+    for job_id in ignored:
+        reason = (f"cancelled by the reconciler: it did not stop within "
+                  f"{settings.cancel_grace_seconds:g} s of its cancel (MXQ_CANCEL_GRACE_SECONDS)")
+        if jobs.end_ignored_cancel(settings.database, job_id, reason):
+            events.record(settings.database, job_id, events.STALLED, reason)
+            report.cancels_enforced.append(job_id)
+
+
 def _known_queues(settings: Settings) -> set[str]:
     """Every queue mxq routes to: each device worker's, each queued or running job's (its worker
     may be gone), the pools, the control queue."""
@@ -209,6 +232,7 @@ def reconcile(settings: Settings) -> Report:
     _settle_parents(settings, report)
     _free_leases(settings, report)
     _resubmit_fires(settings, report)
+    _end_stuck(settings, report)
     if not report.empty():
         log.warning("reconciled: %s", report)
     return report

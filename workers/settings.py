@@ -45,6 +45,10 @@ DEFAULT_CPU_DEVICES = 2
 DEFAULT_MAX_INPUT_BYTES = 64 * 2**30
 # Largest image, in pixels, judged from its header before decoding (an 8K frame is 33 million).
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+# A running job with no progress for this long is failed (its worker still beating: a read that
+# blocks for good); a cancel not heeded this long is enforced.
+DEFAULT_STALL_SECONDS = 3600.0
+DEFAULT_CANCEL_GRACE_SECONDS = 120.0
 # A schedule's dataset glob stops past this many folder entries, or this many seconds.
 DEFAULT_GLOB_MAX_ENTRIES = 100_000
 DEFAULT_GLOB_SECONDS = 10.0
@@ -111,6 +115,12 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1,
                                  description="Largest inference input (file or folder) accepted.")
+    stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, description="A running job that "
+                                 "reports no progress this long is failed by the reconciler.")
+    cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, description="A running "
+                                        "job that has not stopped this long after its cancel is "
+                                        "cancelled by the reconciler; a worker whose job was taken "
+                                        "from it this long ago and is still in it exits.")
     glob_max_entries: int = Field(DEFAULT_GLOB_MAX_ENTRIES, ge=1, description="Most folder "
                                   "entries a schedule's dataset glob may look at.")
     glob_seconds: float = Field(DEFAULT_GLOB_SECONDS, gt=0, description="Longest a schedule's "
