@@ -33,6 +33,10 @@ from tests.api_server import Api, counts, start_api
 from tests.conftest import FINAL, NODE, Stack, wait_until
 from tests.test_inputs import png_bytes, solid
 
+# SQL and broker differ by backend (NUL, large numbers, how a refused job is stored): every case
+# runs on both legs under `--legs both` (CI).
+pytestmark = pytest.mark.both_legs
+
 TOKEN = "fault-token-Zq9x"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 # The API of this corpus refuses inputs over 1 MB, so that limit can be tried over HTTP without
