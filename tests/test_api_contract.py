@@ -44,5 +44,6 @@ def test_the_running_api_meets_its_openapi_description(isolated: Stack, tmp_path
         summary = re.search(r"(\d+) generated, (\d+) passed", run.stdout)
         assert run.returncode == 0 and summary, run.stdout[-6000:] + run.stderr[-2000:]
         generated, passed = map(int, summary.groups())
+        print(f"schemathesis: {summary.group(0)} (seed {SEED}, {EXAMPLES} examples)")  # for CI logs
         assert generated == passed and generated > 500, run.stdout[-3000:]
         assert api.proc.poll() is None, "the API died under the generated requests"

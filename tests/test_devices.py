@@ -270,10 +270,11 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
     upgrade(f"sqlite:///{tmp_path / 'mxq.db'}")
     control = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=120)
-    assert control.stdout.strip() == "['mxq.reconcile', 'mxq.tick'] False", control.stderr
+    assert control.stdout.strip() == "['mxq.fire', 'mxq.reconcile', 'mxq.tick'] False", control.stderr
     device = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env={**env, "MXQ_DEVICE": "cpu:0"},
                             capture_output=True, text=True, timeout=120)
-    assert device.stdout.strip() == ("['mxq.infer', 'mxq.probe', 'mxq.reconcile', 'mxq.tick', 'mxq.train'] "
+    assert device.stdout.strip() == ("['mxq.fire', 'mxq.infer', 'mxq.probe', 'mxq.reconcile', 'mxq.tick', "
+                                     "'mxq.train'] "
                                      "True"), device.stderr
 
 
