@@ -229,10 +229,10 @@ def migrate() -> None:
     where = f"database {safe_url(s.database)}"
     if applied:
         render.out.print(f"{where}: applied {len(applied)} migration(s), {', '.join(applied)}; "
-                         f"now at {applied[-1]}, the newest schema")
+                         f"now at {applied[-1]}, the newest schema", soft_wrap=True)
     else:
         render.out.print(f"{where} is at the newest schema ({current_revision(s.database)}): "
-                         "nothing to apply")
+                         "nothing to apply", soft_wrap=True)
 
 
 @app.command()
