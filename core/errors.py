@@ -54,3 +54,8 @@ def reason(exc: BaseException, limit: int = 300) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith(frames)]
     return ((said or lines or [type(exc).__name__])[-1])[:limit]
+
+
+class Unauthorized(MxqError):
+    """A write without the token, with a wrong one, or from a page of another origin (API 401,
+    403): what `mxq.client` raises for them."""

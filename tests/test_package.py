@@ -53,7 +53,7 @@ def test_the_wheel_adds_only_mxq_to_a_fresh_venv(tmp_path: Path) -> None:
     assert top_level == {"mxq"}, sorted(added)
 
     package = site / "mxq"
-    for layer in ("api", "cli", "db", "tasks", "workers"):
+    for layer in ("api", "cli", "client", "db", "tasks", "workers"):
         assert (package / layer / "__init__.py").is_file(), layer
     assert (package / "api" / "static" / "index.html").is_file()  # the dashboard
     assert any((package / "db" / "migrations" / "versions").glob("0001_*.py"))

@@ -1,0 +1,212 @@
+"""The client: `Client(url, token=…)` submits jobs, reads their history and predictions over the
+HTTP API (`/api/v1`, typed in its OpenAPI description), and raises the API's errors as mxq's own
+(`mxq.errors`: NotFound, Conflict, UserError, JobRejected with its job id, Unavailable,
+Unauthorized).
+
+It needs only httpx (and NumPy, pyarrow or pandas for the predictions' format asked): pipeline
+code in Airflow, Prefect or Dagster calls it as plain Python.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import httpx
+
+from mxq.errors import Conflict, JobRejected, MxqError, NotFound, Unauthorized, Unavailable, UserError
+
+FINAL = ("succeeded", "failed", "cancelled")
+PAGE = 100_000  # predictions fetched per request (the API's most)
+POLL_SECONDS = 0.5
+
+
+def _error(answer: httpx.Response) -> MxqError:
+    """The API's problem document as the matching mxq error."""
+    try:
+        body = answer.json()
+    except ValueError:
+        body = {"detail": answer.text[:300]}
+    detail = str(body.get("detail", answer.reason_phrase))
+    status = answer.status_code
+    if status == 422 and isinstance(body.get("job_id"), int):
+        job_id = body["job_id"]
+        return JobRejected(job_id, detail.removeprefix(f"job {job_id} failed: "))
+    kinds: dict[int, type[MxqError]] = {401: Unauthorized, 403: Unauthorized, 404: NotFound,
+                                        409: Conflict, 503: Unavailable}
+    return kinds.get(status, UserError if 400 <= status < 500 else MxqError)(detail)
+
+
+class Client:
+    """One mxq API (`url`, e.g. http://127.0.0.1:8470) and its token, when it has one."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8470", token: str | None = None,
+                 timeout: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call; the decoded JSON, or the API's error raised."""
+        try:
+            answer = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"mxq API at {self.http.base_url} unreachable: {exc}") from None
+        if answer.status_code >= 400:
+            raise _error(answer)
+        return answer.json() if answer.content else None
+
+    def submit(self, kind: str, wait: bool = False, **params: Any) -> Job:
+        """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it)."""
+        record = self.request("POST", "/jobs", json={"kind": kind, **params})
+        job = Job(self, record)
+        return job.wait() if wait else job
+
+    def infer(self, model: str, input: str, device: str = "auto", wait: bool = False,
+              **options: Any) -> Job:
+        """Bulk inference of `model` (NAME or NAME:VERSION) over `input` (inside the data root)."""
+        return self.submit("infer", wait, model=model, input=input, device=device, **options)
+
+    def train(self, arch: str, dataset: str, name: str, device: str = "auto", wait: bool = False,
+              **options: Any) -> Job:
+        """Data-parallel training of `arch` on `dataset`; registers a version of `name`."""
+        return self.submit("train", wait, arch=arch, dataset=dataset, name=name, device=device,
+                           **options)
+
+    def probe(self, device: str = "auto", wait: bool = False, **options: Any) -> Job:
+        return self.submit("probe", wait, device=device, **options)
+
+    def job(self, job_id: int) -> Job:
+        return Job(self, self.request("GET", f"/jobs/{job_id}"))
+
+    def jobs(self, status: str | None = None, since: str | None = None, kind: str | None = None,
+             device: str | None = None, node: str | None = None, limit: int = 50) -> list[Job]:
+        """Job history, newest first, filtered as `mxq jobs` filters it (`since`: 2h, 1d, an ISO
+        time); at most `limit`, fetched a page of 1,000 at a time."""
+        query = {k: v for k, v in {"status": status, "since": since, "kind": kind,
+                                   "device": device, "node": node}.items() if v is not None}
+        found: list[Job] = []
+        while len(found) < limit:
+            page = self.request("GET", "/jobs", params={**query, "offset": len(found),
+                                                        "limit": min(1000, limit - len(found))})
+            found += [Job(self, r) for r in page["items"]]
+            if len(found) >= page["total"] or not page["items"]:
+                break
+        return found
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel: at once if queued, at the next batch or epoch if running."""
+        return Job(self, self.request("POST", f"/jobs/{job_id}/cancel"))
+
+
+class Job:
+    """A job as the API last described it (`record`); `refresh`, `wait` and `predictions` ask
+    again."""
+
+    def __init__(self, client: Client, record: dict[str, Any]) -> None:
+        self.client, self.record = client, record
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, {self.kind}, {self.status})"
+
+    def __len__(self) -> int:
+        """The samples it processed (0 until it has)."""
+        return int(self.record.get("samples") or 0)
+
+    @property
+    def id(self) -> int:
+        return int(self.record["id"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.record["kind"])
+
+    @property
+    def status(self) -> str:
+        return str(self.record["status"])
+
+    @property
+    def error(self) -> str | None:
+        return self.record.get("error")
+
+    def refresh(self) -> Job:
+        self.record = self.client.request("GET", f"/jobs/{self.id}")
+        return self
+
+    def wait(self, timeout: float | None = None, progress: bool = False) -> Job:
+        """Poll until the job is over (TimeoutError past `timeout` seconds); with `progress`,
+        a progress bar on stderr."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = _Bar(self.id) if progress else None
+        try:
+            while self.refresh().status not in FINAL:
+                if bar:
+                    bar.update(self)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.id} still {self.status} after {timeout:g} s")
+                time.sleep(POLL_SECONDS)
+        finally:
+            if bar:
+                bar.close(self)
+        return self
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Every stored prediction (`index`, `predicted_class`, `score`, `top_k`), paged."""
+        offset = 0
+        while True:
+            page = self.client.request("GET", f"/jobs/{self.id}/predictions",
+                                       params={"offset": offset, "limit": PAGE})
+            yield from page["items"]
+            offset += len(page["items"])
+            if not page["items"] or offset >= page["total"]:
+                return
+
+    def predictions(self, format: Literal["numpy", "pandas", "arrow"] = "numpy") -> Any:
+        """The predictions as a NumPy structured array (`index`, `predicted_class`, `score`), a
+        pandas DataFrame or a pyarrow Table (those two with `top_k` when stored)."""
+        rows = list(self.rows())
+        if format == "numpy":
+            import numpy as np
+
+            out = np.zeros(len(rows), dtype=[("index", "i8"), ("predicted_class", "i8"), ("score", "f4")])
+            for i, r in enumerate(rows):
+                out[i] = (r["index"], r["predicted_class"], r["score"])
+            return out
+        columns = {key: [r[key] for r in rows] for key in ("index", "predicted_class", "score", "top_k")}
+        if format == "arrow":
+            import pyarrow as pa
+
+            return pa.table(columns)
+        if format == "pandas":
+            import pandas as pd  # not a dependency of mxq: installed by who asks for it
+
+            return pd.DataFrame(columns)
+        raise UserError(f"format {format!r}: expected numpy, pandas or arrow")
+
+
+class _Bar:
+    """A rich progress bar of one job, on stderr."""
+
+    def __init__(self, job_id: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.progress = Progress(TextColumn(f"job {job_id} {{task.fields[status]:<9}}"), BarColumn(),
+                                 TextColumn("{task.percentage:>3.0f}%"), transient=True)
+        self.task = self.progress.add_task("job", total=1.0, status="queued")
+        self.progress.start()
+
+    def update(self, job: Job) -> None:
+        self.progress.update(self.task, completed=job.record.get("progress") or 0.0, status=job.status)
+
+    def close(self, job: Job) -> None:
+        self.update(job)
+        self.progress.stop()
