@@ -33,6 +33,7 @@ COPY README.md ./
 COPY core core
 COPY api api
 COPY cli cli
+COPY client client
 COPY db db
 COPY tasks tasks
 COPY workers workers

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test test-all test-gpu-install lint down clean browser compose
+.PHONY: venv demo test test-all test-gpu-install lint down clean browser prometheus compose
 
 venv: $(VENV)/.installed
 
@@ -26,7 +26,7 @@ test: venv compose lint
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the 25 slowest tests are listed.
-test-all: venv browser compose lint
+test-all: venv browser prometheus compose lint
 	$(BIN)/pytest -m "not gpu_install" --legs both --durations=25
 
 # The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
@@ -56,6 +56,12 @@ $(LIBCUDA):
 	tools/fetch-deb var/tools/libcuda bookworm non-free libcuda1
 
 # The dashboard test (slow tier) drives Debian's Chromium; installed here when missing and we are root.
+# Debian's prometheus (and promtool) for tests/test_prometheus.py, as root where apt-get is.
+prometheus:
+	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null); } || \
+		echo "prometheus is not installed: the Prometheus test will skip (and fail where CI is set)"
+
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from mxq.db.engine import session_scope
-from mxq.db.history import device_rates
+from mxq.db.history import device_rates, pool_depths
 from mxq.db.schema import Job, utcnow
+from mxq.workers.queues import pool_queue
 from mxq.workers.settings import Settings
 from mxq.workers.status import RATE_WINDOW, device_table
 
@@ -21,10 +24,9 @@ class Collector:
     def collect(self):  # noqa: ANN201
         url = self.s.database
         jobs = GaugeMetricFamily("mxq_jobs", "Jobs by status and kind", labels=["status", "kind"])
-        durations = GaugeMetricFamily("mxq_job_duration_seconds_sum",
-                                      "Run time of finished jobs, summed by kind", labels=["kind"])
-        finished = GaugeMetricFamily("mxq_job_duration_seconds_count", "Finished jobs by kind",
-                                     labels=["kind"])
+        # A summary: `_sum` (run time of finished jobs) and `_count` (how many) per kind.
+        durations = SummaryMetricFamily("mxq_job_duration_seconds", "Run time of finished jobs by kind",
+                                        labels=["kind"])
         rate = GaugeMetricFamily("mxq_device_samples_per_second",
                                  "Samples/s per device over the last 5 minutes",
                                  labels=["node", "device"])
@@ -34,18 +36,27 @@ class Collector:
                 jobs.add_metric([status, kind], n)
             for kind, total, n in session.execute(select(Job.kind, func.sum(Job.seconds), func.count())
                                                   .where(Job.seconds.is_not(None)).group_by(Job.kind)):
-                durations.add_metric([kind], float(total or 0))
-                finished.add_metric([kind], n)
+                durations.add_metric([kind], count_value=n, sum_value=float(total or 0))
         for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
             rate.add_metric([node, device], per_sec)
         depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue",
                                   labels=["node", "device"])
         alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",
                                   labels=["node", "device"])
+        started = GaugeMetricFamily("mxq_worker_start_time_seconds", "When the device's worker "
+                                    "process started (Unix time): changes() counts restarts",
+                                    labels=["node", "device"])
         for d in device_table(self.s):
             depth.add_metric([d["node"], d["device"]], d["queued"])
             alive.add_metric([d["node"], d["device"]], 1.0 if d["alive"] else 0.0)
-        yield from (jobs, durations, finished, rate, depth, alive)
+            if d.get("started_at"):
+                started.add_metric([d["node"], d["device"]],
+                                   datetime.fromisoformat(d["started_at"]).timestamp())
+        pools = GaugeMetricFamily("mxq_pool_queue_depth", "Queued jobs per shared pool queue",
+                                  labels=["queue"])
+        for queue, n in sorted(({pool_queue("cpu"): 0, pool_queue("gpu"): 0} | pool_depths(url)).items()):
+            pools.add_metric([queue], n)
+        yield from (jobs, durations, rate, depth, alive, started, pools)
 
 
 def render_metrics(s: Settings) -> tuple[bytes, str]:

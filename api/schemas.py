@@ -154,6 +154,7 @@ class DeviceRecord(BaseModel):
     pid: int | None
     leased_by: int | None
     samples_per_sec: float | None
+    started_at: str | None = None
 
 
 class ScheduleRecord(TypedDict):

@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from mxq.db.engine import session_scope
 from mxq.db.records import WorkerRecord
 from mxq.db.retry import db_retry
-from mxq.db.schema import WorkerBeat, as_utc, utcnow
+from mxq.db.schema import WorkerBeat, as_utc, iso, utcnow
 
 
 @db_retry
@@ -76,7 +76,7 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRe
             "name": r.name, "node": r.node, "device": r.device, "queue": r.queue, "pid": r.pid,
             "alive": age is not None and age < ttl,
             "heartbeat_age": age, "last_seen": seen.isoformat() if seen else None,
-            "current_job": r.current_job, "info": r.info,
+            "current_job": r.current_job, "info": r.info, "started_at": iso(r.started_at),
         })
     return out
 

@@ -25,6 +25,7 @@ class WorkerRecord(TypedDict):
     last_seen: str | None
     current_job: int | None
     info: dict[str, Any] | None
+    started_at: str | None  # when its process registered: a restart moves it
 
 
 class MetricPoint(TypedDict):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mxq.workers.devices import parse_nvidia_smi
 from mxq.workers.launcher import STOP_GRACE_SECONDS, schedule_spec
@@ -127,7 +128,27 @@ def raw(compose: Compose) -> dict:
 def test_services_exist_and_start_with_a_plain_up(compose: Compose, services: dict) -> None:
     assert set(services) == INFRA | MXQ_SERVICES
     proc = compose(_filled_env(), "config", "--profiles")
-    assert proc.returncode == 0 and proc.stdout.strip() == "", "a profile would keep a service down"
+    # Only monitoring waits behind a profile: a plain `up` starts everything else.
+    assert proc.returncode == 0 and proc.stdout.split() == ["monitoring"], proc.stdout
+
+
+def test_the_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(compose: Compose) -> None:
+    proc = compose(_filled_env(), "--profile", "monitoring", "config", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    assert set(services) == INFRA | MXQ_SERVICES | {"prometheus", "grafana"}
+    mounts = {(m["source"], m["target"]) for name in ("prometheus", "grafana")
+              for m in services[name]["volumes"] if m["type"] == "bind"}
+    assert (str(ROOT / "deploy" / "prometheus.yml"), "/etc/prometheus/prometheus.yml") in mounts
+    assert (str(ROOT / "deploy" / "grafana" / "dashboards"), "/var/lib/grafana/dashboards") in mounts
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["scrape_configs"][0]
+    assert scrape["static_configs"][0]["targets"] == ["api:8470"]  # the api service, its port
+    source = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/mxq.json").read_text())
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
+    assert uids == {source["datasources"][0]["uid"]}  # every panel asks the provisioned source
+    for name in ("prometheus", "grafana"):
+        assert services[name]["ports"][0]["host_ip"] == "127.0.0.1", name  # loopback by default
 
 
 def test_commands_are_mxq_commands(services: dict) -> None:
