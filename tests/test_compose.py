@@ -136,7 +136,10 @@ def test_the_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(c
     proc = compose(_filled_env(), "--profile", "monitoring", "config", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     services = json.loads(proc.stdout)["services"]
-    assert set(services) == INFRA | MXQ_SERVICES | {"prometheus", "grafana"}
+    assert set(services) == INFRA | MXQ_SERVICES | {"prometheus", "grafana", "flower"}
+    flower = services["flower"]
+    assert flower["command"][:2] == ["celery", "--broker=redis://redis:6379/0"]  # mxq's broker
+    assert flower["environment"]["FLOWER_UNAUTHENTICATED_API"] == "true"
     mounts = {(m["source"], m["target"]) for name in ("prometheus", "grafana")
               for m in services[name]["volumes"] if m["type"] == "bind"}
     assert (str(ROOT / "deploy" / "prometheus.yml"), "/etc/prometheus/prometheus.yml") in mounts
@@ -147,7 +150,7 @@ def test_the_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(c
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/mxq.json").read_text())
     uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
     assert uids == {source["datasources"][0]["uid"]}  # every panel asks the provisioned source
-    for name in ("prometheus", "grafana"):
+    for name in ("prometheus", "grafana", "flower"):
         assert services[name]["ports"][0]["host_ip"] == "127.0.0.1", name  # loopback by default
 
 

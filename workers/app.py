@@ -45,6 +45,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        worker_send_task_events=True,  # what Flower (and `celery events`) show of running jobs
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
