@@ -62,7 +62,8 @@ class Channel(kombu_redis.Channel):  # (kombu has no types)
         self.connection._callbacks[queue] = _callback
 
     def _brpop_read(self, **options: Any) -> bool:
-        """kombu 5.6's BRPOP reader, with an item that is not JSON moved aside, not raised."""
+        """kombu 5.7's BRPOP reader (pinned in pyproject.toml), with an item that is not JSON
+        moved aside, not raised."""
         try:
             try:
                 dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
