@@ -1,9 +1,9 @@
 """What a browser must not be able to make the API do: the checks on a request's headers before
 any route runs.
 
-- **Host**: a request must name a host the API serves (loopback names, `MXQ_API_HOST`,
-  `MXQ_API_HOSTS`); a page whose DNS name is rebound to 127.0.0.1 sends its own name and is
-  refused (421), so it cannot read or write through a loopback API.
+- **Host**: a request must name a host the API serves (loopback names, `MXQ_API_HOST`, this
+  machine's host name, `MXQ_API_HOSTS`); a page whose DNS name is rebound to 127.0.0.1 sends its
+  own name and is refused (421), so it cannot read or write through a loopback API.
 - **Origin**: without a token, a write from a page of another origin (an auto-submitted form, a
   script) is refused (403); the dashboard's own requests and programs that send no `Origin` pass.
 - **Content type**: a write with a body must say `application/json`: a form (`text/plain`,
@@ -14,6 +14,7 @@ any route runs.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -40,7 +41,7 @@ def served_names(s: Settings) -> set[str] | None:
     extra = {h.strip().lower() for h in (s.api_hosts or "").split(",") if h.strip()}
     if s.api_host in WILDCARDS and not extra:
         return None
-    return LOOPBACK_NAMES | {s.api_host.lower().strip("[]")} | extra
+    return LOOPBACK_NAMES | {s.api_host.lower().strip("[]"), socket.gethostname().lower()} | extra
 
 
 def _loopback(name: str) -> bool:
