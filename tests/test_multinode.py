@@ -17,6 +17,7 @@ import pytest
 
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.schema import utcnow
+from mxq.workers import groups
 from mxq.workers.submit import submit
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
 from tests.test_workers import _wait_alive
@@ -71,9 +72,14 @@ def start_node(stack: Stack, node: str, core: int) -> subprocess.Popen:
     return proc
 
 
-def kill_node(proc: subprocess.Popen) -> None:
-    """The node dies at once: its launcher, workers and their children."""
-    os.killpg(proc.pid, signal.SIGKILL)
+def kill_node(stack: Stack, node: str, proc: subprocess.Popen) -> None:
+    """The node dies at once: its launcher, and each child's process group (the workers and
+    their children: every child of a launcher leads its own group, mxq.workers.groups)."""
+    for group in [proc.pid, *groups.recorded(stack.home / node, node)]:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait(timeout=30)
 
 
@@ -93,8 +99,10 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 try:
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.kill()
                     proc.wait()
+        for node in NODES:  # whatever a killed node's launcher could not stop
+            groups.end_recorded(stack.home / node, node)
         next(gen, None)
 
 
@@ -218,7 +226,7 @@ def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -
     wait_until(lambda: [stack.job(i) for i in ids], 300,
                f"both nodes to take work and {victim} to be early in a running job",
                until=spread, interval=0.05)
-    kill_node(cluster.launchers[victim])
+    kill_node(stack, victim, cluster.launchers[victim])
     caught = [i for i in ids if (r := stack.job(i))["status"] == "running" and r["node"] == victim]
     assert caught, "the job running on the victim finished before the kill"
     records = [stack.wait(i, timeout=300) for i in ids]

@@ -78,7 +78,7 @@ def test_down_ends_every_process_even_after_the_launcher_died(tmp_path: Path) ->
     up = stack.mxq_process("up", "--detach", timeout=240)
     try:
         assert up.returncode == 0, up.stderr
-        recorded = groups.recorded(home)
+        recorded = groups.recorded(home, "downnode")
         assert len(recorded) == 3  # cpu:0's worker, the schedule worker (with beat), the API
         launcher = int((home / "launcher.pid").read_text())
         os.kill(launcher, signal.SIGKILL)  # it can no longer stop anything
@@ -91,4 +91,4 @@ def test_down_ends_every_process_even_after_the_launcher_died(tmp_path: Path) ->
     assert "processes the workers had left behind" in down.stdout
     left = {g: groups.members(g) for g in recorded}
     assert not any(left.values()), left
-    assert not groups.groups_file(home).exists()
+    assert not groups.groups_file(home, "downnode").exists()

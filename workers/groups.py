@@ -3,8 +3,8 @@ that a child's whole tree (Celery's pool, the beat process of the schedule worke
 child and its ps-lite roles) can be ended together, even the parts whose parent died first and
 that now hang off PID 1.
 
-The launcher records the groups in `$MXQ_HOME/launcher.groups`; `mxq down` ends whatever is still
-in them once the launcher is gone, and says so.
+The launcher records the groups in `$MXQ_HOME/launcher-NODE.groups` (one file per node: nodes may
+share MXQ_HOME); `mxq down` ends whatever is still in them once the launcher is gone, and says so.
 """
 
 from __future__ import annotations
@@ -17,19 +17,18 @@ from pathlib import Path
 GRACE_SECONDS = 5.0  # after SIGTERM, before SIGKILL
 
 
-def groups_file(home: Path) -> Path:
-    return home / "launcher.groups"
+def groups_file(home: Path, node: str) -> Path:
+    return home / f"launcher-{node}.groups"
 
 
-def record(home: Path, groups: set[int]) -> None:
+def record(home: Path, node: str, groups: set[int]) -> None:
     """Write the groups of the live children (replaced whole, so it never lists a stale one twice)."""
-    path = groups_file(home)
-    path.write_text("".join(f"{g}\n" for g in sorted(groups)))
+    groups_file(home, node).write_text("".join(f"{g}\n" for g in sorted(groups)))
 
 
-def recorded(home: Path) -> set[int]:
+def recorded(home: Path, node: str) -> set[int]:
     try:
-        return {int(line) for line in groups_file(home).read_text().split() if line.isdigit()}
+        return {int(line) for line in groups_file(home, node).read_text().split() if line.isdigit()}
     except FileNotFoundError:
         return set()
 
@@ -65,8 +64,9 @@ def end(group: int, grace: float = GRACE_SECONDS) -> int:
     return len(left)
 
 
-def end_recorded(home: Path) -> int:
-    """End what is left of every recorded group (the launcher is gone); how many processes."""
-    ended = sum(end(g) for g in recorded(home))
-    groups_file(home).unlink(missing_ok=True)
+def end_recorded(home: Path, node: str) -> int:
+    """End what is left of every recorded group of `node` (its launcher is gone); how many
+    processes."""
+    ended = sum(end(g) for g in recorded(home, node))
+    groups_file(home, node).unlink(missing_ok=True)
     return ended

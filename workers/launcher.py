@@ -163,7 +163,8 @@ class Launcher:
             start_new_session=True,
         )
         out.close()
-        groups.record(self.settings.home_path, {c.proc.pid for c in self.children if c.proc})
+        groups.record(self.settings.home_path, self.settings.node,
+                      {c.proc.pid for c in self.children if c.proc})
         log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,
                  spec.device.label if spec.device else "no device", ",".join(spec.queues))
 

@@ -105,7 +105,7 @@ def down(settings: Settings) -> list[str]:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         stopped.append(f"workers (launcher pid {pid})")
-    strays = groups.end_recorded(settings.home_path)  # what outlived its parent, even the launcher
+    strays = groups.end_recorded(settings.home_path, settings.node)  # what outlived its parent
     if strays:
         stopped.append(f"{strays} processes the workers had left behind")
     redis = EmbeddedRedis(settings.home_path)
