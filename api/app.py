@@ -24,13 +24,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mxq.api.guard import RequestGuard
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router, settings
-from mxq.errors import Conflict, MxqError, NotFound, Unavailable, UserError
+from mxq.errors import Conflict, MxqError, NotFound, Unauthorized, Unavailable, UserError
 from mxq.workers.settings import Settings
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
 # The one place an expected failure becomes an HTTP status (mxq.errors); the first match wins.
 STATUS: list[tuple[type[Exception], int]] = [(UserError, 422), (NotFound, 404), (Conflict, 409),
-                                             (Unavailable, 503), (OperationalError, 503)]
+                                             (Unavailable, 503), (Unauthorized, 401),
+                                             (OperationalError, 503)]
 
 
 def status_of(exc: Exception) -> int:

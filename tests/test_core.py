@@ -161,7 +161,7 @@ def test_every_expected_failure_has_one_status_and_one_exit_code() -> None:
     from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
     from mxq.errors import JobRejected, MxqError
 
-    for layer in ("db", "workers", "tasks", "api", "cli"):
+    for layer in ("db", "workers", "tasks", "api", "cli", "client"):
         package = importlib.import_module(f"mxq.{layer}")
         for info in pkgutil.walk_packages(package.__path__, f"mxq.{layer}."):
             if ".migrations" not in info.name and not info.name.endswith((".__main__", ".celery")):
@@ -172,7 +172,7 @@ def test_every_expected_failure_has_one_status_and_one_exit_code() -> None:
             "ArchError", "InputError", "JobNotFound"} <= names, names
     for cls in found:
         exc = cls(7, "bad") if issubclass(cls, JobRejected) else cls("bad thing")
-        assert status_of(exc) in (404, 409, 422, 503), cls
+        assert status_of(exc) in (401, 404, 409, 422, 503), cls
         assert describe(exc) == str(exc)
         assert exit_code(exc) == (EXIT_JOB_FAILED if cls is JobRejected else EXIT_USAGE)
     assert mxq.__file__ is not None
