@@ -13,14 +13,14 @@ any route runs.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from collections.abc import Callable
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mxq.workers.settings import Settings
+from mxq.workers.settings import Settings, is_loopback
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
@@ -35,20 +35,19 @@ def _host_name(value: str) -> str:
     return host.lower()
 
 
-def served_names(s: Settings) -> set[str] | None:
+def served_names(s: Settings) -> frozenset[str] | None:
     """The names a request's Host may give; None when any will do (a wildcard bind without
     MXQ_API_HOSTS)."""
-    extra = {h.strip().lower() for h in (s.api_hosts or "").split(",") if h.strip()}
-    if s.api_host in WILDCARDS and not extra:
+    return _served(s.api_host, s.api_hosts)
+
+
+@lru_cache(maxsize=8)
+def _served(api_host: str, api_hosts: str | None) -> frozenset[str] | None:
+    """Worked out once per setting, not at every request."""
+    extra = {h.strip().lower() for h in (api_hosts or "").split(",") if h.strip()}
+    if api_host in WILDCARDS and not extra:
         return None
-    return LOOPBACK_NAMES | {s.api_host.lower().strip("[]"), socket.gethostname().lower()} | extra
-
-
-def _loopback(name: str) -> bool:
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return name == "localhost"
+    return frozenset(LOOPBACK_NAMES | {api_host.lower().strip("[]"), socket.gethostname().lower()} | extra)
 
 
 def refusal(s: Settings, method: str, headers: dict[bytes, bytes],
@@ -57,7 +56,7 @@ def refusal(s: Settings, method: str, headers: dict[bytes, bytes],
     host_header = headers.get(b"host", b"").decode("latin-1").strip().lower()
     host = _host_name(host_header)
     names = served_names(s)
-    if names is not None and host not in names and not (_loopback(host) and s.api_on_loopback):
+    if names is not None and host not in names and not (is_loopback(host) and s.api_on_loopback):
         return 421, (f"Host {host or '(none)'!r} is not a name this API serves "
                      f"({', '.join(sorted(names))}; more with MXQ_API_HOSTS)")
     if method not in WRITES:

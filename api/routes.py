@@ -185,9 +185,9 @@ def create_schedule(req: ScheduleRequest, s: Settings = Depends(settings)) -> An
 
 
 def _schedule(s: Settings, name: str) -> dict[str, Any]:
-    record = schedules.get(s.database, name)
+    record = schedules.detail(s.database, name)
     record.pop("id")
-    return {**record, "fires": schedules.fires(s.database, name)}
+    return record
 
 
 @router.get("/schedules/{name}", response_model=ScheduleDetail, responses=problems(404))

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
-from mxq.db.records import EventRecord, JobRecord, ModelRecord
+from mxq.db.records import JobRecord, ModelRecord
 from mxq.ids import MAX_ID
 from mxq.names import NAME_PATTERN
 from mxq.workers.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
@@ -189,6 +189,6 @@ class ScheduleDetail(ScheduleRecord):
     fires: list[FireRecord]
 
 
-__all__ = ["CancelAnswer", "DeviceRecord", "EventRecord", "JobPage", "JobRecord", "JobRequest",
+__all__ = ["CancelAnswer", "DeviceRecord", "JobPage", "JobRecord", "JobRequest",
            "ModelRecord", "PredictionPage", "Problem", "PromoteRequest", "ScheduleDetail",
            "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status"]

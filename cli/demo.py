@@ -44,18 +44,23 @@ def demo_input(s: Settings, copies: int) -> tuple[Path, np.ndarray]:
     return path, np.tile(digits.target, copies)
 
 
+def _wait(s: Settings, job_id: int) -> JobRecord:
+    """The job's final record, its progress shown meanwhile (with metrics and epochs)."""
+    from mxq.db.history import require_job
+
+    render.wait_for(job_id, lambda j: require_job(s.database, j), None)
+    return require_job(s.database, job_id, with_metrics=True)
+
+
 def _run(s: Settings, kind: str, params: dict[str, Any], devices: list[str]) -> list[JobRecord]:
     """One job of `kind` per device, queued at once, each waited for with its progress shown."""
-    from mxq.db.history import require_job
     from mxq.workers.submit import submit
 
-    ids = [submit(s, kind, params, d) for d in devices]
-    return [render.wait_for(i, lambda j: require_job(s.database, j), None) for i in ids]
+    return [_wait(s, i) for i in [submit(s, kind, params, d) for d in devices]]
 
 
 def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
     """A LeNet trained on digits over the live devices of the first one's kind (GPUs first)."""
-    from mxq.db.history import require_job
     from mxq.device import Device
     from mxq.workers.submit import submit
 
@@ -65,9 +70,7 @@ def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
               "device_list": group, "epochs": epochs, "batch_size": 64, "optimizer": "adam",
               "lr": 0.005}
     render.out.print(f"training {MODEL} (lenet) on digits over {', '.join(group)}, {epochs} epochs")
-    job_id = submit(s, "train", params, group[0])
-    render.wait_for(job_id, lambda j: require_job(s.database, j), None)
-    return require_job(s.database, job_id, with_metrics=True)  # with its epochs
+    return _wait(s, submit(s, "train", params, group[0]))
 
 
 def _accuracy(s: Settings, record: JobRecord, labels: np.ndarray) -> float | None:

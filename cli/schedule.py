@@ -65,7 +65,7 @@ def show(name: str, json_: JsonOpt = False) -> None:
     from mxq.db import schedules
 
     s = get_settings()
-    record = {**schedules.get(s.database, name), "fires": schedules.fires(s.database, name)}
+    record = schedules.detail(s.database, name)
     record.pop("id")
     if json_:
         render.print_json(record)

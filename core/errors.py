@@ -47,6 +47,11 @@ class JobRejected(UserError):
         return {"job_id": self.job_id}
 
 
+class Unauthorized(MxqError):
+    """A write without the token, with a wrong one, or from a page of another origin (API 401,
+    403): what `mxq.client` raises for them."""
+
+
 def reason(exc: BaseException, limit: int = 300) -> str:
     """The line of an exception's message that says what happened: MXNet's carry a traceback
     ("Traceback (most recent call last):", "[bt] (0) ...", "File ...") before their last line."""
@@ -54,8 +59,3 @@ def reason(exc: BaseException, limit: int = 300) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith(frames)]
     return ((said or lines or [type(exc).__name__])[-1])[:limit]
-
-
-class Unauthorized(MxqError):
-    """A write without the token, with a wrong one, or from a page of another origin (API 401,
-    403): what `mxq.client` raises for them."""

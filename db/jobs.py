@@ -209,8 +209,9 @@ def stuck(url: str, no_progress_before: datetime, cancel_before: datetime) -> tu
         running = select(Job.id).where(Job.status == JobStatus.RUNNING,
                                        ~exists().where(part.parent_id == Job.id))
         stalled = list(session.scalars(running.where(since < no_progress_before)))
-        ignored = list(session.scalars(running.where(Job.cancel_requested_at < cancel_before)))
-    return stalled, [i for i in ignored if i not in stalled]
+        ignored = session.scalars(running.where(Job.cancel_requested_at < cancel_before,
+                                                since >= no_progress_before))
+        return stalled, list(ignored)
 
 
 def end_ignored_cancel(url: str, job_id: int, error: str) -> bool:

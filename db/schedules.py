@@ -54,10 +54,19 @@ def _get(session: Session, name: str) -> Schedule:
     return row
 
 
+def _with_id(row: Schedule) -> dict[str, Any]:
+    """The record, with the id a fire is made against."""
+    return {**schedule_record(row), "id": row.id}
+
+
 def get(url: str, name: str) -> dict[str, Any]:
     with session_scope(url) as session:
-        row = _get(session, name)
-        return {**schedule_record(row), "id": row.id}
+        return _with_id(_get(session, name))
+
+
+def detail(url: str, name: str) -> dict[str, Any]:
+    """One schedule with its fires, as `mxq schedule show` and the API show it."""
+    return {**get(url, name), "fires": fires(url, name)}
 
 
 def list_schedules(url: str) -> list[dict[str, Any]]:
@@ -132,7 +141,7 @@ def pending_fire(url: str, fire_id: int) -> dict[str, Any] | None:
         if fire is None or fire.job_id is not None or fire.error is not None or fire.schedule_id is None:
             return None
         row = session.get(Schedule, fire.schedule_id)
-        return None if row is None else {**schedule_record(row), "id": row.id}
+        return None if row is None else _with_id(row)
 
 
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:

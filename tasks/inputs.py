@@ -72,10 +72,11 @@ class Limits:
             width, height = image_size(data)
         except ImageHeaderError as e:
             raise InputError(f"input {where} is not a whole PNG or JPEG image: it is {e}") from None
-        if width * height > self.max_pixels or not width or not height:
+        if not width or not height:
+            raise InputError(f"input {where} is {width}x{height} pixels")
+        if width * height > self.max_pixels:
             raise InputError(f"input {where} is {width}x{height} pixels ({width * height:,}), more than "
-                             f"the {self.max_pixels:,} allowed (MXQ_MAX_IMAGE_PIXELS)"
-                             if width and height else f"input {where} is {width}x{height} pixels")
+                             f"the {self.max_pixels:,} allowed (MXQ_MAX_IMAGE_PIXELS)")
 
 
 def _names(names: list[str]) -> str:
@@ -282,13 +283,12 @@ def count_samples(path: Path, key: str | None = None) -> int:
         return len(_csv_rows(path))
     if kind == "images":
         return len(_images(path))
-    return len(_index_keys(path))
+    return len(_index_keys(path, _idx(path)))
 
 
-def _index_keys(path: Path) -> list[int]:
+def _index_keys(path: Path, idx: Path) -> list[int]:
     """The record keys a RecordIO index lists (`key<TAB>offset` per line), or one error naming the
     line that is not one (MXNet's own reader answers a traceback)."""
-    idx = _idx(path)
     keys = []
     with idx.open(encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
@@ -325,8 +325,8 @@ class InputSource:
         """A finite float64 beyond float32's range would become inf without a word."""
         over = np.isfinite(raw) & (np.abs(raw) > FLOAT32_MAX)
         if over.any():
-            sample = int(np.argwhere(over)[0][0])
-            value = raw.reshape(len(raw), -1)[sample][over.reshape(len(raw), -1)[sample]][0]
+            at = tuple(np.argwhere(over)[0])  # the first one, in sample order
+            sample, value = int(at[0]), raw[at]
             raise InputError(f"input {self.path} has {value:g} in sample {start + sample}, beyond "
                              f"float32's range (±{FLOAT32_MAX:.4g}), which models compute in")
 
@@ -459,9 +459,13 @@ def open_input(path: Path, input_shape: tuple[int, ...], key: str | None = None,
     if kind in ("images", "rec"):
         _image_channels(path, input_shape, preprocess.layout)
         image = _ImageShape.of(input_shape, preprocess.layout)
-        fetch = (_image_reader(_images(path), image, limits) if kind == "images"
-                 else _record_reader(path, _idx(path), image, limits))
-        count, sample_shape = count_samples(path, key), input_shape
+        if kind == "images":  # listed (and each file checked) once, for the count and the reads
+            files = _images(path)
+            fetch, count = _image_reader(files, image, limits), len(files)
+        else:
+            idx = _idx(path)
+            fetch, count = _record_reader(path, idx, image, limits), len(_index_keys(path, idx))
+        sample_shape = input_shape
     elif kind == "npz":
         key, shape = _npz_member(path, key, limits)
         fetch, count, sample_shape = _npz_reader(path, key), shape[0], shape[1:]

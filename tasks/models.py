@@ -43,7 +43,6 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-
 def store_dir(home: Path, name: str, version: int) -> Path:
     """Where a version's files live; the name is checked here, where it becomes a path."""
     return home / "models" / check_name(name) / str(version)

@@ -24,7 +24,6 @@ CHECK_BATCH = 16  # samples of the agreement check
 OUTPUT = "probabilities"
 
 
-
 def _missing() -> str | None:
     """Why this install cannot export and check (the exporter needs `onnx`, the check ONNX
     Runtime on the CPU), else None."""

@@ -232,10 +232,7 @@ class Settings(BaseSettings):
     @property
     def api_on_loopback(self) -> bool:
         """The API listens on this machine only (127.0.0.0/8, ::1, localhost)."""
-        try:
-            return ipaddress.ip_address(self.api_host).is_loopback
-        except ValueError:
-            return self.api_host == "localhost"
+        return is_loopback(self.api_host)
 
     @property
     def inputs_root(self) -> Path:
@@ -255,6 +252,14 @@ class Settings(BaseSettings):
     @property
     def heartbeat_ttl(self) -> float:
         return self.heartbeat_seconds * HEARTBEAT_TTL_FACTOR
+
+
+def is_loopback(host: str) -> bool:
+    """A name or address of this machine only (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 STACK_RECORD = "stack.json"  # in $MXQ_HOME: what `mxq up` started with, read by every process
