@@ -5,7 +5,7 @@
 Writes OUT/report.md (machine, date, aim vs measured with pass/miss, one section per case),
 OUT/*.png (matplotlib plots) and OUT/results.json (every figure). Each case runs on a stack of
 its own (embedded Redis + SQLite in a fresh home under OUT/tmp, removed afterwards unless the
-case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory, engines.
+case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory, engines, fleet.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 5}},
     "memory": {"quick": {"samples": 5_000}, "full": {"samples": 50_000}},
     "engines": {"quick": {"scale": 0.02}, "full": {"scale": 1.0}},
+    "fleet": {"quick": {"devices": [10, 50], "jobs": 2_000, "jobs_per_device": 40, "window": 20.0,
+                        "scale": 0.02, "history": 100_000, "heartbeat": 0.5, "reconcile_every": 2.0,
+                        "drain": True},
+              "full": {"devices": [10, 100, 1000], "jobs": 100_000, "window": 240.0, "scale": 1.0,
+                       "history": 10_000_000, "heartbeat": 2.0, "reconcile_every": 30.0,
+                       "drain": False}},
 }
 CASES = list(SIZES)
 
@@ -41,14 +47,14 @@ RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "memory": ("bench.infer_overhead", "run_memory"), "scaling": ("bench.scaling", "run"),
            "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
-           "engines": ("bench.engines", "run")}
+           "engines": ("bench.engines", "run"), "fleet": ("bench.fleet", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:
-    """The case's function (the PostgreSQL URL goes to the writes case)."""
+    """The case's function (the PostgreSQL URL goes to the writes and fleet cases)."""
     module, name = RUNNERS[case]
     run = getattr(importlib.import_module(module), name)
-    return (lambda **kw: run(postgres=postgres, **kw)) if case == "writes" else run
+    return (lambda **kw: run(postgres=postgres, **kw)) if case in ("writes", "fleet") else run
 
 
 def parse_only(value: str) -> list[str]:
@@ -68,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"run only these cases, of: {', '.join(CASES)}")
     ap.add_argument("--out", type=Path, default=Path("var/bench"), help="report folder")
     ap.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test",
-                    help="server for the writes case's scratch database ('' to skip it)")
+                    help="server for the writes case's scratch database and the fleet case's "
+                    "history database ('' to skip the writes case's PostgreSQL leg)")
     args = ap.parse_args(argv)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

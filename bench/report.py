@@ -12,10 +12,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import fleet_report
+
 # Aims from the performance issue: (operator, value) on the ratio of a check.
 AIMS: dict[str, tuple[str, float]] = {
     "inference": (">=", 0.95), "training": (">=", 0.95), "scaling": (">=", 1.7),
     "batching": (">=", 5.0), "writes": (">=", 0.8), "memory": ("<=", 1.10), "engines": (">=", 0.9),
+    "fleet": ("<=", 1.0),  # each figure over its aim (bench.fleet_report)
 }
 
 TITLES = {
@@ -27,6 +30,7 @@ TITLES = {
     "training": "Training: `mxq train` vs the bare data-parallel loop",
     "memory": "Memory: worker peak RSS at 1x and 10x input",
     "engines": "Engines: `mxq infer --engine auto` vs bare MXNet and bare ONNX Runtime",
+    "fleet": "Fleet: 10 to 1,000 simulated devices on one Redis and one PostgreSQL",
 }
 
 ABOUT = {
@@ -68,6 +72,19 @@ ABOUT = {
     "probabilities in the job's `.npy` (`--output npy`); a third stores SQL rows, for information "
     "(a small model on a fast engine is then bound by the writes). The aim is against the faster "
     "bare engine; the stored predictions are compared with MXNet's.",
+    "fleet": "Simulated device workers (`bench/fleet_devices.py`: threads in a few processes, "
+    "nodes of 8 GPUs) run mxq's real worker code (register, heartbeat, consume the device and pool "
+    "queues through the Celery app's kombu connection, claim in SQL, leases, progress, throughput "
+    "points, outcome, ack); only the computation is a sleep drawn from the job's id. On this "
+    "machine's PostgreSQL (a database holding a generated history of jobs) and a Redis server of "
+    "the run's own (append-only): the real reconciler every pass, the real API polled as the "
+    "dashboard does (every 2 s) with the history queries timed beside it, jobs queued with "
+    "`submit_many`, 5 % of the devices killed (SIGKILL) and brought back, one broker SIGKILL and "
+    "restart. Claim: a delivery's arrival to its body's start (read, lease check, SQL claim). "
+    "Lost: a job neither finished nor waiting in the broker after the devices stopped and a last "
+    "reconciler pass; run twice: a job whose work ran to its end twice. The simulation shares this "
+    "machine's cores with the servers (its own CPU is listed), and a real worker is a process of "
+    "its own with its own database connections (README, Scaling).",
     "memory": "The worker's peak resident memory (VmHWM) after an inference job on the input, "
     "then after one on an input 10 times larger: inputs are memory-mapped a batch at a time and "
     "results are flushed as they go, so it should stay flat.",
@@ -120,6 +137,8 @@ def _check(check: str, unit: str, base_label: str, base: float | None, label: st
 
 def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
     """The report rows of one case's result."""
+    if case == "fleet":
+        return fleet_report.checks(r)
     if case == "engines":
         return [_check(f"{m['arch']} samples/s", "samples/s", f"bare {m['faster_bare']}",
                        m["bare"][m["faster_bare"]], f"mxq infer auto ({m['engine']}), --output npy",
@@ -216,6 +235,8 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
     """One PNG for a case's figures; its file name (relative to `out`)."""
     plt = _plt()
     name = f"{case}.png"
+    if case == "fleet":
+        return fleet_report.plot(r, out, plt)
     if case == "dispatch":
         fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
         _bars(a, ["bare Celery\nno-op", "mxq\nprobe"], [r["bare"]["tasks_per_sec"],
@@ -385,6 +406,8 @@ def figures(values: list[float]) -> str:
 
 
 def _details(case: str, r: dict[str, Any]) -> list[str]:
+    if case == "fleet":
+        return fleet_report.details(r)
     if case == "engines":
         return [f"- {m['arch']} {tuple(m['shape'])}, {m['samples']:,} samples, batch {m['batch_size']}: "
                 f"auto ran {m['engine']} ({m['engine_reason']}); its first job (measuring) "

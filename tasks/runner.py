@@ -24,7 +24,7 @@ from mxq.workers import heartbeat, leases
 from mxq.workers.app import app
 from mxq.workers.publish import publish
 from mxq.workers.queues import worker_name
-from mxq.workers.settings import get_settings
+from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,25 @@ def placement() -> Placement:
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 
+@dataclass(frozen=True)
+class Worker:
+    """Who runs a job: where, with which settings, beating with which heartbeat.
+
+    A device worker process is one (`this_worker`); the fleet benchmark runs many in one
+    process, each a simulated device, through this same frame."""
+
+    at: Placement
+    settings: Settings
+    heartbeat: heartbeat.Heartbeat | None
+
+
+def this_worker() -> Worker:
+    return Worker(placement(), get_settings(), heartbeat.current)
+
+
 @db_retry
-def _context(job_id: int, device: str) -> JobContext | Claim:
+def _context(s: Settings, job_id: int, device: str) -> JobContext | Claim:
     """The job to run, or why this delivery of it is dropped without a claim."""
-    s = get_settings()
     with session_scope(s.database) as session:
         row = session.get(Job, job_id)
         if row is None:
@@ -138,30 +153,31 @@ def _context(job_id: int, device: str) -> JobContext | Claim:
                           row.requested_device, row.parent_id, [device], committed=row.committed)
 
 
-def _defer(job: JobContext, why: str) -> str:
+def _defer(s: Settings, job: JobContext, why: str) -> str:
     """Hand the message back to its queue for later (the job stays queued, no attempt used)."""
     log.info("job %s deferred: %s", job.id, why)
     time.sleep(DEFER_SECONDS)
-    publish(get_settings(), job.id, job.kind, job.queue, patient=True)
+    publish(s, job.id, job.kind, job.queue, patient=True)
     return "deferred"
 
 
 def run_job(job_id: int, body: Body, admit: Admit | None = None,
-            release: Callable[[JobContext], None] | None = None) -> str:
-    s = get_settings()
-    at = placement()
-    job = _context(job_id, at.device)
+            release: Callable[[JobContext], None] | None = None, worker: Worker | None = None) -> str:
+    """Run one delivery of a job on `worker` (default: this process's device worker)."""
+    w = worker or this_worker()
+    s, at = w.settings, w.at
+    job = _context(s, job_id, at.device)
     if isinstance(job, Claim):  # e.g. a late message of a job a dynamic batch took
         log.info("job %s not run here: %s", job_id, job.value)
         return job.value
     job.worker = at.worker
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
     if holder not in (None, job_id):
-        return _defer(job, f"{at.device} is leased by job {holder}")
+        return _defer(s, job, f"{at.device} is leased by job {holder}")
     if admit is not None:
         devices = admit(job)
         if devices is None:
-            return _defer(job, "its devices are not free")
+            return _defer(s, job, "its devices are not free")
         job.devices = devices
     verdict = jobs.claim(s.database, job_id, at, s.max_attempts, s.heartbeat_ttl)
     if verdict is not Claim.RUN:
@@ -170,22 +186,21 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
         log.warning("job %s not run here: %s", job_id, verdict.value)
         return verdict.value
     try:
-        return _run(job, at, body)
+        return _run(w, job, body)
     finally:
         if release is not None:
             release(job)
 
 
-def _run(job: JobContext, at: Placement, body: Body) -> str:
-    s = get_settings()
+def _run(w: Worker, job: JobContext, body: Body) -> str:
+    s, at, hb = w.settings, w.at, w.heartbeat
     job_id = job.id
-    hb = heartbeat.current
     if hb is not None:
         hb.current_job = job_id
     try:
         outcome = body(job)
         if isinstance(outcome, FanOut):
-            return _fan_out(job, outcome)
+            return _fan_out(s, job, outcome)
         jobs.succeed(s.database, job_id, at.worker, outcome.samples, outcome.seconds, outcome.result)
         return "succeeded"
     except (JobInputError, JobFailed) as exc:
@@ -212,11 +227,10 @@ def _one_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:500]
 
 
-def _fan_out(job: JobContext, split: FanOut) -> str:
+def _fan_out(s: Settings, job: JobContext, split: FanOut) -> str:
     """Create the chunk jobs (once, even on redelivery) and publish those not yet started."""
     children = jobs.fan_out(job.url, job.id, job.kind, split.chunks, split.queues or job.queue,
                             split.requested or job.requested)
-    s = get_settings()
     for child_id, queued, queue in children:
         if queued:
             publish(s, child_id, job.kind, queue, patient=True)

@@ -1,0 +1,46 @@
+"""The fleet benchmark's quick variant (10 and 50 simulated devices, a few thousand jobs, a
+history of 100,000): every job runs to its end exactly once through killed devices and a broker
+restart. Figures are written, never judged here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.conftest import SYSTEM_PG, missing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quick_fleet_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    try:
+        psycopg.connect(SYSTEM_PG, connect_timeout=3).close()
+    except psycopg.OperationalError as exc:
+        missing(f"no PostgreSQL at {SYSTEM_PG}: {exc}")
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "fleet", "--out", str(out),
+                           "--postgres", SYSTEM_PG], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    case = json.loads((out / "results.json").read_text())["cases"]["fleet"]
+    assert case["status"] == "ok", case
+    sizes = case["result"]["by_devices"]
+    assert set(sizes) == {"10", "50"}
+    for n, f in sizes.items():
+        assert f["lost"] == 0, (n, f["lost_ids"], f["statuses"])
+        assert f["duplicated"] == 0, n
+        assert f["statuses"] == {"succeeded": f["finished"]}, (n, f["statuses"])  # drained, all ran
+        assert len(f["faults"]) == 3, f["faults"]  # killed, restarted, broker restarted
+        assert f["counters"].get("reconnects", 0) > 0, n  # the broker restart was felt
+        for key in ("claim_p99_ms", "reconcile_pass_s", "history_p95_ms", "api_jobs_p95_ms"):
+            assert f[key] > 0, (n, key)
+    report = (out / "report.md").read_text()
+    assert "](fleet.png)" in report and "| devices | jobs |" in report
+    assert (out / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
