@@ -112,7 +112,8 @@ class Problem(BaseModel):
 
 class JobPage(TypedDict):
     items: list[JobRecord]
-    total: int
+    total: int  # exact, unless total_capped: then at least this many match
+    total_capped: bool
     limit: int
     offset: int
 

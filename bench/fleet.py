@@ -157,7 +157,8 @@ class Fleet:
         self.victim: subprocess.Popen[bytes] | None = None
         self.logs: list[Path] = []
 
-    def _spawn(self, devices: list[tuple[str, int]], tag: str, recover: bool = False) -> subprocess.Popen[bytes]:
+    def _spawn(self, devices: list[tuple[str, int]], tag: str,
+               recover: bool = False) -> subprocess.Popen[bytes]:
         log = self.home / f"devices-{tag}.jsonl"
         self.logs.append(log)
         spec = ",".join(f"{node}:{i}" for node, i in devices)
@@ -412,7 +413,6 @@ def _judge(s: Settings, fleet: Fleet, broker: Broker, load: list[int], idle: lis
     """Lost: a job neither finished nor waiting in the broker (after the devices stopped and a last
     reconciler pass); duplicated: a job whose work ran to its end twice."""
     if not drain:  # the devices were killed: their jobs go back to the queue first
-        broker.start()
         time.sleep(s.heartbeat_ttl + 1)
         reconcile(s)
     entries = fleet.entries()
@@ -420,13 +420,15 @@ def _judge(s: Settings, fleet: Fleet, broker: Broker, load: list[int], idle: lis
     with session_scope(s.database) as session:
         rows = dict(session.execute(select(Job.id, Job.status).where(Job.id >= idle[0])).all())
     waiting, held = in_broker(s.broker, _known_queues(s)) if not drain else (set(), {})
-    unfinished = {i for i, st in rows.items() if st not in FINISHED}
-    lost = {i for i in unfinished if not (rows[i] == JobStatus.QUEUED and (i in waiting or i in held))}
+    # Not over and no message to run it: a job "running" on a dead device whose message waits
+    # again is claimed anew on its delivery.
+    lost = {i for i, st in rows.items() if st not in FINISHED and i not in waiting and i not in held}
     lost |= {i for i, st in rows.items() if st == JobStatus.SUCCEEDED and not done[i]}
     lost |= set(load) - set(rows)
     statuses = Counter(rows.values())
     return {"lost": len(lost), "duplicated": sum(1 for c in done.values() if c > 1),
-            "lost_ids": sorted(lost)[:20], "statuses": dict(statuses),
+            "lost_jobs": {i: rows.get(i, "missing") for i in sorted(lost)[:20]},
+            "statuses": dict(statuses),
             "idle_submit_to_claim_ms": _quantiles(_claim_waits(s, idle)),
             "load_submit_to_claim_s": {k: v / 1000 for k, v in _quantiles(_claim_waits(s, load)).items()},
             "finished": sum(statuses[x] for x in FINISHED)}

@@ -27,7 +27,6 @@ import math
 import os
 import random
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from mxq.db import fleet, jobs
+from mxq.db import engine, fleet, jobs
 from mxq.db.fleet import list_workers
 from mxq.db.jobs import Placement
 from mxq.tasks.runner import JobContext, Outcome, Worker, run_job
@@ -51,6 +50,7 @@ KIND = "gpu"  # the simulated devices are GPUs: they serve the gpu pool
 SAMPLES_PER_SECOND = 1000.0  # what a simulated device "computes"
 METRIC_SECONDS = 10.0  # a throughput point every this many seconds of work, as inference flushes do
 STAT_SECONDS = 5.0
+POOL_SIZE, POOL_OVERFLOW = 6, 2  # database connections of one process of simulated devices
 
 
 def work_seconds(job_id: int, kind: str, scale: float) -> float:
@@ -139,7 +139,7 @@ class SimDevice(threading.Thread):
                 while not self.stop.is_set():
                     try:
                         conn.drain_events(timeout=1)
-                    except socket.timeout:
+                    except TimeoutError:
                         continue
 
     def _on_message(self, body: Any, message: Any) -> None:
@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
+    # This process's devices share a few connections (PostgreSQL's default max_connections is
+    # 100); real workers hold one or two each (README, Scaling).
+    engine.POOL_SIZE, engine.MAX_OVERFLOW = POOL_SIZE, POOL_OVERFLOW
     s, out, stop = get_settings(), Log(args.log), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     devices = [SimDevice(s, node, index, out, args.scale, stop) for node, index in args.devices]

@@ -33,15 +33,18 @@ INSERT INTO jobs (id, kind, status, params, requested_device, queue, node, devic
                   submitted_at, started_at, finished_at, progress, progress_at, samples, seconds,
                   samples_per_sec, result, error, attempts)
 SELECT i, k.kind, s.status,
-       CAST(CASE k.kind WHEN 'train' THEN '{"arch": "lenet", "dataset": "digits", "name": "m' || (i % 20) || '"}'
-            ELSE '{"model": "m' || (i % 20) || '", "input": "/data/part-' || i || '.npy"}' END AS json),
+       CAST(CASE k.kind
+            WHEN 'train' THEN '{"arch": "lenet", "dataset": "digits", "name": "m' || (i % 20) || '"}'
+            ELSE '{"model": "m' || (i % 20) || '", "input": "/data/part-' || i || '.npy"}'
+            END AS json),
        'auto', 'pool.gpu', 'sim' || lpad((i % :nodes)::text, 3, '0'), 'gpu:' || (i / :nodes % 8),
        'gpu' || (i / :nodes % 8) || '@sim' || lpad((i % :nodes)::text, 3, '0'),
        at, at + interval '2 seconds', at + interval '40 seconds', 1.0, at + interval '40 seconds',
        38000, 38.0, 1000.0, CAST('{}' AS json),
        CASE s.status WHEN 'failed' THEN 'ValueError: simulated failure ' || (i % 50) ELSE NULL END, 1
-FROM (SELECT i, CAST(:now AS timestamptz) - (CAST(:span AS bigint) * (:n - i) / :n) * interval '1 second' AS at,
-             i % 100 AS r FROM generate_series(CAST(:first AS integer), CAST(:last AS integer)) AS i) g
+FROM (SELECT i, i % 100 AS r,
+             CAST(:now AS timestamptz) - (CAST(:span AS bigint) * (:n - i) / :n) * interval '1 second' AS at
+      FROM generate_series(CAST(:first AS integer), CAST(:last AS integer)) AS i) g
 CROSS JOIN LATERAL (SELECT CASE WHEN r < 80 THEN 'infer' WHEN r < 90 THEN 'train' ELSE 'probe' END AS kind) k
 CROSS JOIN LATERAL (SELECT CASE WHEN (i * 7) % 100 < 85 THEN 'succeeded'
                                 WHEN (i * 7) % 100 < 95 THEN 'failed' ELSE 'cancelled' END AS status) s
@@ -100,8 +103,8 @@ def _generate(url: str, rows: int, say: Callable[[str], None]) -> None:
     engine = get_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS bench_history"))
-        for table in reversed(TABLES):
-            conn.execute(text(f"DELETE FROM {table}"))
+        for table in reversed(TABLES):  # (table names are the constants above)
+            conn.execute(text(f"DELETE FROM {table}"))  # noqa: S608
         conn.execute(text("DELETE FROM workers"))
         indexes = [(name, ddl) for name, ddl in conn.execute(text(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = ANY(:t) "
@@ -122,10 +125,9 @@ def _generate(url: str, rows: int, say: Callable[[str], None]) -> None:
         for name, ddl in indexes:
             say(f"  history: index {name}")
             conn.execute(text(ddl))
-        for table in TABLES:
-            conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
-                              f"(SELECT coalesce(max(id), 1) FROM {table}))")
-                         if table != "job_metrics" else text("SELECT 1"))
+        for table in ("jobs", "job_events"):  # the next live row's id follows the history's
+            conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "  # noqa: S608
+                              f"(SELECT coalesce(max(id), 1) FROM {table}))"))
         conn.execute(text("CREATE TABLE bench_history (rows bigint NOT NULL)"))
         conn.execute(text("INSERT INTO bench_history VALUES (:r)"), {"r": rows})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -13,6 +13,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 # Seconds to wait for a database that does not answer before saying so.
 CONNECT_TIMEOUT = 5
+# Connections a process keeps to PostgreSQL, and opens beyond that for a burst (SQLAlchemy's
+# defaults). A worker uses one or two at a time, so each device costs PostgreSQL about two
+# connections of its max_connections (README, Scaling); set before the first engine is made.
+POOL_SIZE, MAX_OVERFLOW = 5, 10
 # Seconds SQLite waits on a lock held by another worker process before giving up.
 SQLITE_BUSY_SECONDS = 30
 
@@ -49,9 +53,8 @@ def get_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_SECONDS})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(
-        url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT}
-    )
+    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW,
+                         connect_args={"connect_timeout": CONNECT_TIMEOUT})
 
 
 @contextmanager

@@ -145,9 +145,14 @@ def list_jobs(url: str, f: JobFilter) -> list[JobRecord]:
         return [job_record(j) for j in session.scalars(q.limit(f.limit).offset(f.offset))]
 
 
-def count_jobs(url: str, f: JobFilter) -> int:
+def count_jobs(url: str, f: JobFilter, at_most: int | None = None) -> int:
+    """How many jobs match; with `at_most`, counted no further than at_most + 1 (an exact count
+    of a filter that matches millions of jobs reads every one of them)."""
+    matches = _filtered(select(Job.id), f)
+    if at_most is not None:
+        matches = matches.limit(at_most + 1)
     with session_scope(url) as session:
-        return session.scalar(_filtered(select(func.count()).select_from(Job), f)) or 0
+        return session.scalar(select(func.count()).select_from(matches.subquery())) or 0
 
 
 def counts_by_queue(url: str) -> dict[tuple[str, str], int]:

@@ -7,11 +7,12 @@ redelivered message) can never both move the same job.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, and_, bindparam, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session, aliased
 
 from mxq import parts
@@ -52,13 +53,35 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
                 queue: str) -> list[int]:
-    """Many queued jobs in one transaction."""
+    """Many queued jobs in one transaction.
+
+    On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
+    cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
     with session_scope(url) as session:
+        if session.get_bind().dialect.name == "postgresql":
+            return _copy_jobs(session, kind, params, requested, queue)
         rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
                     status=JobStatus.QUEUED, progress=0.0, attempts=0) for p in params]
         session.add_all(rows)
         session.flush()
         return [r.id for r in rows]
+
+
+_COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
+                 "attempts", "submitted_at")
+
+
+def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
+               queue: str) -> list[int]:
+    ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
+                                    "FROM generate_series(1, :n)"), {"n": len(params)}))
+    now = utcnow()
+    raw = cast(Any, session.connection().connection)  # the driver's (psycopg) connection
+    with raw.cursor() as cur, cur.copy(f"COPY jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
+        for job_id, p in zip(ids, params, strict=True):
+            copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
+                            now))
+    return ids
 
 
 def delete_unstarted(url: str, job_id: int) -> None:
@@ -190,16 +213,6 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
                                                 table.c.status == JobStatus.RUNNING), done)
 
 
-@db_retry
-def beat(url: str, job_id: int, worker: str) -> bool:
-    """Refresh the heartbeat of a job this worker is running; False when it is not running on
-    this worker any more (finished, or failed or cancelled by the reconciler)."""
-    with session_scope(url) as session:
-        return bool(rowcount(session.execute(
-            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
-            .values(heartbeat_at=utcnow()))))
-
-
 def stuck(url: str, no_progress_before: datetime, cancel_before: datetime) -> tuple[list[int], list[int]]:
     """Running jobs that made no progress since `no_progress_before`, and running jobs whose
     cancel, asked before `cancel_before`, was not heeded: what the reconciler ends."""
@@ -227,10 +240,9 @@ def set_progress(url: str, job_id: int, progress: float) -> None:
     """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
     with session_scope(url) as session:
         now = utcnow()
-        session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
-                        .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=now,
-                                progress_at=now))
-        parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
+        parent = session.scalar(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
+                                .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=now,
+                                        progress_at=now).returning(Job.parent_id))
         if parent is not None:
             mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))
             session.execute(update(Job).where(Job.id == parent, Job.status == JobStatus.RUNNING)

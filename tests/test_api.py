@@ -93,6 +93,18 @@ def test_job_list_filters_and_pages(client: TestClient, workers: Stack) -> None:
     assert all({"alive", "queued", "running", "leased_by", "heartbeat_age"} <= set(d) for d in devices)
 
 
+def test_a_large_total_is_counted_only_past_the_page(client: TestClient, workers: Stack,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10 million jobs an exact total cost a read of every match on each dashboard refresh."""
+    for _ in range(12):
+        jobs.create_job(workers.settings.database, "capped", {}, "auto", "nowhere", rejected="test")
+    monkeypatch.setattr(routes, "TOTAL_COUNTED", 3)
+    first = client.get("/api/v1/jobs", params={"kind": "capped", "limit": 2}).json()
+    assert (first["total"], first["total_capped"], len(first["items"])) == (5, True, 2)
+    last = client.get("/api/v1/jobs", params={"kind": "capped", "limit": 2, "offset": 8}).json()
+    assert (last["total"], last["total_capped"], len(last["items"])) == (12, False, 2)
+
+
 def test_schedules_crud(client: TestClient, workers: Stack) -> None:
     body = {"name": "api-nightly", "cron": "0 4 * * *", "tz": "Europe/Berlin",
             "dataset": "nothing-yet/*.npz", "arch": "mlp", "model": "api-nightly", "epochs": 1}

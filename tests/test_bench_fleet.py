@@ -34,7 +34,7 @@ def test_quick_fleet_loses_and_repeats_nothing(tmp_path: Path) -> None:
     sizes = case["result"]["by_devices"]
     assert set(sizes) == {"10", "50"}
     for n, f in sizes.items():
-        assert f["lost"] == 0, (n, f["lost_ids"], f["statuses"])
+        assert f["lost"] == 0, (n, f["lost_jobs"], f["statuses"])
         assert f["duplicated"] == 0, n
         assert f["statuses"] == {"succeeded": f["finished"]}, (n, f["statuses"])  # drained, all ran
         assert len(f["faults"]) == 3, f["faults"]  # killed, restarted, broker restarted

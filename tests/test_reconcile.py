@@ -94,6 +94,20 @@ def test_a_message_held_by_a_consumer_that_is_gone_is_published_again(isolated: 
     assert "held unacknowledged" in event["message"]
 
 
+def test_a_finished_jobs_message_left_unacknowledged_is_dropped(isolated: Stack) -> None:
+    """Its ack was lost with the connection at a broker restart: Redis would hand it out again
+    hours later, and until then it would stay in the unacked set."""
+    done, finishing = _probe(isolated), _probe(isolated)
+    old, recent = _hold(isolated, done, age=UNACKED_GRACE_SECONDS + 5), _hold(isolated, finishing, age=1)
+    for job_id in (done, finishing):
+        _set(isolated, job_id, status="succeeded", finished_at=utcnow())
+
+    assert reconcile(isolated.settings).republished == []
+
+    unacked = leases.client(isolated.settings.broker).hkeys(UNACKED)
+    assert old not in unacked and recent in unacked  # an ack may still be on its way
+
+
 def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(isolated: Stack) -> None:
     job_id = _probe(isolated)
     queue = _queue(isolated, job_id)

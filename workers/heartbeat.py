@@ -12,7 +12,7 @@ import os
 import threading
 import time
 
-from mxq.db import fleet, jobs
+from mxq.db import fleet
 from mxq.device import Device
 from mxq.workers.queues import device_queue, worker_name
 from mxq.workers.settings import get_settings
@@ -41,8 +41,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         job = self.current_job
-        fleet.beat(self.url, self.name, job)
-        if job is None or jobs.beat(self.url, job, self.name):
+        if fleet.beat(self.url, self.name, job) or job is None:
             self._lost = None
             return
         if self._lost is None or self._lost[0] != job:

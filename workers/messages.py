@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mxq.workers import deadletters, leases
@@ -86,25 +86,88 @@ class Held:
     age: float  # seconds since its delivery
 
 
-def in_broker(broker: str, queues: set[str]) -> tuple[set[int], dict[int, list[Held]]]:
-    """Job ids with a message waiting in one of `queues`, and those delivered but unacked.
+@dataclass
+class Look:
+    """What one look at the broker saw: job ids waiting in the queues, jobs delivered but not
+    acknowledged, and the queue items no consumer can read ((Redis list, item, why))."""
 
-    Read in one MULTI, so a message moving between a queue and the unacked set is seen once.
+    waiting: set[int] = field(default_factory=set)
+    held: dict[int, list[Held]] = field(default_factory=dict)
+    unreadable: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+# Queue items read per script call: a look at 100,000 queued messages is many short calls, never
+# one that blocks Redis (and every worker's delivery and ack) while it reads the whole queue.
+PAGE = 5_000
+
+# The job ids of one page of a queue (KEYS[1], items ARGV[1]..ARGV[2]), read inside Redis: a
+# message's task id is in its headers as `"id": "job-N"` (kombu writes JSON with these
+# separators). Items with no such id, or more than one, come back whole, for `_read` to judge:
+# only ids cross the network, not the whole queue.
+_PAGE_IDS = """
+local ids, others = {}, {}
+for _, raw in ipairs(redis.call('lrange', KEYS[1], ARGV[1], ARGV[2])) do
+  local found, count = nil, 0
+  for id in string.gmatch(raw, '"id": "job%-(%d+)"') do found, count = id, count + 1 end
+  if count == 1 then ids[#ids + 1] = found else others[#others + 1] = raw end
+end
+return {ids, others}
+"""
+
+
+def _read(raw: str) -> tuple[int | None, str | None]:
+    """A queue item's job id (None for a readable message of another task) or why it cannot be
+    read."""
+    try:
+        message = json.loads(raw)
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    if (reason := unreadable(message)) is not None:
+        return None, reason
+    task_id = str((message.get("headers") or {}).get("id", ""))
+    return (int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None), None
+
+
+def look(broker: str, queues: set[str]) -> Look:
+    """Read `queues` and the unacked set once.
+
+    Each queue is read head first, a page at a time, and the unacked set after every queue. A
+    worker takes a message from a queue's tail into the unacked set, read last, so a message
+    moving meanwhile is still seen (except for the instant it is in neither, which a second look
+    covers); one published meanwhile may be read twice, which is harmless.
     """
-    pipe = leases.client(broker).pipeline(transaction=True)
-    for name in stored_names(queues):
-        pipe.lrange(name, 0, -1)
+    client = leases.client(broker)
+    names = stored_names(queues)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(name)
+    seen, page_ids = Look(), client.register_script(_PAGE_IDS)
+    for name, length in zip(names, pipe.execute(), strict=True):
+        for start in range(0, int(length), PAGE):  # (a list grown meanwhile: its head is newer)
+            ids, others = page_ids(keys=[name], args=[start, start + PAGE - 1])
+            seen.waiting.update(int(i) for i in ids)
+            for raw in map(str, others):
+                found, reason = _read(raw)
+                if found is not None:
+                    seen.waiting.add(found)
+                elif reason is not None:
+                    seen.unreadable.append((name, raw, reason))
+    pipe = client.pipeline(transaction=True)
     pipe.hgetall(UNACKED)
     pipe.zrange(UNACKED_INDEX, 0, -1, withscores=True)
     pipe.time()
-    *waiting, unacked, delivered, (secs, micros) = pipe.execute()
+    unacked, delivered, (secs, micros) = pipe.execute()
     now, since = secs + micros / 1e6, dict(delivered)
-    held: dict[int, list[Held]] = {}
     for tag, raw in unacked.items():
         if (found := job_id(raw)) is not None:
-            held.setdefault(found, []).append(Held(tag, now - since.get(tag, now)))
-    queued = {found for lst in waiting for raw in lst if (found := job_id(raw)) is not None}
-    return queued, held
+            seen.held.setdefault(found, []).append(Held(tag, now - since.get(tag, now)))
+    return seen
+
+
+def in_broker(broker: str, queues: set[str]) -> tuple[set[int], dict[int, list[Held]]]:
+    """Job ids with a message waiting in one of `queues`, and those delivered but unacked."""
+    seen = look(broker, queues)
+    return seen.waiting, seen.held
 
 
 def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:
@@ -119,20 +182,16 @@ def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:
     return int(leases.client(broker).eval(_DROP, len(names), *names, *(f"job-{i}" for i in job_ids)))
 
 
-def sweep(broker: str, queues: set[str]) -> list[str]:
-    """Move the unreadable items of `queues` to the dead-letter list; the queue of each one moved.
+def move_aside(broker: str, items: list[tuple[str, str, str]]) -> list[str]:
+    """Move unreadable queue items (as `look` found them) to the dead-letter list; the queue of
+    each one moved.
 
     A poison item no worker takes (its queue's worker is gone, or it sits behind a queued job)
     would otherwise stay, and each look at the queue would meet it again."""
     client = leases.client(broker)
     moved = []
-    for name in stored_names(queues):
-        for raw in map(str, client.lrange(name, 0, -1)):  # (the client decodes responses)
-            try:
-                reason = unreadable(json.loads(raw))
-            except ValueError as exc:
-                reason = f"not JSON: {exc}"
-            if reason is not None and client.lrem(name, 1, raw):
-                deadletters.store(client, name, raw, reason)
-                moved.append(name)
+    for name, raw, reason in items:
+        if client.lrem(name, 1, raw):
+            deadletters.store(client, name, raw, reason)
+            moved.append(name)
     return moved

@@ -7,7 +7,11 @@ It runs in the schedule process every MXQ_RECONCILE_SECONDS (and once with `mxq 
   message is not waiting in a queue is requeued, or failed once its attempts are used up;
 - a parent whose chunks have all finished but that was never closed is settled;
 - a device lease whose holder job is over or dead is freed;
-- a schedule fire whose tick died before it submitted its job gets its job.
+- a schedule fire whose tick died before it submitted its job gets its job;
+- an unreadable queue item is moved to the dead-letter list, and the unacknowledged message of a
+  job that is over (its ack was lost with a broker connection) is dropped.
+Each pass reads every queue twice (`messages.look`: job ids picked out inside Redis, a page at a
+time), so a pass over 100,000 queued jobs takes seconds without blocking the workers' Redis.
 Every action is recorded on the job (`db.events`). A message published twice is harmless: the
 claim in SQL runs each job once.
 """
@@ -27,7 +31,7 @@ from mxq.db.fleet import list_workers
 from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
 from mxq.workers import leases
 from mxq.workers.fires import submit_fire
-from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, in_broker, sweep
+from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
 from mxq.workers.publish import publish, requeue
 from mxq.workers.queues import CONTROL_QUEUE, pool_queue
 from mxq.workers.settings import Settings
@@ -83,31 +87,52 @@ def _still_queued(settings: Settings, ids: set[int]) -> set[int]:
         return set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
 
 
+def _of_finished(settings: Settings, held: dict[int, list[Held]]) -> dict[int, list[Held]]:
+    """The long-held messages of jobs that are over: delivered on a connection that broke before
+    the ack (a broker restart), Redis would hand them out again hours later, to be dropped unrun."""
+    ids = set(held) - _live(held)
+    if not ids:
+        return {}
+    with session_scope(settings.database) as session:
+        over = session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status.in_(FINISHED)))
+        return {i: held[i] for i in over}
+
+
 def _live(held: dict[int, list[Held]]) -> set[int]:
     return {i for i, entries in held.items() if any(h.age < UNACKED_GRACE_SECONDS for h in entries)}
 
 
-def lost_messages(settings: Settings) -> tuple[dict[int, tuple[str, str]], dict[int, tuple[str, str]],
-                                               dict[int, list[Held]]]:
-    """Queued jobs with no live message, stale running jobs with none waiting, and the stale
-    unacknowledged messages of both.
+@dataclass
+class Lost:
+    """What the two looks found: queued jobs with no live message, stale running jobs with none
+    waiting, the stale unacknowledged messages of both, and the unreadable queue items."""
 
-    Two looks at the broker MXQ_RECONCILE_LOOK_SECONDS apart (a message is out of sight only
-    for the instant a worker moves it from its queue to the unacked set, never in two looks);
-    SQL is read again after them, so a job that moved on meanwhile is left alone.
+    queued: dict[int, tuple[str, str]] = field(default_factory=dict)
+    dead: dict[int, tuple[str, str]] = field(default_factory=dict)
+    stale: dict[int, list[Held]] = field(default_factory=dict)
+    unreadable: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def lost_messages(settings: Settings, queues: set[str]) -> Lost:
+    """Compare SQL with two looks at `queues` MXQ_RECONCILE_LOOK_SECONDS apart (a message is out of
+    sight only for the instant a worker moves it from its queue to the unacked set, never in two
+    looks); SQL is read again after them, so a job that moved on meanwhile is left alone.
+
+    The first look also finds the unreadable items: each queue item is read twice a pass, no more.
     """
     queued, running = _queued(settings), _stale_running(settings)
-    queues = {q for _, q in (*queued.values(), *running.values())}
-    if not queues:
-        return {}, {}, {}
-    waiting, held = in_broker(settings.broker, queues)
+    first = look(settings.broker, queues)
+    if not queued and not running:
+        return Lost(stale=_of_finished(settings, first.held), unreadable=first.unreadable)
     time.sleep(settings.reconcile_look_seconds)
-    waiting2, held2 = in_broker(settings.broker, queues)
-    seen = waiting | waiting2 | _live(held) | _live(held2)
+    second = look(settings.broker, queues)
+    seen = first.waiting | second.waiting | _live(first.held) | _live(second.held)
     lost = _still_queued(settings, set(queued) - seen)
-    dead = (set(running) - waiting - waiting2) & set(_stale_running(settings))  # still stale
-    stale = {i: held2[i] for i in lost | dead if i in held2}
-    return {i: queued[i] for i in lost}, {i: running[i] for i in dead}, stale
+    dead = (set(running) - first.waiting - second.waiting) & set(_stale_running(settings))
+    stale = {i: second.held[i] for i in lost | dead if i in second.held}
+    stale.update(_of_finished(settings, second.held))
+    return Lost({i: queued[i] for i in lost}, {i: running[i] for i in dead}, stale,
+                first.unreadable)
 
 
 def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
@@ -224,11 +249,11 @@ def _known_queues(settings: Settings) -> set[str]:
 def reconcile(settings: Settings) -> Report:
     """One pass over every check; returns what it did."""
     report = Report()
-    report.dead_lettered = sweep(settings.broker, _known_queues(settings))
-    lost, dead, stale = lost_messages(settings)
-    _drop_unacked(settings, stale)
-    _republish(settings, lost, stale, report)
-    _requeue_dead(settings, dead, report)
+    found = lost_messages(settings, _known_queues(settings))
+    report.dead_lettered = move_aside(settings.broker, found.unreadable)
+    _drop_unacked(settings, found.stale)
+    _republish(settings, found.queued, found.stale, report)
+    _requeue_dead(settings, found.dead, report)
     _settle_parents(settings, report)
     _free_leases(settings, report)
     _resubmit_fires(settings, report)
