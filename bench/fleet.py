@@ -49,6 +49,7 @@ from mxq.workers.settings import Settings, get_settings
 from mxq.workers.submit import submit, submit_many
 
 PER_NODE = 8
+KILLED_LOG = "devices-victim.jsonl"  # the log of the process that gets killed
 KILLED_SHARE = 0.05  # of the devices, killed without warning
 BATCH = 5_000  # jobs per submit_many
 TRAIN_SHARE, NAMED_SHARE = 0.02, 0.05  # of the jobs: multi-device trainings, jobs for a named device
@@ -169,7 +170,7 @@ class Fleet:
 
     def start(self) -> None:
         self.procs = [self._spawn(g, f"p{i}") for i, g in enumerate(self.groups)]
-        self.victim = self._spawn(self.victims, "victim")
+        self.victim = self._spawn(self.victims, KILLED_LOG.removeprefix("devices-").removesuffix(".jsonl"))
 
     def kill_victims(self) -> None:
         assert self.victim is not None
@@ -192,12 +193,13 @@ class Fleet:
                 p.kill()
 
     def entries(self) -> list[dict[str, Any]]:
+        """Every device log line, each with `killed`: whether its process was the one killed."""
         out = []
         for log in self.logs:
             if log.exists():
                 for line in log.read_text().splitlines():
                     try:
-                        out.append(json.loads(line))
+                        out.append({**json.loads(line), "killed": log.name == KILLED_LOG})
                     except ValueError:  # the last line of a killed process may be cut
                         continue
         return out
@@ -415,8 +417,7 @@ def _judge(s: Settings, fleet: Fleet, broker: Broker, load: list[int], idle: lis
     if not drain:  # the devices were killed: their jobs go back to the queue first
         time.sleep(s.heartbeat_ttl + 1)
         reconcile(s)
-    entries = fleet.entries()
-    done = Counter(e["job"] for e in entries if e.get("e") == "done")
+    done, reruns = _completions(fleet.entries())
     with session_scope(s.database) as session:
         rows = dict(session.execute(select(Job.id, Job.status).where(Job.id >= idle[0])).all())
     waiting, held = in_broker(s.broker, _known_queues(s)) if not drain else (set(), {})
@@ -427,11 +428,32 @@ def _judge(s: Settings, fleet: Fleet, broker: Broker, load: list[int], idle: lis
     lost |= set(load) - set(rows)
     statuses = Counter(rows.values())
     return {"lost": len(lost), "duplicated": sum(1 for c in done.values() if c > 1),
+            "rerun_after_kill": reruns,
             "lost_jobs": {i: rows.get(i, "missing") for i in sorted(lost)[:20]},
             "statuses": dict(statuses),
             "idle_submit_to_claim_ms": _quantiles(_claim_waits(s, idle)),
             "load_submit_to_claim_s": {k: v / 1000 for k, v in _quantiles(_claim_waits(s, load)).items()},
             "finished": sum(statuses[x] for x in FINISHED)}
+
+
+def _completions(entries: list[dict[str, Any]]) -> tuple[Counter[int], int]:
+    """How often each job's work ran to its end, not counting a run whose device was killed
+    right after it, before it could record the outcome (that job runs again: at least once is
+    what a worker that dies can give); and how many such runs there were."""
+    last: dict[str, dict[str, Any]] = {}  # each killed device's last line
+    for e in entries:
+        if e["killed"] and "w" in e:
+            last[e["w"]] = e
+    died_after = {(e["job"], w) for w, e in last.items() if e.get("e") == "done"}
+    done: Counter[int] = Counter()
+    reruns = 0
+    for e in entries:
+        if e.get("e") == "done":
+            if (e["job"], e["w"]) in died_after and e["killed"]:
+                reruns += 1
+            else:
+                done[e["job"]] += 1
+    return done, reruns
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:

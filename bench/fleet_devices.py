@@ -14,7 +14,8 @@ for a cancel, writing progress and throughput points as a real body does.
 With `--recover` it first requeues what its devices were running (what the launcher does when a
 machine comes back). SIGTERM stops it after the running jobs; SIGKILL is the fault being simulated.
 The log gets one JSON line per claimed delivery (`start`, with the claim time), per finished body
-(`done`) and, every few seconds, the process's counters (`stat`).
+(`done`), per delivery handled (`ran`, with what became of it) and, every few seconds, the
+process's counters (`stat`).
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ class SimDevice(threading.Thread):
             state = run_job(job_id, self._body, self._admit if train else None,
                             self._release if train else None, worker=self.worker)
             self.out.count(f"deliveries_{state}")
+            self.out.write(e="ran", job=job_id, w=self.name_, state=state)
         except Exception as exc:  # a broker or database blip: Celery acks a failed task too
             self.out.count("delivery_errors")
             log.warning("%s: job %s: %s", self.name_, job_id, exc)
