@@ -36,7 +36,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                         "scale": 0.02, "history": 100_000, "heartbeat": 0.5, "reconcile_every": 2.0,
                         "drain": True},
               "full": {"devices": [10, 100, 1000], "jobs": 100_000, "window": 180.0, "scale": 1.0,
-                       "history": 10_000_000, "heartbeat": 2.0, "reconcile_every": 30.0,
+                       "history": 10_000_000, "heartbeat": 5.0, "reconcile_every": 30.0,
                        "drain": False}},
 }
 CASES = list(SIZES)

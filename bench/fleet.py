@@ -526,20 +526,19 @@ def reconciler_role(log: Path) -> None:
     stop = _stop_on_term()
     with log.open("a", buffering=1) as out:
         while not stop():
-            with session_scope(s.database) as session:
-                queued = session.scalar(select(func.count()).select_from(Job)
-                                        .where(Job.status == JobStatus.QUEUED)) or 0
             t = time.perf_counter()
             try:
+                with session_scope(s.database) as session:
+                    queued = session.scalar(select(func.count()).select_from(Job)
+                                            .where(Job.status == JobStatus.QUEUED)) or 0
+                t = time.perf_counter()
                 report = reconcile(s)
-                actions = {k: len(v) for k, v in vars(report).items() if v}
-            except Exception as exc:  # a broker restart: the next pass goes on
-                actions = {"error": 1}
+                out.write(json.dumps({"t": time.time(), "pass_s": time.perf_counter() - t,
+                                      "queued": queued, "actions": {
+                                          k: len(v) for k, v in vars(report).items() if v}}) + "\n")
+            except Exception as exc:  # a broker restart: the next pass goes on, as Celery's would
                 print(f"reconcile failed: {exc}", file=sys.stderr, flush=True)
-            took = time.perf_counter() - t
-            out.write(json.dumps({"t": time.time(), "pass_s": took, "queued": queued,
-                                  "actions": actions}) + "\n")
-            _sleep(stop, s.reconcile_seconds - took)
+            _sleep(stop, s.reconcile_seconds - (time.perf_counter() - t))
 
 
 def poll_role(log: Path, api: str, history: int) -> None:
@@ -550,16 +549,23 @@ def poll_role(log: Path, api: str, history: int) -> None:
     with log.open("a", buffering=1) as out, httpx.Client(base_url=api + "/api/v1", timeout=60) as client:
         while not stop():
             t0 = time.perf_counter()
-            for path, params in (("/devices", {}), ("/jobs", {"limit": 50})):
-                t = time.perf_counter()
-                status = client.get(path, params=params).status_code
-                out.write(json.dumps({"path": path, "ms": (time.perf_counter() - t) * 1000,
-                                      "status": status}) + "\n")
-            for name, ask in asked.items():
-                t = time.perf_counter()
-                ask()
-                out.write(json.dumps({"query": name, "ms": (time.perf_counter() - t) * 1000}) + "\n")
+            try:
+                _poll_once(client, asked, out)
+            except Exception as exc:  # the server refused a connection: poll again next time
+                print(f"poll failed: {exc}", file=sys.stderr, flush=True)
             _sleep(stop, POLL_SECONDS - (time.perf_counter() - t0))
+
+
+def _poll_once(client: httpx.Client, asked: dict[str, Any], out: Any) -> None:
+    for path, params in (("/devices", {}), ("/jobs", {"limit": 50})):
+        t = time.perf_counter()
+        status = client.get(path, params=params).status_code
+        out.write(json.dumps({"path": path, "ms": (time.perf_counter() - t) * 1000,
+                              "status": status}) + "\n")
+    for name, ask in asked.items():
+        t = time.perf_counter()
+        ask()
+        out.write(json.dumps({"query": name, "ms": (time.perf_counter() - t) * 1000}) + "\n")
 
 
 def _stop_on_term() -> Any:

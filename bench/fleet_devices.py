@@ -51,7 +51,7 @@ KIND = "gpu"  # the simulated devices are GPUs: they serve the gpu pool
 SAMPLES_PER_SECOND = 1000.0  # what a simulated device "computes"
 METRIC_SECONDS = 10.0  # a throughput point every this many seconds of work, as inference flushes do
 STAT_SECONDS = 5.0
-POOL_SIZE, POOL_OVERFLOW = 6, 2  # database connections of one process of simulated devices
+POOL_SIZE, POOL_OVERFLOW = 4, 2  # database connections of one process of simulated devices
 
 
 def work_seconds(job_id: int, kind: str, scale: float) -> float:

@@ -236,17 +236,26 @@ def end_ignored_cancel(url: str, job_id: int, error: str) -> bool:
 
 
 @db_retry
-def set_progress(url: str, job_id: int, progress: float) -> None:
-    """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk."""
+def set_progress(url: str, job_id: int, progress: float, worker: str | None = None) -> RunCheck:
+    """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk; returns
+    what its worker (when given) should do next, as `run_check` would, from the same statement
+    (at 1,000 devices each statement a running job saves is hundreds a second)."""
+    where = [Job.id == job_id, Job.status == JobStatus.RUNNING]
+    if worker is not None:
+        where.append(Job.worker == worker)
     with session_scope(url) as session:
         now = utcnow()
-        parent = session.scalar(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
-                                .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=now,
-                                        progress_at=now).returning(Job.parent_id))
-        if parent is not None:
-            mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == parent))
-            session.execute(update(Job).where(Job.id == parent, Job.status == JobStatus.RUNNING)
+        row = session.execute(update(Job).where(*where)
+                              .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=now,
+                                      progress_at=now)
+                              .returning(Job.parent_id, Job.cancel_requested_at)).one_or_none()
+        if row is None:
+            return RunCheck.LOST
+        if row.parent_id is not None:
+            mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == row.parent_id))
+            session.execute(update(Job).where(Job.id == row.parent_id, Job.status == JobStatus.RUNNING)
                             .values(progress=mean))
+        return RunCheck.GO_ON if row.cancel_requested_at is None else RunCheck.CANCEL
 
 
 @db_retry

@@ -193,6 +193,8 @@ class JobMetric(Base):
     seconds: Mapped[float] = mapped_column(Float)
     samples_per_sec: Mapped[float] = mapped_column(Float)
 
+    __table_args__ = (Index("ix_job_metrics_at", "at"),)  # recent points: the device table's rates
+
 
 class Epoch(Base):
     """One finished training epoch: loss, accuracy, throughput, and its checkpoint."""

@@ -90,26 +90,27 @@ class JobContext:
     committed: int | None = None
     _checked_at: float = field(default_factory=time.monotonic)
     _progress_at: float = field(default_factory=time.monotonic)
+    _verdict: jobs.RunCheck = jobs.RunCheck.GO_ON  # the last cancel check's
 
     def progress(self, fraction: float) -> None:
-        """Report progress (written at most every PROGRESS_SECONDS: tiny jobs skip it)."""
+        """Report progress (written at most every PROGRESS_SECONDS: tiny jobs skip it); the write
+        also says whether the job was cancelled or taken, for the next `check_cancelled`."""
         now = time.monotonic()
         if now - self._progress_at < PROGRESS_SECONDS:
             return
-        self._progress_at = now
-        jobs.set_progress(self.url, self.id, fraction)
+        self._progress_at = self._checked_at = now
+        self._verdict = jobs.set_progress(self.url, self.id, fraction, self.worker or None)
 
     def check_cancelled(self, samples: int | None = None) -> None:
         """Raise JobCancelled if a cancel was requested, JobLost if the job is not ours any more
-        (looked up at most once a second)."""
+        (looked up at most every CANCEL_CHECK_SECONDS, unless a progress write just said)."""
         now = time.monotonic()
-        if now - self._checked_at < CANCEL_CHECK_SECONDS:
-            return
-        self._checked_at = now
-        verdict = jobs.run_check(self.url, self.id, self.worker)
-        if verdict is jobs.RunCheck.LOST:
+        if now - self._checked_at >= CANCEL_CHECK_SECONDS:
+            self._checked_at = now
+            self._verdict = jobs.run_check(self.url, self.id, self.worker)
+        if self._verdict is jobs.RunCheck.LOST:
             raise JobLost(f"job {self.id} now belongs to another worker")
-        if verdict is jobs.RunCheck.CANCEL:
+        if self._verdict is jobs.RunCheck.CANCEL:
             raise JobCancelled(samples)
 
 

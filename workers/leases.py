@@ -66,3 +66,11 @@ def holders(broker: str, node: str, devices: list[str]) -> dict[str, int | None]
         return {}
     values = client(broker).mget([key(node, d) for d in devices])
     return {d: int(v) if v else None for d, v in zip(devices, values, strict=True)}
+
+
+def held(broker: str, devices: list[tuple[str, str]]) -> dict[tuple[str, str], int | None]:
+    """Which job holds each (node, device), in one round trip (the device table of a fleet)."""
+    if not devices:
+        return {}
+    values = client(broker).mget([key(node, d) for node, d in devices])
+    return {nd: int(v) if v else None for nd, v in zip(devices, values, strict=True)}

@@ -102,16 +102,21 @@ PAGE = 5_000
 
 # The job ids of one page of a queue (KEYS[1], items ARGV[1]..ARGV[2]), read inside Redis: a
 # message's task id is in its headers as `"id": "job-N"` (kombu writes JSON with these
-# separators). Items with no such id, or more than one, come back whole, for `_read` to judge:
-# only ids cross the network, not the whole queue.
+# separators), found by plain search (a page of 5,000 takes Redis a few milliseconds). Items with
+# no such id, or more than one, come back whole, for `_read` to judge. Returns the ids joined by
+# commas, then those items: only ids cross the network, not the whole queue.
 _PAGE_IDS = """
-local ids, others = {}, {}
+local ids, others, mark = {}, {}, '"id": "job-'
 for _, raw in ipairs(redis.call('lrange', KEYS[1], ARGV[1], ARGV[2])) do
-  local found, count = nil, 0
-  for id in string.gmatch(raw, '"id": "job%-(%d+)"') do found, count = id, count + 1 end
-  if count == 1 then ids[#ids + 1] = found else others[#others + 1] = raw end
+  local at = string.find(raw, mark, 1, true)
+  local id = at and string.match(raw, '^(%d+)"', at + #mark)
+  if id and not string.find(raw, mark, at + #mark, true) then
+    ids[#ids + 1] = id
+  else
+    others[#others + 1] = raw
+  end
 end
-return {ids, others}
+return {table.concat(ids, ','), others}
 """
 
 
@@ -145,7 +150,7 @@ def look(broker: str, queues: set[str]) -> Look:
     for name, length in zip(names, pipe.execute(), strict=True):
         for start in range(0, int(length), PAGE):  # (a list grown meanwhile: its head is newer)
             ids, others = page_ids(keys=[name], args=[start, start + PAGE - 1])
-            seen.waiting.update(int(i) for i in ids)
+            seen.waiting.update(int(i) for i in str(ids).split(",") if i)
             for raw in map(str, others):
                 found, reason = _read(raw)
                 if found is not None:

@@ -20,9 +20,7 @@ def device_table(s: Settings) -> list[dict[str, Any]]:
     records = device_records(s.database, s.heartbeat_ttl)
     held: dict[tuple[str, str], int | None] = {}
     try:
-        for node in {r["node"] for r in records}:
-            devices = [r["device"] for r in records if r["node"] == node]
-            held.update({(node, d): j for d, j in leases.holders(s.broker, node, devices).items()})
+        held = leases.held(s.broker, [(r["node"], r["device"]) for r in records])
     except (redis.RedisError, OSError):
         pass  # the broker is down: the table still shows what SQL knows
     rates = device_rates(s.database, utcnow() - RATE_WINDOW)
