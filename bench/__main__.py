@@ -35,7 +35,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "fleet": {"quick": {"devices": [10, 50], "jobs": 2_000, "jobs_per_device": 40, "window": 20.0,
                         "scale": 0.02, "history": 100_000, "heartbeat": 0.5, "reconcile_every": 2.0,
                         "drain": True},
-              "full": {"devices": [10, 100, 1000], "jobs": 100_000, "window": 180.0, "scale": 1.0,
+              "full": {"devices": [10, 100, 1000], "jobs": 100_000, "window": 180.0, "scale": 2.0,
                        "history": 10_000_000, "heartbeat": 5.0, "reconcile_every": 30.0,
                        "drain": False}},
 }

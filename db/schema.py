@@ -101,6 +101,7 @@ class Job(Base):
         Index("ix_jobs_node_submitted", "node", "submitted_at"),
         Index("ix_jobs_submitted", "submitted_at"),
         Index("ix_jobs_worker_status", "worker", "status"),
+        Index("ix_jobs_status_queue", "status", "queue"),  # the device table's counts per queue
         NEVER_REUSE_IDS,
     )
 

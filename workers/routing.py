@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxq.db.fleet import list_workers
-from mxq.db.records import WorkerRecord
-from mxq.device import KINDS, Device
+from mxq.db.fleet import kinds, list_workers
+from mxq.device import KINDS
 from mxq.errors import UserError
 from mxq.workers.queues import DeviceSpec, device_queue, pool_queue
 from mxq.workers.settings import Settings
@@ -24,10 +23,10 @@ class Route:
 
 def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False) -> Route:
     """A named device goes to its own queue on this node; `auto` to its kind's pool queue."""
-    known = list_workers(settings.database, settings.heartbeat_ttl)
     if spec.auto:
-        return Route(_pool_for(spec, known, allow_offline), str(spec))
-    mine = {w["device"]: w for w in known if w["node"] == settings.node}
+        return Route(_pool_for(settings, spec, allow_offline), str(spec))
+    mine = {w["device"]: w for w in list_workers(settings.database, settings.heartbeat_ttl,
+                                                 settings.node)}
     worker = mine.get(str(spec))
     if worker is None and not allow_offline:
         have = ", ".join(sorted(mine)) or "none (no worker has started on it yet)"
@@ -41,15 +40,14 @@ def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False) -> 
     return Route(device_queue(settings.node, spec.kind, spec.index), str(spec))
 
 
-def _pool_for(spec: DeviceSpec, known: list[WorkerRecord], allow_offline: bool) -> str:
-    live_kinds = {Device.parse(w["device"]).kind for w in known if w["alive"]}
-    kinds = [spec.kind] if spec.kind else [k for k in KINDS]
-    for kind in kinds:  # GPUs first when both are live
-        if kind in live_kinds:
+def _pool_for(settings: Settings, spec: DeviceSpec, allow_offline: bool) -> str:
+    wanted = (spec.kind,) if spec.kind else KINDS  # GPUs first when both are live
+    live, known = kinds(settings.database, settings.heartbeat_ttl, wanted)
+    for kind in wanted:
+        if kind in live:
             return pool_queue(kind)
     if allow_offline:
-        known_kinds = {Device.parse(w["device"]).kind for w in known}
-        return pool_queue(next((k for k in kinds if k in known_kinds), kinds[-1]))
-    wanted = f"{spec.kind} " if spec.kind else ""
-    raise RoutingError(f"no live {wanted}worker to run an auto job; start workers with "
+        return pool_queue(next((k for k in wanted if k in known), wanted[-1]))
+    kind = f"{spec.kind} " if spec.kind else ""
+    raise RoutingError(f"no live {kind}worker to run an auto job; start workers with "
                        "`mxq up` (or `mxq worker`), or pass --allow-offline to queue it anyway")
