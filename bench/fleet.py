@@ -368,7 +368,7 @@ def run_size(root: Path, url: str, history: int, n: int, jobs: int, window: floa
             except subprocess.TimeoutExpired:
                 p.kill()
         fleet.stop(kill=True)
-    result = _judge(s, fleet, broker, load, idle, first_load, drain)
+    result = _judge(s, fleet, load, idle, drain)
     broker.kill()
     result.update(_figures(home, fleet, elapsed, n, len(load)))
     result.update(devices=n, nodes=math.ceil(n / PER_NODE), jobs=len(load), submit_s=submit_s,
@@ -418,8 +418,8 @@ def _faults(s: Settings, broker: Broker, fleet: Fleet, window: float, drain: boo
         time.sleep(1.0)
 
 
-def _judge(s: Settings, fleet: Fleet, broker: Broker, load: list[int], idle: list[int],
-           first: int, drain: bool) -> dict[str, Any]:
+def _judge(s: Settings, fleet: Fleet, load: list[int], idle: list[int],
+           drain: bool) -> dict[str, Any]:
     """Lost: a job neither finished nor waiting in the broker (after the devices stopped and a last
     reconciler pass); duplicated: a job whose work ran to its end twice."""
     if not drain:  # the devices were killed: their jobs go back to the queue first
