@@ -14,12 +14,11 @@ docker-compose.yml):
 - then the check: every job finished exactly once, or (when the window ends before the queue
   does) still queued with its message in the broker after a last reconciler pass.
 
-    python -m bench --only fleet [--quick]     (or: python -m bench.fleet reconciler|poll …, the roles)
+    python -m bench --only fleet [--quick]     (its roles: bench/fleet_roles.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -53,7 +52,6 @@ KILLED_LOG = "devices-victim.jsonl"  # the log of the process that gets killed
 KILLED_SHARE = 0.05  # of the devices, killed without warning
 BATCH = 5_000  # jobs per submit_many
 TRAIN_SHARE, NAMED_SHARE = 0.02, 0.05  # of the jobs: multi-device trainings, jobs for a named device
-POLL_SECONDS = 2.0  # the dashboard's refresh
 PROBE = {"size": 64, "repeat": 1, "batch": 1}
 TRAIN = {"arch": "lenet", "dataset": "digits", "name": "fleet-train", "epochs": 5}
 
@@ -207,7 +205,7 @@ class Fleet:
 
 def _role(env: dict[str, str], home: Path, role: str, *args: str) -> subprocess.Popen[bytes]:
     err = (home / f"{role}.err").open("ab")
-    return subprocess.Popen([sys.executable, "-m", "bench.fleet", role, "--log",
+    return subprocess.Popen([sys.executable, "-m", "bench.fleet_roles", role, "--log",
                              str(home / f"{role}.jsonl"), *args], env=env, stdout=err, stderr=err)
 
 
@@ -528,86 +526,3 @@ def run(root: Path, devices: list[int], jobs: int, window: float, scale: float, 
     return {"history_jobs": rows, "scale": scale, "by_devices": sizes,
             "lost": sum(r["lost"] for r in sizes.values()),
             "duplicated": sum(r["duplicated"] for r in sizes.values())}
-
-
-# ------------------------------------------------------------------------- the roles
-
-
-def reconciler_role(log: Path) -> None:
-    """The real reconciler, every MXQ_RECONCILE_SECONDS; each pass's time and queued jobs logged."""
-    s = get_settings()
-    stop = _stop_on_term()
-    with log.open("a", buffering=1) as out:
-        while not stop():
-            t = time.perf_counter()
-            try:
-                with session_scope(s.database) as session:
-                    queued = session.scalar(select(func.count()).select_from(Job)
-                                            .where(Job.status == JobStatus.QUEUED)) or 0
-                t = time.perf_counter()
-                report = reconcile(s)
-                out.write(json.dumps({"t": time.time(), "pass_s": time.perf_counter() - t,
-                                      "queued": queued, "actions": {
-                                          k: len(v) for k, v in vars(report).items() if v}}) + "\n")
-            except Exception as exc:  # a broker restart: the next pass goes on, as Celery's would
-                print(f"reconcile failed: {exc}", file=sys.stderr, flush=True)
-            _sleep(stop, s.reconcile_seconds - (time.perf_counter() - t))
-
-
-def poll_role(log: Path, api: str, history: int) -> None:
-    """The dashboard's two requests every 2 s, and one round of the history queries."""
-    s = get_settings()
-    stop = _stop_on_term()
-    asked = fleet_history.queries(s.database, history)
-    with log.open("a", buffering=1) as out, httpx.Client(base_url=api + "/api/v1", timeout=60) as client:
-        while not stop():
-            t0 = time.perf_counter()
-            try:
-                _poll_once(client, asked, out)
-            except Exception as exc:  # the server refused a connection: poll again next time
-                print(f"poll failed: {exc}", file=sys.stderr, flush=True)
-            _sleep(stop, POLL_SECONDS - (time.perf_counter() - t0))
-
-
-def _poll_once(client: httpx.Client, asked: dict[str, Any], out: Any) -> None:
-    for path, params in (("/devices", {}), ("/jobs", {"limit": 50})):
-        t = time.perf_counter()
-        answer = client.get(path, params=params)
-        entry = {"path": path, "ms": (time.perf_counter() - t) * 1000, "status": answer.status_code}
-        if path == "/devices" and answer.status_code == 200:  # how late the heartbeats are
-            entry["ages"] = [d["heartbeat_age"] for d in answer.json() if d["alive"]]
-        out.write(json.dumps(entry) + "\n")
-    for name, ask in asked.items():
-        t = time.perf_counter()
-        ask()
-        out.write(json.dumps({"query": name, "ms": (time.perf_counter() - t) * 1000}) + "\n")
-
-
-def _stop_on_term() -> Any:
-    stopped: list[bool] = []
-    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-    return lambda: bool(stopped)
-
-
-def _sleep(stop: Any, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while not stop() and time.monotonic() < end:
-        time.sleep(min(0.2, end - time.monotonic()) if end > time.monotonic() else 0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fleet", description="a role of the fleet case")
-    ap.add_argument("role", choices=["reconciler", "poll"])
-    ap.add_argument("--log", type=Path, required=True)
-    ap.add_argument("--api", default="")
-    ap.add_argument("--history", type=int, default=0)
-    args = ap.parse_args(argv)
-    if args.role == "reconciler":
-        reconciler_role(args.log)
-    else:
-        poll_role(args.log, args.api, args.history)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
