@@ -74,6 +74,11 @@ def job_id(raw: str) -> int | None:
         message = message[0] if message else {}
     if not isinstance(message, dict) or not isinstance(message.get("headers") or {}, dict):
         return None
+    return _job_of(message)
+
+
+def _job_of(message: dict[str, Any]) -> int | None:
+    """The job id in a readable envelope's task id (`job-<id>`), else None."""
     task_id = str((message.get("headers") or {}).get("id", ""))
     return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
 
@@ -129,8 +134,7 @@ def _read(raw: str) -> tuple[int | None, str | None]:
         return None, f"not JSON: {exc}"
     if (reason := unreadable(message)) is not None:
         return None, reason
-    task_id = str((message.get("headers") or {}).get("id", ""))
-    return (int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None), None
+    return _job_of(message), None
 
 
 def look(broker: str, queues: set[str]) -> Look:
