@@ -92,9 +92,12 @@ class Job(Base):
     # Inference: the sample index before which every result of this job (or chunk) is stored.
     # It moves in the transaction that stores the results, so a later attempt resumes here.
     committed: Mapped[int | None]
+    # A submit's idempotency key (API header `Idempotency-Key`): a retry returns this job.
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
 
     __table_args__ = (
         Index("ix_jobs_parent", "parent_id"),
+        Index("ux_jobs_idempotency_key", "idempotency_key", unique=True),
         Index("ix_jobs_status_submitted", "status", "submitted_at"),
         Index("ix_jobs_kind_submitted", "kind", "submitted_at"),
         Index("ix_jobs_device_submitted", "device", "submitted_at"),
@@ -104,6 +107,17 @@ class Job(Base):
         Index("ix_jobs_status_queue", "status", "queue"),  # the device table's counts per queue
         NEVER_REUSE_IDS,
     )
+
+
+class StackRow(Base):
+    """The stack this database belongs to: one row, made by migration 0015. Files a stack keeps
+    under its home are keyed by this id, so a home reused with another database never serves
+    the old one's files."""
+
+    __tablename__ = "stack"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class JobEvent(Base):
