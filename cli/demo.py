@@ -77,11 +77,11 @@ def _accuracy(s: Settings, record: JobRecord, labels: np.ndarray) -> float | Non
     """The share of samples whose predicted class is the label (None if the job failed)."""
     import numpy as np
 
-    from mxq.db.results import output_file
+    from mxq.db.results import recorded_output
 
     if record["status"] != "succeeded":
         return None
-    probabilities = np.load(output_file(s.home_path, record["id"], ".npy"), mmap_mode="r")
+    probabilities = np.load(recorded_output(s.home_path, s.database, record, ".npy"), mmap_mode="r")
     return float((probabilities.argmax(axis=1) == labels).mean())
 
 

@@ -9,16 +9,21 @@ from sqlalchemy.exc import IntegrityError
 
 from mxq import epochs
 from mxq.db.engine import session_scope
+from mxq.db.fence import Fence, still_ours
 from mxq.db.records import EpochRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import Epoch, Job, iso
 
 
 @db_retry
-def record(url: str, job_id: int, values: dict[str, Any]) -> None:
+def record(url: str, job_id: int, values: dict[str, Any], fence: Fence | None = None) -> bool:
+    """Store an epoch (with `fence`, only while the job is that attempt's: False otherwise)."""
     with session_scope(url) as session:
+        if fence is not None and not still_ours(session, fence):
+            return False
         session.execute(delete(Epoch).where(Epoch.job_id == job_id, Epoch.epoch == values["epoch"]))
         session.execute(insert(Epoch).values(job_id=job_id, **values))
+    return True
 
 
 def list_epochs(url: str, job_id: int) -> list[EpochRecord]:

@@ -13,13 +13,16 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Table, and_, bindparam, exists, func, insert, or_, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from mxq import parts
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.epochs import merge_parts
+from mxq.db.fence import Fence
 from mxq.db.retry import db_retry
 from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
+from mxq.errors import Conflict
 
 
 class Claim(enum.Enum):
@@ -39,16 +42,29 @@ class Placement:
     device: str
 
 
+class IdempotencyKeyTaken(Conflict):
+    """Another submit already made a job with this idempotency key (the unique index said so)."""
+
+
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
-               rejected: str | None = None) -> int:
-    """A queued job, or (with `rejected`) one that failed at submit for that reason."""
-    with session_scope(url) as session:
-        job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
-                  status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
-                  attempts=0, error=rejected, finished_at=utcnow() if rejected else None)
-        session.add(job)
-        session.flush()
-        return job.id
+               rejected: str | None = None, idempotency_key: str | None = None) -> int:
+    """A queued job, or (with `rejected`) one that failed at submit for that reason.
+
+    With `idempotency_key`, IdempotencyKeyTaken when a job already holds it: the unique index
+    decides between two submits racing with one key, so only one job is ever made."""
+    try:
+        with session_scope(url) as session:
+            job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
+                      status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
+                      attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
+                      idempotency_key=idempotency_key)
+            session.add(job)
+            session.flush()
+            return job.id
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        raise IdempotencyKeyTaken(f"idempotency key {idempotency_key!r} is already taken") from None
 
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
@@ -136,19 +152,26 @@ def _metric(job_id: int, step: int, device: str, samples: int, seconds: float,
                 samples_per_sec=samples / seconds if seconds > 0 else 0.0)
 
 
-@db_retry
 def claim(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -> Claim:
-    """Take the job for `at` in one atomic update, or say why not."""
+    """Take the job for `at` in one atomic update, or say why not (`take` also gives the fence)."""
+    taken = take(url, job_id, at, max_attempts, ttl)
+    return Claim.RUN if isinstance(taken, Fence) else taken
+
+
+@db_retry
+def take(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) -> Fence | Claim:
+    """Take the job for `at` in one atomic update: the new attempt's fence, or why not."""
     now = utcnow()
     cutoff = now - timedelta(seconds=ttl)
     with session_scope(url) as session:
-        taken = rowcount(session.execute(
+        attempt = session.scalar(
             update(Job)
             .where(Job.id == job_id, Job.attempts < max_attempts, claimable(cutoff))
             .values(**_taken_by(at, now))
-        ))
-        if taken:
-            return Claim.RUN
+            .returning(Job.attempts)
+        )
+        if attempt is not None:
+            return Fence(job_id, at.worker, attempt)
         job = session.get(Job, job_id)
         if job is None:
             return Claim.MISSING
@@ -236,13 +259,11 @@ def end_ignored_cancel(url: str, job_id: int, error: str) -> bool:
 
 
 @db_retry
-def set_progress(url: str, job_id: int, progress: float, worker: str | None = None) -> RunCheck:
+def set_progress(url: str, job_id: int, progress: float, fence: Fence | None = None) -> RunCheck:
     """Progress of a job, and of its parent (the mean over its chunks) when it is a chunk; returns
-    what its worker (when given) should do next, as `run_check` would, from the same statement
-    (at 1,000 devices each statement a running job saves is hundreds a second)."""
-    where = [Job.id == job_id, Job.status == JobStatus.RUNNING]
-    if worker is not None:
-        where.append(Job.worker == worker)
+    what its attempt (when its fence is given) should do next, as `run_check` would, from the same
+    statement (at 1,000 devices each statement a running job saves is hundreds a second)."""
+    where = fence.holds() if fence is not None else [Job.id == job_id, Job.status == JobStatus.RUNNING]
     with session_scope(url) as session:
         now = utcnow()
         row = session.execute(update(Job).where(*where)
@@ -276,21 +297,23 @@ def next_metric_step(url: str, job_id: int) -> int:
 
 
 @db_retry
-def succeed(url: str, job_id: int, worker: str, samples: int, seconds: float,
-            result: dict[str, Any]) -> bool:
+def succeed(url: str, fence: Fence, samples: int, seconds: float, result: dict[str, Any]) -> bool:
+    """The attempt's job succeeded (False: the job is no longer this attempt's)."""
     with session_scope(url) as session:
         return bool(rowcount(session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
-            .values(**_succeeded(samples, seconds, result, utcnow()))
+            update(Job).where(*fence.holds()).values(**_succeeded(samples, seconds, result, utcnow()))
         )))
 
 
 @db_retry
-def fail(url: str, job_id: int, error: str, worker: str | None = None) -> bool:
-    """Mark a job failed from queued or running (by `worker`, when given)."""
+def fail(url: str, job_id: int, error: str, worker: str | None = None,
+         fence: Fence | None = None) -> bool:
+    """Mark a job failed from queued or running (only by its attempt `fence`, or by `worker`,
+    when given)."""
     cond = [Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])]
-    if worker is not None:
+    if fence is not None:
+        cond = fence.holds()
+    elif worker is not None:
         cond.append(Job.worker == worker)
     with session_scope(url) as session:
         return bool(rowcount(session.execute(
@@ -375,6 +398,20 @@ def settle_parent(url: str, parent_id: int) -> bool:
                               )))
 
 
+def chunk_statuses(url: str, parent_id: int, but: int) -> list[str]:
+    """The statuses of a parent's chunks other than `but`."""
+    with session_scope(url) as session:
+        return list(session.scalars(select(Job.status).where(Job.parent_id == parent_id,
+                                                             Job.id != but)))
+
+
+def earlier_seconds(url: str, job_id: int) -> float:
+    """Compute seconds its throughput points hold: what earlier attempts of a resumed job spent."""
+    with session_scope(url) as session:
+        return float(session.scalar(select(func.sum(JobMetric.seconds))
+                                    .where(JobMetric.job_id == job_id)) or 0.0)
+
+
 class CancelOutcome(enum.Enum):
     CANCELLED = "cancelled"  # it was queued: it will never run
     REQUESTED = "requested"  # it is running: it stops at its next batch or epoch boundary
@@ -418,22 +455,23 @@ class RunCheck(enum.Enum):
 
 
 @db_retry
-def run_check(url: str, job_id: int, worker: str) -> RunCheck:
-    """What a running job's worker should do at its next batch or epoch boundary."""
+def run_check(url: str, fence: Fence) -> RunCheck:
+    """What a running job's attempt should do at its next batch or epoch boundary."""
     with session_scope(url) as session:
-        row = session.execute(select(Job.status, Job.worker, Job.cancel_requested_at)
-                              .where(Job.id == job_id)).one_or_none()
-    if row is None or row.status != JobStatus.RUNNING or row.worker != worker:
+        row = session.execute(select(Job.status, Job.worker, Job.attempts, Job.cancel_requested_at)
+                              .where(Job.id == fence.job_id)).one_or_none()
+    if (row is None or row.status != JobStatus.RUNNING or row.worker != fence.worker
+            or row.attempts != fence.attempt):
         return RunCheck.LOST
     return RunCheck.CANCEL if row.cancel_requested_at is not None else RunCheck.GO_ON
 
 
 @db_retry
-def mark_cancelled(url: str, job_id: int, worker: str, samples: int | None = None) -> bool:
+def mark_cancelled(url: str, fence: Fence, samples: int | None = None) -> bool:
     """A running job stopped on request; what it wrote is kept."""
     with session_scope(url) as session:
         return bool(rowcount(session.execute(
-            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == JobStatus.RUNNING)
+            update(Job).where(*fence.holds())
             .values(status=JobStatus.CANCELLED, finished_at=utcnow(), heartbeat_at=None,
                     samples=samples, error="cancelled while running; partial results kept")
         )))

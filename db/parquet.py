@@ -2,10 +2,14 @@
 and the export of a job's stored rows.
 
 A job writing Parquet (`--output parquet`) stores each flush as one part file, named by the
-range it holds, before it commits that position in SQL; a later attempt drops the parts past the
-committed position and goes on. When every part of the job's samples is there (the last chunk of a
-chunked job to finish sees it), the parts are merged, in order and one at a time, into
-`job-ID.parquet`. Memory stays bounded by a part, never by the job.
+range it holds and by the attempt that wrote it (`first-last.j<job>a<attempt>.parquet`), before it
+commits that position in SQL; a later attempt drops the parts past the committed position and goes
+on. An attempt that was paused and came back after its job was handed on may still write a part
+before its commit is refused: the name keeps it apart, it removes it itself, and the merge never
+takes it (where two parts start at one sample, the later attempt's is the one its job committed).
+When every part of the job's samples is there (the last chunk of a chunked job to finish sees it),
+the parts are merged, in order and one at a time, into `job-ID.parquet`. Memory stays bounded by
+a part, never by the job.
 
 Columns: `index` (int64), `predicted_class` (int32), `score` (float32), and with top-k
 `top_k_classes` (list of int32) and `top_k_scores` (list of float32), best first.
@@ -80,51 +84,89 @@ def parts_dir(final: Path) -> Path:
     return final.with_name(final.name + ".parts")
 
 
-def _part_range(path: Path) -> tuple[int, int]:
-    first, last = path.stem.split("-")
-    return int(first), int(last)
+Part = tuple[int, int, int, Path]  # first, last (exclusive), attempt, file
 
 
-def _parts(final: Path) -> list[tuple[int, int, Path]]:
+def _part_of(path: Path) -> Part | None:
+    """A part file's range and attempt from its name; None for anything else in the folder."""
+    span, _, tag = path.stem.partition(".")
+    first, _, last = span.partition("-")
+    attempt = tag.rpartition("a")[2]
+    if not (first.isdigit() and last.isdigit() and attempt.isdigit()):
+        return None
+    return int(first), int(last), int(attempt), path
+
+
+def part_list(final: Path) -> list[Part]:
+    """The part files of `final`, sorted by (first, last, attempt)."""
     folder = parts_dir(final)
     if not folder.is_dir():
         return []
-    return sorted((*_part_range(p), p) for p in folder.glob("*.parquet"))
+    return sorted(p for p in map(_part_of, folder.glob("*.parquet")) if p is not None)
 
 
-def write_part(final: Path, tables: list[pa.Table]) -> None:
-    """One flush of a streaming job as its part file, complete on disk before the job commits it."""
+def write_part(final: Path, tables: list[pa.Table], tag: str) -> Path | None:
+    """One flush of a streaming job as its part file, complete on disk before the job commits it;
+    `tag` names the attempt (`Fence.tag`). The file written, or None for no rows."""
     table = pa.concat_tables(tables)
     if not table.num_rows:
-        return
+        return None
     index = table.column("index")
     first, last = index[0].as_py(), index[-1].as_py() + 1
     folder = parts_dir(final)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{first:012d}-{last:012d}.parquet"
+    path = folder / f"{first:012d}-{last:012d}.{tag}.parquet"
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp, compression=PART_COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    return path
 
 
 def drop_parts(final: Path, start: int, stop: int) -> None:
     """Remove the parts that begin in [start, stop): written by an attempt that died before it
     committed them (a new attempt writes them again)."""
-    for first, _, path in _parts(final):
+    for first, _, _, path in part_list(final):
         if start <= first < stop:
             path.unlink(missing_ok=True)
 
 
-def _complete(parts: list[tuple[int, int, Path]], count: int) -> bool:
-    """The parts tile [0, count) exactly, in order."""
-    position = 0
-    for first, last, _ in parts:
-        if first != position:
-            return False
-        position = last
-    return position == count
+def remove_part(path: Path) -> None:
+    """Take back a part this attempt wrote but could not commit (its job was handed on), and
+    the parts folder with it when nothing else is left there."""
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass  # other parts are there (or the folder is gone already)
+
+
+def remove_all(final: Path) -> None:
+    """A job that failed or was cancelled: its parts (and a merge's leftovers) go."""
+    shutil.rmtree(parts_dir(final), ignore_errors=True)
+    final.with_suffix(".parquet.tmp").unlink(missing_ok=True)
+    final.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def tiling(parts: list[Part]) -> tuple[list[Part], int]:
+    """The parts that hold [0, n) in order with no overlap, and n: where two start at one sample
+    the later attempt's is taken (an earlier, paused attempt's part was never committed)."""
+    by_first: dict[int, Part] = {}
+    for part in parts:  # sorted: the highest attempt of a start comes last
+        by_first[part[0]] = part
+    chain, position = [], 0
+    while position in by_first:
+        chain.append(by_first[position])
+        position = by_first[position][1]
+    return chain, position
+
+
+def missing(parts: list[Part], count: int) -> str:
+    """Where the parts stop holding [0, count): e.g. "samples [4096, 8192)"."""
+    _, position = tiling(parts)
+    later = [p[0] for p in parts if p[0] > position]
+    return f"samples [{position}, {min(later, default=count)})"
 
 
 def merge_if_complete(final: Path, count: int) -> bool:
@@ -135,19 +177,49 @@ def merge_if_complete(final: Path, count: int) -> bool:
     lock_path = final.with_suffix(".lock")
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        parts = _parts(final)
         if final.exists():
             shutil.rmtree(parts_dir(final), ignore_errors=True)  # a merge that died before cleaning
             return True
-        if not _complete(parts, count):
+        parts, held = tiling(part_list(final))
+        if held != count:
             return False
         tmp = final.with_suffix(".parquet.tmp")
-        write_tables((pq.ParquetFile(path).read() for _, _, path in parts), tmp,
-                     pq.read_schema(parts[0][2]) if parts else schema(0))
+        write_tables((pq.ParquetFile(path).read() for *_, path in parts), tmp,
+                     pq.read_schema(parts[0][3]) if parts else schema(0))
         os.replace(tmp, final)
         shutil.rmtree(parts_dir(final), ignore_errors=True)
     lock_path.unlink(missing_ok=True)
     return True
+
+
+def covers(final: Path, start: int, stop: int) -> bool:
+    """The merged file is there, or the parts hold [start, stop) of it (a chunk's own range)."""
+    if final.exists():
+        return True
+    held = {p[0]: p for p in part_list(final)}
+    position = start
+    while position < stop and position in held:
+        position = held[position][1]
+    return position >= stop
+
+
+def rows_in(final: Path) -> int:
+    """Rows of a merged file, from its footer (no data read)."""
+    return int(pq.ParquetFile(final).metadata.num_rows)
+
+
+def kept_parts(final: Path) -> list[Path]:
+    """The part files of a job that stopped before its merge (cancelled), in sample order, none
+    overlapping another (the later attempt's where two start at one sample)."""
+    chosen: dict[int, Part] = {}
+    for part in part_list(final):
+        chosen[part[0]] = part
+    kept, end = [], 0
+    for first, last, _, path in sorted(chosen.values()):
+        if first >= end:
+            kept.append(path)
+            end = last
+    return kept
 
 
 def write_tables(tables: Iterable[pa.Table], path: Path, table_schema: pa.Schema) -> int:
@@ -184,9 +256,25 @@ def read_tables(path: Path, limit: int | None, offset: int) -> Iterator[pa.Table
                 return
 
 
-def read_rows(path: Path, limit: int | None, offset: int) -> Iterator[dict[str, Any]]:
-    """The same rows shaped like `mxq.db.predictions.read` (top-k as [class, score] pairs)."""
-    for table in read_tables(path, limit, offset):
+def read_tables_of(paths: list[Path], limit: int | None, offset: int) -> Iterator[pa.Table]:
+    """`read_tables` over several files in order, as if they were one."""
+    for path in paths:
+        rows = rows_in(path)
+        if offset >= rows:
+            offset -= rows
+            continue
+        for table in read_tables(path, limit, offset):
+            yield table
+            if limit is not None:
+                limit -= table.num_rows
+        if limit is not None and limit <= 0:
+            return
+        offset = 0
+
+
+def read_rows_of(paths: list[Path], limit: int | None, offset: int) -> Iterator[dict[str, Any]]:
+    """The rows of `paths` shaped like `mxq.db.predictions.read` (top-k as [class, score] pairs)."""
+    for table in read_tables_of(paths, limit, offset):
         data = table.to_pydict()
         for i in range(table.num_rows):
             top = None

@@ -10,8 +10,9 @@ from numpy.typing import NDArray
 from sqlalchemy import Connection, delete, func, select, update
 
 from mxq.db.engine import get_engine, session_scope
+from mxq.db.fence import Fence
 from mxq.db.retry import db_retry
-from mxq.db.schema import Job, JobStatus, Prediction, utcnow
+from mxq.db.schema import Job, Prediction, utcnow
 
 
 @db_retry
@@ -56,15 +57,14 @@ def write(url: str, rows: list[Row]) -> None:
 
 
 @db_retry
-def commit(url: str, job_id: int, worker: str, rows: list[Row], position: int) -> bool:
+def commit(url: str, fence: Fence, rows: list[Row], position: int) -> bool:
     """Store `rows` and move the job's committed position to `position`, in one transaction.
 
-    Only for the worker that runs the job: False (nothing stored) when it is not ours any more.
+    Only for the attempt that runs the job: False (nothing stored) when it is not its own any more.
     Rows and position move together, so a later attempt resumes right after the last stored
     sample, with nothing lost and nothing written twice."""
     with get_engine(url).begin() as conn:
-        moved = conn.execute(update(Job).where(Job.id == job_id, Job.worker == worker,
-                                               Job.status == JobStatus.RUNNING)
+        moved = conn.execute(update(Job).where(*fence.holds())
                              .values(committed=position, heartbeat_at=utcnow()))
         if not moved.rowcount:  # nothing was changed: there is nothing to undo
             return False

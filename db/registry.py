@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from mxq import engines
 from mxq.db.engine import session_scope
+from mxq.db.fence import Fence, Superseded, still_ours
 from mxq.db.records import ModelRecord
 from mxq.db.schema import Model, iso
 from mxq.errors import Conflict, NotFound
@@ -46,10 +47,21 @@ def next_version(url: str, name: str) -> int:
         return (session.scalar(select(func.max(Model.version)).where(Model.name == name)) or 0) + 1
 
 
-def add_model(url: str, record: dict[str, Any]) -> ModelRecord:
-    """Insert a version (the record names it); a clash with a concurrent add is an error."""
+def add_model(url: str, record: dict[str, Any], fence: Fence | None = None) -> ModelRecord:
+    """Insert a version (the record names it); a clash with a concurrent add is an error.
+
+    A training's version (`fence` given) is added only while the job is that attempt's
+    (`Superseded` otherwise), and once per job: a later attempt of a training that registered
+    already gets that version back, never a second one."""
     try:
         with session_scope(url) as session:
+            if fence is not None:
+                done = session.scalar(select(Model).where(Model.source == record["source"]))
+                if done is not None:
+                    return model_record(done)
+                if not still_ours(session, fence):
+                    raise Superseded(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
+                                     "its model was not registered")
             model = Model(**record)
             session.add(model)
             session.flush()

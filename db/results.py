@@ -7,49 +7,110 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from mxq.db import parquet, predictions
 from mxq.db.records import JobRecord
+from mxq.db.schema import JobStatus
+from mxq.db.stack import stack_id
+from mxq.errors import Unavailable
 
 PAGE_ROWS = 50_000  # rows read at a time by an export
 
 
-def output_file(home: Path, job_id: int, suffix: str) -> Path:
-    """Where a job's file output lives: `$MXQ_HOME/outputs/job-ID.npy` or `.parquet`."""
-    return home / "outputs" / f"job-{job_id}{suffix}"
+class OutputMissing(Unavailable):
+    """A job's output file is not where its record says (removed, or on another machine)."""
 
 
-def _parquet_of(home: Path, record: JobRecord) -> Path | None:
-    """The job's merged Parquet file, when it asked for one and it is there."""
+def output_file(home: Path, stack: str, job_id: int, suffix: str) -> Path:
+    """Where a job's file output lives: `$MXQ_HOME/outputs/STACK/job-ID.npy` or `.parquet`,
+    STACK the database's stack id (`mxq.db.stack`: another database, other files)."""
+    return home / "outputs" / stack / f"job-{job_id}{suffix}"
+
+
+def recorded_output(home: Path, url: str, record: JobRecord, suffix: str) -> Path:
+    """The job's output file: the one its result names (jobs that finished before outputs were
+    keyed by stack recorded theirs there), else where this stack keeps it."""
+    shown = (record.get("result") or {}).get("output")
+    if isinstance(shown, str) and shown.endswith(suffix):
+        return Path(shown)
+    return output_file(home, stack_id(url), record["id"], suffix)
+
+
+def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
+    """The Parquet files holding a job's rows: its merged file, or for a job cancelled before
+    its merge the parts it kept; None for a job whose rows are elsewhere (SQL, npy). A job that
+    succeeded without its file raises OutputMissing: never 0 rows in silence."""
     if (record.get("params") or {}).get("output") != "parquet":
         return None
-    path = output_file(home, record["id"], ".parquet")
-    return path if path.exists() else None
+    path = recorded_output(home, url, record, ".parquet")
+    if path.exists():
+        return [path]
+    if record.get("status") == JobStatus.CANCELLED:
+        return parquet.kept_parts(path)
+    if record.get("status") == JobStatus.SUCCEEDED:
+        raise OutputMissing(f"job {record['id']}'s output {path} is missing (removed, or this is "
+                            "not the machine that wrote it)")
+    return []
+
+
+def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | None:
+    """An npy-only job's probabilities (memory-mapped); None for other outputs."""
+    if (record.get("params") or {}).get("output") != "npy":
+        return None
+    path = recorded_output(home, url, record, ".npy")
+    if path.exists():
+        probs: NDArray[np.float32] = np.load(path, mmap_mode="r")
+        return probs
+    if record.get("status") == JobStatus.SUCCEEDED:
+        raise OutputMissing(f"job {record['id']}'s output {path} is missing (removed, or this is "
+                            "not the machine that wrote it)")
+    return np.zeros((0, 1), dtype=np.float32)
+
+
+def _array_rows(probs: NDArray[np.float32], top_k: int, limit: int | None,
+                offset: int) -> list[dict[str, Any]]:
+    """Rows of an npy output; a row never computed (a cancelled job's) is all zeros and left out."""
+    stored = np.flatnonzero(probs.sum(axis=1) > 0)
+    chosen = stored[offset:None if limit is None else offset + limit]
+    r = predictions.Ranked.of(np.asarray(probs[chosen]), top_k)
+    return [{"index": int(i), "predicted_class": int(c), "score": float(v),
+             "top_k": None if r.order is None or r.best is None else
+             [[int(k), float(b)] for k, b in zip(r.order[n], r.best[n], strict=True)]}
+            for n, (i, c, v) in enumerate(zip(chosen, r.classes, r.scores, strict=True))]
 
 
 def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
          offset: int = 0) -> list[dict[str, Any]]:
     """Rows `offset` onwards, at most `limit`, ordered by index."""
-    path = _parquet_of(home, record)
-    if path is not None:
-        return list(parquet.read_rows(path, limit, offset))
+    files = _files_of(url, home, record)
+    if files is not None:
+        return list(parquet.read_rows_of(files, limit, offset))
+    probs = _array_of(url, home, record)
+    if probs is not None:
+        top_k = int((record.get("params") or {}).get("top_k") or 0)
+        return _array_rows(probs, top_k, limit, offset)
     return predictions.read(url, record["id"], limit, offset)
 
 
 def count(url: str, home: Path, record: JobRecord) -> int:
-    path = _parquet_of(home, record)
-    if path is not None:
-        return int(pq.ParquetFile(path).metadata.num_rows)
+    files = _files_of(url, home, record)
+    if files is not None:
+        return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in files)
+    probs = _array_of(url, home, record)
+    if probs is not None:
+        return int((probs.sum(axis=1) > 0).sum())
     return predictions.count(url, record["id"])
 
 
-def _sql_pages(url: str, record: JobRecord, limit: int | None,
-               offset: int) -> Iterator[list[dict[str, Any]]]:
-    """The job's SQL rows from `offset` (at most `limit`), a page of PAGE_ROWS at a time."""
+def _pages(url: str, home: Path, record: JobRecord, limit: int | None,
+           offset: int) -> Iterator[list[dict[str, Any]]]:
+    """The job's rows from `offset` (at most `limit`), a page of PAGE_ROWS at a time."""
     while limit is None or limit > 0:
         size = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
-        page = predictions.read(url, record["id"], size, offset)
+        page = read(url, home, record, size, offset)
         if not page:
             return
         yield page
@@ -61,9 +122,9 @@ def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: in
                    offset: int = 0) -> int:
     """Write the job's stored predictions to `out` as Parquet; the number of rows written."""
     top_k = int((record.get("params") or {}).get("top_k") or 0)
-    path = _parquet_of(home, record)
-    tables = (parquet.read_tables(path, limit, offset) if path is not None else
-              (parquet.from_rows(page, top_k) for page in _sql_pages(url, record, limit, offset)))
+    files = _files_of(url, home, record)
+    tables = (parquet.read_tables_of(files, limit, offset) if files is not None else
+              (parquet.from_rows(page, top_k) for page in _pages(url, home, record, limit, offset)))
     tmp = out.with_name(out.name + ".tmp")
     rows = parquet.write_tables(tables, tmp, parquet.schema(top_k))
     tmp.replace(out)

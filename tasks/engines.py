@@ -22,6 +22,7 @@ from mxq.db import registry
 from mxq.db.records import ModelRecord
 from mxq.device import Device
 from mxq.tasks import onnx_runtime
+from mxq.tasks.checksums import ChangedFile, verify
 from mxq.tasks.runner import JobContext, JobInputError
 from mxq.workers.settings import get_settings
 
@@ -29,6 +30,10 @@ from mxq.workers.settings import get_settings
 # untimed warm-up, for at least MEASURE_BATCHES batches and MEASURE_SECONDS.
 MEASURE_BATCHES, MEASURE_SECONDS = 3, 0.3
 MEASURE_BATCH_RANGE = (16, 256)
+
+
+class StoreChanged(JobInputError):
+    """A stored model file changed since registration: the job fails, whatever the engine."""
 
 
 @dataclass
@@ -51,17 +56,55 @@ def _release(net: Any) -> None:
         clear()
 
 
+def _label(model: ModelRecord) -> str:
+    return f"{model['name']}:{model['version']}"
+
+
+def _checked(model: ModelRecord, forward: Callable[[np.ndarray], np.ndarray]
+             ) -> Callable[[np.ndarray], np.ndarray]:
+    """`forward` that fails the job, before anything is written, when the output is not one row
+    of the model's classes per sample (a version registered before registration proved it)."""
+    def run(x: np.ndarray) -> np.ndarray:
+        out = forward(x)
+        if out.shape[:1] != x.shape[:1]:
+            raise JobInputError(f"model {_label(model)}: its output has {len(out)} rows for a batch "
+                                f"of {len(x)}: the symbol fixes the batch size (e.g. a reshape to a "
+                                "constant shape); allowed: symbols whose batch dimension follows "
+                                "the input")
+        if out.ndim != 2 or out.shape[1] != model["classes"]:
+            raise JobInputError(f"model {_label(model)}: its output has shape {out.shape} for a "
+                                f"batch of {len(x)}; registered as (batch, {model['classes']})")
+        return out
+
+    return run
+
+
 def mxnet_engine(model: ModelRecord, device: str, reason: str) -> Engine:
-    """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it)."""
+    """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
+    Each new batch size is checked by shape inference before it runs: running a symbol that
+    fixes its batch can corrupt memory and crash the worker."""
     from mxq.tasks.device import context
-    from mxq.tasks.models import ModelError, load, probabilities
+    from mxq.tasks.models import ModelError, check_batch, load, probabilities
 
     ctx = context(device)
     try:
         net, cached = load(model, ctx)
+    except ChangedFile as exc:
+        raise StoreChanged(str(exc)) from None
     except ModelError as exc:
         raise JobInputError(str(exc)) from None
-    return Engine("mxnet", lambda x: probabilities(net, ctx, x), lambda: _release(net), cached, reason)
+    proven: set[tuple[int, ...]] = set()
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        if x.shape not in proven:
+            try:
+                check_batch(net, _label(model), x.shape[1:], len(x))
+            except ModelError as exc:
+                raise JobInputError(str(exc)) from None
+            proven.add(x.shape)
+        return probabilities(net, ctx, x)
+
+    return Engine("mxnet", _checked(model, forward), lambda: _release(net), cached, reason)
 
 
 def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
@@ -75,8 +118,12 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
     path = Path(onnx["file"])
     if not path.is_file():
         raise JobInputError(f"ONNX file {path} of {model['name']}:{model['version']} is missing")
+    try:
+        verify(path, onnx.get("sha256"), "ONNX file", _label(model))
+    except ChangedFile as exc:
+        raise StoreChanged(str(exc)) from None
     sess, cached = onnx_runtime.session(path, kind)
-    return Engine("onnx", onnx_runtime.runner(sess), lambda: None, cached, reason)
+    return Engine("onnx", _checked(model, onnx_runtime.runner(sess)), lambda: None, cached, reason)
 
 
 def _rate(engine: Engine, sample: np.ndarray) -> float:
@@ -112,6 +159,8 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int) -> En
     if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
         try:
             speeds = _measure(job, model, batch_size)
+        except StoreChanged:
+            raise
         except Exception as exc:  # one engine could not run here: MXNet serves (or says why not)
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             return mxnet_engine(model, job.device, f"not measured: {reason}")

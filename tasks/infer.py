@@ -25,7 +25,7 @@ from mxq.tasks.inputs import InputError, InputSource, open_input
 from mxq.tasks.oom import OutOfMemory, is_out_of_memory
 from mxq.tasks.outputs import JobOutputs, rows
 from mxq.tasks.pipeline import BackgroundWriter, prefetch
-from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
+from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
 from mxq.workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import get_settings
@@ -82,11 +82,18 @@ def infer(job: JobContext) -> Outcome | FanOut:
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
     begin = out.resume()
+    earlier = jobs.earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()
-    _stream(job, p, source, engine, out, begin, fit)
-    seconds = time.perf_counter() - began
-    out.finish()
-    return Outcome(samples=stop - begin, seconds=seconds, result={
+    try:
+        _stream(job, p, source, engine, out, begin, fit)
+        out.finish()
+    except Exception as exc:
+        if not isinstance(exc, JobLost | JobCancelled):  # those files are another attempt's, or kept
+            out.abandon()
+        raise
+    # Every sample the output holds, over the compute time of every attempt that stored them.
+    seconds = earlier + time.perf_counter() - began
+    return Outcome(samples=stop - start, seconds=seconds, result={
         "model": model["name"], "model_version": model["version"],
         "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
         "input": str(source.path), "range": [start, stop],

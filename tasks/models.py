@@ -6,10 +6,10 @@ one loader (`SymbolBlock.imports`) serves built-in, imported and trained models 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
+import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -18,16 +18,25 @@ from typing import Any
 import numpy as np
 
 from mxq.db import registry
+from mxq.db.fence import Fence
 from mxq.db.records import ModelRecord
+from mxq.db.stack import stack_id
 from mxq.errors import UserError, reason
 from mxq.names import check_name
 from mxq.preprocess import Preprocess
 from mxq.tasks import onnx_export
+from mxq.tasks.checksums import sha256, verify
 from mxq.tasks.mx import gluon, mx
 from mxq.tasks.zoo import build
+from mxq.workers.settings import get_settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
 PREFIX = "model"
+# Besides the largest batch a job may ask (MXQ_MAX_BATCH_SIZE), registration infers the output's
+# shape at these batch sizes: a symbol that fixes its batch to a constant matches at most one.
+TRIAL_BATCHES = (1, 3)
+FIXED_BATCH = ("the symbol fixes the batch size (e.g. a reshape to a constant shape); allowed: "
+               "symbols whose batch dimension follows the input")
 _cache: OrderedDict[tuple, gluon.SymbolBlock] = OrderedDict()
 
 
@@ -35,38 +44,53 @@ class ModelError(UserError):
     """A model that cannot be stored or loaded; the message says which file and why."""
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def store_dir(home: Path, url: str, name: str, version: int) -> Path:
+    """Where a version's files live: `models/STACK/NAME/VERSION`, STACK the database's id (a home
+    reused with another database never meets the old versions' folders); the name is checked
+    here, where it becomes a path."""
+    return home / "models" / stack_id(url) / check_name(name) / str(version)
 
 
-def store_dir(home: Path, name: str, version: int) -> Path:
-    """Where a version's files live; the name is checked here, where it becomes a path."""
-    return home / "models" / check_name(name) / str(version)
+LEFTOVER_SECONDS = 120.0  # a version folder with no row, older than this, is a crashed add's
+
+
+def _new_folder(folder: Path, name: str, version: int) -> Path:
+    """The empty folder of a new version. One left by an add that died before its row (older
+    than LEFTOVER_SECONDS) is cleared; a younger one is a concurrent add's: a conflict."""
+    try:
+        folder.mkdir(parents=True)
+        return folder
+    except FileExistsError:
+        if time.time() - folder.stat().st_mtime < LEFTOVER_SECONDS:
+            raise registry.ModelConflict(f"model {name} version {version} is being added by "
+                                         "another command; add it again in a moment") from None
+    shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return folder
 
 
 def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any],
-              preprocess: Preprocess | None = None) -> ModelRecord:
+              preprocess: Preprocess | None = None, fence: Fence | None = None) -> ModelRecord:
     """Write the files of the next version with `write(folder)` and its ONNX export, then its
     row; undo files on failure."""
     preprocess = preprocess or Preprocess()
     preprocess.check(tuple(fields["input_shape"]))
     version = registry.next_version(url, name)
-    folder = store_dir(home, name, version)
-    folder.mkdir(parents=True, exist_ok=False)
+    folder = _new_folder(store_dir(home, url, name, version), name, version)
     try:
         write(folder)
         params, symbol = folder / f"{PREFIX}-0000.params", folder / f"{PREFIX}-symbol.json"
         onnx = onnx_export.export(folder, symbol, params, tuple(fields["input_shape"]),
                                   lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x))
-        return registry.add_model(url, {
+        onnx["symbol_sha256"] = sha256(symbol)  # beside the export's own: no column of its own
+        added = registry.add_model(url, {
             **fields, "name": name, "version": version, "params_file": str(params),
             "symbol_file": str(symbol), "checksum": sha256(params), "onnx": onnx,
             "preprocess": preprocess.as_dict(),
-        })
+        }, fence)
+        if added["version"] != version:  # the training registered already: its version stands
+            shutil.rmtree(folder, ignore_errors=True)
+        return added
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -110,6 +134,48 @@ def _data_name(symbol_file: Path, params_file: Path) -> str:
                      f"({', '.join(inputs) or 'none'}); mxq serves models with exactly one input")
 
 
+def _output_rows(sym: mx.sym.Symbol, data: str, shape: tuple[int, ...], batch: int) -> int | None:
+    """The rows of the output MXNet's shape inference gives for `batch` samples, without running
+    anything (a run of a symbol whose batch is fixed can corrupt memory and crash the process);
+    None when it cannot tell."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "cannot decide shape" of a partial inference
+        _, outputs, _ = sym.infer_shape_partial(**{data: (batch, *shape)})
+    first = outputs[0] if outputs else ()
+    return int(first[0]) if first and first[0] > 0 else None
+
+
+def batch_problem(label: str, sym: mx.sym.Symbol, data: str, shape: tuple[int, ...],
+                  batch: int) -> str | None:
+    """Why `label` cannot serve a batch of `batch` samples of `shape`, or None."""
+    try:
+        rows = _output_rows(sym, data, shape, batch)
+    except Exception as exc:  # MXNetError: an op whose shapes do not fit this batch
+        return (f"model {label}: MXNet cannot infer its output shape for a batch of {batch}: "
+                f"{reason(exc)}; allowed: symbols whose batch dimension follows the input")
+    if rows is None or rows == batch:
+        return None
+    return f"model {label}: its output has {rows} rows for a batch of {batch}: {FIXED_BATCH}"
+
+
+def prove_batches(label: str, sym: mx.sym.Symbol, data: str, shape: tuple[int, ...],
+                  max_batch: int) -> None:
+    """ModelError unless the output follows the input's batch at the largest batch a job may
+    ask and at TRIAL_BATCHES, found by shape inference alone (no memory is allocated)."""
+    for batch in dict.fromkeys((max_batch, *TRIAL_BATCHES)):
+        if (problem := batch_problem(label, sym, data, shape, batch)) is not None:
+            raise ModelError(problem)
+
+
+def check_batch(net: gluon.SymbolBlock, label: str, shape: tuple[int, ...], batch: int) -> None:
+    """ModelError before a stored net runs a batch its output would not follow (a version
+    registered before registration proved it), so the job fails and not the worker."""
+    sym, data = getattr(net, "mxq_symbol", None), getattr(net, "mxq_data", None)
+    if sym is not None and data is not None \
+            and (problem := batch_problem(label, sym, data, shape, batch)) is not None:
+        raise ModelError(problem)
+
+
 def _weights_dtype(net: gluon.Block) -> str:
     return np.dtype(next(iter(net.collect_params().values())).dtype).name
 
@@ -146,6 +212,7 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
         net.cast("float32")
         dtype = "float32"
     net.mxq_input_dtype = dtype
+    net.mxq_symbol, net.mxq_data = mx.sym.load(str(symbol_file)), data  # for check_batch
     return net
 
 
@@ -181,8 +248,11 @@ def _check_symbol_file(path: Path) -> None:
 
 
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
-                 input_shape: tuple[int, ...] | None, preprocess: Preprocess | None = None) -> ModelRecord:
-    """A user's `net.export()` output, checked by loading it and running one sample."""
+                 input_shape: tuple[int, ...] | None, preprocess: Preprocess | None = None,
+                 max_batch: int | None = None) -> ModelRecord:
+    """A user's `net.export()` output, checked by shape inference at the largest batch a job
+    may ask (`max_batch`, default MXQ_MAX_BATCH_SIZE) and small ones, then by loading it and
+    running one sample."""
     for f in (symbol, params):
         if not f.is_file():
             raise ModelError(f"{f} does not exist")
@@ -197,14 +267,17 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
     if shape is None:
         raise ModelError(f"{symbol.name} does not record its input shape; pass --input-shape "
                          "(one sample, e.g. 64 or 3,32,32)")
-    net = _open(symbol, params, mx.cpu())
+    net = _open(symbol, params, mx.cpu())  # loads, runs nothing
+    prove_batches(name, net.mxq_symbol, net.mxq_data, shape,
+                  max_batch or get_settings().max_batch_size)
     try:
         out = net(mx.nd.zeros((1, *shape), dtype=input_dtype(net)))
         out.wait_to_read()  # MXNet runs asynchronously: its errors surface when the result is read
     except Exception as exc:
         raise ModelError(f"model does not run on input shape {shape}: {reason(exc)}") from None
-    if out.ndim != 2 or out.shape[1] < 2:
-        raise ModelError(f"model output has shape {out.shape}; mxq expects (batch, classes)")
+    if out.ndim != 2 or out.shape[0] != 1 or out.shape[1] < 2:
+        raise ModelError(f"model output has shape {out.shape} for one sample; mxq expects "
+                         "(batch, classes)")
 
     def write(folder: Path) -> None:
         shutil.copyfile(symbol, folder / f"{PREFIX}-symbol.json")
@@ -222,15 +295,18 @@ def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], True
+    label = f"{model['name']}:{model['version']}"
     params = Path(model["params_file"])
     if not params.is_file():
-        raise ModelError(f"params file {params} of {model['name']}:{model['version']} is missing")
-    if sha256(params) != model["checksum"]:
-        raise ModelError(f"params file {params} of {model['name']}:{model['version']} does not "
-                         "match its recorded checksum: it was changed after registration")
+        raise ModelError(f"params file {params} of {label} is missing")
     if model["symbol_file"] is None:
-        raise ModelError(f"{model['name']}:{model['version']} has no symbol file recorded")
-    net = _open(Path(model["symbol_file"]), params, ctx)
+        raise ModelError(f"{label} has no symbol file recorded")
+    symbol = Path(model["symbol_file"])
+    if not symbol.is_file():
+        raise ModelError(f"symbol file {symbol} of {label} is missing")
+    verify(params, model["checksum"], "params file", label)  # ChangedFile when it was swapped
+    verify(symbol, (model.get("onnx") or {}).get("symbol_sha256"), "symbol file", label)
+    net = _open(symbol, params, ctx)
     net.hybridize(static_alloc=True)
     _cache[key] = net
     while len(_cache) > CACHE_SIZE:
@@ -248,8 +324,9 @@ def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) 
 
 def add_trained(url: str, home: Path, name: str, net: gluon.HybridBlock, arch: str,
                 input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
-                job_id: int, preprocess: Preprocess) -> ModelRecord:
-    """A new version of `name` from a finished training job, with its validation metrics."""
+                job_id: int, preprocess: Preprocess, fence: Fence | None = None) -> ModelRecord:
+    """A new version of `name` from a finished training job, with its validation metrics; with
+    the attempt's `fence`, registered only while the job is that attempt's, and once per job."""
     return _register(url, home, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
         "arch": arch, "input_shape": list(input_shape), "classes": classes,
-        "source": f"train:job-{job_id}", "metrics": metrics}, preprocess)
+        "source": f"train:job-{job_id}", "metrics": metrics}, preprocess, fence)

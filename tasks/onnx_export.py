@@ -17,10 +17,15 @@ import numpy as np
 
 from mxq.errors import reason
 from mxq.tasks import onnx_runtime
+from mxq.tasks.checksums import sha256
 from mxq.tasks.mx import mx
 
 ONNX_FILE = "model.onnx"
 CHECK_BATCH = 16  # samples of the agreement check
+# A second, different batch size: an export whose output does not follow its input's batch is
+# refused (ONNX Runtime is not run at MXQ_MAX_BATCH_SIZE: that could take gigabytes; the MXNet
+# symbol's shapes were inferred at it before the export, tasks.models.prove_batches).
+SECOND_BATCH = 3
 OUTPUT = "probabilities"
 
 
@@ -56,10 +61,24 @@ def _clean(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+class _FixedBatch(Exception):
+    """The export's output does not have one row per sample."""
+
+
+def _follows_batch(sess: Any, input_shape: tuple[int, ...]) -> None:
+    """_FixedBatch unless the export's output has one row per sample at two batch sizes."""
+    for batch in (CHECK_BATCH, SECOND_BATCH):
+        rows = len(onnx_runtime.run(sess, np.zeros((batch, *input_shape), np.float32)))
+        if rows != batch:
+            raise _FixedBatch(f"the ONNX export's output has {rows} rows for a batch of {batch}: "
+                              "it fixes the batch size")
+
+
 def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...],
            mxnet_probs: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
     """Export to `folder/model.onnx` and compare with MXNet (`mxnet_probs`) on a seeded batch:
-    `{"file", "max_diff", "argmax_agreement"}`, or `{"file": None, "error"}`."""
+    `{"file", "sha256", "max_diff", "argmax_agreement"}`, or `{"file": None, "error"}`. The
+    sha256 is verified before the file is served (tasks.engines)."""
     if (missing := _missing()) is not None:
         return {"file": None, "error": missing}
     target = folder / ONNX_FILE
@@ -68,10 +87,16 @@ def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...
                              str(target), dynamic=True, dynamic_input_shapes=[(None, *input_shape)])
         _clean(target)
         sample = np.random.default_rng(0).random((CHECK_BATCH, *input_shape), dtype=np.float32)
-        ours = onnx_runtime.run(onnx_runtime.session(target)[0], sample)
+        sess = onnx_runtime.session(target)[0]
+        _follows_batch(sess, input_shape)
+        ours = onnx_runtime.run(sess, sample)
+    except _FixedBatch as exc:
+        target.unlink(missing_ok=True)
+        return {"file": None, "error": str(exc)}
     except Exception as exc:  # the converter raises many types for ops it does not know
         target.unlink(missing_ok=True)
         return {"file": None, "error": f"the ONNX exporter cannot convert it: {reason(exc)}"}
     theirs = mxnet_probs(sample)
-    return {"file": str(target), "max_diff": float(np.abs(ours - theirs).max()),
+    return {"file": str(target), "sha256": sha256(target),
+            "max_diff": float(np.abs(ours - theirs).max()),
             "argmax_agreement": float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())}

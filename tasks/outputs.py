@@ -8,6 +8,13 @@ Each output kind is kept so that what SQL calls committed is really stored:
 - `parquet`: each flush a part file, on disk before the position moves, merged into
   `job-ID.parquet` at the end (`mxq.db.parquet`).
 A killed attempt loses at most what it computed since its last commit; the next one starts there.
+An attempt that is no longer its job's (paused, then handed on) stops at its next write: its
+commit is refused by its fence, and the part it wrote under its own name is removed. A job
+succeeds only once its output is verified: the merged file there with every row, or the npy
+whole; else it fails saying what is missing.
+
+Files live under `$MXQ_HOME/outputs/<stack id>/` (`mxq.db.stack`): a home reused with another
+database starts in an empty folder, never meeting the old one's `job-ID` files.
 """
 
 from __future__ import annotations
@@ -22,22 +29,24 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from mxq.db import events, parquet, predictions
+from mxq.db import events, jobs, parquet, predictions
 from mxq.db.jobs import record_metric
 from mxq.db.predictions import Ranked, Row
 from mxq.db.results import output_file
-from mxq.tasks.runner import JobContext, JobLost
+from mxq.db.schema import JobStatus
+from mxq.db.stack import stack_id
+from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobspecs import InferParams
 from mxq.workers.settings import get_settings
 
 
-def output_path(job_id: int, suffix: str = ".npy") -> Path:
-    return output_file(get_settings().home_path, job_id, suffix)
+def output_path(url: str, job_id: int, suffix: str = ".npy") -> Path:
+    return output_file(get_settings().home_path, stack_id(url), job_id, suffix)
 
 
-def _output_array(job_id: int, rows: int, classes: int) -> np.memmap:
+def _output_array(url: str, job_id: int, rows: int, classes: int) -> np.memmap:
     """The job's full output array, created once (under a lock: chunks share it)."""
-    path = output_path(job_id)
+    path = output_path(url, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -89,9 +98,9 @@ class JobOutputs:
     def __post_init__(self) -> None:
         """Decided once per job, not per batch: which outputs this job keeps."""
         if self.p.output in ("npy", "both"):
-            self.array = _output_array(self.owner, self.count, self.classes)
+            self.array = _output_array(self.job.url, self.owner, self.count, self.classes)
         if self.p.output == "parquet":
-            self.parquet_file = output_path(self.owner, ".parquet")
+            self.parquet_file = output_path(self.job.url, self.owner, ".parquet")
         self.rows_wanted = self.p.output in ("db", "both")
 
     @property
@@ -99,7 +108,7 @@ class JobOutputs:
         """What the job's result names as its output."""
         if self.parquet_file is not None:
             return str(self.parquet_file)
-        return str(output_path(self.owner)) if self.array is not None else "db"
+        return str(output_path(self.job.url, self.owner)) if self.array is not None else "db"
 
     def resume(self) -> int:
         """The first sample this attempt computes: right after the last one an earlier attempt
@@ -119,6 +128,7 @@ class JobOutputs:
     def add(self, first: int, probs: np.ndarray) -> None:
         """One batch's results, held until the next flush (the npy array takes them at once)."""
         if self.array is not None:
+            self.job.check_owned()  # a pause (in the forward pass, say) ends here, before the write
             self.array[first:first + len(probs)] = probs
         if self.rows_wanted:
             self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
@@ -132,19 +142,63 @@ class JobOutputs:
 
     def store(self, flush: Flush) -> None:
         """Make the flush durable, then commit its position with its rows (on the writer thread)."""
+        fence = self.job.fence
+        assert fence is not None  # outputs exist only for a claimed attempt
         if self.array is not None:
             self.array.flush()
+        part = None
         if self.parquet_file is not None and flush.tables:
-            parquet.write_part(self.parquet_file, flush.tables)
-        if not predictions.commit(self.job.url, self.job.id, self.job.worker, flush.rows, flush.last):
-            raise JobLost(f"job {self.job.id} now belongs to another worker")
+            part = parquet.write_part(self.parquet_file, flush.tables, fence.tag)
+        if not predictions.commit(self.job.url, fence, flush.rows, flush.last):
+            if part is not None:
+                parquet.remove_part(part)
+            raise JobLost(f"job {self.job.id} now belongs to another attempt (this one, "
+                          f"{fence.attempt}, was taken for dead)")
         record_metric(self.job.url, self.job.id, flush.step, self.job.device, flush.samples,
                       flush.seconds)
         self.job.progress((flush.last - self.start) / (self.stop - self.start))
 
     def finish(self) -> None:
-        """Once every flush is stored: the npy on disk, the Parquet parts merged when complete."""
+        """Once every flush is stored: the npy on disk, the Parquet parts merged when complete;
+        JobFailed when the output cannot be verified (a part or the file went missing)."""
         if self.array is not None:
             self.array.flush()
+            _check_array(output_path(self.job.url, self.owner), self.count, self.classes)
         if self.parquet_file is not None:
-            parquet.merge_if_complete(self.parquet_file, self.count)
+            self._finish_parquet(self.parquet_file)
+
+    def _finish_parquet(self, final: Path) -> None:
+        if not parquet.covers(final, self.start, self.stop):
+            raise JobFailed(_incomplete(final, self.count, " (a part file was removed while the job "
+                                                           "ran)"))
+        merged = parquet.merge_if_complete(final, self.count)
+        if not merged and (self.job.parent_id is None or self._siblings_done()):
+            raise JobFailed(_incomplete(final, self.count))
+        if merged and (rows := parquet.rows_in(final)) != self.count:
+            raise JobFailed(f"output {final} holds {rows} rows, not {self.count}")
+
+    def _siblings_done(self) -> bool:
+        """Every other chunk of the parent succeeded: this one was the last to merge."""
+        assert self.job.parent_id is not None
+        others = jobs.chunk_statuses(self.job.url, self.job.parent_id, but=self.job.id)
+        return all(s == JobStatus.SUCCEEDED for s in others)
+
+    def abandon(self) -> None:
+        """The job failed: its Parquet parts are removed (they will never be merged)."""
+        if self.parquet_file is not None and self.job.parent_id is None:
+            parquet.remove_all(self.parquet_file)
+
+
+def _incomplete(final: Path, count: int, why: str = "") -> str:
+    return (f"output incomplete: the parts of {final.name} lack "
+            f"{parquet.missing(parquet.part_list(final), count)}{why}")
+
+
+def _check_array(path: Path, count: int, classes: int) -> None:
+    """The npy output is there, readable, with one row per sample."""
+    try:
+        shape = np.load(path, mmap_mode="r").shape
+    except (OSError, ValueError) as exc:
+        raise JobFailed(f"output {path} cannot be read: {exc}") from None
+    if shape != (count, classes):
+        raise JobFailed(f"output {path} has shape {shape}, not ({count}, {classes})")

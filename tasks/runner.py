@@ -15,6 +15,7 @@ from typing import Any
 
 from mxq.db import jobs
 from mxq.db.engine import session_scope
+from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, utcnow
@@ -23,7 +24,7 @@ from mxq.errors import UserError
 from mxq.workers import heartbeat, leases
 from mxq.workers.app import app
 from mxq.workers.publish import publish
-from mxq.workers.queues import worker_name
+from mxq.workers.queues import device_queue, pool_queue, worker_name
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class JobCancelled(Exception):
 
 
 class JobLost(Exception):
-    """The job was given to another worker (this one was taken for dead): stop, write nothing."""
+    """The job was given to another attempt (this one was taken for dead): stop; every write it
+    tried since was refused, and files it wrote under its own name are removed."""
 
 
 # How often a running job looks for a cancel request, and writes its progress: each is a statement
@@ -85,6 +87,7 @@ class JobContext:
     parent_id: int | None
     devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
     worker: str = ""  # the worker that claimed it
+    fence: Fence | None = None  # this attempt's, from the claim: every write it makes carries it
     # Inference: where earlier attempts stopped storing results (read with the row: a worker
     # still writing then is fenced off by the claim, and what it adds is cleared on resume).
     committed: int | None = None
@@ -99,17 +102,23 @@ class JobContext:
         if now - self._progress_at < PROGRESS_SECONDS:
             return
         self._progress_at = self._checked_at = now
-        self._verdict = jobs.set_progress(self.url, self.id, fraction, self.worker or None)
+        self._verdict = jobs.set_progress(self.url, self.id, fraction, self.fence)
+
+    def check_owned(self) -> None:
+        """Raise JobLost if the job is no longer this attempt's: called right before a write that
+        no SQL statement fences (an .npy slice); asks SQL only when the last answer is older
+        than CANCEL_CHECK_SECONDS, as after a pause."""
+        now = time.monotonic()
+        if now - self._checked_at >= CANCEL_CHECK_SECONDS and self.fence is not None:
+            self._checked_at = now
+            self._verdict = jobs.run_check(self.url, self.fence)
+        if self._verdict is jobs.RunCheck.LOST:
+            raise JobLost(f"job {self.id} now belongs to another attempt")
 
     def check_cancelled(self, samples: int | None = None) -> None:
         """Raise JobCancelled if a cancel was requested, JobLost if the job is not ours any more
         (looked up at most every CANCEL_CHECK_SECONDS, unless a progress write just said)."""
-        now = time.monotonic()
-        if now - self._checked_at >= CANCEL_CHECK_SECONDS:
-            self._checked_at = now
-            self._verdict = jobs.run_check(self.url, self.id, self.worker)
-        if self._verdict is jobs.RunCheck.LOST:
-            raise JobLost(f"job {self.id} now belongs to another worker")
+        self.check_owned()
         if self._verdict is jobs.RunCheck.CANCEL:
             raise JobCancelled(samples)
 
@@ -175,6 +184,8 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
         log.info("job %s not run here: %s", job_id, job.value)
         return job.value
     job.worker = at.worker
+    if (elsewhere := _meant_for_another(at, job.queue)) is not None:
+        return _redirect(s, job, elsewhere)
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
     if holder not in (None, job_id):
         return _defer(s, job, f"{at.device} is leased by job {holder}")
@@ -183,12 +194,13 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
         if devices is None:
             return _defer(s, job, "its devices are not free")
         job.devices = devices
-    verdict = jobs.claim(s.database, job_id, at, s.max_attempts, s.heartbeat_ttl)
-    if verdict is not Claim.RUN:
+    verdict = jobs.take(s.database, job_id, at, s.max_attempts, s.heartbeat_ttl)
+    if not isinstance(verdict, Fence):
         if release is not None and verdict is not Claim.DUPLICATE:  # a live duplicate keeps them
             release(job)
         log.warning("job %s not run here: %s", job_id, verdict.value)
         return verdict.value
+    job.fence = verdict
     try:
         return _run(w, job, body)
     finally:
@@ -196,35 +208,61 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
             release(job)
 
 
+def _meant_for_another(at: Placement, queue: str) -> str | None:
+    """The device queue a job belongs to when it is not this worker's own or its pool's (a
+    duplicate message on the pool must not run a job asked for another device); else None."""
+    spec = Device.parse(at.device)
+    if queue in (device_queue(at.node, spec.kind, spec.index), pool_queue(spec.kind)):
+        return None
+    return queue
+
+
+def _redirect(s: Settings, job: JobContext, queue: str) -> str:
+    """Send a delivery that reached the wrong device to the job's own queue (no attempt used)."""
+    log.warning("job %s not run here: it was asked for queue %s", job.id, queue)
+    publish(s, job.id, job.kind, queue, patient=True)
+    return "redirected"
+
+
 def _run(w: Worker, job: JobContext, body: Body) -> str:
-    s, at, hb = w.settings, w.at, w.heartbeat
-    job_id = job.id
+    s, hb = w.settings, w.heartbeat
+    fence = job.fence
+    assert fence is not None  # set by the claim
     if hb is not None:
-        hb.current_job = job_id
+        hb.current_job = job.id
     try:
-        outcome = body(job)
-        if isinstance(outcome, FanOut):
-            return _fan_out(s, job, outcome)
-        jobs.succeed(s.database, job_id, at.worker, outcome.samples, outcome.seconds, outcome.result)
-        return "succeeded"
+        return _record(s, job, fence, body(job))
     except (JobInputError, JobFailed) as exc:
-        jobs.fail(s.database, job_id, str(exc), worker=at.worker)
-        return "failed"
+        return _outcome(jobs.fail(s.database, job.id, str(exc), fence=fence), "failed", job)
     except JobCancelled as exc:
-        jobs.mark_cancelled(s.database, job_id, at.worker, exc.samples)
-        return "cancelled"
+        return _outcome(jobs.mark_cancelled(s.database, fence, exc.samples), "cancelled", job)
     except JobLost as exc:
-        log.warning("%s; stopped here without recording anything", exc)
+        log.warning("%s; this attempt (%s) stopped, its writes refused", exc, fence.attempt)
         return "lost"
     except Exception as exc:
-        log.exception("job %s failed", job_id)
-        jobs.fail(s.database, job_id, f"{type(exc).__name__}: {_one_line(exc)}", worker=at.worker)
-        return "failed"
+        log.exception("job %s failed", job.id)
+        return _outcome(jobs.fail(s.database, job.id, f"{type(exc).__name__}: {_one_line(exc)}",
+                                  fence=fence), "failed", job)
     finally:
         if hb is not None:
             hb.current_job = None
         if job.parent_id is not None:
             jobs.settle_parent(s.database, job.parent_id)
+
+
+def _record(s: Settings, job: JobContext, fence: Fence, outcome: Outcome | FanOut) -> str:
+    if isinstance(outcome, FanOut):
+        return _fan_out(s, job, outcome)
+    done = jobs.succeed(s.database, fence, outcome.samples, outcome.seconds, outcome.result)
+    return _outcome(done, "succeeded", job)
+
+
+def _outcome(recorded: bool, state: str, job: JobContext) -> str:
+    """`state`, or "lost" when the job was no longer this attempt's when its outcome came."""
+    if recorded:
+        return state
+    log.warning("job %s: outcome %s refused: the job is no longer this attempt's", job.id, state)
+    return "lost"
 
 
 def _one_line(exc: BaseException) -> str:

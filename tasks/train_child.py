@@ -1,8 +1,12 @@
-"""The training child process: `python -m mxq.tasks.train_child JOB_ID DEVICES`.
+"""The training child process: `python -m mxq.tasks.train_child JOB_ID DEVICES ATTEMPT WORKER`.
 
 Started by the job's leader worker with exactly the leased devices visible; trains, checkpoints
 each epoch, resumes from the last checkpoint of an earlier attempt, and registers the model.
 Its outcome goes to the run file the leader reads; exit 3 means bad input.
+
+Every write it makes carries its attempt's fence (`mxq.db.fence`): a child whose leader was
+paused and taken for dead stops at its next progress write or epoch (exit CHILD_LOST) and never
+registers a version; checkpoints live in a folder of that attempt's own.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ from typing import Any
 from mxq.db import epochs as epoch_rows
 from mxq.db import jobs, registry, schedules
 from mxq.db.engine import session_scope
+from mxq.db.fence import Fence, Superseded
 from mxq.db.schema import Job
+from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.tasks import datasets
 from mxq.tasks.inputs import InputError
 from mxq.tasks.models import add_trained
 from mxq.tasks.mx import mx
 from mxq.tasks.train_loop import EpochResult, fit, make_net, make_trainer, share_initial_weights
-from mxq.tasks.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, ready_file, run_file
+from mxq.tasks.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, CHILD_LOST, ready_file, run_file
 from mxq.tasks.zoo import ArchError, check_shape
 from mxq.workers.jobspecs import TrainParams
 from mxq.workers.paths import PathError, confine
@@ -36,6 +42,10 @@ PROGRESS_SECONDS = 1.0
 
 class Cancelled(Exception):
     """The job was cancelled; raised at a batch boundary."""
+
+
+class Lost(Exception):
+    """The job is no longer this attempt's; raised at the write its fence refused."""
 
 
 class BadInput(Exception):
@@ -58,8 +68,10 @@ def load_data(p: TrainParams, url: str) -> tuple[datasets.Dataset, datasets.Data
     return datasets.split(ds.for_training(), p.val_fraction, p.seed)
 
 
-def checkpoint_dir(job_id: int) -> Path:
-    return get_settings().home_path / "checkpoints" / f"job-{job_id}"
+def checkpoint_dir(url: str, fence: Fence) -> Path:
+    """This attempt's checkpoints: under the stack's id (another database, other folders) and
+    the attempt's tag (a paused attempt never overwrites the files a later one resumes from)."""
+    return get_settings().home_path / "checkpoints" / stack_id(url) / f"job-{fence.job_id}" / fence.tag
 
 
 def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]) -> int:
@@ -84,12 +96,15 @@ def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
     return kv, kv.rank, kv.num_workers, [f"{d}@{s.node}" for d in devices]
 
 
-def _register(s: Settings, p: TrainParams, job_id: int, net: Any, train: Any,
+def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
               metrics: dict[str, Any]) -> dict[str, Any]:
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
-    owner = p.dist.parent if p.dist is not None else job_id
-    model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
-                        train.classes, metrics, owner, train.preprocess)
+    owner = p.dist.parent if p.dist is not None else fence.job_id
+    try:
+        model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
+                            train.classes, metrics, owner, train.preprocess, fence)
+    except Superseded as exc:
+        raise Lost(str(exc)) from None
     promotion = None
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
@@ -115,7 +130,8 @@ def _record_throughput(url: str, job_id: int, r: EpochResult) -> None:
                            round(rate * r.seconds), r.seconds)
 
 
-def main(job_id: int, devices: list[str]) -> int:
+def main(fence: Fence, devices: list[str]) -> int:
+    job_id = fence.job_id
     s = get_settings()
     url = s.database
     with session_scope(url) as session:
@@ -123,7 +139,7 @@ def main(job_id: int, devices: list[str]) -> int:
         if row is None:
             return CHILD_INPUT_ERROR
         p = TrainParams(**row.params)
-    out = run_file(s, job_id)
+    out = run_file(s, fence)
     try:
         train, val = load_data(p, url)
     except BadInput as exc:
@@ -137,7 +153,7 @@ def main(job_id: int, devices: list[str]) -> int:
     if kv is not None:
         share_initial_weights(net, trainer, ctxs, train.sample_shape, p.dtype)
     done = resume(url, job_id, net, trainer, ctxs) if kv is None else 0  # parts never resume
-    folder = checkpoint_dir(job_id)
+    folder = checkpoint_dir(url, fence)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
     last_report = [0.0]
@@ -145,19 +161,19 @@ def main(job_id: int, devices: list[str]) -> int:
     def on_batch(epoch: int, fraction: float) -> None:
         now = time.monotonic()
         if now - last_report[0] >= PROGRESS_SECONDS:
-            jobs.set_progress(url, job_id, (epoch - 1 + fraction) / p.epochs)
             last_report[0] = now
-            if jobs.cancel_requested(url, job_id):
-                raise Cancelled
+            _heed(jobs.set_progress(url, job_id, (epoch - 1 + fraction) / p.epochs, fence))
 
     def on_epoch(r: EpochResult) -> None:
         prefix = folder / f"epoch-{r.epoch:04d}"
         if rank == 0:  # (the weights and optimizer states are the same on every worker)
             net.save_parameters(f"{prefix}.params")
             trainer.save_states(f"{prefix}.states")
-        epoch_rows.record(url, job_id, {**r.__dict__, "checkpoint": str(prefix) if rank == 0 else None})
+        if not epoch_rows.record(url, job_id, {**r.__dict__,
+                                               "checkpoint": str(prefix) if rank == 0 else None}, fence):
+            raise Lost(f"job {job_id} is no longer attempt {fence.attempt}'s: epoch {r.epoch} not recorded")
         _record_throughput(url, job_id, r)
-        jobs.set_progress(url, job_id, r.epoch / p.epochs)
+        _heed(jobs.set_progress(url, job_id, r.epoch / p.epochs, fence))
         if p.dist is not None:
             epoch_rows.merge_parts(url, p.dist.parent)  # the job's epoch, once every node has it
 
@@ -169,6 +185,9 @@ def main(job_id: int, devices: list[str]) -> int:
         kept = epoch_rows.list_epochs(url, job_id)
         out.write_text(json.dumps({"samples": samples * (len(kept) - done)}))
         return CHILD_CANCELLED
+    except Lost as exc:
+        out.write_text(json.dumps({"error": str(exc)}))
+        return CHILD_LOST
     final = epoch_rows.list_epochs(url, job_id)[-1]
     metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
                "train_loss": final["train_loss"], "epochs": p.epochs}
@@ -176,7 +195,11 @@ def main(job_id: int, devices: list[str]) -> int:
     result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": done, "devices": labels,
                               **metrics}
     if rank == 0:  # one registration per job (a multi-node job's parts share the weights)
-        result.update(_register(s, p, job_id, net, train, metrics))
+        try:
+            result.update(_register(s, p, fence, net, train, metrics))
+        except Lost as exc:
+            out.write_text(json.dumps({"error": str(exc)}))
+            return CHILD_LOST
     if p.dist is not None:
         result.update(rank=rank, workers=workers, node=s.node,
                       **_part_rates(results, labels, samples * len(results), seconds))
@@ -185,17 +208,26 @@ def main(job_id: int, devices: list[str]) -> int:
     return 0
 
 
+def _heed(verdict: jobs.RunCheck) -> None:
+    """Stop at this boundary when the job was cancelled or is no longer this attempt's."""
+    if verdict is jobs.RunCheck.LOST:
+        raise Lost("the job was handed to another attempt (this one was taken for dead)")
+    if verdict is jobs.RunCheck.CANCEL:
+        raise Cancelled
+
+
 if __name__ == "__main__":
     job, devs = int(sys.argv[1]), sys.argv[2].split(",")
+    fence = Fence(job, sys.argv[4], int(sys.argv[3]))
     if os.environ.get("DMLC_ROLE") != "worker":
-        sys.exit(main(job, devs))
+        sys.exit(main(fence, devs))
     # A dist_sync worker's kvstore waits at exit for every other worker: leaving after an error
     # must skip it, or the process would hang there (its peers may never come).
     try:
-        code = main(job, devs)
+        code = main(fence, devs)
     except BaseException as exc:  # noqa: BLE001 - reported to the leader through the run file
         traceback.print_exc()
-        run_file(get_settings(), job).write_text(json.dumps(
+        run_file(get_settings(), fence).write_text(json.dumps(
             {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:500]}"}))
         code = 1
     if code != 0:

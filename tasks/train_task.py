@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from mxq.db import epochs as epoch_rows
+from mxq.db.fence import Fence
 from mxq.db.fleet import list_workers
 from mxq.device import Device
 from mxq.tasks import dist
-from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, Outcome, job_task
+from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
 from mxq.workers import leases
 from mxq.workers.jobspecs import ParamsError, TrainParams, validate
 from mxq.workers.pinning import cpu_cores
@@ -32,6 +33,7 @@ from mxq.workers.settings import Settings, get_settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
 CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
+CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
 
 
@@ -130,8 +132,9 @@ def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int
     return env, cores
 
 
-def run_file(s: Settings, job_id: int) -> Path:
-    return s.home_path / "runs" / f"job-{job_id}.json"
+def run_file(s: Settings, fence: Fence) -> Path:
+    """The child's report: one per attempt, so a paused attempt's child never writes another's."""
+    return s.home_path / "runs" / f"job-{fence.job_id}.{fence.tag}.json"
 
 
 def ready_file(s: Settings, job_id: int) -> Path:
@@ -151,7 +154,8 @@ def train(job: JobContext) -> Outcome | FanOut:
     env, cores = child_env(s, job.devices)
     if p.dist is not None:
         env.update(dist.worker_env(s, p))
-    out, ready = run_file(s, job.id), ready_file(s, job.id)
+    assert job.fence is not None
+    out, ready = run_file(s, job.fence), ready_file(s, job.id)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     ready.unlink(missing_ok=True)
@@ -186,8 +190,9 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
     try:
         if p.dist is not None and p.dist.host:
             roles = dist.start_roles(s, p, cores)
+        assert job.fence is not None
         child = subprocess.Popen([sys.executable, "-m", "mxq.tasks.train_child", str(job.id),
-                                  ",".join(job.devices)],
+                                  ",".join(job.devices), str(job.fence.attempt), job.fence.worker],
                                  env=env, preexec_fn=lambda: dist.die_with_parent(cores))
         if p.dist is not None:
             dist.watch(s, job, p, child, roles, ready, renew)
@@ -213,6 +218,8 @@ def _outcome(returncode: int, report: dict[str, Any]) -> Outcome:
     """The job's outcome from the child's exit status and the report it wrote."""
     if returncode == CHILD_CANCELLED:
         raise JobCancelled(report.get("samples"))
+    if returncode == CHILD_LOST:
+        raise JobLost(report.get("error", "the job was handed to another attempt"))
     if returncode == CHILD_INPUT_ERROR:
         raise JobInputError(report.get("error", "training input error"))
     if returncode != 0:

@@ -8,8 +8,9 @@ import time
 import pytest
 from sqlalchemy import inspect, update
 
-from mxq.db import jobs
+from mxq.db import epochs, jobs, predictions, registry
 from mxq.db.engine import get_engine, session_scope
+from mxq.db.fence import Fence, Superseded
 from mxq.db.jobs import Claim, Placement
 from mxq.db.schema import Job
 from tests.conftest import Stack
@@ -56,22 +57,65 @@ def test_the_migration_connection_is_not_reused(stack: Stack) -> None:
 def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
     url = stack.settings.database
     job_id = _new(stack)
-    assert jobs.claim(url, job_id, A, 3, TTL) is Claim.RUN
+    fence = jobs.take(url, job_id, A, 3, TTL)
+    assert fence == Fence(job_id, A.worker, 1)
     assert jobs.claim(url, job_id, B, 3, TTL) is Claim.DUPLICATE
     job = _status(stack, job_id)
     assert (job.status, job.worker, job.attempts) == ("running", "cpu0@n", 1)
-    assert jobs.succeed(url, job_id, A.worker, 10, 2.0, {"x": 1})
+    assert jobs.succeed(url, fence, 10, 2.0, {"x": 1})
     assert jobs.claim(url, job_id, B, 3, TTL) is Claim.FINISHED
     assert _status(stack, job_id).samples_per_sec == 5.0
+
+
+def _silence(url: str, job_id: int) -> None:
+    """The job's worker went silent 10 s ago (paused, say): the job may be claimed again."""
+    from datetime import timedelta
+
+    from mxq.db.schema import utcnow
+    with session_scope(url) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(seconds=10)))
+
+
+def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) -> None:
+    """Worker A is paused past its heartbeat; its job is claimed again, by A's own name (A was
+    restarted). Every write of the first attempt is refused; the second's land."""
+    url = stack.settings.database
+    job_id = _new(stack)
+    first = jobs.take(url, job_id, A, 3, TTL)
+    _silence(url, job_id)
+    second = jobs.take(url, job_id, A, 3, TTL)
+    assert isinstance(first, Fence) and isinstance(second, Fence) and second.attempt == 2
+    row = (job_id, 0, 1, 0.5, None)
+    assert not predictions.commit(url, first, [row], 1)
+    assert predictions.count(url, job_id) == 0
+    assert jobs.set_progress(url, job_id, 0.5, first) is jobs.RunCheck.LOST
+    assert jobs.run_check(url, first) is jobs.RunCheck.LOST
+    assert not epochs.record(url, job_id, {"epoch": 1, "train_loss": 1.0, "train_accuracy": 0.5,
+                                           "val_accuracy": None, "seconds": 1.0,
+                                           "samples_per_sec": 1.0}, first)
+    model = {"name": f"fenced{job_id}", "version": 1, "arch": "mlp", "input_shape": [4],
+             "classes": 2, "params_file": "p", "symbol_file": "s", "checksum": "0" * 64,
+             "source": f"train:job-{job_id}"}
+    with pytest.raises(Superseded):
+        registry.add_model(url, model, first)
+    assert not jobs.mark_cancelled(url, first) and not jobs.fail(url, job_id, "x", fence=first)
+    assert not jobs.succeed(url, first, 1, 1.0, {})
+    assert predictions.commit(url, second, [row], 1) and predictions.count(url, job_id) == 1
+    assert jobs.run_check(url, second) is jobs.RunCheck.GO_ON
+    assert registry.add_model(url, model, second)["version"] == 1
+    again = registry.add_model(url, {**model, "version": 2}, second)  # one version per training
+    assert again["version"] == 1 and len(registry.list_models(url, model["name"])) == 1
+    assert jobs.succeed(url, second, 1, 1.0, {})
 
 
 def test_status_only_moves_forward(stack: Stack) -> None:
     url = stack.settings.database
     job_id = _new(stack)
-    assert not jobs.succeed(url, job_id, A.worker, 1, 1.0, {})  # queued cannot succeed
-    assert jobs.claim(url, job_id, A, 3, TTL) is Claim.RUN
-    assert jobs.fail(url, job_id, "boom", worker=A.worker)
-    assert not jobs.succeed(url, job_id, A.worker, 1, 1.0, {})  # failed stays failed
+    assert not jobs.succeed(url, Fence(job_id, A.worker, 1), 1, 1.0, {})  # queued cannot succeed
+    fence = jobs.take(url, job_id, A, 3, TTL)
+    assert isinstance(fence, Fence)
+    assert jobs.fail(url, job_id, "boom", fence=fence)
+    assert not jobs.succeed(url, fence, 1, 1.0, {})  # failed stays failed
     assert not jobs.fail(url, job_id, "again")
     assert jobs.claim(url, job_id, B, 3, TTL) is Claim.FINISHED
     job = _status(stack, job_id)
@@ -123,7 +167,7 @@ def test_unclaimable_read_agrees_with_the_claim(stack: Stack) -> None:
     with session_scope(url) as s:
         s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(seconds=10)))
     assert read_then_claim(job_id) == (None, Claim.RUN)  # running, its worker silent
-    assert jobs.succeed(url, job_id, B.worker, 1, 1.0, {})
+    assert jobs.succeed(url, Fence(job_id, B.worker, 2), 1, 1.0, {})
     assert read_then_claim(job_id) == (Claim.FINISHED, Claim.FINISHED)
 
 

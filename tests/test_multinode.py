@@ -358,6 +358,7 @@ def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
 
 def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None:  # noqa: ANN001
     from mxq.db import epochs, jobs
+    from mxq.db.fence import Fence
 
     parent, ids = _split_job(db.database)
     _run_parts(db, ids)
@@ -371,7 +372,7 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None: 
         result = {"rank": rank, "node": node, "devices": [f"cpu:0@{node}"], "model": "m",
                   "per_device": {f"cpu:0@{node}": rate}, "val_accuracy": 0.9, "epochs": 2,
                   **({"model_version": 1} if rank == 0 else {})}
-        assert jobs.succeed(db.database, job_id, f"cpu0@{node}", 1000, 1000 / rate, result)
+        assert jobs.succeed(db.database, Fence(job_id, f"cpu0@{node}", 1), 1000, 1000 / rate, result)
     epochs.merge_parts(db.database, parent)  # a part merges after each epoch; settling again
     assert jobs.settle_parent(db.database, parent)
     done = _job(db.database, parent)

@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxq.db import parquet, predictions
+from mxq.db.results import recorded_output
+from mxq.db.stack import stack_id
 from tests.conftest import Stack
 from tests.test_infer import _data, _direct, _infer
 
@@ -62,7 +64,8 @@ def test_chunked_parquet_job_merges_into_one_file(workers: Stack, mlp: dict) -> 
     _data(workers, "pq-chunks.npy", x)
     job = _infer(workers, "mlp64", "pq-chunks.npy", "--output", "parquet", "--chunk-size", "1200")
     assert job["status"] == "succeeded", job["error"]
-    path = workers.settings.home_path / "outputs" / f"job-{job['id']}.parquet"
+    path = recorded_output(workers.settings.home_path, workers.settings.database, job, ".parquet")
+    assert path.parent.name == stack_id(workers.settings.database)  # keyed by the database
     table = pq.read_table(path)
     assert table.column("index").to_pylist() == list(range(5000))
     assert np.array_equal(table.column("predicted_class").to_numpy(),
@@ -87,9 +90,9 @@ def test_results_exports_sql_rows_as_parquet(workers: Stack, mlp: dict, tmp_path
     assert refused.returncode == 2 and "--out FILE goes with --format parquet" in refused.stderr
 
 
-def _part(final: Path, first: int, last: int) -> None:
+def _part(final: Path, first: int, last: int, attempt: int = 1) -> Path | None:
     probs = np.random.default_rng(first).random((last - first, 4)).astype(np.float32)
-    parquet.write_part(final, [parquet.from_probabilities(first, probs, 2)])
+    return parquet.write_part(final, [parquet.from_probabilities(first, probs, 2)], f"j1a{attempt}")
 
 
 def test_parts_merge_only_when_they_tile_the_input(tmp_path: Path) -> None:
@@ -107,7 +110,31 @@ def test_parts_merge_only_when_they_tile_the_input(tmp_path: Path) -> None:
     assert parquet.merge_if_complete(final, 300)
     assert pq.read_table(final).column("index").to_pylist() == list(range(300))
     assert not parquet.parts_dir(final).exists()
-    assert [r["index"] for r in parquet.read_rows(final, 5, 148)] == [148, 149, 150, 151, 152]
+    assert [r["index"] for r in parquet.read_rows_of([final], 5, 148)] == [148, 149, 150, 151, 152]
+
+
+def test_a_paused_attempts_part_is_never_merged(tmp_path: Path) -> None:
+    """Attempt 1 was paused after writing [100, 200) but before committing it; attempt 2 resumed
+    at 100 and wrote it again in two flushes. The merge takes attempt 2's parts only."""
+    final = tmp_path / "job-1.parquet"
+    _part(final, 0, 100, attempt=1)
+    stray = _part(final, 100, 200, attempt=1)
+    _part(final, 100, 150, attempt=2)
+    _part(final, 150, 200, attempt=2)
+    assert stray is not None and stray.name == "000000000100-000000000200.j1a1.parquet"
+    assert parquet.merge_if_complete(final, 200)
+    assert pq.read_table(final).column("index").to_pylist() == list(range(200))
+
+
+def test_a_missing_part_is_named(tmp_path: Path) -> None:
+    final = tmp_path / "job-1.parquet"
+    _part(final, 0, 100)
+    gone = _part(final, 100, 200)
+    _part(final, 200, 300)
+    assert gone is not None
+    gone.unlink()
+    assert not parquet.covers(final, 0, 300) and parquet.covers(final, 200, 300)
+    assert parquet.missing(parquet.part_list(final), 300) == "samples [100, 200)"
 
 
 @pytest.mark.parametrize("top_k", [0, 3])

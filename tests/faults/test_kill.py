@@ -17,7 +17,9 @@ from mxq.db import events
 from mxq.db.engine import session_scope
 from mxq.db.epochs import list_epochs
 from mxq.db.parquet import parts_dir
+from mxq.db.results import output_file
 from mxq.db.schema import Job
+from mxq.db.stack import stack_id
 from mxq.tasks.infer import FLUSH_ROWS
 from mxq.workers.submit import submit
 from tests.faults.stacks import FaultStack, _zombie_or_gone, report
@@ -132,7 +134,8 @@ def _kill_and_read(stack: FaultStack, job_id: int, output: str) -> int | None:
             time.sleep(0.01)
         if output not in ("npy", "both"):
             return None
-        return _computed_rows(str(stack.home / "outputs" / f"job-{job_id}.npy"))
+        return _computed_rows(str(output_file(stack.home, stack_id(stack.settings.database), job_id,
+                                              ".npy")))
     finally:
         os.kill(stack.launcher.pid, signal.SIGCONT)
 
@@ -159,12 +162,12 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
         assert job["attempts"] == 2
         resumed = job["result"]["resumed_from"]
         assert resumed is not None and resumed >= at_kill
-        assert job["samples"] == INFER_SAMPLES - resumed  # the second attempt computed only the rest
+        assert job["samples"] == INFER_SAMPLES  # every sample its output holds, both attempts'
         kinds = [e for e in events.list_events(faulty.settings.database, job_id)
                  if e["kind"] == events.RESUMED]
         assert [e["data"]["position"] for e in kinds] == [resumed]
         # Measured where the killed attempt's work is visible (the .npy it filled as it went).
-        total = None if computed is None else computed + job["samples"]
+        total = None if computed is None else computed + INFER_SAMPLES - resumed
         if computed is not None:  # what the killed attempt computed and did not commit, exactly:
             # at most the flush being stored and the one being computed (of FLUSH_ROWS + a batch)
             assert 0 <= computed - resumed <= 2 * (FLUSH_ROWS + 512)
@@ -186,7 +189,7 @@ def _check_predictions(stack: FaultStack, job: dict, output: str, reference: np.
     if output in ("npy", "both"):
         np.testing.assert_allclose(np.load(job["output"]), reference, rtol=1e-5, atol=1e-7)
     if output == "parquet":
-        path = stack.home / "outputs" / f"job-{job['id']}.parquet"
+        path = output_file(stack.home, stack_id(stack.settings.database), job["id"], ".parquet")
         table = pq.read_table(path)
         assert table.column("index").to_pylist() == list(range(INFER_SAMPLES))
         assert np.array_equal(table.column("predicted_class").to_numpy(), classes)

@@ -1,0 +1,104 @@
+"""Pause faults: a device worker SIGSTOPped past its heartbeat, so the reconciler hands its job to
+the other device, then SIGCONTed while (or after) the new attempt runs. The paused attempt's
+fence refuses every write it still makes: the job succeeds once, with all of its own output and
+nothing of the paused attempt's; a paused training leader leaves one model version, not two."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from mxq.db import registry, results
+from mxq.db.parquet import parts_dir
+from mxq.db.results import output_file
+from mxq.db.stack import stack_id
+from mxq.workers.submit import submit
+from tests.conftest import wait_until
+from tests.faults.stacks import FaultStack, report
+from tests.faults.test_kill import _committed
+
+pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
+
+SAMPLES = 400_000
+
+
+def _pause_group(stack: FaultStack, worker: str) -> int:
+    """SIGSTOP the worker's process group (the worker and a training child): a frozen machine."""
+    pid = stack.worker_pid(worker)
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)
+    return pid
+
+
+def _handed_on(stack: FaultStack, job_id: int, paused: str) -> dict:
+    """Wait until the job runs again, on another worker, in a later attempt."""
+    return wait_until(lambda: stack.job(job_id), 120, f"job {job_id} to be handed on",
+                      until=lambda j: j["status"] != "running" or (j["attempts"] >= 2
+                                                                    and j["worker"] != paused),
+                      interval=0.1)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("resume_when", ["mid-run", "after"])
+def test_a_paused_workers_parquet_job_succeeds_once_with_all_its_output(faulty: FaultStack,
+                                                                        resume_when: str) -> None:
+    faulty.model()
+    faulty.samples("pause.npy", SAMPLES, seed=5)
+    job_id = faulty.infer("mlp64", "pause.npy", output="parquet", batch_size=256)
+    wait_until(lambda: _committed(faulty, job_id), 300, f"job {job_id} to commit 20 %",
+               until=lambda n: n >= 0.2 * SAMPLES, interval=0.02)
+    paused = faulty.job(job_id)["worker"]
+    pid = _pause_group(faulty, paused)
+    try:
+        _handed_on(faulty, job_id, paused)
+        if resume_when == "after":
+            faulty.wait_all([job_id], 300)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    job = faulty.wait_all([job_id], 300)[job_id]
+    assert job["status"] == "succeeded", job["error"]
+    assert job["attempts"] == 2 and job["worker"] != paused
+    path = output_file(faulty.home, stack_id(faulty.settings.database), job_id, ".parquet")
+    time.sleep(3)  # the resumed worker's next write comes (and is refused) within its flush time
+    table = pq.read_table(path)
+    assert table.column("index").to_pylist() == list(range(SAMPLES))  # once each, in order
+    assert results.count(faulty.settings.database, faulty.home, job) == SAMPLES
+    assert not parts_dir(path).exists()  # no stray part of the paused attempt left behind
+    assert sorted(p.name for p in path.parent.glob(f"job-{job_id}.*")) == [path.name]
+    reference = faulty.wait_all([faulty.infer("mlp64", "pause.npy", output="npy")], 300)
+    probs = np.load(next(iter(reference.values()))["output"])
+    assert np.array_equal(table.column("predicted_class").to_numpy(), probs.argmax(axis=1))
+    report("SIGSTOP a worker past its lease (Parquet job)", {
+        "backend": faulty.name, "resumed": resume_when, "samples": SAMPLES,
+        "rows": table.num_rows, "duplicated": table.num_rows - len(set(table.column("index").to_pylist())),
+        "lost": SAMPLES - len(set(table.column("index").to_pylist())), "attempts": job["attempts"]})
+
+
+@pytest.mark.timeout(900)
+def test_a_paused_training_leader_leaves_one_version(faulty: FaultStack) -> None:
+    name = f"paused{faulty.name}"
+    job_id = submit(faulty.settings, "train", {"arch": "mlp", "dataset": "digits", "name": name,
+                                               "epochs": 30, "val_fraction": 0.1, "seed": 3},
+                    "auto", allow_offline=True)
+    first = wait_until(lambda: faulty.mxq_json("job", str(job_id)), 300, "three epochs",
+                       until=lambda j: len(j.get("epochs") or []) >= 3, interval=0.2)
+    paused = first["worker"]
+    pid = _pause_group(faulty, paused)
+    try:
+        _handed_on(faulty, job_id, paused)
+        done = faulty.wait_all([job_id], 600)[job_id]
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    time.sleep(5)  # the paused child's next write is refused; it registers nothing
+    assert done["status"] == "succeeded", done["error"]
+    versions = registry.list_models(faulty.settings.database, name)
+    assert [v["source"] for v in versions] == [f"train:job-{job_id}"]
+    assert done["result"]["resumed_from_epoch"] >= 3
+    report("SIGSTOP a training leader past its lease", {
+        "backend": faulty.name, "versions": len(versions), "attempts": done["attempts"],
+        "resumed_from_epoch": done["result"]["resumed_from_epoch"]})
