@@ -100,12 +100,6 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
     return ids
 
 
-def delete_unstarted(url: str, job_id: int) -> None:
-    """Undo a submit whose message could not be published (the job never existed for anyone)."""
-    with session_scope(url) as session:
-        session.query(Job).filter(Job.id == job_id, Job.status == JobStatus.QUEUED).delete()
-
-
 def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
     return (f"gave up after {attempts} attempts (limit {limit}): the worker died while "
             f"running this job each time (last on {worker})")

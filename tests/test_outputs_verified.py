@@ -1,0 +1,81 @@
+"""A job succeeds only with its own output verified, and leaves nothing it will never use:
+a failed Parquet job's parts are removed, a part removed mid-job fails the job naming the gap, a
+cancelled job's kept parts are what `mxq results` returns, and a delivery of a job asked for
+one device never runs on another."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mxq.db import parquet, results
+from mxq.db.results import output_file
+from mxq.db.stack import stack_id
+from mxq.workers.publish import publish
+from mxq.workers.queues import pool_queue
+from mxq.workers.submit import submit
+from tests.conftest import Stack, wait_until
+from tests.test_infer import _data, _infer
+
+
+def _parts(stack: Stack, job_id: int) -> Path:
+    final = output_file(stack.home, stack_id(stack.settings.database), job_id, ".parquet")
+    return parquet.parts_dir(final)
+
+
+def test_a_failed_parquet_job_leaves_no_parts(workers: Stack, mlp: dict) -> None:
+    x = np.random.default_rng(8).normal(size=(60_000, 64)).astype(np.float32)
+    x[50_000, 3] = np.nan  # past two flushes of 20,000: parts are on disk when it fails
+    _data(workers, "nan-late.npy", x)
+    job = _infer(workers, "mlp64", "nan-late.npy", "--output", "parquet", "--reject-nan",
+                 "--batch-size", "500", "--device", "cpu:0")
+    assert job["status"] == "failed" and "NaN in sample 50000" in job["error"], job["error"]
+    assert not _parts(workers, job["id"]).exists()
+
+
+def test_a_cancelled_parquet_jobs_kept_parts_are_its_results(workers: Stack, mlp: dict) -> None:
+    """What `mxq results` reads of a job that stopped before its merge: its parts, in order."""
+    url, home = workers.settings.database, workers.home
+    final = output_file(home, stack_id(url), 10**9, ".parquet")
+    for first, last in ((0, 100), (100, 250)):
+        probs = np.random.default_rng(first).random((last - first, 4)).astype(np.float32)
+        parquet.write_part(final, [parquet.from_probabilities(first, probs, 0)], "j1a1")
+    record = {"id": 10**9, "params": {"output": "parquet"}, "status": "cancelled", "result": None}
+    assert results.count(url, home, record) == 250  # type: ignore[arg-type]
+    rows = results.read(url, home, record, limit=3, offset=99)  # type: ignore[arg-type]
+    assert [r["index"] for r in rows] == [99, 100, 101]
+
+
+@pytest.mark.slow
+def test_a_part_removed_mid_job_fails_the_job_naming_the_gap(workers: Stack, mlp: dict) -> None:
+    x = np.random.default_rng(9).normal(size=(400_000, 64)).astype(np.float32)
+    _data(workers, "part-gone.npy", x)
+    job_id = submit(workers.settings, "infer", {"model": "mlp64", "input": "part-gone.npy",
+                                                "output": "parquet", "batch_size": 256}, "cpu:1")
+    folder = _parts(workers, job_id)
+    first = wait_until(lambda: sorted(folder.glob("000000000000-*.parquet")), 300,
+                       "the job's first part", until=bool, interval=0.01)
+    first[0].unlink()
+    done = workers.wait(job_id, timeout=300)
+    assert done["status"] == "failed", done
+    assert "output incomplete" in done["error"] and "lack samples [0, " in done["error"]
+    assert not folder.exists()
+
+
+def test_a_stray_pool_delivery_runs_only_on_the_device_asked(workers: Stack) -> None:
+    """A duplicate message of a `--device cpu:0` job on the pool reached the idle cpu:1 and ran
+    it there; it goes back to cpu:0's queue instead."""
+    s = workers.settings
+    busy = submit(s, "probe", {"size": 512, "batch": 8, "repeat": 80}, "cpu:0")
+    wait_until(lambda: workers.job(busy)["status"], 120, "cpu:0 busy", until=lambda v: v == "running",
+               interval=0.05)
+    job_id = submit(s, "probe", {"size": 32, "batch": 1, "repeat": 1}, "cpu:0")
+    publish(s, job_id, "probe", pool_queue("cpu"))  # the stray copy: cpu:1 is idle
+    time.sleep(1)
+    assert workers.job(job_id)["status"] == "queued"  # cpu:1 sent it back instead of running it
+    done = workers.wait(job_id, timeout=180)
+    assert done["status"] == "succeeded" and done["device"] == "cpu:0", json.dumps(done)
