@@ -1,4 +1,7 @@
-"""Prometheus metrics (names prefixed `mxq_`), computed from SQL at each scrape."""
+"""Prometheus metrics (names prefixed `mxq_`), computed from SQL at each scrape.
+
+`mxq_broker_up` and `mxq_database_up` (1 or 0) say whether the broker answers a PING and the
+database a read: with either down the other numbers would read as an idle, empty stack."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import session_scope
 from mxq.db.history import device_rates, pool_depths
 from mxq.db.schema import Job, utcnow
+from mxq.workers.health import broker_problem
 from mxq.workers.queues import pool_queue
 from mxq.workers.settings import Settings
 from mxq.workers.status import RATE_WINDOW, device_table
@@ -22,6 +27,17 @@ class Collector:
         self.s = s
 
     def collect(self):  # noqa: ANN201
+        broker = GaugeMetricFamily("mxq_broker_up", "1 while the broker answers a PING")
+        broker.add_metric([], 0.0 if broker_problem(self.s) else 1.0)
+        database = GaugeMetricFamily("mxq_database_up", "1 while the database answers a read")
+        try:
+            families = list(self._from_sql())
+        except OperationalError:
+            families = []
+        database.add_metric([], 1.0 if families else 0.0)
+        yield from (broker, database, *families)
+
+    def _from_sql(self):  # noqa: ANN202
         url = self.s.database
         jobs = GaugeMetricFamily("mxq_jobs", "Jobs by status and kind", labels=["status", "kind"])
         # A summary: `_sum` (run time of finished jobs) and `_count` (how many) per kind.

@@ -10,7 +10,7 @@ import secrets
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Response
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from mxq.api.schemas import (
@@ -28,18 +28,21 @@ from mxq.api.schemas import (
     ScheduleRecord,
     ScheduleRequest,
     Status,
+    SubmitAnswer,
 )
 from mxq.db import registry, results, schedules
 from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
+from mxq.errors import Unavailable
 from mxq.ids import MAX_ID
 from mxq.since import parse_since
 from mxq.workers.cancel import cancel_job
 from mxq.workers.fires import add_schedule, request_fire, resume
+from mxq.workers.health import broker_problem
 from mxq.workers.jobspecs import TrainOptions
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.status import device_table
-from mxq.workers.submit import submit
+from mxq.workers.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
 
 router = APIRouter(prefix="/api/v1")
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
@@ -86,29 +89,50 @@ def jobs(status: Status | None = None, kind: str | None = None, device: str | No
                  {"type": "string", "pattern": SINCE_AGE_PATTERN},
                  {"type": "string", "format": "date-time"}, {"type": "string", "format": "date"}]})] = None,
          limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-         offset: Offset = 0, s: Settings = Depends(settings)) -> Any:
+         offset: Offset = 0,
+         before_id: Annotated[int | None, Query(
+             ge=1, le=MAX_ID, description="Keyset paging: only jobs whose id is below this, "
+             "highest id first. Pass the last id of a page to get the next one (start with "
+             f"{MAX_ID}): unlike offset, submits meanwhile neither repeat nor skip a job.")] = None,
+         s: Settings = Depends(settings)) -> Any:
     """Job history, newest first, filtered like `mxq jobs`, in pages."""
     f = JobFilter(status, kind, device, node, None if since is None else parse_since(since, utcnow()),
-                  limit, offset)
+                  limit, offset, before_id)
     counted = offset + limit + TOTAL_COUNTED
     total = count_jobs(s.database, f, at_most=counted)
     return {"items": list_jobs(s.database, f), "total": min(total, counted),
             "total_capped": total > counted, "limit": limit, "offset": offset}
 
 
-@router.post("/jobs", status_code=201, dependencies=[Write], response_model=JobRecord,
-             responses=problems(*WRITE_ERRORS))
-def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")],
-               s: Settings = Depends(settings)) -> Any:
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", description="Makes a retry safe: a submit with a key used before "
+    "answers 200 with the job that first submit made (`replayed`, header Idempotent-Replayed: "
+    "true) instead of queuing another; the same key with other parameters is a 409. At most 128 "
+    "of A-Z a-z 0-9 . _ : + / = - (a UUID fits).",
+    json_schema_extra={"pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 128})]
+
+
+@router.post("/jobs", status_code=201, dependencies=[Write], response_model=SubmitAnswer,
+             responses={200: {"model": SubmitAnswer, "description": "A replay: the job an earlier "
+                              "submit with this Idempotency-Key made"},
+                        **problems(409, *WRITE_ERRORS)})
+def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: Response,
+               idempotency_key: IdempotencyKey = None, s: Settings = Depends(settings)) -> Any:
     """Queue a job. A request the schema refuses is answered 422 and recorded nowhere; one that
     fits but cannot run (an unknown model, an input outside the data root or over the size
-    limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`."""
+    limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`. A broker
+    that does not answer within MXQ_BROKER_TIMEOUT_SECONDS leaves the job queued with
+    `published` false: the reconciler publishes it."""
     params = req.model_dump(exclude={"kind", "device", "allow_offline"})
     device = req.device
     if req.kind == "train" and params.get("device_list"):
         device = params["device_list"][0]
-    job_id = submit(s, req.kind, params, device, req.allow_offline)
-    return require_job(s.database, job_id)
+    done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key)
+    if done.replayed:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return {**require_job(s.database, done.job_id), "published": done.published,
+            "replayed": done.replayed, "note": done.note}
 
 
 @router.get("/jobs/{job_id}", response_model=JobRecord, responses=problems(404))
@@ -149,7 +173,11 @@ def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)
 
 @router.get("/devices", response_model=list[DeviceRecord], responses=problems())
 def devices(s: Settings = Depends(settings)) -> Any:
-    """Every device worker: live state, queue depth, the job holding it, heartbeat age."""
+    """Every device worker: live state, queue depth, the job holding it, heartbeat age. The
+    health check: 503, a problem saying which, when the broker or the database is unreachable."""
+    problem = broker_problem(s)
+    if problem:
+        raise Unavailable(problem)
     return device_table(s)
 
 

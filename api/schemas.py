@@ -118,6 +118,17 @@ class JobPage(TypedDict):
     offset: int
 
 
+class SubmitAnswer(JobRecord):
+    """A submitted job's record, and what the submit did."""
+
+    # True: its message went out. False: the broker did not take it within
+    # MXQ_BROKER_TIMEOUT_SECONDS; the job is queued and the reconciler publishes it. None: a
+    # replay of an earlier submit with the same Idempotency-Key, which published nothing.
+    published: bool | None
+    replayed: bool  # the job an earlier submit with this Idempotency-Key made
+    note: str | None  # either of those in words
+
+
 class CancelAnswer(JobRecord):
     outcome: Literal["cancelled", "requested", "finished"]
 
@@ -192,4 +203,4 @@ class ScheduleDetail(ScheduleRecord):
 
 __all__ = ["CancelAnswer", "DeviceRecord", "JobPage", "JobRecord", "JobRequest",
            "ModelRecord", "PredictionPage", "Problem", "PromoteRequest", "ScheduleDetail",
-           "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status"]
+           "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer"]

@@ -34,6 +34,9 @@ app.add_typer(schedule_cli.app, name="schedule")
 app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+KeyOpt = Annotated[str | None, typer.Option(
+    "--idempotency-key", help="Makes a retry safe: a submit with a key used before shows the job "
+    "that first submit made instead of queuing another (a UUID fits).")]
 JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
                   "current_job", "leased_by", "heartbeat_age", "refused"]
@@ -51,10 +54,12 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
        timeout: float = 180.0) -> None:
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
     from mxq.workers.embedded import EmbeddedRedis
-    from mxq.workers.stack import prepare, run_launcher, up_detached
+    from mxq.workers.stack import preflight, prepare, run_launcher, up_detached
     from mxq.workers.status import device_table
 
-    s = get_settings()
+    s = get_settings(own=True)
+    for note in preflight(s):  # refuses a running stack or a taken port; ends orphans
+        render.err.print(f"mxq: {note}", markup=False)
     started = prepare(s)
     specs = _plan_or_exit(s)
     if detach:
@@ -86,7 +91,9 @@ def down() -> None:
     """Stop everything `mxq up` started (by PID)."""
     from mxq.workers.stack import down as stop
 
-    stopped = stop(get_settings())
+    stopped, notes = stop(get_settings())
+    for note in notes:
+        render.err.print(f"mxq: {note}", markup=False)
     render.out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
@@ -111,10 +118,9 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
            with_schedule: Annotated[bool, typer.Option("--with-schedule", hidden=True)] = False,
            json_: JsonOpt = False) -> None:
     """Start and supervise one pinned Celery worker per device of this node."""
-    from mxq.workers.settings import Settings
     from mxq.workers.stack import prepare, run_launcher
 
-    s = Settings(node=node) if node else get_settings()
+    s = get_settings(own=True, node=node)
     if dry_run:
         from mxq.workers.stack import node_plan
 
@@ -242,10 +248,10 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           repeat: Annotated[int, typer.Option(help="Timed rounds of each benchmark.")] = 5,
           allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,  # noqa: E501
-          json_: JsonOpt = False) -> None:
+          json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
     _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
-                       allow_offline, wait, json_)
+                       allow_offline, wait, json_, idempotency_key)
 
 
 @app.command()
@@ -261,13 +267,13 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Fail on NaN or infinite values (inf, -inf) in the input.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
-          json_: JsonOpt = False) -> None:
+          json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
               "output": output, "engine": engine,
               "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan}
-    _submit_and_report("infer", params, device, allow_offline, wait, json_)
+    _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key)
 
 
 @app.command()
@@ -313,7 +319,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           input_shape: Annotated[str | None, typer.Option(help="Image datasets: C,H,W")] = None,
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
-          json_: JsonOpt = False) -> None:
+          json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
     """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
     device_list = [d.strip() for d in device.split(",")] if device else None
     params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
@@ -322,23 +328,28 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None}
     route = device_list[0] if device_list else "auto"
-    _submit_and_report("train", params, route, allow_offline, wait, json_)
+    _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key)
 
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
-                       wait: bool, json_: bool) -> None:
+                       wait: bool, json_: bool, idempotency_key: str | None = None) -> None:
     from mxq.db.history import require_job
-    from mxq.workers.submit import submit
+    from mxq.workers.submit import submit_request
 
     s = get_settings()
-    job_id = submit(s, kind, params, device, allow_offline)
+    done = submit_request(s, kind, params, device, allow_offline, idempotency_key)
+    job_id = done.job_id
     if not wait:
         record = require_job(s.database, job_id)
         if json_:
-            render.print_json(record)
+            render.print_json({**record, "published": done.published, "replayed": done.replayed,
+                               "note": done.note})
         else:
-            render.out.print(f"job {job_id} queued on {record['queue']}")
+            render.out.print(f"job {job_id} queued on {record['queue']}"
+                             + (f"; {done.note}" if done.note else ""), soft_wrap=True)
         return
+    if done.note:
+        render.err.print(f"mxq: {done.note}", markup=False, soft_wrap=True)
     render.wait_for(job_id, lambda i: require_job(s.database, i), None)
     _show_job(require_job(s.database, job_id, with_metrics=True), json_)
 

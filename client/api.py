@@ -9,6 +9,7 @@ code in Airflow, Prefect or Dagster calls it as plain Python.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -20,6 +21,8 @@ from mxq.errors import Conflict, JobRejected, MxqError, NotFound, Unauthorized, 
 FINAL = ("succeeded", "failed", "cancelled")
 PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5
+JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
+FIRST_BEFORE_ID = 2**31 - 1  # `before_id` of a walk's first page: above every id (mxq.ids.MAX_ID)
 
 
 def _error(answer: httpx.Response) -> MxqError:
@@ -39,12 +42,31 @@ def _error(answer: httpx.Response) -> MxqError:
 
 
 class Client:
-    """One mxq API (`url`, e.g. http://127.0.0.1:8470) and its token, when it has one."""
+    """One mxq API (`url`, e.g. http://127.0.0.1:8470) and its token, when it has one.
+
+    Safe to share across threads: each thread that calls it gets its own HTTP connection pool
+    (an httpx.Client, made on its first call), so no connection is ever used by two threads at
+    once. `close` closes them all."""
 
     def __init__(self, url: str = "http://127.0.0.1:8470", token: str | None = None,
                  timeout: float = 60.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=timeout)
+        self.base_url = url.rstrip("/") + "/api/v1"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._opened: list[httpx.Client] = []
+
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's HTTP client."""
+        http: httpx.Client | None = getattr(self._local, "http", None)
+        if http is None:
+            http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+            with self._lock:
+                self._opened.append(http)
+            self._local.http = http
+        return http
 
     def __enter__(self) -> Client:
         return self
@@ -53,54 +75,70 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self.http.close()
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for http in opened:
+            http.close()
+        self._local = threading.local()
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One call; the decoded JSON, or the API's error raised."""
         try:
             answer = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise Unavailable(f"mxq API at {self.http.base_url} unreachable: {exc}") from None
+            raise Unavailable(f"mxq API at {self.base_url} unreachable: {exc}") from None
         if answer.status_code >= 400:
             raise _error(answer)
         return answer.json() if answer.content else None
 
-    def submit(self, kind: str, wait: bool = False, **params: Any) -> Job:
-        """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it)."""
-        record = self.request("POST", "/jobs", json={"kind": kind, **params})
+    def submit(self, kind: str, wait: bool = False, idempotency_key: str | None = None,
+               **params: Any) -> Job:
+        """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it).
+
+        With `idempotency_key` (such as str(uuid.uuid4()), kept for the retries), a retry of a
+        submit whose answer was lost returns the job the first one made (`Job.replayed`)
+        instead of queuing a second; the same key with other parameters raises Conflict."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+        record = self.request("POST", "/jobs", json={"kind": kind, **params}, headers=headers)
         job = Job(self, record)
         return job.wait() if wait else job
 
     def infer(self, model: str, input: str, device: str = "auto", wait: bool = False,
-              **options: Any) -> Job:
+              idempotency_key: str | None = None, **options: Any) -> Job:
         """Bulk inference of `model` (NAME or NAME:VERSION) over `input` (inside the data root)."""
-        return self.submit("infer", wait, model=model, input=input, device=device, **options)
-
-    def train(self, arch: str, dataset: str, name: str, device: str = "auto", wait: bool = False,
-              **options: Any) -> Job:
-        """Data-parallel training of `arch` on `dataset`; registers a version of `name`."""
-        return self.submit("train", wait, arch=arch, dataset=dataset, name=name, device=device,
+        return self.submit("infer", wait, idempotency_key, model=model, input=input, device=device,
                            **options)
 
-    def probe(self, device: str = "auto", wait: bool = False, **options: Any) -> Job:
-        return self.submit("probe", wait, device=device, **options)
+    def train(self, arch: str, dataset: str, name: str, device: str = "auto", wait: bool = False,
+              idempotency_key: str | None = None, **options: Any) -> Job:
+        """Data-parallel training of `arch` on `dataset`; registers a version of `name`."""
+        return self.submit("train", wait, idempotency_key, arch=arch, dataset=dataset, name=name,
+                           device=device, **options)
+
+    def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
+              **options: Any) -> Job:
+        return self.submit("probe", wait, idempotency_key, device=device, **options)
 
     def job(self, job_id: int) -> Job:
         return Job(self, self.request("GET", f"/jobs/{job_id}"))
 
     def jobs(self, status: str | None = None, since: str | None = None, kind: str | None = None,
              device: str | None = None, node: str | None = None, limit: int = 50) -> list[Job]:
-        """Job history, newest first, filtered as `mxq jobs` filters it (`since`: 2h, 1d, an ISO
-        time); at most `limit`, fetched a page of 1,000 at a time."""
+        """Job history, newest (highest id) first, filtered as `mxq jobs` filters it (`since`:
+        2h, 1d, an ISO time); at most `limit`, fetched a page of 1,000 at a time by id (keyset
+        paging: jobs submitted meanwhile are neither repeated nor shift the pages)."""
         query = {k: v for k, v in {"status": status, "since": since, "kind": kind,
                                    "device": device, "node": node}.items() if v is not None}
         found: list[Job] = []
+        before = FIRST_BEFORE_ID
         while len(found) < limit:
-            page = self.request("GET", "/jobs", params={**query, "offset": len(found),
-                                                        "limit": min(1000, limit - len(found))})
+            asked = min(JOBS_PAGE, limit - len(found))
+            page = self.request("GET", "/jobs", params={**query, "before_id": before,
+                                                        "limit": asked})
             found += [Job(self, r) for r in page["items"]]
-            if len(found) >= page["total"] or not page["items"]:
+            if len(page["items"]) < asked:
                 break
+            before = found[-1].id
         return found
 
     def cancel(self, job_id: int) -> Job:
@@ -137,6 +175,17 @@ class Job:
     @property
     def error(self) -> str | None:
         return self.record.get("error")
+
+    @property
+    def replayed(self) -> bool:
+        """Submitted before with the same idempotency key: this is the job that submit made."""
+        return bool(self.record.get("replayed"))
+
+    @property
+    def published(self) -> bool | None:
+        """False when the server's broker did not take the job's message in time (the job is
+        queued; the reconciler publishes it); None for a replay or a job read back later."""
+        return self.record.get("published")
 
     def refresh(self) -> Job:
         self.record = self.client.request("GET", f"/jobs/{self.id}")

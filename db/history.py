@@ -27,6 +27,9 @@ class JobFilter:
     since: datetime | None = None
     limit: int = 50
     offset: int = 0
+    # Keyset paging: only jobs with a smaller id, newest (highest id) first. Offset paging over
+    # a list that grows at its head repeats rows (a submit between two pages shifts them).
+    before_id: int | None = None
 
 
 def job_record(job: Job) -> JobRecord:
@@ -135,14 +138,24 @@ def _filtered(q: Any, f: JobFilter) -> Any:
                           (Job.device, f.device), (Job.node, f.node)):
         if value is not None:
             q = q.where(column == value)
+    if f.before_id is not None:
+        q = q.where(Job.id < f.before_id)
     return q if f.since is None else q.where(Job.submitted_at >= f.since)
 
 
 def list_jobs(url: str, f: JobFilter) -> list[JobRecord]:
-    """Newest first, filtered, one page."""
-    q = _filtered(select(Job), f).order_by(Job.submitted_at.desc(), Job.id.desc())
+    """Newest first, filtered, one page; with `before_id`, by id (a stable key to page on)."""
+    order = (Job.id.desc(),) if f.before_id is not None else (Job.submitted_at.desc(), Job.id.desc())
+    q = _filtered(select(Job), f).order_by(*order)
     with session_scope(url) as session:
         return [job_record(j) for j in session.scalars(q.limit(f.limit).offset(f.offset))]
+
+
+def job_by_key(url: str, key: str) -> JobRecord | None:
+    """The job a submit with this idempotency key made, if any."""
+    with session_scope(url) as session:
+        job = session.scalars(select(Job).where(Job.idempotency_key == key)).first()
+        return job_record(job) if job else None
 
 
 def count_jobs(url: str, f: JobFilter, at_most: int | None = None) -> int:

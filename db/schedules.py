@@ -105,16 +105,39 @@ def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: i
     return fire
 
 
+def _listed(rows: Any) -> list[dict[str, Any]]:
+    return [{**schedule_record(r), "id": r.id, "next": as_utc(r.next_fire_at)} for r in rows]
+
+
 def due(url: str, now: datetime) -> list[dict[str, Any]]:
     with session_scope(url) as session:
-        rows = session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
-                                                      Schedule.next_fire_at <= now))
-        return [{**schedule_record(r), "id": r.id, "next": as_utc(r.next_fire_at)} for r in rows]
+        return _listed(session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
+                                                              Schedule.next_fire_at <= now)))
+
+
+def upcoming(url: str, now: datetime) -> list[dict[str, Any]]:
+    """The enabled schedules not due yet (the tick checks that none waits past its next cron
+    time, as one does after the clock went back)."""
+    with session_scope(url) as session:
+        return _listed(session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
+                                                              Schedule.next_fire_at > now)))
+
+
+def move_next(url: str, schedule_id: int, expected_next: datetime, new_next: datetime) -> bool:
+    """Move next_fire_at from `expected_next` to `new_next`, firing nothing; False if another
+    tick moved it first."""
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(
+            update(Schedule).where(Schedule.id == schedule_id,
+                                   Schedule.next_fire_at == expected_next)
+            .values(next_fire_at=new_next))))
 
 
 def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime,
          fire_time: datetime, missed: int) -> int | None:
-    """Move next_fire_at from `expected_next` and record the fire; None if another tick did."""
+    """Move next_fire_at from `expected_next` and record the fire; None if another tick did, or
+    if that fire time has fired already (the clock went back past it): then next_fire_at moves
+    on all the same, so the schedule is not stuck on a time it will never fire again."""
     try:
         with session_scope(url) as session:
             moved = rowcount(session.execute(update(Schedule)
@@ -124,6 +147,7 @@ def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime
                 return None
             return _new_fire(session, schedule_id, fire_time, missed, manual=False).id
     except IntegrityError:
+        move_next(url, schedule_id, expected_next, new_next)
         return None
 
 

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
-from mxq.client import Client
+from mxq.client import Client, Job
+from mxq.client import api as client_api
 from mxq.db import predictions
-from mxq.errors import JobRejected, NotFound, Unauthorized, UserError
+from mxq.db.engine import session_scope
+from mxq.db.schema import Job as JobRow
+from mxq.errors import Conflict, JobRejected, NotFound, Unauthorized, UserError
 from tests.api_server import Api, start_api
 from tests.conftest import ROOT, Stack
 
@@ -80,3 +86,89 @@ def test_the_readme_example_runs_as_written(workers: Stack, api: Api,
                 os.environ[k] = v
     out = capsys.readouterr().out
     assert "succeeded 300 samples at " in out and "[" in out, out
+
+
+@pytest.fixture(scope="module")
+def bare_api(stack: Stack) -> Iterator[Api]:
+    """An API on the stack with no workers needed: offline probes stay queued."""
+    yield from start_api(stack, TOKEN, "api-bare")
+
+
+def _offline_probe(client: Client, key: str | None = None, size: int = 16) -> Job:
+    return client.probe(device="cpu:7", allow_offline=True, idempotency_key=key, size=size,
+                        batch=1, repeat=1)
+
+
+def _jobs_with_key(stack: Stack, key: str) -> list[int]:
+    with session_scope(stack.settings.database) as session:
+        return list(session.scalars(select(JobRow.id).where(JobRow.idempotency_key == key)))
+
+
+def test_an_idempotency_key_makes_a_retry_return_the_first_job(stack: Stack, bare_api: Api) -> None:
+    key = f"retry-{uuid.uuid4()}"
+    body = {"kind": "probe", "device": "cpu:7", "allow_offline": True, "size": 16, "batch": 1,
+            "repeat": 1}
+    with bare_api.client() as http:
+        first = http.post("/api/v1/jobs", json=body, headers={**bare_api.auth, "Idempotency-Key": key})
+        again = http.post("/api/v1/jobs", json=body, headers={**bare_api.auth, "Idempotency-Key": key})
+        other = http.post("/api/v1/jobs", json={**body, "size": 32},
+                          headers={**bare_api.auth, "Idempotency-Key": key})
+        for bad in ("x" * 129, "has space", "new\\nline", ""):
+            refused = http.post("/api/v1/jobs", json=body,
+                                headers={**bare_api.auth, "Idempotency-Key": bad})
+            assert refused.status_code == 422, (bad, refused.text)
+            detail = refused.json()["detail"]
+            assert "idempotency key" in detail and "\n" not in detail and len(detail) < 300
+    assert first.status_code == 201 and first.json()["published"] is True
+    assert first.json()["replayed"] is False
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"] and again.json()["replayed"] is True
+    assert other.status_code == 409 and key in other.json()["detail"]
+    assert _jobs_with_key(stack, key) == [first.json()["id"]]
+    with Client(bare_api.url, token=TOKEN) as client:  # the client's option, the same job
+        job = _offline_probe(client, key)
+        assert job.id == first.json()["id"] and job.replayed
+        with pytest.raises(Conflict, match=key):
+            _offline_probe(client, key, size=32)
+
+
+def test_one_client_shared_by_threads_and_one_key_make_one_job(stack: Stack, bare_api: Api) -> None:
+    """Many threads on one Client: each gets its own connections (an httpx.Client shared by
+    200 threads once failed submits with EBADF), and racing submits with one key make one job."""
+    key = f"race-{uuid.uuid4()}"
+    with Client(bare_api.url, token=TOKEN) as client:
+        def submit(i: int) -> tuple[int, int, int]:
+            keyed = _offline_probe(client, key)
+            return keyed.id, _offline_probe(client).id, id(client.http)
+
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(submit, range(48)))
+    keyed, plain, connections = zip(*got, strict=True)
+    assert len(set(keyed)) == 1 and _jobs_with_key(stack, key) == [keyed[0]]
+    assert len(set(plain)) == 48  # every submit went through, once
+    assert len(set(connections)) == 16  # one HTTP client per thread
+
+
+def test_jobs_pages_by_id_while_jobs_are_submitted(stack: Stack, bare_api: Api,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offset paging, newest first, repeated a job for every submit between two pages."""
+    monkeypatch.setattr(client_api, "JOBS_PAGE", 5)
+    with Client(bare_api.url, token=TOKEN) as client, Client(bare_api.url, token=TOKEN) as other:
+        for _ in range(12):
+            _offline_probe(client)
+        newest = client.jobs(limit=1)[0].id
+        asked = client.request
+
+        def request_then_submit(method: str, path: str, **kwargs: object) -> object:
+            answer = asked(method, path, **kwargs)
+            if method == "GET" and path == "/jobs":
+                _offline_probe(other)  # a submit between two pages
+            return answer
+
+        monkeypatch.setattr(client, "request", request_then_submit)
+        ids = [j.id for j in client.jobs(limit=23)]
+    assert len(ids) == 23 and len(set(ids)) == 23, ids
+    assert ids == sorted(ids, reverse=True) and ids[0] == newest
+    with bare_api.client() as http:
+        page = http.get("/api/v1/jobs", params={"before_id": ids[4], "limit": 3}).json()
+    assert [j["id"] for j in page["items"]] == ids[5:8]

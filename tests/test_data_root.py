@@ -36,7 +36,7 @@ def test_the_recorded_root_wins_over_the_shell(tmp_path: Path) -> None:
         root.mkdir()
         np.save(root / "x.npy", np.zeros((2, 3)))
     record_stack(Settings(home=tmp_path / "state", data_root=stack_root))
-    assert json.loads((tmp_path / "state" / STACK_RECORD).read_text()) == {"data_root": str(stack_root)}
+    assert json.loads((tmp_path / "state" / STACK_RECORD).read_text())["data_root"] == str(stack_root)
     shell = Settings(home=tmp_path / "state", data_root=shell_root)
     assert shell.inputs_root == stack_root
     assert confine(shell, stack_root / "x.npy") == stack_root / "x.npy"

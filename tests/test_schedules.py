@@ -163,3 +163,22 @@ def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> N
     _add(isolated, "newer", "0 4 * * *")  # a new schedule never inherits the old one's fires
     assert schedules.fires(url, "newer") == []
     assert get_job(url, job_id, with_metrics=True)["schedule"]["schedule"] == "gone"
+
+
+def test_a_clock_jump_forward_and_back_fires_once_then_on_its_times(isolated: Stack) -> None:
+    """A day ahead, then right again: one catch-up fire for the day, then fires at the cron times
+    of the real clock (not none for a day), and no fire time twice when the clock reaches it."""
+    _dataset(isolated)
+    _add(isolated, "five", "*/5 * * * *")
+    db, at = isolated.settings.database, lambda **d: T0 + timedelta(**d)
+    tick(isolated.settings, at(minutes=6))  # 12:05
+    tick(isolated.settings, at(days=1, minutes=6))  # the clock a day ahead: one catch-up
+    tick(isolated.settings, at(minutes=11))  # the clock right again: nothing due at 12:11
+    assert schedules.get(db, "five")["next_fire_at"] == "2026-03-27T12:15:00+00:00"
+    tick(isolated.settings, at(minutes=16))  # 12:15 fires: not suppressed for a day
+    tick(isolated.settings, at(days=1, minutes=6))  # the real clock reaches the jumped fire time
+    tick(isolated.settings, at(days=1, minutes=11))
+    fires = schedules.fires(db, "five")
+    assert sorted((f["fire_time"], f["missed"]) for f in fires) == [
+        ("2026-03-27T12:05:00+00:00", 0), ("2026-03-27T12:15:00+00:00", 0),
+        ("2026-03-28T12:05:00+00:00", 287), ("2026-03-28T12:10:00+00:00", 0)]

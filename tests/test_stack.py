@@ -58,7 +58,7 @@ def test_up_probe_every_device_down(tmp_path: Path) -> None:
         assert [d["device"] for d in api] == ["cpu:0", "cpu:1"]
         again = stack.mxq_process("up", "--detach")
         assert again.returncode == 2 and "already up" in again.stderr
-        launcher = int((home / "launcher.pid").read_text())
+        launcher = json.loads((home / "launcher.pid").read_text())["pid"]
     finally:
         down = stack.mxq_process("down", timeout=120)
     assert down.returncode == 0 and "embedded Redis" in down.stdout
@@ -80,7 +80,7 @@ def test_down_ends_every_process_even_after_the_launcher_died(tmp_path: Path) ->
         assert up.returncode == 0, up.stderr
         recorded = groups.recorded(home, "downnode")
         assert len(recorded) == 3  # cpu:0's worker, the schedule worker (with beat), the API
-        launcher = int((home / "launcher.pid").read_text())
+        launcher = json.loads((home / "launcher.pid").read_text())["pid"]
         os.kill(launcher, signal.SIGKILL)  # it can no longer stop anything
         wait_until(lambda: _alive(launcher), 30, "the launcher to die", until=lambda alive: not alive)
         before = {g: groups.members(g) for g in recorded}

@@ -19,22 +19,25 @@ def _one_line(proc) -> str:  # noqa: ANN001
     return lines[0]
 
 
-def test_unreachable_broker_writes_nothing(stack: Stack) -> None:
+def test_unreachable_broker_writes_nothing(stack: Stack, tmp_path: Path) -> None:
     before = len(list_jobs(stack.settings.database, JobFilter(limit=10000)))
+    # A home of its own: the stack's home records its broker, and refuses another (stack.json).
     line = _one_line(stack.mxq("probe", "--allow-offline", "--device", "cpu:0",
-                               env={"MXQ_BROKER_URL": "redis://127.0.0.1:1/0"}))
+                               env={"MXQ_BROKER_URL": "redis://127.0.0.1:1/0",
+                                    "MXQ_DATABASE_URL": stack.settings.database,
+                                    "MXQ_HOME": str(tmp_path)}))
     assert "broker unreachable at redis://127.0.0.1:1/0" in line
     assert len(list_jobs(stack.settings.database, JobFilter(limit=10000))) == before
 
 
 def test_unreachable_database_is_named(stack: Stack, tmp_path: Path) -> None:
-    line = _one_line(stack.mxq("probe", env={
-        "MXQ_DATABASE_URL": "postgresql://mxq:secret@127.0.0.1:1/mxq"}))
+    line = _one_line(stack.mxq("probe", env={  # a home of its own (see above)
+        "MXQ_DATABASE_URL": "postgresql://mxq:secret@127.0.0.1:1/mxq", "MXQ_HOME": str(tmp_path)}))
     assert "database unreachable at postgresql://mxq:***@127.0.0.1:1/mxq" in line
     assert "Connection refused" in line
     assert "secret" not in line
     line = _one_line(stack.mxq("probe", env={
-        "MXQ_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/folder/mxq.db"}))
+        "MXQ_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/folder/mxq.db", "MXQ_HOME": str(tmp_path)}))
     assert "database unreachable" in line and "unable to open database file" in line
 
 

@@ -68,10 +68,23 @@ def make_app(settings: Settings) -> Celery:
     return app
 
 
+def publisher_transport_options(settings: Settings) -> dict[str, Any]:
+    """Socket timeouts for the connections a publisher opens (redis-py waits forever by default):
+    a paused Redis accepts connections and never answers, and a publish must give up. Only the
+    publishing apps get them; a worker's consumer keeps kombu's own waiting."""
+    seconds = settings.broker_timeout_seconds
+    return {"visibility_timeout": settings.visibility_timeout, "socket_timeout": seconds,
+            "socket_connect_timeout": seconds}
+
+
 @lru_cache(maxsize=4)
 def app_for(broker: str) -> Celery:
-    """A publishing app for `broker` (tests and tools talk to several stacks in one process)."""
-    return make_app(get_settings().model_copy(update={"broker_url": broker}))
+    """A publishing app for `broker` (tests and tools talk to several stacks in one process),
+    whose broker calls time out after MXQ_BROKER_TIMEOUT_SECONDS."""
+    settings = get_settings().model_copy(update={"broker_url": broker})
+    app = make_app(settings)
+    app.conf.broker_transport_options = publisher_transport_options(settings)
+    return app
 
 
 # The process-wide app; its settings are read when first used, so importing it never fails.

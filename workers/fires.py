@@ -2,7 +2,9 @@
 
 `tick(settings, now)` takes the clock as an argument, so tests drive it with any time; the
 schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (workers/control.py).
-After downtime, every missed fire time collapses into one catch-up fire at the latest of them.
+After downtime (or a clock jump forward), every missed fire time collapses into one catch-up fire
+at the latest of them, which counts them (`missed`); after the clock went back, the next fire
+comes back to the next cron time (`realign`) and a fire time never fires twice.
 """
 
 from __future__ import annotations
@@ -47,9 +49,30 @@ def submit_fire(settings: Settings, sched: dict[str, Any], fire_id: int) -> int 
         return None
 
 
+def realign(settings: Settings, now: datetime) -> list[str]:
+    """Bring back every schedule whose next fire lies past its next cron time after `now`, and
+    return their names.
+
+    Only a clock that went back makes one: a tick under a clock a day ahead fired the day's
+    catch-up and set the next fire a day ahead; left there, the schedule would not fire for a
+    day once the clock is right again. It fires at its cron times from now on, and a time that
+    already fired does not fire again (`schedules.take`)."""
+    moved = []
+    for sched in schedules.upcoming(settings.database, now):
+        natural = next_after(sched["cron"], sched["tz"], now)
+        if sched["next"] > natural and schedules.move_next(settings.database, sched["id"],
+                                                           sched["next"], natural):
+            log.warning("schedule %s: its next fire %s lies past its next cron time %s (the "
+                        "clock went back); it fires at %s", sched["name"], sched["next"].isoformat(),
+                        natural.isoformat(), natural.isoformat())
+            moved.append(sched["name"])
+    return moved
+
+
 def tick(settings: Settings, now: datetime | None = None) -> list[int]:
     """Fire every due schedule once; return the ids of the fires this call made."""
     now = now or utcnow()
+    realign(settings, now)
     made = []
     for sched in schedules.due(settings.database, now):
         latest, missed = due(sched["cron"], sched["tz"], sched["next"], now)

@@ -3,7 +3,9 @@
 Each child is pinned before it imports MXNet: `CUDA_VISIBLE_DEVICES=<i>` for a GPU, CPU-core
 affinity and thread limits for a CPU device, and the host memory cap `MXQ_WORKER_MEMORY_MB` when
 set. A child that crashes is restarted (with backoff) and the jobs it held are requeued; SIGTERM
-or Ctrl-C stops all children cleanly.
+or Ctrl-C stops all children cleanly. With the embedded broker, the launcher also restarts the
+embedded Redis when it dies (it runs daemonized, outside the launcher's groups, so that it
+outlives a restart of the stack's processes).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
-from mxq.workers import groups
+from mxq.workers import groups, procs
 from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility, onnx_runs_gpus
+from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
 from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
 from mxq.workers.recovery import recover_worker
@@ -138,6 +141,7 @@ def preexec(cores: list[int], memory_mb: int | None) -> Callable[[], None] | Non
 class Child:
     spec: WorkerSpec
     proc: subprocess.Popen[bytes] | None = None
+    leader: procs.Proc | None = None  # proc's identity, as the groups file records it
     crashes: int = 0
     restart_at: float = 0.0
     refused: bool = False
@@ -151,6 +155,9 @@ class Launcher:
         self.children = [Child(spec) for spec in specs]
         self.stopping = False
         self.logs = settings.home_path / "logs"
+        self.redis = EmbeddedRedis(settings.home_path) if settings.embedded_broker else None
+        self.redis_retry_at = 0.0
+        self.redis_failures = 0
 
     def _start(self, child: Child) -> None:
         spec = child.spec
@@ -163,8 +170,9 @@ class Launcher:
             start_new_session=True,
         )
         out.close()
+        child.leader = procs.identify(child.proc.pid)
         groups.record(self.settings.home_path, self.settings.node,
-                      {c.proc.pid for c in self.children if c.proc})
+                      [c.leader for c in self.children if c.proc and c.leader])
         log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,
                  spec.device.label if spec.device else "no device", ",".join(spec.queues))
 
@@ -216,6 +224,7 @@ class Launcher:
 
     def _watch(self) -> None:
         now = time.monotonic()
+        self._watch_broker(now)
         for child in self.children:
             if child.refused:
                 continue
@@ -232,6 +241,25 @@ class Launcher:
                 self._on_exit(child, code)
             elif child.crashes and now - child.restart_at > 60:
                 child.crashes = 0  # stable for a minute: forget old crashes
+
+    def _watch_broker(self, now: float) -> None:
+        """Restart the embedded Redis when it is no longer running (with backoff if it fails)."""
+        if self.redis is None or now < self.redis_retry_at or self.redis.alive():
+            return
+        gone = self.redis.recorded()
+        log.warning("the embedded Redis (%s) is not running; restarting it",
+                    gone.describe() if gone else self.redis.socket)
+        try:
+            self.redis.start()
+        except Exception:  # a full disk, a broken binary: keep supervising, retry later
+            self.redis_failures += 1
+            delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (self.redis_failures - 1))
+            self.redis_retry_at = now + delay
+            log.exception("could not restart the embedded Redis; retrying in %.1fs", delay)
+            return
+        self.redis_failures = 0
+        found = self.redis.recorded()
+        log.warning("restarted the embedded Redis (%s)", found.describe() if found else "no pid")
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         log.info("received %s: stopping workers", signal.Signals(signum).name)

@@ -7,13 +7,15 @@ routing, model resolution). A message carries only the job's id; the row says th
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from datetime import datetime
+from typing import TypeVar
 
 from kombu.utils.url import maybe_sanitize_url
 
 from mxq.db import events, jobs
 from mxq.db.engine import session_scope
-from mxq.db.jobs import delete_unstarted
 from mxq.db.retry import retrying
 from mxq.db.schema import Job
 from mxq.errors import Unavailable
@@ -21,14 +23,46 @@ from mxq.workers.app import app_for
 from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class SubmitError(Unavailable):
     """The database or the broker cannot be reached: the job was not submitted."""
 
 
+class BrokerTimeout(SubmitError):
+    """The broker did not answer within MXQ_BROKER_TIMEOUT_SECONDS (paused, frozen, overloaded)."""
+
+
 def task_name(kind: str) -> str:
     return f"mxq.{kind}"
+
+
+def within(seconds: float, what: str, broker: str, call: Callable[[], T]) -> T:
+    """`call()`, or BrokerTimeout once `seconds` have passed without its answer.
+
+    Socket timeouts alone do not bound a call: kombu's publish retries and redis-py's own
+    retries multiply them. The call runs in a daemon thread that is left to its socket timeout
+    when it is late (its message, should it still go out, is one the reconciler then finds and
+    a second delivery is dropped at claim), so a process exits without waiting for it."""
+    box: dict[str, T] = {}
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=f"mxq-broker-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise BrokerTimeout(f"the broker at {maybe_sanitize_url(broker)} did not answer {what} "
+                            f"within {seconds:g}s (MXQ_BROKER_TIMEOUT_SECONDS)")
+    if failure:
+        raise failure[0]
+    return box["value"]
 
 
 def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
@@ -36,20 +70,27 @@ def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
                               retry=True)
 
 
-# Workers and the reconciler wait out a broker restart; a user's submit is told at once.
+# Workers and the reconciler wait out a broker restart; a user's submit is told within its
+# deadline (MXQ_BROKER_TIMEOUT_SECONDS).
 _send_patiently = retrying(lambda exc: not isinstance(exc, (TypeError, ValueError)))(_send)
 
 
-def publish(settings: Settings, job_id: int, kind: str, queue: str,
-            undo_on_failure: bool = False, patient: bool = False) -> None:
+def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: bool = False) -> None:
     """Send the job's message to `queue` (again, when requeuing a job whose worker died).
 
-    `patient` (inside workers) retries for minutes through a broker restart."""
+    `patient` (inside workers, the reconciler) retries for minutes through a broker restart;
+    otherwise (a user's submit) the broker has MXQ_BROKER_TIMEOUT_SECONDS to take it, and
+    SubmitError (BrokerTimeout when it did not answer) says it did not: the job's row stays
+    queued for the reconciler to publish."""
     try:
-        (_send_patiently if patient else _send)(settings.broker, job_id, kind, queue)
+        if patient:
+            _send_patiently(settings.broker, job_id, kind, queue)
+        else:
+            within(settings.broker_timeout_seconds, f"the publish of job {job_id}", settings.broker,
+                   lambda: _send(settings.broker, job_id, kind, queue))
+    except BrokerTimeout:
+        raise
     except Exception as exc:
-        if undo_on_failure:
-            delete_unstarted(settings.database, job_id)
         raise SubmitError(f"could not publish job {job_id} to {maybe_sanitize_url(settings.broker)}: "
                           f"{exc}") from None
 

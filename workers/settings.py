@@ -11,9 +11,12 @@ import json
 import socket
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mxq.errors import UserError
 
 # Long enough for the longest training job: Redis hands an unacknowledged message to another
 # worker after this many seconds, so a shorter value would run long jobs twice.
@@ -62,6 +65,10 @@ DEFAULT_MAX_BODY_BYTES = 2**20
 # A multi-node training whose nodes have not all joined after this long fails: one node's
 # device may be busy with a long job, or the node is down. The started nodes wait idle till then.
 DEFAULT_DIST_START_SECONDS = 300.0
+# A user's submit waits this long for each broker call (the reachability check, the publish): a
+# hung Redis (paused, a frozen VM) must not hang `mxq infer` or `POST /api/v1/jobs`. A job whose
+# message is not out by then stays queued and the reconciler publishes it.
+DEFAULT_BROKER_TIMEOUT_SECONDS = 5.0
 
 
 class Settings(BaseSettings):
@@ -139,6 +146,10 @@ class Settings(BaseSettings):
     dist_start_seconds: float = Field(DEFAULT_DIST_START_SECONDS, gt=0,
                                       description="How long a multi-node training waits for all "
                                       "its nodes to join before it fails.")
+    broker_timeout_seconds: float = Field(
+        DEFAULT_BROKER_TIMEOUT_SECONDS, gt=0, le=300,
+        description="Longest a submit waits for each broker call; past it the job stays queued, "
+        "the answer says it is not published yet, and the reconciler publishes it.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
     mxnet_unusable: str | None = Field(
@@ -263,18 +274,43 @@ def is_loopback(host: str) -> bool:
 
 
 STACK_RECORD = "stack.json"  # in $MXQ_HOME: what `mxq up` started with, read by every process
+# The settings `record_stack` keeps (URLs without their password) and how each is named to users.
+RECORDED_URLS = (("broker_url", "broker", "MXQ_BROKER_URL"),
+                 ("database_url", "database", "MXQ_DATABASE_URL"))
+
+
+class StackMismatch(UserError):
+    """This shell's broker or database is not the one the home's stack runs with."""
+
+
+def without_password(url: str) -> tuple[str, bool]:
+    """The URL with its password removed, and whether it had one (stack.json never holds one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, False
+    user = f"{parts.username}@" if parts.username else ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=user + host)), True
 
 
 def record_stack(settings: Settings) -> None:
-    """At `mxq up` / `mxq worker`: the data root the stack runs with, for every process to read."""
+    """At `mxq up` / `mxq worker`: the data root, broker and database the stack runs with (its
+    URLs without their password), for every process and command with this home to use; keys
+    written by others are kept."""
     path = settings.home_path / STACK_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
+    record = dict(recorded_stack(settings.home_path) or {})
+    record["data_root"] = str(settings.own_data_root)
+    for _, key, _ in RECORDED_URLS:
+        url, secret = without_password(getattr(settings, key))
+        record.update({key: url, f"{key}_password": secret})
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"data_root": str(settings.own_data_root)}))
+    tmp.write_text(json.dumps(record))
     tmp.replace(path)
 
 
-def recorded_data_root(home: Path) -> Path | None:
+def recorded_stack(home: Path) -> dict[str, object] | None:
+    """What `record_stack` wrote in this home (None without a readable record)."""
     path = home / STACK_RECORD
     try:
         stamp = path.stat().st_mtime_ns
@@ -283,17 +319,53 @@ def recorded_data_root(home: Path) -> Path | None:
     return _read_record(path, stamp)
 
 
-@lru_cache(maxsize=8)
-def _read_record(path: Path, _stamp: int) -> Path | None:
-    """The recorded root, read once per version of the file (submit_many asks per job)."""
-    try:
-        root = json.loads(path.read_text()).get("data_root")
-    except (OSError, ValueError, AttributeError):
-        return None
+def recorded_data_root(home: Path) -> Path | None:
+    root = (recorded_stack(home) or {}).get("data_root")
     return Path(root) if isinstance(root, str) and root else None
+
+
+@lru_cache(maxsize=8)
+def _read_record(path: Path, _stamp: int) -> dict[str, object] | None:
+    """The record, read once per version of the file (submit_many asks per job); callers must
+    not change it."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def with_recorded_stack(settings: Settings, own: bool = False) -> Settings:
+    """The settings with the broker and database of this home's stack: a URL the environment
+    leaves unset is the recorded one; one it sets must be that one, password aside, or this
+    raises StackMismatch naming both. `own`: for `mxq up` / `mxq worker`, which record the stack
+    anew, so a URL they are given wins (the stack moves to it)."""
+    record = recorded_stack(settings.home_path)
+    if record is None:
+        return settings
+    where = settings.home_path / STACK_RECORD
+    updates: dict[str, str] = {}
+    for field, key, env in RECORDED_URLS:
+        recorded = record.get(key)
+        if not isinstance(recorded, str):
+            continue
+        given = getattr(settings, field)
+        if given is None and recorded != without_password(getattr(settings, key))[0]:
+            if record.get(f"{key}_password"):
+                raise StackMismatch(
+                    f"this home's stack runs with {key} {recorded} (recorded in {where}), whose "
+                    f"password is not stored; set {env} to it (or to another {key} to move the "
+                    "stack there), or use another MXQ_HOME")
+            updates[field] = recorded
+        elif given is not None and not own and without_password(given)[0] != recorded:
+            raise StackMismatch(
+                f"this home's stack runs with {key} {recorded} (recorded in {where}) but {env} "
+                f"says {without_password(given)[0]}; unset it or use another MXQ_HOME")
+    return settings.model_copy(update=updates) if updates else settings
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read once."""
-    return Settings()
+    """The process-wide settings, read once, with the broker and database of the home's stack
+    (`with_recorded_stack`)."""
+    return with_recorded_stack(Settings())

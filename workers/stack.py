@@ -1,4 +1,9 @@
-"""`mxq up` / `mxq down`: the embedded broker, the schema, and this node's worker launcher."""
+"""`mxq up` / `mxq down`: the embedded broker, the schema, and this node's worker launcher.
+
+Every process is recognised by its identity (`workers/procs.py`), never by a PID alone: a
+`launcher.pid` naming another process is stale, removed with a word, and never signalled. A
+launcher that died leaves its children running; `mxq up` (`preflight`) and `mxq down` end them.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from mxq.db.fleet import alive_since, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
-from mxq.workers import groups
+from mxq.workers import groups, ports, procs
 from mxq.workers.devices import discover, installed_mxnet
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.launcher import STOP_GRACE_SECONDS, Launcher, WorkerSpec, api_spec, plan, schedule_spec
@@ -50,29 +55,61 @@ def node_plan(settings: Settings) -> tuple[list[WorkerSpec], list[str]]:
 def run_launcher(settings: Settings, specs: list[WorkerSpec], with_schedule: bool = False) -> int:
     """Supervise this node's workers in the foreground until SIGTERM or Ctrl-C."""
     pidfile = launcher_pidfile(settings)
-    pidfile.write_text(str(os.getpid()))
+    me = procs.me()
+    procs.write(pidfile, me)
     try:
         services = [schedule_spec(settings), api_spec(settings)] if with_schedule else []
         return Launcher(settings, [*specs, *services]).run()
     finally:
-        pidfile.unlink(missing_ok=True)
+        if procs.read(pidfile) == me:  # not a newer launcher's record
+            pidfile.unlink(missing_ok=True)
+
+
+def launcher_record(settings: Settings) -> tuple[procs.Proc | None, str | None]:
+    """The running launcher of this home, and a one-line note when `launcher.pid` was stale
+    (it named no process, or another one: removed, never signalled)."""
+    pidfile = launcher_pidfile(settings)
+    try:
+        text = pidfile.read_text()
+    except FileNotFoundError:
+        return None, None
+    found = procs.parse(text)
+    if found is not None and procs.matches(found):
+        return found, None
+    pidfile.unlink(missing_ok=True)
+    what = found.describe() if found else repr(text.strip()[:40])
+    return None, (f"ignored a stale {pidfile} ({what} is not a running launcher of this "
+                  "stack); removed it")
 
 
 def launcher_pid(settings: Settings) -> int | None:
-    try:
-        pid = int(launcher_pidfile(settings).read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
+    found, _ = launcher_record(settings)
+    return found.pid if found else None
+
+
+def preflight(settings: Settings) -> list[str]:
+    """Before `mxq up` starts anything: refuse when this stack is already up or the API port is
+    taken; end what a dead launcher left running (its workers, schedule process and API, which
+    nothing supervises any more and which would clash with the new ones). Says what it did."""
+    running, note = launcher_record(settings)
+    if running:
+        raise StackError(f"mxq is already up (launcher {running.describe()}); `mxq down` stops it")
+    said = [note] if note else []
+    ended, stale = groups.end_recorded(settings.home_path, settings.node)
+    if ended:
+        said.append(f"ended {ended} processes a dead launcher had left running "
+                    f"(recorded in {groups.groups_file(settings.home_path, settings.node)})")
+    if stale:
+        said.append(f"ignored {stale} stale process records (now other processes)")
+    clash = ports.clash(settings.api_host, settings.api_port)
+    if clash:
+        raise StackError(clash)
+    return said
 
 
 def up_detached(settings: Settings, specs: list[WorkerSpec],
                 timeout: float = UP_TIMEOUT_SECONDS) -> None:
     """Start the launcher in the background; return once every worker answers."""
-    if launcher_pid(settings):
-        raise StackError(f"mxq is already up (launcher pid {launcher_pid(settings)}); "
-                         "`mxq down` stops it")
     logs = settings.home_path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     since = utcnow()
@@ -94,34 +131,29 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
         time.sleep(0.25)
 
 
-def down(settings: Settings) -> list[str]:
-    """Stop the launcher (and so its workers) and the embedded broker; say what was stopped."""
-    stopped = []
-    pid = launcher_pid(settings)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
+def down(settings: Settings) -> tuple[list[str], list[str]]:
+    """Stop the launcher (and so its workers), what a dead launcher left running, and the
+    embedded broker: what was stopped, and notes on stale records that were left alone."""
+    stopped: list[str] = []
+    running, note = launcher_record(settings)
+    notes = [note] if note else []
+    if running:
+        os.kill(running.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS + 10
         # Until the process is gone, not only its pidfile: it removes that before Python exits.
-        while _alive(pid) and time.monotonic() < deadline:
+        while procs.matches(running) and time.monotonic() < deadline:
             time.sleep(0.1)
-        stopped.append(f"workers (launcher pid {pid})")
-    strays = groups.end_recorded(settings.home_path, settings.node)  # what outlived its parent
+        stopped.append(f"workers (launcher pid {running.pid})")
+    strays, stale = groups.end_recorded(settings.home_path, settings.node)  # outlived the launcher
     if strays:
         stopped.append(f"{strays} processes the workers had left behind")
+    if stale:
+        notes.append(f"ignored {stale} stale process records (now other processes)")
     redis = EmbeddedRedis(settings.home_path)
     if settings.embedded_broker and redis.running():
-        redis.stop()
-        stopped.append(f"embedded Redis ({redis.socket})")
-    return stopped
-
-
-def _alive(pid: int) -> bool:
-    """Running: neither gone nor a zombie (exited, waiting for its parent to reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): the signal reached it
+        problem = redis.stop()
+        if problem:
+            notes.append(problem)
+        else:
+            stopped.append(f"embedded Redis ({redis.socket})")
+    return stopped, notes

@@ -1,13 +1,19 @@
 """Submit a job: validate, write its row, publish a JSON message that carries only the job id.
 
-The row comes first, so a worker always finds it; if the message cannot be published the row is
-removed again, so a failed submit leaves nothing half-written.
+The row comes first, so a worker always finds it. A broker that refuses connections is found
+before anything is written; one that does not answer within MXQ_BROKER_TIMEOUT_SECONDS (paused,
+frozen) leaves the row `queued` without its message, the answer says so (`published` false),
+and the reconciler publishes it once the broker answers. An idempotency key makes a retry of
+the same submit return the first job instead of a second one.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +24,49 @@ from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import get_engine, safe_url
 from mxq.db.fleet import list_workers
-from mxq.db.jobs import create_job, create_jobs
-from mxq.db.records import ModelRecord, WorkerRecord
+from mxq.db.history import job_by_key
+from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
+from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
 from mxq.db.registry import resolve
 from mxq.device import Device
-from mxq.errors import JobRejected
+from mxq.errors import Conflict, JobRejected
 from mxq.workers.app import app_for
 from mxq.workers.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, confine
-from mxq.workers.publish import SubmitError, publish, task_name
+from mxq.workers.publish import BrokerTimeout, SubmitError, publish, task_name, within
 from mxq.workers.queues import parse_device
 from mxq.workers.routing import Route, route
 from mxq.workers.settings import Settings
 
-BROKER_CHECK_SECONDS = 3
+# An idempotency key comes from outside (a header, a flag): bounded, one line, no spaces; a UUID,
+# a ULID or a base64 digest fits (the column holds 128 characters).
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:+/=-]{1,128}$"
+PUBLISH_BATCH = 1000  # kombu's publish batch: submit_many's deadline is per batch
+
+
+class IdempotencyConflict(Conflict):
+    """The idempotency key was used before by a job with other parameters."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit did: the job, whether its message went out (None for a replay, which
+    publishes nothing), whether it replayed an earlier submit with the same key, and a note
+    saying either of those in words."""
+
+    job_id: int
+    published: bool | None
+    replayed: bool = False
+    note: str | None = None
+
+
+def check_key(key: str | None) -> str | None:
+    """The idempotency key, or a one-line ParamsError naming what is allowed."""
+    if key is None or re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
+        return key
+    shown = repr(key[:40]) + (f"... ({len(key)} characters)" if len(key) > 40 else "")
+    raise ParamsError(f"idempotency key {shown} is not allowed: use 1 to 128 of the characters "
+                      "A-Z a-z 0-9 . _ : + / = - (a UUID fits)")
 
 
 def check_database(settings: Settings) -> None:
@@ -44,11 +79,22 @@ def check_database(settings: Settings) -> None:
             from None
 
 
+def _connect(settings: Settings) -> None:
+    seconds = settings.broker_timeout_seconds
+    with Connection(settings.broker,  # type: ignore[no-untyped-call]  # kombu has no types
+                    connect_timeout=seconds, transport_options={
+                        "socket_timeout": seconds, "socket_connect_timeout": seconds}) as conn:
+        conn.ensure_connection(max_retries=1, timeout=seconds)
+
+
 def check_broker(settings: Settings) -> None:
+    """SubmitError when the broker refuses (nothing is written then); BrokerTimeout when it
+    does not answer within MXQ_BROKER_TIMEOUT_SECONDS."""
     try:
-        with Connection(settings.broker,  # type: ignore[no-untyped-call]  # kombu has no types
-                        connect_timeout=BROKER_CHECK_SECONDS) as conn:
-            conn.ensure_connection(max_retries=1, timeout=BROKER_CHECK_SECONDS)
+        within(settings.broker_timeout_seconds, "a connection check", settings.broker,
+               lambda: _connect(settings))
+    except BrokerTimeout:
+        raise
     except Exception as exc:  # kombu raises several unrelated types here
         raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from None
 
@@ -150,34 +196,105 @@ def _prepare(settings: Settings, kind: str, params: dict[str, Any], models: Mode
     return PREPARE[kind](settings, params, models) if kind in PREPARE else params
 
 
-def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
-    """Check the kind, the device, the database and the broker; then where the job goes."""
+def _checked_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
+    """Check the kind, the device and the database; then where the job goes."""
     if kind not in SPECS:
         raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
     spec = parse_device(device)
     check_database(settings)
-    check_broker(settings)
     return route(settings, spec, allow_offline)
+
+
+def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
+    """`_checked_route`, and the broker checked too."""
+    where = _checked_route(settings, kind, device, allow_offline)
+    check_broker(settings)
+    return where
+
+
+def _same_request(record: JobRecord, kind: str, params: dict[str, Any], where: Route) -> bool:
+    """The stored job is what these (prepared) parameters would make: kind, device, parameters
+    as JSON stores them."""
+    return (record["kind"] == kind and record["requested_device"] == where.requested
+            and record["params"] == json.loads(json.dumps(params)))
+
+
+def _replay(settings: Settings, key: str, kind: str, params: dict[str, Any],
+            where: Route) -> Submitted | None:
+    """The earlier job made with `key`, when it is this request's; IdempotencyConflict when it is
+    another request's; None when the key is new."""
+    record = job_by_key(settings.database, key)
+    if record is None:
+        return None
+    if not _same_request(record, kind, params, where):
+        raise IdempotencyConflict(
+            f"idempotency key {key!r} was used by job {record['id']} with other parameters; "
+            "a retry must send the same request, a new job needs a new key")
+    return Submitted(record["id"], None, replayed=True,
+                     note=f"a replay: job {record['id']} was submitted with idempotency key "
+                          f"{key!r} before; nothing new was queued")
+
+
+def _unpublished(job_id: int, exc: SubmitError) -> Submitted:
+    return Submitted(job_id, False, note=(
+        f"job {job_id} is queued but not published yet ({exc}); the reconciler publishes it "
+        "once the broker answers"))
+
+
+def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
+            exc: Exception) -> JobRejected:
+    """Record a request that cannot run as a failed job (carrying no idempotency key: a retry
+    is rejected again, on its own row)."""
+    reason = _storable(str(exc).strip('"'))
+    job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
+                        reason)
+    return JobRejected(job_id, reason)
+
+
+def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
+                   allow_offline: bool = False, idempotency_key: str | None = None) -> Submitted:
+    """Queue one job; what happened (`Submitted`).
+
+    Device and database problems, and a broker that refuses connections, write nothing; wrong
+    parameters or inputs are recorded as a failed job (so the history says why) and raise
+    JobRejected. A broker that does not answer in time leaves the job queued, not published.
+    """
+    key = check_key(idempotency_key)
+    where = _checked_route(settings, kind, device, allow_offline)
+    try:
+        params = _prepare(settings, kind, params, {})
+    except (ParamsError, PathError, LookupError) as exc:
+        raise _reject(settings, kind, params, where, exc) from None
+    if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
+        return earlier  # before the broker is asked: a retry answers even while it hangs
+    try:
+        check_broker(settings)
+        late: BrokerTimeout | None = None
+    except BrokerTimeout as exc:
+        late = exc
+    try:
+        job_id = create_job(settings.database, kind, params, where.requested, where.queue,
+                            idempotency_key=key)
+    except IdempotencyKeyTaken:  # a submit with the same key won the race
+        assert key is not None
+        earlier = _replay(settings, key, kind, params, where)
+        if earlier is None:
+            raise
+        return earlier
+    if late is not None:
+        return _unpublished(job_id, late)
+    try:
+        publish(settings, job_id, kind, where.queue)
+    except SubmitError as exc:
+        return _unpublished(job_id, exc)
+    return Submitted(job_id, True)
 
 
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
            allow_offline: bool = False) -> int:
-    """Queue one job and return its id.
-
-    Device, broker and database problems write nothing; wrong parameters or inputs are recorded
-    as a failed job (so the history says why) and raise JobRejected.
-    """
-    where = _reachable_route(settings, kind, device, allow_offline)
-    try:
-        params = _prepare(settings, kind, params, {})
-    except (ParamsError, PathError, LookupError) as exc:
-        reason = _storable(str(exc).strip('"'))
-        job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
-                            reason)
-        raise JobRejected(job_id, reason) from None
-    job_id = create_job(settings.database, kind, params, where.requested, where.queue)
-    publish(settings, job_id, kind, where.queue, undo_on_failure=True)
-    return job_id
+    """Queue one job and return its id (`submit_request`, for callers that need only the id:
+    a job not published yet is queued all the same, and the reconciler publishes it)."""
+    return submit_request(settings, kind, params, device, allow_offline).job_id
 
 
 def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
@@ -196,14 +313,20 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from None
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
-    app = app_for(settings.broker)
     try:
-        # One pipelined round trip per 1,000 messages (kombu's publish batch) instead of one each.
-        with app.producer_or_acquire() as producer, producer.batch():
-            for job_id in ids:
-                app.send_task(task_name(kind), args=[job_id], queue=where.queue,
-                              task_id=f"job-{job_id}", producer=producer)
+        within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
+               f"the publish of {len(ids)} jobs", settings.broker,
+               lambda: _send_many(settings, kind, where.queue, ids))
     except Exception as exc:
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
                           "the reconciler publishes the jobs already recorded") from None
     return ids
+
+
+def _send_many(settings: Settings, kind: str, queue: str, ids: list[int]) -> None:
+    """One pipelined round trip per 1,000 messages (kombu's publish batch) instead of one each."""
+    app = app_for(settings.broker)
+    with app.producer_or_acquire() as producer, producer.batch():
+        for job_id in ids:
+            app.send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
+                          producer=producer)

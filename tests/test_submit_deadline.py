@@ -1,0 +1,56 @@
+"""A submit against a paused broker (SIGSTOP: it accepts connections and never answers) answers
+within MXQ_BROKER_TIMEOUT_SECONDS, leaves its job queued, says it is not published, and the
+reconciler publishes it once the broker answers; a retry with the same idempotency key returns
+that job meanwhile without asking the broker.
+
+The embedded leg only: the system leg's Redis is the machine's, shared (the fault suite pauses
+a private one: tests/faults/test_broker_pause.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from mxq.db.engine import session_scope
+from mxq.db.schema import Job, utcnow
+from mxq.workers.messages import look
+from mxq.workers.reconcile import reconcile
+from mxq.workers.submit import submit_request
+from tests.conftest import Stack
+
+PROBE = {"size": 16, "batch": 1, "repeat": 1}
+
+
+@contextmanager
+def _paused(stack: Stack) -> Iterator[None]:
+    pid = int((stack.home / "redis.pid").read_text().strip())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_paused_broker_leaves_the_job_queued_for_the_reconciler(isolated: Stack) -> None:
+    s = isolated.settings.model_copy(update={"broker_timeout_seconds": 1.0})
+    with _paused(isolated):
+        done = submit_request(s, "probe", dict(PROBE), "cpu:0", allow_offline=True,
+                              idempotency_key="pause-1")
+        again = submit_request(s, "probe", dict(PROBE), "cpu:0", allow_offline=True,
+                               idempotency_key="pause-1")
+    assert done.published is False and not done.replayed
+    assert done.note and "did not answer" in done.note and "the reconciler publishes it" in done.note
+    assert again.replayed and again.job_id == done.job_id and again.published is None
+    assert isolated.job(done.job_id)["status"] == "queued"  # kept, not deleted
+    with session_scope(s.database) as session:  # past the reconciler's grace for fresh submits
+        session.execute(update(Job).where(Job.id == done.job_id)
+                        .values(submitted_at=utcnow() - timedelta(minutes=1)))
+    found = look(s.broker, {"node.cpu.0"} | {isolated.job(done.job_id)["queue"]})
+    if done.job_id not in found.waiting:  # the late publish thread may have landed it meanwhile
+        assert done.job_id in reconcile(s).republished
+    assert done.job_id in look(s.broker, {isolated.job(done.job_id)["queue"]}).waiting

@@ -1,0 +1,225 @@
+"""Supervision you can trust (issue 28, findings 3-7), on real processes where they are cheap:
+processes are known by identity, not PID; what a dead launcher left is ended; a taken API port
+fails `mxq up`; the embedded Redis is restarted and its death is visible; stack.json carries the
+stack's broker and database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mxq.api import routes
+from mxq.api.app import app
+from mxq.db.migrate import upgrade
+from mxq.workers import groups, procs
+from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.launcher import Launcher
+from mxq.workers.settings import (
+    STACK_RECORD,
+    Settings,
+    StackMismatch,
+    record_stack,
+    with_recorded_stack,
+)
+from mxq.workers.stack import StackError, down, launcher_pidfile, preflight
+from tests.conftest import free_port, run_cli, wait_until
+
+
+def _sleeper(new_group: bool = False) -> subprocess.Popen:
+    """A stranger: a process mxq did not start (or, with its own group, one a launcher did)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                            start_new_session=new_group)
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen]:
+    proc = _sleeper()
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _settings(home: Path, **extra: object) -> Settings:
+    return Settings(home=home, node="supnode", api_port=free_port(), **extra)  # type: ignore[arg-type]
+
+
+def test_identity_is_pid_start_time_and_command(stranger: subprocess.Popen) -> None:
+    found = procs.identify(stranger.pid)
+    assert found is not None and "time.sleep(300)" in found.command
+    assert procs.matches(found)
+    assert not procs.matches(procs.Proc(found.pid, found.start + 1, found.command))  # a reused PID
+    assert not procs.matches(procs.Proc(found.pid, found.start, "/usr/bin/something-else"))
+    assert procs.parse(str(found.pid)) is None  # a bare PID is never trusted
+    stranger.kill()
+    stranger.wait()
+    assert not procs.matches(found)
+
+
+@pytest.mark.parametrize("record", ["bare", "reused"])
+def test_down_and_up_never_signal_a_stranger_named_by_launcher_pid(
+        tmp_path: Path, stranger: subprocess.Popen, record: str) -> None:
+    s = _settings(tmp_path)
+    pidfile = launcher_pidfile(s)
+    found = procs.identify(stranger.pid)
+    assert found is not None
+    pidfile.write_text(str(stranger.pid) if record == "bare"
+                       else procs.Proc(found.pid, found.start - 1, found.command).to_json())
+    stopped, notes = down(s)
+    assert stopped == [] and stranger.poll() is None  # not signalled
+    assert len(notes) == 1 and "stale" in notes[0] and str(stranger.pid) in notes[0]
+    assert not pidfile.exists()
+    pidfile.write_text(str(stranger.pid))
+    said = preflight(s)  # not "already up"
+    assert any("stale" in line for line in said) and stranger.poll() is None
+
+
+def test_up_ends_what_a_dead_launcher_left_and_leaves_strangers(tmp_path: Path,
+                                                                stranger: subprocess.Popen) -> None:
+    s = _settings(tmp_path)
+    orphan = _sleeper(new_group=True)  # a launcher's child: it leads its own group
+    try:
+        leader = procs.identify(orphan.pid)
+        other = procs.identify(stranger.pid)
+        assert leader is not None and other is not None
+        # The stranger recorded with another start time: a group id the kernel has reused.
+        groups.record(s.home_path, s.node, [leader, procs.Proc(other.pid, other.start - 5,
+                                                                 other.command)])
+        said = preflight(s)
+        assert any("ended 1 processes a dead launcher had left running" in line for line in said)
+        assert orphan.wait(timeout=30) == -signal.SIGTERM
+        assert stranger.poll() is None
+        assert not groups.groups_file(s.home_path, s.node).exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+def test_up_fails_on_a_taken_api_port_naming_it_and_its_holder(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(StackError) as err:
+            preflight(Settings(home=tmp_path, node="supnode", api_port=port))
+        message = str(err.value)
+        assert f"127.0.0.1:{port}" in message and f"pid {os.getpid()}" in message
+        assert "MXQ_API_PORT" in message and "\n" not in message
+        proc = run_cli(["up", "--detach"], {"MXQ_HOME": str(tmp_path / "cli"), "MXQ_NODE": "supnode",
+                                            "MXQ_API_PORT": str(port)})
+    assert proc.returncode == 2 and f"127.0.0.1:{port} is in use" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "cli" / "redis.sock").exists()  # refused before starting anything
+
+
+def test_launcher_restarts_the_embedded_redis_when_it_dies(tmp_path: Path) -> None:
+    redis = EmbeddedRedis(tmp_path)
+    redis.start()
+    try:
+        first = redis.recorded()
+        assert first is not None and redis.alive()
+        os.kill(first.pid, signal.SIGKILL)
+        wait_until(lambda: procs.matches(first), 10, "Redis to die", until=lambda alive: not alive)
+        assert not redis.alive()
+        Launcher(_settings(tmp_path), [])._watch_broker(time.monotonic())
+        again = redis.recorded()
+        assert again is not None and again != first and redis.alive() and redis.running()
+    finally:
+        redis.stop()
+
+
+def test_a_stale_redis_record_is_not_signalled(tmp_path: Path, stranger: subprocess.Popen) -> None:
+    redis = EmbeddedRedis(tmp_path)
+    found = procs.identify(stranger.pid)
+    assert found is not None
+    procs.write(redis.record, procs.Proc(found.pid, found.start + 3, "redis-server"))
+    note = redis.stop()
+    assert note is not None and "stale redis.proc" in note and not redis.record.exists()
+    assert stranger.poll() is None
+
+
+@pytest.fixture
+def broker_down(tmp_path: Path) -> Iterator[Settings]:
+    """A migrated database whose embedded broker does not run (as after a SIGKILL)."""
+    s = _settings(tmp_path)
+    upgrade(s.database)
+    app.dependency_overrides[routes.settings] = lambda: s
+    yield s
+    app.dependency_overrides.clear()
+
+
+def test_health_and_metrics_say_the_broker_is_down(broker_down: Settings) -> None:
+    client = TestClient(app, base_url="http://127.0.0.1")
+    health = client.get("/api/v1/devices")
+    assert health.status_code == 503, health.text
+    assert health.json()["detail"].startswith("broker unreachable at redis+socket://")
+    metrics = client.get("/metrics").text
+    assert "mxq_broker_up 0.0" in metrics and "mxq_database_up 1.0" in metrics
+    redis = EmbeddedRedis(broker_down.home_path)
+    redis.start()
+    try:
+        assert client.get("/api/v1/devices").status_code == 200
+        assert "mxq_broker_up 1.0" in client.get("/metrics").text
+    finally:
+        redis.stop()
+
+
+def test_health_says_the_database_is_down(tmp_path: Path) -> None:
+    s = _settings(tmp_path, database_url="postgresql://127.0.0.1:1/none")
+    redis = EmbeddedRedis(s.home_path)
+    redis.start()
+    app.dependency_overrides[routes.settings] = lambda: s
+    try:
+        client = TestClient(app, base_url="http://127.0.0.1")
+        health = client.get("/api/v1/devices")
+        assert health.status_code == 503 and "database" in health.json()["detail"]
+        metrics = client.get("/metrics").text
+        assert "mxq_database_up 0.0" in metrics and "mxq_broker_up 1.0" in metrics
+    finally:
+        app.dependency_overrides.clear()
+        redis.stop()
+
+
+PG = "postgresql://mxq:s3cret@127.0.0.1:5432/a"
+
+
+def test_stack_json_records_broker_and_database_without_password(tmp_path: Path) -> None:
+    record_stack(Settings(home=tmp_path, broker_url="redis://:hidden@127.0.0.1:6379/3",
+                          database_url=PG))
+    text = (tmp_path / STACK_RECORD).read_text()
+    assert "s3cret" not in text and "hidden" not in text
+    record = json.loads(text)
+    assert record["database"] == "postgresql://mxq@127.0.0.1:5432/a"
+    assert record["broker"] == "redis://127.0.0.1:6379/3" and record["database_password"] is True
+    # The same URLs with their password match; unset ones cannot be used (no password stored).
+    same = with_recorded_stack(Settings(home=tmp_path, broker_url="redis://:hidden@127.0.0.1:6379/3",
+                                        database_url=PG))
+    assert same.database == PG
+    with pytest.raises(StackMismatch, match="password is not stored; set MXQ_DATABASE_URL"):
+        with_recorded_stack(Settings(home=tmp_path, broker_url="redis://127.0.0.1:6379/3"))
+
+
+def test_every_command_uses_the_recorded_stack_or_refuses_another(tmp_path: Path) -> None:
+    db = tmp_path / "elsewhere.db"
+    upgrade(f"sqlite:///{db}")
+    record_stack(Settings(home=tmp_path / "home", database_url=f"sqlite:///{db}"))
+    home = {"MXQ_HOME": str(tmp_path / "home"), "MXQ_NODE": "supnode"}
+    used = with_recorded_stack(Settings(home=tmp_path / "home"))
+    assert used.database == f"sqlite:///{db}" and used.embedded_broker  # the broker: the default
+    jobs = run_cli(["jobs", "--json"], home)  # no MXQ_DATABASE_URL in the shell: the recorded one
+    assert jobs.returncode == 0, jobs.stderr
+    assert not (tmp_path / "home" / "mxq.db").exists()  # no empty SQLite left in the home
+    other = run_cli(["jobs"], {**home, "MXQ_DATABASE_URL": f"sqlite:///{tmp_path / 'b.db'}"})
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    line = other.stderr.strip()
+    assert "\n" not in line and f"sqlite:///{db}" in line and f"{tmp_path / 'b.db'}" in line
+    assert "unset it or use another MXQ_HOME" in line
