@@ -9,6 +9,7 @@ fits: 401 no token, 404 unknown, 405 method (with `Allow`), 409 exists, 413 body
 from __future__ import annotations
 
 import re
+import sys
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,14 @@ def status_of(exc: Exception) -> int:
 
 
 PROBLEM = "application/problem+json"
-# What FastAPI says when a body is not text it can decode as JSON (bytes that are not UTF-8).
+# What FastAPI says when its JSON parser raised something other than a JSON syntax error: bytes
+# that are not UTF-8, nesting past the parser's recursion limit, an integer past Python's digit
+# limit. The exception it chains (`__cause__`) says which.
 UNPARSED_BODY = "There was an error parsing the body"
+# Python's JSON parser recurses once per level and gives up near the interpreter's recursion
+# limit (1000) less the frames of the server beneath it, so any body it cannot parse is deeper
+# than this; mxq's own request bodies nest three levels at most.
+MAX_JSON_DEPTH = 500
 
 
 def problem(status: int, detail: str, headers: dict[str, str] | None = None,
@@ -73,11 +80,25 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     FastAPI could not decode is bad input like any other malformed JSON."""
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == UNPARSED_BODY:
-        return problem(422, "malformed JSON body: it is not UTF-8 text")
+        return problem(422, "malformed JSON body: " + unparsed_why(exc.__cause__))
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         headers["Allow"] = _allowed(request) or headers.get("Allow", "")
     return problem(exc.status_code, str(exc.detail), headers)
+
+
+def unparsed_why(cause: BaseException | None) -> str:
+    """Why the JSON parser refused a body, from the exception FastAPI chained: the real cause, not
+    one guess for all of them."""
+    if isinstance(cause, UnicodeDecodeError):
+        return "it is not UTF-8 text"
+    if isinstance(cause, RecursionError):
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return (f"a number of more than {sys.get_int_max_str_digits()} digits "
+                "(the most an integer may have)")
+    first = str(cause).splitlines()[0] if cause is not None and str(cause) else "it cannot be read"
+    return first[:200]
 
 
 def _too_large(limit: int, length: int | None = None) -> str:
@@ -125,17 +146,23 @@ def _where(loc: tuple[Any, ...]) -> str:
     return ".".join(map(str, loc[1:] if loc and loc[0] in ("body", "query", "path") else loc))
 
 
+def _problem_of(e: Any) -> str:
+    """One validation error as `field=value: what is allowed`; where pydantic's input is the
+    whole body (a missing field, a check across fields) the body is not repeated."""
+    if e["type"] == "json_invalid":
+        return (f"malformed JSON body at character {e['loc'][-1]}: "
+                f"{e.get('ctx', {}).get('error', e['msg'])}")
+    if e["type"] == "missing":
+        return f"{_where(e['loc'])}: Field required"
+    if isinstance(e.get("input"), dict) and len(e["loc"]) <= 2:  # body or body.<kind>: its
+        return str(e["msg"]).removeprefix("Value error, ")  # message names fields and values
+    return f"{_where(e['loc']) or 'body'}={e.get('input')!r}: {e['msg']}"
+
+
 async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
     """Request validation errors in the API's one-line style: `field=value: what is allowed`."""
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for e in exc.errors():
-        if e["type"] == "json_invalid":
-            problems.append(f"malformed JSON body at character {e['loc'][-1]}: "
-                            f"{e.get('ctx', {}).get('error', e['msg'])}")
-        else:
-            problems.append(f"{_where(e['loc']) or 'body'}={e.get('input')!r}: {e['msg']}")
-    return problem(422, "invalid request: " + "; ".join(problems))
+    return problem(422, "invalid request: " + "; ".join(map(_problem_of, exc.errors())))
 
 
 def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import session_scope
-from mxq.db.history import device_rates, pool_depths
+from mxq.db.history import device_rates, durations_by_kind, pool_depths
 from mxq.db.schema import Job, utcnow
 from mxq.workers.health import broker_problem
 from mxq.workers.queues import pool_queue
@@ -50,13 +50,14 @@ class Collector:
             for status, kind, n in session.execute(select(Job.status, Job.kind, func.count())
                                                    .group_by(Job.status, Job.kind)):
                 jobs.add_metric([status, kind], n)
-            for kind, total, n in session.execute(select(Job.kind, func.sum(Job.seconds), func.count())
-                                                  .where(Job.seconds.is_not(None)).group_by(Job.kind)):
-                durations.add_metric([kind], count_value=n, sum_value=float(total or 0))
+        for kind, (n, total) in durations_by_kind(url).items():  # every finished job, start to end
+            durations.add_metric([kind], count_value=n, sum_value=total)
         for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
             rate.add_metric([node, device], per_sec)
-        depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue",
-                                  labels=["node", "device"])
+        depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue (also of a "
+                                  "device with no worker: --allow-offline)", labels=["node", "device"])
+        wait = GaugeMetricFamily("mxq_queue_oldest_wait_seconds", "How long the oldest queued job "
+                                 "of each device queue has waited", labels=["node", "device"])
         alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",
                                   labels=["node", "device"])
         started = GaugeMetricFamily("mxq_worker_start_time_seconds", "When the device's worker "
@@ -64,6 +65,8 @@ class Collector:
                                     labels=["node", "device"])
         for d in device_table(self.s):
             depth.add_metric([d["node"], d["device"]], d["queued"])
+            if d.get("oldest_wait_seconds") is not None:
+                wait.add_metric([d["node"], d["device"]], d["oldest_wait_seconds"])
             alive.add_metric([d["node"], d["device"]], 1.0 if d["alive"] else 0.0)
             if d.get("started_at"):
                 started.add_metric([d["node"], d["device"]],
@@ -72,7 +75,7 @@ class Collector:
                                   labels=["queue"])
         for queue, n in sorted(({pool_queue("cpu"): 0, pool_queue("gpu"): 0} | pool_depths(url)).items()):
             pools.add_metric([queue], n)
-        yield from (jobs, durations, rate, depth, alive, started, pools)
+        yield from (jobs, durations, rate, depth, wait, alive, started, pools)
 
 
 def render_metrics(s: Settings) -> tuple[bytes, str]:

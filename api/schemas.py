@@ -26,6 +26,31 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 SINCE_AGE_PATTERN = r"^[0-9]{1,5}[smhd]$"  # (up to 273 years back; the server takes 9 digits)
 
 
+def _cron_field(number: str, names: str = "", *extra: str) -> str:
+    """One cron field: `*` or a value or range, each with an optional /step, comma-separated."""
+    value = f"(?:{number}|{names})" if names else f"(?:{number})"
+    step = "(?:/[1-9][0-9]?)?"
+    atom = "(?:" + "|".join([r"\*" + step, f"{value}(?:-{value})?" + step, *extra]) + ")"
+    return f"{atom}(?:,{atom})*"
+
+
+def _any_case(words: str) -> str:
+    return "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in w) for w in words.split())
+
+
+_MONTHS = _any_case("jan feb mar apr may jun jul aug sep oct nov dec")
+_DAYS = _any_case("sun mon tue wed thu fri sat")
+_DOM = "0?[1-9]|[12][0-9]|3[01]"
+# What a five-field cron expression looks like (minute hour day-of-month month day-of-week, with
+# croniter's L, W, # and ?), declared in the OpenAPI description so that a client generator or a
+# fuzzer makes valid ones. Declared, not enforced: the server's own check (workers/cron.check)
+# says what is wrong in words, and refuses what fits this shape but never comes (February 30).
+CRON_PATTERN = "^ *" + " +".join([
+    _cron_field("[0-5]?[0-9]"), _cron_field("[01]?[0-9]|2[0-3]"),
+    _cron_field(_DOM, "", "L", r"\?", f"(?:{_DOM})W"), _cron_field("0?[1-9]|1[0-2]", _MONTHS),
+    _cron_field("[0-7]", _DAYS, f"(?:[0-7]|{_DAYS})#[1-5]", "L", r"\?")]) + " *$"
+
+
 def _whole(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -84,7 +109,8 @@ class ScheduleRequest(TrainOptions, JsonBody):
     whose newest match each fire uses), registering which model, with which promotion policy,
     and how to train (the options of a training job)."""
     name: str = Field(min_length=1, max_length=128, description="The schedule's name.")
-    cron: str = Field(min_length=9, max_length=256, description="Five fields, e.g. '0 3 * * *'.")
+    cron: str = Field(min_length=9, max_length=256, description="Five fields, e.g. '0 3 * * *'.",
+                      json_schema_extra={"pattern": CRON_PATTERN})
     tz: str = Field("UTC", min_length=1, max_length=64, description="An IANA time zone.")
     dataset: str = Field(min_length=1, max_length=4096)
     model: str = Field(pattern=NAME_PATTERN, description="The model it registers.")

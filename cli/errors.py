@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -14,17 +15,36 @@ EXIT_USAGE = 2
 EXIT_JOB_FAILED = 1
 
 
+# Longest setting value repeated in an error: a 400-digit number is named by its start.
+MAX_SHOWN = 60
+
+
+def _shown(value: object, field: str) -> str:
+    """The value as the shell gave it, on one line, shortened, never a secret's."""
+    if field == "api_token":
+        return "(hidden)"
+    text = str(value)
+    if not text or any(c.isspace() or not c.isprintable() for c in text):
+        text = repr(text)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}… ({len(text)} characters)"
+
+
 def settings_message(exc: ValidationError) -> str:
-    """`MXQ_FIELD=value: reason` for each bad setting."""
+    """`MXQ_FIELD=value: reason (allowed: range)` for each bad setting, on one line: the
+    validators' own messages start with the setting's name and are kept as they are."""
+    from mxq.workers.settings import allowed
+
     parts = []
     for e in exc.errors():
         msg = e["msg"].removeprefix("Value error, ")
         if msg.startswith("MXQ_"):
             parts.append(msg)
-        else:
-            field = "MXQ_" + "_".join(map(str, e["loc"])).upper()
-            parts.append(f"{field}={e.get('input')!r}: {msg}")
-    return "invalid settings: " + "; ".join(parts)
+            continue
+        field = "_".join(map(str, e["loc"]))
+        bounds = allowed(field)
+        parts.append(f"MXQ_{field.upper()}={_shown(e.get('input'), field)}: {msg}"
+                     + (f" (allowed: {bounds})" if bounds else ""))
+    return " ".join("; ".join(parts).split())
 
 
 def exit_code(exc: BaseException) -> int:
@@ -54,6 +74,11 @@ def _database_message(exc: BaseException) -> str | None:
 
     if isinstance(exc, OperationalError | ProgrammingError):
         reason = str(exc.orig or exc).strip().splitlines()[0]
+        missing = re.search(r'database "([^"]+)" does not exist', reason)
+        if missing:  # the server answered: the database itself is absent, not its schema
+            name = missing.group(1)
+            return (f'database error: the PostgreSQL database "{name}" does not exist: create it '
+                    f'(`createdb {name}` or CREATE DATABASE "{name}"), then run `mxq migrate`')
         if "no such table" in reason or "does not exist" in reason or "unable to open" in reason:
             return (f"database error: {reason}: the database has no mxq schema yet; "
                     "run `mxq migrate` (or `mxq up`)")

@@ -31,6 +31,23 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
 app.add_typer(models_cli.app, name="models")
 app.add_typer(schedule_cli.app, name="schedule")
+
+
+def _print_version(asked: bool) -> None:
+    """`mxq --version`: the installed package's version, from its metadata (one source)."""
+    if asked:
+        from importlib.metadata import version
+
+        render.out.print(f"mxq {version('mxq')}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print mxq's version and exit.")] = False) -> None:
+    pass
+
 app.command()(demo_cli.demo)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
@@ -39,7 +56,7 @@ KeyOpt = Annotated[str | None, typer.Option(
     "that first submit made instead of queuing another (a UUID fits).")]
 JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
-                  "current_job", "leased_by", "heartbeat_age", "refused"]
+                  "current_job", "leased_by", "heartbeat_age", "oldest_wait_seconds", "refused"]
 JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
                "attempts", "submitted_at", "error"]
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
@@ -264,7 +281,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
-          reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Fail on NaN or infinite values (inf, -inf) in the input.")] = False,  # noqa: E501
+          reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Kept for scripts: NaN and infinite inputs always fail the job, naming the sample.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:

@@ -25,12 +25,19 @@ class _NameMeansShow(TyperGroup):
 
 app = typer.Typer(help="The model registry: `mxq models [NAME] [--json]`, `add`, `promote`.",
                   cls=_NameMeansShow, invoke_without_command=True, no_args_is_help=False)
-COLUMNS = ["name", "version", "arch", "input_shape", "classes", "preprocess", "promoted", "source",
-           "created_at"]
+COLUMNS = ["name", "version", "arch", "input_shape", "classes", "outputs", "preprocess", "promoted",
+           "source", "created_at"]
 
 
 class ShapeError(UserError):
     """An --input-shape that is not a list of positive integers."""
+
+
+class OutputsError(UserError):
+    """An --outputs that is not auto, logits or probabilities, or does not fit a built-in."""
+
+
+OUTPUTS = ("auto", "logits", "probabilities")  # --outputs (mxq.tasks.models.OUTPUTS, and auto)
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -97,6 +104,7 @@ def add(name: str,
         mean: Annotated[str | None, typer.Option(help="Then subtract: one value, or one per channel (R,G,B).")] = None,  # noqa: E501
         std: Annotated[str | None, typer.Option(help="Then divide by: one value, or one per channel.")] = None,  # noqa: E501
         layout: Annotated[str | None, typer.Option(help="NCHW (default) or NHWC: where the channels are.")] = None,  # noqa: E501
+        outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1), logits (mxq applies a softmax) or probabilities.")] = "auto",  # noqa: E501
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params).
 
@@ -106,16 +114,22 @@ def add(name: str,
 
     check_name(name)  # refused before MXNet is even loaded, as bad preprocessing is
     prep = Preprocess.parse(scale, mean, std, layout)
+    if outputs not in OUTPUTS:
+        raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}")
     from mxq.tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
 
     s = get_settings()
     shape = parse_shape(input_shape)
     if arch and not (symbol or params):
+        if outputs == "probabilities":
+            raise OutputsError("--outputs probabilities: a built-in architecture outputs logits; "
+                               "allowed with --arch: auto or logits")
         if shape is None:
             raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
         record = add_builtin(s.database, s.home_path, name, arch, shape, classes, seed, preprocess=prep)
     elif symbol and params and not arch:
-        record = add_exported(s.database, s.home_path, name, symbol, params, shape, prep)
+        record = add_exported(s.database, s.home_path, name, symbol, params, shape, prep,
+                              outputs=outputs)
     else:
         raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
     if json_:
@@ -123,7 +137,7 @@ def add(name: str,
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
                          f"{tuple(record['input_shape'])}, {record['classes']} classes, "
-                         f"preprocessing {describe(record['preprocess'])})")
+                         f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
 
 
 @app.command("promote")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 import sys
 import time
@@ -24,8 +25,21 @@ WAIT_POLL_SECONDS = 0.25
 FINAL = ("succeeded", "failed", "cancelled")
 
 
+def finite(data: Any) -> Any:
+    """`data` with every NaN and infinity as None: JSON has no such numbers (Python's bare
+    `NaN` is not JSON), and a score that is not a number is unknown (null)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, Mapping):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(v) for v in data]
+    return data
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """Valid JSON always: non-finite numbers are written as null (`finite`)."""
+    sys.stdout.write(json.dumps(finite(data), indent=2, default=str, allow_nan=False) + "\n")
 
 
 def _fmt(value: Any) -> str:
@@ -50,8 +64,8 @@ JOB_LISTS = {"epochs": ["epoch", "train_loss", "train_accuracy", "val_accuracy",
              "events": ["at", "kind", "message"]}
 
 
-def job_detail(record: Mapping[str, Any]) -> None:
-    t = Table(show_header=False, title=f"job {record['id']}")
+def job_detail(record: Mapping[str, Any], title: str | None = None) -> None:
+    t = Table(show_header=False, title=title or f"job {record['id']}")
     t.add_column("field", style="bold")
     t.add_column("value")
     for key, value in record.items():
@@ -90,19 +104,33 @@ def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
            for r in rows], ["index", "predicted_class", "score", *(["top_k"] if k else [])])
 
 
+# The exit status of a wait stopped by Ctrl-C, as a shell reports a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
+
+
 def wait_for(job_id: int, fetch: Callable[[int], JobRecord],
              timeout: float | None) -> JobRecord:
-    """Show a progress bar (on stderr) until the job is over; return its final record."""
+    """Show a progress bar (on stderr) until the job is over; return its final record.
+
+    Ctrl-C stops only the waiting, not the job: the bar (transient) is gone, so one line says
+    which job goes on and how to stop it, and the command exits 130."""
     deadline = None if timeout is None else time.monotonic() + timeout
     columns = (TextColumn("job {task.fields[job]} {task.fields[status]:<9}"), BarColumn(),
                TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("job", total=1.0, job=job_id, status="queued")
-        while True:
-            record = fetch(job_id)
-            bar.update(task, completed=record["progress"], status=record["status"])
-            if record["status"] in FINAL:
-                return record
-            if deadline is not None and time.monotonic() > deadline:
-                return record
-            time.sleep(WAIT_POLL_SECONDS)
+    status = "queued"
+    try:
+        with Progress(*columns, console=err, transient=True) as bar:
+            task = bar.add_task("job", total=1.0, job=job_id, status=status)
+            while True:
+                record = fetch(job_id)
+                status = record["status"]
+                bar.update(task, completed=record["progress"], status=status)
+                if status in FINAL:
+                    return record
+                if deadline is not None and time.monotonic() > deadline:
+                    return record
+                time.sleep(WAIT_POLL_SECONDS)
+    except KeyboardInterrupt:
+        err.print(f"mxq: stopped waiting; job {job_id} is still {status} "
+                  f"(mxq cancel {job_id} to stop it)", markup=False, highlight=False)
+        raise SystemExit(EXIT_INTERRUPTED) from None

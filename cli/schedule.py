@@ -70,7 +70,7 @@ def show(name: str, json_: JsonOpt = False) -> None:
     if json_:
         render.print_json(record)
         return
-    render.job_detail({k: v for k, v in record.items() if k != "fires"} | {"id": name})
+    render.job_detail({k: v for k, v in record.items() if k != "fires"}, title=f"schedule {name}")
     render.table([{**f, **(f["promotion"] or {})} for f in record["fires"]], FIRE_COLUMNS, "fires")
 
 

@@ -9,9 +9,12 @@ code in Airflow, Prefect or Dagster calls it as plain Python.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -22,6 +25,9 @@ FINAL = ("succeeded", "failed", "cancelled")
 PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470  # mxq's own defaults (MXQ_API_HOST, MXQ_API_PORT)
+STACK_RECORD = "stack.json"  # what `mxq up` records in $MXQ_HOME (workers/settings.record_stack)
+WILDCARDS = ("0.0.0.0", "::", "")  # an API bound to every interface is reached on loopback
 FIRST_BEFORE_ID = 2**31 - 1  # `before_id` of a walk's first page: above every id (mxq.ids.MAX_ID)
 
 
@@ -41,15 +47,48 @@ def _error(answer: httpx.Response) -> MxqError:
     return kinds.get(status, UserError if 400 <= status < 500 else MxqError)(detail)
 
 
+def _recorded_api(home: Path) -> tuple[str | None, int | None]:
+    """The API host and port `mxq up` recorded in this home's stack.json (read as plain JSON:
+    the client imports nothing of the stack's own)."""
+    try:
+        record = json.loads((home / STACK_RECORD).read_text())
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(record, dict):
+        return None, None
+    host, port = record.get("api_host"), record.get("api_port")
+    return (host if isinstance(host, str) else None), (port if isinstance(port, int) else None)
+
+
+def stack_url(env: Mapping[str, str] | None = None) -> str:
+    """The URL of the API of this shell's stack, found as the `mxq` command finds it: the
+    address `MXQ_API_HOST` / `MXQ_API_PORT` set, else the one `mxq up` recorded in
+    `$MXQ_HOME/stack.json` (home `./var` by default), else http://127.0.0.1:8470."""
+    env = os.environ if env is None else env
+    host, port = _recorded_api(Path(env.get("MXQ_HOME") or "var"))
+    host = env.get("MXQ_API_HOST") or host or DEFAULT_HOST
+    text = env.get("MXQ_API_PORT")
+    try:
+        port = int(text) if text else (port or DEFAULT_PORT)
+    except ValueError:
+        raise UserError(f"MXQ_API_PORT={text!r} is not a port: use 1 to 65535") from None
+    host = DEFAULT_HOST if host in WILDCARDS else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class Client:
-    """One mxq API (`url`, e.g. http://127.0.0.1:8470) and its token, when it has one.
+    """One mxq API and its token, when it has one. With no `url` (e.g. http://127.0.0.1:8470):
+    the API of this shell's stack (`stack_url`), with `MXQ_API_TOKEN` unless `token` is given.
 
     Safe to share across threads: each thread that calls it gets its own HTTP connection pool
     (an httpx.Client, made on its first call), so no connection is ever used by two threads at
     once. `close` closes them all."""
 
-    def __init__(self, url: str = "http://127.0.0.1:8470", token: str | None = None,
+    def __init__(self, url: str | None = None, token: str | None = None,
                  timeout: float = 60.0) -> None:
+        if url is None:  # this shell's stack, and its token as the CLI would use it
+            url = stack_url()
+            token = token if token is not None else os.environ.get("MXQ_API_TOKEN") or None
         self.base_url = url.rstrip("/") + "/api/v1"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout

@@ -4,6 +4,14 @@ Stored on each model version (`mxq models add --scale 1/255 --mean R,G,B --std R
 --layout NCHW|NHWC`; a training registers what it trained with) and applied by the worker to
 every input kind before the model sees it. With none given a version keeps the identity: inputs
 reach the model as they are stored (images as decoded, 0..255).
+
+The arithmetic runs in float32, so the values must keep every input finite there: for inputs of
+magnitude up to INPUT_BOUND (images are 0..255; float inputs are what the user has), `scale` lies
+in [FLOAT32_TINY, FLOAT32_MAX / (2 * INPUT_BOUND)], each `|mean|` is at most FLOAT32_MAX / 2, and
+each `std` at least FLOAT32_TINY and at least (INPUT_BOUND * scale + max |mean|) / FLOAT32_MAX, so
+`|(x * scale - mean) / std|` stays below FLOAT32_MAX (each bound keeps 0.1 % headroom for
+rounding). A zero or subnormal scale or std (which float32 flushes to zero or to a few bits) is
+refused.
 """
 
 from __future__ import annotations
@@ -20,6 +28,10 @@ if TYPE_CHECKING:  # NumPy is imported by `apply`: the registry reads rules, the
     from numpy.typing import NDArray
 
 LAYOUTS = ("NCHW", "NHWC")
+INPUT_BOUND = 1e6  # the largest input magnitude preprocessing must keep finite in float32
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+_TOP = FLOAT32_MAX * 0.999  # the bounds' ceiling: headroom for float32's rounding of each step
 Layout = Literal["NCHW", "NHWC"]
 
 
@@ -31,7 +43,7 @@ def parse_scale(text: str) -> float:
     """A positive finite number, written as one (0.00392) or as a fraction (1/255)."""
     try:
         value = float(Fraction(text.replace(" ", ""))) if "/" in text else float(text)
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, OverflowError):  # OverflowError: 1/3 with 400 digits
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise PreprocessError(f"--scale {text!r}: expected a positive number or fraction such as "
@@ -65,17 +77,39 @@ class Preprocess:
         """From the options of `mxq models add` (`check` then holds it against the model)."""
         if layout is not None and layout.upper() not in LAYOUTS:
             raise PreprocessError(f"--layout {layout!r}: expected NCHW or NHWC")
-        return cls(scale=1.0 if scale is None else parse_scale(scale),
+        spec = cls(scale=1.0 if scale is None else parse_scale(scale),
                    mean=None if mean is None else parse_channels("--mean", mean),
                    std=None if std is None else parse_channels("--std", std, positive=True),
                    layout="NHWC" if layout is not None and layout.upper() == "NHWC" else "NCHW")
+        spec.check_range()
+        return spec
+
+    def check_range(self) -> None:
+        """Refuse values whose float32 arithmetic turns an input of magnitude up to INPUT_BOUND
+        into zero, a subnormal or an infinity (then every prediction is the same garbage),
+        naming the value and the bound."""
+        why = f"inputs up to {INPUT_BOUND:g} in magnitude must stay finite in float32"
+        high = _TOP / (2 * INPUT_BOUND)
+        if not FLOAT32_TINY <= self.scale <= high:
+            raise PreprocessError(f"--scale {self.scale:g}: allowed {FLOAT32_TINY:.4g} to {high:.4g} "
+                                  f"({why})")
+        mean = max((abs(v) for v in self.mean or ()), default=0.0)
+        if mean > _TOP / 2:
+            raise PreprocessError(f"--mean {mean:g}: allowed magnitudes up to {_TOP / 2:.4g} ({why})")
+        low = max(FLOAT32_TINY, (INPUT_BOUND * self.scale + mean) / _TOP)
+        for v in self.std or ():
+            if not low <= v <= FLOAT32_MAX:
+                raise PreprocessError(f"--std {v:g}: allowed {low:.4g} to {FLOAT32_MAX:.4g} with "
+                                      f"--scale {self.scale:g} and largest |mean| {mean:g} ({why})")
 
     def channels(self, input_shape: tuple[int, ...]) -> int:
         """The size of the channel axis of one sample in this layout."""
         return input_shape[-1] if self.layout == "NHWC" else input_shape[0]
 
     def check(self, input_shape: tuple[int, ...]) -> None:
-        """Refuse a layout or a channel count the model's one-sample shape does not have."""
+        """Refuse a layout or a channel count the model's one-sample shape does not have, or
+        values outside float32's range (`check_range`)."""
+        self.check_range()
         if self.layout == "NHWC" and len(input_shape) != 3:
             raise PreprocessError(f"--layout NHWC needs an input shape (H, W, C), not {input_shape}")
         width = self.channels(input_shape)

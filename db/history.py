@@ -14,7 +14,7 @@ from mxq.db.events import list_events
 from mxq.db.fleet import list_workers
 from mxq.db.records import FirePolicy, JobRecord, MetricPoint
 from mxq.db.schedules import ScheduleNotFound, fire_of
-from mxq.db.schema import Job, JobMetric, JobStatus, iso
+from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, iso
 from mxq.errors import NotFound
 
 
@@ -202,10 +202,42 @@ def device_records(url: str, ttl: float) -> list[dict[str, Any]]:
 
 
 
+def oldest_queued(url: str) -> dict[str, tuple[int, datetime]]:
+    """Queue -> (queued jobs, when the oldest of them was submitted): how long work has waited,
+    also in the queue of a device that has no worker (`--allow-offline`)."""
+    q = (select(Job.queue, func.count(), func.min(Job.submitted_at))
+         .where(Job.status == JobStatus.QUEUED).group_by(Job.queue))
+    with session_scope(url) as session:
+        return {str(queue): (int(n), as_utc(oldest)) for queue, n, oldest in session.execute(q)}
+
+
 def pool_depths(url: str) -> dict[str, int]:
     """Jobs waiting in each shared pool queue."""
     return {q: n for (q, status), n in counts_by_queue(url).items()
             if status == JobStatus.QUEUED and q.startswith("pool.")}
+
+
+def _refused_at_submit() -> Any:
+    """Jobs recorded failed at submit (`JobRejected`: an unknown model, bad parameters): they
+    never reached a worker, so they have no start and no attempt."""
+    return (Job.status == JobStatus.FAILED) & Job.started_at.is_(None) & (Job.attempts == 0)
+
+
+def durations_by_kind(url: str) -> dict[str, tuple[int, float]]:
+    """(count, total run time in seconds) of every finished job per kind, succeeded, failed or
+    cancelled alike: run time is its last attempt's start to its finish, so a training counts
+    its whole run (data loading, checkpoints, registration), not only its compute. Chunks and
+    node parts are inside their parent's run and not counted again; a job refused at submit
+    never ran."""
+    finished = (Job.status.in_(FINISHED) & Job.started_at.is_not(None)
+                & Job.finished_at.is_not(None) & Job.parent_id.is_(None))
+    with session_scope(url) as session:
+        pg = session.get_bind().dialect.name == "postgresql"
+        run = (func.extract("epoch", Job.finished_at - Job.started_at) if pg
+               else (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0)
+        q = select(Job.kind, func.count(), func.sum(run)).where(finished).group_by(Job.kind)
+        return {str(kind): (int(n), max(float(total or 0.0), 0.0))
+                for kind, n, total in session.execute(q)}
 
 
 def stats(url: str, by: str) -> list[dict[str, Any]]:
@@ -218,6 +250,8 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
                else func.date(Job.submitted_at)}[by]
         q = (select(key, Job.status, func.count(), func.sum(Job.samples), func.sum(Job.seconds))
              .where(key.is_not(None)).group_by(key, Job.status))
+        if by == "model":  # a request refused at submit names a model it never ran (or none)
+            q = q.where(~_refused_at_submit())
         rows: dict[Any, dict[str, Any]] = {}
         for k, status, n, samples, seconds in session.execute(q):
             r = rows.setdefault(k, {by: k, "jobs": 0, "succeeded": 0, "failed": 0, "cancelled": 0,

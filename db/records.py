@@ -125,3 +125,4 @@ class ModelRecord(TypedDict):
     engines: dict[str, dict[str, float]]  # samples/s per device kind and engine
     auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
+    outputs: str  # "logits" (mxq applies a softmax) or "probabilities" (the model ends in one)

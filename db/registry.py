@@ -33,6 +33,7 @@ def model_record(m: Model) -> ModelRecord:
         "source": m.source, "promoted": m.promoted, "metrics": m.metrics,
         "onnx": m.onnx, "engines": m.engines or {}, "auto_engine": _auto_engines(m),
         "preprocess": Preprocess.from_dict(m.preprocess).as_dict(),
+        "outputs": m.outputs or "logits",
     }
 
 

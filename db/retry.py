@@ -13,7 +13,10 @@ import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+
+from mxq.errors import Unavailable
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -35,9 +38,42 @@ def transient_db_error(exc: BaseException) -> bool:
         not any(h in str(exc) for h in PERMANENT_HINTS)
 
 
-def retrying(transient: Callable[[BaseException], bool],
-             seconds: float = RETRY_SECONDS) -> Callable[[Callable[P, T]], Callable[P, T]]:
-    """Decorate an operation so that errors `transient` accepts are retried for `seconds`."""
+class DatabaseUnreachable(Unavailable):
+    """The database stayed unreachable for the whole retry window: one line naming where and for
+    how long, with the driver's own first line (a job's error, an API 503), instead of
+    SQLAlchemy's several lines of SQL, parameters and help link."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The driver's first line (`exc.orig` for a SQLAlchemy error), without SQLAlchemy's text."""
+    inner = getattr(exc, "orig", None) or exc
+    return (str(inner).strip().splitlines() or [type(inner).__name__])[0][:300]
+
+
+def _where(url: object) -> str:
+    """host:port of a database URL (a SQLite file's path), never its password."""
+    try:
+        u = make_url(str(url))
+    except ArgumentError:
+        return "the database"
+    if u.host:
+        return f"{u.host}:{u.port}" if u.port else u.host
+    return u.database or str(u.drivername)
+
+
+def unreachable(exc: BaseException, args: tuple[object, ...], seconds: float) -> BaseException:
+    """What a database operation raises once its retry window is spent (its first argument is
+    the database URL, as every `db_retry` operation's is)."""
+    where = _where(args[0]) if args else "the database"
+    return DatabaseUnreachable(f"database unreachable at {where} for {seconds:g} s: "
+                               f"{first_line(exc)}")
+
+
+def retrying(transient: Callable[[BaseException], bool], seconds: float = RETRY_SECONDS,
+             give_up: Callable[[BaseException, tuple[object, ...], float], BaseException] | None = None,
+             ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Decorate an operation so that errors `transient` accepts are retried for `seconds`; past
+    them `give_up` (when given) turns the last error into the one raised."""
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -46,8 +82,12 @@ def retrying(transient: Callable[[BaseException], bool],
                 try:
                     return fn(*args, **kwargs)
                 except Exception as exc:
-                    if not transient(exc) or time.monotonic() + delay > deadline:
+                    if not transient(exc):
                         raise
+                    if time.monotonic() + delay > deadline:
+                        if give_up is None:
+                            raise
+                        raise give_up(exc, tuple(args), seconds) from exc
                     tries += 1
                     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                     log.warning("%s failed (%s); retry %s in %.1fs", fn.__qualname__, reason,
@@ -58,4 +98,4 @@ def retrying(transient: Callable[[BaseException], bool],
     return decorate
 
 
-db_retry = retrying(transient_db_error)
+db_retry = retrying(transient_db_error, give_up=unreachable)

@@ -17,6 +17,7 @@ from mxq.db.registry import list_models, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
+from mxq.status import FINISHED
 
 
 class ScheduleNotFound(NotFound):
@@ -25,6 +26,11 @@ class ScheduleNotFound(NotFound):
 
 class ScheduleExists(Conflict):
     """A schedule of that name exists already."""
+
+
+# A cron fire whose schedule's previous fire still has its job queued or running starts no job:
+# its fire is recorded with an error that starts with this, and shows as "skipped".
+SKIPPED = "skipped: "
 
 
 def schedule_record(sched: Schedule) -> dict[str, Any]:
@@ -151,6 +157,18 @@ def take(url: str, schedule_id: int, expected_next: datetime, new_next: datetime
         return None
 
 
+def busy_fire(url: str, schedule_id: int) -> tuple[int, int, str] | None:
+    """The newest fire of the schedule whose job has not finished (queued or running): (fire
+    id, job id, status), else None. A fire still being submitted (no job, no error yet) is
+    not counted: it makes its job or records its error within a tick."""
+    with session_scope(url) as session:
+        row = session.execute(
+            select(Fire.id, Job.id, Job.status).join(Job, Job.id == Fire.job_id)
+            .where(Fire.schedule_id == schedule_id, Job.status.not_in(FINISHED))
+            .order_by(Fire.id.desc()).limit(1)).first()
+        return None if row is None else (int(row[0]), int(row[1]), str(row[2]))
+
+
 def record_manual(url: str, schedule_id: int, fire_time: datetime) -> int:
     with session_scope(url) as session:
         session.execute(update(Schedule).where(Schedule.id == schedule_id).values(last_fire_at=fire_time))
@@ -181,8 +199,15 @@ def fires(url: str, name: str) -> list[dict[str, Any]]:
              .where(Fire.schedule_id == row.id).order_by(Fire.fire_time, Fire.id))
         return [{"fire_time": iso(f.fire_time), "fired_at": iso(f.fired_at), "manual": f.manual,
                  "missed": f.missed, "catch_up": f.missed > 0, "dataset_file": f.dataset_file,
-                 "job_id": f.job_id, "job_status": status or ("failed" if f.error else None),
+                 "job_id": f.job_id, "job_status": status or _fire_status(f.error),
                  "error": f.error, "promotion": f.promotion} for f, status in session.execute(q)]
+
+
+def _fire_status(error: str | None) -> str | None:
+    """A fire without a job: skipped (its previous fire still ran), failed, or not submitted yet."""
+    if error is None:
+        return None
+    return "skipped" if error.startswith(SKIPPED) else "failed"
 
 
 def fire_of(url: str, fire_id: int) -> FirePolicy:

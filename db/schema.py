@@ -178,6 +178,8 @@ class Model(Base):
     engines: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     # How inputs are scaled before the model sees them: {"scale", "mean", "std", "layout"}.
     preprocess: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # What the model outputs: "logits" (mxq applies a softmax) or "probabilities" (used as is).
+    outputs: Mapped[str] = mapped_column(String(16), default="logits", server_default="logits")
 
     __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),
                       NEVER_REUSE_IDS)

@@ -36,6 +36,44 @@ class StoreChanged(JobInputError):
     """A stored model file changed since registration: the job fails, whatever the engine."""
 
 
+class NonFiniteOutput(Exception):
+    """A batch's class probabilities hold NaN or an infinity: mxq stores only finite scores, on
+    every engine and output kind. `row` is the first such sample of the batch; the caller,
+    which knows where the batch starts and what its input was, words the job's error
+    (`describe`) as a JobInputError: this is not a user-facing error of its own."""
+
+    def __init__(self, row: int, found: str) -> None:
+        super().__init__(f"model output for sample {row} of the batch is {found}")
+        self.row, self.found = row, found
+
+    def shifted(self, offset: int) -> NonFiniteOutput:
+        """The same, for a batch that starts `offset` samples earlier."""
+        return NonFiniteOutput(self.row + offset, self.found)
+
+    def describe(self, index: int, sample: np.ndarray) -> str:
+        """The job's one-line error for sample `index` whose (preprocessed) input is `sample`."""
+        flat = np.asarray(sample, dtype=np.float64).ravel()
+        if not np.isfinite(flat).all():
+            cause = "its input holds NaN or inf (--reject-nan names the first such input)"
+        else:
+            top = float(np.abs(flat).max()) if flat.size else 0.0
+            cause = (f"its input is finite (largest magnitude {top:.4g} after preprocessing), so "
+                     "the model overflows on it: check the input's values and the version's "
+                     "--scale/--mean/--std")
+        return f"model output for sample {index} is {self.found}: {cause}; allowed: finite scores only"
+
+
+def first_non_finite(out: np.ndarray) -> tuple[int, str] | None:
+    """The first row of `out` holding NaN or an infinity, and which (NaN first), or None."""
+    bad = ~np.isfinite(out).reshape(len(out), -1)
+    if not bad.any():
+        return None
+    row = int(np.argmax(bad.any(axis=1)))
+    values = out.reshape(len(out), -1)[row][bad[row]]
+    found = "NaN" if np.isnan(values).any() else ("-inf" if (values < 0).all() else "inf")
+    return row, found
+
+
 @dataclass
 class Engine:
     name: str  # "mxnet" or "onnx"
@@ -63,7 +101,8 @@ def _label(model: ModelRecord) -> str:
 def _checked(model: ModelRecord, forward: Callable[[np.ndarray], np.ndarray]
              ) -> Callable[[np.ndarray], np.ndarray]:
     """`forward` that fails the job, before anything is written, when the output is not one row
-    of the model's classes per sample (a version registered before registration proved it)."""
+    of the model's classes per sample (a version registered before registration proved it), or
+    holds a value that is not finite (NonFiniteOutput, the same rule for both engines)."""
     def run(x: np.ndarray) -> np.ndarray:
         out = forward(x)
         if out.shape[:1] != x.shape[:1]:
@@ -74,6 +113,8 @@ def _checked(model: ModelRecord, forward: Callable[[np.ndarray], np.ndarray]
         if out.ndim != 2 or out.shape[1] != model["classes"]:
             raise JobInputError(f"model {_label(model)}: its output has shape {out.shape} for a "
                                 f"batch of {len(x)}; registered as (batch, {model['classes']})")
+        if (bad := first_non_finite(out)) is not None:
+            raise NonFiniteOutput(*bad)
         return out
 
     return run
@@ -94,6 +135,7 @@ def mxnet_engine(model: ModelRecord, device: str, reason: str) -> Engine:
     except ModelError as exc:
         raise JobInputError(str(exc)) from None
     proven: set[tuple[int, ...]] = set()
+    outputs = model.get("outputs") or "logits"  # a version from before 0016 output logits
 
     def forward(x: np.ndarray) -> np.ndarray:
         if x.shape not in proven:
@@ -102,7 +144,7 @@ def mxnet_engine(model: ModelRecord, device: str, reason: str) -> Engine:
             except ModelError as exc:
                 raise JobInputError(str(exc)) from None
             proven.add(x.shape)
-        return probabilities(net, ctx, x)
+        return probabilities(net, ctx, x, outputs)
 
     return Engine("mxnet", _checked(model, forward), lambda: _release(net), cached, reason)
 

@@ -6,6 +6,12 @@ committing the job's position with its results, a throughput point and the progr
 attempt of a killed job resumes after the last committed sample.
 A batch that runs out of device memory is split: the batch size is halved (down to
 MIN_BATCH_SIZE) and kept for the rest of the job; each halving is recorded as a job event.
+
+Every score stored is finite, on every engine and output kind: a sample whose input (after
+preprocessing) holds NaN or an infinity fails the job, naming it, before any engine sees it (what
+an engine answers for one differs: MXNet's CPU ReLU turns NaN into 0, ONNX Runtime's keeps it),
+and so does a sample whose model output is not finite (`engines.NonFiniteOutput`). In a merged
+batch only the job holding that sample fails.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from mxq.tasks.oom import OutOfMemory, is_out_of_memory
 from mxq.tasks.outputs import JobOutputs, rows
 from mxq.tasks.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
+from mxq.tasks.runner import placement as where_we_run
 from mxq.workers.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import get_settings
@@ -113,11 +120,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     members = [batching.Member(job.id, p, _read_all(p, source))]
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
-    x = np.concatenate([m.x for m in members])
-    asked = _start_batch(p, len(x), get_settings().max_batch_size)
-    # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
-    fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
-    probs = fit.predict(engine, x)
+    probs, fit, lead_error = _predict_members(job, p, engine, members)
     parts = np.split(probs, np.cumsum([len(m.x) for m in members])[:-1])
     seconds = time.perf_counter() - began
     samples, share, result = batching.finish(job, members, parts, seconds, {
@@ -126,7 +129,37 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "batch_size_used": fit.size, "output": "db",
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
         "batch_lead": job.id}, rows)
+    if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
+        jobs.finish_batch(job.url, {members[0].id: (samples, share, result)}, job.id, where_we_run())
+        raise JobInputError(lead_error)
     return Outcome(samples=samples, seconds=share, result=result)
+
+
+def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
+                     members: list[batching.Member]) -> tuple[np.ndarray, _Fit, str | None]:
+    """The merged batch's probabilities, its fit, and the lead's error when its own output is
+    not finite. A member whose output is not finite fails alone (its message names its sample)
+    and leaves `members`; the rest run again without it. Raises when no member is left."""
+    lead_error = None
+    while True:
+        x = np.concatenate([m.x for m in members])
+        asked = _start_batch(p, len(x), get_settings().max_batch_size)
+        # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
+        fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
+        try:
+            return fit.predict(engine, x), fit, lead_error
+        except engines.NonFiniteOutput as exc:
+            first = 0
+            bad = next(m for m in members if (first := first + len(m.x)) > exc.row)
+            index = exc.row - (first - len(bad.x))
+            message = exc.describe(index, bad.x[index])
+            if bad.id == job.id:
+                lead_error = message
+            else:
+                jobs.fail(job.url, bad.id, message, worker=where_we_run().worker)
+            members.remove(bad)
+            if not members:
+                raise JobInputError(message) from None
 
 
 def _start_batch(p: InferParams, samples: int, limit: int) -> int:
@@ -139,29 +172,34 @@ def _start_batch(p: InferParams, samples: int, limit: int) -> int:
 def _batches(p: InferParams, source: InputSource, start: int, stop: int,
              size: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
     """(first index, samples) per batch of `size()` (smaller once out of memory halved it),
-    checked for NaN and infinities when asked; runs on the prefetch thread."""
+    checked for NaN and infinities (always: what an engine answers for them differs); runs on
+    the prefetch thread."""
     first = start
     while first < stop:
         try:
             x = source.read(first, min(first + size(), stop))
         except InputError as exc:
             raise JobInputError(str(exc)) from None
-        if p.reject_nan:
-            _check_finite(p, first, x)
+        _check_finite(p, first, x)
         yield first, x
         first += len(x)
 
 
 def _check_finite(p: InferParams, first: int, x: np.ndarray) -> None:
-    """Refuse a batch holding NaN, inf or -inf (--reject-nan), naming the first such sample."""
+    """Refuse a batch holding NaN, inf or -inf, naming the first such sample. One pass of row
+    sums finds the suspects (NaN and infinities make a sum non-finite; a float32 sum of huge
+    finite values may overflow too), then only those rows are looked at value by value."""
     flat = x.reshape(len(x), -1)
-    bad = ~np.isfinite(flat)
-    if not bad.any():
-        return
-    row = int(np.argmax(bad.any(axis=1)))
-    value = flat[row][bad[row]][0]
-    found = "NaN" if np.isnan(value) else ("-inf" if value < 0 else "inf")
-    raise JobInputError(f"input {p.input} has {found} in sample {first + row} (--reject-nan is set)")
+    with np.errstate(over="ignore", invalid="ignore"):
+        suspects = np.flatnonzero(~np.isfinite(flat.sum(axis=1)))
+    for row in suspects.tolist():
+        bad = ~np.isfinite(flat[row])
+        if bad.any():
+            value = flat[row][bad][0]
+            found = "NaN" if np.isnan(value) else ("-inf" if value < 0 else "inf")
+            why = "--reject-nan is set" if p.reject_nan else \
+                "mxq scores finite inputs only: fix or drop that sample"
+            raise JobInputError(f"input {p.input} has {found} in sample {first + row} ({why})")
 
 
 def _engine_fields(engine: engines.Engine) -> dict[str, str]:
@@ -187,6 +225,8 @@ class _Fit:
             n = min(self.size, len(x) - i)
             try:
                 probs = engine.forward(x[i:i + n])
+            except engines.NonFiniteOutput as exc:
+                raise exc.shifted(i) from None
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
@@ -234,7 +274,10 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
                 writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
                 raise
             last = first + len(x)
-            out.add(first, fit.predict(engine, x))
+            try:
+                out.add(first, fit.predict(engine, x))
+            except engines.NonFiniteOutput as exc:
+                raise JobInputError(exc.describe(first + exc.row, x[exc.row])) from None
             now = time.perf_counter()
             if now - since >= FLUSH_SECONDS or last - mark >= FLUSH_ROWS or last == out.stop:
                 writer.submit(out.take(step, last - mark, now - since, last))

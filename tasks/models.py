@@ -2,6 +2,11 @@
 
 Every version is stored in MXNet's export format (`model-symbol.json` + `model-0000.params`), so
 one loader (`SymbolBlock.imports`) serves built-in, imported and trained models alike.
+
+Each version also records what its output is (`outputs`): `logits`, which mxq turns into class
+probabilities with a softmax, or `probabilities` (the model ends in a softmax), used as they are.
+Built-in and trained versions output logits; an imported one is told by its symbol's last op or
+by a trial run (`detect_outputs`), or stated with `mxq models add --outputs`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ TRIAL_BATCHES = (1, 3)
 FIXED_BATCH = ("the symbol fixes the batch size (e.g. a reshape to a constant shape); allowed: "
                "symbols whose batch dimension follows the input")
 _cache: OrderedDict[tuple, gluon.SymbolBlock] = OrderedDict()
+OUTPUTS = ("logits", "probabilities")  # what a version's output is; `auto` detects it
+# A symbol whose last op is one of these outputs probabilities. (log_softmax outputs
+# log-probabilities: a softmax of them gives the probabilities back, so they count as logits.)
+SOFTMAX_OPS = {"softmax", "SoftmaxOutput", "SoftmaxActivation", "Softmax"}
+# Ops that keep values as they are, looked through to find the last op that computes.
+PASS_OPS = {"Flatten", "flatten", "Reshape", "reshape", "_copy", "identity", "BlockGrad",
+            "stop_gradient", "squeeze", "expand_dims"}
+SUM_TOLERANCE = 1e-3  # a row of probabilities sums to 1 within this
+TRIAL_SAMPLES = 3  # samples of the trial run (a batch size prove_batches proved)
 
 
 class ModelError(UserError):
@@ -71,8 +85,9 @@ def _new_folder(folder: Path, name: str, version: int) -> Path:
 
 def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any],
               preprocess: Preprocess | None = None, fence: Fence | None = None) -> ModelRecord:
-    """Write the files of the next version with `write(folder)` and its ONNX export, then its
-    row; undo files on failure."""
+    """Write the files of the next version with `write(folder)` and its ONNX export (ending in
+    a softmax only for logits), then its row; undo files on failure."""
+    outputs = fields.setdefault("outputs", "logits")
     preprocess = preprocess or Preprocess()
     preprocess.check(tuple(fields["input_shape"]))
     version = registry.next_version(url, name)
@@ -80,8 +95,10 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
     try:
         write(folder)
         params, symbol = folder / f"{PREFIX}-0000.params", folder / f"{PREFIX}-symbol.json"
-        onnx = onnx_export.export(folder, symbol, params, tuple(fields["input_shape"]),
-                                  lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x))
+        onnx = onnx_export.export(
+            folder, symbol, params, tuple(fields["input_shape"]),
+            lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x, outputs),
+            softmax=outputs == "logits")
         onnx["symbol_sha256"] = sha256(symbol)  # beside the export's own: no column of its own
         added = registry.add_model(url, {
             **fields, "name": name, "version": version, "params_file": str(params),
@@ -186,11 +203,62 @@ def input_dtype(net: gluon.Block) -> str:
     return getattr(net, "mxq_input_dtype", None) or _weights_dtype(net)
 
 
-def probabilities(net: gluon.Block, ctx: mx.Context, x: np.ndarray) -> np.ndarray:
+def probabilities(net: gluon.Block, ctx: mx.Context, x: np.ndarray,
+                  outputs: str = "logits") -> np.ndarray:
     """Class probabilities of one batch, in float32 whatever the net's dtype (a float16 net is
-    fed float16); `asnumpy` waits for MXNet, so its errors surface here."""
-    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net)))
-    return mx.nd.softmax(out.astype("float32", copy=False)).asnumpy()
+    fed float16): a softmax of logits, a probabilities model's output as it is (a second
+    softmax would squash 1.0 to 0.23 over 10 classes); `asnumpy` waits for MXNet, so its
+    errors surface here."""
+    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net))).astype("float32", copy=False)
+    return (mx.nd.softmax(out) if outputs == "logits" else out).asnumpy()
+
+
+def _last_op(symbol_file: Path) -> str | None:
+    """The op of the symbol's (first) output, looking through ops that only reshape or copy."""
+    graph = json.loads(symbol_file.read_text())
+    nodes, heads = graph.get("nodes", []), graph.get("heads") or []
+    index = heads[0][0] if heads and isinstance(heads[0], list) and heads[0] else None
+    while isinstance(index, int) and 0 <= index < len(nodes):
+        node = nodes[index]
+        if node.get("op") not in PASS_OPS or not node.get("inputs"):
+            return str(node.get("op"))
+        index = node["inputs"][0][0]
+    return None
+
+
+def _look_like_probabilities(out: np.ndarray) -> bool:
+    """Every row non-negative and summing to 1: what a softmax gives on any input."""
+    return bool(np.isfinite(out).all() and (out >= 0).all()
+                and (np.abs(out.sum(axis=1) - 1) <= SUM_TOLERANCE).all())
+
+
+def detect_outputs(net: gluon.Block, symbol_file: Path, shape: tuple[int, ...],
+                   stated: str = "auto") -> str:
+    """`logits` or `probabilities`, told by the symbol's last op (a softmax), else
+    a trial run on seeded random inputs whose rows all sum to 1. A stated kind the evidence
+    contradicts is refused (either way the scores would be wrong)."""
+    op = _last_op(symbol_file)
+    trial = np.random.default_rng(0).standard_normal((TRIAL_SAMPLES, *shape)).astype(np.float32)
+    out = net(mx.nd.array(trial, dtype=input_dtype(net))).astype("float32").asnumpy()
+    if op in SOFTMAX_OPS:
+        found = ("probabilities", f"its last op is {op}")
+    elif _look_like_probabilities(out):
+        found = ("probabilities", f"its outputs on {TRIAL_SAMPLES} random samples are rows summing to 1")
+    else:
+        found = ("logits", f"its last op is {op}, and its outputs are not probabilities")
+    if stated in ("auto", found[0]):
+        return found[0]
+    if stated == "probabilities":
+        raise ModelError(f"--outputs probabilities: the model's outputs on {TRIAL_SAMPLES} random "
+                         f"samples are not probabilities (row sums {_sums(out)}, smallest value "
+                         f"{out.min():.4g}); allowed: --outputs logits or auto")
+    raise ModelError(f"--outputs logits: the model outputs probabilities ({found[1]}), and a "
+                     "softmax of them would squash every score; allowed: --outputs probabilities "
+                     "or auto")
+
+
+def _sums(out: np.ndarray) -> str:
+    return ", ".join(f"{v:.4g}" for v in out.sum(axis=1))
 
 
 def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.SymbolBlock:
@@ -247,12 +315,25 @@ def _check_symbol_file(path: Path) -> None:
                          f"and 'heads', found {found}")
 
 
+def _check_one_output(name: str, sym: mx.sym.Symbol) -> None:
+    """A symbol with several heads returns a list, which no job can score: refused here in one
+    line, not at its first run ("'list' object has no attribute 'wait_to_read'")."""
+    outputs = sym.list_outputs()
+    if len(outputs) != 1:
+        shown = ", ".join(outputs[:5]) + (", ..." if len(outputs) > 5 else "")
+        raise ModelError(f"model {name} has {len(outputs)} outputs ({shown}); mxq needs exactly "
+                         "one, of shape (batch, classes): export a net whose forward returns one array")
+
+
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
                  input_shape: tuple[int, ...] | None, preprocess: Preprocess | None = None,
-                 max_batch: int | None = None) -> ModelRecord:
+                 max_batch: int | None = None, outputs: str = "auto") -> ModelRecord:
     """A user's `net.export()` output, checked by shape inference at the largest batch a job
     may ask (`max_batch`, default MXQ_MAX_BATCH_SIZE) and small ones, then by loading it and
-    running one sample."""
+    running one sample; `outputs` (`auto`, `logits`, `probabilities`) says or detects whether
+    it ends in a softmax (`detect_outputs`)."""
+    if outputs not in ("auto", *OUTPUTS):
+        raise ModelError(f"--outputs {outputs!r}: allowed: auto, {', '.join(OUTPUTS)}")
     for f in (symbol, params):
         if not f.is_file():
             raise ModelError(f"{f} does not exist")
@@ -268,6 +349,7 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
         raise ModelError(f"{symbol.name} does not record its input shape; pass --input-shape "
                          "(one sample, e.g. 64 or 3,32,32)")
     net = _open(symbol, params, mx.cpu())  # loads, runs nothing
+    _check_one_output(name, net.mxq_symbol)
     prove_batches(name, net.mxq_symbol, net.mxq_data, shape,
                   max_batch or get_settings().max_batch_size)
     try:
@@ -278,6 +360,7 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
     if out.ndim != 2 or out.shape[0] != 1 or out.shape[1] < 2:
         raise ModelError(f"model output has shape {out.shape} for one sample; mxq expects "
                          "(batch, classes)")
+    kind = detect_outputs(net, symbol, shape, outputs)
 
     def write(folder: Path) -> None:
         shutil.copyfile(symbol, folder / f"{PREFIX}-symbol.json")
@@ -285,7 +368,7 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
 
     return _register(url, home, name, write, {"arch": "symbol", "input_shape": list(shape),
                                               "classes": int(out.shape[1]),
-                                              "source": f"import:{symbol.name}"},
+                                              "source": f"import:{symbol.name}", "outputs": kind},
                      preprocess)
 
 

@@ -3,7 +3,8 @@ so ONNX Runtime can optimize it, and checked against MXNet on a sample batch.
 
 The exporter (`mx.onnx.export_model`) lists the weights as graph inputs, which stops ONNX
 Runtime from folding constants (ResNet-18 ran at half MXNet's speed until they were removed);
-the graph also gets a final softmax, so both engines hand back probabilities. A model the
+the graph also gets a final softmax for a model that outputs logits (a model that ends in a
+softmax gets an Identity), so both engines hand back probabilities. A model the
 exporter cannot convert keeps serving with MXNet, with the reason stored.
 """
 
@@ -39,8 +40,9 @@ def _missing() -> str | None:
     return onnx_runtime.unavailable("cpu")
 
 
-def _clean(path: Path) -> None:
-    """Initializers out of the graph inputs; a softmax over the classes as the one output."""
+def _clean(path: Path, softmax: bool = True) -> None:
+    """Initializers out of the graph inputs; a softmax over the classes (or, for a model that
+    outputs probabilities already, an Identity) as the one output, named OUTPUT."""
     import onnx
     from onnx import helper
 
@@ -51,7 +53,8 @@ def _clean(path: Path) -> None:
     del graph.input[:]
     graph.input.extend(inputs)
     logits = graph.output[0]
-    graph.node.append(helper.make_node("Softmax", [logits.name], [OUTPUT], axis=1))
+    graph.node.append(helper.make_node("Softmax", [logits.name], [OUTPUT], axis=1) if softmax
+                      else helper.make_node("Identity", [logits.name], [OUTPUT]))
     probs = onnx.ValueInfoProto()
     probs.CopyFrom(logits)  # the same type and (batch, classes) shape
     probs.name = OUTPUT
@@ -75,8 +78,9 @@ def _follows_batch(sess: Any, input_shape: tuple[int, ...]) -> None:
 
 
 def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...],
-           mxnet_probs: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
-    """Export to `folder/model.onnx` and compare with MXNet (`mxnet_probs`) on a seeded batch:
+           mxnet_probs: Callable[[np.ndarray], np.ndarray], softmax: bool = True) -> dict[str, Any]:
+    """Export to `folder/model.onnx` (ending in a softmax when `softmax`: the model outputs
+    logits) and compare with MXNet (`mxnet_probs`) on a seeded batch:
     `{"file", "sha256", "max_diff", "argmax_agreement"}`, or `{"file": None, "error"}`. The
     sha256 is verified before the file is served (tasks.engines)."""
     if (missing := _missing()) is not None:
@@ -85,7 +89,7 @@ def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...
     try:
         mx.onnx.export_model(str(symbol), str(params), [(CHECK_BATCH, *input_shape)], [np.float32],
                              str(target), dynamic=True, dynamic_input_shapes=[(None, *input_shape)])
-        _clean(target)
+        _clean(target, softmax)
         sample = np.random.default_rng(0).random((CHECK_BATCH, *input_shape), dtype=np.float32)
         sess = onnx_runtime.session(target)[0]
         _follows_batch(sess, input_shape)

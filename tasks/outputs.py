@@ -19,8 +19,10 @@ database starts in an empty folder, never meeting the old one's `job-ID` files.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -50,9 +52,38 @@ def _output_array(url: str, job_id: int, rows: int, classes: int) -> np.memmap:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
+        created = not path.exists()
+        if created:
             np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
+        _reserve(path, created)
     return np.load(path, mmap_mode="r+")
+
+
+def _reserve(path: Path, created: bool) -> None:
+    """Allocate every block of the output now (posix_fallocate): a memmap over a sparse file
+    that later meets a full disk kills the worker with SIGBUS, so a full disk must be this
+    job's error, here. A file this call created is removed again; a filesystem that cannot
+    allocate ahead is left as before."""
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return
+        if created:
+            path.unlink(missing_ok=True)
+        raise JobFailed(f"no space left on {_mount_point(path)} for {path.name} ({size} bytes)") from None
+    finally:
+        os.close(fd)
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the filesystem holding `path`: the device a full disk names."""
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[Row]:

@@ -9,10 +9,7 @@ from pydantic import ValidationError
 from mxq.tasks.device import context, memory  # also checks the device at worker start
 from mxq.tasks.mx import mx
 from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
-from mxq.workers.jobspecs import ParamsError, validate
-
-CONV_SHAPE = (3, 64, 64)  # one RGB image
-CONV_FILTERS, CONV_KERNEL = 16, 3
+from mxq.workers.jobspecs import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ParamsError, validate
 
 
 def _timed(fn, repeat: int, job: JobContext, done: int, total: int) -> float:  # noqa: ANN001

@@ -17,7 +17,7 @@ from mxq.db import jobs
 from mxq.db.engine import session_scope
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
-from mxq.db.retry import db_retry
+from mxq.db.retry import DatabaseUnreachable, db_retry
 from mxq.db.schema import Job, utcnow
 from mxq.device import Device
 from mxq.errors import UserError
@@ -241,7 +241,10 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
         return "lost"
     except Exception as exc:
         log.exception("job %s failed", job.id)
-        return _outcome(jobs.fail(s.database, job.id, f"{type(exc).__name__}: {_one_line(exc)}",
+        # an outage past the retry window says so itself, without a class name
+        said = _one_line(exc) if isinstance(exc, DatabaseUnreachable) else \
+            f"{type(exc).__name__}: {_one_line(exc)}"
+        return _outcome(jobs.fail(s.database, job.id, said,
                                   fence=fence), "failed", job)
     finally:
         if hb is not None:

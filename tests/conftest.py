@@ -266,7 +266,8 @@ def _stack(backend: str, tmp: Path, redis_db: int) -> Iterator[Stack]:
     s.env.update({"MXQ_DATA_ROOT": str(s.home / "data"), "MXQ_NODE": NODE,
                   "MXQ_NVIDIA_SMI": str(ROOT / "no-such-nvidia-smi"),
                   "MXQ_HEARTBEAT_SECONDS": "0.5", "MXQ_CPU_DEVICES": "2",
-                  "MXQ_MAX_ATTEMPTS": "3", "MXQ_RECONCILE_LOOK_SECONDS": "0.2"})
+                  "MXQ_MAX_ATTEMPTS": "3", "MXQ_RECONCILE_LOOK_SECONDS": "0.2",
+                  "MXQ_MAX_PROBE_GFLOP": "10000000"})  # tests hold devices with long probes
     yield s
     next(gen, None)
 

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 import pytest
 from sqlalchemy import select
@@ -73,7 +74,9 @@ def test_the_readme_example_runs_as_written(workers: Stack, api: Api,
     folder = workers.home / "data" / "mxq-demo"
     folder.mkdir(exist_ok=True)
     np.save(folder / "digits-raw-x20.npy", np.zeros((300, 1, 8, 8), np.float32))
-    env = {"MXQ_URL": api.url, "MXQ_API_TOKEN": TOKEN}
+    address = httpx.URL(api.url)
+    env = {"MXQ_API_HOST": str(address.host), "MXQ_API_PORT": str(address.port),
+           "MXQ_API_TOKEN": TOKEN}  # how `Client()` finds a stack, as the README says
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

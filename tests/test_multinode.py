@@ -397,6 +397,6 @@ def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
     _check_nodes(known, {"nodes": 2, "devices": 1})
     with pytest.raises(ParamsError, match="2 nodes with 2 devices each asked but 1 nodes have"):
         _check_nodes(known, {"nodes": 2, "devices": 2})
-    with pytest.raises(ParamsError, match="with --nodes N use --devices K"):
+    with pytest.raises(ParamsError, match="names devices of one node, not of --nodes 2: use --devices K"):
         validate("train", {**TRAIN, "device_list": ["cpu:0"]})
     assert validate("train", {k: v for k, v in TRAIN.items() if k != "nodes"})["nodes"] == 1

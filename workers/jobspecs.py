@@ -44,14 +44,41 @@ def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
     return value
 
 
+# The probe's convolution: a batch of RGB 64x64 images through 16 3x3 filters, padded to size.
+CONV_SHAPE = (3, 64, 64)
+CONV_FILTERS, CONV_KERNEL = 16, 3
+
+
+def probe_flops(size: int, batch: int, repeat: int) -> int:
+    """The work a probe does: `repeat` timed rounds plus one warm-up of a size x size matrix
+    multiply and of the batch's convolution (multiply-adds counted as two)."""
+    conv = 2 * batch * CONV_FILTERS * CONV_SHAPE[1] * CONV_SHAPE[2] * CONV_SHAPE[0] * CONV_KERNEL**2
+    return (repeat + 1) * (2 * size**3 + conv)
+
+
 class ProbeParams(BaseModel):
-    """An environment check: matrix multiply and convolution throughput on one device."""
+    """An environment check: matrix multiply and convolution throughput on one device.
+
+    Its work is bounded by MXQ_MAX_PROBE_GFLOP, so one probe holds a device for seconds: the
+    fields' own bounds alone allowed size 16384 x repeat 10000, minutes on a big GPU."""
 
     model_config = ConfigDict(extra="forbid")
 
     size: int = Field(1024, ge=16, le=16384, description="Matrix side for the multiply.")
     batch: int = Field(32, ge=1, le=4096, description="Images per convolution batch.")
     repeat: int = Field(5, ge=1, le=10000, description="Timed rounds of each benchmark.")
+
+    @model_validator(mode="after")
+    def _within_budget(self, info: ValidationInfo) -> ProbeParams:
+        limit = (info.context or {}).get("max_probe_gflop") or get_settings().max_probe_gflop
+        gflop = probe_flops(self.size, self.batch, self.repeat) / 1e9
+        if gflop > limit:
+            raise PydanticCustomError(
+                "probe_budget", "size={size}, batch={batch}, repeat={repeat} is {gflop} GFLOP of "
+                "work; at most {limit} GFLOP (MXQ_MAX_PROBE_GFLOP): lower size or repeat",
+                {"size": self.size, "batch": self.batch, "repeat": self.repeat,
+                 "gflop": f"{gflop:,.0f}", "limit": limit})
+        return self
 
 
 class InferRequest(BaseModel):
@@ -162,11 +189,13 @@ class TrainOptions(BaseModel):
             if len(set(self.device_list)) != len(self.device_list):
                 raise ValueError(f"--device lists a device twice: {','.join(self.device_list)}")
             if len({Device.parse(d).kind for d in self.device_list}) != 1:
-                raise ValueError("--device must list devices of one kind, e.g. gpu:0,gpu:1")
+                raise ValueError(f"--device {','.join(self.device_list)} mixes device kinds: "
+                                 "list devices of one kind, e.g. gpu:0,gpu:1")
             self.devices = len(self.device_list)
             if self.nodes > 1:
-                raise ValueError("--device names devices of one node; with --nodes N use "
-                                 "--devices K (K devices on each node)")
+                raise ValueError(f"--device {','.join(self.device_list)} names devices of one "
+                                 f"node, not of --nodes {self.nodes}: use --devices K (K devices "
+                                 "on each node)")
         if self.nodes > 1 and self.batch_size < self.nodes * self.devices:
             raise ValueError(f"batch_size={self.batch_size} is smaller than the "
                              f"{self.nodes * self.devices} devices it is split over")
@@ -207,6 +236,14 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
+def _problem(e: Any) -> str:
+    """`field=value: what is allowed` for one error; a check across fields (no `loc`) names its
+    own fields and values, so it is shown alone, not after the whole parameter dict."""
+    if not e["loc"]:
+        return str(e["msg"]).removeprefix("Value error, ")
+    return f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+
+
 def validate(kind: str, params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
     """The parameters with defaults filled in, or ParamsError saying what is wrong.
 
@@ -218,13 +255,10 @@ def validate(kind: str, params: dict[str, Any], settings: Settings | None = None
         if _has_nul(key) or _has_nul(value):
             where = f"{key}={value!r}".replace("\x00", "\\x00")
             raise ParamsError(f"invalid {kind} parameters: {where}: NUL characters are not allowed")
-    limits = {"max_batch_size": settings.max_batch_size,
-              "max_epochs": settings.max_epochs} if settings is not None else None
+    limits = {"max_batch_size": settings.max_batch_size, "max_epochs": settings.max_epochs,
+              "max_probe_gflop": settings.max_probe_gflop} if settings is not None else None
     try:
         return spec.model_validate(params, context=limits).model_dump()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or kind}={e.get('input')!r}: {e['msg']}"
-            for e in exc.errors()
-        )
+        problems = "; ".join(map(_problem, exc.errors()))
         raise ParamsError(f"invalid {kind} parameters: {problems}") from None

@@ -26,13 +26,22 @@ def within(path: str | Path, root: str | Path, what: str = "input",
     return resolved
 
 
+def _looked_at(path: str | Path, resolved: Path, root: str | Path, setting: str) -> str:
+    """Where a relative path was looked for: it counts from the root, not from the directory the
+    user typed it in, and the message must not hide that."""
+    if Path(path).is_absolute() and str(resolved) == str(path):
+        return ""
+    how = "a relative path counts from" if not Path(path).is_absolute() else "inside"
+    return f" (looked for {resolved}; {how} the data root {Path(root).resolve()}, {setting})"
+
+
 def inside_root(path: str | Path, root: str | Path, what: str = "input",
                 setting: str = "MXQ_DATA_ROOT") -> Path:
     """The resolved path (relative paths count from `root`) of a regular file or folder inside
     `root`, or PathError saying why not."""
     resolved = within(path, root, what, setting)
     if not resolved.exists():
-        raise PathError(f"{what} {path} does not exist")
+        raise PathError(f"{what} {path} does not exist{_looked_at(path, resolved, root, setting)}")
     if not (resolved.is_file() or resolved.is_dir()):  # opening a FIFO blocks until a writer comes
         raise PathError(f"{what} {path} is not a regular file or folder (a FIFO, socket or device?)")
     return resolved

@@ -6,14 +6,17 @@ No other module reads `os.environ`.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
+import os
 import socket
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mxq.errors import UserError
@@ -43,6 +46,13 @@ DEFAULT_MERGE_SAMPLES = 1024
 DEFAULT_BATCH_WAIT_MS = 5.0
 # Two CPU "devices" let data-parallel code and routing run on any laptop.
 DEFAULT_CPU_DEVICES = 2
+# Each CPU device is a worker process pinned to its own cores: more devices than cores only
+# plans processes that fight for them. MXQ_MAX_CPU_DEVICES raises the bound, never past this.
+MAX_CPU_DEVICES = 1024
+# A probe (environment check) may do at most this much work (matrix multiply and convolution,
+# warm-up rounds included): about 4 s of multiply on a 2-core CPU at 24 GFLOP/s, about 15 s if
+# all of it were convolution at 7 GFLOP/s, milliseconds on a GPU. The default probe is 14 GFLOP.
+DEFAULT_MAX_PROBE_GFLOP = 100
 # Inputs are memory-mapped a batch at a time, so this only stops a wrong path (a disk image, a
 # dump) from tying up a device for hours; raise it for genuinely larger inputs.
 DEFAULT_MAX_INPUT_BYTES = 64 * 2**30
@@ -70,11 +80,24 @@ DEFAULT_DIST_START_SECONDS = 300.0
 # message is not out by then stays queued and the reconciler publishes it.
 DEFAULT_BROKER_TIMEOUT_SECONDS = 5.0
 
+# Upper bounds of the numeric settings: each far above any sensible value, so only a typo or a
+# hostile value (inf, 1e308, a 400-digit count) meets them, before any timer or sum overflows.
+HOUR, DAY = 3600.0, 86400.0
+MAX_COUNT = 2**31 - 1  # what every SQL integer column and C int holds
+
+# The URL schemes mxq runs with: SQLite and PostgreSQL (psycopg 3) for the database; Redis over
+# TCP, TLS or the embedded unix socket for the broker.
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgres")
+BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
+# Linux's sun_path holds 108 bytes with the closing NUL: a longer socket path is cut short.
+MAX_SOCKET_PATH = 107
+FALLBACK_SOCKET_ROOT = "/tmp"  # noqa: S108  # the last short folder tried for the socket
+
 
 class Settings(BaseSettings):
     """mxq configuration; `MXQ_<FIELD>` sets each field."""
 
-    model_config = SettingsConfigDict(env_prefix="MXQ_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MXQ_", extra="ignore", allow_inf_nan=False)
 
     home: Path = Field(Path("var"), description="State folder: embedded Redis, SQLite, logs, pids.")
     broker_url: str | None = Field(None, description="Redis URL; unset = embedded Redis.")
@@ -82,7 +105,11 @@ class Settings(BaseSettings):
     node: str = Field(
         default_factory=lambda: socket.gethostname().split(".")[0], description="This machine's name."
     )
-    cpu_devices: int = Field(DEFAULT_CPU_DEVICES, description="CPU devices on a GPU-less host.")
+    cpu_devices: int = Field(DEFAULT_CPU_DEVICES, description="CPU devices on a GPU-less host: "
+                             "at most the cores this process may use (or 2), or MXQ_MAX_CPU_DEVICES.")
+    max_cpu_devices: int | None = Field(
+        None, ge=1, le=MAX_CPU_DEVICES, description="Allow MXQ_CPU_DEVICES up to this many "
+        "(unset: the cores this process may use, at least 2).")
     data_root: Path | None = Field(
         None, description="Job inputs must lie inside this folder. Unset: your home folder, or "
         "$MXQ_HOME/data when the API listens beyond loopback. `mxq up` records the one it starts "
@@ -91,23 +118,23 @@ class Settings(BaseSettings):
     expect_gpus: bool = Field(False, description="Fail instead of starting CPU devices when "
                               "nvidia-smi fails (also the case wherever /dev/nvidia0 exists).")
     worker_memory_mb: int | None = Field(
-        None, ge=1, description="Host memory cap (RLIMIT_DATA, MiB) of each device worker; unset = "
+        None, ge=1, le=2**24, description="Host memory cap (RLIMIT_DATA, MiB) of each device worker; unset = "
         "no cap. A batch that does not fit fails with out-of-memory and is retried halved."
     )
-    visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60)
-    heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0)
-    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1)
-    tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, description="Schedule tick period.")
-    reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0,
+    visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60, le=int(30 * DAY))
+    heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0, le=HOUR)
+    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, le=100)
+    tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, le=DAY, description="Schedule tick period.")
+    reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0, le=DAY,
                                      description="How often the reconciler runs.")
     reconcile_look_seconds: float = Field(
         DEFAULT_RECONCILE_LOOK_SECONDS, gt=0, le=60,
         description="Seconds between the reconciler's two looks at the broker."
     )
     dynamic_batching: bool = Field(True, description="Merge small inference jobs of one model.")
-    small_job_samples: int = Field(DEFAULT_SMALL_JOB_SAMPLES, ge=1)
-    merge_samples: int = Field(DEFAULT_MERGE_SAMPLES, ge=1)
-    batch_wait_ms: float = Field(DEFAULT_BATCH_WAIT_MS, ge=0)
+    small_job_samples: int = Field(DEFAULT_SMALL_JOB_SAMPLES, ge=1, le=2**24)
+    merge_samples: int = Field(DEFAULT_MERGE_SAMPLES, ge=1, le=2**24)
+    batch_wait_ms: float = Field(DEFAULT_BATCH_WAIT_MS, ge=0, le=60_000)
     host_gpus: str | None = Field(
         None, description="Host indexes of the GPUs this process sees, in order (e.g. '1' in a "
         "container given only host GPU 1), so devices keep their host names."
@@ -120,36 +147,39 @@ class Settings(BaseSettings):
     api_hosts: str | None = Field(None, description="More names (comma-separated) the API serves "
                                   "as Host, beside loopback and MXQ_API_HOST.")
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
-    max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1,
+    max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1, le=2**50,
                                  description="Largest inference input (file or folder) accepted.")
-    stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, description="A running job that "
+    stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, le=30 * DAY, description="A running job that "
                                  "reports no progress this long is failed by the reconciler.")
-    cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, description="A running "
+    cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, le=DAY, description="A running "
                                         "job that has not stopped this long after its cancel is "
                                         "cancelled by the reconciler; a worker whose job was taken "
                                         "from it this long ago and is still in it exits.")
-    glob_max_entries: int = Field(DEFAULT_GLOB_MAX_ENTRIES, ge=1, description="Most folder "
+    glob_max_entries: int = Field(DEFAULT_GLOB_MAX_ENTRIES, ge=1, le=10**9, description="Most folder "
                                   "entries a schedule's dataset glob may look at.")
-    glob_seconds: float = Field(DEFAULT_GLOB_SECONDS, gt=0, description="Longest a schedule's "
+    glob_seconds: float = Field(DEFAULT_GLOB_SECONDS, gt=0, le=HOUR, description="Longest a schedule's "
                                 "dataset glob may search, in seconds.")
-    max_image_pixels: int = Field(DEFAULT_MAX_IMAGE_PIXELS, ge=1,
+    max_image_pixels: int = Field(DEFAULT_MAX_IMAGE_PIXELS, ge=1, le=2**34,
                                   description="Largest image (width x height) an input may hold.")
-    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1, description="Largest batch size.")
-    max_epochs: int = Field(DEFAULT_MAX_EPOCHS, ge=1, description="Most epochs a training may ask.")
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1,
+    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1, le=2**24, description="Largest batch size.")
+    max_epochs: int = Field(DEFAULT_MAX_EPOCHS, ge=1, le=10**6, description="Most epochs a training may ask.")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, le=2**30,
                                 description="Largest HTTP API request body, in bytes.")
     node_address: str | None = Field(
         None, description="Address other nodes reach this node at (multi-node training: the "
         "ps-lite scheduler, server and workers bind and announce it); unset = the address of the "
         "interface the default route uses, else 127.0.0.1."
     )
-    dist_start_seconds: float = Field(DEFAULT_DIST_START_SECONDS, gt=0,
+    dist_start_seconds: float = Field(DEFAULT_DIST_START_SECONDS, gt=0, le=DAY,
                                       description="How long a multi-node training waits for all "
                                       "its nodes to join before it fails.")
     broker_timeout_seconds: float = Field(
         DEFAULT_BROKER_TIMEOUT_SECONDS, gt=0, le=300,
         description="Longest a submit waits for each broker call; past it the job stays queued, "
         "the answer says it is not published yet, and the reconciler publishes it.")
+    max_probe_gflop: int = Field(DEFAULT_MAX_PROBE_GFLOP, ge=1, le=10**7,
+                                 description="Most work (GFLOP, warm-up included) one probe job "
+                                 "may ask: size, batch and repeat beyond it are refused at submit.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
     mxnet_unusable: str | None = Field(
@@ -165,6 +195,43 @@ class Settings(BaseSettings):
                 "a host without GPUs needs at least one CPU device to run jobs"
             )
         return value
+
+    @model_validator(mode="after")
+    def _cpu_devices_fit_the_machine(self) -> Settings:
+        """Each CPU device is a worker process pinned to its own cores: 10,000 of them on two
+        cores would only fight for them (and exhaust the process table)."""
+        limit = self.max_cpu_devices or max(usable_cores(), DEFAULT_CPU_DEVICES)
+        if self.cpu_devices > limit:
+            origin = ("MXQ_MAX_CPU_DEVICES" if self.max_cpu_devices else
+                      f"this machine's {usable_cores()} usable cores; set MXQ_MAX_CPU_DEVICES "
+                      f"(at most {MAX_CPU_DEVICES}) to plan more")
+            raise ValueError(f"MXQ_CPU_DEVICES={self.cpu_devices}: at most {limit} ({origin})")
+        return self
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_scheme(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "MXQ_DATABASE_URL", DATABASE_SCHEMES,
+                                                     "sqlite:///PATH or postgresql://USER@HOST/DB")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "MXQ_BROKER_URL", BROKER_SCHEMES,
+                                                     "redis://HOST:6379/0; unset it for the "
+                                                     "embedded Redis")
+
+    @model_validator(mode="after")
+    def _home_has_a_socket(self) -> Settings:
+        """The embedded Redis's socket must fit sun_path: refused here, before anything starts,
+        when neither the home nor a short fallback folder can hold it (`redis_socket_path`)."""
+        sock = redis_socket_path(self.home)
+        if self.broker_url is None and len(os.fsencode(sock)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"MXQ_HOME={self.home_path}: the embedded Redis socket path would exceed "
+                f"{MAX_SOCKET_PATH} bytes and no short folder ($XDG_RUNTIME_DIR, the temp folder) "
+                "fits it; use a shorter MXQ_HOME or set MXQ_BROKER_URL")
+        return self
 
     @field_validator("api_token")
     @classmethod
@@ -211,7 +278,7 @@ class Settings(BaseSettings):
 
     @property
     def redis_socket(self) -> Path:
-        return self.home_path / "redis.sock"
+        return redis_socket_path(self.home_path)
 
     @property
     def broker(self) -> str:
@@ -265,6 +332,60 @@ class Settings(BaseSettings):
         return self.heartbeat_seconds * HEARTBEAT_TTL_FACTOR
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, as a container or taskset limits
+    it), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _check_url(value: str, env: str, schemes: tuple[str, ...], example: str) -> str:
+    """`value` if it is SCHEME://… with a scheme mxq runs with, else the one-line reason
+    (naming the URL without its password)."""
+    shown = without_password(value)[0] if "://" in value else value
+    scheme = value.split("://", 1)[0].lower() if "://" in value else None
+    if scheme is None or scheme not in schemes:
+        what = f"scheme {scheme!r} is not supported" if scheme else "not a URL"
+        raise ValueError(f"{env}={shown}: {what}; allowed schemes: {', '.join(schemes)} "
+                         f"(e.g. {example})")
+    try:
+        urlsplit(value).port  # noqa: B018  # a port that is not a number raises here
+    except ValueError as exc:
+        raise ValueError(f"{env}={shown}: {exc} (e.g. {example})") from None
+    return value
+
+
+def redis_socket_path(home: Path) -> Path:
+    """Where the embedded Redis of `home` listens: `home/redis.sock` when that fits sun_path
+    (107 bytes), else `redis.sock` in a folder named by a hash of the home under
+    $XDG_RUNTIME_DIR or the temp folder (one per home, the same for every process). Every
+    process that reaches the embedded Redis asks here. Where nothing fits, the shortest (too
+    long) path: Settings refuses such a home in one line before anything starts."""
+    home = home.expanduser().resolve()
+    own = home / "redis.sock"
+    if len(os.fsencode(own)) <= MAX_SOCKET_PATH:
+        return own
+    name = "mxq-" + hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
+    roots = (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir(), FALLBACK_SOCKET_ROOT)
+    shorts = [Path(r) / name / "redis.sock" for r in roots if r and Path(r).is_absolute()]
+    fitting = [p for p in shorts if len(os.fsencode(p)) <= MAX_SOCKET_PATH]
+    return fitting[0] if fitting else min([own, *shorts], key=lambda p: len(os.fsencode(p)))
+
+
+def allowed(field: str) -> str | None:
+    """The range a numeric setting accepts, as `> 0 and <= 3600`, for error messages."""
+    info = Settings.model_fields.get(field)
+    if info is None:
+        return None
+    words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    parts = [f"{sign} {getattr(m, key):g}" if isinstance(getattr(m, key), float)
+             else f"{sign} {getattr(m, key)}"
+             for m in info.metadata for key, sign in words.items() if hasattr(m, key)]
+    return " and ".join(parts) or None
+
+
 def is_loopback(host: str) -> bool:
     """A name or address of this machine only (127.0.0.0/8, ::1, localhost)."""
     try:
@@ -301,6 +422,7 @@ def record_stack(settings: Settings) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     record = dict(recorded_stack(settings.home_path) or {})
     record["data_root"] = str(settings.own_data_root)
+    record.update(api_host=settings.api_host, api_port=settings.api_port)  # for mxq.client.Client()
     for _, key, _ in RECORDED_URLS:
         url, secret = without_password(getattr(settings, key))
         record.update({key: url, f"{key}_password": secret})
