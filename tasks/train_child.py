@@ -26,6 +26,7 @@ from mxq.db.fence import Fence, Superseded
 from mxq.db.schema import Job
 from mxq.db.stack import stack_id
 from mxq.device import Device
+from mxq.errors import MxqError
 from mxq.tasks import datasets
 from mxq.tasks.inputs import InputError
 from mxq.tasks.models import add_trained
@@ -216,22 +217,28 @@ def _heed(verdict: jobs.RunCheck) -> None:
         raise Cancelled
 
 
+def report_crash(fence: Fence, exc: BaseException) -> None:
+    """Tell the leader, through the run file, why the child died (one line): an expected failure
+    (a database unreachable past its retry window, say) as its own words, anything else with its
+    type, instead of "training process exited with 1"."""
+    first = (str(exc).strip().splitlines() or [""])[0][:500]
+    error = first if isinstance(exc, MxqError) else f"{type(exc).__name__}: {first}"
+    run_file(get_settings(), fence).write_text(json.dumps({"error": error}))
+
+
 if __name__ == "__main__":
     job, devs = int(sys.argv[1]), sys.argv[2].split(",")
     fence = Fence(job, sys.argv[4], int(sys.argv[3]))
-    if os.environ.get("DMLC_ROLE") != "worker":
-        sys.exit(main(fence, devs))
     # A dist_sync worker's kvstore waits at exit for every other worker: leaving after an error
-    # must skip it, or the process would hang there (its peers may never come).
+    # must skip it (os._exit), or the process would hang there (its peers may never come).
     try:
         code = main(fence, devs)
     except BaseException as exc:  # noqa: BLE001 - reported to the leader through the run file
         traceback.print_exc()
-        run_file(get_settings(), fence).write_text(json.dumps(
-            {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:500]}"}))
+        report_crash(fence, exc)
         code = 1
-    if code != 0:
+    if code != 0 and os.environ.get("DMLC_ROLE") == "worker":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    sys.exit(0)
+    sys.exit(code)

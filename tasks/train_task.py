@@ -25,7 +25,16 @@ from mxq.db.fence import Fence
 from mxq.db.fleet import list_workers
 from mxq.device import Device
 from mxq.tasks import dist
-from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
+from mxq.tasks.runner import (
+    FanOut,
+    JobCancelled,
+    JobContext,
+    JobFailed,
+    JobInputError,
+    JobLost,
+    Outcome,
+    job_task,
+)
 from mxq.workers import leases
 from mxq.workers.jobspecs import ParamsError, TrainParams, validate
 from mxq.workers.pinning import cpu_cores
@@ -223,5 +232,5 @@ def _outcome(returncode: int, report: dict[str, Any]) -> Outcome:
     if returncode == CHILD_INPUT_ERROR:
         raise JobInputError(report.get("error", "training input error"))
     if returncode != 0:
-        raise RuntimeError(report.get("error") or f"training process exited with {returncode}")
+        raise JobFailed(report.get("error") or f"training process exited with {returncode}")
     return Outcome(samples=report["samples"], seconds=report["seconds"], result=report["result"])

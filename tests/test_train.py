@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
@@ -193,3 +194,31 @@ def test_epoch_figures_equal_a_plain_evaluation() -> None:
     assert 0.0 < accuracy < 0.5  # an untrained net: the figure is not trivially 0 or 1
     assert accuracy == want_accuracy
     assert abs(loss - float(want_loss.mean().asscalar())) < 1e-4
+
+
+def test_a_training_child_that_dies_tells_its_leader_why(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected end of the child (a database unreachable past its retry window, say) is the
+    job's one-line error, not "training process exited with 1"."""
+    from mxq.db.fence import Fence
+    from mxq.db.retry import DatabaseUnreachable
+    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.train_child import report_crash
+    from mxq.tasks.train_task import _outcome, run_file
+    from mxq.workers.settings import get_settings
+
+    monkeypatch.setenv("MXQ_HOME", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        fence = Fence(5, "cpu0@n", 2)
+        out = run_file(get_settings(), fence)
+        out.parent.mkdir(parents=True)
+        for exc, said in ((DatabaseUnreachable("database unreachable at db:5432 for 120 s: refused\nmore"),
+                           "database unreachable at db:5432 for 120 s: refused"),
+                          (KeyError("w"), "KeyError: 'w'")):
+            report_crash(fence, exc)
+            with pytest.raises(JobFailed) as failed:
+                _outcome(1, json.loads(out.read_text()))
+            assert str(failed.value) == said
+    finally:
+        get_settings.cache_clear()
