@@ -20,7 +20,7 @@ from mxq.db.stack import stack_id
 from mxq.workers.submit import submit
 from tests.conftest import wait_until
 from tests.faults.stacks import FaultStack, report
-from tests.faults.test_kill import _committed
+from tests.test_infer import _committed
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
