@@ -119,7 +119,7 @@ def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, s
     for d in devices.values():
         assert d["alive"] is False
         assert "sees 0 GPUs through MXNet (expected 1)" in d["refused"], d
-    launcher = int((home / "launcher.pid").read_text())
+    launcher = json.loads((home / "launcher.pid").read_text())["pid"]  # its identity record
     schedule, api = _pids_of(f"-n schedule@{NODE}", home), _pids_of("-m mxq.cli api", home)
     assert schedule and api
     url = f"http://127.0.0.1:{env['MXQ_API_PORT']}/api/v1/devices"
