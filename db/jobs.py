@@ -436,12 +436,6 @@ def cancel(url: str, job_id: int) -> CancelOutcome:
     return CancelOutcome.CANCELLED if status == JobStatus.CANCELLED else CancelOutcome.REQUESTED
 
 
-@db_retry
-def cancel_requested(url: str, job_id: int) -> bool:
-    with session_scope(url) as session:
-        return session.scalar(select(Job.cancel_requested_at).where(Job.id == job_id)) is not None
-
-
 class RunCheck(enum.Enum):
     GO_ON = "go-on"
     CANCEL = "cancel"  # a cancel was requested

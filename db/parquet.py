@@ -149,17 +149,24 @@ def remove_all(final: Path) -> None:
     final.with_suffix(".lock").unlink(missing_ok=True)
 
 
-def tiling(parts: list[Part]) -> tuple[list[Part], int]:
-    """The parts that hold [0, n) in order with no overlap, and n: where two start at one sample
-    the later attempt's is taken (an earlier, paused attempt's part was never committed)."""
-    by_first: dict[int, Part] = {}
-    for part in parts:  # sorted: the highest attempt of a start comes last
-        by_first[part[0]] = part
-    chain, position = [], 0
-    while position in by_first:
-        chain.append(by_first[position])
-        position = by_first[position][1]
+def _latest(parts: list[Part]) -> dict[int, Part]:
+    """Each start's part: where two start at one sample, the later attempt's (an earlier, paused
+    attempt's part was never committed). `parts` sorted, so the highest attempt comes last."""
+    return {part[0]: part for part in parts}
+
+
+def _chain(latest: dict[int, Part], start: int) -> tuple[list[Part], int]:
+    """The parts that hold [start, n) in order with no overlap, and n."""
+    chain, position = [], start
+    while position in latest:
+        chain.append(latest[position])
+        position = latest[position][1]
     return chain, position
+
+
+def tiling(parts: list[Part]) -> tuple[list[Part], int]:
+    """The parts that hold [0, n) in order with no overlap, and n."""
+    return _chain(_latest(parts), 0)
 
 
 def missing(parts: list[Part], count: int) -> str:
@@ -194,13 +201,7 @@ def merge_if_complete(final: Path, count: int) -> bool:
 
 def covers(final: Path, start: int, stop: int) -> bool:
     """The merged file is there, or the parts hold [start, stop) of it (a chunk's own range)."""
-    if final.exists():
-        return True
-    held = {p[0]: p for p in part_list(final)}
-    position = start
-    while position < stop and position in held:
-        position = held[position][1]
-    return position >= stop
+    return final.exists() or _chain(_latest(part_list(final)), start)[1] >= stop
 
 
 def rows_in(final: Path) -> int:
@@ -211,11 +212,8 @@ def rows_in(final: Path) -> int:
 def kept_parts(final: Path) -> list[Path]:
     """The part files of a job that stopped before its merge (cancelled), in sample order, none
     overlapping another (the later attempt's where two start at one sample)."""
-    chosen: dict[int, Part] = {}
-    for part in part_list(final):
-        chosen[part[0]] = part
     kept, end = [], 0
-    for first, last, _, path in sorted(chosen.values()):
+    for first, last, _, path in sorted(_latest(part_list(final)).values()):
         if first >= end:
             kept.append(path)
             end = last

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from mxq.db import parquet, predictions
@@ -39,6 +38,11 @@ def recorded_output(home: Path, url: str, record: JobRecord, suffix: str) -> Pat
     return output_file(home, stack_id(url), record["id"], suffix)
 
 
+def _missing(record: JobRecord, path: Path) -> OutputMissing:
+    return OutputMissing(f"job {record['id']}'s output {path} is missing (removed, or this is not "
+                         "the machine that wrote it)")
+
+
 def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     """The Parquet files holding a job's rows: its merged file, or for a job cancelled before
     its merge the parts it kept; None for a job whose rows are elsewhere (SQL, npy). A job that
@@ -51,8 +55,7 @@ def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     if record.get("status") == JobStatus.CANCELLED:
         return parquet.kept_parts(path)
     if record.get("status") == JobStatus.SUCCEEDED:
-        raise OutputMissing(f"job {record['id']}'s output {path} is missing (removed, or this is "
-                            "not the machine that wrote it)")
+        raise _missing(record, path)
     return []
 
 
@@ -65,16 +68,26 @@ def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | 
         probs: NDArray[np.float32] = np.load(path, mmap_mode="r")
         return probs
     if record.get("status") == JobStatus.SUCCEEDED:
-        raise OutputMissing(f"job {record['id']}'s output {path} is missing (removed, or this is "
-                            "not the machine that wrote it)")
+        raise _missing(record, path)
     return np.zeros((0, 1), dtype=np.float32)
 
 
-def _array_rows(probs: NDArray[np.float32], top_k: int, limit: int | None,
+def _stored(probs: NDArray[np.float32], record: JobRecord) -> NDArray[np.int64] | None:
+    """The rows an npy output holds: None for all of them (a job that succeeded: nothing to
+    scan), else those not all zeros (the rows a cancelled job computed)."""
+    if record.get("status") == JobStatus.SUCCEEDED:
+        return None
+    return np.flatnonzero(probs.sum(axis=1) > 0)
+
+
+def _array_rows(probs: NDArray[np.float32], record: JobRecord, limit: int | None,
                 offset: int) -> list[dict[str, Any]]:
-    """Rows of an npy output; a row never computed (a cancelled job's) is all zeros and left out."""
-    stored = np.flatnonzero(probs.sum(axis=1) > 0)
-    chosen = stored[offset:None if limit is None else offset + limit]
+    """Rows `offset` onwards of an npy output, ranked as the SQL rows are."""
+    top_k = int((record.get("params") or {}).get("top_k") or 0)
+    stop = None if limit is None else offset + limit
+    stored = _stored(probs, record)
+    end = len(probs) if stop is None else min(len(probs), stop)
+    chosen = np.arange(offset, end) if stored is None else stored[offset:stop]
     r = predictions.Ranked.of(np.asarray(probs[chosen]), top_k)
     return [{"index": int(i), "predicted_class": int(c), "score": float(v),
              "top_k": None if r.order is None or r.best is None else
@@ -90,18 +103,18 @@ def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
         return list(parquet.read_rows_of(files, limit, offset))
     probs = _array_of(url, home, record)
     if probs is not None:
-        top_k = int((record.get("params") or {}).get("top_k") or 0)
-        return _array_rows(probs, top_k, limit, offset)
+        return _array_rows(probs, record, limit, offset)
     return predictions.read(url, record["id"], limit, offset)
 
 
 def count(url: str, home: Path, record: JobRecord) -> int:
     files = _files_of(url, home, record)
     if files is not None:
-        return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in files)
+        return sum(parquet.rows_in(f) for f in files)
     probs = _array_of(url, home, record)
     if probs is not None:
-        return int((probs.sum(axis=1) > 0).sum())
+        stored = _stored(probs, record)
+        return len(probs) if stored is None else len(stored)
     return predictions.count(url, record["id"])
 
 

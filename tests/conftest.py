@@ -8,6 +8,7 @@ and fails the run when CI is set.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -322,3 +323,13 @@ def workers(stack: Stack) -> Iterator[Stack]:
     stack.launcher = launch(stack)
     yield stack
     stop(stack.launcher)
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """SIGSTOP a process for the block (a frozen server), SIGCONT it after, whatever happens."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -8,10 +8,7 @@ a private one: tests/faults/test_broker_pause.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
+import contextlib
 from datetime import timedelta
 
 from sqlalchemy import update
@@ -21,19 +18,13 @@ from mxq.db.schema import Job, utcnow
 from mxq.workers.messages import look
 from mxq.workers.reconcile import reconcile
 from mxq.workers.submit import submit_request
-from tests.conftest import Stack
+from tests.conftest import Stack, paused
 
 PROBE = {"size": 16, "batch": 1, "repeat": 1}
 
 
-@contextmanager
-def _paused(stack: Stack) -> Iterator[None]:
-    pid = int((stack.home / "redis.pid").read_text().strip())
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
+def _paused(stack: Stack) -> contextlib.AbstractContextManager[None]:
+    return paused(int((stack.home / "redis.pid").read_text().strip()))
 
 
 def test_a_paused_broker_leaves_the_job_queued_for_the_reconciler(isolated: Stack) -> None:

@@ -5,16 +5,14 @@ reconciler publishes each job and each runs once."""
 
 from __future__ import annotations
 
-import os
+import contextlib
 import re
-import signal
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 from tests.api_server import start_api
+from tests.conftest import paused
 from tests.faults.stacks import FaultStack, PrivateRedis, report
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
@@ -31,14 +29,8 @@ def _broker_pid(stack: FaultStack) -> int:
     return int((stack.home / "redis.pid").read_text().strip())
 
 
-@contextmanager
-def _paused(stack: FaultStack) -> Iterator[None]:
-    pid = _broker_pid(stack)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
+def _paused(stack: FaultStack) -> contextlib.AbstractContextManager[None]:
+    return paused(_broker_pid(stack))
 
 
 def test_a_paused_broker_neither_hangs_nor_duplicates_a_submit(faulty: FaultStack) -> None:
