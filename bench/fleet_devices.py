@@ -170,6 +170,7 @@ class SimDevice(threading.Thread):
         if len(job.devices) > 1:
             self._wait_idle(job)
         total = work_seconds(job.id, job.kind, self.scale)
+        assert job.fence is not None  # set by the claim
         done, step, since_point, renewed = 0.0, jobs.next_metric_step(job.url, job.id), 0.0, 0.0
         while done < total:
             piece = min(0.5, total - done)
@@ -183,7 +184,7 @@ class SimDevice(threading.Thread):
                 self._renew(job)
             if since_point >= METRIC_SECONDS * self.scale or done >= total:
                 for device in job.devices:  # a training records a point per device
-                    jobs.record_metric(job.url, job.id, step, device,
+                    jobs.record_metric(job.url, job.fence, step, device,
                                        int(since_point * SAMPLES_PER_SECOND), since_point)
                     self.out.count("metric_writes")
                     step += 1

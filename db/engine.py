@@ -19,6 +19,13 @@ CONNECT_TIMEOUT = 5
 POOL_SIZE, MAX_OVERFLOW = 5, 10
 # Seconds SQLite waits on a lock held by another worker process before giving up.
 SQLITE_BUSY_SECONDS = 30
+# Seconds PostgreSQL lets a session sit idle inside a transaction before it ends the session. No
+# transaction of mxq waits on its client for more than milliseconds; a process paused inside one
+# (SIGSTOP, a frozen VM) would otherwise hold its row locks for as long as it is paused, and the
+# reconciler's requeue of its job, the next attempt's writes and every claim of that row would
+# wait behind it. Ended, its transaction rolls back; the process, resumed, meets a closed
+# connection, retries on a new one, and its fence refuses the write.
+IDLE_IN_TRANSACTION_SECONDS = 20
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -31,6 +38,14 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _postgres_session(dbapi_conn: Any, _record: Any) -> None:
+    """Bound a transaction whose client went quiet (IDLE_IN_TRANSACTION_SECONDS). Set on each new
+    connection rather than as a startup option, which PgBouncer refuses."""
+    with dbapi_conn.cursor() as cur:
+        cur.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_SECONDS * 1000}")
+    dbapi_conn.commit()
 
 
 def normalize_url(url: str) -> str:
@@ -53,8 +68,11 @@ def get_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_SECONDS})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW,
-                         connect_args={"connect_timeout": CONNECT_TIMEOUT})
+    engine = create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW,
+                           connect_args={"connect_timeout": CONNECT_TIMEOUT})
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _postgres_session)
+    return engine
 
 
 @lru_cache(maxsize=8)

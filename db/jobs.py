@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, aliased
 from mxq import parts
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.epochs import merge_parts
-from mxq.db.fence import Fence
+from mxq.db.fence import Fence, still_ours
 from mxq.db.retry import db_retry
 from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 from mxq.errors import Conflict
@@ -274,13 +274,19 @@ def set_progress(url: str, job_id: int, progress: float, fence: Fence | None = N
 
 
 @db_retry
-def record_metric(url: str, job_id: int, step: int, device: str, samples: int,
-                  seconds: float) -> None:
-    """One point of throughput over time; keyed by (job, step) so a rerun overwrites it."""
+def record_metric(url: str, fence: Fence, step: int, device: str, samples: int,
+                  seconds: float) -> bool:
+    """One point of throughput over time, keyed by (job, step) so a rerun overwrites it; written
+    only while the job is still the attempt's (False: refused, nothing written), so a paused
+    attempt that comes back cannot replace its successor's point."""
     with session_scope(url) as session:
-        session.query(JobMetric).filter(JobMetric.job_id == job_id, JobMetric.step == step).delete()
-        session.execute(insert(JobMetric).values(**_metric(job_id, step, device, samples, seconds,
-                                                           utcnow())))
+        if not still_ours(session, fence):
+            return False
+        session.query(JobMetric).filter(JobMetric.job_id == fence.job_id,
+                                        JobMetric.step == step).delete()
+        session.execute(insert(JobMetric).values(**_metric(fence.job_id, step, device, samples,
+                                                           seconds, utcnow())))
+    return True
 
 
 def next_metric_step(url: str, job_id: int) -> int:

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from mxq.db import events, jobs, parquet, predictions
+from mxq.db.fence import Fence
 from mxq.db.jobs import record_metric
 from mxq.db.predictions import Ranked, Row
 from mxq.db.results import output_file
@@ -183,11 +184,15 @@ class JobOutputs:
         if not predictions.commit(self.job.url, fence, flush.rows, flush.last):
             if part is not None:
                 parquet.remove_part(part)
-            raise JobLost(f"job {self.job.id} now belongs to another attempt (this one, "
-                          f"{fence.attempt}, was taken for dead)")
-        record_metric(self.job.url, self.job.id, flush.step, self.job.device, flush.samples,
-                      flush.seconds)
+            raise self._lost(fence)
+        if not record_metric(self.job.url, fence, flush.step, self.job.device, flush.samples,
+                             flush.seconds):
+            raise self._lost(fence)
         self.job.progress((flush.last - self.start) / (self.stop - self.start))
+
+    def _lost(self, fence: Fence) -> JobLost:
+        return JobLost(f"job {self.job.id} now belongs to another attempt (this one, "
+                       f"{fence.attempt}, was taken for dead)")
 
     def finish(self) -> None:
         """Once every flush is stored: the npy on disk, the Parquet parts merged when complete;

@@ -123,12 +123,14 @@ def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
                            for k in labels}}
 
 
-def _record_throughput(url: str, job_id: int, r: EpochResult) -> None:
+def _record_throughput(url: str, fence: Fence, r: EpochResult) -> None:
     """One throughput point per device per epoch, as inference records one per flush, so the
     job's chart and `mxq_device_samples_per_second` show training too."""
     for i, (device, rate) in enumerate(sorted(r.per_device.items())):
-        jobs.record_metric(url, job_id, (r.epoch - 1) * len(r.per_device) + i, device,
-                           round(rate * r.seconds), r.seconds)
+        if not jobs.record_metric(url, fence, (r.epoch - 1) * len(r.per_device) + i, device,
+                                  round(rate * r.seconds), r.seconds):
+            raise Lost(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
+                       f"epoch {r.epoch}'s throughput not recorded")
 
 
 def main(fence: Fence, devices: list[str]) -> int:
@@ -173,7 +175,7 @@ def main(fence: Fence, devices: list[str]) -> int:
         if not epoch_rows.record(url, job_id, {**r.__dict__,
                                                "checkpoint": str(prefix) if rank == 0 else None}, fence):
             raise Lost(f"job {job_id} is no longer attempt {fence.attempt}'s: epoch {r.epoch} not recorded")
-        _record_throughput(url, job_id, r)
+        _record_throughput(url, fence, r)
         _heed(jobs.set_progress(url, job_id, r.epoch / p.epochs, fence))
         if p.dist is not None:
             epoch_rows.merge_parts(url, p.dist.parent)  # the job's epoch, once every node has it

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from sqlalchemy import inspect, update
 
-from mxq.db import epochs, jobs, predictions, registry
-from mxq.db.engine import get_engine, session_scope
+from mxq.db import epochs, history, jobs, predictions, registry
+from mxq.db.engine import IDLE_IN_TRANSACTION_SECONDS, get_engine, session_scope
 from mxq.db.fence import Fence, Superseded
 from mxq.db.jobs import Claim, Placement
 from mxq.db.schema import Job
@@ -100,6 +104,9 @@ def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) ->
         registry.add_model(url, model, first)
     assert not jobs.mark_cancelled(url, first) and not jobs.fail(url, job_id, "x", fence=first)
     assert not jobs.succeed(url, first, 1, 1.0, {})
+    assert jobs.record_metric(url, second, 0, "cpu:0", 100, 1.0)
+    assert not jobs.record_metric(url, first, 0, "cpu:1", 999, 1.0)  # the successor's point stays
+    assert [(m["device"], m["samples"]) for m in history.metrics(url, job_id)] == [("cpu:0", 100)]
     assert predictions.commit(url, second, [row], 1) and predictions.count(url, job_id) == 1
     assert jobs.run_check(url, second) is jobs.RunCheck.GO_ON
     assert registry.add_model(url, model, second)["version"] == 1
@@ -192,3 +199,44 @@ def test_racing_claims_have_one_winner(stack: Stack) -> None:
         assert time.monotonic() - start < 60
         assert sorted(r.value for r in results) == ["duplicate"] * 3 + ["run"]
         assert _status(stack, job_id).attempts == 1
+
+
+PAUSED_IN_A_TRANSACTION = """
+import os, signal, sys
+from mxq.db.engine import session_scope
+from mxq.db.fence import Fence, still_ours
+url, job_id, worker, attempt = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+with session_scope(url) as s:
+    assert still_ours(s, Fence(job_id, worker, attempt))  # the job row is locked until commit
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # paused here, inside the transaction
+"""
+
+
+def test_a_process_paused_inside_a_transaction_holds_the_job_row_only_for_a_while(stack: Stack) -> None:
+    """A worker SIGSTOPped with its transaction open (it was writing results when it froze) kept
+    the job's row locked for as long as it was paused: the reconciler's requeue and the next
+    attempt waited behind it. PostgreSQL now ends such a session after
+    IDLE_IN_TRANSACTION_SECONDS; the claim goes through, and the resumed writer's commit fails."""
+    if stack.name == "embedded":
+        pytest.skip("SQLite has no server to end a paused writer's transaction (README, Limits)")
+    url = stack.settings.database
+    job_id = _new(stack)
+    first = jobs.take(url, job_id, A, 3, TTL)
+    assert isinstance(first, Fence)
+    _silence(url, job_id)
+    writer = subprocess.Popen([sys.executable, "-c", PAUSED_IN_A_TRANSACTION, url, str(job_id),
+                               first.worker, str(first.attempt)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "locked"
+        claimed: list[object] = []
+        claim = threading.Thread(target=lambda: claimed.append(jobs.take(url, job_id, B, 3, TTL)))
+        claim.start()
+        claim.join(IDLE_IN_TRANSACTION_SECONDS * 4)  # (unbounded before: as long as the pause)
+        assert claimed and isinstance(claimed[0], Fence) and claimed[0].attempt == 2
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+        _, err = writer.communicate(timeout=60)
+    assert writer.returncode != 0 and "idle-in-transaction" in err  # its commit never landed
+    assert _status(stack, job_id).worker == B.worker
