@@ -17,7 +17,7 @@ from mxq.db.engine import session_scope
 from mxq.db.history import device_rates, durations_by_kind, pool_depths
 from mxq.db.schema import Job, utcnow
 from mxq.workers.health import broker_problem
-from mxq.workers.queues import pool_queue
+from mxq.workers.queues import all_pools
 from mxq.workers.settings import Settings
 from mxq.workers.status import RATE_WINDOW, device_table
 
@@ -73,7 +73,7 @@ class Collector:
                                    datetime.fromisoformat(d["started_at"]).timestamp())
         pools = GaugeMetricFamily("mxq_pool_queue_depth", "Queued jobs per shared pool queue",
                                   labels=["queue"])
-        for queue, n in sorted(({pool_queue("cpu"): 0, pool_queue("gpu"): 0} | pool_depths(url)).items()):
+        for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
             pools.add_metric([queue], n)
         yield from (jobs, durations, rate, depth, wait, alive, started, pools)
 

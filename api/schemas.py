@@ -193,6 +193,9 @@ class DeviceRecord(BaseModel):
     leased_by: int | None
     samples_per_sec: float | None
     started_at: str | None = None
+    engines: list[str] = Field(default_factory=list, description=(
+        "What the device runs: mxnet, onnx (training and probes need mxnet); none for a queue "
+        "without a worker"))
 
 
 class ScheduleRecord(TypedDict):

@@ -42,7 +42,7 @@ from mxq.db.engine import session_scope
 from mxq.db.fleet import list_workers
 from mxq.db.schema import FINISHED, Job, JobStatus
 from mxq.workers.messages import in_broker, stored_names
-from mxq.workers.queues import device_queue, pool_queue
+from mxq.workers.queues import device_queue, pool_queues
 from mxq.workers.reconcile import _known_queues, reconcile
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.submit import submit, submit_many
@@ -253,7 +253,7 @@ def _submit_idle(s: Settings, n: int, seconds: float, scale: float) -> list[int]
 
 
 def _queue_length(b: redis.Redis, n: int) -> int:
-    queues = {pool_queue("gpu"), *(device_queue(f"sim{i // PER_NODE:03d}", "gpu", i % PER_NODE)
+    queues = {*pool_queues("gpu"), *(device_queue(f"sim{i // PER_NODE:03d}", "gpu", i % PER_NODE)
                                    for i in range(n))}
     pipe = b.pipeline(transaction=False)
     for name in stored_names(queues):

@@ -4,10 +4,11 @@ mxq's real worker code except the computation.
     python -m bench.fleet_devices --devices sim000:0-7,sim001:0-1 --log FILE [--scale 1.0] [--recover]
 
 Each device is a thread that does what a device worker does: registers its worker row and beats
-with mxq's `Heartbeat` (its own thread), consumes its device queue and the `pool.gpu` queue through
-the Celery app's own kombu connection (mxq's transport, prefetch 1, ack after the job), and runs
-every delivery through `tasks.runner.run_job`: the read, the lease check, the SQL claim, the
-outcome. A training leases its devices in Redis, waits for them to be idle and renews the leases.
+with mxq's `Heartbeat` (its own thread), consumes its device queue and the `pool.gpu` queues (the
+engine pools too) through the Celery app's own kombu connection (mxq's transport, prefetch 1,
+ack after the job), and runs every delivery through `tasks.runner.run_job`: the read, the lease
+check, the SQL claim, the outcome. A training leases its devices in Redis, waits for them to be
+idle and renews the leases.
 Only the body is simulated: it sleeps for a time drawn from the job's id (`work_seconds`), checking
 for a cancel, writing progress and throughput points as a real body does.
 
@@ -41,7 +42,7 @@ from mxq.db.jobs import Placement
 from mxq.tasks.runner import JobContext, Outcome, Worker, run_job
 from mxq.workers import heartbeat, leases
 from mxq.workers.app import app_for
-from mxq.workers.queues import device_queue, pool_queue, worker_name
+from mxq.workers.queues import device_queue, pool_queues, worker_name
 from mxq.workers.recovery import recover_worker
 from mxq.workers.settings import Settings, get_settings
 
@@ -131,7 +132,7 @@ class SimDevice(threading.Thread):
                 self.stop.wait(0.5 + random.random())
 
     def _consume(self) -> None:
-        names = [self.queue, pool_queue(KIND)]
+        names = [self.queue, *pool_queues(KIND)]
         queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
         with app_for(self.s.broker).connection_for_read() as conn:
             conn.ensure_connection(max_retries=1)

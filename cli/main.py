@@ -145,7 +145,7 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
         plan: list[dict[str, Any]] = [
             {"worker": w.name, "device": w.device.label if w.device else None,
              "queues": w.queues, "cores": w.cores,
-             "engines": ["onnx"] if "MXQ_MXNET_UNUSABLE" in w.env else ["mxnet", "onnx"],
+             "engines": list(w.engines),
              "command": w.command, "env": {k: _shown_env(k, v) for k, v in w.env.items()
                                            if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))}}
             for w in specs]

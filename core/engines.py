@@ -36,6 +36,22 @@ def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, f
     return asked == "auto" and disagreement(onnx) is None and not speeds
 
 
+# The engines a device worker may have (`workers/devices.engines_for`); a job that needs one goes
+# to that engine's pool (`pool.<kind>.<engine>`), one that either serves to the kind's pool.
+RUNTIMES = ("mxnet", "onnx")
+
+
+def needed(kind: str, asked: str | None = None, onnx: dict[str, Any] | None = None) -> str | None:
+    """The engine a job cannot run without, or None when either serves it: training and probes
+    run on MXNet; inference on the engine it asked for, on MXNet where the version's ONNX export
+    is missing or disagrees (as `choose` decides), else on either."""
+    if kind != "infer":
+        return "mxnet"
+    if asked in RUNTIMES:
+        return asked
+    return "mxnet" if disagreement(onnx) is not None else None
+
+
 class NoEngine(ValueError):
     """Neither engine may run the job on this device; the message says why and what to do."""
 

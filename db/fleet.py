@@ -5,23 +5,29 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import WorkerRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobStatus, WorkerBeat, as_utc, iso, utcnow
 
+# What a worker row without `engines` (written before they were recorded) is taken to run.
+BOTH = ("mxnet", "onnx")
+
 
 @db_retry
 def register(url: str, name: str, node: str, device: str, queue: str, pid: int | None,
-             info: dict[str, Any], alive: bool = True) -> None:
-    """Insert or refresh a worker's row; `alive` says it consumes from now on."""
+             info: dict[str, Any], alive: bool = True, engines: tuple[str, ...] | None = None) -> None:
+    """Insert or refresh a worker's row; `alive` says it consumes from now on, `engines` what its
+    device runs (kept when not given)."""
     now = utcnow()
     with session_scope(url) as session:
         row = session.get(WorkerBeat, name) or WorkerBeat(name=name)
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
         row.info = info or row.info or {}
+        if engines is not None:
+            row.engines = ",".join(engines)
         row.started_at, row.last_seen, row.current_job = now, now if alive else None, None
         session.add(row)
 
@@ -86,8 +92,14 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRe
             "alive": age is not None and age < ttl,
             "heartbeat_age": age, "last_seen": seen.isoformat() if seen else None,
             "current_job": r.current_job, "info": r.info, "started_at": iso(r.started_at),
+            "engines": engines_of(r.engines),
         })
     return out
+
+
+def engines_of(column: str | None) -> list[str]:
+    """The engines a worker row says its device runs (both when it does not say)."""
+    return list(BOTH) if column is None else [e for e in column.split(",") if e]
 
 
 def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[str]:
@@ -106,16 +118,18 @@ def forget(url: str, name: str) -> None:
         session.query(WorkerBeat).filter(WorkerBeat.name == name).delete()
 
 
-def kinds(url: str, ttl: float, wanted: tuple[str, ...]) -> tuple[set[str], set[str]]:
-    """Which of the device kinds `wanted` have a live worker, and which have any: what routing
-    an `auto` job needs, asked of SQL (reading every worker's row for it cost a fleet of 1,000
-    devices tens of milliseconds a submit)."""
+def kinds(url: str, ttl: float, wanted: tuple[str, ...],
+          engine: str | None = None) -> tuple[set[str], set[str]]:
+    """Which of the device kinds `wanted` have a live worker (with `engine`, when given), and
+    which have any: what routing an `auto` job needs, asked of SQL (reading every worker's row
+    for it cost a fleet of 1,000 devices tens of milliseconds a submit)."""
     cutoff = utcnow() - timedelta(seconds=ttl)
     live, known = set(), set()
+    runs = [or_(WorkerBeat.engines.is_(None), WorkerBeat.engines.like(f"%{engine}%"))] if engine else []
     with session_scope(url) as session:
         for kind in wanted:
             seen = session.execute(select(func.count(), func.max(WorkerBeat.last_seen))
-                                   .where(WorkerBeat.device.like(f"{kind}:%"))).one()
+                                   .where(WorkerBeat.device.like(f"{kind}:%"), *runs)).one()
             if seen[0]:
                 known.add(kind)
             if seen[1] is not None and as_utc(seen[1]) >= cutoff:

@@ -195,7 +195,7 @@ def device_records(url: str, ttl: float) -> list[dict[str, Any]]:
             "alive": w["alive"], "queued": counts.get((w["queue"], JobStatus.QUEUED), 0),
             "running": running.get(w["name"], 0), "current_job": w["current_job"],
             "last_heartbeat": w["last_seen"], "heartbeat_age": w["heartbeat_age"],
-            "pid": w["pid"], "started_at": w["started_at"],
+            "pid": w["pid"], "started_at": w["started_at"], "engines": w["engines"],
             **{k: v for k, v in (w["info"] or {}).items() if k != "device"},
         })
     return records

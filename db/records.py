@@ -26,6 +26,7 @@ class WorkerRecord(TypedDict):
     current_job: int | None
     info: dict[str, Any] | None
     started_at: str | None  # when its process registered: a restart moves it
+    engines: list[str]  # what its device runs: "mxnet", "onnx" (both when not said)
 
 
 class MetricPoint(TypedDict):

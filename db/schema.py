@@ -150,6 +150,8 @@ class WorkerBeat(Base):
     last_seen: Mapped[datetime | None]  # None: stopped or known dead
     current_job: Mapped[int | None]
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The engines its device runs ("mxnet,onnx"; None: not said, taken as both): routing's filter.
+    engines: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (Index("ix_workers_node_device", "node", "device"),)
 

@@ -23,8 +23,9 @@ from mxq.device import Device
 from mxq.tasks.inputs import InputSource
 from mxq.tasks.runner import JobContext, JobInputError, placement
 from mxq.workers import messages
+from mxq.workers.devices import engines_for
 from mxq.workers.jobspecs import InferParams
-from mxq.workers.queues import device_queue, pool_queue
+from mxq.workers.queues import device_queue, pool_queues
 from mxq.workers.settings import Settings, get_settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
@@ -49,8 +50,10 @@ def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
 
 
 def _queues(job: JobContext) -> list[str]:
-    spec = Device.parse(job.device)
-    return [device_queue(get_settings().node, spec.kind, spec.index), pool_queue(spec.kind)]
+    """The queues this worker consumes: its device's and its kind's pools for its engines."""
+    spec, s = Device.parse(job.device), get_settings()
+    return [device_queue(s.node, spec.kind, spec.index),
+            *pool_queues(spec.kind, engines_for(spec.kind, s.mxnet_unusable))]
 
 
 def _candidates(job: JobContext, model: ModelRecord, room: int,

@@ -24,7 +24,7 @@ from mxq.errors import UserError
 from mxq.workers import heartbeat, leases
 from mxq.workers.app import app
 from mxq.workers.publish import publish
-from mxq.workers.queues import device_queue, pool_queue, worker_name
+from mxq.workers.queues import device_queue, pool_queues, worker_name
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -209,10 +209,11 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
 
 
 def _meant_for_another(at: Placement, queue: str) -> str | None:
-    """The device queue a job belongs to when it is not this worker's own or its pool's (a
-    duplicate message on the pool must not run a job asked for another device); else None."""
+    """The device queue a job belongs to when it is not this worker's own or one of its kind's
+    pools (a duplicate message on the pool must not run a job asked for another device); else
+    None."""
     spec = Device.parse(at.device)
-    if queue in (device_queue(at.node, spec.kind, spec.index), pool_queue(spec.kind)):
+    if queue in (device_queue(at.node, spec.kind, spec.index), *pool_queues(spec.kind)):
         return None
     return queue
 

@@ -74,14 +74,16 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
 
 
 def _free_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
-    """The live, unleased devices of `own`'s kind on this node besides `own`. JobInputError:
-    the node has fewer than K such devices at all; LookupError: fewer are free now (wait)."""
+    """The live, unleased devices of `own`'s kind on this node besides `own` that run MXNet (an
+    H200 beside A100s serves inference only). JobInputError: the node has fewer than K such
+    devices at all; LookupError: fewer are free now (wait)."""
     kind = Device.parse(own).kind
     known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-             if Device.parse(w["device"]).kind == kind]
+             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
     if len(known) < p.devices:  # waiting would never end: fail with what there is
         raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
-                            f"{kind} devices ({', '.join(w['device'] for w in known) or 'none'})")
+                            f"{kind} devices that run MXNet "
+                            f"({', '.join(w['device'] for w in known) or 'none'})")
     live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
     held = leases.holders(s.broker, s.node, [w["device"] for w in live])
     free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]

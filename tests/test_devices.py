@@ -81,7 +81,9 @@ def test_gpu_workers_are_pinned_one_gpu_each(tmp_path: Path) -> None:
     assert "gpu:1" in refused[0] and "sm_90" in refused[0]
     env = specs[0].env
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["MXQ_DEVICE"] == "gpu:0"
-    assert specs[0].queues == ["box1.gpu.0", "pool.gpu"]
+    # MXNet runs it; ONNX Runtime's GPU build (gpu-onnx) is not installed in the test venv
+    assert specs[0].queues == ["box1.gpu.0", "pool.gpu", "pool.gpu.mxnet"]
+    assert specs[0].engines == ("mxnet",)
     cmd = specs[0].command
     assert cmd[cmd.index("--pool") + 1] == "solo" and cmd[cmd.index("-n") + 1] == "gpu0@box1"
     assert cmd[cmd.index("--prefetch-multiplier") + 1] == "1"
@@ -93,7 +95,8 @@ def test_cpu_workers_split_the_cores_and_see_no_gpu(tmp_path: Path) -> None:
     for spec in specs:
         assert spec.env["CUDA_VISIBLE_DEVICES"] == ""
         assert int(spec.env["OMP_NUM_THREADS"]) == len(spec.cores) >= 1
-    assert [s.queues for s in specs] == [["box1.cpu.0", "pool.cpu"], ["box1.cpu.1", "pool.cpu"]]
+    pools = ["pool.cpu", "pool.cpu.mxnet", "pool.cpu.onnx"]
+    assert [s.queues for s in specs] == [["box1.cpu.0", *pools], ["box1.cpu.1", *pools]]
 
 
 def _worker_cli(tmp_path: Path, fixture: str, build: str) -> tuple[int, str, dict]:

@@ -53,14 +53,14 @@ def test_auto_spreads_jobs_over_both_devices(workers: Stack) -> None:
     ids = [submit(workers.settings, "probe", dict(SMALL), "auto") for _ in range(20)]
     records = [workers.wait(i) for i in ids]
     assert {r["status"] for r in records} == {"succeeded"}
-    assert {r["queue"] for r in records} == {"pool.cpu"}
+    assert {r["queue"] for r in records} == {"pool.cpu.mxnet"}  # a probe needs MXNet
     per_device = Counter(r["device"] for r in records)
     assert set(per_device) == {"cpu:0", "cpu:1"}, per_device
     history = workers.mxq_json("jobs", "--kind", "probe", "--limit", "500")
     assert set(ids) <= {r["id"] for r in history}
 
 
-def test_each_worker_consumes_its_queue_and_the_pool_only(workers: Stack) -> None:
+def test_each_worker_consumes_its_queue_and_its_pools_only(workers: Stack) -> None:
     import subprocess
     import sys
 
@@ -69,8 +69,9 @@ def test_each_worker_consumes_its_queue_and_the_pool_only(workers: Stack) -> Non
                           capture_output=True, text=True, env=workers.environ(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     queues = {name: sorted(q["name"] for q in qs) for name, qs in json.loads(proc.stdout).items()}
-    assert queues == {f"cpu0@{NODE}": sorted([f"{NODE}.cpu.0", "pool.cpu"]),
-                      f"cpu1@{NODE}": sorted([f"{NODE}.cpu.1", "pool.cpu"])}
+    pools = ["pool.cpu", "pool.cpu.mxnet", "pool.cpu.onnx"]  # (both engines run CPU devices)
+    assert queues == {f"cpu0@{NODE}": sorted([f"{NODE}.cpu.0", *pools]),
+                      f"cpu1@{NODE}": sorted([f"{NODE}.cpu.1", *pools])}
 
 
 def test_devices_and_job_history_json(workers: Stack) -> None:

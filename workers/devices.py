@@ -205,6 +205,27 @@ def onnx_runs_gpus() -> bool:
     return True
 
 
+def onnx_installed() -> bool:
+    """Whether any ONNX Runtime build is installed (the CPU one of the cpu extra, or the GPU
+    one, which runs CPU devices too), without importing it."""
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return True
+    return False
+
+
+def engines_for(kind: str, mxnet_unusable: str | None = None) -> tuple[str, ...]:
+    """The engines a device of `kind` runs with what this host has installed: MXNet unless it
+    cannot run the device (`mxnet_unusable`, or no MXNet at all), ONNX Runtime where its build
+    for that kind is installed (a GPU needs the gpu-onnx extra's onnxruntime-gpu)."""
+    mxnet = installed_mxnet() is not None and mxnet_unusable is None
+    onnx = onnx_runs_gpus() if kind == "gpu" else onnx_installed()
+    return tuple(e for e, has in (("mxnet", mxnet), ("onnx", onnx)) if has)
+
+
 def _sm(compute_cap: str) -> int:
     major, _, minor = compute_cap.partition(".")
     return int(major) * 10 + int(minor or 0)

@@ -14,6 +14,7 @@ import time
 
 from mxq.db import fleet
 from mxq.device import Device
+from mxq.workers.devices import engines_for
 from mxq.workers.queues import device_queue, worker_name
 from mxq.workers.settings import get_settings
 
@@ -76,7 +77,7 @@ def start(**_: object) -> None:
     spec = Device.parse(s.device)
     name = worker_name(s.node, spec.kind, spec.index)
     fleet.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
-                     os.getpid(), {})
+                   os.getpid(), {}, engines=engines_for(spec.kind, s.mxnet_unusable))
     current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds)
     current.start()
     log.info("%s is live on %s", name, s.device)

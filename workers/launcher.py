@@ -22,10 +22,17 @@ from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
 from mxq.workers import groups, procs
-from mxq.workers.devices import NVRTC_MIN_DRIVER, Device, fusion_off, incompatibility, onnx_runs_gpus
+from mxq.workers.devices import (
+    NVRTC_MIN_DRIVER,
+    Device,
+    engines_for,
+    fusion_off,
+    incompatibility,
+    onnx_runs_gpus,
+)
 from mxq.workers.embedded import EmbeddedRedis
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
-from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queue, worker_name
+from mxq.workers.queues import CONTROL_QUEUE, device_queue, pool_queues, worker_name
 from mxq.workers.recovery import recover_worker
 from mxq.workers.settings import Settings
 
@@ -44,6 +51,7 @@ class WorkerSpec:
     command: list[str]
     env: dict[str, str]
     cores: list[int] = field(default_factory=list)
+    engines: tuple[str, ...] = ()  # what its device runs: the engine pools it consumes
 
 
 def worker_env(settings: Settings, device: Device, cores: list[int],
@@ -87,13 +95,15 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
                         "worker runs with MXNet's kernel fusion off (MXNET_USE_FUSION=0)",
                         device.label, device.driver_version, NVRTC_MIN_DRIVER)
         name = worker_name(settings.node, device.kind, device.index)
-        queues = [device_queue(settings.node, device.kind, device.index), pool_queue(device.kind)]
+        engines = engines_for(device.kind, mxnet_unusable)
+        queues = [device_queue(settings.node, device.kind, device.index),
+                  *pool_queues(device.kind, engines)]
         cores = cpu_cores(device.index, len(cpus)) if device.kind == "cpu" else []
         command = [sys.executable, "-m", "celery", "-A", "mxq.workers", "worker", "--pool", "solo",
                    "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", ",".join(queues),
                    "-n", name, "--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
         specs.append(WorkerSpec(device, name, queues, command,
-                                worker_env(settings, device, cores, mxnet_unusable), cores))
+                                worker_env(settings, device, cores, mxnet_unusable), cores, engines))
     return specs, refused
 
 
@@ -182,7 +192,7 @@ class Launcher:
             if s.device is None:
                 continue
             beats.register(self.settings.database, s.name, self.settings.node, s.device.label,
-                           s.queues[0], None, s.device.info(), alive=False)
+                           s.queues[0], None, s.device.info(), alive=False, engines=s.engines)
 
     def _on_exit(self, child: Child, code: int) -> None:
         name = child.spec.name

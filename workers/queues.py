@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mxq.device import Device
+from mxq.device import KINDS, Device
+from mxq.engines import RUNTIMES
 from mxq.errors import UserError
 
 CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
@@ -54,9 +55,22 @@ def device_queue(node: str, kind: str, index: int) -> str:
     return f"{node}.{kind}.{index}"
 
 
-def pool_queue(kind: str) -> str:
-    """The shared queue every live worker of `kind`, on every node, also consumes."""
-    return f"pool.{kind}"
+def pool_queue(kind: str, engine: str | None = None) -> str:
+    """The shared queue of `kind`: `pool.<kind>` for jobs either engine serves, which every live
+    worker of that kind on every node consumes; `pool.<kind>.<engine>` for jobs that need that
+    engine, consumed only by the workers that have it (an H200's worker, ONNX Runtime only, never
+    takes a training)."""
+    return f"pool.{kind}.{engine}" if engine else f"pool.{kind}"
+
+
+def pool_queues(kind: str, engines: tuple[str, ...] = RUNTIMES) -> list[str]:
+    """The pools a worker of `kind` with `engines` consumes."""
+    return [pool_queue(kind), *(pool_queue(kind, e) for e in engines)]
+
+
+def all_pools() -> list[str]:
+    """Every pool queue mxq routes to."""
+    return [q for kind in KINDS for q in pool_queues(kind)]
 
 
 def worker_name(node: str, kind: str, index: int) -> str:

@@ -33,7 +33,7 @@ from mxq.workers import leases
 from mxq.workers.fires import submit_fire
 from mxq.workers.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
 from mxq.workers.publish import publish, requeue
-from mxq.workers.queues import CONTROL_QUEUE, pool_queue
+from mxq.workers.queues import CONTROL_QUEUE, all_pools
 from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def _known_queues(settings: Settings) -> set[str]:
         jobs_at = set(session.scalars(select(Job.queue).distinct().where(
             Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))))
     return ({w["queue"] for w in workers} | jobs_at
-            | {pool_queue("cpu"), pool_queue("gpu"), CONTROL_QUEUE})
+            | {*all_pools(), CONTROL_QUEUE})
 
 
 def reconcile(settings: Settings) -> Report:

@@ -51,7 +51,7 @@ def offline_rows(waiting: dict[str, tuple[int, datetime]], served: set[str],
                  now: datetime) -> list[dict[str, Any]]:
     """A row for each device queue holding queued jobs that no known worker serves: the jobs
     would otherwise wait unseen until a worker for that device starts."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for queue, entry in sorted(waiting.items()):
         match = DEVICE_QUEUE.match(queue)
         if queue in served or match is None:
@@ -62,6 +62,6 @@ def offline_rows(waiting: dict[str, tuple[int, datetime]], served: set[str],
             "worker": worker_name(node, kind, index), "alive": False, "offline": True,
             "queued": entry[0], "running": 0, "current_job": None, "last_heartbeat": None,
             "heartbeat_age": None, "pid": None, "started_at": None, "leased_by": None,
-            "samples_per_sec": None, "oldest_wait_seconds": _age(entry, now),
+            "samples_per_sec": None, "oldest_wait_seconds": _age(entry, now), "engines": [],
         })
     return rows

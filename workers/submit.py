@@ -29,13 +29,14 @@ from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
 from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
 from mxq.db.registry import resolve
 from mxq.device import Device
+from mxq.engines import disagreement, needed
 from mxq.errors import Conflict, JobRejected
 from mxq.workers.app import app_for
 from mxq.workers.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.publish import BrokerTimeout, SubmitError, publish, task_name, within
 from mxq.workers.queues import parse_device
-from mxq.workers.routing import Route, route
+from mxq.workers.routing import Need, Route, describe, route
 from mxq.workers.settings import Settings
 
 # An idempotency key comes from outside (a header, a flag): bounded, one line, no spaces; a UUID,
@@ -133,6 +134,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
     if key not in models:
         models[key] = resolve(settings.database, *key)
     model = models[key]
+    models.setdefault((name, model["version"]), model)  # as the prepared job names it
     path = confine(settings, params["input"])
     size = _input_bytes(path)
     if size > settings.max_input_bytes:
@@ -160,16 +162,28 @@ def _check_one_node(settings: Settings, params: dict[str, Any]) -> None:
     """Refuse more devices than this node has of the kind, or a listed device it does not have
     (no worker known yet: the job waits for them)."""
     kind = Device.parse(params["device_list"][0]).kind if params["device_list"] else None
-    workers = list_workers(settings.database, settings.heartbeat_ttl, settings.node)
-    have = sorted(w["device"] for w in workers if kind is None or Device.parse(w["device"]).kind == kind)
+    workers = [w for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
+               if kind is None or Device.parse(w["device"]).kind == kind]
+    have = sorted(w["device"] for w in workers if "mxnet" in w["engines"])
     most = max(Counter(Device.parse(d).kind for d in have).values(), default=0)
     if have and params["devices"] > most:
         raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
-                          f"({', '.join(have) or 'none'}); a training job runs on one node")
+                          f"that run MXNet ({', '.join(have) or 'none'}); a training job runs on "
+                          "one node")
     for device in params["device_list"] or []:
         if device not in have:
-            raise ParamsError(f"device {device} is not known on node {settings.node}; "
-                              f"known: {', '.join(have) or 'none'}")
+            raise ParamsError(_not_trainable(settings, device, workers, have))
+
+
+def _not_trainable(settings: Settings, device: str, workers: list[WorkerRecord],
+                   have: list[str]) -> str:
+    """Why a listed device cannot take part in a training: unknown, or without MXNet."""
+    worker = next((w for w in workers if w["device"] == device), None)
+    if worker is None:
+        return (f"device {device} is not known on node {settings.node}; "
+                f"known: {', '.join(sorted(w['device'] for w in workers)) or 'none'}")
+    return (f"device {describe(worker)} on node {settings.node} runs ONNX Runtime only, and a "
+            f"training needs MXNet; devices that can: {', '.join(have) or 'none on this node'}")
 
 
 def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
@@ -177,7 +191,7 @@ def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
     if not known:
         return
     per_node: dict[tuple[str, str], int] = {}
-    for w in known:
+    for w in (w for w in known if "mxnet" in w["engines"]):
         key = (w["node"], Device.parse(w["device"]).kind)
         per_node[key] = per_node.get(key, 0) + 1
     fit = {node for (node, _), n in per_node.items() if n >= params["devices"]}
@@ -203,6 +217,26 @@ def _checked_route(settings: Settings, kind: str, device: str, allow_offline: bo
     spec = parse_device(device)
     check_database(settings)
     return route(settings, spec, allow_offline)
+
+
+def _need(kind: str, params: dict[str, Any], models: Models) -> Need:
+    """The engine the prepared job cannot run without (`mxq.engines.needed`), in words."""
+    if kind != "infer":
+        return Need(needed(kind), f"a {'training' if kind == 'train' else kind}")
+    asked, model = params.get("engine", "auto"), models[(params["model"], params["model_version"])]
+    engine = needed(kind, asked, model.get("onnx"))
+    if engine is None or asked == engine:
+        return Need(engine, f"inference with --engine {asked}")
+    return Need(engine, f"inference of {params['model']}:{params['model_version']} "
+                        f"({disagreement(model.get('onnx'))})")
+
+
+def _engine_route(settings: Settings, device: str, allow_offline: bool, need: Need,
+                  where: Route) -> Route:
+    """Where a job that needs one engine goes (`where` when it needs none)."""
+    if need.engine is None:
+        return where
+    return route(settings, parse_device(device), allow_offline, need)
 
 
 def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
@@ -261,10 +295,12 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     """
     key = check_key(idempotency_key)
     where = _checked_route(settings, kind, device, allow_offline)
+    models: Models = {}
     try:
-        params = _prepare(settings, kind, params, {})
+        params = _prepare(settings, kind, params, models)
     except (ParamsError, PathError, LookupError) as exc:
         raise _reject(settings, kind, params, where, exc) from None
+    where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
     if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
         return earlier  # before the broker is asked: a retry answers even while it hangs
     try:
@@ -312,6 +348,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
         except (ParamsError, PathError, LookupError) as exc:
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from None
+    where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
     try:
         within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
@@ -321,6 +358,16 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
                           "the reconciler publishes the jobs already recorded") from None
     return ids
+
+
+def _common_need(kind: str, checked: list[dict[str, Any]], models: Models) -> Need:
+    """The one engine every job of a submit_many needs (one queue serves them all)."""
+    needs = {n.engine: n for n in (_need(kind, p, models) for p in checked)}
+    engines = set(needs) - {None}
+    if len(engines) > 1:
+        raise ParamsError("these jobs need different engines (some MXNet, some ONNX Runtime): "
+                          "submit each engine's jobs apart; nothing was queued")
+    return needs[engines.pop()] if engines else Need()
 
 
 def _send_many(settings: Settings, kind: str, queue: str, ids: list[int]) -> None:

@@ -1,0 +1,123 @@
+"""A host with GPUs of two kinds: an A100 and an L40S that MXNet runs, and an H200 that only ONNX
+Runtime runs (the gpu-onnx extra). Inference may go to every GPU; training and probes only to the
+ones MXNet runs: through the pool, through a named device, through a device list and through the
+leases of a multi-device training. No GPU exists here: the workers are rows as their launcher and
+heartbeat write them (with the engines each device runs), and nothing consumes what is queued.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mxq.db.fleet import register
+from mxq.db.history import require_job
+from mxq.errors import JobRejected
+from mxq.tasks.runner import JobInputError
+from mxq.tasks.train_task import choose_devices
+from mxq.workers import launcher
+from mxq.workers.devices import parse_nvidia_smi
+from mxq.workers.jobspecs import TrainParams
+from mxq.workers.routing import RoutingError
+from mxq.workers.settings import Settings
+from mxq.workers.submit import submit
+from tests.conftest import FIXTURES, NODE, Stack
+
+pytestmark = pytest.mark.both_legs
+
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "compute_cap": "8.0"}
+L40S = {"name": "NVIDIA L40S", "compute_cap": "8.9"}
+H200 = {"name": "NVIDIA H200", "compute_cap": "9.0"}
+TRAIN = {"arch": "mlp", "dataset": "digits", "name": "mixed", "epochs": 1}
+
+
+def _mixed(stack: Stack) -> Settings:
+    """gpu:0 (A100) and gpu:1 (L40S) run both engines, gpu:2 (H200) ONNX Runtime only."""
+    s = stack.settings
+    for index, info, engines in ((0, A100, ("mxnet", "onnx")), (1, L40S, ("mxnet", "onnx")),
+                                 (2, H200, ("onnx",))):
+        register(s.database, f"gpu{index}@{NODE}", NODE, f"gpu:{index}", f"{NODE}.gpu.{index}",
+                 None, info, engines=engines)
+    return s
+
+
+@pytest.fixture
+def mixed(isolated: Stack) -> Stack:
+    model = isolated.mxq("models", "add", "m4", "--arch", "mlp", "--input-shape", "4",
+                         "--classes", "3", "--json")
+    assert model.returncode == 0, model.stderr
+    np.save(isolated.home / "data" / "x.npy", np.ones((8, 4), np.float32))
+    _mixed(isolated)  # (beating from now: registering a model takes longer than a heartbeat)
+    return isolated
+
+
+def _queue(stack: Stack, job_id: int) -> str:
+    return require_job(stack.settings.database, job_id)["queue"]
+
+
+def test_the_launcher_gives_the_h200_no_pool_that_trains(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from mxq.workers import devices
+
+    monkeypatch.setattr(launcher, "onnx_runs_gpus", lambda: True)
+    monkeypatch.setattr(devices, "onnx_runs_gpus", lambda: True)
+    gpus = parse_nvidia_smi((FIXTURES / "nvidia-smi" / "a100-l40s-h200.csv").read_text())
+    specs, refused = launcher.plan(Settings(node="box1", home=tmp_path), gpus, "mxnet-cu112")
+    assert refused == []
+    queues = {s.name: s.queues for s in specs}
+    assert queues["gpu2@box1"] == ["box1.gpu.2", "pool.gpu", "pool.gpu.onnx"]
+    assert queues["gpu0@box1"] == ["box1.gpu.0", "pool.gpu", "pool.gpu.mxnet", "pool.gpu.onnx"]
+    assert {s.name: s.engines for s in specs}["gpu2@box1"] == ("onnx",)
+
+
+def test_trainings_and_probes_go_to_the_mxnet_pool(mixed: Stack) -> None:
+    s = mixed.settings
+    assert _queue(mixed, submit(s, "train", TRAIN, "auto:gpu")) == "pool.gpu.mxnet"
+    assert _queue(mixed, submit(s, "probe", {}, "auto")) == "pool.gpu.mxnet"
+
+
+def test_inference_goes_where_its_engine_runs(mixed: Stack) -> None:
+    s = mixed.settings
+    job = {"model": "m4", "input": "x.npy"}
+    assert _queue(mixed, submit(s, "infer", job, "auto:gpu")) == "pool.gpu"  # every GPU serves it
+    assert _queue(mixed, submit(s, "infer", {**job, "engine": "mxnet"}, "auto")) == "pool.gpu.mxnet"
+    assert _queue(mixed, submit(s, "infer", {**job, "engine": "onnx"}, "auto")) == "pool.gpu.onnx"
+    assert _queue(mixed, submit(s, "infer", job, "gpu:2")) == f"{NODE}.gpu.2"
+    with pytest.raises(RoutingError) as refused:
+        submit(s, "infer", {**job, "engine": "mxnet"}, "gpu:2")
+    assert str(refused.value) == (
+        f"device gpu:2 (NVIDIA H200, compute capability 9.0) on node {NODE} runs ONNX Runtime "
+        "only, and inference with --engine mxnet needs MXNet; devices that can: gpu:0, gpu:1 (or "
+        "--device auto:gpu)")
+
+
+def test_a_training_named_onto_the_h200_is_refused_at_submit(mixed: Stack) -> None:
+    s = mixed.settings
+    with pytest.raises(RoutingError, match=r"^device gpu:2 \(NVIDIA H200, compute capability 9.0\) "
+                                           r".*a training needs MXNet; devices that can: gpu:0, gpu:1"):
+        submit(s, "train", TRAIN, "gpu:2")
+    with pytest.raises(RoutingError, match="a probe needs MXNet"):
+        submit(s, "probe", {}, "gpu:2")
+    with pytest.raises(JobRejected) as listed:  # the list's first device is fine, its second not
+        submit(s, "train", {**TRAIN, "device_list": ["gpu:0", "gpu:2"]}, "gpu:0")
+    assert "device gpu:2 (NVIDIA H200, compute capability 9.0)" in str(listed.value)
+    assert "a training needs MXNet; devices that can: gpu:0, gpu:1" in str(listed.value)
+    with pytest.raises(JobRejected, match="3 devices asked but node .* has 2 that run MXNet"):
+        submit(s, "train", {**TRAIN, "devices": 3}, "auto:gpu")
+
+
+def test_a_multi_device_training_leases_only_gpus_mxnet_runs(mixed: Stack, tmp_path) -> None:  # noqa: ANN001
+    s = mixed.settings.model_copy(update={"nvidia_smi": str(tmp_path / "absent")})
+    two = TrainParams(**{**TRAIN, "devices": 2})
+    assert choose_devices(s, two, "gpu:0") == ["gpu:0", "gpu:1"]
+    with pytest.raises(JobInputError, match=r"3 devices asked but node \S+ has 2 gpu devices that "
+                                            r"run MXNet \(gpu:0, gpu:1\)"):
+        choose_devices(s, TrainParams(**{**TRAIN, "devices": 3}), "gpu:0")
+
+
+def test_no_mxnet_gpu_live_means_no_route_for_a_training(isolated: Stack) -> None:
+    s = isolated.settings
+    register(s.database, f"gpu2@{NODE}", NODE, "gpu:2", f"{NODE}.gpu.2", None, H200,
+             engines=("onnx",))
+    with pytest.raises(RoutingError, match=r"no live gpu worker that runs MXNet \(a training needs "
+                                           r"it\)"):
+        submit(s, "train", TRAIN, "auto:gpu")
