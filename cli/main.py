@@ -326,7 +326,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           dataset: Annotated[str, typer.Argument(help="digits, .npz (X, y), .csv, image folder or .rec")],
           name: Annotated[str, typer.Option("--name", help="Model name the result registers as.")],
           devices: Annotated[int, typer.Option("--devices", help="K devices of one node.")] = 1,
-          device: Annotated[str | None, typer.Option("--device", help="Exact devices: gpu:0,gpu:1")] = None,
+          device: Annotated[str | None, typer.Option("--device", help="Exact devices (gpu:0,gpu:1), or any of a kind (auto:gpu).")] = None,
           nodes: Annotated[int, typer.Option("--nodes", help="Train on N nodes (dist_sync), K devices each.")] = 1,  # noqa: E501
           epochs: int = 10, batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 64,
           lr: float = 0.1, optimizer: Annotated[str, typer.Option(help="sgd, adam or nag")] = "sgd",
@@ -338,14 +338,24 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
     """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
-    device_list = [d.strip() for d in device.split(",")] if device else None
+    route, device_list = _train_devices(device)
     params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
               "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None}
-    route = device_list[0] if device_list else "auto"
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key)
+
+
+def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
+    """`--device` of a training: where it is routed and the devices it lists. `auto:gpu` (any
+    GPU) is a route, not a list; `gpu:0,gpu:1` a list, routed to its first device."""
+    if device is None:
+        return "auto", None
+    entries = [d.strip() for d in device.split(",")]
+    if len(entries) == 1 and entries[0].lower().startswith("auto"):
+        return entries[0], None
+    return entries[0], entries
 
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,

@@ -7,6 +7,8 @@ heartbeat write them (with the engines each device runs), and nothing consumes w
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -121,3 +123,27 @@ def test_no_mxnet_gpu_live_means_no_route_for_a_training(isolated: Stack) -> Non
     with pytest.raises(RoutingError, match=r"no live gpu worker that runs MXNet \(a training needs "
                                            r"it\)"):
         submit(s, "train", TRAIN, "auto:gpu")
+
+
+def test_a_training_asked_for_any_gpu_is_routed_not_listed(isolated: Stack) -> None:
+    """`mxq train --device auto:gpu` was taken for a device list and failed on the worker."""
+    proc = isolated.mxq("train", "mlp", "digits", "--name", "anygpu", "--device", "auto:gpu",
+                        "--allow-offline", "--json")
+    assert proc.returncode == 0, proc.stderr
+    job = require_job(isolated.settings.database, json.loads(proc.stdout)["id"])
+    assert (job["requested_device"], job["queue"], job["params"]["device_list"]) == \
+        ("auto:gpu", "pool.gpu.mxnet", None)
+
+
+@pytest.mark.parametrize(("listed", "said"), [
+    (["auto:gpu"], "--device auto:gpu names no device: list devices of one node (gpu:0,gpu:1), or "
+                   "ask for any of a kind as the job's device (auto:gpu)"),
+    (["gpu:0@box2"], "--device 'gpu:0@box2' is not a device of this node: list gpu:N or cpu:N"),
+    (["gpu:0", "tpu:1"], "--device 'tpu:1' is not a device of this node"),
+])
+def test_a_device_list_a_worker_would_refuse_is_refused_at_submit(isolated: Stack, listed: list[str],
+                                                                 said: str) -> None:
+    with pytest.raises(JobRejected) as refused:
+        submit(isolated.settings, "train", {**TRAIN, "device_list": listed}, "auto",
+               allow_offline=True)
+    assert said in str(refused.value) and "\n" not in str(refused.value)

@@ -392,9 +392,14 @@ def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
     from mxq.workers.jobspecs import ParamsError, validate
     from mxq.workers.submit import _check_nodes
 
-    known = [{"node": "a", "device": "cpu:0"}, {"node": "a", "device": "cpu:1"},
-             {"node": "b", "device": "cpu:0"}]
+    both = ["mxnet", "onnx"]
+    known = [{"node": "a", "device": "cpu:0", "engines": both},
+             {"node": "a", "device": "cpu:1", "engines": both},
+             {"node": "b", "device": "cpu:0", "engines": both},
+             {"node": "c", "device": "gpu:0", "engines": ["onnx"]}]  # (an H200 trains nothing)
     _check_nodes(known, {"nodes": 2, "devices": 1})
+    with pytest.raises(ParamsError, match="3 nodes with 1 devices each asked but 2 nodes have"):
+        _check_nodes(known, {"nodes": 3, "devices": 1})
     with pytest.raises(ParamsError, match="2 nodes with 2 devices each asked but 1 nodes have"):
         _check_nodes(known, {"nodes": 2, "devices": 2})
     with pytest.raises(ParamsError, match="names devices of one node, not of --nodes 2: use --devices K"):

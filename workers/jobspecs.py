@@ -22,6 +22,7 @@ from mxq.device import Device
 from mxq.errors import UserError
 from mxq.ids import MAX_ID
 from mxq.names import NAME_PATTERN
+from mxq.workers.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
 # Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
@@ -153,6 +154,21 @@ class DistRole(BaseModel):
     env: dict[str, str] = Field(description="DMLC_* settings every role of the job shares.")
 
 
+def _named_device(entry: str) -> str:
+    """One device of a training's device list, as a worker names it (`gpu:0`): a device on this
+    node, never `auto` (a kind's pool is the job's device, not a list entry) nor `@NODE`."""
+    try:
+        spec = parse_device(entry)
+    except DeviceSpecError:
+        raise ValueError(f"--device {entry!r} is not a device of this node: list gpu:N or cpu:N "
+                         "(N a device index such as 0), e.g. gpu:0,gpu:1") from None
+    if spec.auto:
+        raise ValueError(f"--device {entry} names no device: list devices of one node (gpu:0,gpu:1), "
+                         f"or ask for any of a kind as the job's device ({spec}), as `mxq train "
+                         f"--device {spec}` does")
+    return str(spec)
+
+
 class TrainOptions(BaseModel):
     """How to train (architecture, devices, epochs, optimizer, ...): what a training job and a
     retraining schedule share."""
@@ -182,6 +198,11 @@ class TrainOptions(BaseModel):
     @classmethod
     def _batch_limit(cls, value: int, info: ValidationInfo) -> int:
         return _at_most(value, info, "max_batch_size")
+
+    @field_validator("device_list")
+    @classmethod
+    def _named_devices(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_named_device(d) for d in value]
 
     @model_validator(mode="after")
     def _devices_agree(self) -> TrainOptions:
