@@ -15,6 +15,11 @@ beating, or nodes that have not all joined within MXQ_DIST_START_SECONDS stop th
 (its trainer and, on part 0, the scheduler and server are killed). A part is never retried: a
 dist_sync training cannot take a replacement worker mid-run.
 
+Every role binds the very address it announces, its node's MXQ_NODE_ADDRESS (ps-lite hands it
+to ZeroMQ for both; there is no separate bind address): a node whose host does not own it (a
+container's published address behind NAT) fails at once (`check_address`), and a container
+takes part under host networking only.
+
 The last part to finish settles the job (`db.jobs.settle_parent`): samples/s summed over the
 nodes, per node in `result.per_node`, per device (`cpu:0@node`) in the epochs. Rank 0 registers
 the model, once.
@@ -23,10 +28,12 @@ the model, once.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -52,6 +59,7 @@ log = logging.getLogger(__name__)
 
 ROLE_EXIT_SECONDS = 30.0  # after the training, the scheduler and server get this long to exit
 LOG_TAIL_BYTES = 2000
+SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's IPv4 address
 
 
 def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]:
@@ -77,9 +85,10 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
 
 
 def _workers_by_node(s: Settings, kind: str) -> dict[str, list[WorkerRecord]]:
+    """Per node, its workers of `kind` that can train (MXNet runs their device)."""
     by_node: dict[str, list[WorkerRecord]] = {}
     for w in list_workers(s.database, s.heartbeat_ttl):
-        if Device.parse(w["device"]).kind == kind:
+        if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]:
             by_node.setdefault(w["node"], []).append(w)
     return by_node
 
@@ -99,14 +108,50 @@ def _live_and_idle(s: Settings, by_node: dict[str, list[WorkerRecord]]
     return live, idle
 
 
-def free_port(address: str) -> int:
+def free_port(s: Settings) -> int:
+    """A free port on this node's address, for the ps-lite scheduler; JobFailed when this host
+    cannot bind that address (`address_refused`)."""
     try:
         with socket.socket() as sock:
-            sock.bind((address, 0))
-            return sock.getsockname()[1]
+            sock.bind((s.address, 0))
+            return int(sock.getsockname()[1])
     except OSError as exc:
-        raise JobFailed(f"cannot open a port on {address} for the ps-lite scheduler ({exc}); "
-                        "MXQ_NODE_ADDRESS must be an address of this host") from None
+        raise JobFailed(address_refused(s, exc)) from None
+
+
+def check_address(s: Settings) -> None:
+    """Fail this node's part before its trainer starts when this host cannot bind its address:
+    ps-lite would only say 'bind failed' (and, on part 0, the other nodes would wait for it)."""
+    free_port(s)
+
+
+def address_refused(s: Settings, exc: OSError) -> str:
+    """Why this node cannot take part, in one line. ps-lite's roles bind the very address they
+    announce (ZeroMQ binds DMLC_NODE_HOST; there is no separate bind address), so an address this
+    host does not own, such as a container's published address behind NAT, cannot work: the fix is
+    an address of the host itself, which a container has under host networking."""
+    origin = ("MXQ_NODE_ADDRESS" if s.node_address else
+              "the default route's interface, as MXQ_NODE_ADDRESS is unset")
+    owned = ", ".join(host_addresses()) or "none found"
+    return (f"node {s.node} cannot bind its address {s.address} ({origin}) for ps-lite: "
+            f"{exc.strerror or exc}; ps-lite binds the address it announces, so "
+            f"MXQ_NODE_ADDRESS must be an IPv4 address of this host that the other nodes reach "
+            f"(this host has: {owned}); in a container, give the worker host networking "
+            "(docker-compose.yml's worker service has it)")
+
+
+def host_addresses() -> list[str]:
+    """The IPv4 address of each of this host's interfaces that has one (SIOCGIFADDR), for the
+    message above: what MXQ_NODE_ADDRESS may be."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            found.append(socket.inet_ntoa(packed[20:24]))
+    return found
 
 
 def split(s: Settings, job: JobContext, p: TrainParams) -> FanOut:
@@ -115,7 +160,7 @@ def split(s: Settings, job: JobContext, p: TrainParams) -> FanOut:
         chosen = choose_nodes(s, p, job.device)
     except LookupError as exc:  # a node went down since admit looked
         raise JobFailed(f"{exc}; submit the job again") from None
-    env = {"DMLC_PS_ROOT_URI": s.address, "DMLC_PS_ROOT_PORT": str(free_port(s.address)),
+    env = {"DMLC_PS_ROOT_URI": s.address, "DMLC_PS_ROOT_PORT": str(free_port(s)),
            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(len(chosen))}
     base = p.model_dump(exclude={"dist"})
     parts = [{**base, "dist": {"parent": job.id, "index": i, "node": node, "host": i == 0,
@@ -144,7 +189,9 @@ def check_first_run(s: Settings, job: JobContext, p: TrainParams) -> None:
 
 
 def worker_env(s: Settings, p: TrainParams) -> dict[str, str]:
-    """What the part's training child adds to its environment."""
+    """What the part's training child adds to its environment (after `check_address`: a node
+    that cannot bind its own address fails its part here, before any ps-lite process starts)."""
+    check_address(s)
     return {**_role(p).env, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": s.address,
             "PS_VERBOSE": os.environ.get("PS_VERBOSE", "0")}
 

@@ -369,11 +369,37 @@ def test_an_extra_node_points_its_worker_at_the_first_machine(compose: Compose) 
     assert worker["MXQ_NODE"] == "box2"
 
 
+def _extra_hosts(svc: dict) -> dict[str, str]:
+    """name -> address; Compose writes an entry as `name=address` (older ones `name:address`)."""
+    return dict(re.split(r"[=:]", entry, maxsplit=1) for entry in svc.get("extra_hosts", []))
+
+
+def test_the_worker_is_on_the_hosts_network_for_multinode_training(compose: Compose, services: dict) -> None:
+    """Multi-node training across hosts (issue 30, finding 6): ps-lite binds the very address it
+    announces, so the worker must own an address the other hosts reach: the host's network. Its
+    `redis` and `postgres`, which no project network resolves there, are the published ports."""
+    worker = services["worker"]
+    assert worker["network_mode"] == "host"
+    assert not {"ports", "networks"} & set(worker)  # neither means anything on the host's network
+    assert _extra_hosts(worker) == {"redis": "127.0.0.1", "postgres": "127.0.0.1"}
+    assert {services[n]["ports"][0]["host_ip"] for n in INFRA} == {"127.0.0.1"}
+    first = _config(compose, _filled_env(SERVICES_BIND="10.0.0.5"))["services"]
+    assert _extra_hosts(first["worker"]) == {"redis": "10.0.0.5", "postgres": "10.0.0.5"}
+    assert {first[n]["ports"][0]["host_ip"] for n in INFRA} == {"10.0.0.5"}
+    for name in MXQ_SERVICES - {"worker"}:
+        assert "network_mode" not in services[name], name  # they reach redis/postgres by name
+    # MXQ_NODE_ADDRESS is left unset: on the host's network its default is the host's address
+    assert "MXQ_NODE_ADDRESS" not in worker["environment"]
+    assert Settings(**{k.removeprefix("MXQ_").lower(): v for k, v in worker["environment"].items()
+                       if k.startswith("MXQ_")}).node_address is None
+
+
 def test_readme_deployment_section_covers_the_compose_file() -> None:
     section = (ROOT / "README.md").read_text().split("## Deployment", 1)[1].split("\n## ", 1)[0]
     for needed in ("cp .env.example .env", "docker compose up -d --build", "--no-deps worker",
                    "MXQ_NODE", "REDIS_HOST", "NFS", "6379", "5432", "mxq worker --node",
-                   BASE_IMAGE, "NVIDIA_DRIVER_CAPABILITIES", "make compose"):
+                   BASE_IMAGE, "NVIDIA_DRIVER_CAPABILITIES", "make compose", "network_mode: host",
+                   "MXQ_NODE_ADDRESS", "--nodes 2"):
         assert needed in section, needed
     assert "worker-gpu" not in section and "MXQ_HOST_GPUS" not in section
 

@@ -105,3 +105,32 @@ def test_a_socket_folder_another_made_open_is_refused(tmp_path: Path) -> None:
             EmbeddedRedis(home).start()
     finally:
         folder.rmdir()
+
+
+# MXQ_NODE_ADDRESS (issue 30, finding 6): ps-lite binds the address it announces, through ZeroMQ,
+# which binds only a numeric IPv4 address; anything else failed only at the first multi-node
+# training, as ps-lite's "bind failed".
+
+@pytest.mark.parametrize("value", ["10.0.0.7", "127.0.0.1", "192.168.1.20"])
+def test_an_ipv4_node_address_is_accepted(value: str) -> None:
+    assert Settings(node_address=value).address == value
+
+
+def test_an_empty_node_address_is_unset() -> None:
+    """Compose's `${VAR:-}` passes an empty value: the default (the default route's address)."""
+    assert Settings(node_address="").node_address is None
+
+
+@pytest.mark.parametrize("value", ["box2.lan", "localhost", "::1", "fe80::1", "0.0.0.0", "224.0.0.1",
+                                   "255.255.255.255", "10.0.0.256", "10.0.0.7:9000", "010.0.0.7",
+                                   " 10.0.0.7", "10.0.0.7\nrm -rf /"])
+def test_a_node_address_that_is_not_an_ipv4_unicast_address_is_one_line(tmp_path: Path, value: str) -> None:
+    home = tmp_path / "home"
+    result = run_cli(["devices"], {"MXQ_HOME": str(home), "MXQ_NODE_ADDRESS": value})
+    line = _one_line(result.stderr)
+    shown = value if value.isprintable() and " " not in value else repr(value)
+    assert result.returncode == 2, result
+    assert line.startswith(f"mxq: error: MXQ_NODE_ADDRESS={shown}: not a unicast IPv4 address; "
+                           "allowed: an IPv4 address of this host that the other nodes reach"), line
+    assert "no host name, IPv6, 0.0.0.0 or multicast" in line, line
+    assert not home.exists()  # refused before anything started

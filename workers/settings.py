@@ -75,6 +75,8 @@ DEFAULT_MAX_BODY_BYTES = 2**20
 # A multi-node training whose nodes have not all joined after this long fails: one node's
 # device may be busy with a long job, or the node is down. The started nodes wait idle till then.
 DEFAULT_DIST_START_SECONDS = 300.0
+# The limited broadcast address: it names no host, so no node can be reached at it.
+BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 # A user's submit waits this long for each broker call (the reachability check, the publish): a
 # hung Redis (paused, a frozen VM) must not hang `mxq infer` or `POST /api/v1/jobs`. A job whose
 # message is not out by then stays queued and the reconciler publishes it.
@@ -166,9 +168,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, le=2**30,
                                 description="Largest HTTP API request body, in bytes.")
     node_address: str | None = Field(
-        None, description="Address other nodes reach this node at (multi-node training: the "
-        "ps-lite scheduler, server and workers bind and announce it); unset = the address of the "
-        "interface the default route uses, else 127.0.0.1."
+        None, description="IPv4 address of this host that other nodes reach it at (multi-node "
+        "training: the ps-lite scheduler, server and workers bind it and announce it, so it must "
+        "be this host's own: in a container, use host networking); unset or empty = the address "
+        "of the interface the default route uses, else 127.0.0.1."
     )
     dist_start_seconds: float = Field(DEFAULT_DIST_START_SECONDS, gt=0, le=DAY,
                                       description="How long a multi-node training waits for all "
@@ -256,6 +259,24 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("node_address")
+    @classmethod
+    def _node_address_is_ipv4(cls, value: str | None) -> str | None:
+        """ps-lite (MXNet 1.9.1) hands this address to ZeroMQ both to bind and to announce, and
+        ZeroMQ binds only a numeric IPv4 address there: a host name or an IPv6 address would fail
+        in ps-lite at the first multi-node training ("bind failed"), so it is refused at start."""
+        if not value:
+            return None  # unset (compose's `${VAR:-}`): the default route's address
+        try:
+            address = ipaddress.IPv4Address(value)
+        except ValueError:
+            address = None
+        if address is None or address.is_unspecified or address.is_multicast or address == BROADCAST:
+            raise ValueError("not a unicast IPv4 address; allowed: an IPv4 address of this host "
+                             "that the other nodes reach, such as 10.0.0.7 (ps-lite binds the "
+                             "address it announces: no host name, IPv6, 0.0.0.0 or multicast)")
+        return value
+
     @field_validator("host_gpus")
     @classmethod
     def _host_gpus_are_indexes(cls, value: str | None) -> str | None:
@@ -290,7 +311,8 @@ class Settings(BaseSettings):
 
     @property
     def address(self) -> str:
-        """MXQ_NODE_ADDRESS, else the address of the interface with the default route."""
+        """MXQ_NODE_ADDRESS, else the address of the interface with the default route (under
+        host networking, the host's own)."""
         if self.node_address:
             return self.node_address
         try:
