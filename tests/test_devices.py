@@ -22,7 +22,7 @@ from mxq.workers.devices import (
 from mxq.workers.kernels import RECORDED, BuildKernels, read_kernels
 from mxq.workers.launcher import plan
 from mxq.workers.settings import Settings
-from tests.conftest import FIXTURES, ROOT, Stack
+from tests.conftest import FIXTURES, ROOT, Stack, run_cli
 
 SMI = FIXTURES / "nvidia-smi"
 
@@ -319,3 +319,47 @@ def test_the_kernels_of_a_library_are_read_from_its_fat_binaries(tmp_path: Path)
     plain = tmp_path / "libplain.so"
     plain.write_bytes(_elf({".text": b"\x90" * 40}))
     assert read_kernels(plain) is None
+
+
+def _visible_plan(tmp_path: Path, visible: str) -> tuple[int, str, dict]:
+    env = {"MXQ_HOME": str(tmp_path), "MXQ_NODE": "box1", "MXQ_MXNET_BUILD": "mxnet-cu112",
+           "MXQ_NVIDIA_SMI": str(fake_nvidia_smi(tmp_path, "a100x4.csv")),
+           "CUDA_VISIBLE_DEVICES": visible}
+    proc = run_cli(["worker", "--dry-run", "--json"], env)
+    return proc.returncode, proc.stderr, json.loads(proc.stdout) if proc.stdout else {}
+
+
+@pytest.mark.parametrize(("visible", "workers"), [
+    ("1", ["gpu1@box1"]),
+    ("3,1", ["gpu3@box1", "gpu1@box1"]),  # in the order given
+    ("GPU-1a2b3c4d, 2", ["gpu1@box1", "gpu2@box1"]),  # a UUID prefix, spaces around
+    ("0,-1,2", ["gpu0@box1"]),  # CUDA stops at the first negative entry
+])
+def test_cuda_visible_devices_is_the_set_of_gpus_mxq_may_use(tmp_path: Path, visible: str,
+                                                            workers: list[str]) -> None:
+    """`CUDA_VISIBLE_DEVICES=1 mxq worker --dry-run` once planned every GPU and overwrote it."""
+    code, err, out = _visible_plan(tmp_path, visible)
+    assert code == 0, err
+    assert [w["worker"] for w in out["workers"]] == workers
+    assert [w["env"]["CUDA_VISIBLE_DEVICES"] for w in out["workers"]] == [
+        w[3] for w in workers]  # each worker still pinned to its own one GPU
+
+
+@pytest.mark.parametrize("visible", ["", "-1"])
+def test_no_visible_gpu_means_cpu_devices(tmp_path: Path, visible: str) -> None:
+    code, err, out = _visible_plan(tmp_path, visible)
+    assert code == 0, err
+    assert {w["device"].split(":")[0] for w in out["workers"]} == {"cpu"}
+
+
+@pytest.mark.parametrize(("visible", "said"), [
+    ("7", "CUDA_VISIBLE_DEVICES='7': '7' is no GPU of this host; nvidia-smi shows 0 (GPU-8f6a3c1e"),
+    ("1,1", "CUDA_VISIBLE_DEVICES='1,1' names GPU 1 twice"),
+    ("GPU-", "'GPU-' matches several GPUs"),
+    ("x" * 500, "'xxxxxxxxxx"),
+])
+def test_a_cuda_visible_devices_naming_no_gpu_here_is_one_line(tmp_path: Path, visible: str,
+                                                               said: str) -> None:
+    code, err, _ = _visible_plan(tmp_path, visible)
+    assert code != 0 and said in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 600

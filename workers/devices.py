@@ -175,13 +175,50 @@ def relabel(gpus: list[Device], host_ids: list[int]) -> list[Device]:
     return [replace(g, index=h) for g, h in zip(gpus, host_ids, strict=True)]
 
 
+def visible(gpus: list[Device], wanted: str | None) -> list[Device]:
+    """The GPUs `CUDA_VISIBLE_DEVICES` (`wanted`) lets this host's mxq use, in its order, as
+    dask-cuda and Ray honour it: nvidia-smi indexes (mxq pins in PCI bus order) or UUIDs (a
+    unique prefix, `GPU-8932f937`); CUDA stops at the first negative entry, so `-1` or an empty
+    value means none. None (unset): every GPU. DeviceError for an entry that is no GPU here."""
+    if wanted is None:
+        return gpus
+    chosen: list[Device] = []
+    for entry in (e.strip() for e in wanted.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        gpu = _visible_entry(gpus, entry, wanted)
+        if gpu in chosen:
+            raise DeviceError(f"CUDA_VISIBLE_DEVICES={_cut(wanted)} names GPU {entry} twice; list "
+                              "each GPU once")
+        chosen.append(gpu)
+    return chosen
+
+
+def _visible_entry(gpus: list[Device], entry: str, wanted: str) -> Device:
+    found = [g for g in gpus if (str(g.visible_index) == entry if entry.isdigit()
+                                 else bool(g.uuid) and g.uuid.lower().startswith(entry.lower()))]
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(f"{g.visible_index} ({g.uuid or g.name})" for g in gpus) or "none"
+    why = "matches several GPUs" if found else "is no GPU of this host"
+    raise DeviceError(f"CUDA_VISIBLE_DEVICES={_cut(wanted)}: {_cut(entry)} {why}; nvidia-smi shows "
+                      f"{shown}: list their indexes or UUIDs (comma-separated), or unset it to use "
+                      "every GPU")
+
+
+def _cut(text: str, most: int = 60) -> str:
+    """A value from outside, quoted and cut short for a one-line message."""
+    return repr(text if len(text) <= most else text[:most] + "...")
+
+
 def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
-             expect_gpus: bool = False) -> list[Device]:
-    """This node's devices: its GPUs, or `cpu_count` CPU devices on a host without any."""
+             expect_gpus: bool = False, cuda_visible: str | None = None) -> list[Device]:
+    """This node's devices: its GPUs (those `CUDA_VISIBLE_DEVICES` lets it use), or `cpu_count`
+    CPU devices on a host without any (or with none of them visible)."""
     gpus = query_gpus(nvidia_smi, expect_gpus)
     if gpus and host_ids is not None:
         gpus = relabel(gpus, host_ids)
-    return gpus or cpu_devices(cpu_count)
+    return visible(gpus, cuda_visible) or cpu_devices(cpu_count)
 
 
 def installed_mxnet() -> str | None:

@@ -141,6 +141,11 @@ class Settings(BaseSettings):
         None, description="Host indexes of the GPUs this process sees, in order (e.g. '1' in a "
         "container given only host GPU 1), so devices keep their host names."
     )
+    cuda_visible_devices: str | None = Field(
+        None, validation_alias="CUDA_VISIBLE_DEVICES", max_length=4096,
+        description="CUDA's own variable, read by the launcher: the GPUs (nvidia-smi indexes or "
+        "UUIDs, comma-separated, in order) mxq may use on this host; empty or -1: none (CPU "
+        "devices). Each worker still gets its one GPU in its own CUDA_VISIBLE_DEVICES.")
     mxnet_build: str | None = Field(
         None, description="MXNet build to assume (e.g. mxnet-cu112); default: the installed one."
     )

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from mxq.db.fleet import alive_since, refused_since
+from mxq.db.fleet import alive_since, list_workers, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
@@ -48,7 +48,7 @@ def prepare(settings: Settings) -> bool:
 
 def node_plan(settings: Settings) -> tuple[list[WorkerSpec], list[str]]:
     devices = discover(settings.nvidia_smi, settings.cpu_devices, settings.host_gpu_ids,
-                       settings.expect_gpus)
+                       settings.expect_gpus, settings.cuda_visible_devices)
     return plan(settings, devices, settings.mxnet_build or installed_mxnet())
 
 
@@ -108,8 +108,10 @@ def preflight(settings: Settings) -> list[str]:
 
 
 def up_detached(settings: Settings, specs: list[WorkerSpec],
-                timeout: float = UP_TIMEOUT_SECONDS) -> None:
-    """Start the launcher in the background; return once every worker answers."""
+                timeout: float = UP_TIMEOUT_SECONDS) -> list[str]:
+    """Start the launcher in the background; return once every worker answers, with the
+    refusals of those that refused their device. StackError when every one refused: a node
+    with no worker runs nothing."""
     logs = settings.home_path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     since = utcnow()
@@ -129,6 +131,18 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
             raise StackError(f"workers did not all answer within {timeout:.0f}s; "
                              f"see the logs in {logs}")
         time.sleep(0.25)
+    refusals = refused_reasons(settings, refused_since(settings.database, names, since))
+    if len(refusals) == len(names):
+        raise StackError(f"no worker of node {settings.node} started: {'; '.join(refusals)}; the "
+                         "schedule process and the API are up (`mxq down` stops them)")
+    return refusals
+
+
+def refused_reasons(settings: Settings, names: set[str]) -> list[str]:
+    """`gpu2@box1: <why>` for each worker of `names` that refused its device."""
+    return [f"{w['name']}: {(w['info'] or {}).get('refused')}"
+            for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
+            if w["name"] in names]
 
 
 def down(settings: Settings) -> tuple[list[str], list[str]]:
