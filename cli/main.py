@@ -80,7 +80,8 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     started = prepare(s)
     specs = _plan_or_exit(s)
     if detach:
-        up_detached(s, specs, timeout)
+        for refusal in up_detached(s, specs, timeout):
+            render.err.print(f"mxq: refused {refusal}", markup=False)
         render.table(device_table(s), DEVICE_COLUMNS, "devices")
         render.out.print(f"dashboard and API: http://{s.api_host}:{s.api_port}/")
         return
@@ -326,7 +327,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           dataset: Annotated[str, typer.Argument(help="digits, .npz (X, y), .csv, image folder or .rec")],
           name: Annotated[str, typer.Option("--name", help="Model name the result registers as.")],
           devices: Annotated[int, typer.Option("--devices", help="K devices of one node.")] = 1,
-          device: Annotated[str | None, typer.Option("--device", help="Exact devices (gpu:0,gpu:1), or any of a kind (auto:gpu).")] = None,
+          device: Annotated[str | None, typer.Option("--device", help="Exact devices (gpu:0,gpu:1), or any of a kind (auto:gpu).")] = None,  # noqa: E501
           nodes: Annotated[int, typer.Option("--nodes", help="Train on N nodes (dist_sync), K devices each.")] = 1,  # noqa: E501
           epochs: int = 10, batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 64,
           lr: float = 0.1, optimizer: Annotated[str, typer.Option(help="sgd, adam or nag")] = "sgd",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 from tests.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
@@ -73,3 +73,18 @@ def test_a_worker_that_finds_no_gpu_refuses_with_the_reason(env: dict[str, str])
                            "(CUDA failure ")
     assert "no GPU visible, or the driver is missing or older than R525" in line
     assert "libmxnet" not in proc.stderr
+
+
+def test_up_detached_fails_naming_each_refusal_when_no_worker_starts(env: dict[str, str]) -> None:
+    """Every GPU worker refused (no GPU here): `mxq up --detach` once exited 0 as if the node ran."""
+    env = {**env, "MXQ_API_PORT": str(free_port())}
+    try:
+        proc = _run(env, "-m", "mxq.cli", "up", "--detach", "--timeout", "200")
+        assert proc.returncode != 0, proc.stdout
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mxq: error: ")]
+        assert line.startswith(f"mxq: error: no worker of node {NODE} started: gpu0@{NODE}: ONNX "
+                               "Runtime's CUDA provider cannot start on gpu:0"), proc.stderr
+        assert all(f"gpu{i}@{NODE}: " in line for i in range(3)) and "Traceback" not in proc.stderr
+        assert "`mxq down` stops them" in line
+    finally:
+        assert _run(env, "-m", "mxq.cli", "down").returncode == 0
