@@ -169,7 +169,12 @@ def test_an_l40s_runs_and_an_h200_is_refused_with_what_to_do(tmp_path: Path) -> 
     (message,) = refused
     assert message.startswith("gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90) cannot run")
     assert "SASS for sm_50, sm_60, sm_70, sm_80, sm_86" in message and "no PTX" in message
-    assert "CPU devices (MXQ_NVIDIA_SMI=none)" in message and "5.0 to 8.9" in message
+    assert "MXNet trains on GPUs of compute capability 5.0 to 8.9" in message
+    # what to do, for this GPU only (MXQ_NVIDIA_SMI=none, once advised, dropped the good GPUs too)
+    assert message.endswith("ONNX Runtime (the gpu-onnx extra) can serve inference on this one; to "
+                            "serve inference on it, install the gpu-onnx extra in an environment "
+                            "of its own and set MXQ_ONNX_PYTHON to its python (README, Install)")
+    assert "MXQ_NVIDIA_SMI" not in message
 
 
 def test_every_placeholder_nvidia_smi_prints_parses() -> None:

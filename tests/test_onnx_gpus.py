@@ -117,3 +117,20 @@ def test_training_and_probe_jobs_on_such_a_gpu_fail_with_the_gpu_and_the_reason(
         "(ONNX Runtime)",
         f"gpu:2 cannot run probe jobs (they run on MXNet): {reason}; this device serves inference only "
         "(ONNX Runtime)"], proc.stderr
+
+
+@pytest.mark.parametrize(("python", "said"), [
+    (sys.executable, "PackageNotFoundError"),  # a real Python without onnxruntime-gpu
+    ("/nonexistent/bin/python", "No such file or directory"),
+])
+def test_an_onnx_python_that_cannot_serve_gpus_refuses_only_those_gpus(tmp_path: Path, python: str,
+                                                                       said: str) -> None:
+    gpus = parse_nvidia_smi((SMI / "a100-l40s-h200.csv").read_text())
+    settings = Settings(node="box1", home=tmp_path, onnx_python=python)
+    specs, refused = launcher.plan(settings, gpus, "mxnet-cu112")
+    assert [s.name for s in specs] == ["gpu0@box1", "gpu1@box1"]  # MXNet's, from this Python
+    assert all(s.command[0] == sys.executable for s in specs)
+    (why,) = refused
+    assert why.startswith("gpu:2 (NVIDIA H200")
+    assert f"MXQ_ONNX_PYTHON={python} cannot serve it (" in why and said in why
+    assert why.endswith("install mxq with the gpu-onnx extra there (pip install -e '.[gpu-onnx]')")

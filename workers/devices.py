@@ -291,8 +291,8 @@ def incompatibility(gpu: Device, build: str | None) -> str | None:
     return (f"{gpu.label} ({gpu.name}, compute capability {gpu.compute_cap} = sm_{sm}) cannot run "
             f"the installed {build} {kernels.version}: it carries SASS for {_arches(kernels.sass)} "
             f"(each runs on GPUs of its major version at an equal or higher minor) and {ptx} the "
-            f"driver could compile for sm_{sm}; run this host's jobs on CPU devices "
-            f"(MXQ_NVIDIA_SMI=none) or on a GPU of compute capability {kernels.span()}")
+            f"driver could compile for sm_{sm}: MXNet trains on GPUs of compute capability "
+            f"{kernels.span()}; ONNX Runtime (the gpu-onnx extra) can serve inference on this one")
 
 
 def fusion_off(gpu: Device) -> bool:

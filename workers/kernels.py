@@ -98,14 +98,18 @@ def read_kernels(library: Path, version: str = "") -> BuildKernels | None:
     return BuildKernels(version, sass, ptx) if sass or ptx else None
 
 
-@cache
-def kernels_of(build: str) -> BuildKernels | None:
-    """What `build` carries: read from its installed libmxnet.so, else as recorded."""
+def installed_kernels(build: str) -> BuildKernels | None:
+    """What the installed `build`'s libmxnet.so carries, read from it; None when it is not
+    installed or cannot be read."""
     try:
         dist = metadata.distribution(build)
         library = Path(str(dist.locate_file("mxnet/libmxnet.so")))
-        if library.is_file():
-            return read_kernels(library, dist.version) or RECORDED.get(build)
+        return read_kernels(library, dist.version) if library.is_file() else None
     except (metadata.PackageNotFoundError, OSError, struct.error, ValueError):
-        pass
-    return RECORDED.get(build)
+        return None
+
+
+@cache
+def kernels_of(build: str) -> BuildKernels | None:
+    """What `build` carries: read from its installed libmxnet.so, else as recorded."""
+    return installed_kernels(build) or RECORDED.get(build)

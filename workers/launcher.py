@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
-from mxq.workers import groups, procs
+from mxq.workers import groups, procs, wheels
 from mxq.workers.devices import (
     NVRTC_MIN_DRIVER,
     Device,
@@ -77,34 +77,74 @@ def worker_env(settings: Settings, device: Device, cores: list[int],
     return env
 
 
+# What a second environment must hold to serve GPUs MXNet cannot run (MXQ_ONNX_PYTHON).
+ONNX_PYTHON_PROBE = ("import importlib.metadata as m; "
+                     "print(m.version('onnxruntime-gpu'), m.version('mxq'))")
+ONNX_PYTHON_TIMEOUT = 60
+
+
+def onnx_python(settings: Settings) -> tuple[str, str | None]:
+    """The Python that runs the workers of GPUs MXNet cannot run (an H200's), and why it cannot
+    serve them (None: it can): MXQ_ONNX_PYTHON, a second environment holding the gpu-onnx extra
+    (it never shares one with `gpu`: mxq.workers.wheels), else this one."""
+    if settings.onnx_python is None:
+        if onnx_runs_gpus():
+            return sys.executable, None
+        return sys.executable, ("to serve inference on it, install the gpu-onnx extra in an "
+                                "environment of its own and set MXQ_ONNX_PYTHON to its python "
+                                "(README, Install)")
+    try:
+        proc = subprocess.run([settings.onnx_python, "-c", ONNX_PYTHON_PROBE], capture_output=True,
+                              text=True, timeout=ONNX_PYTHON_TIMEOUT)
+        said = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc, said = None, str(exc)
+    if proc is not None and proc.returncode == 0:
+        return settings.onnx_python, None
+    return settings.onnx_python, (f"MXQ_ONNX_PYTHON={settings.onnx_python} cannot serve it ({said[:200]}): "
+                                  "install mxq with the gpu-onnx extra there (pip install -e "
+                                  "'.[gpu-onnx]')")
+
+
 def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[list[WorkerSpec],
                                                                             list[str]]:
     """The worker to start for each usable device, and why the others are refused."""
     specs, refused = [], []
     cpus = [d for d in devices if d.kind == "cpu"]
+    if len(cpus) < len(devices) and (broken := wheels.problems()):
+        return [], [f"every GPU of this host: {problem}" for problem in broken]
+    onnx: tuple[str, str | None] | None = None  # asked once, for the first GPU MXNet cannot run
     for device in devices:
+        python, engines = sys.executable, engines_for(device.kind)
         mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
-        if mxnet_unusable and (device.mig or not onnx_runs_gpus()):
-            refused.append(mxnet_unusable)
-            continue
         if mxnet_unusable:
-            log.warning("%s; it serves inference with ONNX Runtime (the gpu-onnx extra) and refuses "
-                        "training", mxnet_unusable)
+            onnx = onnx or onnx_python(settings)
+            python, cannot = onnx
+            if device.mig or cannot:
+                refused.append(mxnet_unusable if device.mig else f"{mxnet_unusable}; {cannot}")
+                continue
+            engines = ("onnx",)
+            log.warning("%s; it serves inference with ONNX Runtime (%s) and refuses training",
+                        mxnet_unusable, python)
         elif device.kind == "gpu" and fusion_off(device):
             log.warning("%s: driver %s is older than R%s, which the PTX of NVRTC 11.8 needs: its "
                         "worker runs with MXNet's kernel fusion off (MXNET_USE_FUSION=0)",
                         device.label, device.driver_version, NVRTC_MIN_DRIVER)
-        name = worker_name(settings.node, device.kind, device.index)
-        engines = engines_for(device.kind, mxnet_unusable)
-        queues = [device_queue(settings.node, device.kind, device.index),
-                  *pool_queues(device.kind, engines)]
-        cores = cpu_cores(device.index, len(cpus)) if device.kind == "cpu" else []
-        command = [sys.executable, "-m", "celery", "-A", "mxq.workers", "worker", "--pool", "solo",
-                   "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", ",".join(queues),
-                   "-n", name, "--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
-        specs.append(WorkerSpec(device, name, queues, command,
-                                worker_env(settings, device, cores, mxnet_unusable), cores, engines))
+        specs.append(_worker_spec(settings, device, len(cpus), mxnet_unusable, python, engines))
     return specs, refused
+
+
+def _worker_spec(settings: Settings, device: Device, cpu_count: int, mxnet_unusable: str | None,
+                 python: str, engines: tuple[str, ...]) -> WorkerSpec:
+    name = worker_name(settings.node, device.kind, device.index)
+    queues = [device_queue(settings.node, device.kind, device.index),
+              *pool_queues(device.kind, engines)]
+    cores = cpu_cores(device.index, cpu_count) if device.kind == "cpu" else []
+    command = [python, "-m", "celery", "-A", "mxq.workers", "worker", "--pool", "solo",
+               "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", ",".join(queues),
+               "-n", name, "--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
+    return WorkerSpec(device, name, queues, command,
+                      worker_env(settings, device, cores, mxnet_unusable), cores, engines)
 
 
 def schedule_spec(settings: Settings) -> WorkerSpec:

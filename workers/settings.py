@@ -146,6 +146,11 @@ class Settings(BaseSettings):
         description="CUDA's own variable, read by the launcher: the GPUs (nvidia-smi indexes or "
         "UUIDs, comma-separated, in order) mxq may use on this host; empty or -1: none (CPU "
         "devices). Each worker still gets its one GPU in its own CUDA_VISIBLE_DEVICES.")
+    onnx_python: str | None = Field(
+        None, max_length=4096,
+        description="Python of a second environment holding the gpu-onnx extra (a host with GPUs "
+        "MXNet cannot run beside GPUs it runs): the launcher starts the former's workers with it. "
+        "Unset: this environment's own, when it has ONNX Runtime for GPUs.")
     mxnet_build: str | None = Field(
         None, description="MXNet build to assume (e.g. mxnet-cu112); default: the installed one."
     )
