@@ -116,9 +116,6 @@ def add(name: str,
     prep = Preprocess.parse(scale, mean, std, layout)
     if outputs not in OUTPUTS:
         raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}")
-    from mxq.tasks.models import add_builtin, add_exported  # loads MXNet: only for this command
-
-    s = get_settings()
     shape = parse_shape(input_shape)
     if arch and not (symbol or params):
         if outputs == "probabilities":
@@ -126,18 +123,68 @@ def add(name: str,
                                "allowed with --arch: auto or logits")
         if shape is None:
             raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
-        record = add_builtin(s.database, s.home_path, name, arch, shape, classes, seed, preprocess=prep)
-    elif symbol and params and not arch:
-        record = add_exported(s.database, s.home_path, name, symbol, params, shape, prep,
-                              outputs=outputs)
-    else:
+    elif not (symbol and params and not arch):
         raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
+    request = {"name": name, "arch": arch, "symbol": symbol, "params": params,
+               "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
+               "preprocess": prep.as_dict(), "outputs": outputs}
+    try:
+        import mxq.tasks.models  # noqa: F401  # loads MXNet: only for this command
+    except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
+        record = register_on_a_worker(request, str(exc).splitlines()[0])
+    else:
+        record = _register_here(request)
     if json_:
         render.print_json(record)
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
                          f"{tuple(record['input_shape'])}, {record['classes']} classes, "
                          f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
+
+
+def _register_here(r: dict[str, Any]) -> Any:
+    from mxq.preprocess import Preprocess
+    from mxq.tasks.models import add_builtin, add_exported
+
+    s, prep, shape = get_settings(), Preprocess.from_dict(r["preprocess"]), r["input_shape"]
+    if r["arch"]:
+        return add_builtin(s.database, s.home_path, r["name"], r["arch"], tuple(shape), r["classes"],
+                           r["seed"], preprocess=prep)
+    return add_exported(s.database, s.home_path, r["name"], r["symbol"], r["params"],
+                        tuple(shape) if shape else None, prep, outputs=r["outputs"])
+
+
+def register_on_a_worker(r: dict[str, Any], why: str) -> Any:
+    """Registration by a worker whose device MXNet runs (the `register` job), for a process that
+    cannot load MXNet (`why`): the files staged under $MXQ_HOME/staging, the job awaited."""
+    import shutil
+    import uuid
+
+    from mxq.db.history import require_job
+    from mxq.workers.submit import submit
+
+    s = get_settings()
+    folder = s.home_path / "staging" / uuid.uuid4().hex
+    if r["symbol"]:
+        folder.mkdir(parents=True)
+        r = {**r, **{k: str(shutil.copyfile(r[k], folder / Path(r[k]).name))
+                     for k in ("symbol", "params")}}
+    render.err.print(f"mxq: this process cannot load MXNet ({why}); a worker whose device runs "
+                     "it registers the model", markup=False, soft_wrap=True)
+    try:
+        job_id = submit(s, "register", {k: v for k, v in r.items() if v is not None})
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    render.wait_for(job_id, lambda i: require_job(s.database, i), None)
+    job = require_job(s.database, job_id)
+    if job["status"] != "succeeded" or job["result"] is None:
+        raise RegistrationFailed(f"registration job {job_id} {job['status']}: {job['error']}")
+    return job["result"]["model"]
+
+
+class RegistrationFailed(UserError):
+    """The worker that registered the model refused it; the message is its job's error."""
 
 
 @app.command("promote")

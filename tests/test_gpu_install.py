@@ -145,3 +145,28 @@ def test_the_recorded_kernels_are_those_of_the_installed_libmxnet(env: dict[str,
     found = _run(env, "-c", "from mxq.workers.kernels import installed_kernels as i; "
                             "k = i('mxnet-cu112'); print(k.version, k.sass, k.ptx)")
     assert found.stdout.strip() == "1.9.1 (50, 60, 70, 80, 86) ()", found.stderr
+
+
+def test_a_process_without_the_driver_registers_through_a_worker(up: dict[str, str]) -> None:
+    """The compose `api` container: the GPU build, no GPU reserved, no driver library. `mxq models
+    add` there once printed a 108-line traceback; a worker whose device MXNet runs (here a CPU
+    node of the same GPU build, with the driver) registers the model instead."""
+    env = up
+    cpu_node = {**env, "MXQ_NODE": "cpubox", "MXQ_NVIDIA_SMI": "/nonexistent/nvidia-smi",
+                "MXQ_CPU_DEVICES": "1"}
+    launcher = subprocess.Popen([str(GPU_PYTHON), "-m", "mxq.cli", "worker"], cwd=ROOT, env=cpu_node,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: json.loads(_mxq(env, "devices", "--json").stdout), 180,
+                   "cpubox's worker to beat", until=lambda ds: any(
+                       d["node"] == "cpubox" and d["alive"] for d in ds), interval=1)
+        added = _mxq({**env, "LD_LIBRARY_PATH": ""}, "models", "add", "nodriver", "--arch", "mlp",
+                     "--input-shape", "8", "--json")
+        assert added.returncode == 0, added.stderr
+        assert "this process cannot load MXNet (the GPU build of MXNet cannot load the NVIDIA " \
+               "driver's library" in added.stderr and "Traceback" not in added.stderr
+        record = json.loads(added.stdout)
+        assert (record["name"], record["version"], record["input_shape"]) == ("nodriver", 1, [8])
+    finally:
+        launcher.terminate()
+        launcher.wait(timeout=60)

@@ -21,7 +21,7 @@ from mxq.workers.transport import transport_url
 # control tasks.
 CONTROL_TASK_MODULES = ["mxq.workers.control"]
 DEVICE_TASK_MODULES = ["mxq.tasks.device", "mxq.tasks.probe", "mxq.tasks.infer", "mxq.tasks.train_task",
-                       *CONTROL_TASK_MODULES]
+                       "mxq.tasks.register", *CONTROL_TASK_MODULES]
 ONNX_TASK_MODULES = ["mxq.tasks.onnx_worker", "mxq.tasks.infer", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2

@@ -240,7 +240,32 @@ class TrainParams(TrainRequest):
     fire_id: int | None = Field(None, description="The schedule fire that started this job.")
 
 
-SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams}
+class RegisterParams(BaseModel):
+    """A model version registered by a device worker for a process that cannot load MXNet (a
+    GPU build without its driver, as in the compose `api` container; an ONNX-only install):
+    `mxq models add` stages the files under $MXQ_HOME/staging and waits for this job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="The model name it registers.")
+    arch: Literal["mlp", "lenet", "resnet18_v1"] | None = None
+    symbol: str | None = Field(None, description="A staged NAME-symbol.json.")
+    params: str | None = Field(None, description="A staged NAME-0000.params.")
+    input_shape: list[Annotated[int, Field(ge=1, le=2**20)]] | None = Field(None, max_length=8)
+    classes: int = Field(10, ge=1, le=2**20)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    preprocess: dict[str, Any] | None = None
+    outputs: Literal["auto", "logits", "probabilities"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RegisterParams:
+        if (self.arch is None) == (self.symbol is None or self.params is None):
+            raise ValueError("give either arch (with input_shape) or both symbol and params")
+        return self
+
+
+SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams,
+                                     "register": RegisterParams}
 
 
 class ParamsError(UserError):

@@ -43,6 +43,7 @@ from mxq.workers.settings import Settings
 # a ULID or a base64 digest fits (the column holds 128 characters).
 IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:+/=-]{1,128}$"
 PUBLISH_BATCH = 1000  # kombu's publish batch: submit_many's deadline is per batch
+JOBS_IN_WORDS = {"train": "a training", "probe": "a probe", "register": "a model's registration"}
 
 
 class IdempotencyConflict(Conflict):
@@ -222,7 +223,7 @@ def _checked_route(settings: Settings, kind: str, device: str, allow_offline: bo
 def _need(kind: str, params: dict[str, Any], models: Models) -> Need:
     """The engine the prepared job cannot run without (`mxq.engines.needed`), in words."""
     if kind != "infer":
-        return Need(needed(kind), f"a {'training' if kind == 'train' else kind}")
+        return Need(needed(kind), JOBS_IN_WORDS[kind])
     asked, model = params.get("engine", "auto"), models[(params["model"], params["model_version"])]
     engine = needed(kind, asked, model.get("onnx"))
     if engine is None or asked == engine:
