@@ -36,7 +36,7 @@ def _missing() -> str | None:
     try:
         import onnx  # noqa: F401
     except ImportError:
-        return "the onnx package is not installed (the `cpu` extra has it)"
+        return "the onnx package is not installed (the cpu and gpu extras have it: reinstall mxq with yours)"
     return onnx_runtime.unavailable("cpu")
 
 
