@@ -22,7 +22,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/mxq
 WORKDIR /src
 # Dependencies first (from pyproject.toml alone), so a source change does not download the
-# MXNet and CUDA wheels again (4.2 GB installed).
+# MXNet and CUDA wheels again (4.3 GB installed).
 COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['gpu']))" > requirements.txt \

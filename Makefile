@@ -30,7 +30,7 @@ test-all: venv browser prometheus compose lint
 	$(BIN)/pytest -m "not gpu_install" --legs both --durations=25
 
 # The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
-# nvidia-*-cu11 wheels, 4.2 GB installed) and the driver's libcuda.so.1 from Debian's libcuda1 (non-free),
+# nvidia-*-cu11 wheels, 4.3 GB installed) and the driver's libcuda.so.1 from Debian's libcuda1 (non-free),
 # unpacked under var/tools; tests/test_gpu_install.py runs mxq from that venv. CI runs it.
 # The gpu-onnx extra the same way, alone (a host with only GPUs MXNet cannot run): .venv-gpu-onnx
 # holds onnxruntime-gpu and the nvidia-*-cu12 wheels (3.8 GB installed) and no MXNet. Never one
