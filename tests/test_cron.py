@@ -58,3 +58,26 @@ def test_due_collapses_missed_fires() -> None:
 def test_bad_cron_or_zone(cron: str, tz: str, needle: str) -> None:
     with pytest.raises(CronError, match=re.escape(needle)):
         check(cron, tz)
+
+
+def test_an_instant_in_the_repeated_hour_gets_the_next_days_fire() -> None:
+    """At 02:10 CET, in Berlin's second 02:00-03:00 of 2026-10-25, today's 02:30 fired at its first
+    occurrence (00:30 UTC): the next fire is tomorrow's, never a time before the instant asked."""
+    assert next_after("30 2 * * *", BERLIN, datetime(2026, 10, 25, 1, 10, tzinfo=UTC)) == \
+        datetime(2026, 10, 26, 1, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("tz", "night"), [
+    (BERLIN, datetime(2026, 10, 24, 22, tzinfo=UTC)), (BERLIN, datetime(2026, 3, 28, 22, tzinfo=UTC)),
+    ("America/New_York", datetime(2026, 11, 1, 3, tzinfo=UTC)),
+    ("Australia/Lord_Howe", datetime(2026, 4, 4, 13, tzinfo=UTC)),  # a half-hour change
+])
+def test_every_instant_across_a_change_gets_a_later_fire_in_order(tz: str, night: datetime) -> None:
+    for cron in ("30 2 * * *", "*/20 1-3 * * *", "0 * * * *"):
+        earlier = None
+        for step in range(0, 6 * 60, 5):  # every 5 minutes of the six hours around the change
+            t = night + timedelta(minutes=step)
+            fire = next_after(cron, tz, t)
+            assert t < fire <= t + timedelta(days=1, hours=1), (cron, t, fire)
+            assert earlier is None or fire >= earlier, (cron, t, fire, earlier)
+            earlier = fire

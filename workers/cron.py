@@ -56,7 +56,10 @@ def next_after(cron: str, tz: str, after: datetime) -> datetime:
     local = after.astimezone(z).replace(tzinfo=None)
     candidate = _next(cron, local)
     fire = candidate.replace(tzinfo=z, fold=0).astimezone(UTC)
-    # A gap time maps before the change; step past `after` if the mapping went backwards.
+    # A wall time the clock shows twice (the hour repeated when summer time ends) is mapped to its
+    # first occurrence (fold=0), which lies before `after` when `after` is in the second one: that
+    # fire is past (a repeated time fires once), so step on to the next. (A time in a spring gap
+    # maps forward, past the gap, never back.)
     while fire <= after:
         candidate = _next(cron, candidate)
         fire = candidate.replace(tzinfo=z, fold=0).astimezone(UTC)
