@@ -78,3 +78,32 @@ def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
     assert [j["status"] for j in list_jobs(isolated.settings.database, JobFilter(limit=10))] == \
         ["queued"] * 3
     assert in_broker(isolated.settings.broker, {isolated.job(ids[0])["queue"]})[0] == set(ids)
+
+
+def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The patient publish (workers, the reconciler) retried every error but TypeError and
+    ValueError for two minutes, then dropped the cause; now only a broker that is down is waited
+    out, and what is raised keeps what went wrong."""
+    import kombu.exceptions
+
+    from mxq.workers.publish import SubmitError, publish
+
+    with pytest.raises(SubmitError) as raised:
+        publish(isolated.settings, object(), "probe", "pool.cpu", patient=True)  # not JSON
+    assert isinstance(raised.value.__cause__, kombu.exceptions.EncodeError)
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]  # no retry at all
+
+
+def test_only_a_broker_that_is_down_is_waited_out() -> None:
+    import kombu.exceptions
+    import redis
+
+    from mxq.workers.publish import transient_broker_error
+
+    for down in (ConnectionRefusedError(), redis.ConnectionError(), redis.TimeoutError(),
+                 kombu.exceptions.OperationalError("reset"), TimeoutError()):
+        assert transient_broker_error(down), down
+    for bug in (TypeError(), ValueError(), kombu.exceptions.EncodeError(), KeyError("x"),
+                redis.ResponseError("WRONGTYPE")):
+        assert not transient_broker_error(bug), bug

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar
 
+import kombu.exceptions
+import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from mxq.db import events, jobs
@@ -70,9 +72,16 @@ def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
                               retry=True)
 
 
+def transient_broker_error(exc: BaseException) -> bool:
+    """A broker that is down or restarting (refused, reset, timed out), which waiting heals; a
+    bug (a bad argument, an encoding error) is raised at once, never retried for minutes."""
+    return isinstance(exc, (OSError, redis.ConnectionError, redis.TimeoutError,
+                            kombu.exceptions.OperationalError))
+
+
 # Workers and the reconciler wait out a broker restart; a user's submit is told within its
 # deadline (MXQ_BROKER_TIMEOUT_SECONDS).
-_send_patiently = retrying(lambda exc: not isinstance(exc, (TypeError, ValueError)))(_send)
+_send_patiently = retrying(transient_broker_error)(_send)
 
 
 def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: bool = False) -> None:
@@ -92,7 +101,7 @@ def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: boo
         raise
     except Exception as exc:
         raise SubmitError(f"could not publish job {job_id} to {maybe_sanitize_url(settings.broker)}: "
-                          f"{exc}") from None
+                          f"{exc}") from exc
 
 
 def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,

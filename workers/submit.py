@@ -78,7 +78,7 @@ def check_database(settings: Settings) -> None:
     except OperationalError as exc:
         reason = str(exc.orig or exc).strip().splitlines()[0]
         raise SubmitError(f"database unreachable at {safe_url(settings.database)}: {reason}") \
-            from None
+            from exc
 
 
 def _connect(settings: Settings) -> None:
@@ -98,7 +98,7 @@ def check_broker(settings: Settings) -> None:
     except BrokerTimeout:
         raise
     except Exception as exc:  # kombu raises several unrelated types here
-        raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from None
+        raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from exc
 
 
 def _storable(value: Any) -> Any:
@@ -300,7 +300,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     try:
         params = _prepare(settings, kind, params, models)
     except (ParamsError, PathError, LookupError) as exc:
-        raise _reject(settings, kind, params, where, exc) from None
+        raise _reject(settings, kind, params, where, exc) from exc
     where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
     if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
         return earlier  # before the broker is asked: a retry answers even while it hangs
@@ -348,7 +348,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
             checked.append(_prepare(settings, kind, p, models))
         except (ParamsError, PathError, LookupError) as exc:
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
-                              "queued") from None
+                              "queued") from exc
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
     try:
@@ -357,7 +357,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
                lambda: _send_many(settings, kind, where.queue, ids))
     except Exception as exc:
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
-                          "the reconciler publishes the jobs already recorded") from None
+                          "the reconciler publishes the jobs already recorded") from exc
     return ids
 
 
