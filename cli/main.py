@@ -420,7 +420,9 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
          format: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
          json_: JsonOpt = False) -> None:
     """Job history, newest first (`--format json|csv` to export)."""
-    allowed = ("queued", "running", "succeeded", "failed", "cancelled")
+    from mxq.status import JobStatus
+
+    allowed = tuple(JobStatus)
     if status is not None and status not in allowed:
         raise typer.BadParameter(f"{status!r}: expected one of {', '.join(allowed)}",
                                  param_hint="--status")

@@ -16,13 +16,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mxq.db.records import JobRecord
+from mxq.status import FINISHED
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
 WIDTH = shutil.get_terminal_size((160, 24)).columns
 out = Console(width=None if sys.stdout.isatty() else WIDTH)
 err = Console(stderr=True, soft_wrap=True)  # a one-line error stays one line, however long
 WAIT_POLL_SECONDS = 0.25
-FINAL = ("succeeded", "failed", "cancelled")
+FINAL = FINISHED  # the statuses a job ends in (`mxq.status`)
 
 
 def finite(data: Any) -> Any:

@@ -20,8 +20,9 @@ from typing import Any, Literal
 import httpx
 
 from mxq.errors import Conflict, JobRejected, MxqError, NotFound, Unauthorized, Unavailable, UserError
+from mxq.status import FINISHED
 
-FINAL = ("succeeded", "failed", "cancelled")
+FINAL = FINISHED  # the statuses a job ends in (`mxq.status`)
 PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)

@@ -257,7 +257,7 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
             r = rows.setdefault(k, {by: k, "jobs": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
                                     "samples": 0, "seconds": 0.0})
             r["jobs"] += n
-            if status in ("succeeded", "failed", "cancelled"):
+            if status in FINISHED:
                 r[status] += n
             if status == "succeeded":
                 r["samples"] += samples or 0
