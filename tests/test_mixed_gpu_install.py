@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 from tests.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
@@ -85,3 +85,32 @@ def test_the_two_extras_in_one_environment_would_be_refused(env: dict[str, str])
     assert "-cu11 and nvidia-" in said and "-cu12 both own nvidia/" in said
     owned_twice = int(said.split("(")[1].split(" files are owned twice")[0])
     assert owned_twice >= 10  # (125 measured with the versions pinned in pyproject.toml)
+
+
+def test_a_training_onto_the_h200_is_refused_at_submit(env: dict[str, str]) -> None:
+    """The mixed host brought up as the README says (every worker refuses here: no GPU), then
+    trainings asked of it: each refused at submit, naming the H200 and the GPUs that train."""
+    env = {**env, "MXQ_API_PORT": str(free_port())}
+
+    def mxq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(GPU_PYTHON), "-m", "mxq.cli", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    try:
+        up = mxq("up", "--detach")
+        assert up.returncode == 2 and f"no worker of node {NODE} started" in up.stderr, up.stderr
+        devices = {d["device"]: d["engines"] for d in json.loads(mxq("devices", "--json").stdout)}
+        assert devices == {"gpu:0": ["mxnet"], "gpu:1": ["mxnet"], "gpu:2": ["onnx"]}
+        train = ("train", "mlp", "digits", "--name", "mixed", "--allow-offline")
+        named = mxq(*train, "--device", "gpu:2")
+        assert named.returncode == 1 and named.stderr.strip().endswith(  # a job recorded failed
+            f"device gpu:2 (NVIDIA H200, compute capability 9.0) on node {NODE} runs ONNX Runtime "
+            "only, and a training needs MXNet; devices that can: gpu:0, gpu:1"), named.stderr
+        listed = mxq(*train, "--device", "gpu:0,gpu:2")
+        assert listed.returncode == 1 and "a training needs MXNet; devices that can: gpu:0, gpu:1" \
+            in listed.stderr
+        three = mxq(*train, "--devices", "3")
+        assert three.returncode == 1 and f"3 devices asked but node {NODE} has 2 that run MXNet " \
+            "(gpu:0, gpu:1)" in three.stderr
+    finally:
+        assert mxq("down").returncode == 0
