@@ -114,3 +114,21 @@ def test_a_training_onto_the_h200_is_refused_at_submit(env: dict[str, str]) -> N
             "(gpu:0, gpu:1)" in three.stderr
     finally:
         assert mxq("down").returncode == 0
+
+
+@pytest.mark.parametrize(("python", "extra"), [(GPU_PYTHON, "gpu"), (ONNX_PYTHON, "gpu-onnx")],
+                         ids=["gpu", "gpu-onnx"])
+def test_every_nvidia_wheel_installed_is_pinned_by_its_extra(env: dict[str, str], python: Path,
+                                                             extra: str) -> None:
+    """Unpinned, onnxruntime-gpu's [cuda,cudnn] extras took the newest CUDA 12 (12.9, whose NVRTC
+    needs R575+) while the README said R525: every NVIDIA wheel is now pinned where its driver
+    need is stated."""
+    import tomllib
+
+    pins = dict(p.split("==") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                ["project"]["optional-dependencies"][extra] if "==" in p and p.startswith("nvidia-"))
+    listed = subprocess.run([str(python), "-c", "import json; from mxq.workers.wheels import "
+                             "nvidia_wheels as n; print(json.dumps({d.metadata['Name']: d.version "
+                             "for d in n()}))"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert json.loads(listed.stdout) == pins, listed.stderr
