@@ -154,6 +154,9 @@ def test_a_process_without_the_driver_registers_through_a_worker(up: dict[str, s
     env = up
     cpu_node = {**env, "MXQ_NODE": "cpubox", "MXQ_NVIDIA_SMI": "/nonexistent/nvidia-smi",
                 "MXQ_CPU_DEVICES": "1"}
+    # One home holds one launcher.pid: the second node's launcher records itself over gpubox's,
+    # whose record is put back once it is gone, so that `mxq down` (the fixture) ends gpubox's.
+    gpubox = (Path(env["MXQ_HOME"]) / "launcher.pid").read_text()
     launcher = subprocess.Popen([str(GPU_PYTHON), "-m", "mxq.cli", "worker"], cwd=ROOT, env=cpu_node,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -170,3 +173,4 @@ def test_a_process_without_the_driver_registers_through_a_worker(up: dict[str, s
     finally:
         launcher.terminate()
         launcher.wait(timeout=60)
+        (Path(env["MXQ_HOME"]) / "launcher.pid").write_text(gpubox)
