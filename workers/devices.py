@@ -11,6 +11,7 @@ import logging
 import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -221,37 +222,33 @@ def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
     return visible(gpus, cuda_visible) or cpu_devices(cpu_count)
 
 
-def installed_mxnet() -> str | None:
-    """The installed MXNet distribution's name (`mxnet`, `mxnet-cu112`, ...), without importing it."""
-    for dist in (*RECORDED, "mxnet"):
-        try:
-            metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        return dist
-    return None
-
-
-def onnx_runs_gpus() -> bool:
-    """Whether the installed ONNX Runtime is the GPU build (`onnxruntime-gpu`, the gpu-onnx
-    extra), without importing it."""
+@cache
+def installed(dist: str) -> bool:
+    """Whether the distribution `dist` is installed, without importing it; asked once per process
+    (what is installed does not change while it runs, and a worker asks for every small job it
+    may batch)."""
     try:
-        metadata.version("onnxruntime-gpu")
+        metadata.version(dist)
     except metadata.PackageNotFoundError:
         return False
     return True
 
 
+def installed_mxnet() -> str | None:
+    """The installed MXNet distribution's name (`mxnet`, `mxnet-cu112`, ...), without importing it."""
+    return next((dist for dist in (*RECORDED, "mxnet") if installed(dist)), None)
+
+
+def onnx_runs_gpus() -> bool:
+    """Whether the installed ONNX Runtime is the GPU build (`onnxruntime-gpu`, the gpu-onnx
+    extra), without importing it."""
+    return installed("onnxruntime-gpu")
+
+
 def onnx_installed() -> bool:
     """Whether any ONNX Runtime build is installed (the CPU one of the cpu extra, or the GPU
     one, which runs CPU devices too), without importing it."""
-    for dist in ("onnxruntime", "onnxruntime-gpu"):
-        try:
-            metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        return True
-    return False
+    return installed("onnxruntime") or installed("onnxruntime-gpu")
 
 
 def engines_for(kind: str, mxnet_unusable: str | None = None) -> tuple[str, ...]:
