@@ -351,11 +351,16 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
 def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
     """`--device` of a training: where it is routed and the devices it lists. `auto:gpu` (any
     GPU) is a route, not a list; `gpu:0,gpu:1` a list, routed to its first device."""
+    from mxq.workers.queues import DeviceSpecError, parse_device
+
     if device is None:
         return "auto", None
     entries = [d.strip() for d in device.split(",")]
-    if len(entries) == 1 and entries[0].lower().startswith("auto"):
-        return entries[0], None
+    try:
+        if len(entries) == 1 and parse_device(entries[0]).auto:
+            return entries[0], None
+    except DeviceSpecError:
+        pass  # a list entry the job's validation names
     return entries[0], entries
 
 

@@ -11,9 +11,7 @@ from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import WorkerRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobStatus, WorkerBeat, as_utc, iso, utcnow
-
-# What a worker row without `engines` (written before they were recorded) is taken to run.
-BOTH = ("mxnet", "onnx")
+from mxq.engines import RUNTIMES
 
 
 @db_retry
@@ -59,11 +57,11 @@ def refuse(url: str, name: str, reason: str) -> None:
             row.info = {**(row.info or {}), "refused": reason}
 
 
-def refused_since(url: str, names: list[str], since: datetime) -> set[str]:
-    """Which of `names` were registered after `since` and have refused their device."""
+def refused_since(url: str, names: list[str], since: datetime) -> dict[str, str]:
+    """Which of `names` were registered after `since` and have refused their device, with why."""
     with session_scope(url) as session:
         rows = session.scalars(select(WorkerBeat).where(WorkerBeat.name.in_(names)))
-        return {r.name for r in rows
+        return {r.name: str(r.info["refused"]) for r in rows
                 if r.started_at and as_utc(r.started_at) >= since and (r.info or {}).get("refused")}
 
 
@@ -98,8 +96,9 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRe
 
 
 def engines_of(column: str | None) -> list[str]:
-    """The engines a worker row says its device runs (both when it does not say)."""
-    return list(BOTH) if column is None else [e for e in column.split(",") if e]
+    """The engines a worker row says its device runs (every one when it does not say: a row
+    written before they were recorded)."""
+    return list(RUNTIMES) if column is None else [e for e in column.split(",") if e]
 
 
 def alive_since(url: str, names: list[str], since: datetime, ttl: float) -> set[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from mxq.db.fleet import kinds, list_workers
 from mxq.db.records import WorkerRecord
-from mxq.device import KINDS
+from mxq.device import KINDS, Device
 from mxq.errors import UserError
 from mxq.workers.queues import DeviceSpec, device_queue, pool_queue
 from mxq.workers.settings import Settings
@@ -71,9 +71,9 @@ def describe(worker: WorkerRecord) -> str:
 def _cannot_run(settings: Settings, worker: WorkerRecord, need: Need,
                 workers: list[WorkerRecord]) -> str:
     assert need.engine is not None
-    kind = worker["device"].split(":")[0]
+    kind = Device.parse(worker["device"]).kind
     able = sorted(w["device"] for w in workers
-                  if need.engine in w["engines"] and w["device"].startswith(f"{kind}:"))
+                  if need.engine in w["engines"] and Device.parse(w["device"]).kind == kind)
     runs = " and ".join(ENGINE_NAMES[e] for e in worker["engines"]) or "no engine"
     return (f"device {describe(worker)} on node {settings.node} runs {runs} only, and "
             f"{need.what} needs {ENGINE_NAMES[need.engine]}; devices that can: "

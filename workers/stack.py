@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from mxq.db.fleet import alive_since, list_workers, refused_since
+from mxq.db.fleet import alive_since, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
@@ -123,7 +123,7 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
     names = [s.name for s in specs]
     deadline = time.monotonic() + timeout
     while (alive_since(settings.database, names, since, settings.heartbeat_ttl)
-           | refused_since(settings.database, names, since)) != set(names):
+           | set(refused_since(settings.database, names, since))) != set(names):
         if proc.poll() is not None:
             raise StackError(f"the worker launcher exited with {proc.returncode}; "
                              f"see {logs / 'launcher.log'}")
@@ -131,18 +131,12 @@ def up_detached(settings: Settings, specs: list[WorkerSpec],
             raise StackError(f"workers did not all answer within {timeout:.0f}s; "
                              f"see the logs in {logs}")
         time.sleep(0.25)
-    refusals = refused_reasons(settings, refused_since(settings.database, names, since))
+    refused = refused_since(settings.database, names, since)
+    refusals = [f"{name}: {why}" for name, why in sorted(refused.items())]
     if len(refusals) == len(names):
         raise StackError(f"no worker of node {settings.node} started: {'; '.join(refusals)}; the "
                          "schedule process and the API are up (`mxq down` stops them)")
     return refusals
-
-
-def refused_reasons(settings: Settings, names: set[str]) -> list[str]:
-    """`gpu2@box1: <why>` for each worker of `names` that refused its device."""
-    return [f"{w['name']}: {(w['info'] or {}).get('refused')}"
-            for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
-            if w["name"] in names]
 
 
 def down(settings: Settings) -> tuple[list[str], list[str]]:
