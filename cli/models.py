@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 
 from mxq.cli import render
 from mxq.cli.settings import get_settings
-from mxq.errors import UserError
+from mxq.errors import UserError, reason
 from mxq.ids import MAX_ID
 
 
@@ -129,29 +129,18 @@ def add(name: str,
                "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
                "preprocess": prep.as_dict(), "outputs": outputs}
     try:
-        import mxq.tasks.models  # noqa: F401  # loads MXNet: only for this command
+        from mxq.tasks.models import add_version  # loads MXNet: only for this command
     except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
-        record = register_on_a_worker(request, str(exc).splitlines()[0])
+        record = register_on_a_worker(request, reason(exc))
     else:
-        record = _register_here(request)
+        s = get_settings()
+        record = add_version(s.database, s.home_path, request)
     if json_:
         render.print_json(record)
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
                          f"{tuple(record['input_shape'])}, {record['classes']} classes, "
                          f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
-
-
-def _register_here(r: dict[str, Any]) -> Any:
-    from mxq.preprocess import Preprocess
-    from mxq.tasks.models import add_builtin, add_exported
-
-    s, prep, shape = get_settings(), Preprocess.from_dict(r["preprocess"]), r["input_shape"]
-    if r["arch"]:
-        return add_builtin(s.database, s.home_path, r["name"], r["arch"], tuple(shape), r["classes"],
-                           r["seed"], preprocess=prep)
-    return add_exported(s.database, s.home_path, r["name"], r["symbol"], r["params"],
-                        tuple(shape) if shape else None, prep, outputs=r["outputs"])
 
 
 def register_on_a_worker(r: dict[str, Any], why: str) -> Any:
@@ -161,10 +150,11 @@ def register_on_a_worker(r: dict[str, Any], why: str) -> Any:
     import uuid
 
     from mxq.db.history import require_job
+    from mxq.workers.paths import staging_dir
     from mxq.workers.submit import submit
 
     s = get_settings()
-    folder = s.home_path / "staging" / uuid.uuid4().hex
+    folder = staging_dir(s.home_path) / uuid.uuid4().hex
     if r["symbol"]:
         folder.mkdir(parents=True)
         r = {**r, **{k: str(shutil.copyfile(r[k], folder / Path(r[k]).name))

@@ -17,6 +17,7 @@ import struct
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,17 @@ def _check_one_output(name: str, sym: mx.sym.Symbol) -> None:
         shown = ", ".join(outputs[:5]) + (", ..." if len(outputs) > 5 else "")
         raise ModelError(f"model {name} has {len(outputs)} outputs ({shown}); mxq needs exactly "
                          "one, of shape (batch, classes): export a net whose forward returns one array")
+
+
+def add_version(url: str, home: Path, r: Mapping[str, Any]) -> ModelRecord:
+    """A version as `mxq models add` asks for it (the fields of `RegisterParams`): a built-in
+    architecture with seeded weights, or the exported `symbol` and `params` files."""
+    prep, shape = Preprocess.from_dict(r["preprocess"]), r["input_shape"]
+    if r["arch"]:
+        return add_builtin(url, home, r["name"], r["arch"], tuple(shape), r["classes"], r["seed"],
+                           preprocess=prep)
+    return add_exported(url, home, r["name"], Path(r["symbol"]), Path(r["params"]),
+                        tuple(shape) if shape else None, prep, outputs=r["outputs"])
 
 
 def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,

@@ -16,21 +16,22 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mxq.preprocess import Preprocess, PreprocessError
-from mxq.tasks.models import ModelError, add_builtin, add_exported
+from mxq.preprocess import PreprocessError
+from mxq.tasks.models import ModelError, add_version
 from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
 from mxq.workers.jobspecs import ParamsError, RegisterParams
+from mxq.workers.paths import PathError, staging_dir, within
 from mxq.workers.settings import get_settings
-
-STAGING = "staging"
 
 
 def staged(home: Path, value: str) -> Path:
-    """A staged file's path, refused unless it lies in `$MXQ_HOME/staging`."""
-    root = (home / STAGING).resolve()
-    path = Path(value).resolve()
-    if not path.is_relative_to(root) or not path.is_file():
-        raise JobInputError(f"{value!r} is not a file staged under {root}")
+    """A staged file's path, refused unless it is a file inside `$MXQ_HOME/staging`."""
+    try:
+        path = within(value, staging_dir(home), "staged file", "MXQ_HOME")
+    except PathError as exc:
+        raise JobInputError(str(exc)) from None
+    if not path.is_file():
+        raise JobInputError(f"staged file {value} is not a file")
     return path
 
 
@@ -42,22 +43,14 @@ def register(job: JobContext) -> Outcome:
     except (ValidationError, ParamsError) as exc:
         raise JobInputError(f"invalid register parameters: {exc}") from None
     started = time.perf_counter()
-    prep = Preprocess.from_dict(p.preprocess)
-    shape = tuple(p.input_shape) if p.input_shape else None
+    request = p.model_dump()
+    if p.symbol is not None and p.params is not None:
+        request["symbol"], request["params"] = staged(s.home_path, p.symbol), staged(s.home_path, p.params)
     try:
-        if p.arch is not None:
-            if shape is None:
-                raise JobInputError("input_shape is needed with arch")
-            record = add_builtin(s.database, s.home_path, p.name, p.arch, shape, p.classes, p.seed,
-                                 preprocess=prep)
-        else:
-            assert p.symbol is not None and p.params is not None  # (RegisterParams checks it)
-            symbol, params = staged(s.home_path, p.symbol), staged(s.home_path, p.params)
-            try:
-                record = add_exported(s.database, s.home_path, p.name, symbol, params, shape, prep,
-                                      outputs=p.outputs)
-            finally:
-                shutil.rmtree(symbol.parent, ignore_errors=True)
+        record = add_version(s.database, s.home_path, request)
     except (ModelError, PreprocessError) as exc:
         raise JobInputError(str(exc)) from None
+    finally:
+        if p.symbol is not None:
+            shutil.rmtree(Path(request["symbol"]).parent, ignore_errors=True)
     return Outcome(samples=0, seconds=time.perf_counter() - started, result={"model": dict(record)})

@@ -259,7 +259,8 @@ class RegisterParams(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> RegisterParams:
-        if (self.arch is None) == (self.symbol is None or self.params is None):
+        if (self.arch is None) == (self.symbol is None or self.params is None) or \
+                (self.arch is not None and not self.input_shape):
             raise ValueError("give either arch (with input_shape) or both symbol and params")
         return self
 

@@ -11,8 +11,17 @@ if TYPE_CHECKING:
     from mxq.workers.settings import Settings
 
 
+# Under $MXQ_HOME: files handed to a worker by a process that cannot use them itself (a model a
+# process without MXNet registers through a `register` job).
+STAGING = "staging"
+
+
 class PathError(UserError):
     """A path outside its root, or one that does not exist."""
+
+
+def staging_dir(home: Path) -> Path:
+    return home / STAGING
 
 
 def within(path: str | Path, root: str | Path, what: str = "input",
