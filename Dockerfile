@@ -1,7 +1,7 @@
 # The mxq image: the official python:3.11-slim-bookworm image, mxq with the `gpu` extra in a venv
 # at /opt/mxq, a non-root user `mxq`. No nvidia/cuda base image: those tags reach end of life and
 # get deleted, and the CUDA 11 / cuDNN 8 / NCCL libraries already come from the `gpu` extra's
-# nvidia-*-cu11 wheels, which mxq loads by absolute path before MXNet (tasks/cuda.py; no
+# nvidia-*-cu11 wheels, which mxq loads by absolute path before MXNet (tasks/runtimes/cuda.py; no
 # LD_LIBRARY_PATH), so a CUDA image would only add a second copy of CUDA and cuDNN (gigabytes)
 # beside them. The driver (libcuda.so.1, nvidia-smi) is not in the image: the NVIDIA container
 # toolkit mounts it into a container given a GPU, for the capabilities NVIDIA_DRIVER_CAPABILITIES
@@ -49,7 +49,7 @@ RUN apt-get update \
 COPY --from=build /opt/mxq /opt/mxq
 # Fail the build here, not at run time, if MXNet or a CUDA wheel misses a system library: every
 # library they need must resolve, except the driver's libcuda.so.1 (mounted at run time). The
-# wheels' lib folders are searched for this check only; at run time tasks/cuda.py loads them.
+# wheels' lib folders are searched for this check only; at run time tasks/runtimes/cuda.py loads them.
 RUN cd "$(/opt/mxq/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
  && missing="$(LD_LIBRARY_PATH="$(echo "$PWD"/nvidia/*/lib | tr ' ' ':')" \
       ldd mxnet/*.so* nvidia/*/lib/*.so* | grep 'not found' | grep -v 'libcuda\.so\.1' | sort -u)" \

@@ -14,12 +14,12 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from mxq.db.engine import session_scope
-from mxq.db.history import device_rates, durations_by_kind, pool_depths
+from mxq.db.reports.history import device_rates, durations_by_kind, pool_depths
 from mxq.db.schema import Job, utcnow
-from mxq.workers.health import broker_problem
-from mxq.workers.queues import all_pools
+from mxq.workers.broker.health import broker_problem
+from mxq.workers.broker.queues import all_pools
+from mxq.workers.fleet.status import RATE_WINDOW, device_table
 from mxq.workers.settings import Settings
-from mxq.workers.status import RATE_WINDOW, device_table
 
 
 class Collector:

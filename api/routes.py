@@ -30,19 +30,20 @@ from mxq.api.schemas import (
     Status,
     SubmitAnswer,
 )
-from mxq.db import registry, results, schedules
-from mxq.db.history import JobFilter, count_jobs, list_jobs, require_job
+from mxq.db import registry, schedules
+from mxq.db.outputs import results
+from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
 from mxq.ids import MAX_ID
 from mxq.since import parse_since
-from mxq.workers.cancel import cancel_job
-from mxq.workers.fires import add_schedule, request_fire, resume
-from mxq.workers.health import broker_problem
-from mxq.workers.jobspecs import TrainOptions
+from mxq.workers.broker.health import broker_problem
+from mxq.workers.fleet.status import device_table
+from mxq.workers.jobs.cancel import cancel_job
+from mxq.workers.jobs.jobspecs import TrainOptions
+from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
+from mxq.workers.schedules.fires import add_schedule, request_fire, resume
 from mxq.workers.settings import Settings, get_settings
-from mxq.workers.status import device_table
-from mxq.workers.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
 
 router = APIRouter(prefix="/api/v1")
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]

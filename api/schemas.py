@@ -1,7 +1,7 @@
 """The HTTP API's contract: every request body and every answer typed, so that the OpenAPI
 description (`/openapi.json`) is what the server does and a client generated from it works.
 
-Job requests are the public parameters of each kind (`mxq.workers.jobspecs`: what `mxq probe`,
+Job requests are the public parameters of each kind (`mxq.workers.jobs.jobspecs`: what `mxq probe`,
 `mxq infer` and `mxq train` take) plus where to run, told apart by `kind`; fields only mxq sets
 (a chunk's range, a schedule's fire) are not in them, so a request that names one is refused.
 Records are the TypedDicts `mxq.db` returns (`mxq.db.records`). Every error is one RFC 9457
@@ -18,7 +18,7 @@ from typing_extensions import TypedDict
 from mxq.db.records import JobRecord, ModelRecord
 from mxq.ids import MAX_ID
 from mxq.names import NAME_PATTERN
-from mxq.workers.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
+from mxq.workers.jobs.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 # `since` as `mxq jobs --since` takes it (mxq.since): an age such as 45s, 30m, 2h or 1d; an ISO
@@ -43,7 +43,7 @@ _DAYS = _any_case("sun mon tue wed thu fri sat")
 _DOM = "0?[1-9]|[12][0-9]|3[01]"
 # What a five-field cron expression looks like (minute hour day-of-month month day-of-week, with
 # croniter's L, W, # and ?), declared in the OpenAPI description so that a client generator or a
-# fuzzer makes valid ones. Declared, not enforced: the server's own check (workers/cron.check)
+# fuzzer makes valid ones. Declared, not enforced: the server's own check (workers/schedules/cron.check)
 # says what is wrong in words, and refuses what fits this shape but never comes (February 30).
 CRON_PATTERN = "^ *" + " +".join([
     _cron_field("[0-5]?[0-9]"), _cron_field("[01]?[0-9]|2[0-3]"),

@@ -35,7 +35,7 @@ def _seconds(a: datetime, b: datetime) -> float:
 
 
 def mxq_rate(s: Settings, n: int) -> dict[str, Any]:
-    from mxq.workers.submit import submit_many
+    from mxq.workers.jobs.submit import submit_many
 
     t0 = utcnow()
     ids = submit_many(s, "probe", [dict(PROBE) for _ in range(n)], "auto")
@@ -49,7 +49,7 @@ def mxq_rate(s: Settings, n: int) -> dict[str, Any]:
 
 
 def mxq_latency(s: Settings, n: int) -> dict[str, float]:
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     ids = []
     for _ in range(n):
@@ -68,7 +68,7 @@ class BareCelery:
         import redis
         from celery import Celery
 
-        from mxq.workers.app import celery_config
+        from mxq.workers.broker.app import celery_config
 
         self.redis = redis.Redis(unix_socket_path=str(s.redis_socket))
         self.app = Celery("bench-publisher")
@@ -125,7 +125,7 @@ class BareCelery:
 
 
 def run(jobs: int = 500, latency_jobs: int = 50, root: Path | None = None) -> dict[str, Any]:
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     with running_stack(cpu_devices=1, root=root, prefix="dispatch-") as s:
         wait_job(s, submit(s, "probe", dict(PROBE), "cpu:0"))  # warm-up: MXNet's first job

@@ -24,7 +24,7 @@ from mxq.db.schema import utcnow
 
 def one_mode(on: bool, jobs: int, arch: str, shape: tuple[int, ...],
              root: Path | None) -> dict[str, Any]:
-    from mxq.workers.submit import submit_many
+    from mxq.workers.jobs.submit import submit_many
 
     env = {"MXQ_DYNAMIC_BATCHING": "1" if on else "0"}
     with running_stack(cpu_devices=2, root=root, env=env,

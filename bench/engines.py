@@ -33,7 +33,7 @@ MODELS = [("mlp", (256,), 512, 200_000), ("lenet", (1, 28, 28), 256, 30_000),
 
 def bare_onnx(model: dict[str, Any], path: str, batch: int) -> float:
     """Samples/s of the same loop on ONNX Runtime, with the session mxq builds (its threads)."""
-    from mxq.tasks import onnx_runtime
+    from mxq.tasks.runtimes import onnx_runtime
 
     sess, _ = onnx_runtime.session(Path(model["onnx"]["file"]))
     data = np.load(path, mmap_mode="r")
@@ -52,9 +52,9 @@ def _pinned(s: Settings, engine: str, name: str, path: Path, batch: int, cores: 
 
 def _agreement(s: Settings, job_id: int, model: dict[str, Any], path: Path) -> dict[str, float]:
     """The stored predictions against MXNet's own on the same input."""
-    from mxq.db import predictions
-    from mxq.tasks.models import load, probabilities
-    from mxq.tasks.mx import mx
+    from mxq.db.outputs import predictions
+    from mxq.tasks.model_store.models import load, probabilities
+    from mxq.tasks.runtimes.mx import mx
 
     net, _ = load(model, mx.cpu())
     data = np.load(path, mmap_mode="r")
@@ -68,8 +68,8 @@ def _agreement(s: Settings, job_id: int, model: dict[str, Any], path: Path) -> d
 
 
 def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, samples: int) -> dict[str, Any]:
-    from mxq.tasks.models import add_builtin
-    from mxq.workers.submit import submit
+    from mxq.tasks.model_store.models import add_builtin
+    from mxq.workers.jobs.submit import submit
 
     model = add_builtin(s.database, s.home_path, arch, arch, shape, 10)
     path = make_input(s.home_path / f"{arch}.npy", samples, shape)

@@ -41,11 +41,11 @@ from bench.fleet_history import percentile
 from mxq.db.engine import session_scope
 from mxq.db.fleet import list_workers
 from mxq.db.schema import FINISHED, Job, JobStatus
-from mxq.workers.messages import in_broker, stored_names
-from mxq.workers.queues import device_queue, pool_queues
-from mxq.workers.reconcile import _known_queues, reconcile
+from mxq.workers.broker.messages import in_broker, stored_names
+from mxq.workers.broker.queues import device_queue, pool_queues
+from mxq.workers.jobs.submit import submit, submit_many
+from mxq.workers.repair.reconcile import _known_queues, reconcile
 from mxq.workers.settings import Settings, get_settings
-from mxq.workers.submit import submit, submit_many
 
 PER_NODE = 8
 KILLED_LOG = "devices-victim.jsonl"  # the log of the process that gets killed

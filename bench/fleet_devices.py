@@ -40,10 +40,10 @@ from mxq.db import engine, fleet, jobs
 from mxq.db.fleet import list_workers
 from mxq.db.jobs import Placement
 from mxq.tasks.runner import JobContext, Outcome, Worker, run_job
-from mxq.workers import heartbeat, leases
-from mxq.workers.app import app_for
-from mxq.workers.queues import device_queue, pool_queues, worker_name
-from mxq.workers.recovery import recover_worker
+from mxq.workers.broker.app import app_for
+from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
+from mxq.workers.fleet import heartbeat, leases
+from mxq.workers.repair.recovery import recover_worker
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger("fleet-devices")

@@ -22,8 +22,8 @@ from sqlalchemy.engine import make_url
 
 from mxq.api.routes import TOTAL_COUNTED
 from mxq.db.engine import get_engine
-from mxq.db.history import JobFilter, count_jobs, get_job, list_jobs
 from mxq.db.migrate import upgrade
+from mxq.db.reports.history import JobFilter, count_jobs, get_job, list_jobs
 from mxq.db.schema import utcnow
 
 NODES, PER_NODE = 125, 8

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from bench import fleet_history
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, JobStatus
-from mxq.workers.reconcile import reconcile
+from mxq.workers.repair.reconcile import reconcile
 from mxq.workers.settings import get_settings
 
 POLL_SECONDS = 2.0  # the dashboard's refresh

@@ -17,8 +17,8 @@ from datetime import timedelta
 from sqlalchemy import insert
 
 from mxq.db.engine import get_engine
-from mxq.db.history import JobFilter, count_jobs, get_job, list_jobs
 from mxq.db.migrate import upgrade
+from mxq.db.reports.history import JobFilter, count_jobs, get_job, list_jobs
 from mxq.db.schema import Job, JobMetric, utcnow
 
 STATUSES = ["succeeded"] * 8 + ["failed", "cancelled"]

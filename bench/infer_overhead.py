@@ -27,8 +27,8 @@ MODEL = "bench"
 
 def bare_loop(model: dict, path: str, batch: int) -> float:
     """Samples/s of the plain loop a user would write: read a batch, forward, softmax, to numpy."""
-    from mxq.tasks.models import load
-    from mxq.tasks.mx import mx
+    from mxq.tasks.model_store.models import load
+    from mxq.tasks.runtimes.mx import mx
 
     net, _ = load(model, mx.cpu(0))
     data = np.load(path, mmap_mode="r")
@@ -47,7 +47,7 @@ def pinned_bare(s: Settings, path: Path, batch: int, cores: list[int]) -> float:
 
 
 def register(s: Settings, arch: str, shape: tuple[int, ...], classes: int = 10) -> dict[str, Any]:
-    from mxq.tasks.models import add_builtin
+    from mxq.tasks.model_store.models import add_builtin
 
     return add_builtin(s.database, s.home_path, MODEL, arch, shape, classes)
 
@@ -67,7 +67,7 @@ def make_input(path: Path, samples: int, shape: tuple[int, ...], seed: int = 0) 
 def warm(s: Settings, shape: tuple[int, ...], batch: int, devices: list[str]) -> None:
     """One small job per device, so the timed jobs find the model loaded (as the bare loop's
     warm-up batch)."""
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     path = make_input(s.home_path / "warm.npy", batch, shape, seed=1)
     for device in devices:
@@ -79,7 +79,7 @@ def inference(s: Settings, samples: int, shape: tuple[int, ...], batch: int,
               rounds: int = 3) -> dict[str, Any]:
     """mxq infer on cpu:0 against the bare loop on cpu:0's cores: `rounds` alternating runs of
     each, medians (one run of either swings by several percent on a shared machine)."""
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     path = make_input(s.home_path / "input.npy", samples, shape)
     warm(s, shape, batch, ["cpu:0"])
@@ -102,7 +102,7 @@ def inference(s: Settings, samples: int, shape: tuple[int, ...], batch: int,
 
 def memory(s: Settings, samples: int, shape: tuple[int, ...], batch: int) -> dict[str, Any]:
     """The worker's peak RSS after a job on `samples`, then after one on 10x as many."""
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     path = make_input(s.home_path / "input.npy", samples, shape)
     params = {"model": MODEL, "batch_size": batch}

@@ -25,10 +25,10 @@ import numpy as np
 
 from bench.stack import ROOT, wait_job
 from mxq.db.fleet import alive_since
-from mxq.db.history import JobFilter, list_jobs
 from mxq.db.migrate import upgrade
+from mxq.db.reports.history import JobFilter, list_jobs
 from mxq.db.schema import utcnow
-from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
 
@@ -81,7 +81,7 @@ def main() -> None:
         upgrade(settings.database)
         nodes: list[subprocess.Popen] = []
         try:
-            from mxq.tasks.models import add_builtin
+            from mxq.tasks.model_store.models import add_builtin
 
             add_builtin(settings.database, settings.home_path, "bench", args.arch, shape, 10)
             path = home / "input.npy"
@@ -117,7 +117,7 @@ def main() -> None:
 
 
 def _submit(settings: Settings, params: dict) -> int:
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     return submit(settings, "infer", params, "auto")
 

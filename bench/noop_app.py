@@ -15,7 +15,7 @@ from functools import lru_cache
 import redis
 from celery import Celery
 
-from mxq.workers.app import celery_config
+from mxq.workers.broker.app import celery_config
 from mxq.workers.settings import Settings
 
 QUEUE = "bench.noop"

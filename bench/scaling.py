@@ -23,7 +23,7 @@ from mxq.workers.settings import Settings
 
 
 def one_run(s: Settings, path: Path, samples: int, batch: int, devices: int) -> dict[str, Any]:
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     params = {"model": MODEL, "input": str(path), "batch_size": batch, "chunk_size": samples // 2}
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import Any
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.migrate import upgrade
 from mxq.db.schema import as_utc, utcnow
-from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +105,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def wait_job(settings: Settings, job_id: int, timeout: float = 3600, poll: float = 0.5) -> dict:
-    from mxq.db.history import get_job
+    from mxq.db.reports.history import get_job
 
     deadline = time.monotonic() + timeout
     while (record := get_job(settings.database, job_id))["status"] not in FINAL:
@@ -164,7 +164,7 @@ def children(settings: Settings, parent_id: int) -> list[dict[str, Any]]:
 
 def pinned_env(cores: Sequence[int]) -> dict[str, str]:
     """The thread limits the launcher gives a CPU device worker on `cores` (workers.launcher)."""
-    from mxq.workers.pinning import THREAD_VARS
+    from mxq.workers.hardware.pinning import THREAD_VARS
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
     env.update({var: str(len(cores)) for var in THREAD_VARS}, MXNET_CPU_WORKER_NTHREADS="1",

@@ -24,8 +24,8 @@ from bench.stack import run_pinned, running_stack, wait_job
 
 def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> list[float]:
     """The guide's loop: split_and_load, record, backward per device, one Trainer step."""
-    from mxq.tasks.mx import autograd, gluon, mx
-    from mxq.tasks.zoo import build
+    from mxq.tasks.model_store.zoo import build
+    from mxq.tasks.runtimes.mx import autograd, gluon, mx
 
     ctxs = [mx.cpu(i) for i in range(k)]
     net = build("lenet", 10, x.shape[1:])
@@ -55,7 +55,7 @@ def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> 
 def pinned_bare(copies: int, epochs: int, batch: int, k: int) -> list[float]:
     """The bare loop's epochs (samples/s) in a process with the cores and threads mxq gives a
     k-device job."""
-    from mxq.workers.pinning import cpu_cores
+    from mxq.workers.hardware.pinning import cpu_cores
 
     cores = sorted({c for i in range(k) for c in cpu_cores(i, 2)})
     out = run_pinned(["-m", "bench.train_overhead", "--bare", str(k), "--copies", str(copies),
@@ -80,8 +80,8 @@ def run(copies: int = 10, epochs: int = 5, batch: int = 128, root: Path | None =
     print(f"  lenet on digits x{copies} ({len(y):,} samples), {epochs} epochs, global batch {batch}")
     with running_stack(cpu_devices=2, root=root, prefix="training-") as s:
         np.savez(s.home_path / "train.npz", X=x, y=y.astype(np.int64))
-        from mxq.db.epochs import list_epochs
-        from mxq.workers.submit import submit
+        from mxq.db.outputs.epochs import list_epochs
+        from mxq.workers.jobs.submit import submit
 
         for k in devices:
             bare_epochs = pinned_bare(copies, epochs, batch, k)

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from bench.stack import scratch
-from mxq.db import predictions
 from mxq.db.jobs import create_job
 from mxq.db.migrate import upgrade
-from mxq.db.predictions import COLUMNS, Row
+from mxq.db.outputs import predictions
+from mxq.db.outputs.predictions import COLUMNS, Row
 
 BATCH = 20_000  # rows per write, as tasks.infer.FLUSH_ROWS (importing it would load MXNet)
 POSTGRES = "postgresql://127.0.0.1:5432/test"

@@ -46,7 +46,7 @@ def demo_input(s: Settings, copies: int) -> tuple[Path, np.ndarray]:
 
 def _wait(s: Settings, job_id: int) -> JobRecord:
     """The job's final record, its progress shown meanwhile (with metrics and epochs)."""
-    from mxq.db.history import require_job
+    from mxq.db.reports.history import require_job
 
     render.wait_for(job_id, lambda j: require_job(s.database, j), None)
     return require_job(s.database, job_id, with_metrics=True)
@@ -54,7 +54,7 @@ def _wait(s: Settings, job_id: int) -> JobRecord:
 
 def _run(s: Settings, kind: str, params: dict[str, Any], devices: list[str]) -> list[JobRecord]:
     """One job of `kind` per device, queued at once, each waited for with its progress shown."""
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     return [_wait(s, i) for i in [submit(s, kind, params, d) for d in devices]]
 
@@ -62,7 +62,7 @@ def _run(s: Settings, kind: str, params: dict[str, Any], devices: list[str]) -> 
 def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
     """A LeNet trained on digits over the live devices of the first one's kind (GPUs first)."""
     from mxq.device import Device
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     kind = Device.parse(devices[0]).kind
     group = [d for d in devices if Device.parse(d).kind == kind]
@@ -77,7 +77,7 @@ def _accuracy(s: Settings, record: JobRecord, labels: np.ndarray) -> float | Non
     """The share of samples whose predicted class is the label (None if the job failed)."""
     import numpy as np
 
-    from mxq.db.results import recorded_output
+    from mxq.db.outputs.results import recorded_output
 
     if record["status"] != "succeeded":
         return None
@@ -86,7 +86,7 @@ def _accuracy(s: Settings, record: JobRecord, labels: np.ndarray) -> float | Non
 
 
 def _live_devices(s: Settings) -> list[str]:
-    from mxq.db.history import device_records
+    from mxq.db.reports.history import device_records
 
     devices = sorted((d["device"] for d in device_records(s.database, s.heartbeat_ttl)
                       if d["alive"] and d["node"] == s.node), key=lambda d: (d[:3] != "gpu", d))

@@ -70,9 +70,9 @@ def _since(text: str | None) -> datetime | None:
 def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once all workers answer.")] = False,  # noqa: E501
        timeout: float = 180.0) -> None:
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
-    from mxq.workers.embedded import EmbeddedRedis
-    from mxq.workers.stack import preflight, prepare, run_launcher, up_detached
-    from mxq.workers.status import device_table
+    from mxq.workers.broker.embedded import EmbeddedRedis
+    from mxq.workers.fleet.status import device_table
+    from mxq.workers.launch.stack import preflight, prepare, run_launcher, up_detached
 
     s = get_settings(own=True)
     for note in preflight(s):  # refuses a running stack or a taken port; ends orphans
@@ -93,7 +93,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
 
 
 def _plan_or_exit(s: Settings) -> list:
-    from mxq.workers.stack import node_plan
+    from mxq.workers.launch.stack import node_plan
 
     specs, refused = node_plan(s)
     for problem in refused:
@@ -107,7 +107,7 @@ def _plan_or_exit(s: Settings) -> list:
 @app.command()
 def down() -> None:
     """Stop everything `mxq up` started (by PID)."""
-    from mxq.workers.stack import down as stop
+    from mxq.workers.launch.stack import down as stop
 
     stopped, notes = stop(get_settings())
     for note in notes:
@@ -136,11 +136,11 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
            with_schedule: Annotated[bool, typer.Option("--with-schedule", hidden=True)] = False,
            json_: JsonOpt = False) -> None:
     """Start and supervise one pinned Celery worker per device of this node."""
-    from mxq.workers.stack import prepare, run_launcher
+    from mxq.workers.launch.stack import prepare, run_launcher
 
     s = get_settings(own=True, node=node)
     if dry_run:
-        from mxq.workers.stack import node_plan
+        from mxq.workers.launch.stack import node_plan
 
         specs, refused = node_plan(s)
         plan: list[dict[str, Any]] = [
@@ -185,7 +185,7 @@ def api() -> None:
 def stats(by: Annotated[str, typer.Option(help="device, model or day")] = "device",
           json_: JsonOpt = False) -> None:
     """Throughput and success rates per device, model or day."""
-    from mxq.db.history import stats as compute
+    from mxq.db.reports.history import stats as compute
 
     if by not in ("device", "model", "day"):
         raise typer.BadParameter(f"{by!r}: expected device, model or day", param_hint="--by")
@@ -202,7 +202,7 @@ def scheduler() -> None:
     """The schedule process alone (Celery beat and the tick), as docker-compose runs it."""
     import os
 
-    from mxq.workers.launcher import schedule_spec
+    from mxq.workers.launch.launcher import schedule_spec
 
     spec = schedule_spec(get_settings())
     os.execvpe(spec.command[0], spec.command, spec.env)
@@ -213,7 +213,7 @@ def reconcile(json_: JsonOpt = False) -> None:
     """One reconciler pass now: republish lost messages, requeue dead jobs, free stale leases."""
     from dataclasses import asdict
 
-    from mxq.workers.reconcile import reconcile as run_pass
+    from mxq.workers.repair.reconcile import reconcile as run_pass
 
     report = asdict(run_pass(get_settings()))
     if json_:
@@ -227,7 +227,8 @@ def reconcile(json_: JsonOpt = False) -> None:
 def dead_letters(clear: Annotated[bool, typer.Option("--clear", help="Drop them all.")] = False,
                  json_: JsonOpt = False) -> None:
     """Broker messages no worker could read, moved aside (newest first): their queue, when, why."""
-    from mxq.workers import deadletters, leases
+    from mxq.workers.broker import deadletters
+    from mxq.workers.fleet import leases
 
     client = leases.client(get_settings().broker)
     if clear:
@@ -302,8 +303,8 @@ def results(job_id: JobId,
             offset: Annotated[int, typer.Option(min=0, max=MAX_ID)] = 0) -> None:
     """The predictions of an inference job (CSV: index,predicted_class,score[,top-k]), or all of
     them exported as a Parquet file (`--format parquet --out FILE`)."""
-    from mxq.db import results as stored
-    from mxq.db.history import require_job
+    from mxq.db.outputs import results as stored
+    from mxq.db.reports.history import require_job
 
     if format not in ("table", "json", "csv", "parquet"):
         raise typer.BadParameter(f"{format!r}: expected table, json, csv or parquet", param_hint="--format")
@@ -351,7 +352,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
 def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
     """`--device` of a training: where it is routed and the devices it lists. `auto:gpu` (any
     GPU) is a route, not a list; `gpu:0,gpu:1` a list, routed to its first device."""
-    from mxq.workers.queues import DeviceSpecError, parse_device
+    from mxq.workers.broker.queues import DeviceSpecError, parse_device
 
     if device is None:
         return "auto", None
@@ -366,8 +367,8 @@ def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
                        wait: bool, json_: bool, idempotency_key: str | None = None) -> None:
-    from mxq.db.history import require_job
-    from mxq.workers.submit import submit_request
+    from mxq.db.reports.history import require_job
+    from mxq.workers.jobs.submit import submit_request
 
     s = get_settings()
     done = submit_request(s, kind, params, device, allow_offline, idempotency_key)
@@ -402,8 +403,8 @@ def _show_job(record: JobRecord, json_: bool) -> None:
 @app.command()
 def devices(json_: JsonOpt = False) -> None:
     """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat."""
-    from mxq.db.history import pool_depths
-    from mxq.workers.status import device_table
+    from mxq.db.reports.history import pool_depths
+    from mxq.workers.fleet.status import device_table
 
     s = get_settings()
     records = device_table(s)
@@ -431,7 +432,7 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
     if status is not None and status not in allowed:
         raise typer.BadParameter(f"{status!r}: expected one of {', '.join(allowed)}",
                                  param_hint="--status")
-    from mxq.db.history import JobFilter, list_jobs
+    from mxq.db.reports.history import JobFilter, list_jobs
 
     s = get_settings()
     rows = list_jobs(s.database, JobFilter(status, kind, device, node, _since(since), limit))
@@ -450,8 +451,8 @@ def cancel(job_id: JobId,
            wait: Annotated[bool, typer.Option("--wait", help="Wait until it has stopped.")] = False,
            json_: JsonOpt = False) -> None:
     """Cancel a job: at once if queued, at its next batch or epoch boundary if running."""
-    from mxq.db.history import require_job
-    from mxq.workers.cancel import MESSAGES, cancel_job
+    from mxq.db.reports.history import require_job
+    from mxq.workers.jobs.cancel import MESSAGES, cancel_job
 
     s = get_settings()
     outcome = cancel_job(s, job_id)
@@ -467,7 +468,7 @@ def cancel(job_id: JobId,
 @app.command()
 def job(job_id: JobId, json_: JsonOpt = False) -> None:
     """One job's full record; exits 1 when the job failed or was cancelled."""
-    from mxq.db.history import require_job
+    from mxq.db.reports.history import require_job
 
     _show_job(require_job(get_settings().database, job_id, with_metrics=True), json_)
 

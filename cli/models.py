@@ -37,7 +37,7 @@ class OutputsError(UserError):
     """An --outputs that is not auto, logits or probabilities, or does not fit a built-in."""
 
 
-OUTPUTS = ("auto", "logits", "probabilities")  # --outputs (mxq.tasks.models.OUTPUTS, and auto)
+OUTPUTS = ("auto", "logits", "probabilities")  # --outputs (mxq.tasks.model_store.models.OUTPUTS, and auto)
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -129,7 +129,7 @@ def add(name: str,
                "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
                "preprocess": prep.as_dict(), "outputs": outputs}
     try:
-        from mxq.tasks.models import add_version  # loads MXNet: only for this command
+        from mxq.tasks.model_store.models import add_version  # loads MXNet: only for this command
     except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
         record = register_on_a_worker(request, reason(exc))
     else:
@@ -149,9 +149,9 @@ def register_on_a_worker(r: dict[str, Any], why: str) -> Any:
     import shutil
     import uuid
 
-    from mxq.db.history import require_job
+    from mxq.db.reports.history import require_job
+    from mxq.workers.jobs.submit import submit
     from mxq.workers.paths import staging_dir
-    from mxq.workers.submit import submit
 
     s = get_settings()
     folder = staging_dir(s.home_path) / uuid.uuid4().hex

@@ -96,7 +96,7 @@ def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
         print_json(rows)
         return
     if fmt == "csv":
-        from mxq.db.results import prediction_csv  # Parquet and SQLAlchemy: only for this command
+        from mxq.db.outputs.results import prediction_csv  # Parquet and SQLAlchemy: only for this command
 
         csv.writer(sys.stdout, lineterminator="\n").writerows(prediction_csv(rows))
         return

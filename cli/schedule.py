@@ -33,7 +33,7 @@ def add(name: str,
         dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
         input_shape: str | None = None, json_: JsonOpt = False) -> None:
     """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time."""
-    from mxq.workers.fires import add_schedule
+    from mxq.workers.schedules.fires import add_schedule
 
     spec = {"arch": arch, "name": model, "devices": devices,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
@@ -86,7 +86,7 @@ def pause(name: str) -> None:
 @app.command("resume")
 def resume_cmd(name: str) -> None:
     """Fire again from the next cron time (fires missed while paused are skipped)."""
-    from mxq.workers.fires import resume
+    from mxq.workers.schedules.fires import resume
 
     resume(get_settings(), name)
     render.out.print(f"schedule {name} resumed")
@@ -105,7 +105,7 @@ def rm(name: str) -> None:
 def run_now_cmd(name: str, json_: JsonOpt = False) -> None:
     """Fire once, now."""
     from mxq.db import schedules
-    from mxq.workers.fires import run_now
+    from mxq.workers.schedules.fires import run_now
 
     s = get_settings()
     fire_id = run_now(s, name)

@@ -36,7 +36,7 @@ def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, f
     return asked == "auto" and disagreement(onnx) is None and not speeds
 
 
-# The engines a device worker may have (`workers/devices.engines_for`); a job that needs one goes
+# The engines a device worker may have (`workers/hardware/devices.engines_for`); a job that needs one goes
 # to that engine's pool (`pool.<kind>.<engine>`), one that either serves to the kind's pool.
 RUNTIMES = ("mxnet", "onnx")
 

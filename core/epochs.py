@@ -1,6 +1,6 @@
 """A multi-node training's epochs, merged from its parts' (each part records its own node's).
 
-Pure: `mxq.db.epochs.merge_parts` reads the parts' rows and stores what these return.
+Pure: `mxq.db.outputs.epochs.merge_parts` reads the parts' rows and stores what these return.
 """
 
 from __future__ import annotations

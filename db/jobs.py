@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session, aliased
 
 from mxq import parts
 from mxq.db.engine import rowcount, session_scope
-from mxq.db.epochs import merge_parts
 from mxq.db.fence import Fence, still_ours
+from mxq.db.outputs.epochs import merge_parts
 from mxq.db.retry import db_retry
 from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 from mxq.errors import Conflict

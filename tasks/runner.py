@@ -21,10 +21,10 @@ from mxq.db.retry import DatabaseUnreachable, db_retry
 from mxq.db.schema import Job, utcnow
 from mxq.device import Device
 from mxq.errors import UserError
-from mxq.workers import heartbeat, leases
-from mxq.workers.app import app
-from mxq.workers.publish import publish
-from mxq.workers.queues import device_queue, pool_queues, worker_name
+from mxq.workers.broker.app import app
+from mxq.workers.broker.publish import publish
+from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
+from mxq.workers.fleet import heartbeat, leases
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)

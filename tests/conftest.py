@@ -31,7 +31,7 @@ from click.testing import CliRunner
 from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
-from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ class Stack:
         return json.loads(proc.stdout)
 
     def job(self, job_id: int) -> dict:
-        from mxq.db.history import get_job
+        from mxq.db.reports.history import get_job
 
         return get_job(self.settings.database, job_id)
 

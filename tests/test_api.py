@@ -21,7 +21,7 @@ from mxq.api.app import app
 from mxq.db import jobs
 from mxq.db.engine import session_scope
 from mxq.db.schema import JobMetric, utcnow
-from mxq.tasks import datasets
+from mxq.tasks.training import datasets
 from tests.conftest import FINAL, NODE, ROOT, Stack, wait_until
 
 TOKEN = "s3cret-token-0123"

@@ -28,7 +28,7 @@ from pydantic import SecretStr
 
 from mxq.api import routes
 from mxq.api.app import app
-from mxq.workers.status import device_table
+from mxq.workers.fleet.status import device_table
 from tests.api_server import Api, counts, start_api
 from tests.conftest import FINAL, NODE, Stack, wait_until
 from tests.test_inputs import png_bytes, solid
@@ -875,13 +875,13 @@ def _pickled(stack: Stack) -> None:
 
 
 def _unknown_task(stack: Stack) -> None:
-    from mxq.workers.app import app_for
+    from mxq.workers.broker.app import app_for
 
     app_for(stack.settings.broker).send_task("mxq.dance", args=[1], queue=f"{NODE}.cpu.0")
 
 
 def _no_such_job(stack: Stack) -> None:
-    from mxq.workers.app import app_for
+    from mxq.workers.broker.app import app_for
 
     app_for(stack.settings.broker).send_task("mxq.probe", args=[987654], queue=f"{NODE}.cpu.0",
                                              task_id="no-such-job-987654")
@@ -890,7 +890,7 @@ def _no_such_job(stack: Stack) -> None:
 def _push(queue: str, item: str) -> Callable[[Stack], None]:
     """Push a raw item onto a queue as kombu stores messages (what any broker client can do)."""
     def push(stack: Stack) -> None:
-        from mxq.workers import leases
+        from mxq.workers.fleet import leases
 
         leases.client(stack.settings.broker).lpush(queue, item)
     return push

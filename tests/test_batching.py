@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mxq.db import jobs, predictions
-from mxq.db.history import metrics
-from mxq.tasks import batching
-from mxq.workers.submit import submit, submit_many
+from mxq.db import jobs
+from mxq.db.outputs import predictions
+from mxq.db.reports.history import metrics
+from mxq.tasks.inference import batching
+from mxq.workers.jobs.submit import submit, submit_many
 from tests.conftest import Stack
 from tests.test_infer import _data, _direct
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mxq.db import predictions
 from mxq.db.fleet import forget, register
-from mxq.workers.submit import submit
+from mxq.db.outputs import predictions
+from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, ROOT, Stack, wait_until
 
 MODEL = "smoke"
@@ -147,7 +147,7 @@ def _demo(s: Stack, made: dict) -> None:
 
 def _scheduler(s: Stack, made: dict) -> None:
     """The schedule process alone: its worker answers a remote-control ping, as compose checks."""
-    from mxq.workers.app import app_for
+    from mxq.workers.broker.app import app_for
 
     name = f"schedule@{NODE}"
     proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "scheduler"], cwd=ROOT, env=s.environ(),

@@ -16,8 +16,8 @@ from sqlalchemy import select
 
 from mxq.client import Client, Job
 from mxq.client import api as client_api
-from mxq.db import predictions
 from mxq.db.engine import session_scope
+from mxq.db.outputs import predictions
 from mxq.db.schema import Job as JobRow
 from mxq.errors import Conflict, JobRejected, NotFound, Unauthorized, UserError
 from tests.api_server import Api, start_api

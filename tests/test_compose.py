@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mxq.workers.devices import parse_nvidia_smi
-from mxq.workers.launcher import STOP_GRACE_SECONDS, schedule_spec
+from mxq.workers.hardware.devices import parse_nvidia_smi
+from mxq.workers.launch.launcher import STOP_GRACE_SECONDS, schedule_spec
 from mxq.workers.settings import Settings
 from tests.conftest import FIXTURES, ROOT, missing, run_cli
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mxq.workers.cron import CronError, check, due, next_after
+from mxq.workers.schedules.cron import CronError, check, due, next_after
 
 BERLIN = "Europe/Berlin"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
 from tests.conftest import ROOT, Stack, free_port, missing, wait_until
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxq.tasks import datasets
-from mxq.tasks.inputs import InputError
+from mxq.tasks.inference.inputs import InputError
+from mxq.tasks.training import datasets
 from tests.test_inputs import png_bytes, solid
 
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from mxq.workers import devices as devices_module
-from mxq.workers.devices import (
+from mxq.workers.hardware import devices as devices_module
+from mxq.workers.hardware.devices import (
     DeviceError,
     discover,
     incompatibility,
     parse_nvidia_smi,
 )
-from mxq.workers.kernels import RECORDED, BuildKernels, read_kernels
-from mxq.workers.launcher import plan
+from mxq.workers.hardware.kernels import RECORDED, BuildKernels, read_kernels
+from mxq.workers.launch.launcher import plan
 from mxq.workers.settings import Settings
 from tests.conftest import FIXTURES, ROOT, Stack, run_cli
 
@@ -260,7 +260,7 @@ def test_a_mig_enabled_gpu_is_refused_with_how_to_use_it(tmp_path: Path) -> None
 NO_MXNET = """
 import sys
 from fastapi.testclient import TestClient
-from mxq.workers.app import app as celery_app
+from mxq.workers.broker.app import app as celery_app
 from mxq.api.app import app
 celery_app.loader.import_default_modules()  # what `celery -A mxq.workers worker` imports at start
 client = TestClient(app, base_url="http://127.0.0.1")

@@ -10,11 +10,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxq.db import predictions, registry
+from mxq.db import registry
 from mxq.db.migrate import upgrade
+from mxq.db.outputs import predictions
 from mxq.engines import MAX_DIFF
-from mxq.tasks import onnx_runtime
-from mxq.tasks.models import add_builtin, add_exported
+from mxq.tasks.model_store.models import add_builtin, add_exported
+from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import Settings
 from tests.conftest import Stack
 
@@ -116,7 +117,7 @@ def _add(stack: Stack, name: str) -> dict:
 
 
 def _direct(stack: Stack, name: str, x: np.ndarray) -> np.ndarray:
-    from mxq.tasks.models import load
+    from mxq.tasks.model_store.models import load
 
     net, _ = load(registry.resolve(stack.settings.database, name), mx.cpu())
     return mx.nd.softmax(net(mx.nd.array(x))).asnumpy()

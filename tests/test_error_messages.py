@@ -68,7 +68,7 @@ def _two_headed(folder: Path) -> tuple[Path, Path]:
 
 def test_a_model_with_several_outputs_is_refused_at_registration(tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
-    from mxq.tasks.models import ModelError, add_exported
+    from mxq.tasks.model_store.models import ModelError, add_exported
 
     url = f"sqlite:///{tmp_path / 'mxq.db'}"
     upgrade(url)
@@ -135,7 +135,7 @@ def small_disk(tmp_path: Path) -> Path:
 def test_a_full_disk_fails_an_npy_job_at_creation_naming_the_disk(
         small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mxq.db.migrate import upgrade
-    from mxq.tasks.outputs import _output_array, output_path
+    from mxq.tasks.inference.outputs import _output_array, output_path
     from mxq.tasks.runner import JobFailed
     from mxq.workers.settings import get_settings
 
@@ -162,7 +162,7 @@ def test_a_full_disk_fails_an_npy_job_at_creation_naming_the_disk(
 ], ids=["twice", "mixed kinds"])
 def test_a_device_list_error_names_the_field_and_value_not_the_whole_request(
         devices: list[str], said: str) -> None:
-    from mxq.workers.jobspecs import ParamsError, validate
+    from mxq.workers.jobs.jobspecs import ParamsError, validate
 
     with pytest.raises(ParamsError) as refused:
         validate("train", {"arch": "mlp", "dataset": "d.npz", "name": "m", "device_list": devices},
@@ -206,8 +206,8 @@ def test_job_duration_counts_every_finished_job_start_to_finish(isolated) -> Non
 
 @pytest.mark.both_legs
 def test_stats_by_model_leaves_out_requests_refused_at_submit(isolated) -> None:  # noqa: ANN001
-    from mxq.db.history import stats
     from mxq.db.jobs import create_job
+    from mxq.db.reports.history import stats
 
     url = isolated.settings.database
     _finished(url, "infer", "succeeded", 2.0, {"model": "mlp64"})
@@ -276,7 +276,7 @@ VALID_CRONS = ["0 3 * * *", "*/5 * * * *", "0 9-17 * * mon-fri", "15,45 */2 1-15
 def test_the_schedule_cron_declares_a_pattern_every_valid_cron_matches() -> None:
     import re
 
-    from mxq.workers.cron import check
+    from mxq.workers.schedules.cron import check
 
     declared = app.openapi()["components"]["schemas"]["ScheduleRequest"]["properties"]["cron"]
     pattern = re.compile(declared["pattern"])

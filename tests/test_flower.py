@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, ROOT, Stack, free_port, wait_until
 
 pytestmark = pytest.mark.slow

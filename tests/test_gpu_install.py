@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mxq.workers.kernels import RECORDED, read_kernels
+from mxq.workers.hardware.kernels import RECORDED, read_kernels
 from tests.conftest import ROOT, free_port, wait_until
 from tests.gpu_host import host_env
 
@@ -47,14 +47,14 @@ def _mxq(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.Co
 def test_mxnet_finds_the_cuda_wheels_without_ld_library_path(env: dict[str, str]) -> None:
     bare = _run(env, "-c", "import mxnet")
     assert bare.returncode != 0 and "libcu" in bare.stderr  # the wheels' folders are not searched
-    loaded = _run(env, "-c", "import mxq.tasks.mx as m, mxq.tasks.cuda as c; "
+    loaded = _run(env, "-c", "import mxq.tasks.runtimes.mx as m, mxq.tasks.runtimes.cuda as c; "
                              "print(m.mx.__version__, m.mx.context.num_gpus(), len(c.load_cuda_libraries()))")
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split() == ["1.9.1", "0", "10"]  # 10 libraries loaded, no GPU here
 
 
 def test_a_host_without_the_driver_gets_one_clear_error(env: dict[str, str]) -> None:
-    no_driver = _run({**env, "LD_LIBRARY_PATH": ""}, "-c", "import mxq.tasks.mx")
+    no_driver = _run({**env, "LD_LIBRARY_PATH": ""}, "-c", "import mxq.tasks.runtimes.mx")
     assert no_driver.returncode != 0
     assert no_driver.stderr.strip().splitlines()[-1].startswith(
         "ImportError: the GPU build of MXNet cannot load the NVIDIA driver's library (libcuda.so.1")
@@ -142,7 +142,7 @@ def test_the_recorded_kernels_are_those_of_the_installed_libmxnet(env: dict[str,
     library = next((ROOT / ".venv-gpu" / "lib").glob("python3.*/site-packages/mxnet/libmxnet.so"))
     assert read_kernels(library, "1.9.1") == RECORDED["mxnet-cu112"]
     # what the installed distribution is found to carry, read from it: no fallback to the record
-    found = _run(env, "-c", "from mxq.workers.kernels import installed_kernels as i; "
+    found = _run(env, "-c", "from mxq.workers.hardware.kernels import installed_kernels as i; "
                             "k = i('mxnet-cu112'); print(k.version, k.sass, k.ptx)")
     assert found.stdout.strip() == "1.9.1 (50, 60, 70, 80, 86) ()", found.stderr
 

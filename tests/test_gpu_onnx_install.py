@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from tests.conftest import ROOT, free_port
 from tests.gpu_host import host_env
 
@@ -43,7 +43,7 @@ def test_onnx_runtime_for_gpus_installs_without_mxnet(env: dict[str, str]) -> No
 PROVIDER_LOADS = """
 import ctypes, os, pathlib, sys
 import onnxruntime as ort
-from mxq.tasks import onnx_runtime
+from mxq.tasks.runtimes import onnx_runtime
 if sys.argv[1] == "mxq":
     onnx_runtime._load_cuda_wheels(ort)  # what a worker does before its first CUDA session
 library = pathlib.Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"

@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from mxq.db.engine import get_engine
 from mxq.errors import JobRejected
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
 from tests.conftest import ROOT, Stack
 
 pytestmark = pytest.mark.both_legs  # the views are written per backend

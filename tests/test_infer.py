@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from mxq.db import predictions
 from mxq.db.engine import session_scope
+from mxq.db.outputs import predictions
 from mxq.db.registry import resolve
 from mxq.db.schema import Job
-from mxq.tasks.models import load
-from mxq.workers.submit import submit
+from mxq.tasks.model_store.models import load
+from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 from tests.test_workers import _pid, _wait_alive
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxq.tasks import inputs
-from mxq.tasks.inputs import InputError, count_samples, open_input
+from mxq.tasks.inference import inputs
+from mxq.tasks.inference.inputs import InputError, count_samples, open_input
 from mxq.workers.paths import PathError, inside_root
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -401,7 +401,7 @@ def test_inside_root_allows_symlinked_root(tmp_path: Path) -> None:
 def test_cli_side_never_imports_mxnet(tmp_path: Path, image_dir: Path) -> None:
     np.save(tmp_path / "a.npy", np.zeros((2, 2)))
     code = (
-        "import sys; from pathlib import Path; from mxq.tasks.inputs import count_samples\n"
+        "import sys; from pathlib import Path; from mxq.tasks.inference.inputs import count_samples\n"
         "from workers.paths import inside_root\n"
         f"p = inside_root('a.npy', {str(tmp_path)!r}); assert count_samples(p) == 2\n"
         f"assert count_samples(Path({str(image_dir)!r})) == 3\n"

@@ -12,10 +12,12 @@ import time
 import pytest
 from sqlalchemy import inspect, update
 
-from mxq.db import epochs, history, jobs, predictions, registry
+from mxq.db import jobs, registry
 from mxq.db.engine import IDLE_IN_TRANSACTION_SECONDS, get_engine, session_scope
 from mxq.db.fence import Fence, Superseded
 from mxq.db.jobs import Claim, Placement
+from mxq.db.outputs import epochs, predictions
+from mxq.db.reports import history
 from mxq.db.schema import Job
 from tests.conftest import Stack
 

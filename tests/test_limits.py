@@ -13,13 +13,13 @@ from pydantic import ValidationError
 from mxq.api.metrics import render_metrics
 from mxq.api.schemas import DeviceRecord
 from mxq.db import jobs, schedules
-from mxq.db.history import get_job
+from mxq.db.reports.history import get_job
 from mxq.errors import JobRejected
-from mxq.workers.devices import discover
-from mxq.workers.fires import run_now, tick
-from mxq.workers.jobspecs import ParamsError, probe_flops, validate
+from mxq.workers.fleet.status import device_table
+from mxq.workers.hardware.devices import discover
+from mxq.workers.jobs.jobspecs import ParamsError, probe_flops, validate
+from mxq.workers.schedules.fires import run_now, tick
 from mxq.workers.settings import DEFAULT_MAX_PROBE_GFLOP, Settings, usable_cores
-from mxq.workers.status import device_table
 from tests.conftest import NODE, Stack, run_cli
 from tests.test_schedules import T0, _add, _dataset
 
@@ -47,7 +47,7 @@ def test_probes_are_bounded_by_a_flop_budget() -> None:
 
 
 def test_a_probe_over_the_budget_is_refused_at_submit(isolated: Stack) -> None:
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     s = isolated.settings.model_copy(update={"max_probe_gflop": DEFAULT_MAX_PROBE_GFLOP})
     with pytest.raises(JobRejected, match="MXQ_MAX_PROBE_GFLOP") as caught:
@@ -80,7 +80,7 @@ def test_a_schedule_skips_fires_while_its_last_training_runs(isolated: Stack) ->
 def test_jobs_for_a_device_without_a_worker_are_visible(isolated: Stack) -> None:
     """`--allow-offline` jobs for a device that never started: a row of their own in the device
     table (CLI and API), and their queue depth and wait in /metrics."""
-    from mxq.workers.submit import submit
+    from mxq.workers.jobs.submit import submit
 
     s = isolated.settings
     ids = [submit(s, "probe", {"size": 16, "batch": 1, "repeat": 1}, "cpu:7", allow_offline=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mxq.workers import leases
-from mxq.workers.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
-from mxq.workers.submit import submit_many
+from mxq.workers.broker.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
+from mxq.workers.fleet import leases
+from mxq.workers.jobs.submit import submit_many
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs

@@ -24,7 +24,7 @@ NODE = "mixedbox"
 OWNED_TWICE = """
 import json
 from importlib import metadata
-from mxq.workers.wheels import problems, shared_files
+from mxq.workers.hardware.wheels import problems, shared_files
 print(json.dumps({"shared": shared_files(metadata.distributions()), "problems": problems()}))
 """
 
@@ -76,7 +76,7 @@ def test_the_two_extras_in_one_environment_would_be_refused(env: dict[str, str])
     libraries owned twice, the launcher's refusal naming them and the fix."""
     sites = [str(next((ROOT / venv / "lib").glob("python3.*/site-packages")))
              for venv in (".venv-gpu", ".venv-gpu-onnx")]
-    code = f"from mxq.workers.wheels import problems; print(problems({sites!r})[0])"
+    code = f"from mxq.workers.hardware.wheels import problems; print(problems({sites!r})[0])"
     proc = subprocess.run([str(GPU_PYTHON), "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     said = proc.stdout.strip()
@@ -127,7 +127,7 @@ def test_every_nvidia_wheel_installed_is_pinned_by_its_extra(env: dict[str, str]
 
     pins = dict(p.split("==") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())
                 ["project"]["optional-dependencies"][extra] if "==" in p and p.startswith("nvidia-"))
-    listed = subprocess.run([str(python), "-c", "import json; from mxq.workers.wheels import "
+    listed = subprocess.run([str(python), "-c", "import json; from mxq.workers.hardware.wheels import "
                              "nvidia_wheels as n; print(json.dumps({d.metadata['Name']: d.version "
                              "for d in n()}))"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120)

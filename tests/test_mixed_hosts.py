@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 from mxq.db.fleet import register
-from mxq.db.history import require_job
+from mxq.db.reports.history import require_job
 from mxq.errors import JobRejected
 from mxq.tasks.runner import JobInputError
-from mxq.tasks.train_task import choose_devices
-from mxq.workers import launcher
-from mxq.workers.devices import parse_nvidia_smi
-from mxq.workers.jobspecs import TrainParams
-from mxq.workers.routing import RoutingError
+from mxq.tasks.training.train_task import choose_devices
+from mxq.workers.broker.routing import RoutingError
+from mxq.workers.hardware.devices import parse_nvidia_smi
+from mxq.workers.jobs.jobspecs import TrainParams
+from mxq.workers.jobs.submit import submit
+from mxq.workers.launch import launcher
 from mxq.workers.settings import Settings
-from mxq.workers.submit import submit
 from tests.conftest import FIXTURES, NODE, Stack
 
 pytestmark = pytest.mark.both_legs
@@ -58,7 +58,7 @@ def _queue(stack: Stack, job_id: int) -> str:
 
 
 def test_the_launcher_gives_the_h200_no_pool_that_trains(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from mxq.workers import devices
+    from mxq.workers.hardware import devices
 
     monkeypatch.setattr(launcher, "onnx_runs_gpus", lambda: True)
     monkeypatch.setattr(devices, "onnx_runs_gpus", lambda: True)

@@ -18,7 +18,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxq.tasks import checksums
+from mxq.tasks.model_store import checksums
 from tests.conftest import Stack
 
 

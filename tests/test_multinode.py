@@ -17,8 +17,8 @@ import pytest
 
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.schema import utcnow
-from mxq.workers import groups
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
+from mxq.workers.launch import groups
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
 from tests.test_workers import _wait_alive
 
@@ -74,7 +74,7 @@ def start_node(stack: Stack, node: str, core: int) -> subprocess.Popen:
 
 def kill_node(stack: Stack, node: str, proc: subprocess.Popen) -> None:
     """The node dies at once: its launcher, and each child's process group (the workers and
-    their children: every child of a launcher leads its own group, mxq.workers.groups)."""
+    their children: every child of a launcher leads its own group, mxq.workers.launch.groups)."""
     for group in [proc.pid, *groups.recorded(stack.home / node, node)]:
         try:
             os.killpg(group, signal.SIGKILL)
@@ -249,7 +249,7 @@ TRAIN = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
 def _split_job(url: str) -> tuple[int, list[int]]:
     from mxq.db import jobs
     from mxq.db.jobs import Placement
-    from mxq.workers.jobspecs import validate
+    from mxq.workers.jobs.jobspecs import validate
 
     params = validate("train", TRAIN)
     parent = jobs.create_job(url, "train", params, "auto", "pool.cpu")
@@ -272,7 +272,7 @@ def _context(url: str, job_id: int, node: str):  # noqa: ANN202
 
 
 def _job(url: str, job_id: int) -> dict:
-    from mxq.db.history import get_job
+    from mxq.db.reports.history import get_job
 
     return get_job(url, job_id, with_metrics=True)
 
@@ -290,7 +290,7 @@ def db(tmp_path: Path):  # noqa: ANN201
 def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
     from mxq.db import jobs
     from mxq.db.jobs import Placement
-    from mxq.workers.jobspecs import TrainParams
+    from mxq.workers.jobs.jobspecs import TrainParams
 
     contexts = []
     for job_id, node in zip(ids, "ab", strict=True):
@@ -303,8 +303,8 @@ def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
 
 def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # noqa: ANN001
     from mxq.db import jobs
-    from mxq.tasks.dist import _check_peers
     from mxq.tasks.runner import JobFailed
+    from mxq.tasks.training.dist import _check_peers
 
     parent, ids = _split_job(db.database)
     (ctx0, p0), _ = _run_parts(db, ids)
@@ -326,9 +326,9 @@ def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # 
 def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: ANN001
     from mxq.db import jobs
     from mxq.db.jobs import Placement
-    from mxq.tasks.dist import _check_peers
     from mxq.tasks.runner import JobFailed
-    from mxq.workers.jobspecs import TrainParams
+    from mxq.tasks.training.dist import _check_peers
+    from mxq.workers.jobs.jobspecs import TrainParams
 
     parent, ids = _split_job(db.database)
     assert jobs.claim(db.database, ids[0], Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
@@ -346,8 +346,8 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: A
 
 def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
     from mxq.db import jobs
-    from mxq.tasks.dist import _check_peers
     from mxq.tasks.runner import JobCancelled
+    from mxq.tasks.training.dist import _check_peers
 
     parent, ids = _split_job(db.database)
     contexts = _run_parts(db, ids)
@@ -357,8 +357,9 @@ def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
 
 
 def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None:  # noqa: ANN001
-    from mxq.db import epochs, jobs
+    from mxq.db import jobs
     from mxq.db.fence import Fence
+    from mxq.db.outputs import epochs
 
     parent, ids = _split_job(db.database)
     _run_parts(db, ids)
@@ -389,8 +390,8 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None: 
 
 
 def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
-    from mxq.workers.jobspecs import ParamsError, validate
-    from mxq.workers.submit import _check_nodes
+    from mxq.workers.jobs.jobspecs import ParamsError, validate
+    from mxq.workers.jobs.submit import _check_nodes
 
     both = ["mxnet", "onnx"]
     known = [{"node": "a", "device": "cpu:0", "engines": both},

@@ -12,7 +12,7 @@ Each launcher is `mxq worker` with one CPU device and `MXQ_NODE_ADDRESS` set to 
 address. A 2-node training must succeed with its parts on both nodes, each node's ps-lite roles
 on its own address. Then hostB announces an address it does not own (what a container behind a
 published port would announce): ps-lite binds the address it announces (ZeroMQ binds
-DMLC_NODE_HOST; there is no separate bind address, tasks/dist.address_refused), so that cannot
+DMLC_NODE_HOST; there is no separate bind address, tasks/training/dist.address_refused), so that cannot
 work; the job must fail at once in one line naming MXQ_NODE_ADDRESS and the fix (host
 networking), with no ps-lite process left behind.
 
@@ -36,14 +36,14 @@ import pytest
 
 from mxq.db import peers
 from mxq.db.fleet import alive_since, list_workers
-from mxq.db.history import get_job
 from mxq.db.registry import list_models
+from mxq.db.reports.history import get_job
 from mxq.db.schema import utcnow
-from mxq.tasks import dist
-from mxq.workers import groups
-from mxq.workers.jobspecs import TrainParams
+from mxq.tasks.training import dist
+from mxq.workers.jobs.jobspecs import TrainParams
+from mxq.workers.jobs.submit import submit
+from mxq.workers.launch import groups
 from mxq.workers.settings import Settings
-from mxq.workers.submit import submit
 from tests.conftest import FINAL, ROOT, Templates, missing, wait_until
 
 NET = "10.231.0"  # private, and only inside the two namespaces: the host's routes never see it

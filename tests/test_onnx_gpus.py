@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from mxq.workers import launcher
-from mxq.workers.devices import parse_nvidia_smi
-from mxq.workers.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.hardware.devices import parse_nvidia_smi
+from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.launch import launcher
 from mxq.workers.settings import Settings
 from tests.conftest import FIXTURES, ROOT
 
@@ -98,7 +98,7 @@ def test_a_worker_for_a_gpu_onnx_runtime_cannot_use_refuses_to_start(tmp_path: P
 
 REFUSE = """
 from types import SimpleNamespace
-from mxq.tasks import onnx_worker
+from mxq.tasks.runtimes import onnx_worker
 from mxq.tasks.runner import JobInputError
 for body in (onnx_worker.train, onnx_worker.probe):
     try:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from mxnet.base import MXNetError
 
-from mxq.db import predictions
-from mxq.tasks.oom import is_out_of_memory
+from mxq.db.outputs import predictions
+from mxq.tasks.runtimes.oom import is_out_of_memory
 from tests.conftest import NODE, ROOT, Stack, _stack
 from tests.test_infer import _data, _infer
 from tests.test_workers import _pid, _wait_alive

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxq.db import parquet, results
-from mxq.db.results import output_file
+from mxq.db.outputs import parquet, results
+from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
-from mxq.workers.publish import publish
-from mxq.workers.queues import pool_queue
-from mxq.workers.submit import submit
+from mxq.workers.broker.publish import publish
+from mxq.workers.broker.queues import pool_queue
+from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
 from tests.test_infer import _data, _infer
 

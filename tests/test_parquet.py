@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mxq.db import parquet, predictions
-from mxq.db.results import recorded_output
+from mxq.db.outputs import parquet, predictions
+from mxq.db.outputs.results import recorded_output
 from mxq.db.stack import stack_id
 from tests.conftest import Stack
 from tests.test_infer import _data, _direct, _infer

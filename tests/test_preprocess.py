@@ -10,10 +10,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxq.db import predictions
+from mxq.db.outputs import predictions
 from mxq.db.registry import resolve
 from mxq.preprocess import Preprocess, PreprocessError, parse_scale
-from mxq.tasks.models import load
+from mxq.tasks.model_store.models import load
 from tests.conftest import Stack
 from tests.test_infer import _infer
 from tests.test_inputs import png_bytes

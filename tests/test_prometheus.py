@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mxq.errors import JobRejected
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
 from tests.api_server import Api, start_api
 from tests.conftest import ROOT, Stack, free_port, missing, wait_until
 

@@ -13,10 +13,11 @@ from sqlalchemy import update
 from mxq.db import events, schedules
 from mxq.db.engine import session_scope
 from mxq.db.schema import Fire, Job, utcnow
-from mxq.workers import deadletters, leases
-from mxq.workers.messages import UNACKED, UNACKED_INDEX, in_broker
-from mxq.workers.reconcile import UNACKED_GRACE_SECONDS, reconcile
-from mxq.workers.submit import submit
+from mxq.workers.broker import deadletters
+from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, in_broker
+from mxq.workers.fleet import leases
+from mxq.workers.jobs.submit import submit
+from mxq.workers.repair.reconcile import UNACKED_GRACE_SECONDS, reconcile
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs

@@ -40,7 +40,7 @@ def test_a_built_in_model_is_registered_by_a_worker(workers: Stack) -> None:
 
 
 def test_an_exported_model_is_staged_registered_and_unstaged(workers: Stack, tmp_path) -> None:  # noqa: ANN001
-    from mxq.tasks.mx import gluon, mx, nd
+    from mxq.tasks.runtimes.mx import gluon, mx, nd
 
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(3))

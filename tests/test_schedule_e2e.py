@@ -11,8 +11,8 @@ import numpy as np
 
 from mxq.db import schedules
 from mxq.db.registry import list_models
-from mxq.tasks import datasets
-from mxq.workers.fires import add_schedule, tick
+from mxq.tasks.training import datasets
+from mxq.workers.schedules.fires import add_schedule, tick
 from tests.conftest import Stack, wait_until
 
 

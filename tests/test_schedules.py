@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mxq.db import registry, schedules
-from mxq.db.history import get_job
-from mxq.workers.fires import add_schedule, run_now, tick
+from mxq.db.reports.history import get_job
+from mxq.workers.schedules.fires import add_schedule, run_now, tick
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mxq.workers import groups
-from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch import groups
 from tests.conftest import Stack, free_port, wait_until
 
 

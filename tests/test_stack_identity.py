@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxq.db import jobs, results
+from mxq.db import jobs
 from mxq.db.fence import Fence
 from mxq.db.jobs import Placement
-from mxq.db.results import OutputMissing, output_file
+from mxq.db.outputs import results
+from mxq.db.outputs.results import OutputMissing, output_file
 from mxq.db.stack import stack_id
 from tests.conftest import run_cli
 

@@ -15,9 +15,9 @@ from sqlalchemy import update
 
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, utcnow
-from mxq.workers.messages import look
-from mxq.workers.reconcile import reconcile
-from mxq.workers.submit import submit_request
+from mxq.workers.broker.messages import look
+from mxq.workers.jobs.submit import submit_request
+from mxq.workers.repair.reconcile import reconcile
 from tests.conftest import Stack, paused
 
 PROBE = {"size": 16, "batch": 1, "repeat": 1}

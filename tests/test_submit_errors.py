@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mxq.db.history import JobFilter, list_jobs
+from mxq.db.reports.history import JobFilter, list_jobs
 from tests.conftest import Stack, free_port
 
 pytestmark = pytest.mark.both_legs
@@ -62,9 +62,9 @@ def test_an_empty_or_short_token_is_refused_at_start(stack: Stack, token: str) -
 
 
 def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
-    from mxq.workers.jobspecs import ParamsError
-    from mxq.workers.messages import in_broker
-    from mxq.workers.submit import submit_many
+    from mxq.workers.broker.messages import in_broker
+    from mxq.workers.jobs.jobspecs import ParamsError
+    from mxq.workers.jobs.submit import submit_many
 
     good = {"size": 16, "batch": 1, "repeat": 1}
     try:
@@ -87,7 +87,7 @@ def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
     out, and what is raised keeps what went wrong."""
     import kombu.exceptions
 
-    from mxq.workers.publish import SubmitError, publish
+    from mxq.workers.broker.publish import SubmitError, publish
 
     with pytest.raises(SubmitError) as raised:
         publish(isolated.settings, object(), "probe", "pool.cpu", patient=True)  # not JSON
@@ -99,7 +99,7 @@ def test_only_a_broker_that_is_down_is_waited_out() -> None:
     import kombu.exceptions
     import redis
 
-    from mxq.workers.publish import transient_broker_error
+    from mxq.workers.broker.publish import transient_broker_error
 
     for down in (ConnectionRefusedError(), redis.ConnectionError(), redis.TimeoutError(),
                  kombu.exceptions.OperationalError("reset"), TimeoutError()):

@@ -21,9 +21,10 @@ from fastapi.testclient import TestClient
 from mxq.api import routes
 from mxq.api.app import app
 from mxq.db.migrate import upgrade
-from mxq.workers import groups, procs
-from mxq.workers.embedded import EmbeddedRedis
-from mxq.workers.launcher import Launcher
+from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch import groups, procs
+from mxq.workers.launch.launcher import Launcher
+from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight
 from mxq.workers.settings import (
     STACK_RECORD,
     Settings,
@@ -31,7 +32,6 @@ from mxq.workers.settings import (
     record_stack,
     with_recorded_stack,
 )
-from mxq.workers.stack import StackError, down, launcher_pidfile, preflight
 from tests.conftest import free_port, run_cli, wait_until
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mxq.workers.topology import closest, parse_topo, read_topology
+from mxq.workers.hardware.topology import closest, parse_topo, read_topology
 from tests.conftest import FIXTURES
 
 TOPO = FIXTURES / "nvidia-smi-topo"

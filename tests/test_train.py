@@ -11,11 +11,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxq.db import predictions
-from mxq.tasks import datasets
-from mxq.tasks.train_loop import fit, make_net, make_trainer
-from mxq.workers.jobspecs import TrainParams
-from mxq.workers.submit import submit
+from mxq.db.outputs import predictions
+from mxq.tasks.training import datasets
+from mxq.tasks.training.train_loop import fit, make_net, make_trainer
+from mxq.workers.jobs.jobspecs import TrainParams
+from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
 from tests.test_workers import _pid, _wait_alive
 
@@ -177,8 +177,8 @@ def test_epoch_figures_equal_a_plain_evaluation() -> None:
     weights stay put, so they must equal an evaluation of the same net over the same samples."""
     from mxnet import gluon
 
-    from mxq.tasks import train_loop as fit
-    from mxq.tasks.train_loop import run_epoch, train_step
+    from mxq.tasks.training import train_loop as fit
+    from mxq.tasks.training.train_loop import run_epoch, train_step
 
     data = datasets.digits().for_training()
     p = TrainParams(arch="lenet", dataset="digits", name="x", epochs=1, batch_size=20, seed=5)
@@ -203,8 +203,8 @@ def test_a_training_child_that_dies_tells_its_leader_why(tmp_path: Path,
     from mxq.db.fence import Fence
     from mxq.db.retry import DatabaseUnreachable
     from mxq.tasks.runner import JobFailed
-    from mxq.tasks.train_child import report_crash
-    from mxq.tasks.train_task import _outcome, run_file
+    from mxq.tasks.training.train_child import report_crash
+    from mxq.tasks.training.train_task import _outcome, run_file
     from mxq.workers.settings import get_settings
 
     monkeypatch.setenv("MXQ_HOME", str(tmp_path))

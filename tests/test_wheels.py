@@ -1,11 +1,11 @@
-"""The NVIDIA wheels' check (`mxq.workers.wheels`) on distributions laid out as pip lays them out:
+"""The NVIDIA wheels' check (`mxq.workers.hardware.wheels`) on distributions laid out as pip lays them out:
 a `site-packages` folder of our own with `*.dist-info/RECORD` files and the files they list."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mxq.workers.wheels import nvidia_wheels, problems
+from mxq.workers.hardware.wheels import nvidia_wheels, problems
 
 
 def _wheel(site: Path, name: str, version: str, files: list[str], present: bool = True) -> None:

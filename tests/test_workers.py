@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from mxq.db.fleet import list_workers
-from mxq.workers.publish import publish
-from mxq.workers.submit import submit
+from mxq.workers.broker.publish import publish
+from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}
@@ -206,7 +206,7 @@ def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -
 def test_a_pickled_message_is_refused_and_the_worker_goes_on(workers: Stack) -> None:
     from kombu import Connection
 
-    from mxq.workers.app import app_for
+    from mxq.workers.broker.app import app_for
 
     s = workers.settings
     with Connection(s.broker) as conn:

@@ -6,8 +6,8 @@ free of side effects; only a worker process started through `-A` connects these 
 
 from celery import signals
 
-from mxq.workers import heartbeat
-from mxq.workers.app import app
+from mxq.workers.broker.app import app
+from mxq.workers.fleet import heartbeat
 
 signals.worker_ready.connect(heartbeat.start, weak=False)
 signals.worker_shutdown.connect(heartbeat.stop, weak=False)

@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, Prediction, WorkerBeat
-from mxq.workers.embedded import EmbeddedRedis
+from mxq.workers.broker.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
 
 # Heartbeats every second (taken for dead after 5 s): a worker busy writing under SIGKILLs all
@@ -126,7 +126,7 @@ class FaultStack(Stack):
         return name
 
     def infer(self, model: str, input_name: str, device: str = "auto", **params: object) -> int:
-        from mxq.workers.submit import submit
+        from mxq.workers.jobs.submit import submit
 
         return submit(self.settings, "infer", {"model": model, "input": input_name, **params}, device,
                       allow_offline=True)

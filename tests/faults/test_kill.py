@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxq.db import events
-from mxq.db.epochs import list_epochs
-from mxq.db.parquet import parts_dir
-from mxq.db.results import output_file
+from mxq.db.outputs.epochs import list_epochs
+from mxq.db.outputs.parquet import parts_dir
+from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
-from mxq.tasks.infer import FLUSH_ROWS
-from mxq.workers.submit import submit
+from mxq.tasks.inference.infer import FLUSH_ROWS
+from mxq.workers.jobs.submit import submit
 from tests.faults.stacks import FaultStack, _zombie_or_gone, report
 from tests.test_infer import _committed
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from mxq.workers.submit import submit_many
+from mxq.workers.jobs.submit import submit_many
 from tests.conftest import wait_until
 from tests.faults.stacks import FaultStack, report
 

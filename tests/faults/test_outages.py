@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from mxq.db import events, jobs
-from mxq.workers import leases
-from mxq.workers.submit import submit
+from mxq.workers.fleet import leases
+from mxq.workers.jobs.submit import submit
 from tests.conftest import SYSTEM_PG, wait_until
 from tests.faults.stacks import FaultStack, report
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mxq.db import predictions
+from mxq.db.outputs import predictions
 from tests.faults.stacks import FaultStack, report
 
 pytestmark = pytest.mark.slow

@@ -13,11 +13,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mxq.db import registry, results
-from mxq.db.parquet import parts_dir
-from mxq.db.results import output_file
+from mxq.db import registry
+from mxq.db.outputs import results
+from mxq.db.outputs.parquet import parts_dir
+from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
-from mxq.workers.submit import submit
+from mxq.workers.jobs.submit import submit
 from tests.conftest import wait_until
 from tests.faults.stacks import FaultStack, report
 from tests.test_infer import _committed

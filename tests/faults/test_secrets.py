@@ -14,7 +14,7 @@ from sqlalchemy import MetaData, select
 from sqlalchemy.engine import make_url
 
 from mxq.db.engine import get_engine
-from mxq.db.history import JobFilter, get_job, list_jobs
+from mxq.db.reports.history import JobFilter, get_job, list_jobs
 from tests.api_server import start_api
 from tests.conftest import FINAL, Stack, _stack, launch, stop, wait_until
 

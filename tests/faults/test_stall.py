@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mxq.db import events
-from mxq.workers.status import device_table
-from mxq.workers.submit import submit
+from mxq.workers.fleet.status import device_table
+from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, _stack, launch, stop, wait_until
 
 pytestmark = pytest.mark.slow

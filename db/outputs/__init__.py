@@ -1,0 +1,2 @@
+"""What jobs produced: predictions as SQL rows or Parquet files, a job's results wherever stored, and training
+epochs."""

@@ -1,0 +1,283 @@
+"""Predictions as Parquet: the part files a streaming job writes, their merge into one file,
+and the export of a job's stored rows.
+
+A job writing Parquet (`--output parquet`) stores each flush as one part file, named by the
+range it holds and by the attempt that wrote it (`first-last.j<job>a<attempt>.parquet`), before it
+commits that position in SQL; a later attempt drops the parts past the committed position and goes
+on. An attempt that was paused and came back after its job was handed on may still write a part
+before its commit is refused: the name keeps it apart, it removes it itself, and the merge never
+takes it (where two parts start at one sample, the later attempt's is the one its job committed).
+When every part of the job's samples is there (the last chunk of a chunked job to finish sees it),
+the parts are merged, in order and one at a time, into `job-ID.parquet`. Memory stays bounded by
+a part, never by the job.
+
+Columns: `index` (int64), `predicted_class` (int32), `score` (float32), and with top-k
+`top_k_classes` (list of int32) and `top_k_scores` (list of float32), best first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from mxq.db.outputs.predictions import Ranked
+
+ROW_GROUP_ROWS = 65_536  # rows per row group of a merged or exported file (about 1 MiB)
+COMPRESSION = "zstd"
+PART_COMPRESSION = "none"  # parts live until the merge: no compressor state in the worker
+# Dictionary encoding only where values repeat: on the unique indexes and scores it would build
+# a hash table per row group (tens of MiB a worker keeps) for no gain.
+DICTIONARY_COLUMNS = ["predicted_class", "top_k_classes"]
+
+
+def schema(top_k: int) -> pa.Schema:
+    fields = [pa.field("index", pa.int64()), pa.field("predicted_class", pa.int32()),
+              pa.field("score", pa.float32())]
+    if top_k:
+        fields += [pa.field("top_k_classes", pa.list_(pa.int32())),
+                   pa.field("top_k_scores", pa.list_(pa.float32()))]
+    return pa.schema(fields)
+
+
+def _lists(values: NDArray[Any], kind: pa.DataType) -> pa.ListArray:
+    """Rows of a 2-D array as a list column."""
+    rows, width = values.shape
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values.ravel(), type=kind))
+
+
+def from_probabilities(first: int, probs: NDArray[np.float32], top_k: int) -> pa.Table:
+    """The rows of one batch of probabilities (sample `first` onwards)."""
+    r = Ranked.of(probs, top_k)
+    columns: list[Any] = [np.arange(first, first + len(probs), dtype=np.int64),
+                          r.classes.astype(np.int32), r.scores.astype(np.float32)]
+    if r.order is not None and r.best is not None:
+        columns += [_lists(r.order.astype(np.int32), pa.int32()),
+                    _lists(r.best.astype(np.float32), pa.float32())]
+    return pa.Table.from_arrays(columns, schema=schema(top_k))
+
+
+def from_rows(rows: list[dict[str, Any]], top_k: int) -> pa.Table:
+    """Stored prediction rows (`mxq.db.outputs.predictions.read`) as a table."""
+    columns: dict[str, list[Any]] = {"index": [r["index"] for r in rows],
+                                     "predicted_class": [r["predicted_class"] for r in rows],
+                                     "score": [r["score"] for r in rows]}
+    if top_k:
+        pairs = [json.loads(r["top_k"]) if isinstance(r["top_k"], str) else (r["top_k"] or [])
+                 for r in rows]
+        columns["top_k_classes"] = [[int(c) for c, _ in p] for p in pairs]
+        columns["top_k_scores"] = [[float(v) for _, v in p] for p in pairs]
+    return pa.Table.from_pydict(columns, schema=schema(top_k))
+
+
+def parts_dir(final: Path) -> Path:
+    return final.with_name(final.name + ".parts")
+
+
+Part = tuple[int, int, int, Path]  # first, last (exclusive), attempt, file
+
+
+def _part_of(path: Path) -> Part | None:
+    """A part file's range and attempt from its name; None for anything else in the folder."""
+    span, _, tag = path.stem.partition(".")
+    first, _, last = span.partition("-")
+    attempt = tag.rpartition("a")[2]
+    if not (first.isdigit() and last.isdigit() and attempt.isdigit()):
+        return None
+    return int(first), int(last), int(attempt), path
+
+
+def part_list(final: Path) -> list[Part]:
+    """The part files of `final`, sorted by (first, last, attempt)."""
+    folder = parts_dir(final)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in map(_part_of, folder.glob("*.parquet")) if p is not None)
+
+
+def write_part(final: Path, tables: list[pa.Table], tag: str) -> Path | None:
+    """One flush of a streaming job as its part file, complete on disk before the job commits it;
+    `tag` names the attempt (`Fence.tag`). The file written, or None for no rows."""
+    table = pa.concat_tables(tables)
+    if not table.num_rows:
+        return None
+    index = table.column("index")
+    first, last = index[0].as_py(), index[-1].as_py() + 1
+    folder = parts_dir(final)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{first:012d}-{last:012d}.{tag}.parquet"
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(table, tmp, compression=PART_COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def drop_parts(final: Path, start: int, stop: int) -> None:
+    """Remove the parts that begin in [start, stop): written by an attempt that died before it
+    committed them (a new attempt writes them again)."""
+    for first, _, _, path in part_list(final):
+        if start <= first < stop:
+            path.unlink(missing_ok=True)
+
+
+def remove_part(path: Path) -> None:
+    """Take back a part this attempt wrote but could not commit (its job was handed on), and
+    the parts folder with it when nothing else is left there."""
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass  # other parts are there (or the folder is gone already)
+
+
+def remove_all(final: Path) -> None:
+    """A job that failed or was cancelled: its parts (and a merge's leftovers) go."""
+    shutil.rmtree(parts_dir(final), ignore_errors=True)
+    final.with_suffix(".parquet.tmp").unlink(missing_ok=True)
+    final.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def _latest(parts: list[Part]) -> dict[int, Part]:
+    """Each start's part: where two start at one sample, the later attempt's (an earlier, paused
+    attempt's part was never committed). `parts` sorted, so the highest attempt comes last."""
+    return {part[0]: part for part in parts}
+
+
+def _chain(latest: dict[int, Part], start: int) -> tuple[list[Part], int]:
+    """The parts that hold [start, n) in order with no overlap, and n."""
+    chain, position = [], start
+    while position in latest:
+        chain.append(latest[position])
+        position = latest[position][1]
+    return chain, position
+
+
+def tiling(parts: list[Part]) -> tuple[list[Part], int]:
+    """The parts that hold [0, n) in order with no overlap, and n."""
+    return _chain(_latest(parts), 0)
+
+
+def missing(parts: list[Part], count: int) -> str:
+    """Where the parts stop holding [0, count): e.g. "samples [4096, 8192)"."""
+    _, position = tiling(parts)
+    later = [p[0] for p in parts if p[0] > position]
+    return f"samples [{position}, {min(later, default=count)})"
+
+
+def merge_if_complete(final: Path, count: int) -> bool:
+    """Merge the parts into `final` once they hold all `count` samples; True when `final` is there.
+
+    Under a lock, since the chunks of a job share the parts; the file appears whole (renamed
+    into place) or not at all."""
+    lock_path = final.with_suffix(".lock")
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.exists():
+            shutil.rmtree(parts_dir(final), ignore_errors=True)  # a merge that died before cleaning
+            return True
+        parts, held = tiling(part_list(final))
+        if held != count:
+            return False
+        tmp = final.with_suffix(".parquet.tmp")
+        write_tables((pq.ParquetFile(path).read() for *_, path in parts), tmp,
+                     pq.read_schema(parts[0][3]) if parts else schema(0))
+        os.replace(tmp, final)
+        shutil.rmtree(parts_dir(final), ignore_errors=True)
+    lock_path.unlink(missing_ok=True)
+    return True
+
+
+def covers(final: Path, start: int, stop: int) -> bool:
+    """The merged file is there, or the parts hold [start, stop) of it (a chunk's own range)."""
+    return final.exists() or _chain(_latest(part_list(final)), start)[1] >= stop
+
+
+def rows_in(final: Path) -> int:
+    """Rows of a merged file, from its footer (no data read)."""
+    return int(pq.ParquetFile(final).metadata.num_rows)
+
+
+def kept_parts(final: Path) -> list[Path]:
+    """The part files of a job that stopped before its merge (cancelled), in sample order, none
+    overlapping another (the later attempt's where two start at one sample)."""
+    kept, end = [], 0
+    for first, last, _, path in sorted(_latest(part_list(final)).values()):
+        if first >= end:
+            kept.append(path)
+            end = last
+    return kept
+
+
+def write_tables(tables: Iterable[pa.Table], path: Path, table_schema: pa.Schema) -> int:
+    """Write `tables` in order into one file, in row groups of ROW_GROUP_ROWS (the last one
+    shorter); the number of rows."""
+    rows = 0
+    held = pa.Table.from_batches([], schema=table_schema)
+    with pq.ParquetWriter(path, table_schema, compression=COMPRESSION,
+                          use_dictionary=DICTIONARY_COLUMNS) as writer:
+        for table in tables:
+            held = pa.concat_tables([held, table])
+            while held.num_rows >= ROW_GROUP_ROWS:
+                writer.write_table(held.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                held, rows = held.slice(ROW_GROUP_ROWS), rows + ROW_GROUP_ROWS
+        if held.num_rows:
+            writer.write_table(held, row_group_size=ROW_GROUP_ROWS)
+            rows += held.num_rows
+    return rows
+
+
+def read_tables(path: Path, limit: int | None, offset: int) -> Iterator[pa.Table]:
+    """Rows `offset` onwards (at most `limit`) of a job's Parquet file, a batch at a time."""
+    skip, left = offset, limit
+    for batch in pq.ParquetFile(path).iter_batches():
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        batch = batch.slice(skip, left)
+        skip = 0
+        yield pa.Table.from_batches([batch])
+        if left is not None:
+            left -= batch.num_rows
+            if left <= 0:
+                return
+
+
+def read_tables_of(paths: list[Path], limit: int | None, offset: int) -> Iterator[pa.Table]:
+    """`read_tables` over several files in order, as if they were one."""
+    for path in paths:
+        rows = rows_in(path)
+        if offset >= rows:
+            offset -= rows
+            continue
+        for table in read_tables(path, limit, offset):
+            yield table
+            if limit is not None:
+                limit -= table.num_rows
+        if limit is not None and limit <= 0:
+            return
+        offset = 0
+
+
+def read_rows_of(paths: list[Path], limit: int | None, offset: int) -> Iterator[dict[str, Any]]:
+    """The rows of `paths` shaped like `mxq.db.outputs.predictions.read` (top-k as [class, score] pairs)."""
+    for table in read_tables_of(paths, limit, offset):
+        data = table.to_pydict()
+        for i in range(table.num_rows):
+            top = None
+            if "top_k_classes" in data:
+                top = [list(p) for p in zip(data["top_k_classes"][i], data["top_k_scores"][i],
+                                            strict=True)]
+            yield {"index": data["index"][i], "predicted_class": data["predicted_class"][i],
+                   "score": data["score"][i], "top_k": top}

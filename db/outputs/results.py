@@ -1,0 +1,155 @@
+"""A job's predictions wherever its output kind stored them: SQL rows, or its Parquet file
+(`--output parquet` keeps no rows in SQL). The CLI and the API read them through here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mxq.db.outputs import parquet, predictions
+from mxq.db.records import JobRecord
+from mxq.db.schema import JobStatus
+from mxq.db.stack import stack_id
+from mxq.errors import Unavailable
+
+PAGE_ROWS = 50_000  # rows read at a time by an export
+
+
+class OutputMissing(Unavailable):
+    """A job's output file is not where its record says (removed, or on another machine)."""
+
+
+def output_file(home: Path, stack: str, job_id: int, suffix: str) -> Path:
+    """Where a job's file output lives: `$MXQ_HOME/outputs/STACK/job-ID.npy` or `.parquet`,
+    STACK the database's stack id (`mxq.db.stack`: another database, other files)."""
+    return home / "outputs" / stack / f"job-{job_id}{suffix}"
+
+
+def recorded_output(home: Path, url: str, record: JobRecord, suffix: str) -> Path:
+    """The job's output file: the one its result names (jobs that finished before outputs were
+    keyed by stack recorded theirs there), else where this stack keeps it."""
+    shown = (record.get("result") or {}).get("output")
+    if isinstance(shown, str) and shown.endswith(suffix):
+        return Path(shown)
+    return output_file(home, stack_id(url), record["id"], suffix)
+
+
+def _missing(record: JobRecord, path: Path) -> OutputMissing:
+    return OutputMissing(f"job {record['id']}'s output {path} is missing (removed, or this is not "
+                         "the machine that wrote it)")
+
+
+def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
+    """The Parquet files holding a job's rows: its merged file, or for a job cancelled before
+    its merge the parts it kept; None for a job whose rows are elsewhere (SQL, npy). A job that
+    succeeded without its file raises OutputMissing: never 0 rows in silence."""
+    if (record.get("params") or {}).get("output") != "parquet":
+        return None
+    path = recorded_output(home, url, record, ".parquet")
+    if path.exists():
+        return [path]
+    if record.get("status") == JobStatus.CANCELLED:
+        return parquet.kept_parts(path)
+    if record.get("status") == JobStatus.SUCCEEDED:
+        raise _missing(record, path)
+    return []
+
+
+def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | None:
+    """An npy-only job's probabilities (memory-mapped); None for other outputs."""
+    if (record.get("params") or {}).get("output") != "npy":
+        return None
+    path = recorded_output(home, url, record, ".npy")
+    if path.exists():
+        probs: NDArray[np.float32] = np.load(path, mmap_mode="r")
+        return probs
+    if record.get("status") == JobStatus.SUCCEEDED:
+        raise _missing(record, path)
+    return np.zeros((0, 1), dtype=np.float32)
+
+
+def _stored(probs: NDArray[np.float32], record: JobRecord) -> NDArray[np.int64] | None:
+    """The rows an npy output holds: None for all of them (a job that succeeded: nothing to
+    scan), else those not all zeros (the rows a cancelled job computed)."""
+    if record.get("status") == JobStatus.SUCCEEDED:
+        return None
+    return np.flatnonzero(probs.sum(axis=1) > 0)
+
+
+def _array_rows(probs: NDArray[np.float32], record: JobRecord, limit: int | None,
+                offset: int) -> list[dict[str, Any]]:
+    """Rows `offset` onwards of an npy output, ranked as the SQL rows are."""
+    top_k = int((record.get("params") or {}).get("top_k") or 0)
+    stop = None if limit is None else offset + limit
+    stored = _stored(probs, record)
+    end = len(probs) if stop is None else min(len(probs), stop)
+    chosen = np.arange(offset, end) if stored is None else stored[offset:stop]
+    r = predictions.Ranked.of(np.asarray(probs[chosen]), top_k)
+    return [{"index": int(i), "predicted_class": int(c), "score": float(v),
+             "top_k": None if r.order is None or r.best is None else
+             [[int(k), float(b)] for k, b in zip(r.order[n], r.best[n], strict=True)]}
+            for n, (i, c, v) in enumerate(zip(chosen, r.classes, r.scores, strict=True))]
+
+
+def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
+         offset: int = 0) -> list[dict[str, Any]]:
+    """Rows `offset` onwards, at most `limit`, ordered by index."""
+    files = _files_of(url, home, record)
+    if files is not None:
+        return list(parquet.read_rows_of(files, limit, offset))
+    probs = _array_of(url, home, record)
+    if probs is not None:
+        return _array_rows(probs, record, limit, offset)
+    return predictions.read(url, record["id"], limit, offset)
+
+
+def count(url: str, home: Path, record: JobRecord) -> int:
+    files = _files_of(url, home, record)
+    if files is not None:
+        return sum(parquet.rows_in(f) for f in files)
+    probs = _array_of(url, home, record)
+    if probs is not None:
+        stored = _stored(probs, record)
+        return len(probs) if stored is None else len(stored)
+    return predictions.count(url, record["id"])
+
+
+def _pages(url: str, home: Path, record: JobRecord, limit: int | None,
+           offset: int) -> Iterator[list[dict[str, Any]]]:
+    """The job's rows from `offset` (at most `limit`), a page of PAGE_ROWS at a time."""
+    while limit is None or limit > 0:
+        size = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
+        page = read(url, home, record, size, offset)
+        if not page:
+            return
+        yield page
+        offset += len(page)
+        limit = None if limit is None else limit - len(page)
+
+
+def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: int | None = None,
+                   offset: int = 0) -> int:
+    """Write the job's stored predictions to `out` as Parquet; the number of rows written."""
+    top_k = int((record.get("params") or {}).get("top_k") or 0)
+    files = _files_of(url, home, record)
+    tables = (parquet.read_tables_of(files, limit, offset) if files is not None else
+              (parquet.from_rows(page, top_k) for page in _pages(url, home, record, limit, offset)))
+    tmp = out.with_name(out.name + ".tmp")
+    rows = parquet.write_tables(tables, tmp, parquet.schema(top_k))
+    tmp.replace(out)
+    return rows
+
+
+def prediction_csv(rows: list[dict[str, Any]]) -> Iterator[list[Any]]:
+    """The predictions' CSV, the same from the CLI and the API: `index,predicted_class,score`,
+    then `top_1,top_score_1,…` when top-k was stored; the header first."""
+    k = max((len(r["top_k"] or []) for r in rows), default=0)
+    yield ["index", "predicted_class", "score",
+           *[f"{h}_{i}" for i in range(1, k + 1) for h in ("top", "top_score")]]
+    for r in rows:
+        pairs = [v for pair in (r["top_k"] or []) for v in pair]
+        yield [r["index"], r["predicted_class"], f"{r['score']:.6g}", *pairs]

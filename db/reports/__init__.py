@@ -1,0 +1,1 @@
+"""Reads for people and scripts: job history and its JSON record."""

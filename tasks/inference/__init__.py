@@ -1,0 +1,3 @@
+"""Bulk inference: the job, its input readers, batching, the read/compute/write pipeline, and where
+predictions go.
+"""

@@ -1,0 +1,158 @@
+"""Dynamic batching: many small inference jobs of one model run as one batch on one device.
+
+A worker that starts a small job (at most MXQ_SMALL_JOB_SAMPLES samples, results to the
+database) also claims, in SQL, the queued small jobs of the same model version on its own
+queues, waiting up to MXQ_BATCH_WAIT_MS for more, up to MXQ_MERGE_SAMPLES samples in all. It
+runs them as one forward pass, splits the results back, and finishes each job on its own (its
+rows, samples, its share of the time). SQL stays the single place that decides who runs a job.
+Their waiting broker messages are dropped as they are claimed, so the workers do not spend a
+delivery and a claim on each (a message that got away is refused at its claim).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mxq.db import jobs
+from mxq.db.outputs import predictions
+from mxq.db.records import ModelRecord
+from mxq.device import Device
+from mxq.tasks.inference.inputs import InputSource
+from mxq.tasks.runner import JobContext, JobInputError, placement
+from mxq.workers.broker import messages
+from mxq.workers.broker.queues import device_queue, pool_queues
+from mxq.workers.hardware.devices import engines_for
+from mxq.workers.jobs.jobspecs import InferParams
+from mxq.workers.settings import Settings, get_settings
+
+POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
+CANDIDATES = 2  # look at this many queued jobs per free sample slot (others may not match)
+MAX_CANDIDATES = 512  # ... but never more in one look
+CLAIM_SLICE = 64  # candidates opened, then claimed, at a time
+GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many there are
+
+
+@dataclass
+class Member:
+    """A job taken into the batch, with its input."""
+
+    id: int
+    p: InferParams
+    x: np.ndarray
+
+
+def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
+    return (settings.dynamic_batching and count <= settings.small_job_samples and p.output == "db"
+            and not p.chunk_size and p.start is None and p.stop is None)
+
+
+def _queues(job: JobContext) -> list[str]:
+    """The queues this worker consumes: its device's and its kind's pools for its engines."""
+    spec, s = Device.parse(job.device), get_settings()
+    return [device_queue(s.node, spec.kind, spec.index),
+            *pool_queues(spec.kind, engines_for(spec.kind, s.mxnet_unusable))]
+
+
+def _candidates(job: JobContext, model: ModelRecord, room: int,
+                taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
+    """Queued jobs that ask for the same model version and engine (whether each is mergeable is
+    decided once its input is open)."""
+    found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)))
+    engine = job.params.get("engine", "auto")
+    return [(i, params) for i, params in found if i not in taken
+            and params.get("model") == model["name"] and params.get("model_version") == model["version"]
+            and params.get("engine", "auto") == engine]
+
+
+def gather(job: JobContext, model: ModelRecord, open_input: Any, read: Any,
+           samples: int) -> list[Member]:
+    """Claim queued small jobs of the same model until the batch is full or the wait is over.
+
+    Each one's input is opened and checked as its own job would; one that is wrong is claimed
+    and failed on its own with its message, and the others go on.
+    """
+    s = get_settings()
+    members: list[Member] = []
+    deadline = time.monotonic() + s.batch_wait_ms / 1000
+    at, seen = placement(), {job.id}
+    while samples < s.merge_samples:
+        found = _candidates(job, model, s.merge_samples - samples, seen)
+        seen.update(i for i, _ in found)
+        for part in _slices(found, Device.parse(job.device).index):
+            samples += _take(job, model, part, open_input, read, at, members)
+            if samples >= s.merge_samples:
+                break
+        if samples >= s.merge_samples or time.monotonic() >= deadline:
+            break
+        if not found:
+            time.sleep(POLL_SECONDS)
+    return members
+
+
+def _slices(found: list[Any], index: int) -> list[list[Any]]:
+    """The candidates in slices of CLAIM_SLICE, starting at a point of their own for each device
+    (golden-ratio spacing) and wrapping around: workers gathering at once mostly open different
+    inputs, instead of all opening the oldest ones and most losing them at the claim."""
+    start = int((index * GOLDEN) % 1 * len(found))
+    walk = found[start:] + found[:start]
+    return [walk[i:i + CLAIM_SLICE] for i in range(0, len(walk), CLAIM_SLICE)]
+
+
+def _take(job: JobContext, model: ModelRecord, found: list[tuple[int, dict[str, Any]]],
+          open_input: Any, read: Any, at: jobs.Placement, members: list[Member]) -> int:
+    """Open `found`, claim the mergeable ones still queued, add them to `members`; the samples
+    added."""
+    s = get_settings()
+    opened = {}
+    for job_id, params in found:
+        item = _open(params, model, open_input)
+        if isinstance(item, str) or mergeable(item[0], item[1].count, s):
+            opened[job_id] = item
+    claimed = jobs.claim_many(job.url, list(opened), at)
+    messages.drop_waiting(s.broker, _queues(job), claimed)
+    added = 0
+    for job_id in claimed:
+        item = opened[job_id]
+        if isinstance(item, str):
+            jobs.fail(job.url, job_id, item, worker=at.worker)
+            continue
+        p, source = item
+        try:
+            members.append(Member(job_id, p, read(p, source)))
+            added += source.count
+        except JobInputError as exc:
+            jobs.fail(job.url, job_id, str(exc), worker=at.worker)
+    return added
+
+
+def _open(params: dict[str, Any], model: ModelRecord,
+          open_input: Any) -> tuple[InferParams, InputSource] | str:
+    """A candidate's parameters and input, or why its job fails."""
+    try:
+        p = InferParams(**params)
+        return p, open_input(p, model)
+    except JobInputError as exc:
+        return str(exc)
+    except Exception as exc:  # a broken input fails its own job, never the batch
+        return f"{type(exc).__name__}: {exc}"
+
+
+def finish(job: JobContext, members: list[Member], probs: list[np.ndarray], seconds: float,
+           result: dict[str, Any], rows_of: Any) -> tuple[int, float, dict[str, Any]]:
+    """Store every member's rows in one write and finish each with its share of the time;
+    return the lead's (first member's) outcome, which its own task records."""
+    total = float(sum(len(m.x) for m in members))
+    rows = [r for m, pr in zip(members, probs, strict=True) for r in rows_of(m.id, 0, pr, m.p.top_k)]
+    predictions.replace_range(job.url, job.id, 0, len(members[0].x))  # a redelivered lead's
+    predictions.write(job.url, rows)
+    outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
+                       {**result, "input": m.p.input, "range": [0, len(m.x)],
+                        "batch_size": m.p.batch_size}) for m in members}
+    jobs.finish_batch(job.url, outcomes, members[0].id, placement())
+    # Messages published after the claim (a submit still under way) are dropped too.
+    messages.drop_waiting(get_settings().broker, _queues(job), [m.id for m in members[1:]])
+    return outcomes[members[0].id]

@@ -1,0 +1,287 @@
+"""`infer`: stream an input through a model on the worker's device; store every prediction.
+
+Batches have a fixed shape (the last one may be short); results are stored (`tasks/inference/outputs.py`:
+SQL rows, an .npy or Parquet) at most every FLUSH_SECONDS or FLUSH_ROWS samples, each flush
+committing the job's position with its results, a throughput point and the progress; a later
+attempt of a killed job resumes after the last committed sample.
+A batch that runs out of device memory is split: the batch size is halved (down to
+MIN_BATCH_SIZE) and kept for the rest of the job; each halving is recorded as a job event.
+
+Every score stored is finite, on every engine and output kind: a sample whose input (after
+preprocessing) holds NaN or an infinity fails the job, naming it, before any engine sees it (what
+an engine answers for one differs: MXNet's CPU ReLU turns NaN into 0, ONNX Runtime's keeps it),
+and so does a sample whose model output is not finite (`engines.NonFiniteOutput`). In a merged
+batch only the job holding that sample fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mxq.db import events, jobs, registry
+from mxq.db.records import ModelRecord
+from mxq.preprocess import Preprocess
+from mxq.tasks.inference import batching
+from mxq.tasks.inference.inputs import InputError, InputSource, open_input
+from mxq.tasks.inference.outputs import JobOutputs, rows
+from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
+from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
+from mxq.tasks.runner import placement as where_we_run
+from mxq.tasks.runtimes import engines
+from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
+from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
+from mxq.workers.paths import PathError, confine
+from mxq.workers.settings import get_settings
+
+FLUSH_SECONDS = 1.0  # how often results are written and progress reported
+FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
+MIN_BATCH_SIZE = 1  # the floor: a batch that runs out of memory at this size fails the job
+
+
+def _params(job: JobContext) -> InferParams:
+    try:
+        return InferParams(**validate("infer", job.params))
+    except ParamsError as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def _open(p: InferParams, model: ModelRecord) -> InputSource:
+    try:
+        path = confine(get_settings(), p.input)
+        return open_input(path, tuple(model["input_shape"]), p.key,
+                          Preprocess.from_dict(model["preprocess"]))
+    except (PathError, InputError) as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def _chunks(p: InferParams, count: int) -> list[dict[str, Any]]:
+    size = p.chunk_size or count
+    base = p.model_dump(exclude={"chunk_size"})
+    return [{**base, "start": a, "stop": min(a + size, count)} for a in range(0, count, size)]
+
+
+@job_task("infer")
+def infer(job: JobContext) -> Outcome | FanOut:
+    p = _params(job)
+    settings = get_settings()
+    try:
+        model = registry.resolve(job.url, p.model, p.model_version)
+    except LookupError as exc:
+        raise JobInputError(str(exc)) from None
+    if p.top_k > model["classes"]:
+        raise JobInputError(f"top-k {p.top_k} exceeds the {model['classes']} classes of "
+                            f"{model['name']}:{model['version']}")
+    source = _open(p, model)
+    if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
+        return FanOut(_chunks(p, source.count))
+    if job.parent_id is None and batching.mergeable(p, source.count, settings):
+        return _merged(job, p, model, source)
+    start, stop = p.start or 0, p.stop or source.count
+    if stop > source.count:
+        raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
+                            f"{p.input}")
+    fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
+    engine = engines.pick(job, model, p.engine, fit.size)
+    owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
+    out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
+    begin = out.resume()
+    earlier = jobs.earlier_seconds(job.url, job.id) if begin > start else 0.0
+    began = time.perf_counter()
+    try:
+        _stream(job, p, source, engine, out, begin, fit)
+        out.finish()
+    except Exception as exc:
+        if not isinstance(exc, JobLost | JobCancelled):  # those files are another attempt's, or kept
+            out.abandon()
+        raise
+    # Every sample the output holds, over the compute time of every attempt that stored them.
+    seconds = earlier + time.perf_counter() - began
+    return Outcome(samples=stop - start, seconds=seconds, result={
+        "model": model["name"], "model_version": model["version"],
+        "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
+        "input": str(source.path), "range": [start, stop],
+        "resumed_from": begin if begin > start else None, "batch_size": p.batch_size,
+        "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
+    })
+
+
+def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
+    """A small input whole, read and checked as one batch."""
+    return next(_batches(p, source, 0, source.count, lambda: source.count))[1]
+
+
+def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource) -> Outcome:
+    """A small job, run in one batch with the queued small jobs of the same model (batching)."""
+    engine = engines.pick(job, model, p.engine, source.count)
+    members = [batching.Member(job.id, p, _read_all(p, source))]
+    members += batching.gather(job, model, _open, _read_all, source.count)
+    began = time.perf_counter()
+    probs, fit, lead_error = _predict_members(job, p, engine, members)
+    parts = np.split(probs, np.cumsum([len(m.x) for m in members])[:-1])
+    seconds = time.perf_counter() - began
+    samples, share, result = batching.finish(job, members, parts, seconds, {
+        "model": model["name"], "model_version": model["version"],
+        "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
+        "batch_size_used": fit.size, "output": "db",
+        "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
+        "batch_lead": job.id}, rows)
+    if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
+        jobs.finish_batch(job.url, {members[0].id: (samples, share, result)}, job.id, where_we_run())
+        raise JobInputError(lead_error)
+    return Outcome(samples=samples, seconds=share, result=result)
+
+
+def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
+                     members: list[batching.Member]) -> tuple[np.ndarray, _Fit, str | None]:
+    """The merged batch's probabilities, its fit, and the lead's error when its own output is
+    not finite. A member whose output is not finite fails alone (its message names its sample)
+    and leaves `members`; the rest run again without it. Raises when no member is left."""
+    lead_error = None
+    while True:
+        x = np.concatenate([m.x for m in members])
+        asked = _start_batch(p, len(x), get_settings().max_batch_size)
+        # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
+        fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
+        try:
+            return fit.predict(engine, x), fit, lead_error
+        except engines.NonFiniteOutput as exc:
+            first = 0
+            bad = next(m for m in members if (first := first + len(m.x)) > exc.row)
+            index = exc.row - (first - len(bad.x))
+            message = exc.describe(index, bad.x[index])
+            if bad.id == job.id:
+                lead_error = message
+            else:
+                jobs.fail(job.url, bad.id, message, worker=where_we_run().worker)
+            members.remove(bad)
+            if not members:
+                raise JobInputError(message) from None
+
+
+def _start_batch(p: InferParams, samples: int, limit: int) -> int:
+    """The batch size to start with: the one asked, or for 'auto' the largest allowed."""
+    if p.batch_size == "auto":
+        return max(1, min(AUTO_BATCH_START, samples, limit))
+    return p.batch_size
+
+
+def _batches(p: InferParams, source: InputSource, start: int, stop: int,
+             size: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
+    """(first index, samples) per batch of `size()` (smaller once out of memory halved it),
+    checked for NaN and infinities (always: what an engine answers for them differs); runs on
+    the prefetch thread."""
+    first = start
+    while first < stop:
+        try:
+            x = source.read(first, min(first + size(), stop))
+        except InputError as exc:
+            raise JobInputError(str(exc)) from None
+        _check_finite(p, first, x)
+        yield first, x
+        first += len(x)
+
+
+def _check_finite(p: InferParams, first: int, x: np.ndarray) -> None:
+    """Refuse a batch holding NaN, inf or -inf, naming the first such sample. One pass of row
+    sums finds the suspects (NaN and infinities make a sum non-finite; a float32 sum of huge
+    finite values may overflow too), then only those rows are looked at value by value."""
+    flat = x.reshape(len(x), -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        suspects = np.flatnonzero(~np.isfinite(flat.sum(axis=1)))
+    for row in suspects.tolist():
+        bad = ~np.isfinite(flat[row])
+        if bad.any():
+            value = flat[row][bad][0]
+            found = "NaN" if np.isnan(value) else ("-inf" if value < 0 else "inf")
+            why = "--reject-nan is set" if p.reject_nan else \
+                "mxq scores finite inputs only: fix or drop that sample"
+            raise JobInputError(f"input {p.input} has {found} in sample {first + row} ({why})")
+
+
+def _engine_fields(engine: engines.Engine) -> dict[str, str]:
+    return {"engine": engine.name, "engine_reason": engine.reason}
+
+
+@dataclass
+class _Fit:
+    """The batch size that fits the device: halved on out-of-memory, down to MIN_BATCH_SIZE."""
+
+    job: JobContext
+    requested: int
+    size: int = 0
+    halved: tuple[int, int] | None = None  # (size that ran out, size tried next), not yet settled
+
+    def __post_init__(self) -> None:
+        self.size = self.size or self.requested
+
+    def predict(self, engine: engines.Engine, x: np.ndarray) -> np.ndarray:
+        """Probabilities of all of `x`, computed in slices of the current size, in order."""
+        parts, i = [], 0
+        while i < len(x):
+            n = min(self.size, len(x) - i)
+            try:
+                probs = engine.forward(x[i:i + n])
+            except engines.NonFiniteOutput as exc:
+                raise exc.shifted(i) from None
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                engine.release()
+                self._halve(n)
+                continue  # the same samples again, in smaller slices
+            self._settle(worked=True)
+            parts.append(probs)
+            i += n
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _halve(self, n: int) -> None:
+        self._settle(worked=False)
+        if n <= MIN_BATCH_SIZE:
+            raise OutOfMemory(f"out of memory at batch size {n} on {self.job.device} (started at "
+                              f"{self.requested}; the floor is {MIN_BATCH_SIZE})") from None
+        self.size = max(MIN_BATCH_SIZE, n // 2)
+        self.halved = (n, self.size)
+
+    def _settle(self, worked: bool) -> None:
+        """Record the pending halving with its outcome."""
+        if self.halved is None:
+            return
+        failed, size = self.halved
+        self.halved = None
+        outcome = "it worked" if worked else "out of memory again"
+        events.record(self.job.url, self.job.id, events.OOM,
+                      f"out of memory at batch size {failed} on {self.job.device}; halved to "
+                      f"{size}: {outcome}", batch_size=size, failed_batch_size=failed,
+                      worked=worked, device=self.job.device)
+
+
+def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
+            out: JobOutputs, begin: int, fit: _Fit) -> None:
+    """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
+    side threads. A flush is due every FLUSH_SECONDS or FLUSH_ROWS samples, and at the end."""
+    writer = BackgroundWriter(out.store, in_flight=1)  # a kill loses the flush in store and the next
+    step = jobs.next_metric_step(job.url, job.id) if begin > out.start else 0  # after earlier points
+    since, mark = time.perf_counter(), begin
+    try:
+        for first, x in prefetch(_batches(p, source, begin, out.stop, lambda: fit.size)):
+            try:
+                job.check_cancelled(first - out.start)
+            except JobCancelled:  # keep every result computed so far: hand the rest to the writer
+                writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
+                raise
+            last = first + len(x)
+            try:
+                out.add(first, fit.predict(engine, x))
+            except engines.NonFiniteOutput as exc:
+                raise JobInputError(exc.describe(first + exc.row, x[exc.row])) from None
+            now = time.perf_counter()
+            if now - since >= FLUSH_SECONDS or last - mark >= FLUSH_ROWS or last == out.stop:
+                writer.submit(out.take(step, last - mark, now - since, last))
+                step, since, mark = step + 1, now, last
+    finally:
+        writer.close()

@@ -1,0 +1,241 @@
+"""Where an inference job's predictions go, and how a later attempt resumes after the last
+stored sample.
+
+Each output kind is kept so that what SQL calls committed is really stored:
+- `db`: the rows of a flush and the job's committed position in one transaction;
+- `npy`: the probabilities written into `job-ID.npy` (memory-mapped), synced to disk before the
+  position moves;
+- `parquet`: each flush a part file, on disk before the position moves, merged into
+  `job-ID.parquet` at the end (`mxq.db.outputs.parquet`).
+A killed attempt loses at most what it computed since its last commit; the next one starts there.
+An attempt that is no longer its job's (paused, then handed on) stops at its next write: its
+commit is refused by its fence, and the part it wrote under its own name is removed. A job
+succeeds only once its output is verified: the merged file there with every row, or the npy
+whole; else it fails saying what is missing.
+
+Files live under `$MXQ_HOME/outputs/<stack id>/` (`mxq.db.stack`): a home reused with another
+database starts in an empty folder, never meeting the old one's `job-ID` files.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from mxq.db import events, jobs
+from mxq.db.fence import Fence
+from mxq.db.jobs import record_metric
+from mxq.db.outputs import parquet, predictions
+from mxq.db.outputs.predictions import Ranked, Row
+from mxq.db.outputs.results import output_file
+from mxq.db.schema import JobStatus
+from mxq.db.stack import stack_id
+from mxq.tasks.runner import JobContext, JobFailed, JobLost
+from mxq.workers.jobs.jobspecs import InferParams
+from mxq.workers.settings import get_settings
+
+
+def output_path(url: str, job_id: int, suffix: str = ".npy") -> Path:
+    return output_file(get_settings().home_path, stack_id(url), job_id, suffix)
+
+
+def _output_array(url: str, job_id: int, rows: int, classes: int) -> np.memmap:
+    """The job's full output array, created once (under a lock: chunks share it)."""
+    path = output_path(url, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        created = not path.exists()
+        if created:
+            np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
+        _reserve(path, created)
+    return np.load(path, mmap_mode="r+")
+
+
+def _reserve(path: Path, created: bool) -> None:
+    """Allocate every block of the output now (posix_fallocate): a memmap over a sparse file
+    that later meets a full disk kills the worker with SIGBUS, so a full disk must be this
+    job's error, here. A file this call created is removed again; a filesystem that cannot
+    allocate ahead is left as before."""
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return
+        if created:
+            path.unlink(missing_ok=True)
+        raise JobFailed(f"no space left on {_mount_point(path)} for {path.name} ({size} bytes)") from None
+    finally:
+        os.close(fd)
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the filesystem holding `path`: the device a full disk names."""
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[Row]:
+    """Prediction rows of one batch, built with vectorized NumPy and one zip."""
+    r = Ranked.of(probs, top_k)
+    top: Iterable[str | None] = repeat(None)
+    if r.order is not None and r.best is not None:
+        top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(r.order.tolist(), r.best.tolist(),
+                                                                         strict=True))
+    return list(zip(repeat(owner), range(first, first + len(probs)), r.classes.tolist(),
+                    r.scores.tolist(), top))
+
+
+@dataclass
+class Flush:
+    """What one flush stores: results up to sample `last`, and its throughput point."""
+
+    rows: list[Row]
+    tables: list[pa.Table]
+    step: int
+    samples: int
+    seconds: float
+    last: int
+
+
+@dataclass
+class JobOutputs:
+    """The outputs of one job (or chunk) over [start, stop) of an input of `count` samples."""
+
+    job: JobContext
+    p: InferParams
+    owner: int  # the job the predictions belong to: a chunk's parent, else the job
+    count: int
+    classes: int
+    start: int
+    stop: int
+    array: np.memmap | None = field(default=None, init=False)  # npy, both
+    parquet_file: Path | None = field(default=None, init=False)  # parquet
+    rows_wanted: bool = field(default=False, init=False)  # db, both
+    _rows: list[Row] = field(default_factory=list, init=False)
+    _tables: list[pa.Table] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        """Decided once per job, not per batch: which outputs this job keeps."""
+        if self.p.output in ("npy", "both"):
+            self.array = _output_array(self.job.url, self.owner, self.count, self.classes)
+        if self.p.output == "parquet":
+            self.parquet_file = output_path(self.job.url, self.owner, ".parquet")
+        self.rows_wanted = self.p.output in ("db", "both")
+
+    @property
+    def shown(self) -> str:
+        """What the job's result names as its output."""
+        if self.parquet_file is not None:
+            return str(self.parquet_file)
+        return str(output_path(self.job.url, self.owner)) if self.array is not None else "db"
+
+    def resume(self) -> int:
+        """The first sample this attempt computes: right after the last one an earlier attempt
+        committed (recorded as a `resumed` event), else `start`. What lies beyond it is cleared."""
+        done = self.job.committed
+        begin = done if done is not None and self.start < done <= self.stop else self.start
+        predictions.replace_range(self.job.url, self.owner, begin, self.stop)
+        if self.parquet_file is not None:
+            parquet.drop_parts(self.parquet_file, begin, self.stop)
+        if begin > self.start:
+            events.record(self.job.url, self.job.id, events.RESUMED,
+                          f"resumed at sample {begin}: an earlier attempt stored "
+                          f"[{self.start}, {begin}) of [{self.start}, {self.stop})",
+                          position=begin, start=self.start, stop=self.stop)
+        return begin
+
+    def add(self, first: int, probs: np.ndarray) -> None:
+        """One batch's results, held until the next flush (the npy array takes them at once)."""
+        if self.array is not None:
+            self.job.check_owned()  # a pause (in the forward pass, say) ends here, before the write
+            self.array[first:first + len(probs)] = probs
+        if self.rows_wanted:
+            self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
+        if self.parquet_file is not None:
+            self._tables.append(parquet.from_probabilities(first, probs, self.p.top_k))
+
+    def take(self, step: int, samples: int, seconds: float, last: int) -> Flush:
+        flush = Flush(self._rows, self._tables, step, samples, seconds, last)
+        self._rows, self._tables = [], []
+        return flush
+
+    def store(self, flush: Flush) -> None:
+        """Make the flush durable, then commit its position with its rows (on the writer thread)."""
+        fence = self.job.fence
+        assert fence is not None  # outputs exist only for a claimed attempt
+        if self.array is not None:
+            self.array.flush()
+        part = None
+        if self.parquet_file is not None and flush.tables:
+            part = parquet.write_part(self.parquet_file, flush.tables, fence.tag)
+        if not predictions.commit(self.job.url, fence, flush.rows, flush.last):
+            if part is not None:
+                parquet.remove_part(part)
+            raise self._lost(fence)
+        if not record_metric(self.job.url, fence, flush.step, self.job.device, flush.samples,
+                             flush.seconds):
+            raise self._lost(fence)
+        self.job.progress((flush.last - self.start) / (self.stop - self.start))
+
+    def _lost(self, fence: Fence) -> JobLost:
+        return JobLost(f"job {self.job.id} now belongs to another attempt (this one, "
+                       f"{fence.attempt}, was taken for dead)")
+
+    def finish(self) -> None:
+        """Once every flush is stored: the npy on disk, the Parquet parts merged when complete;
+        JobFailed when the output cannot be verified (a part or the file went missing)."""
+        if self.array is not None:
+            self.array.flush()
+            _check_array(output_path(self.job.url, self.owner), self.count, self.classes)
+        if self.parquet_file is not None:
+            self._finish_parquet(self.parquet_file)
+
+    def _finish_parquet(self, final: Path) -> None:
+        if not parquet.covers(final, self.start, self.stop):
+            raise JobFailed(_incomplete(final, self.count, " (a part file was removed while the job "
+                                                           "ran)"))
+        merged = parquet.merge_if_complete(final, self.count)
+        if not merged and (self.job.parent_id is None or self._siblings_done()):
+            raise JobFailed(_incomplete(final, self.count))
+        if merged and (rows := parquet.rows_in(final)) != self.count:
+            raise JobFailed(f"output {final} holds {rows} rows, not {self.count}")
+
+    def _siblings_done(self) -> bool:
+        """Every other chunk of the parent succeeded: this one was the last to merge."""
+        assert self.job.parent_id is not None
+        others = jobs.chunk_statuses(self.job.url, self.job.parent_id, but=self.job.id)
+        return all(s == JobStatus.SUCCEEDED for s in others)
+
+    def abandon(self) -> None:
+        """The job failed: its Parquet parts are removed (they will never be merged)."""
+        if self.parquet_file is not None and self.job.parent_id is None:
+            parquet.remove_all(self.parquet_file)
+
+
+def _incomplete(final: Path, count: int, why: str = "") -> str:
+    return (f"output incomplete: the parts of {final.name} lack "
+            f"{parquet.missing(parquet.part_list(final), count)}{why}")
+
+
+def _check_array(path: Path, count: int, classes: int) -> None:
+    """The npy output is there, readable, with one row per sample."""
+    try:
+        shape = np.load(path, mmap_mode="r").shape
+    except (OSError, ValueError) as exc:
+        raise JobFailed(f"output {path} cannot be read: {exc}") from None
+    if shape != (count, classes):
+        raise JobFailed(f"output {path} has shape {shape}, not ({count}, {classes})")

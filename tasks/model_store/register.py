@@ -1,0 +1,56 @@
+"""`register`: add a model version on a device worker, for a process that cannot load MXNet.
+
+`mxq models add` runs the registration itself wherever MXNet loads. Where it does not (the
+compose `api` container has the GPU build but no GPU and no driver; a host with only the
+gpu-onnx extra), it stages the files under `$MXQ_HOME/staging` and queues this job, which a
+worker whose device MXNet runs takes: the same checks, trial runs, ONNX export and checksums as
+a local registration, on a machine that can do them. The staged files are read only from that
+folder (a message is never trusted with a path) and removed once the job is over.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from mxq.preprocess import PreprocessError
+from mxq.tasks.model_store.models import ModelError, add_version
+from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
+from mxq.workers.jobs.jobspecs import ParamsError, RegisterParams
+from mxq.workers.paths import PathError, staging_dir, within
+from mxq.workers.settings import get_settings
+
+
+def staged(home: Path, value: str) -> Path:
+    """A staged file's path, refused unless it is a file inside `$MXQ_HOME/staging`."""
+    try:
+        path = within(value, staging_dir(home), "staged file", "MXQ_HOME")
+    except PathError as exc:
+        raise JobInputError(str(exc)) from None
+    if not path.is_file():
+        raise JobInputError(f"staged file {value} is not a file")
+    return path
+
+
+@job_task("register")
+def register(job: JobContext) -> Outcome:
+    s = get_settings()
+    try:
+        p = RegisterParams(**job.params)
+    except (ValidationError, ParamsError) as exc:
+        raise JobInputError(f"invalid register parameters: {exc}") from None
+    started = time.perf_counter()
+    request = p.model_dump()
+    if p.symbol is not None and p.params is not None:
+        request["symbol"], request["params"] = staged(s.home_path, p.symbol), staged(s.home_path, p.params)
+    try:
+        record = add_version(s.database, s.home_path, request)
+    except (ModelError, PreprocessError) as exc:
+        raise JobInputError(str(exc)) from None
+    finally:
+        if p.symbol is not None:
+            shutil.rmtree(Path(request["symbol"]).parent, ignore_errors=True)
+    return Outcome(samples=0, seconds=time.perf_counter() - started, result={"model": dict(record)})

@@ -1,0 +1,3 @@
+"""What runs a model on a device: MXNet and ONNX Runtime, the engine a job gets, the device's context,
+CUDA libraries, out-of-memory, the probe.
+"""

@@ -1,0 +1,56 @@
+"""The MXNet side of pinning: the context of this worker's device and its memory figures."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from celery import signals
+
+from mxq.device import Device
+from mxq.tasks.runtimes.mx import mx
+from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+def context(device: str) -> mx.Context:
+    """A GPU worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as gpu(0)."""
+    spec = Device.parse(device)
+    if spec.kind == "gpu":
+        return mx.gpu(0)
+    return mx.cpu(spec.index)
+
+
+def memory(device: str) -> dict[str, float]:
+    """Free and total memory of the device, in MiB (host memory for a CPU device)."""
+    if Device.parse(device).kind == "gpu":
+        free, total = mx.context.gpu_memory_info(0)
+        return {"memory_total_mib": total / 2**20, "memory_free_mib": free / 2**20}
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {"memory_total_mib": pages / 2**20, "memory_free_mib": avail / 2**20}
+
+
+def check_visible(device: str) -> str | None:
+    """Cross-check with MXNet: a GPU worker must see exactly one GPU."""
+    if Device.parse(device).kind != "gpu":
+        return None
+    seen = mx.context.num_gpus()
+    if seen != 1:
+        return (f"worker for {device} sees {seen} GPUs through MXNet (expected 1): check "
+                "CUDA_VISIBLE_DEVICES and that the GPU build of MXNet (mxnet-cu112) is installed")
+    return None
+
+
+@signals.worker_init.connect
+def _refuse_unusable_device(**_: object) -> None:
+    """Exit before consuming anything when MXNet cannot use the pinned device."""
+    device = get_settings().device
+    problem = device and check_visible(device)
+    if problem:
+        log.error("refusing to start: %s", problem)
+        print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)
+        os._exit(REFUSED_EXIT)

@@ -1,0 +1,215 @@
+"""The two inference engines behind one interface, and which one a job gets.
+
+MXNet runs the stored model; ONNX Runtime runs its ONNX export (`tasks.onnx_export`). For
+`--engine auto` the first job of a model version on a kind of device measures both engines on a
+few batches of its own batch size on that worker's device and stores their samples/s
+(`registry.record_engine_speeds`); every later job of that version on that kind reads the choice
+(`mxq.engines.choose`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mxq import engines as rule
+from mxq.db import registry
+from mxq.db.records import ModelRecord
+from mxq.device import Device
+from mxq.tasks.model_store.checksums import ChangedFile, verify
+from mxq.tasks.runner import JobContext, JobInputError
+from mxq.tasks.runtimes import onnx_runtime
+from mxq.workers.settings import get_settings
+
+# Each engine is timed on batches of the job's size (kept between these bounds), after one
+# untimed warm-up, for at least MEASURE_BATCHES batches and MEASURE_SECONDS.
+MEASURE_BATCHES, MEASURE_SECONDS = 3, 0.3
+MEASURE_BATCH_RANGE = (16, 256)
+
+
+class StoreChanged(JobInputError):
+    """A stored model file changed since registration: the job fails, whatever the engine."""
+
+
+class NonFiniteOutput(Exception):
+    """A batch's class probabilities hold NaN or an infinity: mxq stores only finite scores, on
+    every engine and output kind. `row` is the first such sample of the batch; the caller,
+    which knows where the batch starts and what its input was, words the job's error
+    (`describe`) as a JobInputError: this is not a user-facing error of its own."""
+
+    def __init__(self, row: int, found: str) -> None:
+        super().__init__(f"model output for sample {row} of the batch is {found}")
+        self.row, self.found = row, found
+
+    def shifted(self, offset: int) -> NonFiniteOutput:
+        """The same, for a batch that starts `offset` samples earlier."""
+        return NonFiniteOutput(self.row + offset, self.found)
+
+    def describe(self, index: int, sample: np.ndarray) -> str:
+        """The job's one-line error for sample `index` whose (preprocessed) input is `sample`."""
+        flat = np.asarray(sample, dtype=np.float64).ravel()
+        if not np.isfinite(flat).all():
+            cause = "its input holds NaN or inf (--reject-nan names the first such input)"
+        else:
+            top = float(np.abs(flat).max()) if flat.size else 0.0
+            cause = (f"its input is finite (largest magnitude {top:.4g} after preprocessing), so "
+                     "the model overflows on it: check the input's values and the version's "
+                     "--scale/--mean/--std")
+        return f"model output for sample {index} is {self.found}: {cause}; allowed: finite scores only"
+
+
+def first_non_finite(out: np.ndarray) -> tuple[int, str] | None:
+    """The first row of `out` holding NaN or an infinity, and which (NaN first), or None."""
+    bad = ~np.isfinite(out).reshape(len(out), -1)
+    if not bad.any():
+        return None
+    row = int(np.argmax(bad.any(axis=1)))
+    values = out.reshape(len(out), -1)[row][bad[row]]
+    found = "NaN" if np.isnan(values).any() else ("-inf" if (values < 0).all() else "inf")
+    return row, found
+
+
+@dataclass
+class Engine:
+    name: str  # "mxnet" or "onnx"
+    forward: Callable[[np.ndarray], np.ndarray]  # class probabilities of one batch, float32
+    release: Callable[[], None]  # after running out of memory: free what the engine holds
+    cached: bool  # the model was already loaded in this process
+    reason: str  # why this engine
+
+
+def _release(net: Any) -> None:
+    """Drop the net's compiled graph and the memory it holds; the next call builds it anew.
+
+    A `static_alloc` graph (tasks.models.load) keeps the buffers it got before an allocation
+    failed, and then every later call fails too, at any batch size (seen with MXNet 1.9.1).
+    """
+    clear = getattr(net, "_clear_cached_op", None)  # what Gluon's own hybridize() calls
+    if clear is not None:
+        clear()
+
+
+def _label(model: ModelRecord) -> str:
+    return f"{model['name']}:{model['version']}"
+
+
+def _checked(model: ModelRecord, forward: Callable[[np.ndarray], np.ndarray]
+             ) -> Callable[[np.ndarray], np.ndarray]:
+    """`forward` that fails the job, before anything is written, when the output is not one row
+    of the model's classes per sample (a version registered before registration proved it), or
+    holds a value that is not finite (NonFiniteOutput, the same rule for both engines)."""
+    def run(x: np.ndarray) -> np.ndarray:
+        out = forward(x)
+        if out.shape[:1] != x.shape[:1]:
+            raise JobInputError(f"model {_label(model)}: its output has {len(out)} rows for a batch "
+                                f"of {len(x)}: the symbol fixes the batch size (e.g. a reshape to a "
+                                "constant shape); allowed: symbols whose batch dimension follows "
+                                "the input")
+        if out.ndim != 2 or out.shape[1] != model["classes"]:
+            raise JobInputError(f"model {_label(model)}: its output has shape {out.shape} for a "
+                                f"batch of {len(x)}; registered as (batch, {model['classes']})")
+        if (bad := first_non_finite(out)) is not None:
+            raise NonFiniteOutput(*bad)
+        return out
+
+    return run
+
+
+def mxnet_engine(model: ModelRecord, device: str, reason: str) -> Engine:
+    """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
+    Each new batch size is checked by shape inference before it runs: running a symbol that
+    fixes its batch can corrupt memory and crash the worker."""
+    from mxq.tasks.model_store.models import ModelError, check_batch, load, probabilities
+    from mxq.tasks.runtimes.device import context
+
+    ctx = context(device)
+    try:
+        net, cached = load(model, ctx)
+    except ChangedFile as exc:
+        raise StoreChanged(str(exc)) from None
+    except ModelError as exc:
+        raise JobInputError(str(exc)) from None
+    proven: set[tuple[int, ...]] = set()
+    outputs = model.get("outputs") or "logits"  # a version from before 0016 output logits
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        if x.shape not in proven:
+            try:
+                check_batch(net, _label(model), x.shape[1:], len(x))
+            except ModelError as exc:
+                raise JobInputError(str(exc)) from None
+            proven.add(x.shape)
+        return probabilities(net, ctx, x, outputs)
+
+    return Engine("mxnet", _checked(model, forward), lambda: _release(net), cached, reason)
+
+
+def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
+    onnx = model.get("onnx") or {}
+    if not onnx.get("file"):
+        raise JobInputError(f"model {model['name']}:{model['version']} has no ONNX export "
+                            f"({onnx.get('error') or 'it was registered before mxq exported models'})"
+                            "; use --engine mxnet or auto")
+    if (missing := onnx_runtime.unavailable(kind)) is not None:
+        raise JobInputError(f"--engine onnx: {missing} on this worker; use --engine mxnet or auto")
+    path = Path(onnx["file"])
+    if not path.is_file():
+        raise JobInputError(f"ONNX file {path} of {model['name']}:{model['version']} is missing")
+    try:
+        verify(path, onnx.get("sha256"), "ONNX file", _label(model))
+    except ChangedFile as exc:
+        raise StoreChanged(str(exc)) from None
+    sess, cached = onnx_runtime.session(path, kind)
+    return Engine("onnx", _checked(model, onnx_runtime.runner(sess)), lambda: None, cached, reason)
+
+
+def _rate(engine: Engine, sample: np.ndarray) -> float:
+    engine.forward(sample)  # warm-up: graph building, allocation
+    began, batches = time.perf_counter(), 0
+    while batches < MEASURE_BATCHES or time.perf_counter() - began < MEASURE_SECONDS:
+        engine.forward(sample)
+        batches += 1
+    return batches * len(sample) / (time.perf_counter() - began)
+
+
+def _measure(job: JobContext, model: ModelRecord, batch_size: int) -> dict[str, float]:
+    """Both engines' samples/s on this worker, on a seeded batch of the model's input shape."""
+    low, high = MEASURE_BATCH_RANGE
+    batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
+                                            dtype=np.float32)
+    kind = Device.parse(job.device).kind
+    speeds = {"mxnet": _rate(mxnet_engine(model, job.device, ""), batch),
+              "onnx": _rate(onnx_engine(model, kind, ""), batch)}
+    registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
+    model["engines"] = {**(model.get("engines") or {}), kind: speeds}
+    return speeds
+
+
+def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int) -> Engine:
+    """The engine this job runs on (measuring both first, for `auto`, when no figures exist, on
+    batches of `batch_size`). A worker whose GPU MXNet cannot run serves ONNX only."""
+    kind = Device.parse(job.device).kind
+    mxnet_unusable = get_settings().mxnet_unusable
+    if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
+        return mxnet_engine(model, job.device, missing)
+    speeds = (model.get("engines") or {}).get(kind)
+    if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
+        try:
+            speeds = _measure(job, model, batch_size)
+        except StoreChanged:
+            raise
+        except Exception as exc:  # one engine could not run here: MXNet serves (or says why not)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return mxnet_engine(model, job.device, f"not measured: {reason}")
+    try:
+        choice = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+    except rule.NoEngine as exc:
+        raise JobInputError(f"{model['name']}:{model['version']} on {job.device}: {exc}") from None
+    if choice.engine == "onnx":
+        return onnx_engine(model, kind, choice.reason)
+    return mxnet_engine(model, job.device, choice.reason)

@@ -1,0 +1,106 @@
+"""Every model version also as ONNX: exported at registration beside its MXNet files, cleaned
+so ONNX Runtime can optimize it, and checked against MXNet on a sample batch.
+
+The exporter (`mx.onnx.export_model`) lists the weights as graph inputs, which stops ONNX
+Runtime from folding constants (ResNet-18 ran at half MXNet's speed until they were removed);
+the graph also gets a final softmax for a model that outputs logits (a model that ends in a
+softmax gets an Identity), so both engines hand back probabilities. A model the
+exporter cannot convert keeps serving with MXNet, with the reason stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mxq.errors import reason
+from mxq.tasks.model_store.checksums import sha256
+from mxq.tasks.runtimes import onnx_runtime
+from mxq.tasks.runtimes.mx import mx
+
+ONNX_FILE = "model.onnx"
+CHECK_BATCH = 16  # samples of the agreement check
+# A second, different batch size: an export whose output does not follow its input's batch is
+# refused (ONNX Runtime is not run at MXQ_MAX_BATCH_SIZE: that could take gigabytes; the MXNet
+# symbol's shapes were inferred at it before the export, tasks.models.prove_batches).
+SECOND_BATCH = 3
+OUTPUT = "probabilities"
+
+
+def _missing() -> str | None:
+    """Why this install cannot export and check (the exporter needs `onnx`, the check ONNX
+    Runtime on the CPU), else None."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return "the onnx package is not installed (the cpu and gpu extras have it: reinstall mxq with yours)"
+    return onnx_runtime.unavailable("cpu")
+
+
+def _clean(path: Path, softmax: bool = True) -> None:
+    """Initializers out of the graph inputs; a softmax over the classes (or, for a model that
+    outputs probabilities already, an Identity) as the one output, named OUTPUT."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    weights = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in weights]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    logits = graph.output[0]
+    graph.node.append(helper.make_node("Softmax", [logits.name], [OUTPUT], axis=1) if softmax
+                      else helper.make_node("Identity", [logits.name], [OUTPUT]))
+    probs = onnx.ValueInfoProto()
+    probs.CopyFrom(logits)  # the same type and (batch, classes) shape
+    probs.name = OUTPUT
+    del graph.output[:]
+    graph.output.append(probs)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+class _FixedBatch(Exception):
+    """The export's output does not have one row per sample."""
+
+
+def _follows_batch(sess: Any, input_shape: tuple[int, ...]) -> None:
+    """_FixedBatch unless the export's output has one row per sample at two batch sizes."""
+    for batch in (CHECK_BATCH, SECOND_BATCH):
+        rows = len(onnx_runtime.run(sess, np.zeros((batch, *input_shape), np.float32)))
+        if rows != batch:
+            raise _FixedBatch(f"the ONNX export's output has {rows} rows for a batch of {batch}: "
+                              "it fixes the batch size")
+
+
+def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...],
+           mxnet_probs: Callable[[np.ndarray], np.ndarray], softmax: bool = True) -> dict[str, Any]:
+    """Export to `folder/model.onnx` (ending in a softmax when `softmax`: the model outputs
+    logits) and compare with MXNet (`mxnet_probs`) on a seeded batch:
+    `{"file", "sha256", "max_diff", "argmax_agreement"}`, or `{"file": None, "error"}`. The
+    sha256 is verified before the file is served (tasks.engines)."""
+    if (missing := _missing()) is not None:
+        return {"file": None, "error": missing}
+    target = folder / ONNX_FILE
+    try:
+        mx.onnx.export_model(str(symbol), str(params), [(CHECK_BATCH, *input_shape)], [np.float32],
+                             str(target), dynamic=True, dynamic_input_shapes=[(None, *input_shape)])
+        _clean(target, softmax)
+        sample = np.random.default_rng(0).random((CHECK_BATCH, *input_shape), dtype=np.float32)
+        sess = onnx_runtime.session(target)[0]
+        _follows_batch(sess, input_shape)
+        ours = onnx_runtime.run(sess, sample)
+    except _FixedBatch as exc:
+        target.unlink(missing_ok=True)
+        return {"file": None, "error": str(exc)}
+    except Exception as exc:  # the converter raises many types for ops it does not know
+        target.unlink(missing_ok=True)
+        return {"file": None, "error": f"the ONNX exporter cannot convert it: {reason(exc)}"}
+    theirs = mxnet_probs(sample)
+    return {"file": str(target), "sha256": sha256(target),
+            "max_diff": float(np.abs(ours - theirs).max()),
+            "argmax_agreement": float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())}

@@ -1,0 +1,119 @@
+"""ONNX Runtime sessions for a worker: pinned to its cores, one per model file, kept loaded.
+
+On a CPU device the worker owns a slice of the host's cores (`mxq.workers.hardware.pinning`, which sets
+OMP_NUM_THREADS to the slice's size for MXNet); ONNX Runtime's intra-op pool gets as many
+threads, and no inter-op pool, so two workers never compete for one core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE_SIZE = 2  # sessions kept per worker process, as for MXNet models (tasks.models)
+_sessions: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
+
+
+# The execution provider that runs a kind of device.
+PROVIDERS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
+
+
+def unavailable(kind: str = "cpu") -> str | None:
+    """None when ONNX Runtime can run on `kind` devices here, else why not."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return ("ONNX Runtime is not installed (the cpu and gpu extras have it for CPUs; for GPUs, "
+                "the gpu-onnx extra in an environment of its own: README, Install)")
+    if PROVIDERS[kind] not in ort.get_available_providers():
+        return f"this ONNX Runtime has no {PROVIDERS[kind]} for {kind} devices"
+    return None
+
+
+def threads() -> int:
+    """The worker's cores: OMP_NUM_THREADS as pinning set it, else the CPUs it may run on."""
+    pinned = os.environ.get("OMP_NUM_THREADS", "")
+    return int(pinned) if pinned.isdigit() and int(pinned) > 0 else len(os.sched_getaffinity(0))
+
+
+def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
+    """The loaded session for the ONNX file `path` on `kind` devices (reloaded when the file
+    changes), and whether it came from this process's cache; a GPU worker sees only its own GPU
+    (CUDA_VISIBLE_DEVICES), device 0 to it."""
+    import onnxruntime as ort
+
+    if kind == "gpu":
+        _load_cuda_wheels(ort)
+    key = (str(path), path.stat().st_mtime_ns, kind)
+    if key in _sessions:
+        _sessions.move_to_end(key)
+        return _sessions[key], True
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only: its warnings are about graph rewrites
+    # Idle pool threads sleep instead of spinning: the job's reader and writer threads share the cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    _sessions[key] = ort.InferenceSession(str(path), options, providers=[PROVIDERS[kind]])
+    while len(_sessions) > CACHE_SIZE:
+        _sessions.popitem(last=False)
+    return _sessions[key], False
+
+
+def run(sess: Any, x: np.ndarray) -> np.ndarray:
+    """Class probabilities of one batch (the exported graph ends in a softmax), as float32."""
+    return runner(sess)(x)
+
+
+def runner(sess: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """`run` for one session, its input name looked up once (a job calls it for every batch)."""
+    name = sess.get_inputs()[0].name
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        out = sess.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return np.asarray(out, dtype=np.float32)
+
+    return forward
+
+
+@cache
+def _load_cuda_wheels(ort: Any) -> None:
+    """CUDA 12 and cuDNN 9 from the gpu-onnx extra's nvidia-*-cu12 wheels, loaded by ONNX
+    Runtime itself from site-packages (no LD_LIBRARY_PATH), once per process."""
+    ort.preload_dlls(cuda=True, cudnn=True, msvc=False)
+
+
+def cuda_problem(device: str) -> str | None:
+    """Whether ONNX Runtime's CUDA provider really runs on this worker's GPU: it falls back to
+    the CPU when CUDA cannot start (no GPU, no driver), so a one-node graph is run through it."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "check", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    said = io.StringIO()  # ONNX Runtime prints why CUDA failed, then falls back to the CPU
+    try:
+        _load_cuda_wheels(ort)
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            sess = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDERS["gpu"]])
+        sess.run(None, {"x": np.zeros(1, np.float32)})
+    except Exception as exc:
+        return f"ONNX Runtime's CUDA provider cannot start on {device}: {exc}".splitlines()[0]
+    if PROVIDERS["gpu"] not in sess.get_providers():
+        found = re.search(r"CUDA failure \d+: [^;]*?(?= ;|$)", said.getvalue(), re.MULTILINE)
+        cause = f" ({found.group(0).strip()})" if found else ""
+        return (f"ONNX Runtime's CUDA provider cannot start on {device}{cause}: no GPU visible, or "
+                "the driver is missing or older than R525, which CUDA 12 needs; it would run on the CPU")
+    return None

@@ -1,0 +1,55 @@
+"""`probe`: matrix-multiply and convolution throughput on the worker's device, like an env check."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import ValidationError
+
+from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
+from mxq.tasks.runtimes.device import context, memory  # also checks the device at worker start
+from mxq.tasks.runtimes.mx import mx
+from mxq.workers.jobs.jobspecs import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ParamsError, validate
+
+
+def _timed(fn, repeat: int, job: JobContext, done: int, total: int) -> float:  # noqa: ANN001
+    fn().wait_to_read()  # warm-up: allocation and kernel selection are not throughput
+    start = time.perf_counter()
+    for i in range(repeat):
+        job.check_cancelled()
+        fn().wait_to_read()
+        job.progress((done + i + 1) / total)
+    return time.perf_counter() - start
+
+
+@job_task("probe")
+def probe(job: JobContext) -> Outcome:
+    try:
+        p = validate("probe", job.params)
+    except (ParamsError, ValidationError) as exc:
+        raise JobInputError(str(exc)) from None
+    ctx = context(job.device)
+    n, batch, repeat = p["size"], p["batch"], p["repeat"]
+    a = mx.nd.random.uniform(shape=(n, n), ctx=ctx)
+    b = mx.nd.random.uniform(shape=(n, n), ctx=ctx)
+    x = mx.nd.random.uniform(shape=(batch, *CONV_SHAPE), ctx=ctx)
+    w = mx.nd.random.uniform(shape=(CONV_FILTERS, CONV_SHAPE[0], CONV_KERNEL, CONV_KERNEL), ctx=ctx)
+    total = 2 * repeat
+    mm_seconds = _timed(lambda: mx.nd.dot(a, b), repeat, job, 0, total)
+    conv = lambda: mx.nd.Convolution(x, w, kernel=(CONV_KERNEL,) * 2, num_filter=CONV_FILTERS,  # noqa: E731
+                                     no_bias=True, pad=(1, 1))
+    conv_seconds = _timed(conv, repeat, job, repeat, total)
+    h, wd = CONV_SHAPE[1:]
+    conv_flops = 2 * batch * CONV_FILTERS * h * wd * CONV_SHAPE[0] * CONV_KERNEL**2
+    images = batch * repeat
+    return Outcome(
+        samples=images,
+        seconds=mm_seconds + conv_seconds,
+        result={
+            "matmul_gflops": 2 * n**3 * repeat / mm_seconds / 1e9,
+            "conv_gflops": conv_flops * repeat / conv_seconds / 1e9,
+            "conv_images_per_sec": images / conv_seconds,
+            "matmul_size": n, "conv_batch": batch, "repeat": repeat,
+            "mxnet": mx.__version__, "context": str(ctx), **memory(job.device),
+        },
+    )

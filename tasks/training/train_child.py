@@ -1,0 +1,246 @@
+"""The training child process: `python -m mxq.tasks.training.train_child JOB_ID DEVICES ATTEMPT WORKER`.
+
+Started by the job's leader worker with exactly the leased devices visible; trains, checkpoints
+each epoch, resumes from the last checkpoint of an earlier attempt, and registers the model.
+Its outcome goes to the run file the leader reads; exit 3 means bad input.
+
+Every write it makes carries its attempt's fence (`mxq.db.fence`): a child whose leader was
+paused and taken for dead stops at its next progress write or epoch (exit CHILD_LOST) and never
+registers a version; checkpoints live in a folder of that attempt's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from mxq.db import jobs, registry, schedules
+from mxq.db.engine import session_scope
+from mxq.db.fence import Fence, Superseded
+from mxq.db.outputs import epochs as epoch_rows
+from mxq.db.schema import Job
+from mxq.db.stack import stack_id
+from mxq.device import Device
+from mxq.errors import MxqError
+from mxq.tasks.inference.inputs import InputError
+from mxq.tasks.model_store.models import add_trained
+from mxq.tasks.model_store.zoo import ArchError, check_shape
+from mxq.tasks.runtimes.mx import mx
+from mxq.tasks.training import datasets
+from mxq.tasks.training.train_loop import EpochResult, fit, make_net, make_trainer, share_initial_weights
+from mxq.tasks.training.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, CHILD_LOST, ready_file, run_file
+from mxq.workers.jobs.jobspecs import TrainParams
+from mxq.workers.paths import PathError, confine
+from mxq.workers.settings import Settings, get_settings
+
+PROGRESS_SECONDS = 1.0
+
+
+class Cancelled(Exception):
+    """The job was cancelled; raised at a batch boundary."""
+
+
+class Lost(Exception):
+    """The job is no longer this attempt's; raised at the write its fence refused."""
+
+
+class BadInput(Exception):
+    """A dataset or architecture problem, reported as the job's error."""
+
+
+def load_data(p: TrainParams, url: str) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    s = get_settings()
+    try:
+        path = p.dataset if p.dataset in datasets.BUILTIN else confine(s, p.dataset, "dataset")
+        shape = tuple(p.input_shape) if p.input_shape else None
+        ds = datasets.load(path, shape, p.label_column)
+        check_shape(p.arch, ds.sample_shape)
+    except (InputError, PathError, ArchError) as exc:
+        raise BadInput(str(exc)) from None
+    known = registry.list_models(url, p.name)
+    if known and ds.classes > known[-1]["classes"]:
+        raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
+                       f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
+    return datasets.split(ds.for_training(), p.val_fraction, p.seed)
+
+
+def checkpoint_dir(url: str, fence: Fence) -> Path:
+    """This attempt's checkpoints: under the stack's id (another database, other folders) and
+    the attempt's tag (a paused attempt never overwrites the files a later one resumes from)."""
+    return get_settings().home_path / "checkpoints" / stack_id(url) / f"job-{fence.job_id}" / fence.tag
+
+
+def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]) -> int:
+    """The last epoch an earlier attempt finished and checkpointed (0: none), loaded into net."""
+    for e in reversed(epoch_rows.list_epochs(url, job_id)):
+        params, states = Path(f"{e['checkpoint']}.params"), Path(f"{e['checkpoint']}.states")
+        if params.exists() and states.exists():
+            net.load_parameters(str(params), ctx=ctxs)
+            trainer.load_states(str(states))
+            return e["epoch"]
+    return 0
+
+
+def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
+          ) -> tuple[Any, int, int, list[str]]:
+    """The kvstore, this worker's rank, the number of workers and the device labels: for one
+    node's part of a multi-node training (DMLC_* set by the leader) after joining the others."""
+    if p.dist is None:
+        return None, 0, 1, devices
+    kv = mx.kv.create("dist_sync")  # returns once every node's worker and the server joined
+    ready_file(s, job_id).write_text(json.dumps({"rank": kv.rank}))
+    return kv, kv.rank, kv.num_workers, [f"{d}@{s.node}" for d in devices]
+
+
+def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
+              metrics: dict[str, Any]) -> dict[str, Any]:
+    """Register the trained version (and, for a scheduled retraining, promote it or not)."""
+    owner = p.dist.parent if p.dist is not None else fence.job_id
+    try:
+        model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
+                            train.classes, metrics, owner, train.preprocess, fence)
+    except Superseded as exc:
+        raise Lost(str(exc)) from None
+    promotion = None
+    if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
+        promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
+                                               metrics)
+    return {"model_version": model["version"], "promotion": promotion}
+
+
+def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
+                seconds: float) -> dict[str, Any]:
+    """A multi-node part's own samples/s, overall and per device (time-weighted over epochs)."""
+    if not seconds:
+        return {"samples_per_sec": None, "per_device": {}}
+    return {"samples_per_sec": samples / seconds,
+            "per_device": {k: sum(r.per_device[k] * r.seconds for r in results) / seconds
+                           for k in labels}}
+
+
+def _record_throughput(url: str, fence: Fence, r: EpochResult) -> None:
+    """One throughput point per device per epoch, as inference records one per flush, so the
+    job's chart and `mxq_device_samples_per_second` show training too."""
+    for i, (device, rate) in enumerate(sorted(r.per_device.items())):
+        if not jobs.record_metric(url, fence, (r.epoch - 1) * len(r.per_device) + i, device,
+                                  round(rate * r.seconds), r.seconds):
+            raise Lost(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
+                       f"epoch {r.epoch}'s throughput not recorded")
+
+
+def main(fence: Fence, devices: list[str]) -> int:
+    job_id = fence.job_id
+    s = get_settings()
+    url = s.database
+    with session_scope(url) as session:
+        row = session.get(Job, job_id)
+        if row is None:
+            return CHILD_INPUT_ERROR
+        p = TrainParams(**row.params)
+    out = run_file(s, fence)
+    try:
+        train, val = load_data(p, url)
+    except BadInput as exc:
+        out.write_text(json.dumps({"error": str(exc)}))
+        return CHILD_INPUT_ERROR
+    kv, rank, workers, labels = _join(s, p, job_id, devices)
+    on_gpu = Device.parse(devices[0]).is_gpu
+    ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(devices))]
+    net = make_net(p, train.classes, train.sample_shape, ctxs)
+    trainer = make_trainer(p, net, on_gpu, kv)
+    if kv is not None:
+        share_initial_weights(net, trainer, ctxs, train.sample_shape, p.dtype)
+    done = resume(url, job_id, net, trainer, ctxs) if kv is None else 0  # parts never resume
+    folder = checkpoint_dir(url, fence)
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    last_report = [0.0]
+
+    def on_batch(epoch: int, fraction: float) -> None:
+        now = time.monotonic()
+        if now - last_report[0] >= PROGRESS_SECONDS:
+            last_report[0] = now
+            _heed(jobs.set_progress(url, job_id, (epoch - 1 + fraction) / p.epochs, fence))
+
+    def on_epoch(r: EpochResult) -> None:
+        prefix = folder / f"epoch-{r.epoch:04d}"
+        if rank == 0:  # (the weights and optimizer states are the same on every worker)
+            net.save_parameters(f"{prefix}.params")
+            trainer.save_states(f"{prefix}.states")
+        if not epoch_rows.record(url, job_id, {**r.__dict__,
+                                               "checkpoint": str(prefix) if rank == 0 else None}, fence):
+            raise Lost(f"job {job_id} is no longer attempt {fence.attempt}'s: epoch {r.epoch} not recorded")
+        _record_throughput(url, fence, r)
+        _heed(jobs.set_progress(url, job_id, r.epoch / p.epochs, fence))
+        if p.dist is not None:
+            epoch_rows.merge_parts(url, p.dist.parent)  # the job's epoch, once every node has it
+
+    samples = len(train.y) // workers  # per epoch: this worker's shard
+    try:
+        results = fit(p, train, val, ctxs, labels, net, trainer, done + 1, on_batch, on_epoch,
+                      rank, workers)
+    except Cancelled:  # checkpoints of finished epochs stay
+        kept = epoch_rows.list_epochs(url, job_id)
+        out.write_text(json.dumps({"samples": samples * (len(kept) - done)}))
+        return CHILD_CANCELLED
+    except Lost as exc:
+        out.write_text(json.dumps({"error": str(exc)}))
+        return CHILD_LOST
+    final = epoch_rows.list_epochs(url, job_id)[-1]
+    metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
+               "train_loss": final["train_loss"], "epochs": p.epochs}
+    seconds = sum(r.seconds for r in results)
+    result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": done, "devices": labels,
+                              **metrics}
+    if rank == 0:  # one registration per job (a multi-node job's parts share the weights)
+        try:
+            result.update(_register(s, p, fence, net, train, metrics))
+        except Lost as exc:
+            out.write_text(json.dumps({"error": str(exc)}))
+            return CHILD_LOST
+    if p.dist is not None:
+        result.update(rank=rank, workers=workers, node=s.node,
+                      **_part_rates(results, labels, samples * len(results), seconds))
+    out.write_text(json.dumps({"samples": samples * len(results), "seconds": seconds,
+                               "result": result}))
+    return 0
+
+
+def _heed(verdict: jobs.RunCheck) -> None:
+    """Stop at this boundary when the job was cancelled or is no longer this attempt's."""
+    if verdict is jobs.RunCheck.LOST:
+        raise Lost("the job was handed to another attempt (this one was taken for dead)")
+    if verdict is jobs.RunCheck.CANCEL:
+        raise Cancelled
+
+
+def report_crash(fence: Fence, exc: BaseException) -> None:
+    """Tell the leader, through the run file, why the child died (one line): an expected failure
+    (a database unreachable past its retry window, say) as its own words, anything else with its
+    type, instead of "training process exited with 1"."""
+    first = (str(exc).strip().splitlines() or [""])[0][:500]
+    error = first if isinstance(exc, MxqError) else f"{type(exc).__name__}: {first}"
+    run_file(get_settings(), fence).write_text(json.dumps({"error": error}))
+
+
+if __name__ == "__main__":
+    job, devs = int(sys.argv[1]), sys.argv[2].split(",")
+    fence = Fence(job, sys.argv[4], int(sys.argv[3]))
+    # A dist_sync worker's kvstore waits at exit for every other worker: leaving after an error
+    # must skip it (os._exit), or the process would hang there (its peers may never come).
+    try:
+        code = main(fence, devs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the leader through the run file
+        traceback.print_exc()
+        report_crash(fence, exc)
+        code = 1
+    if code != 0 and os.environ.get("DMLC_ROLE") == "worker":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,175 @@
+"""The data-parallel training loop, written the way MXNet's multi-device guide writes it:
+the net initialized on every context, each batch split with `split_and_load`, forward and
+backward per device, one Trainer (kvstore `device` on GPUs, `local` on CPUs) summing gradients
+and stepping by the global batch size."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mxq.tasks.model_store.zoo import build
+from mxq.tasks.runtimes.mx import autograd, gluon, mx
+from mxq.tasks.training.datasets import Dataset
+from mxq.workers.jobs.jobspecs import TrainParams
+
+
+@dataclass
+class EpochResult:
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_accuracy: float | None
+    seconds: float
+    samples_per_sec: float
+    per_device: dict[str, float]
+
+
+def make_net(p: TrainParams, classes: int, shape: tuple[int, ...],
+             ctxs: list[mx.Context]) -> gluon.HybridBlock:
+    """The same initial weights on every context for a given seed, whatever the device count."""
+    net = build(p.arch, classes, shape)
+    mx.random.seed(p.seed)
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    if p.dtype == "float16":
+        net.cast("float16")
+    net.hybridize(static_alloc=True)
+    return net
+
+
+def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
+                 kvstore: Any = None) -> gluon.Trainer:
+    """With a `dist_sync` kvstore the servers only sum gradients and each worker steps its own
+    optimizer on the same sums (update_on_kvstore=False): the weights stay equal, the batch size
+    may change between steps, and the optimizer states can be checkpointed like on one node."""
+    opts: dict[str, Any] = {"learning_rate": p.lr}
+    if p.optimizer in ("sgd", "nag"):
+        opts["momentum"] = 0.9
+    if p.dtype == "float16":
+        opts["multi_precision"] = True
+    if kvstore is not None:
+        return gluon.Trainer(net.collect_params(), p.optimizer, opts, kvstore=kvstore,
+                             update_on_kvstore=False)
+    return gluon.Trainer(net.collect_params(), p.optimizer, opts,
+                         kvstore="device" if on_gpu else "local")
+
+
+def share_initial_weights(net: gluon.HybridBlock, trainer: gluon.Trainer, ctxs: list[mx.Context],
+                          shape: tuple[int, ...], dtype: str) -> None:
+    """dist_sync: every worker takes rank 0's initial weights before the first step.
+
+    The Trainer would broadcast them lazily inside the first `step`, where the pull of the
+    weights can run after that step's gradient push on the same key and so bring back summed
+    gradients as weights. Shapes are inferred first (a forward pass), the broadcast done and
+    waited for here."""
+    for ctx in ctxs:
+        net(mx.nd.zeros((1, *shape), ctx=ctx, dtype=dtype))
+    trainer._init_kvstore()  # noqa: SLF001 - the Trainer has no public call for this in 1.9.1
+    trainer._init_params()  # noqa: SLF001
+    mx.nd.waitall()
+
+
+def _accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int, dtype: str) -> float:
+    hits = 0
+    for i in range(0, len(data.y), batch):
+        x = mx.nd.array(data.x[i:i + batch], ctx=ctx, dtype=dtype)
+        hits += int((net(x).argmax(axis=1).asnumpy().astype(np.int32) == data.y[i:i + batch]).sum())
+    return hits / len(data.y)
+
+
+def shard(count: int, seed: int, rank: int, workers: int) -> np.ndarray:
+    """This worker's samples of one epoch: its equal slice of the seeded order (every worker
+    must take the same number of steps in dist_sync; the last count % workers samples of the
+    order sit the epoch out)."""
+    order = np.random.default_rng(seed).permutation(count)
+    each = count // workers
+    return order[rank * each:(rank + 1) * each]
+
+
+FOLD_BATCHES = 64  # the batches' figures are summed on the device every this many batches
+
+
+class TrainStep(gluon.HybridBlock):
+    """Forward, loss and the batch's figures [loss sum, hits] as one compiled graph.
+
+    Computed outside the graph, the figures cost eight small operator calls per device and
+    batch, each an engine push; here they ride along the forward pass. Only the per-sample loss
+    carries gradients."""
+
+    def __init__(self, net: gluon.HybridBlock, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.net = net
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def hybrid_forward(self, F: Any, x: Any, y: Any) -> tuple[Any, Any]:  # noqa: N803 - Gluon's name
+        out = self.net(x)
+        loss = self.loss(out, y)
+        hits = F.sum(F.cast(F.argmax(out, axis=1), "float32") == F.cast(y, "float32"))
+        return loss, F.BlockGrad(F.concat(F.sum(F.cast(loss, "float32")), hits, dim=0))
+
+
+def train_step(net: gluon.HybridBlock) -> TrainStep:
+    step = TrainStep(net)
+    step.hybridize(static_alloc=True)
+    return step
+
+
+def run_epoch(step: TrainStep, trainer: gluon.Trainer, data: Dataset, ctxs: list[mx.Context],
+              p: TrainParams, epoch: int, on_batch: Callable[[float], None],
+              rank: int = 0, workers: int = 1) -> tuple[float, float, float, int]:
+    """One pass in a seeded order (this worker's shard of it); returns (mean loss, accuracy,
+    seconds, samples). Each of `workers` takes batch_size // workers samples a step and the
+    step counts the global batch, whose gradients the kvstore sums."""
+    order = shard(len(data.y), p.seed + epoch, rank, workers)
+    local = p.batch_size // workers
+    # [loss sum, hits] stay on the devices until the epoch ends: no host sync per batch, and
+    # one add_n per FOLD_BATCHES batches.
+    totals = [mx.nd.zeros(2, ctx=c) for c in ctxs]
+    figures: list[list[mx.nd.NDArray]] = [[] for _ in ctxs]
+    began = time.perf_counter()
+    steps = range(0, len(order), local)
+    for n, i in enumerate(steps):
+        idx = order[i:i + local]
+        xs = gluon.utils.split_and_load(mx.nd.array(data.x[idx], dtype=p.dtype), ctxs, even_split=False)
+        ys = gluon.utils.split_and_load(mx.nd.array(data.y[idx]), ctxs, even_split=False)
+        with autograd.record():
+            outs = [step(x, y) for x, y in zip(xs, ys, strict=True)]
+        for loss, _ in outs:
+            loss.backward()
+        trainer.step(len(idx) * workers)
+        for k, (_, batch_figures) in enumerate(outs):
+            figures[k].append(batch_figures)
+            if len(figures[k]) == FOLD_BATCHES or n + 1 == len(steps):
+                totals[k] = mx.nd.add_n(totals[k], *figures[k])
+                figures[k] = []
+        on_batch((n + 1) / len(steps))
+    loss_sum, hit_sum = np.sum([t.asnumpy() for t in totals], axis=0).tolist()
+    return loss_sum / len(order), hit_sum / len(order), time.perf_counter() - began, len(order)
+
+
+def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Context],
+        labels: list[str], net: gluon.HybridBlock, trainer: gluon.Trainer, start_epoch: int = 1,
+        on_batch: Callable[[int, float], None] = lambda e, f: None,
+        on_epoch: Callable[[EpochResult], None] = lambda r: None,
+        rank: int = 0, workers: int = 1) -> list[EpochResult]:
+    """Epochs start_epoch..p.epochs; `labels` name the contexts' devices for per-device figures.
+
+    With a dist_sync trainer, `rank` of `workers` trains on its shard; the figures are its own."""
+    results = []
+    local = p.batch_size // workers
+    share = np.array_split(np.arange(local), len(ctxs))  # samples each device gets per step
+    step = train_step(net)
+    for epoch in range(start_epoch, p.epochs + 1):
+        loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
+                                          functools.partial(on_batch, epoch), rank, workers)
+        val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
+        result = EpochResult(epoch, loss, acc, val_acc, seconds, n / seconds, {
+            label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)})
+        on_epoch(result)
+        results.append(result)
+    return results

@@ -1,0 +1,238 @@
+"""`train`: a K-device data-parallel training job.
+
+The worker that takes the job leads it: it leases K devices of its node (its own first, the rest
+closest in topology on GPUs), waits until their workers are idle, then runs the training in a
+child process pinned to exactly those devices (`python -m mxq.tasks.training.train_child JOB DEVICES`),
+renewing the leases while the child runs. The child checkpoints every epoch and resumes from
+the last one when the job is delivered again after a crash.
+
+With `nodes` N > 1 the job is split into one such training per node, joined by MXNet's dist_sync
+kvstore: see tasks/training/dist.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mxq.db.fence import Fence
+from mxq.db.fleet import list_workers
+from mxq.db.outputs import epochs as epoch_rows
+from mxq.device import Device
+from mxq.tasks.runner import (
+    FanOut,
+    JobCancelled,
+    JobContext,
+    JobFailed,
+    JobInputError,
+    JobLost,
+    Outcome,
+    job_task,
+)
+from mxq.tasks.training import dist
+from mxq.workers.fleet import leases
+from mxq.workers.hardware.pinning import cpu_cores
+from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
+from mxq.workers.settings import Settings, get_settings
+
+CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
+CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
+CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
+LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
+
+
+def params(job_params: dict[str, Any]) -> TrainParams:
+    try:
+        return TrainParams(**validate("train", job_params))
+    except ParamsError as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def lease_ttl(s: Settings) -> float:
+    return s.heartbeat_seconds * LEASE_TTL_FACTOR
+
+
+def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
+    """This worker's device plus K-1 free live devices of the same kind on this node (GPUs:
+    the closest in the topology)."""
+    if p.device_list:
+        return list(p.device_list)
+    free = _free_devices(s, p, own)
+    if Device.parse(own).is_gpu and p.devices > 1:
+        from mxq.workers.hardware.topology import closest, read_topology
+
+        picked = closest(read_topology(s.nvidia_smi),
+                         [Device.parse(d).index for d in [*free, own]], p.devices,
+                         must=Device.parse(own).index)
+        return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
+    return [own, *sorted(free, key=Device.parse)[:p.devices - 1]]
+
+
+def _free_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
+    """The live, unleased devices of `own`'s kind on this node besides `own` that run MXNet (an
+    H200 beside A100s serves inference only). JobInputError: the node has fewer than K such
+    devices at all; LookupError: fewer are free now (wait)."""
+    kind = Device.parse(own).kind
+    known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
+    if len(known) < p.devices:  # waiting would never end: fail with what there is
+        raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
+                            f"{kind} devices that run MXNet "
+                            f"({', '.join(w['device'] for w in known) or 'none'})")
+    live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
+    held = leases.holders(s.broker, s.node, [w["device"] for w in live])
+    free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]
+    if len(free) + 1 < p.devices:
+        raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
+    return free
+
+
+def admit(job: JobContext) -> list[str] | None:
+    """Lease the job's devices before it is claimed; None when they are not free yet.
+
+    A multi-node job's leader leases nothing (it only splits the job): it waits until N nodes
+    are live."""
+    s = get_settings()
+    try:
+        p = params(job.params)
+        if p.nodes > 1 and p.dist is None:
+            dist.choose_nodes(s, p, job.device)
+            return [job.device]
+        devices = choose_devices(s, p, job.device)
+    except JobInputError:
+        return [job.device]  # claim it; the body fails it with the message (choose_devices again)
+    except LookupError:
+        return None
+    ok = leases.acquire(s.broker, s.node, devices, job.id, lease_ttl(s))
+    return devices if ok else None
+
+
+def release(job: JobContext) -> None:
+    s = get_settings()
+    leases.release(s.broker, s.node, job.devices, job.id)
+
+
+def _wait_idle(s: Settings, job: JobContext) -> None:
+    """The other leased devices finish what they were running (they start nothing new)."""
+    others = set(job.devices) - {job.device}
+    while True:
+        busy = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+                if w["device"] in others and w["alive"] and w["current_job"] not in (None, job.id)]
+        if not busy:
+            return
+        leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s))
+        time.sleep(s.heartbeat_seconds)
+
+
+def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int]]:
+    """The training child sees exactly the leased devices (GPUs by UUID) or their CPU cores."""
+    env = dict(os.environ)
+    if Device.parse(devices[0]).is_gpu:
+        info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join((info.get(d) or {}).get("uuid") or str(Device.parse(d).index)
+                                               for d in devices)
+        return env, []
+    cores = sorted({c for d in devices for c in cpu_cores(Device.parse(d).index, s.cpu_devices)})
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(len(cores)),
+               MKL_NUM_THREADS=str(len(cores)), OPENBLAS_NUM_THREADS=str(len(cores)))
+    return env, cores
+
+
+def run_file(s: Settings, fence: Fence) -> Path:
+    """The child's report: one per attempt, so a paused attempt's child never writes another's."""
+    return s.home_path / "runs" / f"job-{fence.job_id}.{fence.tag}.json"
+
+
+def ready_file(s: Settings, job_id: int) -> Path:
+    """Written by a multi-node part's child once its kvstore has joined (all nodes are in)."""
+    return s.home_path / "runs" / f"job-{job_id}.ready"
+
+
+@job_task("train", admit=admit, release=release)
+def train(job: JobContext) -> Outcome | FanOut:
+    s = get_settings()
+    p = params(job.params)
+    if p.nodes > 1 and p.dist is None:
+        return dist.split(s, job, p)
+    _check_runnable(s, job, p)
+    epoch_rows.set_devices(job.url, job.id, job.devices)
+    _wait_idle(s, job)
+    env, cores = child_env(s, job.devices)
+    if p.dist is not None:
+        env.update(dist.worker_env(s, p))
+    assert job.fence is not None
+    out, ready = run_file(s, job.fence), ready_file(s, job.id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    ready.unlink(missing_ok=True)
+    returncode = _run_child(s, job, p, env, cores, ready)
+    return _outcome(returncode, json.loads(out.read_text()) if out.exists() else {})
+
+
+def _check_runnable(s: Settings, job: JobContext, p: TrainParams) -> None:
+    """Fail what can never run here: float16 on CPUs, devices that could not be leased, a
+    multi-node part delivered again."""
+    if p.dtype == "float16" and not Device.parse(job.device).is_gpu:
+        raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
+                            "on the CPU; use --dtype float32 on CPU devices")
+    if len(job.devices) != p.devices:
+        choose_devices(s, p, job.device)  # raises the reason admit could not lease them
+    if p.dist is not None:
+        dist.check_first_run(s, job, p)
+
+
+def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str], cores: list[int],
+               ready: Path) -> int:
+    """Run the training child (and, leading a multi-node job, its ps-lite roles) to its end,
+    renewing the leases; kill it when a lease is lost or the job must stop."""
+    roles: list[dist.Role] = []
+    child: subprocess.Popen[bytes] | None = None
+
+    def renew() -> None:
+        if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
+            _kill(child)
+            raise RuntimeError(f"lost the lease on {', '.join(job.devices)} (expired and taken)")
+
+    try:
+        if p.dist is not None and p.dist.host:
+            roles = dist.start_roles(s, p, cores)
+        assert job.fence is not None
+        child = subprocess.Popen([sys.executable, "-m", "mxq.tasks.training.train_child", str(job.id),
+                                  ",".join(job.devices), str(job.fence.attempt), job.fence.worker],
+                                 env=env, preexec_fn=lambda: dist.die_with_parent(cores))
+        if p.dist is not None:
+            dist.watch(s, job, p, child, roles, ready, renew)
+        while child.poll() is None:
+            renew()
+            time.sleep(s.heartbeat_seconds)
+        return child.returncode
+    finally:
+        _kill(child)
+        # after a clean end the scheduler and server stop by themselves; else they are killed
+        clean = child is not None and child.returncode == 0
+        dist.stop_roles(roles, dist.ROLE_EXIT_SECONDS if clean else 0)
+        ready.unlink(missing_ok=True)
+
+
+def _kill(child: subprocess.Popen[bytes] | None) -> None:
+    if child is not None and child.poll() is None:
+        child.kill()
+        child.wait()
+
+
+def _outcome(returncode: int, report: dict[str, Any]) -> Outcome:
+    """The job's outcome from the child's exit status and the report it wrote."""
+    if returncode == CHILD_CANCELLED:
+        raise JobCancelled(report.get("samples"))
+    if returncode == CHILD_LOST:
+        raise JobLost(report.get("error", "the job was handed to another attempt"))
+    if returncode == CHILD_INPUT_ERROR:
+        raise JobInputError(report.get("error", "training input error"))
+    if returncode != 0:
+        raise JobFailed(report.get("error") or f"training process exited with {returncode}")
+    return Outcome(samples=report["samples"], seconds=report["seconds"], result=report["result"])

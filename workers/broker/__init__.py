@@ -1,0 +1,3 @@
+"""The broker side: the Celery app and its Redis transport, job messages and dead letters, the queues
+and routing onto them, publishing, the embedded broker and its health.
+"""

@@ -1,0 +1,127 @@
+"""Publish a job's message: when it is submitted, and again when its worker died (requeue).
+
+The launcher, the reconciler and the job frame need only this, not the submit path (validation,
+routing, model resolution). A message carries only the job's id; the row says the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
+
+import kombu.exceptions
+import redis
+from kombu.utils.url import maybe_sanitize_url
+
+from mxq.db import events, jobs
+from mxq.db.engine import session_scope
+from mxq.db.retry import retrying
+from mxq.db.schema import Job
+from mxq.errors import Unavailable
+from mxq.workers.broker.app import app_for
+from mxq.workers.settings import Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SubmitError(Unavailable):
+    """The database or the broker cannot be reached: the job was not submitted."""
+
+
+class BrokerTimeout(SubmitError):
+    """The broker did not answer within MXQ_BROKER_TIMEOUT_SECONDS (paused, frozen, overloaded)."""
+
+
+def task_name(kind: str) -> str:
+    return f"mxq.{kind}"
+
+
+def within(seconds: float, what: str, broker: str, call: Callable[[], T]) -> T:
+    """`call()`, or BrokerTimeout once `seconds` have passed without its answer.
+
+    Socket timeouts alone do not bound a call: kombu's publish retries and redis-py's own
+    retries multiply them. The call runs in a daemon thread that is left to its socket timeout
+    when it is late (its message, should it still go out, is one the reconciler then finds and
+    a second delivery is dropped at claim), so a process exits without waiting for it."""
+    box: dict[str, T] = {}
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=f"mxq-broker-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise BrokerTimeout(f"the broker at {maybe_sanitize_url(broker)} did not answer {what} "
+                            f"within {seconds:g}s (MXQ_BROKER_TIMEOUT_SECONDS)")
+    if failure:
+        raise failure[0]
+    return box["value"]
+
+
+def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
+    app_for(broker).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
+                              retry=True)
+
+
+def transient_broker_error(exc: BaseException) -> bool:
+    """A broker that is down or restarting (refused, reset, timed out), which waiting heals; a
+    bug (a bad argument, an encoding error) is raised at once, never retried for minutes."""
+    return isinstance(exc, (OSError, redis.ConnectionError, redis.TimeoutError,
+                            kombu.exceptions.OperationalError))
+
+
+# Workers and the reconciler wait out a broker restart; a user's submit is told within its
+# deadline (MXQ_BROKER_TIMEOUT_SECONDS).
+_send_patiently = retrying(transient_broker_error)(_send)
+
+
+def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: bool = False) -> None:
+    """Send the job's message to `queue` (again, when requeuing a job whose worker died).
+
+    `patient` (inside workers, the reconciler) retries for minutes through a broker restart;
+    otherwise (a user's submit) the broker has MXQ_BROKER_TIMEOUT_SECONDS to take it, and
+    SubmitError (BrokerTimeout when it did not answer) says it did not: the job's row stays
+    queued for the reconciler to publish."""
+    try:
+        if patient:
+            _send_patiently(settings.broker, job_id, kind, queue)
+        else:
+            within(settings.broker_timeout_seconds, f"the publish of job {job_id}", settings.broker,
+                   lambda: _send(settings.broker, job_id, kind, queue))
+    except BrokerTimeout:
+        raise
+    except Exception as exc:
+        raise SubmitError(f"could not publish job {job_id} to {maybe_sanitize_url(settings.broker)}: "
+                          f"{exc}") from exc
+
+
+def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
+            stale_before: datetime | None = None) -> bool | None:
+    """Publish a dead job again (True), or fail it when its attempts are used up (False).
+
+    With `stale_before`, a job whose heartbeat came back meanwhile is left alone (None)."""
+    with session_scope(settings.database) as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        attempts, worker = job.attempts, job.worker
+    if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
+        return None
+    if attempts >= settings.max_attempts:
+        jobs.fail(settings.database, job_id,
+                  jobs.exhausted_message(attempts, settings.max_attempts, worker))
+        log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)
+        return False
+    publish(settings, job_id, kind, queue, patient=True)
+    events.record(settings.database, job_id, events.REQUEUED, f"requeued to {queue}: {why}",
+                  attempts=attempts, worker=worker)
+    return True

@@ -1,0 +1,89 @@
+"""The heartbeat a device worker process writes: it is how routing knows the device is live.
+
+Started on Celery's `worker_ready` (the worker consumes from then on) and cleared on shutdown;
+`mxq.workers.celery` connects `start` and `stop` to those signals.
+A thread keeps beating while the solo pool's main thread runs a long job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from mxq.db import fleet
+from mxq.device import Device
+from mxq.workers.broker.queues import device_queue, worker_name
+from mxq.workers.hardware.devices import engines_for
+from mxq.workers.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+# The exit status of a worker that left a job taken from it (the launcher restarts it).
+STUCK_EXIT = 75
+
+
+class Heartbeat:
+    """Beats for the worker and its current job; and ends the worker when that job was taken
+    from it (failed for no progress, or cancelled by the reconciler) while its thread stays in it
+    longer than `stuck_after` seconds: a read blocked for good frees its device only so."""
+
+    def __init__(self, url: str, name: str, interval: float, stuck_after: float = 120.0) -> None:
+        self.url, self.name, self.interval, self.stuck_after = url, name, interval, stuck_after
+        self.current_job: int | None = None
+        self._lost: tuple[int, float] | None = None  # (job, when it was first seen not ours)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mxq-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def beat(self) -> None:
+        job = self.current_job
+        if fleet.beat(self.url, self.name, job) or job is None:
+            self._lost = None
+            return
+        if self._lost is None or self._lost[0] != job:
+            self._lost = (job, time.monotonic())
+        elif time.monotonic() - self._lost[1] > self.stuck_after:
+            log.error("job %s is no longer this worker's (see `mxq job %s`) and the worker has "
+                      "not come back from it in %.0f s (MXQ_CANCEL_GRACE_SECONDS): exiting so "
+                      "that the launcher starts a fresh worker", job, job, self.stuck_after)
+            os._exit(STUCK_EXIT)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception:  # a database blip must not kill the heartbeat
+                log.exception("heartbeat failed; retrying in %.1fs", self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        fleet.mark_dead(self.url, self.name)
+
+
+current: Heartbeat | None = None
+
+
+def start(**_: object) -> None:
+    """At `worker_ready`: register the device's worker row and start beating."""
+    global current
+    s = get_settings()
+    if s.device is None:  # a worker started by hand, not by the launcher: no device to announce
+        return
+    spec = Device.parse(s.device)
+    name = worker_name(s.node, spec.kind, spec.index)
+    fleet.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
+                   os.getpid(), {}, engines=engines_for(spec.kind, s.mxnet_unusable))
+    current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds)
+    current.start()
+    log.info("%s is live on %s", name, s.device)
+
+
+def stop(**_: object) -> None:
+    """At `worker_shutdown`: stop beating and mark the worker dead."""
+    if current is not None:
+        current.stop()

@@ -1,0 +1,67 @@
+"""The device table: heartbeats and queue counts from SQL, device leases from Redis.
+
+A device queue with queued jobs but no worker (jobs sent with `--allow-offline` to a device that
+never started, or whose worker row is gone) gets a row of its own, `offline: true`, so that work
+waiting for nobody shows in `mxq devices`, the API and `/metrics`. Every row says how long its
+oldest queued job has waited (`oldest_wait_seconds`)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+
+from mxq.db.reports.history import device_rates, device_records, oldest_queued
+from mxq.db.schema import utcnow
+from mxq.workers.broker.queues import worker_name
+from mxq.workers.fleet import leases
+from mxq.workers.settings import Settings
+
+RATE_WINDOW = timedelta(minutes=5)  # a device's samples/s is averaged over this recent stretch
+# A device's own queue, `<node>.<kind>.<index>` (workers.queues.device_queue); node names hold
+# no dot (settings: MXQ_NODE), so pool and control queues never match.
+DEVICE_QUEUE = re.compile(r"^(?P<node>[^.]+)\.(?P<kind>cpu|gpu)\.(?P<index>\d+)$")
+
+
+def device_table(s: Settings) -> list[dict[str, Any]]:
+    """One record per device worker, with `leased_by` (the job holding it, else None), then one
+    per device queue that has queued jobs and no worker (`offline_rows`)."""
+    records = device_records(s.database, s.heartbeat_ttl)
+    held: dict[tuple[str, str], int | None] = {}
+    try:
+        held = leases.held(s.broker, [(r["node"], r["device"]) for r in records])
+    except (redis.RedisError, OSError):
+        pass  # the broker is down: the table still shows what SQL knows
+    rates = device_rates(s.database, utcnow() - RATE_WINDOW)
+    waiting = oldest_queued(s.database)
+    now = utcnow()
+    rows = [{**r, "leased_by": held.get((r["node"], r["device"])),
+             "samples_per_sec": rates.get((r["node"], r["device"])), "offline": False,
+             "oldest_wait_seconds": _age(waiting.get(r["queue"]), now)} for r in records]
+    return rows + offline_rows(waiting, {r["queue"] for r in records}, now)
+
+
+def _age(entry: tuple[int, datetime] | None, now: datetime) -> float | None:
+    return None if entry is None else round(max(0.0, (now - entry[1]).total_seconds()), 1)
+
+
+def offline_rows(waiting: dict[str, tuple[int, datetime]], served: set[str],
+                 now: datetime) -> list[dict[str, Any]]:
+    """A row for each device queue holding queued jobs that no known worker serves: the jobs
+    would otherwise wait unseen until a worker for that device starts."""
+    rows: list[dict[str, Any]] = []
+    for queue, entry in sorted(waiting.items()):
+        match = DEVICE_QUEUE.match(queue)
+        if queue in served or match is None:
+            continue
+        node, kind, index = match["node"], match["kind"], int(match["index"])
+        rows.append({
+            "device": f"{kind}:{index}", "node": node, "queue": queue,
+            "worker": worker_name(node, kind, index), "alive": False, "offline": True,
+            "queued": entry[0], "running": 0, "current_job": None, "last_heartbeat": None,
+            "heartbeat_age": None, "pid": None, "started_at": None, "leased_by": None,
+            "samples_per_sec": None, "oldest_wait_seconds": _age(entry, now), "engines": [],
+        })
+    return rows

@@ -1,0 +1,3 @@
+"""What this host has: its devices (nvidia-smi or CPUs), the GPU code its MXNet build carries, the
+GPUs' topology, what pins a worker to its device, and the NVIDIA wheels installed.
+"""

@@ -1,0 +1,298 @@
+"""Device discovery: GPUs from nvidia-smi, else CPU devices, and the MXNet-build compatibility check.
+
+No MXNet import here: the launcher decides what to start before any worker loads MXNet.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import shutil
+import subprocess
+from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+from mxq.errors import Unavailable
+from mxq.workers.hardware.kernels import RECORDED, kernels_of
+
+log = logging.getLogger(__name__)
+
+QUERY_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.used",
+                "driver_version", "mig.mode.current")
+# Drivers older than R510 do not know `compute_cap`: they are asked again without it.
+LEGACY_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
+REQUIRED_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used")
+NVIDIA_SMI_TIMEOUT = 20
+# Where a GPU host's driver shows its first device; when it exists, a failing nvidia-smi is an error.
+DEV_NVIDIA0 = Path("/dev/nvidia0")
+# NVRTC from the pinned nvidia-cuda-nvrtc-cu11 11.8 wheel emits PTX that drivers older than R520
+# cannot load: MXNet's runtime-compiled (fused) kernels would fail, so fusion is turned off there.
+NVRTC_MIN_DRIVER = 520
+
+
+# The status given to an nvidia-smi run that did not answer in time (a process never exits with it).
+TIMED_OUT = 255 << 8
+
+
+class DeviceError(Unavailable):
+    """The devices cannot be read or used as configured (nvidia-smi, the driver, MIG)."""
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "gpu" or "cpu"
+    index: int  # the host's index: names the device, its queue and its worker
+    visible_index: int | None = None  # CUDA's ordinal for it in this process (GPUs)
+    name: str = ""
+    uuid: str = ""
+    compute_cap: str = ""  # "" when the driver does not say
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    driver_version: str = ""
+    mig: bool = False  # MIG mode enabled: the GPU is split into instances
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+    @property
+    def driver_major(self) -> int | None:
+        head = self.driver_version.split(".")[0]
+        return int(head) if head.isdigit() else None
+
+    def info(self) -> dict[str, object]:
+        return {k: v for k, v in {
+            "name": self.name, "uuid": self.uuid, "compute_cap": self.compute_cap,
+            "memory_total_mib": self.memory_total_mib, "memory_used_mib": self.memory_used_mib,
+            "driver_version": self.driver_version,
+        }.items() if v not in ("", None)}
+
+
+def _value(cell: str) -> str:
+    """The cell, or "" for what nvidia-smi prints in place of a value it cannot give:
+    `[N/A]`, `[Not Supported]`, `[Unknown Error]`, `[GPU requires reset]`, `[Insufficient Permissions]`…"""
+    cell = cell.strip()
+    return "" if cell.startswith("[") and cell.endswith("]") else cell
+
+
+def _mib(cell: str) -> int | None:
+    value = _value(cell)
+    head = value.split()[0] if value else ""
+    return int(head) if head.isdigit() else None
+
+
+def _compute_cap(cell: str) -> str:
+    value = _value(cell)
+    major, dot, minor = value.partition(".")
+    return value if major.isdigit() and dot and minor.isdigit() else ""
+
+
+def _row(cells: dict[str, str], line: int) -> Device:
+    index = _value(cells["index"])
+    if not index.isdigit():
+        raise DeviceError(f"nvidia-smi line {line} gives GPU index {cells['index']!r}: the GPU "
+                          "cannot be addressed; check it with `nvidia-smi -q`")
+    return Device(
+        kind="gpu", index=int(index), visible_index=int(index), uuid=_value(cells["uuid"]),
+        name=_value(cells["name"]), compute_cap=_compute_cap(cells.get("compute_cap", "")),
+        memory_total_mib=_mib(cells["memory.total"]), memory_used_mib=_mib(cells["memory.used"]),
+        driver_version=_value(cells.get("driver_version", "")),
+        mig=_value(cells.get("mig.mode.current", "")).lower() == "enabled",
+    )
+
+
+def parse_nvidia_smi(text: str) -> list[Device]:
+    """Parse `nvidia-smi --query-gpu=<fields> --format=csv` (header line with units, cells with
+    units); the fields may come in any order, those beyond REQUIRED_FIELDS may be missing."""
+    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
+    if not rows:
+        return []
+    header = [h.split(" [")[0].strip() for h in rows[0]]
+    if not set(REQUIRED_FIELDS) <= set(header):
+        raise DeviceError(f"unexpected nvidia-smi header {rows[0]!r}; expected fields "
+                          f"{list(QUERY_FIELDS)}")
+    gpus = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise DeviceError(f"nvidia-smi line {line} has {len(row)} fields, its header {len(header)}: "
+                              f"{', '.join(row)!r}")
+        gpus.append(_row(dict(zip(header, row, strict=True)), line))
+    return sorted(gpus, key=lambda d: d.index)
+
+
+def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    command = [exe, f"--query-gpu={','.join(fields)}", "--format=csv"]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(command, TIMED_OUT, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
+
+
+def _failure(proc: subprocess.CompletedProcess[str]) -> str:
+    said = " ".join((proc.stderr or proc.stdout or "").split()) or "nothing"
+    status = "timed out" if proc.returncode == TIMED_OUT else f"exited with {proc.returncode}"
+    return f"`{' '.join(proc.args)}` {status}: {said[:300]}"
+
+
+def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[Device]:
+    """The GPUs of this host; none when nvidia-smi is absent (a CPU-only host).
+
+    An nvidia-smi that fails or hangs is an error where GPUs are expected (MXQ_EXPECT_GPUS, or
+    /dev/nvidia0 exists), else a warning before the host runs CPU devices."""
+    exe = shutil.which(nvidia_smi)
+    expected = expect_gpus or DEV_NVIDIA0.exists()
+    if exe is None:
+        if expect_gpus:
+            raise DeviceError(f"GPUs are expected (MXQ_EXPECT_GPUS) but there is no {nvidia_smi!r} "
+                              "program: install the NVIDIA driver or set MXQ_NVIDIA_SMI")
+        return []
+    proc = _run(exe, QUERY_FIELDS)
+    if proc.returncode != 0 and "compute_cap" in (proc.stderr + proc.stdout):
+        proc = _run(exe, LEGACY_FIELDS)  # a driver older than R510
+    if proc.returncode == 0:
+        return parse_nvidia_smi(proc.stdout)
+    if expected:
+        raise DeviceError(f"nvidia-smi failed on a host with GPUs: {_failure(proc)}; fix the driver, "
+                          "or unset MXQ_EXPECT_GPUS to run CPU devices")
+    log.warning("mxq: nvidia-smi failed, so no GPU is used and CPU devices start: %s", _failure(proc))
+    return []
+
+
+def cpu_devices(count: int) -> list[Device]:
+    return [Device(kind="cpu", index=i, name=f"CPU device {i}") for i in range(count)]
+
+
+def relabel(gpus: list[Device], host_ids: list[int]) -> list[Device]:
+    """Give the GPUs a container sees the indexes they have on the host."""
+    if len(host_ids) != len(gpus):
+        raise DeviceError(f"MXQ_HOST_GPUS names {len(host_ids)} GPUs but nvidia-smi shows "
+                          f"{len(gpus)}; list one host index per visible GPU")
+    return [replace(g, index=h) for g, h in zip(gpus, host_ids, strict=True)]
+
+
+def visible(gpus: list[Device], wanted: str | None) -> list[Device]:
+    """The GPUs `CUDA_VISIBLE_DEVICES` (`wanted`) lets this host's mxq use, in its order, as
+    dask-cuda and Ray honour it: nvidia-smi indexes (mxq pins in PCI bus order) or UUIDs (a
+    unique prefix, `GPU-8932f937`); CUDA stops at the first negative entry, so `-1` or an empty
+    value means none. None (unset): every GPU. DeviceError for an entry that is no GPU here."""
+    if wanted is None:
+        return gpus
+    chosen: list[Device] = []
+    for entry in (e.strip() for e in wanted.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        gpu = _visible_entry(gpus, entry, wanted)
+        if gpu in chosen:
+            raise DeviceError(f"CUDA_VISIBLE_DEVICES={_cut(wanted)} names GPU {entry} twice; list "
+                              "each GPU once")
+        chosen.append(gpu)
+    return chosen
+
+
+def _visible_entry(gpus: list[Device], entry: str, wanted: str) -> Device:
+    found = [g for g in gpus if (str(g.visible_index) == entry if entry.isdigit()
+                                 else bool(g.uuid) and g.uuid.lower().startswith(entry.lower()))]
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(f"{g.visible_index} ({g.uuid or g.name})" for g in gpus) or "none"
+    why = "matches several GPUs" if found else "is no GPU of this host"
+    raise DeviceError(f"CUDA_VISIBLE_DEVICES={_cut(wanted)}: {_cut(entry)} {why}; nvidia-smi shows "
+                      f"{shown}: list their indexes or UUIDs (comma-separated), or unset it to use "
+                      "every GPU")
+
+
+def _cut(text: str, most: int = 60) -> str:
+    """A value from outside, quoted and cut short for a one-line message."""
+    return repr(text if len(text) <= most else text[:most] + "...")
+
+
+def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
+             expect_gpus: bool = False, cuda_visible: str | None = None) -> list[Device]:
+    """This node's devices: its GPUs (those `CUDA_VISIBLE_DEVICES` lets it use), or `cpu_count`
+    CPU devices on a host without any (or with none of them visible)."""
+    gpus = query_gpus(nvidia_smi, expect_gpus)
+    if gpus and host_ids is not None:
+        gpus = relabel(gpus, host_ids)
+    return visible(gpus, cuda_visible) or cpu_devices(cpu_count)
+
+
+@cache
+def installed(dist: str) -> bool:
+    """Whether the distribution `dist` is installed, without importing it; asked once per process
+    (what is installed does not change while it runs, and a worker asks for every small job it
+    may batch)."""
+    try:
+        metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def installed_mxnet() -> str | None:
+    """The installed MXNet distribution's name (`mxnet`, `mxnet-cu112`, ...), without importing it."""
+    return next((dist for dist in (*RECORDED, "mxnet") if installed(dist)), None)
+
+
+def onnx_runs_gpus() -> bool:
+    """Whether the installed ONNX Runtime is the GPU build (`onnxruntime-gpu`, the gpu-onnx
+    extra), without importing it."""
+    return installed("onnxruntime-gpu")
+
+
+def onnx_installed() -> bool:
+    """Whether any ONNX Runtime build is installed (the CPU one of the cpu extra, or the GPU
+    one, which runs CPU devices too), without importing it."""
+    return installed("onnxruntime") or installed("onnxruntime-gpu")
+
+
+def engines_for(kind: str, mxnet_unusable: str | None = None) -> tuple[str, ...]:
+    """The engines a device of `kind` runs with what this host has installed: MXNet unless it
+    cannot run the device (`mxnet_unusable`, or no MXNet at all), ONNX Runtime where its build
+    for that kind is installed (a GPU needs the gpu-onnx extra's onnxruntime-gpu)."""
+    mxnet = installed_mxnet() is not None and mxnet_unusable is None
+    onnx = onnx_runs_gpus() if kind == "gpu" else onnx_installed()
+    return tuple(e for e, has in (("mxnet", mxnet), ("onnx", onnx)) if has)
+
+
+def _sm(compute_cap: str) -> int:
+    major, _, minor = compute_cap.partition(".")
+    return int(major) * 10 + int(minor or 0)
+
+
+def _arches(codes: tuple[int, ...]) -> str:
+    return ", ".join(f"sm_{c}" for c in codes) or "none"
+
+
+def incompatibility(gpu: Device, build: str | None) -> str | None:
+    """Why the installed MXNet build cannot run on `gpu`, or None when it can."""
+    if gpu.mig:
+        return (f"{gpu.label} ({gpu.name}) has MIG mode enabled: mxq pins whole GPUs, one worker "
+                f"each; disable MIG (`nvidia-smi -i {gpu.index} -mig 0`, then reset the GPU) to use it")
+    if build is None or build == "mxnet":
+        return (f"{gpu.label} ({gpu.name}): the installed MXNet is "
+                f"{'missing' if build is None else 'the CPU-only build'}; "
+                "install the gpu extra (pip install '.[gpu]') to use GPUs")
+    kernels = kernels_of(build)
+    if kernels is None or not gpu.compute_cap:
+        return None  # an unknown build, or a driver that does not say: the worker finds out
+    sm = _sm(gpu.compute_cap)
+    if kernels.runs_on(sm):
+        return None
+    ptx = f"PTX only for {_arches(kernels.ptx)}" if kernels.ptx else "no PTX"
+    return (f"{gpu.label} ({gpu.name}, compute capability {gpu.compute_cap} = sm_{sm}) cannot run "
+            f"the installed {build} {kernels.version}: it carries SASS for {_arches(kernels.sass)} "
+            f"(each runs on GPUs of its major version at an equal or higher minor) and {ptx} the "
+            f"driver could compile for sm_{sm}: MXNet trains on GPUs of compute capability "
+            f"{kernels.span()}; ONNX Runtime (the gpu-onnx extra) can serve inference on this one")
+
+
+def fusion_off(gpu: Device) -> bool:
+    """True when the driver is too old for the PTX that NVRTC 11.8 emits (MXNet's fused kernels)."""
+    major = gpu.driver_major
+    return major is not None and major < NVRTC_MIN_DRIVER

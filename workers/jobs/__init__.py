@@ -1,0 +1,1 @@
+"""A job's way in: the parameters each kind accepts, submit, and cancel."""

@@ -1,0 +1,311 @@
+"""The parameters each job kind accepts, checked at submit and again by the worker.
+
+One pydantic model per kind: the error names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from mxq.device import Device
+from mxq.errors import UserError
+from mxq.ids import MAX_ID
+from mxq.names import NAME_PATTERN
+from mxq.workers.broker.queues import DeviceSpecError, parse_device
+from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
+
+# Upper bounds that keep a typo from asking a device for terabytes. Batch size and epochs are
+# checked against MXQ_MAX_BATCH_SIZE / MXQ_MAX_EPOCHS (these are their defaults).
+MAX_BATCH_SIZE = DEFAULT_MAX_BATCH_SIZE
+MAX_TOP_K = 100
+# `--batch-size auto` starts here (or at the input's size, or MXQ_MAX_BATCH_SIZE, if smaller)
+# and halves on out-of-memory until a batch fits.
+AUTO_BATCH_START = 8192
+
+
+def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
+    """`value` if it is within the MXQ_<SETTING> limit (from the validation context, else the
+    process settings), or the same error pydantic gives for `le`, naming the setting."""
+    limit = (info.context or {}).get(setting) or getattr(get_settings(), setting)
+    if value > limit:
+        raise PydanticCustomError("less_than_equal",
+                                  "Input should be less than or equal to {le} (MXQ_{setting})",
+                                  {"le": limit, "setting": setting.upper()})
+    return value
+
+
+# The probe's convolution: a batch of RGB 64x64 images through 16 3x3 filters, padded to size.
+CONV_SHAPE = (3, 64, 64)
+CONV_FILTERS, CONV_KERNEL = 16, 3
+
+
+def probe_flops(size: int, batch: int, repeat: int) -> int:
+    """The work a probe does: `repeat` timed rounds plus one warm-up of a size x size matrix
+    multiply and of the batch's convolution (multiply-adds counted as two)."""
+    conv = 2 * batch * CONV_FILTERS * CONV_SHAPE[1] * CONV_SHAPE[2] * CONV_SHAPE[0] * CONV_KERNEL**2
+    return (repeat + 1) * (2 * size**3 + conv)
+
+
+class ProbeParams(BaseModel):
+    """An environment check: matrix multiply and convolution throughput on one device.
+
+    Its work is bounded by MXQ_MAX_PROBE_GFLOP, so one probe holds a device for seconds: the
+    fields' own bounds alone allowed size 16384 x repeat 10000, minutes on a big GPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(1024, ge=16, le=16384, description="Matrix side for the multiply.")
+    batch: int = Field(32, ge=1, le=4096, description="Images per convolution batch.")
+    repeat: int = Field(5, ge=1, le=10000, description="Timed rounds of each benchmark.")
+
+    @model_validator(mode="after")
+    def _within_budget(self, info: ValidationInfo) -> ProbeParams:
+        limit = (info.context or {}).get("max_probe_gflop") or get_settings().max_probe_gflop
+        gflop = probe_flops(self.size, self.batch, self.repeat) / 1e9
+        if gflop > limit:
+            raise PydanticCustomError(
+                "probe_budget", "size={size}, batch={batch}, repeat={repeat} is {gflop} GFLOP of "
+                "work; at most {limit} GFLOP (MXQ_MAX_PROBE_GFLOP): lower size or repeat",
+                {"size": self.size, "batch": self.batch, "repeat": self.repeat,
+                 "gflop": f"{gflop:,.0f}", "limit": limit})
+        return self
+
+
+class InferRequest(BaseModel):
+    """Bulk inference of one model over one input: what a user asks for (`mxq infer`, the API)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(min_length=1)
+    model_version: int | None = Field(None, ge=1, le=MAX_ID)
+    input: str = Field(min_length=1)
+    key: str | None = Field(None, description="Array name inside an .npz input.")
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        256, description="Samples per batch, or 'auto': the largest that fits, halving from "
+        "AUTO_BATCH_START.")
+    output: Literal["db", "npy", "both", "parquet"] = Field(
+        "db", description="Where predictions go: SQL rows (db), the probabilities as "
+        "$MXQ_HOME/outputs/job-ID.npy (npy), both, or $MXQ_HOME/outputs/job-ID.parquet (parquet).")
+    engine: Literal["auto", "mxnet", "onnx"] = Field(
+        "auto", description="MXNet, ONNX Runtime on the model's ONNX export, or 'auto': the one "
+        "measured faster for this model on this kind of device (MXNet where ONNX disagrees).")
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K)
+    reject_nan: bool = False
+    chunk_size: int | None = Field(None, ge=1)
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _int_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto" and not value.strip().lstrip("-").isdecimal():
+            raise ValueError(f"{value!r} is neither a positive integer nor 'auto'")
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            return value  # pydantic's own checks name what is wrong with it
+        if value != "auto" and int(value) < 1:
+            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal "
+                                      "to {ge}", {"ge": 1})
+        return value
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_limit(cls, value: int | str, info: ValidationInfo) -> int | str:
+        return value if isinstance(value, str) else _at_most(value, info, "max_batch_size")
+
+
+class InferParams(InferRequest):
+    """An inference job as stored: the request, or one chunk [start, stop) of it, which only mxq
+    sets when it fans a job out (never a user: the API's schema has no such fields)."""
+
+    start: int | None = Field(None, ge=0)
+    stop: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> InferParams:
+        if self.start is not None and self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"chunk range [{self.start}, {self.stop}) is empty")
+        return self
+
+
+ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/model_store/zoo.py builds them)
+MAX_EPOCHS = DEFAULT_MAX_EPOCHS
+MAX_DEVICES = 64
+MAX_NODES = 64
+
+
+class DistRole(BaseModel):
+    """One node's part of a multi-node training: set by the job's leader, never by users."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    parent: int = Field(description="The multi-node job this part belongs to.")
+    index: int = Field(ge=0, description="The part's place (0 hosts the scheduler and server).")
+    node: str = Field(description="The node the part runs on.")
+    host: bool = Field(False, description="Also run the ps-lite scheduler and server roles.")
+    env: dict[str, str] = Field(description="DMLC_* settings every role of the job shares.")
+
+
+def _named_device(entry: str) -> str:
+    """One device of a training's device list, as a worker names it (`gpu:0`): a device on this
+    node, never `auto` (a kind's pool is the job's device, not a list entry) nor `@NODE`."""
+    try:
+        spec = parse_device(entry)
+    except DeviceSpecError:
+        raise ValueError(f"--device {entry!r} is not a device of this node: list gpu:N or cpu:N "
+                         "(N a device index such as 0), e.g. gpu:0,gpu:1") from None
+    if spec.auto:
+        raise ValueError(f"--device {entry} names no device: list devices of one node (gpu:0,gpu:1), "
+                         f"or ask for any of a kind as the job's device ({spec}), as `mxq train "
+                         f"--device {spec}` does")
+    return str(spec)
+
+
+class TrainOptions(BaseModel):
+    """How to train (architecture, devices, epochs, optimizer, ...): what a training job and a
+    retraining schedule share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arch: Literal["mlp", "lenet", "resnet18_v1"]
+    devices: int = Field(1, ge=1, le=MAX_DEVICES)
+    device_list: list[str] | None = None
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes to train on (dist_sync).")
+    epochs: int = Field(10, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)
+    optimizer: Literal["sgd", "adam", "nag"] = "sgd"
+    dtype: Literal["float32", "float16"] = "float32"
+    val_fraction: float = Field(0.2, ge=0, lt=1)
+    seed: int = 0
+    label_column: str = "label"
+    input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
+
+    @field_validator("epochs")
+    @classmethod
+    def _epochs_limit(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "max_epochs")
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_limit(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "max_batch_size")
+
+    @field_validator("device_list")
+    @classmethod
+    def _named_devices(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_named_device(d) for d in value]
+
+    @model_validator(mode="after")
+    def _devices_agree(self) -> TrainOptions:
+        if self.device_list:
+            if len(set(self.device_list)) != len(self.device_list):
+                raise ValueError(f"--device lists a device twice: {','.join(self.device_list)}")
+            if len({Device.parse(d).kind for d in self.device_list}) != 1:
+                raise ValueError(f"--device {','.join(self.device_list)} mixes device kinds: "
+                                 "list devices of one kind, e.g. gpu:0,gpu:1")
+            self.devices = len(self.device_list)
+            if self.nodes > 1:
+                raise ValueError(f"--device {','.join(self.device_list)} names devices of one "
+                                 f"node, not of --nodes {self.nodes}: use --devices K (K devices "
+                                 "on each node)")
+        if self.nodes > 1 and self.batch_size < self.nodes * self.devices:
+            raise ValueError(f"batch_size={self.batch_size} is smaller than the "
+                             f"{self.nodes * self.devices} devices it is split over")
+        return self
+
+
+class TrainRequest(TrainOptions):
+    """Data-parallel training of a built-in architecture on one node's devices (or, with
+    `nodes`, on K devices of each of N nodes through MXNet's dist_sync kvstore): what a user
+    asks for (`mxq train`, the API)."""
+
+    dataset: str = Field(min_length=1)
+    name: str = Field(pattern=NAME_PATTERN, description="The model name it registers.")
+
+
+class TrainParams(TrainRequest):
+    """A training job as stored: the request, plus what only mxq sets (never a user: the API's
+    schema has no such fields)."""
+
+    dist: DistRole | None = Field(None, description="Internal: this job is one node's part.")
+    fire_id: int | None = Field(None, description="The schedule fire that started this job.")
+
+
+class RegisterParams(BaseModel):
+    """A model version registered by a device worker for a process that cannot load MXNet (a
+    GPU build without its driver, as in the compose `api` container; an ONNX-only install):
+    `mxq models add` stages the files under $MXQ_HOME/staging and waits for this job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="The model name it registers.")
+    arch: Literal["mlp", "lenet", "resnet18_v1"] | None = None
+    symbol: str | None = Field(None, description="A staged NAME-symbol.json.")
+    params: str | None = Field(None, description="A staged NAME-0000.params.")
+    input_shape: list[Annotated[int, Field(ge=1, le=2**20)]] | None = Field(None, max_length=8)
+    classes: int = Field(10, ge=1, le=2**20)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    preprocess: dict[str, Any] | None = None
+    outputs: Literal["auto", "logits", "probabilities"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RegisterParams:
+        if (self.arch is None) == (self.symbol is None or self.params is None) or \
+                (self.arch is not None and not self.input_shape):
+            raise ValueError("give either arch (with input_shape) or both symbol and params")
+        return self
+
+
+SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams,
+                                     "register": RegisterParams}
+
+
+class ParamsError(UserError):
+    """Job parameters that do not fit the kind's spec."""
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list | tuple):
+        return any(map(_has_nul, value))
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
+
+
+def _problem(e: Any) -> str:
+    """`field=value: what is allowed` for one error; a check across fields (no `loc`) names its
+    own fields and values, so it is shown alone, not after the whole parameter dict."""
+    if not e["loc"]:
+        return str(e["msg"]).removeprefix("Value error, ")
+    return f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+
+
+def validate(kind: str, params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """The parameters with defaults filled in, or ParamsError saying what is wrong.
+
+    Size limits come from `settings` (default: the process settings)."""
+    spec = SPECS.get(kind)
+    if spec is None:
+        raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+    for key, value in params.items():  # PostgreSQL cannot store NUL, and no path or name has one
+        if _has_nul(key) or _has_nul(value):
+            where = f"{key}={value!r}".replace("\x00", "\\x00")
+            raise ParamsError(f"invalid {kind} parameters: {where}: NUL characters are not allowed")
+    limits = {"max_batch_size": settings.max_batch_size, "max_epochs": settings.max_epochs,
+              "max_probe_gflop": settings.max_probe_gflop} if settings is not None else None
+    try:
+        return spec.model_validate(params, context=limits).model_dump()
+    except ValidationError as exc:
+        problems = "; ".join(map(_problem, exc.errors()))
+        raise ParamsError(f"invalid {kind} parameters: {problems}") from None

@@ -1,0 +1,380 @@
+"""Submit a job: validate, write its row, publish a JSON message that carries only the job id.
+
+The row comes first, so a worker always finds it. A broker that refuses connections is found
+before anything is written; one that does not answer within MXQ_BROKER_TIMEOUT_SECONDS (paused,
+frozen) leaves the row `queued` without its message, the answer says so (`published` false),
+and the reconciler publishes it once the broker answers. An idempotency key makes a retry of
+the same submit return the first job instead of a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kombu import Connection
+from kombu.utils.url import maybe_sanitize_url
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from mxq.db.engine import get_engine, safe_url
+from mxq.db.fleet import list_workers
+from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
+from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
+from mxq.db.registry import resolve
+from mxq.db.reports.history import job_by_key
+from mxq.device import Device
+from mxq.engines import disagreement, needed
+from mxq.errors import Conflict, JobRejected
+from mxq.workers.broker.app import app_for
+from mxq.workers.broker.publish import BrokerTimeout, SubmitError, publish, task_name, within
+from mxq.workers.broker.queues import parse_device
+from mxq.workers.broker.routing import Need, Route, describe, route
+from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
+from mxq.workers.paths import PathError, confine
+from mxq.workers.settings import Settings
+
+# An idempotency key comes from outside (a header, a flag): bounded, one line, no spaces; a UUID,
+# a ULID or a base64 digest fits (the column holds 128 characters).
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:+/=-]{1,128}$"
+PUBLISH_BATCH = 1000  # kombu's publish batch: submit_many's deadline is per batch
+JOBS_IN_WORDS = {"train": "a training", "probe": "a probe", "register": "a model's registration"}
+
+
+class IdempotencyConflict(Conflict):
+    """The idempotency key was used before by a job with other parameters."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit did: the job, whether its message went out (None for a replay, which
+    publishes nothing), whether it replayed an earlier submit with the same key, and a note
+    saying either of those in words."""
+
+    job_id: int
+    published: bool | None
+    replayed: bool = False
+    note: str | None = None
+
+
+def check_key(key: str | None) -> str | None:
+    """The idempotency key, or a one-line ParamsError naming what is allowed."""
+    if key is None or re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
+        return key
+    shown = repr(key[:40]) + (f"... ({len(key)} characters)" if len(key) > 40 else "")
+    raise ParamsError(f"idempotency key {shown} is not allowed: use 1 to 128 of the characters "
+                      "A-Z a-z 0-9 . _ : + / = - (a UUID fits)")
+
+
+def check_database(settings: Settings) -> None:
+    try:
+        with get_engine(settings.database).connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise SubmitError(f"database unreachable at {safe_url(settings.database)}: {reason}") \
+            from exc
+
+
+def _connect(settings: Settings) -> None:
+    seconds = settings.broker_timeout_seconds
+    with Connection(settings.broker,  # type: ignore[no-untyped-call]  # kombu has no types
+                    connect_timeout=seconds, transport_options={
+                        "socket_timeout": seconds, "socket_connect_timeout": seconds}) as conn:
+        conn.ensure_connection(max_retries=1, timeout=seconds)
+
+
+def check_broker(settings: Settings) -> None:
+    """SubmitError when the broker refuses (nothing is written then); BrokerTimeout when it
+    does not answer within MXQ_BROKER_TIMEOUT_SECONDS."""
+    try:
+        within(settings.broker_timeout_seconds, "a connection check", settings.broker,
+               lambda: _connect(settings))
+    except BrokerTimeout:
+        raise
+    except Exception as exc:  # kombu raises several unrelated types here
+        raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from exc
+
+
+def _storable(value: Any) -> Any:
+    """Rejected parameters as JSON can hold them: NaN and infinities become their text, NUL
+    characters (which PostgreSQL cannot store) their escape."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        return value.replace("\x00", "\\x00")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
+
+
+def _input_bytes(path: Path) -> int:
+    """The size of an input: a file, or the files directly inside a folder (an image folder)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
+
+
+Models = dict[tuple[str, int | None], ModelRecord]  # resolved once per submit_many
+
+
+def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -> dict[str, Any]:
+    """Pin the model version and the input path the job will use, within the input size limit."""
+    name, _, version = params["model"].partition(":")
+    if version and not version.isdigit():
+        raise ParamsError(f"model version {version!r} in {params['model']!r} must be a number, "
+                          "as in NAME:3")
+    key = (name, int(version) if version else params["model_version"])
+    if key not in models:
+        models[key] = resolve(settings.database, *key)
+    model = models[key]
+    models.setdefault((name, model["version"]), model)  # as the prepared job names it
+    path = confine(settings, params["input"])
+    size = _input_bytes(path)
+    if size > settings.max_input_bytes:
+        raise PathError(f"input {params['input']} holds {size} bytes, more than the "
+                        f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
+    return {**params, "model": name, "model_version": model["version"], "input": str(path)}
+
+
+def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
+    """Pin the dataset path, and refuse more devices than the node has."""
+    dataset = params["dataset"]
+    if dataset != "digits":
+        dataset = str(confine(settings, dataset, "dataset"))
+    if params.get("dist") is not None:
+        raise ParamsError("dist is set by a multi-node job's leader for its parts; "
+                          "ask for nodes with --nodes N")
+    if params["nodes"] > 1:
+        _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), params)
+        return {**params, "dataset": dataset}
+    _check_one_node(settings, params)
+    return {**params, "dataset": dataset}
+
+
+def _check_one_node(settings: Settings, params: dict[str, Any]) -> None:
+    """Refuse more devices than this node has of the kind, or a listed device it does not have
+    (no worker known yet: the job waits for them)."""
+    kind = Device.parse(params["device_list"][0]).kind if params["device_list"] else None
+    workers = [w for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
+               if kind is None or Device.parse(w["device"]).kind == kind]
+    have = sorted(w["device"] for w in workers if "mxnet" in w["engines"])
+    most = max(Counter(Device.parse(d).kind for d in have).values(), default=0)
+    if have and params["devices"] > most:
+        raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
+                          f"that run MXNet ({', '.join(have) or 'none'}); a training job runs on "
+                          "one node")
+    for device in params["device_list"] or []:
+        if device not in have:
+            raise ParamsError(_not_trainable(settings, device, workers, have))
+
+
+def _not_trainable(settings: Settings, device: str, workers: list[WorkerRecord],
+                   have: list[str]) -> str:
+    """Why a listed device cannot take part in a training: unknown, or without MXNet."""
+    worker = next((w for w in workers if w["device"] == device), None)
+    if worker is None:
+        return (f"device {device} is not known on node {settings.node}; "
+                f"known: {', '.join(sorted(w['device'] for w in workers)) or 'none'}")
+    return (f"device {describe(worker)} on node {settings.node} runs ONNX Runtime only, and a "
+            f"training needs MXNet; devices that can: {', '.join(have) or 'none on this node'}")
+
+
+def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
+    """Refuse more nodes than have K devices of one kind (no worker known yet: it waits)."""
+    if not known:
+        return
+    per_node: dict[tuple[str, str], int] = {}
+    for w in (w for w in known if "mxnet" in w["engines"]):
+        key = (w["node"], Device.parse(w["device"]).kind)
+        per_node[key] = per_node.get(key, 0) + 1
+    fit = {node for (node, _), n in per_node.items() if n >= params["devices"]}
+    if len(fit) < params["nodes"]:
+        have = ", ".join(f"{node} ({n} {kind})" for (node, kind), n in sorted(per_node.items()))
+        raise ParamsError(f"{params['nodes']} nodes with {params['devices']} devices each asked "
+                          f"but {len(fit)} nodes have that many; known: {have}")
+
+
+PREPARE = {"infer": _resolve_infer, "train": _resolve_train}
+
+
+def _prepare(settings: Settings, kind: str, params: dict[str, Any], models: Models) -> dict[str, Any]:
+    """Validated parameters, with what the job will use pinned (model version, paths)."""
+    params = validate(kind, params, settings)
+    return PREPARE[kind](settings, params, models) if kind in PREPARE else params
+
+
+def _checked_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
+    """Check the kind, the device and the database; then where the job goes."""
+    if kind not in SPECS:
+        raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+    spec = parse_device(device)
+    check_database(settings)
+    return route(settings, spec, allow_offline)
+
+
+def _need(kind: str, params: dict[str, Any], models: Models) -> Need:
+    """The engine the prepared job cannot run without (`mxq.engines.needed`), in words."""
+    if kind != "infer":
+        return Need(needed(kind), JOBS_IN_WORDS[kind])
+    asked, model = params.get("engine", "auto"), models[(params["model"], params["model_version"])]
+    engine = needed(kind, asked, model.get("onnx"))
+    if engine is None or asked == engine:
+        return Need(engine, f"inference with --engine {asked}")
+    return Need(engine, f"inference of {params['model']}:{params['model_version']} "
+                        f"({disagreement(model.get('onnx'))})")
+
+
+def _engine_route(settings: Settings, device: str, allow_offline: bool, need: Need,
+                  where: Route) -> Route:
+    """Where a job that needs one engine goes (`where` when it needs none)."""
+    if need.engine is None:
+        return where
+    return route(settings, parse_device(device), allow_offline, need)
+
+
+def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
+    """`_checked_route`, and the broker checked too."""
+    where = _checked_route(settings, kind, device, allow_offline)
+    check_broker(settings)
+    return where
+
+
+def _same_request(record: JobRecord, kind: str, params: dict[str, Any], where: Route) -> bool:
+    """The stored job is what these (prepared) parameters would make: kind, device, parameters
+    as JSON stores them."""
+    return (record["kind"] == kind and record["requested_device"] == where.requested
+            and record["params"] == json.loads(json.dumps(params)))
+
+
+def _replay(settings: Settings, key: str, kind: str, params: dict[str, Any],
+            where: Route) -> Submitted | None:
+    """The earlier job made with `key`, when it is this request's; IdempotencyConflict when it is
+    another request's; None when the key is new."""
+    record = job_by_key(settings.database, key)
+    if record is None:
+        return None
+    if not _same_request(record, kind, params, where):
+        raise IdempotencyConflict(
+            f"idempotency key {key!r} was used by job {record['id']} with other parameters; "
+            "a retry must send the same request, a new job needs a new key")
+    return Submitted(record["id"], None, replayed=True,
+                     note=f"a replay: job {record['id']} was submitted with idempotency key "
+                          f"{key!r} before; nothing new was queued")
+
+
+def _unpublished(job_id: int, exc: SubmitError) -> Submitted:
+    return Submitted(job_id, False, note=(
+        f"job {job_id} is queued but not published yet ({exc}); the reconciler publishes it "
+        "once the broker answers"))
+
+
+def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
+            exc: Exception) -> JobRejected:
+    """Record a request that cannot run as a failed job (carrying no idempotency key: a retry
+    is rejected again, on its own row)."""
+    reason = _storable(str(exc).strip('"'))
+    job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
+                        reason)
+    return JobRejected(job_id, reason)
+
+
+def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
+                   allow_offline: bool = False, idempotency_key: str | None = None) -> Submitted:
+    """Queue one job; what happened (`Submitted`).
+
+    Device and database problems, and a broker that refuses connections, write nothing; wrong
+    parameters or inputs are recorded as a failed job (so the history says why) and raise
+    JobRejected. A broker that does not answer in time leaves the job queued, not published.
+    """
+    key = check_key(idempotency_key)
+    where = _checked_route(settings, kind, device, allow_offline)
+    models: Models = {}
+    try:
+        params = _prepare(settings, kind, params, models)
+    except (ParamsError, PathError, LookupError) as exc:
+        raise _reject(settings, kind, params, where, exc) from exc
+    where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
+    if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
+        return earlier  # before the broker is asked: a retry answers even while it hangs
+    try:
+        check_broker(settings)
+        late: BrokerTimeout | None = None
+    except BrokerTimeout as exc:
+        late = exc
+    try:
+        job_id = create_job(settings.database, kind, params, where.requested, where.queue,
+                            idempotency_key=key)
+    except IdempotencyKeyTaken:  # a submit with the same key won the race
+        assert key is not None
+        earlier = _replay(settings, key, kind, params, where)
+        if earlier is None:
+            raise
+        return earlier
+    if late is not None:
+        return _unpublished(job_id, late)
+    try:
+        publish(settings, job_id, kind, where.queue)
+    except SubmitError as exc:
+        return _unpublished(job_id, exc)
+    return Submitted(job_id, True)
+
+
+def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
+           allow_offline: bool = False) -> int:
+    """Queue one job and return its id (`submit_request`, for callers that need only the id:
+    a job not published yet is queued all the same, and the reconciler publishes it)."""
+    return submit_request(settings, kind, params, device, allow_offline).job_id
+
+
+def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
+                allow_offline: bool = False) -> list[int]:
+    """Queue many jobs of one kind at once: one check, one transaction, pipelined publishes.
+
+    All or nothing: if any parameters are wrong, nothing is written and the error names which.
+    """
+    where = _reachable_route(settings, kind, device, allow_offline)
+    checked: list[dict[str, Any]] = []
+    models: Models = {}
+    for i, p in enumerate(params):
+        try:
+            checked.append(_prepare(settings, kind, p, models))
+        except (ParamsError, PathError, LookupError) as exc:
+            raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
+                              "queued") from exc
+    where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
+    ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
+    try:
+        within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
+               f"the publish of {len(ids)} jobs", settings.broker,
+               lambda: _send_many(settings, kind, where.queue, ids))
+    except Exception as exc:
+        raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
+                          "the reconciler publishes the jobs already recorded") from exc
+    return ids
+
+
+def _common_need(kind: str, checked: list[dict[str, Any]], models: Models) -> Need:
+    """The one engine every job of a submit_many needs (one queue serves them all)."""
+    needs = {n.engine: n for n in (_need(kind, p, models) for p in checked)}
+    engines = set(needs) - {None}
+    if len(engines) > 1:
+        raise ParamsError("these jobs need different engines (some MXNet, some ONNX Runtime): "
+                          "submit each engine's jobs apart; nothing was queued")
+    return needs[engines.pop()] if engines else Need()
+
+
+def _send_many(settings: Settings, kind: str, queue: str, ids: list[int]) -> None:
+    """One pipelined round trip per 1,000 messages (kombu's publish batch) instead of one each."""
+    app = app_for(settings.broker)
+    with app.producer_or_acquire() as producer, producer.batch():
+        for job_id in ids:
+            app.send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
+                          producer=producer)

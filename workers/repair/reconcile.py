@@ -1,0 +1,263 @@
+"""The reconciler: make SQL (the truth about jobs) and the broker agree again after a fault.
+
+It runs in the schedule process every MXQ_RECONCILE_SECONDS (and once with `mxq reconcile`):
+- a job `queued` in SQL whose message is in no queue and held by no worker (the broker lost
+  it) is published again;
+- a job `running` whose heartbeat is stale (its worker, or its whole node, died) and whose
+  message is not waiting in a queue is requeued, or failed once its attempts are used up;
+- a parent whose chunks have all finished but that was never closed is settled;
+- a device lease whose holder job is over or dead is freed;
+- a schedule fire whose tick died before it submitted its job gets its job;
+- an unreadable queue item is moved to the dead-letter list, and the unacknowledged message of a
+  job that is over (its ack was lost with a broker connection) is dropped.
+Each pass reads every queue twice (`messages.look`: job ids picked out inside Redis, a page at a
+time), so a pass over 100,000 queued jobs takes seconds without blocking the workers' Redis.
+Every action is recorded on the job (`db.events`). A message published twice is harmless: the
+claim in SQL runs each job once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from mxq.db import events, jobs, schedules
+from mxq.db.engine import session_scope
+from mxq.db.fleet import list_workers
+from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
+from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
+from mxq.workers.broker.publish import publish, requeue
+from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
+from mxq.workers.fleet import leases
+from mxq.workers.schedules.fires import submit_fire
+from mxq.workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# A job submitted less than this long ago may still be between its row and its message.
+SUBMIT_GRACE_SECONDS = 10.0
+# A fire's tick submits its job within a second; one older than this without a job lost it.
+FIRE_GRACE_SECONDS = 60.0
+# A queued job's message is unacknowledged only while a worker claims or defers it (a second at
+# most); one held longer belongs to a consumer that lost its connection and will never run it.
+# (Redis would hand it out again only after the visibility timeout, hours away.)
+UNACKED_GRACE_SECONDS = 30.0
+
+
+@dataclass
+class Report:
+    republished: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    settled: list[int] = field(default_factory=list)
+    leases_freed: list[str] = field(default_factory=list)
+    fires_submitted: list[int] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)  # the queue of each message moved aside
+    stalled: list[int] = field(default_factory=list)  # failed: no progress for MXQ_STALL_SECONDS
+    cancels_enforced: list[int] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not any(vars(self).values())
+
+
+def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
+    cutoff = utcnow() - timedelta(seconds=SUBMIT_GRACE_SECONDS)
+    with session_scope(settings.database) as session:
+        rows = session.execute(select(Job.id, Job.kind, Job.queue)
+                               .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
+        return {r.id: (r.kind, r.queue) for r in rows}
+
+
+def _stale_running(settings: Settings) -> dict[int, tuple[str, str]]:
+    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
+    with session_scope(settings.database) as session:
+        rows = session.execute(select(Job.id, Job.kind, Job.queue).where(
+            Job.status == JobStatus.RUNNING, Job.chunks.is_(None), jobs.heartbeat_stale(cutoff)))
+        return {r.id: (r.kind, r.queue) for r in rows}
+
+
+def _still_queued(settings: Settings, ids: set[int]) -> set[int]:
+    if not ids:
+        return set()
+    with session_scope(settings.database) as session:
+        return set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
+
+
+def _of_finished(settings: Settings, held: dict[int, list[Held]]) -> dict[int, list[Held]]:
+    """The long-held messages of jobs that are over: delivered on a connection that broke before
+    the ack (a broker restart), Redis would hand them out again hours later, to be dropped unrun."""
+    ids = set(held) - _live(held)
+    if not ids:
+        return {}
+    with session_scope(settings.database) as session:
+        over = session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status.in_(FINISHED)))
+        return {i: held[i] for i in over}
+
+
+def _live(held: dict[int, list[Held]]) -> set[int]:
+    return {i for i, entries in held.items() if any(h.age < UNACKED_GRACE_SECONDS for h in entries)}
+
+
+@dataclass
+class Lost:
+    """What the two looks found: queued jobs with no live message, stale running jobs with none
+    waiting, the stale unacknowledged messages of both, and the unreadable queue items."""
+
+    queued: dict[int, tuple[str, str]] = field(default_factory=dict)
+    dead: dict[int, tuple[str, str]] = field(default_factory=dict)
+    stale: dict[int, list[Held]] = field(default_factory=dict)
+    unreadable: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def lost_messages(settings: Settings, queues: set[str]) -> Lost:
+    """Compare SQL with two looks at `queues` MXQ_RECONCILE_LOOK_SECONDS apart (a message is out of
+    sight only for the instant a worker moves it from its queue to the unacked set, never in two
+    looks); SQL is read again after them, so a job that moved on meanwhile is left alone.
+
+    The first look also finds the unreadable items: each queue item is read twice a pass, no more.
+    """
+    queued, running = _queued(settings), _stale_running(settings)
+    first = look(settings.broker, queues)
+    if not queued and not running:
+        return Lost(stale=_of_finished(settings, first.held), unreadable=first.unreadable)
+    time.sleep(settings.reconcile_look_seconds)
+    second = look(settings.broker, queues)
+    seen = first.waiting | second.waiting | _live(first.held) | _live(second.held)
+    lost = _still_queued(settings, set(queued) - seen)
+    dead = (set(running) - first.waiting - second.waiting) & set(_stale_running(settings))
+    stale = {i: second.held[i] for i in lost | dead if i in second.held}
+    stale.update(_of_finished(settings, second.held))
+    return Lost({i: queued[i] for i in lost}, {i: running[i] for i in dead}, stale,
+                first.unreadable)
+
+
+def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
+    """Forget messages whose consumer is gone, so Redis does not hand them out hours later."""
+    tags = [h.tag for entries in stale.values() for h in entries]
+    if tags:
+        pipe = leases.client(settings.broker).pipeline(transaction=True)
+        pipe.zrem(UNACKED_INDEX, *tags)
+        pipe.hdel(UNACKED, *tags)
+        pipe.execute()
+
+
+def _republish(settings: Settings, lost: dict[int, tuple[str, str]], stale: dict[int, list[Held]],
+               report: Report) -> None:
+    for job_id, (kind, queue) in sorted(lost.items()):
+        publish(settings, job_id, kind, queue, patient=True)
+        why = (f"its message was held unacknowledged for {max(h.age for h in stale[job_id]):.0f}s "
+               "by a consumer that lost its connection" if job_id in stale
+               else "its message was gone from the broker")
+        events.record(settings.database, job_id, events.REPUBLISHED,
+                      f"{why}; published again to {queue}")
+        report.republished.append(job_id)
+
+
+def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: Report) -> None:
+    stale_before = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
+    for job_id, (kind, queue) in sorted(dead.items()):
+        why = f"its heartbeat is older than {settings.heartbeat_ttl:g}s and no worker holds it"
+        outcome = requeue(settings, job_id, kind, queue, why, stale_before)
+        if outcome is not None:
+            (report.requeued if outcome else report.failed).append(job_id)
+
+
+def _settle_parents(settings: Settings, report: Report) -> None:
+    with session_scope(settings.database) as session:
+        parents = list(session.scalars(select(Job.id).where(Job.status == JobStatus.RUNNING,
+                                                            Job.chunks.is_not(None))))
+    for parent in parents:
+        if jobs.settle_parent(settings.database, parent):
+            events.record(settings.database, parent, events.SETTLED,
+                          "every chunk had finished; the parent was closed by the reconciler")
+            report.settled.append(parent)
+
+
+def _free_leases(settings: Settings, report: Report) -> None:
+    """Free leases whose holder is over or gone.
+
+    A running holder keeps its leases even with a stale heartbeat: its next attempt re-takes
+    them before its claim (the admit hook), so they expire by their TTL or pass to it."""
+    r = leases.client(settings.broker)
+    held = {k: v for k in r.scan_iter(match="mxq:lease:*", count=500) if (v := r.get(k))}
+    if not held:
+        return
+    with session_scope(settings.database) as session:
+        state = dict(session.execute(select(Job.id, Job.status).where(
+            Job.id.in_({int(v) for v in held.values() if v.isdigit()}))).all())
+    for k, v in held.items():
+        status = state.get(int(v)) if v.isdigit() else None
+        if (status is None or status in FINISHED) and r.eval(leases.RELEASE_SCRIPT, 1, k, v):
+            device = ":".join(k.rsplit(":", 2)[1:])
+            if status is not None:
+                events.record(settings.database, int(v), events.LEASE_FREED,
+                              f"lease on {device} freed: its holder is {status}")
+            report.leases_freed.append(k)
+
+
+def _resubmit_fires(settings: Settings, report: Report) -> None:
+    cutoff = utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)
+    with session_scope(settings.database) as session:
+        rows = session.execute(select(Fire.id, Schedule.name).join(Schedule)
+                               .where(Fire.job_id.is_(None), Fire.error.is_(None),
+                                Fire.fired_at < cutoff)).all()
+    for fire_id, name in rows:
+        job_id = submit_fire(settings, schedules.get(settings.database, name), fire_id)
+        if job_id is not None:
+            events.record(settings.database, job_id, events.RESUBMITTED,
+                          f"fire {fire_id} of schedule {name!r} had no job (its tick died); "
+                          "submitted by the reconciler")
+        report.fires_submitted.append(fire_id)
+
+
+def _end_stuck(settings: Settings, report: Report) -> None:
+    """Fail running jobs that made no progress for MXQ_STALL_SECONDS and cancel those that did not
+    heed a cancel within MXQ_CANCEL_GRACE_SECONDS; their workers, still in them, then exit
+    (mxq.workers.fleet.heartbeat) and the launcher starts fresh ones."""
+    now = utcnow()
+    stalled, ignored = jobs.stuck(settings.database, now - timedelta(seconds=settings.stall_seconds),
+                                  now - timedelta(seconds=settings.cancel_grace_seconds))
+    for job_id in stalled:
+        reason = (f"made no progress for {settings.stall_seconds:g} s (MXQ_STALL_SECONDS) although "
+                  "its worker was alive: failed by the reconciler")
+        if jobs.fail(settings.database, job_id, reason):
+            events.record(settings.database, job_id, events.STALLED, reason)
+            report.stalled.append(job_id)
+    for job_id in ignored:
+        reason = (f"cancelled by the reconciler: it did not stop within "
+                  f"{settings.cancel_grace_seconds:g} s of its cancel (MXQ_CANCEL_GRACE_SECONDS)")
+        if jobs.end_ignored_cancel(settings.database, job_id, reason):
+            events.record(settings.database, job_id, events.STALLED, reason)
+            report.cancels_enforced.append(job_id)
+
+
+def _known_queues(settings: Settings) -> set[str]:
+    """Every queue mxq routes to: each device worker's, each queued or running job's (its worker
+    may be gone), the pools, the control queue."""
+    workers = list_workers(settings.database, settings.heartbeat_ttl)
+    with session_scope(settings.database) as session:
+        jobs_at = set(session.scalars(select(Job.queue).distinct().where(
+            Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))))
+    return ({w["queue"] for w in workers} | jobs_at
+            | {*all_pools(), CONTROL_QUEUE})
+
+
+def reconcile(settings: Settings) -> Report:
+    """One pass over every check; returns what it did."""
+    report = Report()
+    found = lost_messages(settings, _known_queues(settings))
+    report.dead_lettered = move_aside(settings.broker, found.unreadable)
+    _drop_unacked(settings, found.stale)
+    _republish(settings, found.queued, found.stale, report)
+    _requeue_dead(settings, found.dead, report)
+    _settle_parents(settings, report)
+    _free_leases(settings, report)
+    _resubmit_fires(settings, report)
+    _end_stuck(settings, report)
+    if not report.empty():
+        log.warning("reconciled: %s", report)
+    return report

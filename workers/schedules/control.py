@@ -1,0 +1,31 @@
+"""The Celery tasks of the control queue, which only the schedule process consumes: the tick
+that fires due schedules and the reconciler's pass, each run by Celery beat, and the fires the
+API hands over (run-now)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from mxq.db import schedules
+from mxq.workers.broker.app import app
+from mxq.workers.repair.reconcile import reconcile
+from mxq.workers.schedules.fires import submit_fire, tick
+from mxq.workers.settings import get_settings
+
+
+@app.task(name="mxq.tick")  # type: ignore[untyped-decorator]  # Celery has no types
+def tick_task() -> list[int]:
+    return tick(get_settings())
+
+
+@app.task(name="mxq.reconcile")  # type: ignore[untyped-decorator]
+def reconcile_task() -> dict[str, list[int]]:
+    return asdict(reconcile(get_settings()))
+
+
+@app.task(name="mxq.fire")  # type: ignore[untyped-decorator]
+def fire_task(fire_id: int) -> int | None:
+    """Submit a fire recorded elsewhere (the API's run-now); a fire already settled is left."""
+    settings = get_settings()
+    sched = schedules.pending_fire(settings.database, int(fire_id))
+    return None if sched is None else submit_fire(settings, sched, int(fire_id))
