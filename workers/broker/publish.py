@@ -59,12 +59,25 @@ def within(seconds: float, what: str, broker: str, call: Callable[[], T]) -> T:
     thread = threading.Thread(target=run, name=f"mxq-broker-{what}", daemon=True)
     thread.start()
     thread.join(seconds)
+    late = BrokerTimeout(f"the broker at {maybe_sanitize_url(broker)} did not answer {what} "
+                         f"within {seconds:g}s (MXQ_BROKER_TIMEOUT_SECONDS)")
     if thread.is_alive():
-        raise BrokerTimeout(f"the broker at {maybe_sanitize_url(broker)} did not answer {what} "
-                            f"within {seconds:g}s (MXQ_BROKER_TIMEOUT_SECONDS)")
+        raise late
+    if failure and _timed_out(failure[0]):  # its socket timeout beat this deadline: the same news
+        raise late from failure[0]
     if failure:
         raise failure[0]
     return box["value"]
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A read or connect that timed out, as redis-py raises it or kombu wraps it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (TimeoutError, redis.TimeoutError)):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
