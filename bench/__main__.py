@@ -47,7 +47,7 @@ RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "memory": ("bench.infer_overhead", "run_memory"), "scaling": ("bench.scaling", "run"),
            "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
-           "engines": ("bench.engines", "run"), "fleet": ("bench.fleet", "run")}
+           "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:

@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_report
+from bench.fleet import report as fleet_report
 
 # Aims from the performance issue: (operator, value) on the ratio of a check.
 AIMS: dict[str, tuple[str, float]] = {
     "inference": (">=", 0.95), "training": (">=", 0.95), "scaling": (">=", 1.7),
     "batching": (">=", 5.0), "writes": (">=", 0.8), "memory": ("<=", 1.10), "engines": (">=", 0.9),
-    "fleet": ("<=", 1.0),  # each figure over its aim (bench.fleet_report)
+    "fleet": ("<=", 1.0),  # each figure over its aim (bench.fleet.report)
 }
 
 TITLES = {
@@ -72,7 +72,7 @@ ABOUT = {
     "probabilities in the job's `.npy` (`--output npy`); a third stores SQL rows, for information "
     "(a small model on a fast engine is then bound by the writes). The aim is against the faster "
     "bare engine; the stored predictions are compared with MXNet's.",
-    "fleet": "Simulated device workers (`bench/fleet_devices.py`: threads in a few processes, "
+    "fleet": "Simulated device workers (`bench/fleet/devices.py`: threads in a few processes, "
     "nodes of 8 GPUs) run mxq's real worker code (register, heartbeat, consume the device and pool "
     "queues through the Celery app's kombu connection, claim in SQL, leases, progress, throughput "
     "points, outcome, ack); only the computation is a sleep drawn from the job's id. On this "

@@ -1,7 +1,7 @@
 """The fleet case's server-side roles, each a process of its own: the real reconciler every pass,
 and the dashboard's polls with the history queries timed beside them; each logs JSON lines.
 
-    python -m bench.fleet_roles reconciler|poll --log FILE [--api URL] [--history N]
+    python -m bench.fleet.roles reconciler|poll --log FILE [--api URL] [--history N]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
-from bench import fleet_history
+from bench.fleet import history as fleet_history
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, JobStatus
 from mxq.workers.repair.reconcile import reconcile
@@ -92,7 +92,7 @@ def _sleep(stop: Any, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fleet_roles", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet.roles", description=__doc__.splitlines()[0])
     ap.add_argument("role", choices=["reconciler", "poll"])
     ap.add_argument("--log", type=Path, required=True)
     ap.add_argument("--api", default="")

@@ -1,7 +1,7 @@
 """Simulated device workers for the fleet benchmark: many devices in one process, each one through
 mxq's real worker code except the computation.
 
-    python -m bench.fleet_devices --devices sim000:0-7,sim001:0-1 --log FILE [--scale 1.0] [--recover]
+    python -m bench.fleet.devices --devices sim000:0-7,sim001:0-1 --log FILE [--scale 1.0] [--recover]
 
 Each device is a thread that does what a device worker does: registers its worker row and beats
 with mxq's `Heartbeat` (its own thread), consumes its device queue and the `pool.gpu` queues (the
@@ -240,7 +240,7 @@ def parse_devices(text: str) -> list[tuple[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fleet_devices", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet.devices", description=__doc__.splitlines()[0])
     ap.add_argument("--devices", required=True, type=parse_devices)
     ap.add_argument("--log", required=True, type=Path)
     ap.add_argument("--scale", type=float, default=1.0, help="work times are multiplied by this")

@@ -1,9 +1,9 @@
 """Fleet scale by simulation: 10, 100 and 1,000 simulated devices on one Redis and one PostgreSQL.
 
 For each fleet size, on this machine's PostgreSQL (a database holding a generated history of
-millions of jobs: `bench.fleet_history`) and a Redis server of its own (append-only, as in
+millions of jobs: `bench.fleet.history`) and a Redis server of its own (append-only, as in
 docker-compose.yml):
-- the simulated devices (`bench.fleet_devices`, nodes of 8, a few processes of threads) register
+- the simulated devices (`bench.fleet.devices`, nodes of 8, a few processes of threads) register
   and beat; the real reconciler runs every pass (its own process); the real API serves the
   dashboard's two polls every 2 s and the history queries are timed beside them (one process);
 - idle latency: a few jobs submitted one at a time while the fleet is mostly idle;
@@ -14,7 +14,7 @@ docker-compose.yml):
 - then the check: every job finished exactly once, or (when the window ends before the queue
   does) still queued with its message in the broker after a last reconciler pass.
 
-    python -m bench --only fleet [--quick]     (its roles: bench/fleet_roles.py)
+    python -m bench --only fleet [--quick]     (its roles: bench/fleet/roles.py)
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import httpx
 import redis
 from sqlalchemy import func, select
 
-from bench import fleet_history
-from bench.fleet_history import percentile
+from bench.fleet import history as fleet_history
+from bench.fleet.history import percentile
 from mxq.db.engine import session_scope
 from mxq.db.fleet import list_workers
 from mxq.db.schema import FINISHED, Job, JobStatus
@@ -161,7 +161,7 @@ class Fleet:
         log = self.home / f"devices-{tag}.jsonl"
         self.logs.append(log)
         spec = ",".join(f"{node}:{i}" for node, i in devices)
-        command = [sys.executable, "-m", "bench.fleet_devices", "--devices", spec, "--log", str(log),
+        command = [sys.executable, "-m", "bench.fleet.devices", "--devices", spec, "--log", str(log),
                    "--scale", str(self.scale), *(["--recover"] if recover else [])]
         err = (self.home / f"devices-{tag}.err").open("ab")
         return subprocess.Popen(command, env=self.env, stdout=err, stderr=err)
@@ -205,7 +205,7 @@ class Fleet:
 
 def _role(env: dict[str, str], home: Path, role: str, *args: str) -> subprocess.Popen[bytes]:
     err = (home / f"{role}.err").open("ab")
-    return subprocess.Popen([sys.executable, "-m", "bench.fleet_roles", role, "--log",
+    return subprocess.Popen([sys.executable, "-m", "bench.fleet.roles", role, "--log",
                              str(home / f"{role}.jsonl"), *args], env=env, stdout=err, stderr=err)
 
 
