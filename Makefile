@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test test-all test-gpu-install lint down clean browser prometheus compose
+.PHONY: venv demo test test-all test-gpu-install lint docs down clean browser prometheus compose
 
 venv: $(VENV)/.installed
 
@@ -70,11 +70,25 @@ browser:
 
 # ruff, then the type checker and import-linter's layer contracts (pyproject.toml), both run on
 # var/view/mxq: the package as one folder of links (tools/package_view.py), which they can walk.
+# mypy also checks tests/ and bench/ (pyproject.toml's floor: not strict, but the bodies of
+# unannotated functions checked), from the repository root with MYPYPATH=var/view: they import
+# `mxq` through the editable install, whose import hook mypy cannot follow, so it reads the view.
+# Last, the documentation site, built strictly (see `docs` below).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/python tools/package_view.py var/view >/dev/null
 	cd var/view && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p mxq
+	MYPYPATH=var/view $(BIN)/mypy --config-file pyproject.toml --cache-dir var/mypy-tests tests bench
 	cd var/view && PYTHONPATH=. ../../$(BIN)/lint-imports --no-cache ../../pyproject.toml
+	$(MKDOCS) build --strict --quiet
+
+# The documentation site (mkdocs.yml, docs/) into var/site; `make lint` builds it with --strict (a
+# broken link, a page left out of the nav fails it). Its CLI and HTTP references are generated from
+# the code as it builds (docs/hooks.py). `$(BIN)/mkdocs serve` serves it live while you edit.
+# (NO_MKDOCS_2_WARNING: Material for MkDocs' banner about MkDocs 2.0, printed on every build.)
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: venv
+	$(MKDOCS) build --strict
 
 down:
 	$(MXQ) down

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -18,21 +19,21 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response
-from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mxq.api.guard import RequestGuard
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router, settings
-from mxq.errors import Conflict, MxqError, NotFound, Unauthorized, Unavailable, UserError
+from mxq.db.errors import DATABASE_UNAVAILABLE, unavailable
+from mxq.errors import Conflict, MxqError, NotFound, Unauthorized, Unavailable, UserError, first_line
 from mxq.workers.settings import Settings
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
 # The one place an expected failure becomes an HTTP status (mxq.errors); the first match wins.
 STATUS: list[tuple[type[Exception], int]] = [(UserError, 422), (NotFound, 404), (Conflict, 409),
                                              (Unavailable, 503), (Unauthorized, 401),
-                                             (OperationalError, 503)]
+                                             *((kind, 503) for kind in DATABASE_UNAVAILABLE)]
 
 
 def status_of(exc: Exception) -> int:
@@ -59,8 +60,8 @@ def problem(status: int, detail: str, headers: dict[str, str] | None = None,
 
 
 async def _expected(_request: Request, exc: Exception) -> JSONResponse:
-    if isinstance(exc, OperationalError):
-        return problem(503, "database unavailable: " + str(exc.orig or exc).splitlines()[0])
+    if (why := unavailable(exc)) is not None:
+        return problem(503, why)
     return problem(status_of(exc), str(exc), **(exc.details() if isinstance(exc, MxqError) else {}))
 
 
@@ -97,8 +98,7 @@ def unparsed_why(cause: BaseException | None) -> str:
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
         return (f"a number of more than {sys.get_int_max_str_digits()} digits "
                 "(the most an integer may have)")
-    first = str(cause).splitlines()[0] if cause is not None and str(cause) else "it cannot be read"
-    return first[:200]
+    return first_line(cause, 200) if cause is not None and str(cause) else "it cannot be read"
 
 
 def _too_large(limit: int, length: int | None = None) -> str:
@@ -108,8 +108,8 @@ def _too_large(limit: int, length: int | None = None) -> str:
 
 def scope_settings(scope: Scope) -> Settings:
     """The settings the routes see (a test's override included), for the middlewares."""
-    overrides = scope["app"].dependency_overrides
-    return overrides.get(settings, settings)()
+    provide: Callable[[], Settings] = scope["app"].dependency_overrides.get(settings, settings)
+    return provide()
 
 
 class BodyLimit:
@@ -181,7 +181,8 @@ def create_app() -> FastAPI:
                               "query the history, cancel.")
     app.include_router(router)
     app.add_exception_handler(MxqError, _expected)
-    app.add_exception_handler(OperationalError, _expected)
+    for kind in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(kind, _expected)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_middleware(BodyLimit)

@@ -5,20 +5,19 @@ database a read: with either down the other numbers would read as an idle, empty
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
 
-from mxq.db.engine import session_scope
-from mxq.db.reports.history import device_rates, durations_by_kind, pool_depths
-from mxq.db.schema import Job, utcnow
+from mxq.db.errors import DATABASE_UNAVAILABLE
+from mxq.db.reports.history import counts_by_status_and_kind, device_rates, durations_by_kind, pool_depths
+from mxq.db.schema import utcnow
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.broker.queues import all_pools
-from mxq.workers.fleet.status import RATE_WINDOW, device_table
+from mxq.workers.fleet.device_table import RATE_WINDOW, device_table
 from mxq.workers.settings import Settings
 
 
@@ -26,18 +25,18 @@ class Collector:
     def __init__(self, s: Settings) -> None:
         self.s = s
 
-    def collect(self):  # noqa: ANN201
+    def collect(self) -> Iterator[Metric]:
         broker = GaugeMetricFamily("mxq_broker_up", "1 while the broker answers a PING")
         broker.add_metric([], 0.0 if broker_problem(self.s) else 1.0)
         database = GaugeMetricFamily("mxq_database_up", "1 while the database answers a read")
         try:
             families = list(self._from_sql())
-        except OperationalError:
+        except DATABASE_UNAVAILABLE:
             families = []
         database.add_metric([], 1.0 if families else 0.0)
         yield from (broker, database, *families)
 
-    def _from_sql(self):  # noqa: ANN202
+    def _from_sql(self) -> Iterator[Metric]:
         url = self.s.database
         jobs = GaugeMetricFamily("mxq_jobs", "Jobs by status and kind", labels=["status", "kind"])
         # A summary: `_sum` (run time of finished jobs) and `_count` (how many) per kind.
@@ -46,10 +45,8 @@ class Collector:
         rate = GaugeMetricFamily("mxq_device_samples_per_second",
                                  "Samples/s per device over the last 5 minutes",
                                  labels=["node", "device"])
-        with session_scope(url) as session:
-            for status, kind, n in session.execute(select(Job.status, Job.kind, func.count())
-                                                   .group_by(Job.status, Job.kind)):
-                jobs.add_metric([status, kind], n)
+        for (status, kind), n in counts_by_status_and_kind(url).items():
+            jobs.add_metric([status, kind], n)
         for kind, (n, total) in durations_by_kind(url).items():  # every finished job, start to end
             durations.add_metric([kind], count_value=n, sum_value=total)
         for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():

@@ -38,7 +38,7 @@ from mxq.errors import Unavailable
 from mxq.ids import MAX_ID
 from mxq.since import parse_since
 from mxq.workers.broker.health import broker_problem
-from mxq.workers.fleet.status import device_table
+from mxq.workers.fleet.device_table import device_table
 from mxq.workers.jobs.cancel import cancel_job
 from mxq.workers.jobs.jobspecs import TrainOptions
 from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
@@ -218,10 +218,8 @@ def create_schedule(req: ScheduleRequest, s: Settings = Depends(settings)) -> An
                         req.min_gain)
 
 
-def _schedule(s: Settings, name: str) -> dict[str, Any]:
-    record = schedules.detail(s.database, name)
-    record.pop("id")
-    return record
+def _schedule(s: Settings, name: str) -> ScheduleDetail:
+    return schedules.detail(s.database, name)
 
 
 @router.get("/schedules/{name}", response_model=ScheduleDetail, responses=problems(404))

@@ -15,12 +15,20 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
-from mxq.db.records import JobRecord, ModelRecord
+from mxq.db.records import (
+    FireRecord,
+    JobRecord,
+    ModelRecord,
+    PredictionRow,
+    ScheduleDetail,
+    ScheduleRecord,
+)
 from mxq.ids import MAX_ID
 from mxq.names import NAME_PATTERN
+from mxq.status import JobStatus
 from mxq.workers.jobs.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
 
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Status = JobStatus  # a job's status as the API takes it (`?status=`): one of mxq.status's values
 # `since` as `mxq jobs --since` takes it (mxq.since): an age such as 45s, 30m, 2h or 1d; an ISO
 # 8601 date or time is declared by its format beside it.
 SINCE_AGE_PATTERN = r"^[0-9]{1,5}[smhd]$"  # (up to 273 years back; the server takes 9 digits)
@@ -159,13 +167,6 @@ class CancelAnswer(JobRecord):
     outcome: Literal["cancelled", "requested", "finished"]
 
 
-class PredictionRow(TypedDict):
-    index: int
-    predicted_class: int
-    score: float
-    top_k: list[tuple[int, float]] | None  # [class, probability] pairs, best first
-
-
 class PredictionPage(TypedDict):
     items: list[PredictionRow]
     total: int
@@ -198,38 +199,6 @@ class DeviceRecord(BaseModel):
         "without a worker"))
 
 
-class ScheduleRecord(TypedDict):
-    name: str
-    cron: str
-    tz: str
-    spec: dict[str, Any]
-    dataset: str
-    promote: str
-    metric: str
-    min_gain: float
-    enabled: bool
-    next_fire_at: str | None
-    last_fire_at: str | None
-    created_at: str | None
-
-
-class FireRecord(TypedDict):
-    fire_time: str | None
-    fired_at: str | None
-    manual: bool
-    missed: int
-    catch_up: bool
-    dataset_file: str | None
-    job_id: int | None
-    job_status: str | None
-    error: str | None
-    promotion: dict[str, Any] | None
-
-
-class ScheduleDetail(ScheduleRecord):
-    fires: list[FireRecord]
-
-
-__all__ = ["CancelAnswer", "DeviceRecord", "JobPage", "JobRecord", "JobRequest",
-           "ModelRecord", "PredictionPage", "Problem", "PromoteRequest", "ScheduleDetail",
+__all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest",
+           "ModelRecord", "PredictionPage", "PredictionRow", "Problem", "PromoteRequest", "ScheduleDetail",
            "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer"]

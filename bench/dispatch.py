@@ -108,7 +108,9 @@ class BareCelery:
         t0 = time.time()
         self._send(n)
         self._wait(n, poll=0.2)
-        return {"tasks": n, "tasks_per_sec": n / (float(self.redis.get(noop_app.LAST)) - t0)}
+        last = self.redis.get(noop_app.LAST)  # when the last task ran, as the no-op app wrote it
+        assert last is not None
+        return {"tasks": n, "tasks_per_sec": n / (float(last) - t0)}
 
     def latency(self, n: int) -> dict[str, float]:
         self.redis.delete(noop_app.COUNT, noop_app.LATENCY)

@@ -18,23 +18,27 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench.infer_overhead import bare_loop, make_input
-from bench.stack import run_pinned, running_stack, wait_job, worker_cores
+from bench.stack import rate, run_pinned, running_stack, wait_job, worker_cores
 from mxq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from mxq.db.records import ModelRecord
 
 # (architecture, input shape, batch size, samples at scale 1)
 MODELS = [("mlp", (256,), 512, 200_000), ("lenet", (1, 28, 28), 256, 30_000),
           ("resnet18_v1", (3, 64, 64), 64, 1_500)]
 
 
-def bare_onnx(model: dict[str, Any], path: str, batch: int) -> float:
+def bare_onnx(model: ModelRecord, path: str, batch: int) -> float:
     """Samples/s of the same loop on ONNX Runtime, with the session mxq builds (its threads)."""
     from mxq.tasks.runtimes import onnx_runtime
 
+    assert model["onnx"] is not None, f"{model['name']} has no ONNX export"
     sess, _ = onnx_runtime.session(Path(model["onnx"]["file"]))
     data = np.load(path, mmap_mode="r")
     onnx_runtime.run(sess, data[:batch])  # warm-up, as the worker's first batch
@@ -50,7 +54,7 @@ def _pinned(s: Settings, engine: str, name: str, path: Path, batch: int, cores: 
     return float(out.strip().splitlines()[-1])
 
 
-def _agreement(s: Settings, job_id: int, model: dict[str, Any], path: Path) -> dict[str, float]:
+def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict[str, float]:
     """The stored predictions against MXNet's own on the same input."""
     from mxq.db.outputs import predictions
     from mxq.tasks.model_store.models import load, probabilities
@@ -81,11 +85,12 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, sample
     job = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))
     rows = wait_job(s, submit(s, "infer", params, "cpu:0"))
     faster = max(bare, key=lambda k: bare[k])
+    result = job["result"] or {}
     return {"arch": arch, "shape": list(shape), "batch_size": batch, "samples": samples,
-            "cores": cores, "bare": bare, "faster_bare": faster, "mxq_auto": job["samples_per_sec"],
-            "mxq_auto_sql": rows["samples_per_sec"], "first_job": first["samples_per_sec"],
-            "engine": job["result"]["engine"], "engine_reason": job["result"]["engine_reason"],
-            "onnx": model["onnx"], "ratio": job["samples_per_sec"] / bare[faster],
+            "cores": cores, "bare": bare, "faster_bare": faster, "mxq_auto": rate(job),
+            "mxq_auto_sql": rate(rows), "first_job": rate(first),
+            "engine": result["engine"], "engine_reason": result["engine_reason"],
+            "onnx": model["onnx"], "ratio": rate(job) / bare[faster],
             **_agreement(s, rows["id"], model, path)}
 
 

@@ -12,6 +12,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy import insert
@@ -49,7 +50,7 @@ def fill(url: str, n: int) -> None:
             conn.execute(insert(JobMetric), points)
 
 
-def timed(fn, runs: int = 200) -> tuple[float, float]:  # noqa: ANN001
+def timed(fn: Callable[[], object], runs: int = 200) -> tuple[float, float]:
     times = []
     for _ in range(runs):
         t = time.perf_counter()

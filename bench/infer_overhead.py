@@ -14,18 +14,21 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench.report import figures
-from bench.stack import peak_rss_mib, run_pinned, running_stack, wait_job, worker_cores, worker_pids
+from bench.stack import peak_rss_mib, rate, run_pinned, running_stack, wait_job, worker_cores, worker_pids
 from mxq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from mxq.db.records import ModelRecord
 
 MODEL = "bench"
 
 
-def bare_loop(model: dict, path: str, batch: int) -> float:
+def bare_loop(model: ModelRecord, path: str, batch: int) -> float:
     """Samples/s of the plain loop a user would write: read a batch, forward, softmax, to numpy."""
     from mxq.tasks.model_store.models import load
     from mxq.tasks.runtimes.mx import mx
@@ -46,7 +49,7 @@ def pinned_bare(s: Settings, path: Path, batch: int, cores: list[int]) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-def register(s: Settings, arch: str, shape: tuple[int, ...], classes: int = 10) -> dict[str, Any]:
+def register(s: Settings, arch: str, shape: tuple[int, ...], classes: int = 10) -> ModelRecord:
     from mxq.tasks.model_store.models import add_builtin
 
     return add_builtin(s.database, s.home_path, MODEL, arch, shape, classes)
@@ -91,7 +94,7 @@ def inference(s: Settings, samples: int, shape: tuple[int, ...], batch: int,
         job = wait_job(s, submit(s, "infer", {"model": MODEL, "input": str(path),
                                               "batch_size": batch}, "cpu:0"))
         end_to_end.append(samples / (time.perf_counter() - t0))
-        mxq.append(job["samples_per_sec"])
+        mxq.append(rate(job))
     baseline = statistics.median(bare)
     return {"samples": samples, "batch_size": batch, "cores": cores, "bare": baseline,
             "bare_runs": bare, "mxq_runs": mxq, "mxq": statistics.median(mxq),

@@ -20,16 +20,20 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.stack import ROOT, wait_job
+from bench.stack import ROOT, rate, wait_job
 from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.reports.history import JobFilter, list_jobs
 from mxq.db.schema import utcnow
 from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 
 def start_node(home: Path, settings: Settings, node: str, core: int) -> subprocess.Popen:
@@ -52,7 +56,7 @@ def start_node(home: Path, settings: Settings, node: str, core: int) -> subproce
     return proc
 
 
-def run(settings: Settings, params: dict) -> tuple[dict, float, Counter]:
+def run(settings: Settings, params: dict[str, Any]) -> tuple[JobRecord, float, Counter[str | None]]:
     started = time.perf_counter()
     job = wait_job(settings, _submit(settings, params))
     wall = time.perf_counter() - started
@@ -108,11 +112,11 @@ def main() -> None:
             redis.stop()
     print(f"model {args.arch} {shape}, {args.samples:,} samples in {args.chunks} chunks, "
           f"batch {args.batch_size}; one CPU device (one core) per node")
-    print(f"1 node   {one['samples_per_sec']:12,.0f} samples/s  (submit..done {args.samples / wall1:,.0f}/s)"
+    print(f"1 node   {rate(one):12,.0f} samples/s  (submit..done {args.samples / wall1:,.0f}/s)"
           f"  chunks: {dict(where1)}")
-    print(f"2 nodes  {two['samples_per_sec']:12,.0f} samples/s  (submit..done {args.samples / wall2:,.0f}/s)"
+    print(f"2 nodes  {rate(two):12,.0f} samples/s  (submit..done {args.samples / wall2:,.0f}/s)"
           f"  chunks: {dict(where2)}")
-    print(f"ratio 2 nodes / 1 node: {two['samples_per_sec'] / one['samples_per_sec']:.3f} "
+    print(f"ratio 2 nodes / 1 node: {rate(two) / rate(one):.3f} "
           f"(submit..done: {wall1 / wall2:.3f})")
 
 

@@ -10,9 +10,13 @@ import platform
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from bench.fleet import report as fleet_report
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # Aims from the performance issue: (operator, value) on the ratio of a check.
 AIMS: dict[str, tuple[str, float]] = {
@@ -85,7 +89,7 @@ ABOUT = {
     "Lost: a job neither finished nor waiting in the broker after the devices stopped and a last "
     "reconciler pass; run twice: a job whose work ran to its end twice. The simulation shares this "
     "machine's cores with the servers (its own CPU is listed), and a real worker is a process of "
-    "its own with its own database connections (README, Scaling).",
+    "its own with its own database connections (docs/scaling.md).",
     "memory": "The worker's peak resident memory (VmHWM) after an inference job on the input, "
     "then after one on an input 10 times larger: inputs are memory-mapped a batch at a time and "
     "results are flushed as they go, so it should stay flat.",
@@ -196,7 +200,8 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- plots
 
 
-def _plt():  # noqa: ANN202
+def _plt() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,7 +210,8 @@ def _plt():  # noqa: ANN202
     return plt
 
 
-def _bars(ax, labels: list[str], values: list[float], unit: str, colors=None) -> None:  # noqa: ANN001
+def _bars(ax: Axes, labels: list[str], values: list[float], unit: str,
+          colors: list[str] | None = None) -> None:
     bars = ax.bar(labels, values, color=colors or ["#999999", "#1f77b4", "#6baed6", "#2ca02c"][:len(values)])
     for b, v in zip(bars, values, strict=True):
         ax.annotate(f"{v:,.1f}" if v < 100 else f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v),
@@ -214,7 +220,7 @@ def _bars(ax, labels: list[str], values: list[float], unit: str, colors=None) ->
     ax.margins(y=0.15)
 
 
-def _grouped(ax, groups: list[str], series: dict[str, list[float]], unit: str) -> None:  # noqa: ANN001
+def _grouped(ax: Axes, groups: list[str], series: dict[str, list[float]], unit: str) -> None:
     import numpy as np
 
     width = 0.8 / len(series)

@@ -12,13 +12,16 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.migrate import upgrade
 from mxq.db.schema import as_utc, utcnow
 from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0  # workers import MXNet; on a busy machine that takes a while
@@ -56,7 +59,9 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
         child = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
         child.update(MXQ_HOME=str(home), MXQ_NODE=node, MXQ_CPU_DEVICES=str(cpu_devices),
                      MXQ_DATA_ROOT=str(home), MXQ_NVIDIA_SMI=str(home / "none"), **extra)
-        fields = {k.removeprefix("MXQ_").lower(): v for k, v in extra.items() if k.startswith("MXQ_")}
+        # pydantic parses each value as the environment's would be
+        fields: dict[str, Any] = {k.removeprefix("MXQ_").lower(): v for k, v in extra.items()
+                                  if k.startswith("MXQ_")}
         settings = Settings(home=home, node=node, cpu_devices=cpu_devices, data_root=home,
                             nvidia_smi=str(home / "none"), broker_url=None, database_url=None,
                             **fields)
@@ -64,7 +69,7 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
         redis.start()
         upgrade(settings.database)
         since = utcnow()
-        log = open(home / "launcher.log", "ab")  # noqa: SIM115
+        log = open(home / "launcher.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT, env=child,
                                 stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -88,7 +93,8 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
 
 
 def worker_pids(settings: Settings) -> dict[str, int]:
-    return {w["device"]: w["pid"] for w in list_workers(settings.database, settings.heartbeat_ttl)}
+    return {w["device"]: w["pid"] for w in list_workers(settings.database, settings.heartbeat_ttl)
+            if w["pid"] is not None}
 
 
 def worker_cores(settings: Settings, device: str = "cpu:0") -> list[int]:
@@ -104,17 +110,23 @@ def peak_rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def wait_job(settings: Settings, job_id: int, timeout: float = 3600, poll: float = 0.5) -> dict:
-    from mxq.db.reports.history import get_job
+def wait_job(settings: Settings, job_id: int, timeout: float = 3600, poll: float = 0.5) -> JobRecord:
+    from mxq.db.reports.history import require_job
 
     deadline = time.monotonic() + timeout
-    while (record := get_job(settings.database, job_id))["status"] not in FINAL:
+    while (record := require_job(settings.database, job_id))["status"] not in FINAL:
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} still {record['status']}")
         time.sleep(poll)  # polling more often would take CPU from the job being measured
     if record["status"] != "succeeded":
         raise RuntimeError(f"job {job_id} {record['status']}: {record['error']}")
     return record
+
+
+def rate(job: JobRecord) -> float:
+    """A succeeded job's samples/s (`wait_job`'s jobs all have one)."""
+    assert job["samples_per_sec"] is not None, job
+    return job["samples_per_sec"]
 
 
 def wait_jobs(settings: Settings, ids: Sequence[int], timeout: float = 3600,

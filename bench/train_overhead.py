@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.stack import run_pinned, running_stack, wait_job
+from bench.stack import rate, run_pinned, running_stack, wait_job
 
 
 def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> list[float]:
@@ -94,8 +94,8 @@ def run(copies: int = 10, epochs: int = 5, batch: int = 128, root: Path | None =
             mxq_epochs = [e["samples_per_sec"] for e in list_epochs(s.database, job["id"])]
             bare, mxq = statistics.median(bare_epochs), statistics.median(mxq_epochs)
             row = {"bare": bare, "mxq": mxq, "ratio": mxq / bare, "bare_epochs": bare_epochs,
-                   "mxq_epochs": mxq_epochs, "mxq_job": job["samples_per_sec"],
-                   "ratio_job": job["samples_per_sec"] / bare,
+                   "mxq_epochs": mxq_epochs, "mxq_job": rate(job),
+                   "ratio_job": rate(job) / bare,
                    "mxq_end_to_end": len(y) * epochs / wall,
                    "ratio_end_to_end": len(y) * epochs / wall / bare}
             result["devices"][str(k)] = row

@@ -28,6 +28,7 @@ from mxq.db.jobs import create_job
 from mxq.db.migrate import upgrade
 from mxq.db.outputs import predictions
 from mxq.db.outputs.predictions import COLUMNS, Row
+from mxq.errors import first_line
 
 BATCH = 20_000  # rows per write, as tasks.infer.FLUSH_ROWS (importing it would load MXNet)
 POSTGRES = "postgresql://127.0.0.1:5432/test"
@@ -88,7 +89,7 @@ def measure(url: str, bare: Writer, rows: int, rounds: int) -> dict[str, Any]:
         pair = [(mxq, through_mxq), (base, bare)]
         for into, write in (pair if r % 2 == 0 else pair[::-1]):
             into.append(timed(write))
-    result = {"rows": rows, "batch": BATCH, "rounds": rounds, "mxq": statistics.median(mxq),
+    result: dict[str, Any] = {"rows": rows, "batch": BATCH, "rounds": rounds, "mxq": statistics.median(mxq),
               "bare": statistics.median(base), "mxq_runs": mxq, "bare_runs": base}
     result["ratio"] = result["mxq"] / result["bare"]
     return result
@@ -121,7 +122,7 @@ def postgres_reachable(server: str) -> str | None:
         with psycopg.connect(server, autocommit=True, connect_timeout=3):
             return None
     except psycopg.Error as exc:
-        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return first_line(exc)
 
 
 def run(rows: int = 500_000, rounds: int = 3, postgres: str | None = POSTGRES,
@@ -140,7 +141,7 @@ def run(rows: int = 500_000, rounds: int = 3, postgres: str | None = POSTGRES,
             get_engine(url).dispose()
     _show("SQLite", result["sqlite"], "executemany")
     why = postgres_reachable(postgres) if postgres else "not asked (--postgres '')"
-    if why is None:
+    if why is None and postgres:
         with scratch_postgres(postgres) as url:
             upgrade(url)
             bare, close = postgres_bare(url)

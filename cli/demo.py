@@ -18,6 +18,7 @@ from mxq.cli.settings import get_settings
 
 if TYPE_CHECKING:
     import numpy as np
+    from numpy.typing import NDArray
 
     from mxq.db.records import JobRecord
     from mxq.workers.settings import Settings
@@ -28,7 +29,7 @@ PROBE_COLUMNS = ["device", "job", "status", "matmul_gflops", "conv_images_per_se
 INFER_COLUMNS = ["device", "job", "status", "samples", "seconds", "samples_per_sec", "accuracy"]
 
 
-def demo_input(s: Settings, copies: int) -> tuple[Path, np.ndarray]:
+def demo_input(s: Settings, copies: int) -> tuple[Path, NDArray[np.int64]]:
     """The digits as stored (pixels 0 to 16, shape N,1,8,8), repeated `copies` times, inside the
     data root, and their labels. The trained version scales them itself (its preprocessing)."""
     import numpy as np
@@ -73,7 +74,7 @@ def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
     return _wait(s, submit(s, "train", params, group[0]))
 
 
-def _accuracy(s: Settings, record: JobRecord, labels: np.ndarray) -> float | None:
+def _accuracy(s: Settings, record: JobRecord, labels: NDArray[np.int64]) -> float | None:
     """The share of samples whose predicted class is the label (None if the job failed)."""
     import numpy as np
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -65,22 +64,7 @@ def describe(exc: BaseException) -> str | None:
         if isinstance(exc, ValidationError):
             return settings_message(exc)
     if "sqlalchemy" in sys.modules:
-        return _database_message(exc)
-    return None
+        from mxq.db.errors import describe as database_error
 
-
-def _database_message(exc: BaseException) -> str | None:
-    from sqlalchemy.exc import OperationalError, ProgrammingError
-
-    if isinstance(exc, OperationalError | ProgrammingError):
-        reason = str(exc.orig or exc).strip().splitlines()[0]
-        missing = re.search(r'database "([^"]+)" does not exist', reason)
-        if missing:  # the server answered: the database itself is absent, not its schema
-            name = missing.group(1)
-            return (f'database error: the PostgreSQL database "{name}" does not exist: create it '
-                    f'(`createdb {name}` or CREATE DATABASE "{name}"), then run `mxq migrate`')
-        if "no such table" in reason or "does not exist" in reason or "unable to open" in reason:
-            return (f"database error: {reason}: the database has no mxq schema yet; "
-                    "run `mxq migrate` (or `mxq up`)")
-        return f"database error: {reason}"
+        return database_error(exc)
     return None

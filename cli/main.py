@@ -18,9 +18,11 @@ from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.cli.settings import get_settings
 from mxq.ids import MAX_ID
 from mxq.since import parse_since
+from mxq.status import FINISHED, UNSUCCESSFUL, JobStatus
 
 if TYPE_CHECKING:
     from mxq.db.records import JobRecord
+    from mxq.workers.launch.launcher import WorkerSpec
     from mxq.workers.settings import Settings
 
 # Each command imports what it uses (SQLAlchemy, Celery, Redis, NumPy) when it runs, so that
@@ -71,7 +73,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
        timeout: float = 180.0) -> None:
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
     from mxq.workers.broker.embedded import EmbeddedRedis
-    from mxq.workers.fleet.status import device_table
+    from mxq.workers.fleet.device_table import device_table
     from mxq.workers.launch.stack import preflight, prepare, run_launcher, up_detached
 
     s = get_settings(own=True)
@@ -92,7 +94,7 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     raise typer.Exit(code)
 
 
-def _plan_or_exit(s: Settings) -> list:
+def _plan_or_exit(s: Settings) -> list[WorkerSpec]:
     from mxq.workers.launch.stack import node_plan
 
     specs, refused = node_plan(s)
@@ -126,7 +128,7 @@ def _shown_env(key: str, value: str) -> str:
     if key == "MXQ_DATABASE_URL":
         return safe_url(value)
     if key == "MXQ_BROKER_URL":
-        return maybe_sanitize_url(value)
+        return str(maybe_sanitize_url(value))
     return value
 
 
@@ -193,8 +195,8 @@ def stats(by: Annotated[str, typer.Option(help="device, model or day")] = "devic
     if json_:
         render.print_json(rows)
     else:
-        render.table(rows, [by, "jobs", "succeeded", "failed", "cancelled", "success_rate",
-                            "samples", "samples_per_sec"], f"stats by {by}")
+        render.table(rows, [by, "jobs", *FINISHED, "success_rate", "samples", "samples_per_sec"],
+                     f"stats by {by}")
 
 
 @app.command()
@@ -228,9 +230,9 @@ def dead_letters(clear: Annotated[bool, typer.Option("--clear", help="Drop them 
                  json_: JsonOpt = False) -> None:
     """Broker messages no worker could read, moved aside (newest first): their queue, when, why."""
     from mxq.workers.broker import deadletters
-    from mxq.workers.fleet import leases
+    from mxq.workers.broker.redis_client import client as broker_client
 
-    client = leases.client(get_settings().broker)
+    client = broker_client(get_settings().broker)
     if clear:
         render.out.print(f"cleared {deadletters.clear(client)} dead letters")
         return
@@ -266,7 +268,7 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           batch: Annotated[int, typer.Option(help="Images per convolution batch.")] = 32,
           repeat: Annotated[int, typer.Option(help="Timed rounds of each benchmark.")] = 5,
           allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
-          wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,  # noqa: E501
+          wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
     _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
@@ -318,7 +320,7 @@ def results(job_id: JobId,
         render.err.print(f"wrote {rows} predictions of job {job_id} to {out}", markup=False)
     else:
         render.predictions(stored.read(s.database, s.home_path, record, limit, offset), format)
-    if record["status"] in ("failed", "cancelled"):
+    if record["status"] in UNSUCCESSFUL:
         render.err.print(f"mxq: job {job_id} {record['status']}: {record['error']}", markup=False)
         raise typer.Exit(EXIT_JOB_FAILED)
 
@@ -393,7 +395,7 @@ def _show_job(record: JobRecord, json_: bool) -> None:
         render.print_json(record)
     else:
         render.job_detail(record)
-    if record["status"] in ("failed", "cancelled"):
+    if record["status"] in UNSUCCESSFUL:
         if not json_:
             render.err.print(f"mxq: job {record['id']} {record['status']}: {record['error']}",
                              markup=False)
@@ -404,7 +406,7 @@ def _show_job(record: JobRecord, json_: bool) -> None:
 def devices(json_: JsonOpt = False) -> None:
     """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat."""
     from mxq.db.reports.history import pool_depths
-    from mxq.workers.fleet.status import device_table
+    from mxq.workers.fleet.device_table import device_table
 
     s = get_settings()
     records = device_table(s)
@@ -426,8 +428,6 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
          format: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
          json_: JsonOpt = False) -> None:
     """Job history, newest first (`--format json|csv` to export)."""
-    from mxq.status import JobStatus
-
     allowed = tuple(JobStatus)
     if status is not None and status not in allowed:
         raise typer.BadParameter(f"{status!r}: expected one of {', '.join(allowed)}",

@@ -1,4 +1,4 @@
-"""Tables, JSON and the waiting progress bar of the CLI."""
+"""Tables and JSON of the CLI, and its wait for a job (the bar is `mxq.client.progress`'s)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from mxq.db.records import JobRecord
+from mxq.client.progress import JobBar
+from mxq.db.records import JobRecord, PredictionRow
 from mxq.status import FINISHED
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
@@ -23,7 +23,6 @@ WIDTH = shutil.get_terminal_size((160, 24)).columns
 out = Console(width=None if sys.stdout.isatty() else WIDTH)
 err = Console(stderr=True, soft_wrap=True)  # a one-line error stays one line, however long
 WAIT_POLL_SECONDS = 0.25
-FINAL = FINISHED  # the statuses a job ends in (`mxq.status`)
 
 
 def finite(data: Any) -> Any:
@@ -90,7 +89,7 @@ def csv_rows(rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
         writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
 
 
-def predictions(rows: list[dict[str, Any]], fmt: str) -> None:
+def predictions(rows: list[PredictionRow], fmt: str) -> None:
     """Rows as a table, JSON or CSV (index,predicted_class,score, then top-k pairs when stored)."""
     if fmt == "json":
         print_json(rows)
@@ -116,17 +115,14 @@ def wait_for(job_id: int, fetch: Callable[[int], JobRecord],
     Ctrl-C stops only the waiting, not the job: the bar (transient) is gone, so one line says
     which job goes on and how to stop it, and the command exits 130."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    columns = (TextColumn("job {task.fields[job]} {task.fields[status]:<9}"), BarColumn(),
-               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
     status = "queued"
     try:
-        with Progress(*columns, console=err, transient=True) as bar:
-            task = bar.add_task("job", total=1.0, job=job_id, status=status)
+        with JobBar(job_id, console=err) as bar:
             while True:
                 record = fetch(job_id)
                 status = record["status"]
-                bar.update(task, completed=record["progress"], status=status)
-                if status in FINAL:
+                bar.show(status, record["progress"])
+                if status in FINISHED:
                     return record
                 if deadline is not None and time.monotonic() > deadline:
                     return record

@@ -66,7 +66,6 @@ def show(name: str, json_: JsonOpt = False) -> None:
 
     s = get_settings()
     record = schedules.detail(s.database, name)
-    record.pop("id")
     if json_:
         render.print_json(record)
         return

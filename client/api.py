@@ -9,6 +9,7 @@ code in Airflow, Prefect or Dagster calls it as plain Python.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -22,7 +23,6 @@ import httpx
 from mxq.errors import Conflict, JobRejected, MxqError, NotFound, Unauthorized, Unavailable, UserError
 from mxq.status import FINISHED
 
-FINAL = FINISHED  # the statuses a job ends in (`mxq.status`)
 PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
@@ -235,17 +235,18 @@ class Job:
         """Poll until the job is over (TimeoutError past `timeout` seconds); with `progress`,
         a progress bar on stderr."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        bar = _Bar(self.id) if progress else None
-        try:
-            while self.refresh().status not in FINAL:
+        bar = None
+        if progress:
+            from mxq.client.progress import JobBar  # (Rich, only when a bar is asked for)
+
+            bar = JobBar(self.id)
+        with bar or contextlib.nullcontext():
+            while self.refresh().status not in FINISHED:
                 if bar:
-                    bar.update(self)
+                    bar.show(self.status, self.record.get("progress"))
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {self.id} still {self.status} after {timeout:g} s")
                 time.sleep(POLL_SECONDS)
-        finally:
-            if bar:
-                bar.close(self)
         return self
 
     def rows(self) -> Iterator[dict[str, Any]]:
@@ -280,22 +281,3 @@ class Job:
 
             return pd.DataFrame(columns)
         raise UserError(f"format {format!r}: expected numpy, pandas or arrow")
-
-
-class _Bar:
-    """A rich progress bar of one job, on stderr."""
-
-    def __init__(self, job_id: int) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        self.progress = Progress(TextColumn(f"job {job_id} {{task.fields[status]:<9}}"), BarColumn(),
-                                 TextColumn("{task.percentage:>3.0f}%"), transient=True)
-        self.task = self.progress.add_task("job", total=1.0, status="queued")
-        self.progress.start()
-
-    def update(self, job: Job) -> None:
-        self.progress.update(self.task, completed=job.record.get("progress") or 0.0, status=job.status)
-
-    def close(self, job: Job) -> None:
-        self.update(job)
-        self.progress.stop()

@@ -59,3 +59,10 @@ def reason(exc: BaseException, limit: int = 300) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith(frames)]
     return ((said or lines or [type(exc).__name__])[-1])[:limit]
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (its type's name when it has none): drivers and
+    libraries (psycopg, redis, SQLAlchemy, ONNX Runtime) say what happened first and add SQL,
+    parameters, hints or a help link below it, the other way round from MXNet (`reason`)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]

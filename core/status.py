@@ -13,4 +13,5 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)  # a job ends in one
+UNSUCCESSFUL = (JobStatus.FAILED, JobStatus.CANCELLED)  # ended without its result (the CLI exits 1)

@@ -7,9 +7,12 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, Result, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+from mxq.db.retry import first_line
 
 # Seconds to wait for a database that does not answer before saying so.
 CONNECT_TIMEOUT = 5
@@ -73,6 +76,16 @@ def get_engine(url: str) -> Engine:
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _postgres_session)
     return engine
+
+
+def ping(url: str) -> str | None:
+    """None when the database answers a read, else why not (the driver's first line)."""
+    try:
+        with get_engine(url).connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        return first_line(exc)
+    return None
 
 
 @lru_cache(maxsize=8)

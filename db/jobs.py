@@ -20,6 +20,7 @@ from mxq import parts
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.outputs.epochs import merge_parts
+from mxq.db.records import JobRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
 from mxq.errors import Conflict
@@ -125,6 +126,18 @@ def unclaimable(status: str, heartbeat_at: datetime | None, cutoff: datetime) ->
     if status == JobStatus.RUNNING and heartbeat_at is not None and as_utc(heartbeat_at) >= cutoff:
         return Claim.DUPLICATE
     return None
+
+
+def job_row(url: str, job_id: int) -> JobRow | None:
+    """The job as a worker needs it to run a delivery or publish it again; None: no such job."""
+    with session_scope(url) as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        return {"id": job.id, "kind": job.kind, "status": job.status, "params": dict(job.params),
+                "queue": job.queue, "requested_device": job.requested_device,
+                "parent_id": job.parent_id, "heartbeat_at": job.heartbeat_at,
+                "committed": job.committed, "attempts": job.attempts, "worker": job.worker}
 
 
 def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:

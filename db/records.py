@@ -1,11 +1,12 @@
 """The records `mxq.db` hands to the other layers, typed: what a caller may read from them.
 
-Each is also a JSON shape users and scripts rely on (`mxq job ID --json`, the API), so a key is
-added, never renamed or dropped.
+Most are also JSON shapes users and scripts rely on (`mxq job ID --json`, the API), so a key is
+added, never renamed or dropped; the few read only inside mxq (times as datetimes) say so.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, NotRequired
 
 # pydantic (the API's answers) reads TypedDicts from typing_extensions only, on Python 3.11
@@ -41,14 +42,22 @@ class MetricPoint(TypedDict):
     samples_per_sec: float
 
 
-class EpochRecord(TypedDict):
+class EpochResult(TypedDict):
+    """What a training measured of one epoch (`mxq.tasks.training.train_loop.fit`); stored with
+    its checkpoint and its time, it is an `EpochRecord`."""
+
     epoch: int
     train_loss: float
     train_accuracy: float
     val_accuracy: float | None
     seconds: float
     samples_per_sec: float
-    per_device: dict[str, Any] | None
+    per_device: dict[str, float]  # samples/s per device (cpu:0; cpu:0@node once nodes are merged)
+
+
+class EpochRecord(EpochResult):
+    """A stored epoch (`mxq.db.outputs.epochs`): its figures, its checkpoint, when it ended."""
+
     checkpoint: str | None
     at: str | None
 
@@ -127,3 +136,93 @@ class ModelRecord(TypedDict):
     auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
     outputs: str  # "logits" (mxq applies a softmax) or "probabilities" (the model ends in one)
+
+
+class JobRow(TypedDict):
+    """A job as a worker reads it before it claims a delivery, the training child before it
+    trains and a requeue before it publishes (`mxq.db.jobs.job_row`); inside mxq only."""
+
+    id: int
+    kind: str
+    status: str
+    params: dict[str, Any]  # free-form JSON: the kind's parameters (mxq.workers.jobs.jobspecs)
+    queue: str
+    requested_device: str
+    parent_id: int | None
+    heartbeat_at: datetime | None
+    committed: int | None  # inference: where earlier attempts stopped storing results
+    attempts: int
+    worker: str | None  # the last attempt's
+
+
+class JobRoute(TypedDict):
+    """Where a job's message goes: its task (`mxq.<kind>`) and its queue (`mxq.db.repair`)."""
+
+    kind: str
+    queue: str
+
+
+class LostFire(TypedDict):
+    """A schedule fire whose tick died before it submitted its job (`mxq.db.repair.lost_fires`)."""
+
+    fire_id: int
+    schedule: str  # the schedule's name
+
+
+class PredictionRow(TypedDict):
+    """One stored prediction, wherever the job stored it (`mxq.db.outputs.results.read`)."""
+
+    index: int
+    predicted_class: int
+    score: float
+    top_k: list[tuple[int, float]] | None  # [class, probability] pairs, best first
+
+
+class ScheduleRecord(TypedDict):
+    """One schedule (`mxq schedule list --json`, `GET /api/v1/schedules`)."""
+
+    name: str
+    cron: str
+    tz: str
+    spec: dict[str, Any]  # free-form JSON: the training options each fire submits, as given
+    dataset: str
+    promote: str
+    metric: str
+    min_gain: float
+    enabled: bool
+    next_fire_at: str | None
+    last_fire_at: str | None
+    created_at: str | None
+
+
+class StoredSchedule(ScheduleRecord):
+    """A schedule with the id its fires are made against (`mxq.db.schedules.get`); inside mxq only."""
+
+    id: int
+
+
+class DueSchedule(StoredSchedule):
+    """A schedule with its next fire time as a datetime (`mxq.db.schedules.due`, `upcoming`)."""
+
+    next: datetime
+
+
+class FireRecord(TypedDict):
+    """One fire of a schedule, with its job and its promotion decision (`mxq.db.schedules.fires`)."""
+
+    fire_time: str | None
+    fired_at: str | None
+    manual: bool
+    missed: int
+    catch_up: bool
+    dataset_file: str | None
+    job_id: int | None
+    job_status: str | None
+    error: str | None
+    promotion: dict[str, Any] | None  # free-form JSON: `mxq.promotion.decision_record`
+
+
+class ScheduleDetail(ScheduleRecord):
+    """A schedule and its fires (`mxq schedule show --json`, `GET /api/v1/schedules/NAME`)."""
+
+    fires: list[FireRecord]

@@ -106,7 +106,7 @@ def promote(url: str, name: str, version: int) -> ModelRecord:
 
 
 def record_engine_speeds(url: str, name: str, version: int, kind: str,
-                         speeds: dict[str, float]) -> dict[str, Any]:
+                         speeds: dict[str, float]) -> dict[str, dict[str, float]]:
     """Store each engine's measured samples/s for `kind` devices; return all kinds' figures."""
     with session_scope(url) as session:
         model = session.scalar(select(Model).where(Model.name == name, Model.version == version)

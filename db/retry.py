@@ -16,6 +16,7 @@ from typing import ParamSpec, TypeVar
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
+from mxq import errors
 from mxq.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ class DatabaseUnreachable(Unavailable):
 
 def first_line(exc: BaseException) -> str:
     """The driver's first line (`exc.orig` for a SQLAlchemy error), without SQLAlchemy's text."""
-    inner = getattr(exc, "orig", None) or exc
-    return (str(inner).strip().splitlines() or [type(inner).__name__])[0][:300]
+    return errors.first_line(getattr(exc, "orig", None) or exc)
 
 
 def _where(url: object) -> str:
@@ -89,7 +89,7 @@ def retrying(transient: Callable[[BaseException], bool], seconds: float = RETRY_
                             raise
                         raise give_up(exc, tuple(args), seconds) from exc
                     tries += 1
-                    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                    reason = errors.first_line(exc, 200)
                     log.warning("%s failed (%s); retry %s in %.1fs", fn.__qualname__, reason,
                                 tries, delay)
                     time.sleep(delay)

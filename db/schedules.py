@@ -3,6 +3,7 @@ compare-and-set, and recorded under a unique (schedule, fire time): two ticks ne
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from mxq import promotion
 from mxq.db.engine import rowcount, session_scope
-from mxq.db.records import FirePolicy
+from mxq.db.records import DueSchedule, FirePolicy, FireRecord, ScheduleDetail, ScheduleRecord, StoredSchedule
 from mxq.db.registry import list_models, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
 from mxq.errors import Conflict, NotFound
@@ -33,7 +34,7 @@ class ScheduleExists(Conflict):
 SKIPPED = "skipped: "
 
 
-def schedule_record(sched: Schedule) -> dict[str, Any]:
+def schedule_record(sched: Schedule) -> ScheduleRecord:
     return {"name": sched.name, "cron": sched.cron, "tz": sched.tz, "spec": sched.spec,
             "dataset": sched.dataset,
             "promote": sched.promote, "metric": sched.metric, "min_gain": sched.min_gain,
@@ -41,7 +42,7 @@ def schedule_record(sched: Schedule) -> dict[str, Any]:
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at)}
 
 
-def add(url: str, values: dict[str, Any]) -> dict[str, Any]:
+def add(url: str, values: dict[str, Any]) -> ScheduleRecord:
     try:
         with session_scope(url) as session:
             row = Schedule(**values)
@@ -60,22 +61,24 @@ def _get(session: Session, name: str) -> Schedule:
     return row
 
 
-def _with_id(row: Schedule) -> dict[str, Any]:
+def _with_id(row: Schedule) -> StoredSchedule:
     """The record, with the id a fire is made against."""
     return {**schedule_record(row), "id": row.id}
 
 
-def get(url: str, name: str) -> dict[str, Any]:
+def get(url: str, name: str) -> StoredSchedule:
     with session_scope(url) as session:
         return _with_id(_get(session, name))
 
 
-def detail(url: str, name: str) -> dict[str, Any]:
+def detail(url: str, name: str) -> ScheduleDetail:
     """One schedule with its fires, as `mxq schedule show` and the API show it."""
-    return {**get(url, name), "fires": fires(url, name)}
+    with session_scope(url) as session:
+        record = schedule_record(_get(session, name))
+    return {**record, "fires": fires(url, name)}
 
 
-def list_schedules(url: str) -> list[dict[str, Any]]:
+def list_schedules(url: str) -> list[ScheduleRecord]:
     with session_scope(url) as session:
         return [schedule_record(r) for r in session.scalars(select(Schedule).order_by(Schedule.name))]
 
@@ -111,17 +114,17 @@ def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: i
     return fire
 
 
-def _listed(rows: Any) -> list[dict[str, Any]]:
-    return [{**schedule_record(r), "id": r.id, "next": as_utc(r.next_fire_at)} for r in rows]
+def _listed(rows: Iterable[Schedule]) -> list[DueSchedule]:
+    return [{**_with_id(r), "next": as_utc(r.next_fire_at)} for r in rows]
 
 
-def due(url: str, now: datetime) -> list[dict[str, Any]]:
+def due(url: str, now: datetime) -> list[DueSchedule]:
     with session_scope(url) as session:
         return _listed(session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
                                                               Schedule.next_fire_at <= now)))
 
 
-def upcoming(url: str, now: datetime) -> list[dict[str, Any]]:
+def upcoming(url: str, now: datetime) -> list[DueSchedule]:
     """The enabled schedules not due yet (the tick checks that none waits past its next cron
     time, as one does after the clock went back)."""
     with session_scope(url) as session:
@@ -175,7 +178,7 @@ def record_manual(url: str, schedule_id: int, fire_time: datetime) -> int:
         return _new_fire(session, schedule_id, fire_time, 0, manual=True).id
 
 
-def pending_fire(url: str, fire_id: int) -> dict[str, Any] | None:
+def pending_fire(url: str, fire_id: int) -> StoredSchedule | None:
     """The schedule of a fire that has neither a job nor an error yet (else None): what the
     schedule process still has to submit."""
     with session_scope(url) as session:
@@ -192,7 +195,7 @@ def settle_fire(url: str, fire_id: int, **values: Any) -> None:
         session.execute(update(Fire).where(Fire.id == fire_id).values(**values))
 
 
-def fires(url: str, name: str) -> list[dict[str, Any]]:
+def fires(url: str, name: str) -> list[FireRecord]:
     with session_scope(url) as session:
         row = _get(session, name)
         q = (select(Fire, Job.status).outerjoin(Job, Job.id == Fire.job_id)

@@ -14,11 +14,11 @@ from datetime import timedelta
 from typing import Any
 
 from mxq.db import jobs
-from mxq.db.engine import session_scope
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
+from mxq.db.records import JobRow
 from mxq.db.retry import DatabaseUnreachable, db_retry
-from mxq.db.schema import Job, utcnow
+from mxq.db.schema import utcnow
 from mxq.device import Device
 from mxq.errors import UserError
 from mxq.workers.broker.app import app
@@ -94,6 +94,12 @@ class JobContext:
     _checked_at: float = field(default_factory=time.monotonic)
     _progress_at: float = field(default_factory=time.monotonic)
     _verdict: jobs.RunCheck = jobs.RunCheck.GO_ON  # the last cancel check's
+    # `device` parsed once, here where the job's device enters its frame: the body reads its kind,
+    # its index and its MXNet context from this, not from the text again.
+    parsed_device: Device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parsed_device = Device.parse(self.device)
 
     def progress(self, fraction: float) -> None:
         """Report progress (written at most every PROGRESS_SECONDS: tiny jobs skip it); the write
@@ -155,15 +161,20 @@ def this_worker() -> Worker:
 @db_retry
 def _context(s: Settings, job_id: int, device: str) -> JobContext | Claim:
     """The job to run, or why this delivery of it is dropped without a claim."""
-    with session_scope(s.database) as session:
-        row = session.get(Job, job_id)
-        if row is None:
-            return Claim.MISSING
-        cutoff = utcnow() - timedelta(seconds=s.heartbeat_ttl)
-        if (verdict := jobs.unclaimable(row.status, row.heartbeat_at, cutoff)) is not None:
-            return verdict
-        return JobContext(job_id, row.kind, dict(row.params), device, s.database, row.queue,
-                          row.requested_device, row.parent_id, [device], committed=row.committed)
+    row = jobs.job_row(s.database, job_id)
+    if row is None:
+        return Claim.MISSING
+    cutoff = utcnow() - timedelta(seconds=s.heartbeat_ttl)
+    if (verdict := jobs.unclaimable(row["status"], row["heartbeat_at"], cutoff)) is not None:
+        return verdict
+    return context_of(row, device, s.database)
+
+
+def context_of(row: JobRow, device: str, url: str) -> JobContext:
+    """The frame of `row`'s job on `device` alone, before its claim; the training child makes
+    the same frame, then gives it the devices and the fence its leader claimed with."""
+    return JobContext(row["id"], row["kind"], row["params"], device, url, row["queue"],
+                      row["requested_device"], row["parent_id"], [device], committed=row["committed"])
 
 
 def _defer(s: Settings, job: JobContext, why: str) -> str:
@@ -184,7 +195,7 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
         log.info("job %s not run here: %s", job_id, job.value)
         return job.value
     job.worker = at.worker
-    if (elsewhere := _meant_for_another(at, job.queue)) is not None:
+    if (elsewhere := _meant_for_another(at.node, job.parsed_device, job.queue)) is not None:
         return _redirect(s, job, elsewhere)
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
     if holder not in (None, job_id):
@@ -208,12 +219,11 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
             release(job)
 
 
-def _meant_for_another(at: Placement, queue: str) -> str | None:
+def _meant_for_another(node: str, device: Device, queue: str) -> str | None:
     """The device queue a job belongs to when it is not this worker's own or one of its kind's
     pools (a duplicate message on the pool must not run a job asked for another device); else
     None."""
-    spec = Device.parse(at.device)
-    if queue in (device_queue(at.node, spec.kind, spec.index), *pool_queues(spec.kind)):
+    if queue in (device_queue(node, device.kind, device.index), *pool_queues(device.kind)):
         return None
     return queue
 
@@ -293,11 +303,11 @@ def job_task(kind: str, admit: Admit | None = None,
     the job), `release` after the job or a refused claim.
     """
     def register(body: Body) -> Body:
-        @app.task(name=f"mxq.{kind}")
         def _task(job_id: int) -> str:
             started = time.monotonic()
             state = run_job(int(job_id), body, admit, release)
             log.info("job %s %s in %.2fs", job_id, state, time.monotonic() - started)
             return state
+        app.task(name=f"mxq.{kind}")(_task)  # Celery has no types: called, not a decorator
         return body
     return register

@@ -23,8 +23,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -33,6 +34,11 @@ from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from mxq.db.records import JobRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -70,7 +76,8 @@ def _wanted(leg: str | None, legs: str, both_legs: bool) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the items of the legs `--legs` leaves out (reported as deselected, not skipped)."""
     legs = config.getoption("--legs")
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         wanted = _wanted(_leg(item), legs, item.get_closest_marker("both_legs") is not None)
         (keep if wanted else drop).append(item)
@@ -111,7 +118,8 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     unset = {k: None for k in os.environ if k.startswith("MXQ_") and k not in env}
     get_settings.cache_clear()
     try:
-        result = CliRunner().invoke(_Mxq(), args, env={**unset, **env, "COLUMNS": "200"},
+        command = cast(click.Command, _Mxq())  # it has the one method `invoke` calls
+        result = CliRunner().invoke(command, args, env={**unset, **env, "COLUMNS": "200"},
                                     prog_name="mxq")
     finally:
         get_settings.cache_clear()
@@ -127,7 +135,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def missing(reason: str) -> None:
+def missing(reason: str) -> NoReturn:
     """Skip locally; in CI a missing server is a failure, not a skip."""
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set, so this leg must run)")
@@ -141,11 +149,14 @@ class Stack:
     name: str
     home: Path
     env: dict[str, str] = field(default_factory=dict)
+    launcher: subprocess.Popen[bytes] | None = None  # `mxq worker`, under the `workers` fixture
 
     @property
     def settings(self) -> Settings:
-        return Settings(**{k.removeprefix("MXQ_").lower(): v for k, v in self.env.items()
-                           if k.startswith("MXQ_")})
+        # pydantic parses each value as it would the environment's
+        fields: dict[str, Any] = {k.removeprefix("MXQ_").lower(): v for k, v in self.env.items()
+                                  if k.startswith("MXQ_")}
+        return Settings(**fields)
 
     def environ(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MXQ_")}
@@ -163,17 +174,17 @@ class Stack:
                               capture_output=True, env=self.environ(**(env or {})),
                               timeout=timeout)
 
-    def mxq_json(self, *args: str) -> object:
+    def mxq_json(self, *args: str) -> Any:  # what `--json` printed: any JSON value
         proc = self.mxq(*args, "--json")
         assert proc.returncode in (0, 1), proc.stderr
         return json.loads(proc.stdout)
 
-    def job(self, job_id: int) -> dict:
-        from mxq.db.reports.history import get_job
+    def job(self, job_id: int) -> JobRecord:
+        from mxq.db.reports.history import require_job
 
-        return get_job(self.settings.database, job_id)
+        return require_job(self.settings.database, job_id)
 
-    def wait(self, job_id: int, timeout: float = 120, until=FINAL) -> dict:  # noqa: ANN001
+    def wait(self, job_id: int, timeout: float = 120, until: tuple[str, ...] = FINAL) -> JobRecord:
         return wait_until(lambda: self.job(job_id), timeout, f"job {job_id} to be {'/'.join(until)}",
                           until=lambda record: record["status"] in until)
 
@@ -195,7 +206,7 @@ class Templates:
         shutil.copyfile(cls.sqlite, home / "mxq.db")
 
     @classmethod
-    def postgres_name(cls, conn) -> str:  # noqa: ANN001
+    def postgres_name(cls, conn: psycopg.Connection[Any]) -> str:
         """The template database, migrated on first use (on the admin connection `conn`)."""
         if cls.postgres is None:
             name = f"mxq_template_{uuid.uuid4().hex[:8]}"
@@ -294,7 +305,7 @@ def mlp(workers: Stack) -> dict:
     return json.loads(proc.stdout)
 
 
-def launch(stack: Stack, *args: str, **env: str) -> subprocess.Popen:
+def launch(stack: Stack, *args: str, **env: str) -> subprocess.Popen[bytes]:
     """Start `mxq worker ARGS` on the stack and wait until both CPU workers beat."""
     since = utcnow()
     log_path = stack.home / "launcher-test.log"
@@ -312,7 +323,7 @@ def launch(stack: Stack, *args: str, **env: str) -> subprocess.Popen:
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
 
@@ -320,9 +331,9 @@ def stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="session")
 def workers(stack: Stack) -> Iterator[Stack]:
     """`mxq worker` running two pinned CPU workers against the stack."""
-    stack.launcher = launch(stack)
+    stack.launcher = launcher = launch(stack)
     yield stack
-    stop(stack.launcher)
+    stop(launcher)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +23,44 @@ import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import SecretStr
 
 from mxq.api import routes
 from mxq.api.app import app
-from mxq.workers.fleet.status import device_table
 from tests.api_server import Api, counts, start_api
-from tests.conftest import FINAL, NODE, Stack, wait_until
-from tests.test_inputs import png_bytes, solid
+from tests.conftest import NODE, Stack, wait_until
+from tests.support.bad_input import (
+    API_MAX_INPUT_BYTES,
+    AUTH,
+    DEVICES,
+    JSON,
+    ON_WORKER,
+    REJECTED,
+    ROWS,
+    TOKEN,
+    JobCase,
+    by_schema,
+    case_id,
+    check_job_case,
+    expect_changes,
+    infer,
+    input_with,
+    ok_input,
+    probe,
+    run_api_case,
+    run_cli_case,
+    save_input,
+    schedule,
+    still_standing,
+    train,
+)
+from tests.support.bad_input import client as client  # a fixture: the API app in this process
+from tests.support.bad_input import pids as pids  # a fixture: the workers at the start
+from tests.support.images import png_bytes, solid
+from tests.support.messages import one_line
 
 # SQL and broker differ by backend (NUL, large numbers, how a refused job is stored): every case
 # runs on both legs under `--legs both` (CI).
 pytestmark = pytest.mark.both_legs
-
-TOKEN = "fault-token-Zq9x"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-# The API of this corpus refuses inputs over 1 MB, so that limit can be tried over HTTP without
-# writing gigabytes (the CLI gets the same limit for that one case through its environment).
-API_MAX_INPUT_BYTES = 1_000_000
-ROWS = np.random.default_rng(7).normal(size=(40, 64)).astype(np.float32)
-DEVICES = ("cpu:0", "cpu:1")
-
-# How a bad request ends:
-REFUSED = "refused"  # at submit, nothing written: CLI exit 2, API 4xx without a job
-REJECTED = "rejected"  # at submit, recorded as a failed job: CLI exit 1, API 422 with job_id
-ON_WORKER = "on-worker"  # accepted, then failed by the worker, which goes on: CLI exit 1
-
-
-def _data(stack: Stack, name: str, array: np.ndarray) -> str:
-    np.save(stack.home / "data" / name, array)
-    return name
 
 
 def _text(stack: Stack, name: str, body: str) -> str:
@@ -74,18 +81,6 @@ def _symlink(stack: Stack) -> str:
     return "escape.npy"
 
 
-def _ok(stack: Stack) -> str:
-    return _data(stack, "ok.npy", ROWS)
-
-
-def _with(value: float) -> Callable[[Stack], str]:
-    def make(stack: Stack) -> str:
-        bad = ROWS.copy()
-        bad[5, 3] = value
-        return _data(stack, f"bad-{value}.npy", bad)
-    return make
-
-
 def _object_npy(stack: Stack) -> str:
     np.save(stack.home / "data" / "objects.npy", np.array([{"a": 1}, "x"] * 20, dtype=object),
             allow_pickle=True)
@@ -93,7 +88,7 @@ def _object_npy(stack: Stack) -> str:
 
 
 def _truncated(stack: Stack) -> str:
-    path = stack.home / "data" / _data(stack, "cut.npy", ROWS)
+    path = stack.home / "data" / save_input(stack, "cut.npy", ROWS)
     path.write_bytes(path.read_bytes()[:-500])
     return "cut.npy"
 
@@ -107,7 +102,7 @@ def _tampered(stack: Stack) -> dict[str, Any]:
         other = stack.mxq_json("models", "add", "fragile-other", "--arch", "mlp", "--input-shape", "64",
                                "--classes", "3")
         shutil.copyfile(other["params_file"], fragile["params_file"])
-    return {"model": "fragile", "input": _ok(stack), "device": "cpu:0"}
+    return {"model": "fragile", "input": ok_input(stack), "device": "cpu:0"}
 
 
 def _npy_claiming(stack: Stack, name: str, shape: tuple[int, ...], descr: str = "<f4") -> str:
@@ -195,51 +190,6 @@ def image_case(input: Callable[[Stack], str], needle: str, ends: str = ON_WORKER
                    needle, ends)
 
 
-@dataclass(frozen=True)
-class JobCase:
-    """A job request: `kind` plus parameters as the API takes them (the CLI gets them as options)."""
-
-    kind: str
-    params: Callable[[Stack], dict[str, Any]]
-    needle: str
-    ends: str
-    cli_env: dict[str, str] = field(default_factory=dict)
-    channels: tuple[str, ...] = ("cli", "api")
-    # How the API ends it when that differs: its typed schema refuses (422, nothing recorded)
-    # parameters the CLI passes on and submit records as a failed job.
-    api_ends: str | None = None
-
-    def through_api(self) -> JobCase:
-        return replace(self, ends=self.api_ends or self.ends)
-
-
-def by_schema(case: JobCase) -> JobCase:
-    """A case the API's schema refuses: the CLI records a failed job, the API records nothing."""
-    return replace(case, api_ends=REFUSED)
-
-
-def infer(input: Callable[[Stack], str] = _ok, needle: str = "", ends: str = REJECTED,
-          **opts: Any) -> JobCase:
-    def params(stack: Stack) -> dict[str, Any]:
-        return {"model": "mlp64", "input": input(stack), "device": "cpu:0", **opts}
-    return JobCase("infer", params, needle, ends)
-
-
-def train(needle: str, **opts: Any) -> JobCase:
-    return JobCase("train", lambda s: {"arch": "mlp", "dataset": "digits", "name": "faulty",
-                                       **opts}, needle, REJECTED)
-
-
-def schedule(needle: str, **opts: Any) -> JobCase:
-    return JobCase("schedule", lambda s: {"name": "faulty", "cron": "0 3 * * *", "tz": "UTC",
-                                          "arch": "mlp", "dataset": "digits", "model": "faulty",
-                                          **opts}, needle, REFUSED)
-
-
-def probe(needle: str, ends: str = REFUSED, **opts: Any) -> JobCase:
-    return JobCase("probe", lambda s: {"size": 64, **opts}, needle, ends)
-
-
 OUTSIDE = "lies outside the data root"
 BIG = 8000  # rows of 64 float32: about 2 MB, over the 1 MB this corpus allows
 BIG_ROWS = np.zeros((BIG, 64), np.float32)
@@ -255,31 +205,32 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                    "input='ok\\x00.npy': NUL characters are not allowed", REJECTED,
                                    channels=("api",)),  # (no process argument can hold a NUL)
         "input over MXQ_MAX_INPUT_BYTES": JobCase(
-            "infer", lambda s: {"model": "mlp64", "input": _data(s, "big.npy", BIG_ROWS)},
+            "infer", lambda s: {"model": "mlp64", "input": save_input(s, "big.npy", BIG_ROWS)},
             f"input big.npy holds {BIG * 64 * 4 + 128} bytes, more than the {API_MAX_INPUT_BYTES} bytes "
             "allowed (MXQ_MAX_INPUT_BYTES)", REJECTED,
             cli_env={"MXQ_MAX_INPUT_BYTES": str(API_MAX_INPUT_BYTES)}),
     },
     "data": {
-        "wrong feature count": infer(lambda s: _data(s, "narrow.npy", ROWS[:, :32]),
+        "wrong feature count": infer(lambda s: save_input(s, "narrow.npy", ROWS[:, :32]),
                                      "has samples of shape (32,) but model expects (64,)", ON_WORKER),
         "strings in a csv": infer(lambda s: _text(s, "words.csv", "1,2,3\n4,five,6\n"),
                                   "line 2 has a non-numeric value", ON_WORKER),
         "npy of dtype object": infer(_object_npy, f"has dtype object; {ALLOWED_DTYPES}", ON_WORKER),
-        "npy of dtype complex": infer(lambda s: _data(s, "complex.npy", ROWS.astype(np.complex64)),
+        "npy of dtype complex": infer(lambda s: save_input(s, "complex.npy", ROWS.astype(np.complex64)),
                                       f"has dtype complex64; {ALLOWED_DTYPES}", ON_WORKER),
-        "npy of strings": infer(lambda s: _data(s, "strings.npy", np.array([["a"] * 64] * 4)),
+        "npy of strings": infer(lambda s: save_input(s, "strings.npy", np.array([["a"] * 64] * 4)),
                                 f"has dtype <U1; {ALLOWED_DTYPES}", ON_WORKER),
         "truncated npy": infer(_truncated, "cut.npy is truncated or corrupt: 2435 of 2560 values present",
                                ON_WORKER),
-        "empty npy": infer(lambda s: _data(s, "empty.npy", np.zeros((0, 64), np.float32)),
+        "empty npy": infer(lambda s: save_input(s, "empty.npy", np.zeros((0, 64), np.float32)),
                            "holds no samples", ON_WORKER),
-        "NaN with --reject-nan": infer(_with(float("nan")), "has NaN in sample 5 (--reject-nan is set)",
+        "NaN with --reject-nan": infer(input_with(float("nan")), "has NaN in sample 5 (--reject-nan is set)",
                                        ON_WORKER, reject_nan=True),
-        "inf with --reject-nan": infer(_with(float("inf")), "has inf in sample 5 (--reject-nan is set)",
+        "inf with --reject-nan": infer(input_with(float("inf")), "has inf in sample 5 (--reject-nan is set)",
                                        ON_WORKER, reject_nan=True),
-        "-inf with --reject-nan": infer(_with(float("-inf")), "has -inf in sample 5 (--reject-nan is set)",
-                                        ON_WORKER, reject_nan=True),
+        "-inf with --reject-nan": infer(input_with(float("-inf")),
+                                        "has -inf in sample 5 (--reject-nan is set)", ON_WORKER,
+                                        reject_nan=True),
     },
     "decoded size": {  # what a file holds once read, not its bytes on disk
         "npz whose array claims 256 TB": infer(_npz_claiming, "array 'X' holds 256,000,000,000,000 bytes "
@@ -308,8 +259,8 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
         "npz of 2,000 arrays, none named X": infer(_many_arrays, "a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, … "
                                                    "(2000 arrays)) and none is named X", ON_WORKER),
         "float64 beyond float32's range": infer(
-            lambda s: _data(s, "f64.npy", np.where(np.arange(40 * 64).reshape(40, 64) == 5 * 64 + 3, 1e300,
-                                                   ROWS.astype(np.float64))),
+            lambda s: save_input(s, "f64.npy", np.where(np.arange(40 * 64).reshape(40, 64) == 5 * 64 + 3,
+                                                        1e300, ROWS.astype(np.float64))),
             "has 1e+300 in sample 5, beyond float32's range", ON_WORKER),
         "RecordIO with a bad index": image_case(_bad_index, "has an index bad.idx whose line 2 is not "
                                                 "'key<TAB>offset': 'not an index line'"),
@@ -373,11 +324,12 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                                  epochs=20000),
     },
     "models": {
-        "unknown model name": JobCase("infer", lambda s: {"model": "nosuch", "input": _ok(s)},
+        "unknown model name": JobCase("infer", lambda s: {"model": "nosuch", "input": ok_input(s)},
                                       "unknown model 'nosuch'; known models:", REJECTED),
-        "unknown model version": JobCase("infer", lambda s: {"model": "mlp64:9", "input": _ok(s)},
+        "unknown model version": JobCase("infer", lambda s: {"model": "mlp64:9", "input": ok_input(s)},
                                          "model 'mlp64' has no version 9; versions: 1", REJECTED),
-        "model version not a number": JobCase("infer", lambda s: {"model": "mlp64:latest", "input": _ok(s)},
+        "model version not a number": JobCase("infer",
+                                              lambda s: {"model": "mlp64:latest", "input": ok_input(s)},
                                               "model version 'latest' in 'mlp64:latest' must be a number",
                                               REJECTED),
         "params that no longer match their checksum": JobCase("infer", _tampered,
@@ -405,144 +357,32 @@ JOB_CASES: dict[str, JobCase] = {name: c for cases in JOB_CASE_KINDS.values() fo
 JOB_ROUND_TRIPS = [next(iter(cases)) for cases in JOB_CASE_KINDS.values()]
 
 
-def _cli_args(case: JobCase, params: dict[str, Any]) -> list[str]:
-    p = dict(params)
-    if case.kind == "infer":
-        head = ["infer", p.pop("model"), p.pop("input")]
-    elif case.kind == "train":
-        head = ["train", p.pop("arch"), p.pop("dataset"), "--name", p.pop("name")]
-    elif case.kind == "schedule":
-        head = ["schedule", "add", p.pop("name")]
-    else:
-        head = [case.kind]
-    flags = []
-    for key, value in p.items():
-        flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return head + flags
-
-
-@pytest.fixture(scope="module")
-def client(workers: Stack) -> Iterator[TestClient]:
-    """The API app in this process, with this corpus's token and input limit."""
-    s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN),
-                                            "max_input_bytes": API_MAX_INPUT_BYTES})
-    app.dependency_overrides[routes.settings] = lambda: s
-    with TestClient(app, base_url="http://127.0.0.1") as test_client:
-        yield test_client
-    app.dependency_overrides.clear()
-
-
 @pytest.fixture(scope="module")
 def server(workers: Stack) -> Iterator[Api]:
     """The real `mxq api` process, for the round trips."""
     yield from start_api(workers, TOKEN, "api-bad-input", MXQ_MAX_INPUT_BYTES=str(API_MAX_INPUT_BYTES))
 
 
-@pytest.fixture(scope="module")
-def pids(workers: Stack, mlp: dict) -> dict[str, int]:
-    """The device workers' processes at the start: the same ones must still be there after each case."""
-    return _live(workers)
-
-
-def _live(stack: Stack) -> dict[str, int]:
-    return {d["device"]: d["pid"] for d in device_table(stack.settings)
-            if d["alive"] and d["node"] == NODE}
-
-
-def _still_standing(stack: Stack, pids: dict[str, int]) -> None:
-    assert stack.launcher.poll() is None, "the launcher died"
-    live = _live(stack)
-    assert set(DEVICES) <= set(live), f"a device worker is down: {live}"
-    assert {d: live[d] for d in DEVICES} == {d: pids[d] for d in DEVICES}, "a device worker restarted"
-
-
-def _expect_changes(before: dict[str, int], after: dict[str, int], failed_jobs: int) -> None:
-    assert after == {**before, "jobs_failed": before["jobs_failed"] + failed_jobs}, (before, after)
-
-
-def _one_line(stderr: str) -> str:
-    line = stderr.strip()
-    assert line and len(line.splitlines()) == 1 and "Traceback" not in line, stderr
-    return line
-
-
-def _run_cli(run: Callable[..., Any], stack: Stack, case: JobCase, params: dict[str, Any]) -> dict | None:
-    """Run the case through `run` (in-process or the real `mxq`); the failed job's record, or None
-    when nothing was recorded."""
-    args = _cli_args(case, params)
-    if case.kind != "schedule":
-        args.append("--wait")
-    proc = run(*args, env=case.cli_env)
-    line = _one_line(proc.stderr)
-    assert case.needle in line, line
-    if case.ends == REFUSED:
-        assert proc.returncode == 2 and line.startswith("mxq: error: "), (proc.returncode, line)
-        return None
-    assert proc.returncode == 1, (proc.returncode, line)
-    prefix = "mxq: error: job " if case.ends == REJECTED else "mxq: job "
-    assert line.startswith(prefix) and " failed: " in line, line
-    return stack.job(int(line.removeprefix(prefix).split()[0]))
-
-
-def _run_api(client: httpx.Client, stack: Stack, case: JobCase, params: dict[str, Any]) -> dict | None:
-    path, body = (("/api/v1/schedules", params) if case.kind == "schedule"
-                  else ("/api/v1/jobs", {"kind": case.kind, **params}))
-    # json.dumps writes NaN as Python's JSON reader (and so the API) takes it; httpx would refuse
-    r = client.post(path, content=json.dumps(body), headers={**AUTH, "Content-Type": "application/json"})
-    answer = r.json()
-    if case.ends == ON_WORKER:
-        assert r.status_code == 201, answer
-        job_id = answer["id"]
-        done = wait_until(lambda: client.get(f"/api/v1/jobs/{job_id}").json(), 120,
-                          f"job {job_id} to finish", until=lambda j: j["status"] in FINAL)
-        assert case.needle in done["error"], done["error"]
-        return stack.job(job_id)
-    assert r.status_code == 422, (r.status_code, answer)
-    assert isinstance(answer["detail"], str) and case.needle in answer["detail"], answer
-    if case.ends == REFUSED:
-        assert "job_id" not in answer, answer
-        return None
-    return stack.job(answer["job_id"])
-
-
-def _check_job_case(stack: Stack, pids: dict[str, int], case: JobCase,
-                    run: Callable[[dict[str, Any]], dict | None]) -> None:
-    params = case.params(stack)
-    before = counts(stack)
-    record = run(params)
-    if case.ends == REFUSED:
-        assert record is None
-        _expect_changes(before, counts(stack), 0)
-    else:
-        assert record["status"] == "failed" and case.needle in record["error"], record
-        _expect_changes(before, counts(stack), 1)
-    _still_standing(stack, pids)
-
-
-def _id(name: str) -> str:
-    return name.replace(" ", "-")
-
-
-@pytest.mark.parametrize("channel,case", [pytest.param(ch, name, id=f"{ch}-{_id(name)}")
+@pytest.mark.parametrize("channel,case", [pytest.param(ch, name, id=f"{ch}-{case_id(name)}")
                                           for name, c in JOB_CASES.items() for ch in c.channels])
 def test_bad_job_request(workers: Stack, client: TestClient, pids: dict[str, int], channel: str,
                          case: str) -> None:
     c = JOB_CASES[case]
     if channel == "cli":
-        _check_job_case(workers, pids, c, lambda p: _run_cli(workers.mxq, workers, c, p))
+        check_job_case(workers, pids, c, lambda p: run_cli_case(workers.mxq, workers, c, p))
     else:
         c = c.through_api()
-        _check_job_case(workers, pids, c, lambda p: _run_api(client, workers, c, p))
+        check_job_case(workers, pids, c, lambda p: run_api_case(client, workers, c, p))
 
 
-@pytest.mark.parametrize("case", JOB_ROUND_TRIPS, ids=_id)
+@pytest.mark.parametrize("case", JOB_ROUND_TRIPS, ids=case_id)
 def test_bad_job_request_through_the_real_program_and_server(workers: Stack, server: Api,
                                                              pids: dict[str, int], case: str) -> None:
     c = JOB_CASES[case]
-    _check_job_case(workers, pids, c, lambda p: _run_cli(workers.mxq_process, workers, c, p))
+    check_job_case(workers, pids, c, lambda p: run_cli_case(workers.mxq_process, workers, c, p))
     with server.client() as real:
         api = c.through_api()
-        _check_job_case(workers, pids, api, lambda p: _run_api(real, workers, api, p))
+        check_job_case(workers, pids, api, lambda p: run_api_case(real, workers, api, p))
     assert server.proc.poll() is None
 
 
@@ -550,7 +390,6 @@ def test_bad_job_request_through_the_real_program_and_server(workers: Stack, ser
 # what the detail says). The first case of each kind also goes to the real server.
 BIG_BODY = json.dumps({"kind": "probe", "pad": "x" * (2 << 20)})
 NEEDS_TOKEN = "needs the header Authorization: Bearer <MXQ_API_TOKEN>"
-JSON = {"Content-Type": "application/json"}
 HttpCase = tuple[str, str, dict[str, Any], int, str]
 HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
     "token": {
@@ -687,8 +526,8 @@ def _check_http_case(stack: Stack, pids: dict[str, int], client: httpx.Client, c
     assert r.status_code == status, (r.status_code, r.text)
     detail = r.json()["detail"]
     assert isinstance(detail, str) and needle in detail, detail
-    _expect_changes(before, counts(stack), 0)
-    _still_standing(stack, pids)
+    expect_changes(before, counts(stack), 0)
+    still_standing(stack, pids)
 
 
 @pytest.fixture(scope="module")
@@ -701,12 +540,12 @@ def open_client(workers: Stack) -> Iterator[TestClient]:
     app.dependency_overrides.clear()
 
 
-@pytest.mark.parametrize("case", [c for c in HTTP_CASES if c not in NO_TOKEN_CASES], ids=_id)
+@pytest.mark.parametrize("case", [c for c in HTTP_CASES if c not in NO_TOKEN_CASES], ids=case_id)
 def test_bad_http_request(workers: Stack, client: TestClient, pids: dict[str, int], case: str) -> None:
     _check_http_case(workers, pids, client, case)
 
 
-@pytest.mark.parametrize("case", list(NO_TOKEN_CASES), ids=_id)
+@pytest.mark.parametrize("case", list(NO_TOKEN_CASES), ids=case_id)
 def test_bad_http_request_without_a_token(workers: Stack, open_client: TestClient, pids: dict[str, int],
                                           case: str) -> None:
     _check_http_case(workers, pids, open_client, case)
@@ -715,7 +554,7 @@ def test_bad_http_request_without_a_token(workers: Stack, open_client: TestClien
 
 
 @pytest.mark.parametrize("case", ["form post from another origin cancels", "rebound DNS name reads"],
-                         ids=_id)
+                         ids=case_id)
 def test_bad_http_request_without_a_token_to_the_real_server(workers: Stack, pids: dict[str, int],
                                                              case: str) -> None:
     for server in start_api(workers, None, "api-no-token"):
@@ -724,7 +563,7 @@ def test_bad_http_request_without_a_token_to_the_real_server(workers: Stack, pid
         assert server.proc.poll() is None
 
 
-@pytest.mark.parametrize("case", HTTP_ROUND_TRIPS, ids=_id)
+@pytest.mark.parametrize("case", HTTP_ROUND_TRIPS, ids=case_id)
 def test_bad_http_request_to_the_real_server(workers: Stack, server: Api, pids: dict[str, int],
                                              case: str) -> None:
     with server.client() as real:
@@ -760,21 +599,21 @@ GLOB_CASES: dict[str, tuple[str, dict[str, str], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(GLOB_CASES), ids=_id)
+@pytest.mark.parametrize("case", list(GLOB_CASES), ids=case_id)
 def test_schedule_globs_are_bounded_and_confined(workers: Stack, pids: dict[str, int], case: str) -> None:
     source, env, needle = GLOB_CASES[case]
     _glob_tree(workers)
-    name = f"glob-{_id(case)}"
+    name = f"glob-{case_id(case)}"
     add = workers.mxq("schedule", "add", name, "--cron", "0 3 * * *", "--arch", "mlp", "--dataset", source,
                       "--model", "globbed", env=env)
     assert add.returncode == 0, add.stderr
     try:
         proc = workers.mxq("schedule", "run-now", name, env=env)  # (a loop once spun for minutes)
-        line = _one_line(proc.stderr)
+        line = one_line(proc.stderr)
         assert proc.returncode == 1 and needle in line and "secret" not in line, line
     finally:
         workers.mxq("schedule", "rm", name)
-    _still_standing(workers, pids)
+    still_standing(workers, pids)
 
 
 # The CLI at the same edges: (arguments, what the one error says). Exit 2, no traceback.
@@ -791,15 +630,15 @@ CLI_EDGES: dict[str, tuple[list[str], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CLI_EDGES), ids=_id)
+@pytest.mark.parametrize("case", list(CLI_EDGES), ids=case_id)
 def test_cli_edge_values(workers: Stack, pids: dict[str, int], case: str) -> None:
     args, needle = CLI_EDGES[case]
     before = counts(workers)
     proc = workers.mxq(*args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     assert needle in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr
-    _expect_changes(before, counts(workers), 0)
-    _still_standing(workers, pids)
+    expect_changes(before, counts(workers), 0)
+    still_standing(workers, pids)
 
 
 BAD_NAMES = {"..": "'..'", "../../../x": "'../../../x'", "/tmp/absolute": "'/tmp/absolute'",
@@ -807,18 +646,18 @@ BAD_NAMES = {"..": "'..'", "../../../x": "'../../../x'", "/tmp/absolute": "'/tmp
              "x" * 10_000: f"'{'x' * 80}…' (10000 characters)"}
 
 
-@pytest.mark.parametrize("name", list(BAD_NAMES), ids=lambda n: _id(n[:20]) or "empty")
+@pytest.mark.parametrize("name", list(BAD_NAMES), ids=lambda n: case_id(n[:20]) or "empty")
 def test_bad_model_name_is_refused_before_anything_is_written(workers: Stack, pids: dict[str, int],
                                                               name: str) -> None:
     """`mxq models add` once wrote outside the model store for `../../../x`, `/abs`, `..`."""
     before, files = counts(workers), sorted(p for p in workers.home.rglob("*") if "logs" not in p.parts)
     proc = workers.mxq("models", "add", "--arch", "mlp", "--input-shape", "4", "--", name)
-    line = _one_line(proc.stderr)
+    line = one_line(proc.stderr)
     assert proc.returncode == 2 and f"model name {BAD_NAMES[name]}" in line and "is not allowed" in line, line
     assert len(line) < 400  # a 10,000-character name is shortened, not echoed whole
-    _expect_changes(before, counts(workers), 0)
+    expect_changes(before, counts(workers), 0)
     assert sorted(p for p in workers.home.rglob("*") if "logs" not in p.parts) == files
-    _still_standing(workers, pids)
+    still_standing(workers, pids)
 
 
 # `mxq models add NAME --symbol S --params P` with files that are not what they claim: (how to make
@@ -850,7 +689,7 @@ MODEL_FILE_CASES: dict[str, tuple[ModelFiles, str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(MODEL_FILE_CASES), ids=_id)
+@pytest.mark.parametrize("case", list(MODEL_FILE_CASES), ids=case_id)
 def test_bad_model_files_are_refused_in_one_line(workers: Stack, mlp: dict, pids: dict[str, int],
                                                  tmp_path: Path, case: str) -> None:
     make, needle = MODEL_FILE_CASES[case]
@@ -858,10 +697,10 @@ def test_bad_model_files_are_refused_in_one_line(workers: Stack, mlp: dict, pids
     before = counts(workers)
     proc = workers.mxq("models", "add", "imported", "--symbol", str(symbol), "--params", str(params),
                        "--input-shape", "64")
-    line = _one_line(proc.stderr)
+    line = one_line(proc.stderr)
     assert proc.returncode == 2 and needle in line and "Traceback" not in line, line
-    _expect_changes(before, counts(workers), 0)
-    _still_standing(workers, pids)
+    expect_changes(before, counts(workers), 0)
+    still_standing(workers, pids)
 
 
 def _pickled(stack: Stack) -> None:
@@ -890,16 +729,16 @@ def _no_such_job(stack: Stack) -> None:
 def _push(queue: str, item: str) -> Callable[[Stack], None]:
     """Push a raw item onto a queue as kombu stores messages (what any broker client can do)."""
     def push(stack: Stack) -> None:
-        from mxq.workers.fleet import leases
+        from mxq.workers.broker.redis_client import client
 
-        leases.client(stack.settings.broker).lpush(queue, item)
+        client(stack.settings.broker).lpush(queue, item)
     return push
 
 
 def _envelope(**changes: Any) -> str:
     """A kombu envelope of a probe message for job 987654, with `changes` made to it."""
     body = base64.b64encode(json.dumps([[987654], {}, {}]).encode()).decode()
-    envelope = {"body": body, "content-encoding": "utf-8", "content-type": "application/json",
+    envelope: dict[str, Any] = {"body": body, "content-encoding": "utf-8", "content-type": "application/json",
                 "headers": {"task": "mxq.probe", "id": "poison"},
                 "properties": {"body_encoding": "base64", "delivery_tag": "poison-tag",
                                "delivery_info": {"exchange": "", "routing_key": "x"}, "priority": 0}}
@@ -935,7 +774,7 @@ BROKER_CASES: dict[str, tuple[Callable[[Stack], None], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(BROKER_CASES), ids=_id)
+@pytest.mark.parametrize("case", list(BROKER_CASES), ids=case_id)
 def test_bad_message(workers: Stack, pids: dict[str, int], case: str) -> None:
     """A worker meets the message, logs what it is and goes on: its PID stays the same."""
     publish, needle = BROKER_CASES[case]
@@ -948,8 +787,8 @@ def test_bad_message(workers: Stack, pids: dict[str, int], case: str) -> None:
     before = counts(workers)
     publish(workers)
     wait_until(logged, 60, f"a worker to log {needle!r}", until=lambda count: count > seen)
-    _expect_changes(before, counts(workers), 0)
-    _still_standing(workers, pids)
+    expect_changes(before, counts(workers), 0)
+    still_standing(workers, pids)
     if "dead-letters" in needle:  # moved aside, where `mxq dead-letters` shows it
         newest = workers.mxq_json("dead-letters")[0]
         assert needle.split(": ", 1)[1] in newest["reason"] and newest["queue"] in needle, newest
@@ -960,7 +799,7 @@ def test_a_normal_job_still_succeeds(workers: Stack, client: TestClient, pids: d
     need no token."""
     before = counts(workers)
     for device in DEVICES:
-        record = workers.mxq_json("infer", "mlp64", _ok(workers), "--device", device, "--wait")
+        record = workers.mxq_json("infer", "mlp64", ok_input(workers), "--device", device, "--wait")
         assert record["status"] == "succeeded" and record["samples"] == len(ROWS), record
     r = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "ok.npy"}, headers=AUTH)
     assert r.status_code == 201, r.text
@@ -968,4 +807,4 @@ def test_a_normal_job_still_succeeds(workers: Stack, client: TestClient, pids: d
     assert client.get("/api/v1/jobs").status_code == 200
     after = counts(workers)
     assert after == {**before, "jobs_not_failed": before["jobs_not_failed"] + 3}, (before, after)
-    _still_standing(workers, pids)
+    still_standing(workers, pids)

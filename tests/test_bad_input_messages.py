@@ -13,23 +13,23 @@ from fastapi.testclient import TestClient
 
 from tests.api_server import counts
 from tests.conftest import Stack
-from tests.test_bad_input import (
+from tests.support.bad_input import (
     AUTH,
     JSON,
     REFUSED,
     REJECTED,
     JobCase,
-    _check_job_case,
-    _expect_changes,
-    _id,
-    _run_api,
-    _run_cli,
-    _still_standing,
+    case_id,
+    check_job_case,
+    expect_changes,
     infer,
+    run_api_case,
+    run_cli_case,
     schedule,
+    still_standing,
 )
-from tests.test_bad_input import client as client  # noqa: F401  (fixtures: the API app in this
-from tests.test_bad_input import pids as pids  # noqa: F401  process, the workers at the start)
+from tests.support.bad_input import client as client  # a fixture: the API app in this process
+from tests.support.bad_input import pids as pids  # a fixture: the workers at the start
 
 pytestmark = pytest.mark.both_legs
 
@@ -58,16 +58,16 @@ PARSER_CASES: dict[str, tuple[str, str, bytes, int, str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(PARSER_CASES), ids=_id)
-def test_a_body_the_json_parser_refuses_names_why(workers: Stack, client: TestClient,  # noqa: F811
-                                                   pids: dict[str, int], case: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("case", list(PARSER_CASES), ids=case_id)
+def test_a_body_the_json_parser_refuses_names_why(workers: Stack, client: TestClient,
+                                                   pids: dict[str, int], case: str) -> None:
     method, path, content, status, said = PARSER_CASES[case]
     before = counts(workers)
     r = client.request(method, path, content=content, headers=BODY)
     assert r.status_code == status, r.text
     assert r.json()["detail"] == f"malformed JSON body: {said}"
-    _expect_changes(before, counts(workers), 0)
-    _still_standing(workers, pids)
+    expect_changes(before, counts(workers), 0)
+    still_standing(workers, pids)
 
 
 def _train(device: str | None = None, **opts: Any) -> dict[str, Any]:
@@ -100,14 +100,14 @@ MESSAGE_JOB_CASES: dict[str, JobCase] = {
 }
 
 
-@pytest.mark.parametrize("channel,case", [pytest.param(ch, name, id=f"{ch}-{_id(name)}")
+@pytest.mark.parametrize("channel,case", [pytest.param(ch, name, id=f"{ch}-{case_id(name)}")
                                           for name, c in MESSAGE_JOB_CASES.items() for ch in c.channels])
-def test_a_message_names_the_real_cause(workers: Stack, client: TestClient,  # noqa: F811
-                                        pids: dict[str, int], channel: str,  # noqa: F811
+def test_a_message_names_the_real_cause(workers: Stack, client: TestClient,
+                                        pids: dict[str, int], channel: str,
                                         case: str) -> None:
     c = MESSAGE_JOB_CASES[case]
     if channel == "cli":
-        _check_job_case(workers, pids, c, lambda p: _run_cli(workers.mxq, workers, c, p))
+        check_job_case(workers, pids, c, lambda p: run_cli_case(workers.mxq, workers, c, p))
     else:
         c = c.through_api()
-        _check_job_case(workers, pids, c, lambda p: _run_api(client, workers, c, p))
+        check_job_case(workers, pids, c, lambda p: run_api_case(client, workers, c, p))

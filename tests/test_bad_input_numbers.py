@@ -1,7 +1,7 @@
 """The bad-input corpus for honest numbers (issue 29, items 1-3): preprocessing float32 cannot
 hold, output kinds a model contradicts, and NaN or infinite inputs on every output kind. Each is
 answered in one line naming the option, its value and what is allowed, with no traceback and
-nothing else lost (no version added; the workers stay up). Helpers come from test_bad_input."""
+nothing else lost (no version added; the workers stay up). The harness is tests/support/bad_input.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from mxq.db.migrate import upgrade
 from mxq.workers.settings import Settings
 from tests.conftest import Stack, run_cli
-from tests.test_bad_input import ON_WORKER, _check_job_case, _id, _one_line, _run_cli, _with, infer
-from tests.test_bad_input import pids as pids  # noqa: F401  (a fixture: the workers at the start)
+from tests.support.bad_input import ON_WORKER, case_id, check_job_case, infer, input_with, run_cli_case
+from tests.support.bad_input import pids as pids  # a fixture: the workers at the start
+from tests.support.messages import one_line
 
 ADD = ["models", "add", "m", "--arch", "mlp", "--input-shape", "4"]
 SCALE = "allowed 1.175e-38 to 1.7e+32 (inputs up to 1e+06 in magnitude must stay finite in float32)"
@@ -57,12 +58,12 @@ def _versions(env: dict[str, str]) -> list:
     return json.loads(listed.stdout)
 
 
-@pytest.mark.parametrize("case", MODEL_ADD_CASES, ids=_id)
+@pytest.mark.parametrize("case", MODEL_ADD_CASES, ids=case_id)
 def test_bad_model_numbers_are_refused_in_one_line(home: dict[str, str], case: str) -> None:
     options, needle = MODEL_ADD_CASES[case]
     proc = run_cli([*ADD, *options], home)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert needle in _one_line(proc.stderr), proc.stderr
+    assert needle in one_line(proc.stderr), proc.stderr
     assert _versions(home) == []
 
 
@@ -89,7 +90,7 @@ def test_an_output_kind_the_model_contradicts_is_refused_in_one_line(
         home: dict[str, str], tmp_path: Path, softmax: bool, stated: str, needle: str) -> None:
     proc = run_cli(["models", "add", "user", *_export(tmp_path, softmax), "--outputs", stated], home)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert needle in _one_line(proc.stderr), proc.stderr
+    assert needle in one_line(proc.stderr), proc.stderr
     assert _versions(home) == []
 
 
@@ -97,18 +98,18 @@ FINITE_ONLY = "(mxq scores finite inputs only: fix or drop that sample)"
 # Without --reject-nan, on every output kind: before, db failed with an IntegrityError and
 # Parquet or npy succeeded with NaN scores (MXNet: a uniform 0.1).
 JOB_CASES = {
-    "NaN to db": infer(_with(float("nan")), f"has NaN in sample 5 {FINITE_ONLY}", ON_WORKER),
-    "inf to db": infer(_with(float("inf")), f"has inf in sample 5 {FINITE_ONLY}", ON_WORKER),
-    "-inf to db": infer(_with(float("-inf")), f"has -inf in sample 5 {FINITE_ONLY}", ON_WORKER),
-    "NaN to parquet": infer(_with(float("nan")), f"has NaN in sample 5 {FINITE_ONLY}", ON_WORKER,
+    "NaN to db": infer(input_with(float("nan")), f"has NaN in sample 5 {FINITE_ONLY}", ON_WORKER),
+    "inf to db": infer(input_with(float("inf")), f"has inf in sample 5 {FINITE_ONLY}", ON_WORKER),
+    "-inf to db": infer(input_with(float("-inf")), f"has -inf in sample 5 {FINITE_ONLY}", ON_WORKER),
+    "NaN to parquet": infer(input_with(float("nan")), f"has NaN in sample 5 {FINITE_ONLY}", ON_WORKER,
                             output="parquet"),
-    "inf to npy on ONNX Runtime": infer(_with(float("inf")), f"has inf in sample 5 {FINITE_ONLY}",
+    "inf to npy on ONNX Runtime": infer(input_with(float("inf")), f"has inf in sample 5 {FINITE_ONLY}",
                                         ON_WORKER, output="npy", engine="onnx"),
 }
 
 
-@pytest.mark.parametrize("case", JOB_CASES, ids=_id)
-def test_non_finite_inputs_fail_their_job_on_every_output_kind(workers: Stack, pids: dict[str, int],  # noqa: F811
+@pytest.mark.parametrize("case", JOB_CASES, ids=case_id)
+def test_non_finite_inputs_fail_their_job_on_every_output_kind(workers: Stack, pids: dict[str, int],
                                                                 case: str) -> None:
     c = JOB_CASES[case]
-    _check_job_case(workers, pids, c, lambda p: _run_cli(workers.mxq, workers, c, p))
+    check_job_case(workers, pids, c, lambda p: run_cli_case(workers.mxq, workers, c, p))

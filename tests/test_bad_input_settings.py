@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_bad_input import _one_line
+from tests.support.messages import one_line
 
 SCHEMES_DB = "allowed schemes: sqlite, postgresql, postgresql+psycopg, postgres"
 SCHEMES_BROKER = "allowed schemes: redis, rediss, redis+socket"
@@ -147,7 +147,7 @@ def test_bad_setting_is_one_line(tmp_path: Path, name: str) -> None:
     home = tmp_path / "home"
     home.mkdir()
     result = run_cli(list(bad.args), {"MXQ_HOME": str(home), **bad.env})
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert line.startswith("mxq: error: MXQ_"), line
     assert bad.needle in line, line

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def made(workers: Stack) -> dict:
     return {"job": job["id"]}
 
 
-def _json(stack: Stack, *args: str) -> object:
+def _json(stack: Stack, *args: str) -> Any:  # any JSON value
     proc = stack.mxq_process(*args)
     assert proc.returncode == 0, (args, proc.stderr)
     return json.loads(proc.stdout)

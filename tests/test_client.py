@@ -1,5 +1,5 @@
-"""`mxq.client` against a real `mxq api` on a real stack, and the README's client example run as
-written, on both backends."""
+"""`mxq.client` against a real `mxq api` on a real stack, and the documentation's client example
+(docs/python-client.md) run as written, on both backends."""
 
 from __future__ import annotations
 
@@ -49,6 +49,19 @@ def test_infer_wait_and_read_the_predictions(workers: Stack, api: Api) -> None:
         assert job.id in [j.id for j in client.jobs(status="succeeded", since="1h", limit=1000)]
 
 
+def test_wait_with_progress_draws_the_bar_on_stderr(workers: Stack, api: Api,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wait(progress=True)` draws the bar `mxq --wait` draws (mxq.client.progress), on stderr:
+    stdout is the caller's (the client's own bar once drew there)."""
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # a terminal as Rich sees it, so the bar is drawn
+    with Client(api.url, token=TOKEN) as client:
+        job = client.probe(device="cpu:0", size=64, batch=2, repeat=1).wait(timeout=300, progress=True)
+    out, err = capsys.readouterr()
+    assert job.status == "succeeded" and out == ""
+    assert f"job {job.id} " in err and "%" in err, err
+
+
 def test_errors_are_mxqs_own(workers: Stack, api: Api) -> None:
     with Client(api.url, token=TOKEN) as client:
         with pytest.raises(NotFound, match="no job 987654"):
@@ -64,10 +77,12 @@ def test_errors_are_mxqs_own(workers: Stack, api: Api) -> None:
         wrong.probe(device="cpu:0")
 
 
-def test_the_readme_example_runs_as_written(workers: Stack, api: Api,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    section = (ROOT / "README.md").read_text().split("### Python client", 1)[1]
-    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_the_documented_example_runs_as_written(workers: Stack, api: Api,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    section = (ROOT / "docs" / "python-client.md").read_text()
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found is not None, "docs/python-client.md has no Python example"
+    example = found.group(1)
     if "digits-demo" not in {m["name"] for m in workers.mxq_json("models")}:
         assert workers.mxq("models", "add", "digits-demo", "--arch", "lenet", "--input-shape", "1,8,8",
                            "--scale", "1/16").returncode == 0
@@ -76,11 +91,11 @@ def test_the_readme_example_runs_as_written(workers: Stack, api: Api,
     np.save(folder / "digits-raw-x20.npy", np.zeros((300, 1, 8, 8), np.float32))
     address = httpx.URL(api.url)
     env = {"MXQ_API_HOST": str(address.host), "MXQ_API_PORT": str(address.port),
-           "MXQ_API_TOKEN": TOKEN}  # how `Client()` finds a stack, as the README says
+           "MXQ_API_TOKEN": TOKEN}  # how `Client()` finds a stack, as the page says
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        exec(compile(example, "README.md", "exec"), {})  # noqa: S102  # the README's own code
+        exec(compile(example, "docs/python-client.md", "exec"), {})  # the page's own code
     finally:
         for k, v in old.items():
             if v is None:

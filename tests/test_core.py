@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,6 +18,9 @@ from mxq.device import Device
 from mxq.promotion import PromotionPolicy
 from mxq.since import SinceError, parse_since
 from mxq.status import JobStatus
+
+if TYPE_CHECKING:
+    from mxq.errors import MxqError
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 
@@ -62,7 +65,7 @@ def epoch_row(train_loss: float, train_accuracy: float, val_accuracy: float | No
              samples_per_sec: float, per_device: dict[str, Any] | None,
              checkpoint: str | None = None) -> epochs.EpochFigures:
     """One part's epoch as `mxq.db` reads it (an Epoch row has these attributes)."""
-    return SimpleNamespace(train_loss=train_loss, train_accuracy=train_accuracy,  # type: ignore[return-value]
+    return SimpleNamespace(train_loss=train_loss, train_accuracy=train_accuracy,
                            val_accuracy=val_accuracy, seconds=seconds, samples_per_sec=samples_per_sec,
                            per_device=per_device, checkpoint=checkpoint)
 
@@ -146,7 +149,7 @@ def test_a_multinode_training_sums_rate_and_keeps_rank0s_model() -> None:
     assert result["per_node"]["b"]["rank"] == 1 and result["per_node"]["a"]["job_id"] == 5
 
 
-def _subclasses(cls: type) -> set[type]:
+def _subclasses(cls: type[MxqError]) -> set[type[MxqError]]:
     return {c for sub in cls.__subclasses__() for c in {sub, *_subclasses(sub)}}
 
 
@@ -232,3 +235,20 @@ def test_since_is_an_age_or_an_iso_time() -> None:
     for bad in ("yesterday", "2x", "-1h", "999999999d"):
         with pytest.raises(SinceError, match=r"since .*"):
             parse_since(bad, now)
+
+
+def test_an_error_says_what_happened_first_for_a_driver_and_last_for_mxnet() -> None:
+    """`first_line` for libraries that say what happened first and add SQL, hints or a help link
+    below (SQLAlchemy, psycopg, redis); `reason` for MXNet, whose traceback comes first."""
+    from mxq.errors import first_line, reason
+
+    driver = ValueError("(psycopg.OperationalError) connection refused\n[SQL: SELECT 1]\n"
+                        "(Background on this error at: https://sqlalche.me/e/20/e3q8)")
+    assert first_line(driver) == "(psycopg.OperationalError) connection refused"
+    assert reason(driver).startswith("(Background on this error")  # why drivers need first_line
+    mxnet = RuntimeError('Traceback (most recent call last):\n  File "x.py", line 1\n'
+                         "[bt] (0) libmxnet.so\nMXNetError: out of memory")
+    assert reason(mxnet) == "MXNetError: out of memory" and first_line(mxnet).startswith("Traceback")
+    assert first_line(RuntimeError("  \n")) == "RuntimeError"
+    assert first_line(ValueError("x" * 400)) == "x" * 300
+    assert first_line(ValueError("x" * 400), 20) == "x" * 20

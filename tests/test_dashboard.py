@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
 
 
 @pytest.fixture
-def api_url(workers: Stack, tmp_path: Path):  # noqa: ANN201
+def api_url(workers: Stack, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "api"], cwd=ROOT,
                             env=workers.environ(MXQ_API_PORT=str(port)),

@@ -9,7 +9,7 @@ import pytest
 
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.training import datasets
-from tests.test_inputs import png_bytes, solid
+from tests.support.images import png_bytes, solid
 
 
 def test_digits_and_a_seeded_split() -> None:
@@ -18,8 +18,10 @@ def test_digits_and_a_seeded_split() -> None:
     assert ds.preprocess.scale == 1 / 16 and ds.for_training().x.max() == 1.0  # as scikit-learn scales
     a_train, a_val = datasets.split(ds, 0.2, seed=7)
     b_train, b_val = datasets.split(ds, 0.2, seed=7)
+    other_val = datasets.split(ds, 0.2, seed=8)[1]
+    assert a_val is not None and b_val is not None and other_val is not None
     assert len(a_val.y) == 359 and np.array_equal(a_val.y, b_val.y)
-    assert not np.array_equal(datasets.split(ds, 0.2, seed=8)[1].y, a_val.y)
+    assert not np.array_equal(other_val.y, a_val.y)
 
 
 def test_image_folder_one_subfolder_per_class(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ def test_each_builtin_architecture_is_exported_and_agrees(store: Settings, arch:
                                                           shape: tuple[int, ...]) -> None:
     model = add_builtin(store.database, store.home_path, arch, arch, shape, 10, seed=3)
     onnx = model["onnx"]
+    assert onnx is not None
     assert Path(onnx["file"]).is_file() and Path(onnx["file"]).parent == Path(model["params_file"]).parent
     assert onnx["max_diff"] <= MAX_DIFF and onnx["argmax_agreement"] == 1.0
     import onnx as onnx_lib
@@ -57,6 +58,7 @@ def _user_model(folder: Path, layers: list, width: int = 12) -> tuple[Path, Path
 def test_a_users_exported_model_is_exported_too(store: Settings, tmp_path: Path) -> None:
     symbol, params = _user_model(tmp_path, [mx.gluon.nn.Dense(16, activation="tanh"), mx.gluon.nn.Dense(5)])
     model = add_exported(store.database, store.home_path, "user", symbol, params, (12,))
+    assert model["onnx"] is not None
     assert model["onnx"]["file"] and model["onnx"]["argmax_agreement"] == 1.0
     assert model["onnx"]["max_diff"] <= MAX_DIFF
 
@@ -75,6 +77,7 @@ def test_a_model_the_exporter_refuses_is_registered_with_the_reason(store: Setti
                                                                     tmp_path: Path) -> None:
     symbol, params = _refused_symbol(tmp_path)
     model = add_exported(store.database, store.home_path, "odd", symbol, params, (8,))
+    assert model["onnx"] is not None
     assert model["onnx"]["file"] is None
     assert "cannot convert" in model["onnx"]["error"] and "erfinv" in model["onnx"]["error"]
     assert not list(Path(model["params_file"]).parent.glob("*.onnx"))
@@ -83,6 +86,7 @@ def test_a_model_the_exporter_refuses_is_registered_with_the_reason(store: Setti
 def test_onnx_runtime_threads_follow_the_workers_cores(tmp_path: Path, store: Settings,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     model = add_builtin(store.database, store.home_path, "m", "mlp", (8,), 3)
+    assert model["onnx"] is not None
     monkeypatch.setattr(onnx_runtime, "_sessions", type(onnx_runtime._sessions)())
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what pinning sets for a 3-core slice
     assert onnx_runtime.threads() == 3

@@ -4,6 +4,7 @@ the function, the API app or the CLI in this process and fails on the old, misle
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,13 @@ from fastapi.testclient import TestClient
 from mxq.api import routes
 from mxq.api.app import MAX_JSON_DEPTH, app
 from mxq.workers.settings import Settings
+from tests.conftest import Stack
 
 JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture()
-def api(tmp_path: Path) -> TestClient:
+def api(tmp_path: Path) -> Iterator[TestClient]:
     """The API app on a fresh home without a token; body parsing needs no database."""
     s = Settings(home=tmp_path, api_token=None)
     app.dependency_overrides[routes.settings] = lambda: s
@@ -117,7 +119,7 @@ def test_an_outage_past_the_retry_window_is_one_line_naming_host_and_time() -> N
 
 
 @pytest.fixture()
-def small_disk(tmp_path: Path) -> Path:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs: a disk that really fills (needs root; skipped elsewhere)."""
     import subprocess
 
@@ -190,7 +192,7 @@ def _finished(url: str, kind: str, status: str, seconds: float, params: dict | N
 
 
 @pytest.mark.both_legs
-def test_job_duration_counts_every_finished_job_start_to_finish(isolated) -> None:  # noqa: ANN001
+def test_job_duration_counts_every_finished_job_start_to_finish(isolated: Stack) -> None:
     from mxq.api.metrics import render_metrics
 
     url = isolated.settings.database
@@ -205,7 +207,7 @@ def test_job_duration_counts_every_finished_job_start_to_finish(isolated) -> Non
 
 
 @pytest.mark.both_legs
-def test_stats_by_model_leaves_out_requests_refused_at_submit(isolated) -> None:  # noqa: ANN001
+def test_stats_by_model_leaves_out_requests_refused_at_submit(isolated: Stack) -> None:
     from mxq.db.jobs import create_job
     from mxq.db.reports.history import stats
 
@@ -222,7 +224,7 @@ def test_ctrl_c_while_waiting_names_the_job_that_goes_on_and_exits_130(
         capsys: pytest.CaptureFixture[str]) -> None:
     from mxq.cli.render import wait_for
 
-    seen = []
+    seen: list[int] = []
 
     def fetch(job_id: int) -> dict:
         if seen:
@@ -237,7 +239,7 @@ def test_ctrl_c_while_waiting_names_the_job_that_goes_on_and_exits_130(
         "mxq: stopped waiting; job 41 is still running (mxq cancel 41 to stop it)")
 
 
-def test_schedule_show_titles_its_table_with_the_schedule(isolated) -> None:  # noqa: ANN001
+def test_schedule_show_titles_its_table_with_the_schedule(isolated: Stack) -> None:
     from tests.conftest import run_cli
 
     np.savez(isolated.home / "data" / "d.npz", x=np.zeros((8, 4)), y=np.zeros(8))

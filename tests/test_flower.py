@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from tests.conftest import NODE, ROOT, Stack, free_port, wait_until
 pytestmark = pytest.mark.slow
 
 
-def _get(url: str) -> object:
+def _get(url: str) -> Any:  # the JSON answer, or None
     try:
         answer = httpx.get(url, timeout=10)
         return answer.json() if answer.status_code == 200 else None

@@ -15,6 +15,7 @@ import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,7 @@ def _pids_of(cmdline_part: str, home: Path) -> list[int]:
     return found
 
 
-def _get_json(url: str) -> object | None:
+def _get_json(url: str) -> Any:  # the JSON answer, or None
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return json.load(r)

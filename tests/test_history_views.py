@@ -1,5 +1,5 @@
-"""The SQL views `job_history` and `device_daily` (migration 0012), and the README's three
-questions answered against them, run as written on both backends."""
+"""The SQL views `job_history` and `device_daily` (migration 0012), and the three questions of
+docs/sql-history.md answered against them, run as written on both backends."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from tests.conftest import ROOT, Stack
 pytestmark = pytest.mark.both_legs  # the views are written per backend
 
 
-def readme_queries() -> list[str]:
-    section = (ROOT / "README.md").read_text().split("### SQL views", 1)[1].split("\n### ", 1)[0]
+def documented_queries() -> list[str]:
+    page = (ROOT / "docs" / "sql-history.md").read_text()
+    section = page.split("\n## Three questions\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```sql\n(.*?)```", section, re.S)
 
 
@@ -52,10 +53,10 @@ def test_job_history_has_a_row_per_job_with_its_times(history: Stack) -> None:
     assert len(rows) == _rows(history, "SELECT COUNT(*) AS n FROM jobs")[0]["n"]
 
 
-def test_the_readme_questions_run_as_written(history: Stack) -> None:
+def test_the_documented_questions_run_as_written(history: Stack) -> None:
     """Each answer checked against the rows of the views themselves (the session's stack holds
     many other jobs, so which model or error comes first is not known in advance)."""
-    slowest, busiest, failures = readme_queries()
+    slowest, busiest, failures = documented_queries()
     jobs = _rows(history, "SELECT * FROM job_history")
 
     done = [j for j in jobs if j["kind"] == "infer" and j["status"] == "succeeded" and j["age_days"] < 7]

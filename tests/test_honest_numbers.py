@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mxnet as mx
 import numpy as np
@@ -18,6 +18,7 @@ from mxq.cli import render
 from mxq.db.engine import get_engine
 from mxq.db.migrate import upgrade
 from mxq.db.registry import list_models
+from mxq.device import Device
 from mxq.preprocess import FLOAT32_TINY, INPUT_BOUND, Preprocess, PreprocessError
 from mxq.tasks.inference import infer
 from mxq.tasks.model_store.models import ModelError, add_builtin, add_exported
@@ -25,7 +26,11 @@ from mxq.tasks.runner import JobInputError
 from mxq.tasks.runtimes import engines
 from mxq.workers.settings import Settings
 from tests.conftest import Stack, run_cli
-from tests.test_infer import _data, _infer
+from tests.support.inference import infer_and_wait, save_npy
+
+if TYPE_CHECKING:
+    from mxq.db.records import ModelRecord
+    from mxq.tasks.runner import JobContext
 
 
 @pytest.fixture
@@ -70,9 +75,9 @@ def test_a_model_that_outputs_probabilities_is_scored_as_it_is_on_both_engines(
     x = np.random.default_rng(1).standard_normal((32, 12)).astype(np.float32)
     own = net(mx.nd.array(x)).asnumpy()
     assert own.max() > 0.99  # a class the model gives probability ~1.0 (0.232 before the fix)
-    ours = engines.mxnet_engine(model, "cpu:0", "").forward(x)
+    ours = engines.mxnet_engine(model, Device("cpu", 0), "").forward(x)
     np.testing.assert_allclose(ours, own, atol=1e-6)
-    assert model["onnx"]["file"], model["onnx"]
+    assert model["onnx"] is not None and model["onnx"]["file"], model["onnx"]
     np.testing.assert_allclose(engines.onnx_engine(model, "cpu", "").forward(x), own, atol=1e-5)
 
 
@@ -84,7 +89,7 @@ def test_logits_and_log_softmax_get_one_softmax(store: Settings, tmp_path: Path)
         model = add_exported(store.database, store.home_path, name, symbol, params, (12,))
         assert model["outputs"] == "logits"
         expected = mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
-        np.testing.assert_allclose(engines.mxnet_engine(model, "cpu:0", "").forward(x), expected,
+        np.testing.assert_allclose(engines.mxnet_engine(model, Device("cpu", 0), "").forward(x), expected,
                                    atol=1e-6)
     assert add_builtin(store.database, store.home_path, "b", "mlp", (12,), 3)["outputs"] == "logits"
 
@@ -159,8 +164,9 @@ def test_allowed_preprocessing_keeps_every_bounded_input_finite(spec: Preprocess
 
 # --- non-finite values: one rule ------------------------------------------------------------
 
-def _model(classes: int = 3) -> dict[str, Any]:
-    return {"name": "m", "version": 1, "classes": classes}
+def _model(classes: int = 3) -> ModelRecord:
+    """The fields of a version that the engines' output check reads."""
+    return cast("ModelRecord", {"name": "m", "version": 1, "classes": classes})
 
 
 @pytest.mark.parametrize(("value", "found"), [(np.nan, "NaN"), (np.inf, "inf"), (-np.inf, "-inf")])
@@ -172,7 +178,8 @@ def test_a_non_finite_output_names_its_sample_whatever_the_engine(value: float, 
 
     x = np.arange(10, dtype=np.float32)[:, None]
     engine = engines.Engine("onnx", engines._checked(_model(), forward), lambda: None, False, "")
-    fit = infer._Fit(SimpleNamespace(), 4)  # slices [0,4) [4,8) [8,10): sample 7 in the second
+    no_job = cast("JobContext", SimpleNamespace())  # a fit that never halves records nothing
+    fit = infer._Fit(no_job, 4)  # slices [0,4) [4,8) [8,10): sample 7 in the second
     with pytest.raises(engines.NonFiniteOutput) as info:
         fit.predict(engine, x)
     assert (info.value.row, info.value.found) == (7, found)
@@ -213,9 +220,9 @@ def test_a_nan_input_fails_the_job_on_both_engines_to_the_database(workers: Stac
     IntegrityError on predictions.score); now both fail naming the sample."""
     x = np.random.default_rng(3).standard_normal((30, 64)).astype(np.float32)
     x[17, 5] = np.nan
-    _data(workers, "nan-honest.npy", x)
+    save_npy(workers, "nan-honest.npy", x)
     for engine in ("mxnet", "onnx"):
-        job = _infer(workers, "mlp64", "nan-honest.npy", "--engine", engine, "--output", "db")
+        job = infer_and_wait(workers, "mlp64", "nan-honest.npy", "--engine", engine, "--output", "db")
         assert job["status"] == "failed", job
         assert job["error"].endswith("/nan-honest.npy has NaN in sample 17 (mxq scores finite "
                                      "inputs only: fix or drop that sample)"), job["error"]

@@ -12,46 +12,19 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import pytest
-from sqlalchemy import select
 
-from mxq.db.engine import session_scope
 from mxq.db.outputs import predictions
-from mxq.db.registry import resolve
-from mxq.db.schema import Job
-from mxq.tasks.model_store.models import load
 from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, wait_until
-from tests.test_workers import _pid, _wait_alive
-
-
-def _data(stack: Stack, name: str, array: np.ndarray) -> Path:
-    path = stack.home / "data" / name
-    np.save(path, array)
-    return path
-
-
-def _direct(stack: Stack, model: str, x: np.ndarray) -> np.ndarray:
-    net, _ = load(resolve(stack.settings.database, model), mx.cpu())
-    return mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
-
-
-def _committed(stack: Stack, job_id: int) -> int:
-    """Where the job's results are stored up to (the column its flushes move)."""
-    with session_scope(stack.settings.database) as session:
-        return session.scalar(select(Job.committed).where(Job.id == job_id)) or 0
-
-
-def _infer(stack: Stack, *args: str) -> dict:
-    proc = stack.mxq("infer", *args, "--wait", "--json")
-    assert proc.returncode in (0, 1), proc.stderr
-    return json.loads(proc.stdout)
+from tests.support.inference import committed_position, infer_and_wait, predict_directly, save_npy
+from tests.support.workers import pid_of, wait_alive
 
 
 @pytest.mark.both_legs  # prediction rows: COPY on PostgreSQL, executemany on SQLite
 def test_50000_samples_all_stored_and_equal_to_a_direct_run(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(1).normal(size=(50_000, 64)).astype(np.float32)
-    _data(workers, "big.npy", x)
-    job = _infer(workers, "mlp64", "big.npy", "--device", "cpu:0", "--batch-size", "512",
+    save_npy(workers, "big.npy", x)
+    job = infer_and_wait(workers, "mlp64", "big.npy", "--device", "cpu:0", "--batch-size", "512",
                  "--top-k", "3")
     assert job["status"] == "succeeded", job["error"]
     assert job["samples"] == 50_000 and job["samples_per_sec"] > 0
@@ -60,19 +33,19 @@ def test_50000_samples_all_stored_and_equal_to_a_direct_run(workers: Stack, mlp:
     assert predictions.count(url, job["id"]) == 50_000
     rows = predictions.read(url, job["id"])
     assert [r["index"] for r in rows] == list(range(50_000))
-    expected = _direct(workers, "mlp64", x)
+    expected = predict_directly(workers, "mlp64", x)
     assert np.array_equal([r["predicted_class"] for r in rows], expected.argmax(axis=1))
     np.testing.assert_allclose([r["score"] for r in rows], expected.max(axis=1), rtol=1e-5)
     top = np.argsort(-expected[7])[:3]
-    assert [c for c, _ in rows[7]["top_k"]] == top.tolist()
+    assert [c for c, _ in rows[7]["top_k"] or []] == top.tolist()
     record = workers.mxq_json("job", str(job["id"]))
     assert record["metrics"] and sum(m["samples"] for m in record["metrics"]) == 50_000
 
 
 def test_results_cli_csv_and_json(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(2).normal(size=(100, 64)).astype(np.float32)
-    _data(workers, "small.npy", x)
-    job = _infer(workers, "mlp64:1", "small.npy", "--top-k", "2", "--output", "both")
+    save_npy(workers, "small.npy", x)
+    job = infer_and_wait(workers, "mlp64:1", "small.npy", "--top-k", "2", "--output", "both")
     assert job["status"] == "succeeded"
     out = workers.mxq("results", str(job["id"]), "--format", "csv", "--limit", "5")
     table = list(csv.reader(io.StringIO(out.stdout)))
@@ -82,14 +55,14 @@ def test_results_cli_csv_and_json(workers: Stack, mlp: dict) -> None:
     rows = json.loads(workers.mxq("results", str(job["id"]), "--format", "json").stdout)
     assert len(rows) == 100
     saved = np.load(job["output"])
-    np.testing.assert_allclose(saved, _direct(workers, "mlp64", x), rtol=1e-5)
+    np.testing.assert_allclose(saved, predict_directly(workers, "mlp64", x), rtol=1e-5)
     assert [r["predicted_class"] for r in rows] == saved.argmax(axis=1).tolist()
 
 
 def test_same_model_twice_is_loaded_once(workers: Stack, mlp: dict) -> None:
-    _data(workers, "tiny.npy", np.ones((10, 64), np.float32))
-    first = _infer(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
-    second = _infer(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
+    save_npy(workers, "tiny.npy", np.ones((10, 64), np.float32))
+    first = infer_and_wait(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
+    second = infer_and_wait(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
     assert second["result"]["model_cache"] == "hit"
     assert first["status"] == second["status"] == "succeeded"
 
@@ -98,8 +71,8 @@ def test_same_model_twice_is_loaded_once(workers: Stack, mlp: dict) -> None:
 def test_chunked_job_spreads_over_devices_and_stores_each_row_once(workers: Stack,
                                                                    mlp: dict) -> None:
     x = np.random.default_rng(3).normal(size=(40_000, 64)).astype(np.float32)
-    _data(workers, "chunked.npy", x)
-    job = _infer(workers, "mlp64", "chunked.npy", "--chunk-size", "5000", "--batch-size", "256")
+    save_npy(workers, "chunked.npy", x)
+    job = infer_and_wait(workers, "mlp64", "chunked.npy", "--chunk-size", "5000", "--batch-size", "256")
     assert job["status"] == "succeeded", job["error"]
     assert job["chunks"] == 8 and job["samples"] == 40_000 and job["samples_per_sec"] > 0
     children = [r for r in workers.mxq_json("jobs", "--limit", "1000") if r["parent_id"] == job["id"]]
@@ -108,24 +81,24 @@ def test_chunked_job_spreads_over_devices_and_stores_each_row_once(workers: Stac
     rows = predictions.read(workers.settings.database, job["id"])
     assert [r["index"] for r in rows] == list(range(40_000))
     assert np.array_equal([r["predicted_class"] for r in rows],
-                          _direct(workers, "mlp64", x).argmax(axis=1))
+                          predict_directly(workers, "mlp64", x).argmax(axis=1))
 
 
 @pytest.mark.slow
 def test_killed_mid_inference_resumes_without_duplicates(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(4).normal(size=(300_000, 64)).astype(np.float32)
-    _data(workers, "kill.npy", x)
+    save_npy(workers, "kill.npy", x)
     s = workers.settings
     job_id = submit(s, "infer", {"model": "mlp64", "input": "kill.npy", "batch_size": 128},
                     "cpu:0")
     deadline_record = workers.wait(job_id, until=("running",))
     # Its committed position (moved every flush), not its progress (written every 2 s): a fast
     # engine can run the whole job between two progress writes.
-    wait_until(lambda: _committed(workers, job_id), 120, f"job {job_id} to commit 5 %",
+    wait_until(lambda: committed_position(workers, job_id), 120, f"job {job_id} to commit 5 %",
                until=lambda n: n >= 15_000, interval=0.01)
-    pid = _pid(workers, deadline_record["worker"])
+    pid = pid_of(workers, deadline_record["worker"])
     os.kill(pid, signal.SIGKILL)
-    _wait_alive(workers, f"cpu0@{NODE}", pid)
+    wait_alive(workers, f"cpu0@{NODE}", pid)
     done = workers.wait(job_id, timeout=600)
     assert done["status"] == "succeeded" and done["attempts"] == 2
     assert predictions.count(s.database, job_id) == 300_000
@@ -144,8 +117,8 @@ def test_exported_model_added_with_the_cli_serves_a_job(workers: Stack, tmp_path
                         "--json")
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["classes"] == 4
-    _data(workers, "mine.npy", x)
-    job = _infer(workers, "mine", "mine.npy")
+    save_npy(workers, "mine.npy", x)
+    job = infer_and_wait(workers, "mine", "mine.npy")
     assert job["status"] == "succeeded", job["error"]
     rows = predictions.read(workers.settings.database, job["id"])
     assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
@@ -200,8 +173,8 @@ def test_a_float16_model_registers_and_serves_on_a_cpu(workers: Stack, tmp_path:
     added = workers.mxq("models", "add", "half", "--symbol", str(tmp_path / "half-symbol.json"),
                         "--params", str(params), "--input-shape", "12", "--json")
     assert added.returncode == 0, added.stderr
-    _data(workers, "half.npy", x)
-    job = _infer(workers, "half", "half.npy", "--device", "cpu:1")
+    save_npy(workers, "half.npy", x)
+    job = infer_and_wait(workers, "half", "half.npy", "--device", "cpu:1")
     assert job["status"] == "succeeded", job["error"]
     rows = predictions.read(workers.settings.database, job["id"])
     assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()

@@ -1,7 +1,8 @@
 """Input readers: every format read back exactly, every bad input refused with a message naming it.
 
-Images are written with a tiny stdlib PNG encoder: cv2 is not installed, so mxnet's
-`pack_img`/`unpack_img` can't be used, while MXNet's own decoder (`imread`/`imdecode`) works.
+Images are written with a tiny stdlib PNG encoder (tests/support/images.py): cv2 is not
+installed, so mxnet's `pack_img`/`unpack_img` can't be used, while MXNet's own decoder
+(`imread`/`imdecode`) works.
 """
 
 from __future__ import annotations
@@ -10,36 +11,16 @@ import os
 import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mxq.tasks.inference import inputs
-from mxq.tasks.inference.inputs import InputError, count_samples, open_input
+from mxq.tasks.inference.inputs import InputError, count_samples, npy, open_input
 from mxq.workers.paths import PathError, inside_root
+from tests.support.images import png_bytes, solid
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def png_bytes(pixels: np.ndarray) -> bytes:
-    """Minimal 8-bit PNG: (H, W) grey or (H, W, 3) RGB, unfiltered rows, one IDAT."""
-    pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
-    h, w = pixels.shape[:2]
-    colour_type = 0 if pixels.ndim == 2 else 2
-    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(h))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    header = struct.pack(">IIBBBBB", w, h, 8, colour_type, 0, 0, 0)
-    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-    return b"\x89PNG\r\n\x1a\n" + body
-
-
-def solid(rgb: tuple[int, int, int], h: int = 4, w: int = 6) -> np.ndarray:
-    return np.broadcast_to(np.array(rgb, dtype=np.uint8), (h, w, 3))
 
 
 COLOURS = [(200, 0, 10), (0, 100, 255), (30, 60, 90)]
@@ -73,11 +54,11 @@ def write_rec(tmp_path: Path, images: list[np.ndarray]) -> Path:
 @pytest.mark.parametrize("small_limit, mapped", [(1 << 20, False), (100, True)])
 def test_npy_is_read_whole_when_small_and_mapped_when_large(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_limit: int, mapped: bool) -> None:
-    monkeypatch.setattr(inputs, "SMALL_NPY_BYTES", small_limit)
+    monkeypatch.setattr(npy, "SMALL_NPY_BYTES", small_limit)
     data = np.arange(10 * 64, dtype=np.int16).reshape(10, 64)
     path = tmp_path / "x.npy"
     np.save(path, data)
-    assert isinstance(inputs._npy(path), np.memmap) is mapped
+    assert isinstance(npy.load(path), np.memmap) is mapped
     src = open_input(path, (64,))
     batch = src.read(3, 7)
     assert src.count == 10 and src.sample_shape == (64,)
@@ -113,7 +94,7 @@ def test_mapped_npy_stays_out_of_resident_memory(tmp_path: Path) -> None:
         if n % 16 == 0:  # (what stays behind only adds up)
             peak = max(peak, _resident_bytes("big.npy"))
     assert x[-1, 0] == np.load(path, mmap_mode="r")[-1, 0]
-    assert peak <= inputs.DROP_BEHIND_BYTES + 512 * 1024, f"{peak / 2**20:.1f} MiB of the input resident"
+    assert peak <= npy.DROP_BEHIND_BYTES + 512 * 1024, f"{peak / 2**20:.1f} MiB of the input resident"
 
 
 def test_npy_header_written_by_python_2_is_read(tmp_path: Path) -> None:
@@ -137,7 +118,7 @@ def test_npy_header_matches_numpys_reader(tmp_path: Path, array: np.ndarray) -> 
     path = tmp_path / "h.npy"
     np.save(path, array)
     with path.open("rb") as f:
-        ours, at = inputs._parse_header(f), f.tell()
+        ours, at = npy.parse_header(f), f.tell()
     with path.open("rb") as f:
         np.lib.format.read_magic(f)
         assert ours == np.lib.format.read_array_header_1_0(f) and at == f.tell()
@@ -216,7 +197,7 @@ def test_csv_with_header(tmp_path: Path) -> None:
     path.write_text("a,b,c,d\n1,2,3,4\n5,6,7,8.5\n\n")
     src = open_input(path, (4,))
     assert count_samples(path) == 2 and src.count == 2
-    np.testing.assert_array_equal(src.read(0, 2), [[1, 2, 3, 4], [5, 6, 7, 8.5]])
+    np.testing.assert_array_equal(src.read(0, 2), [[1.0, 2, 3, 4], [5, 6, 7, 8.5]])
 
 
 def test_csv_without_header_keeps_first_row(tmp_path: Path) -> None:

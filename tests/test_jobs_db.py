@@ -8,9 +8,11 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, update
+from sqlalchemy.pool import QueuePool
 
 from mxq.db import jobs, registry
 from mxq.db.engine import IDLE_IN_TRANSACTION_SECONDS, get_engine, session_scope
@@ -34,7 +36,7 @@ def _new(stack: Stack) -> int:
 
 def _status(stack: Stack, job_id: int) -> Job:
     with session_scope(stack.settings.database) as s:
-        return s.get(Job, job_id)
+        return s.get_one(Job, job_id)
 
 
 def test_migration_creates_tables_and_history_indexes(stack: Stack) -> None:
@@ -54,9 +56,10 @@ def test_the_migration_connection_is_not_reused(stack: Stack) -> None:
     engine = get_engine(stack.settings.database)
     with engine.connect():
         pass  # a pooled connection, as the process would have from earlier work
-    assert engine.pool.checkedin() >= 1
+    assert isinstance(engine.pool, QueuePool) and engine.pool.checkedin() >= 1
     upgrade(stack.settings.database)  # (already at head: runs nothing, still hands the pool back)
-    assert get_engine(stack.settings.database).pool.checkedin() == 0
+    pool = get_engine(stack.settings.database).pool
+    assert isinstance(pool, QueuePool) and pool.checkedin() == 0
     assert jobs.create_job(stack.settings.database, "probe", {}, "auto", "pool.cpu") > 0
 
 
@@ -99,7 +102,7 @@ def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) ->
     assert not epochs.record(url, job_id, {"epoch": 1, "train_loss": 1.0, "train_accuracy": 0.5,
                                            "val_accuracy": None, "seconds": 1.0,
                                            "samples_per_sec": 1.0}, first)
-    model = {"name": f"fenced{job_id}", "version": 1, "arch": "mlp", "input_shape": [4],
+    model: dict[str, Any] = {"name": f"fenced{job_id}", "version": 1, "arch": "mlp", "input_shape": [4],
              "classes": 2, "params_file": "p", "symbol_file": "s", "checksum": "0" * 64,
              "source": f"train:job-{job_id}"}
     with pytest.raises(Superseded):
@@ -140,7 +143,7 @@ def test_stale_heartbeat_is_reclaimed_until_the_cap(stack: Stack) -> None:
         assert jobs.orphan(url, A.worker) == [job_id]  # its worker died
     assert jobs.claim(url, job_id, B, 3, TTL) is Claim.EXHAUSTED
     job = _status(stack, job_id)
-    assert job.status == "failed" and "gave up after 3 attempts" in job.error
+    assert job.status == "failed" and "gave up after 3 attempts" in (job.error or "")
 
 
 def test_heartbeat_age_decides_liveness(stack: Stack) -> None:
@@ -221,7 +224,8 @@ def test_a_process_paused_inside_a_transaction_holds_the_job_row_only_for_a_whil
     attempt waited behind it. PostgreSQL now ends such a session after
     IDLE_IN_TRANSACTION_SECONDS; the claim goes through, and the resumed writer's commit fails."""
     if stack.name == "embedded":
-        pytest.skip("SQLite has no server to end a paused writer's transaction (README, Limits)")
+        pytest.skip("SQLite has no server to end a paused writer's transaction "
+                    "(docs/how-it-works.md, Fences)")
     url = stack.settings.database
     job_id = _new(stack)
     first = jobs.take(url, job_id, A, 3, TTL)

@@ -13,15 +13,15 @@ from pydantic import ValidationError
 from mxq.api.metrics import render_metrics
 from mxq.api.schemas import DeviceRecord
 from mxq.db import jobs, schedules
-from mxq.db.reports.history import get_job
+from mxq.db.reports.history import require_job
 from mxq.errors import JobRejected
-from mxq.workers.fleet.status import device_table
+from mxq.workers.fleet.device_table import device_table
 from mxq.workers.hardware.devices import discover
 from mxq.workers.jobs.jobspecs import ParamsError, probe_flops, validate
 from mxq.workers.schedules.fires import run_now, tick
 from mxq.workers.settings import DEFAULT_MAX_PROBE_GFLOP, Settings, usable_cores
 from tests.conftest import NODE, Stack, run_cli
-from tests.test_schedules import T0, _add, _dataset
+from tests.support.schedules import T0, add_retraining, fresh_dataset
 
 
 def test_cpu_devices_are_bounded_by_the_cores_unless_raised() -> None:
@@ -52,25 +52,27 @@ def test_a_probe_over_the_budget_is_refused_at_submit(isolated: Stack) -> None:
     s = isolated.settings.model_copy(update={"max_probe_gflop": DEFAULT_MAX_PROBE_GFLOP})
     with pytest.raises(JobRejected, match="MXQ_MAX_PROBE_GFLOP") as caught:
         submit(s, "probe", {"size": 16384, "repeat": 10000}, "cpu:0", allow_offline=True)
-    assert get_job(s.database, caught.value.job_id)["status"] == "failed"
+    assert require_job(s.database, caught.value.job_id)["status"] == "failed"
 
 
 def test_a_schedule_skips_fires_while_its_last_training_runs(isolated: Stack) -> None:
     """An every-minute schedule whose training takes longer: one job at a time, each fire in
     between recorded as skipped (naming the job still running), none queued behind it."""
     s, db = isolated.settings, isolated.settings.database
-    _dataset(isolated)
-    _add(isolated, "minutely", "* * * * *")
+    fresh_dataset(isolated)
+    add_retraining(isolated, "minutely", "* * * * *")
     for minute in (1, 2, 3):
         tick(s, T0 + timedelta(minutes=minute, seconds=5))
     first, *skipped = schedules.fires(db, "minutely")
     assert first["job_status"] == "queued" and len(skipped) == 2
     for fire in skipped:
         assert fire["job_id"] is None and fire["job_status"] == "skipped"
-        assert f"the previous fire's job {first['job_id']} " in fire["error"]
+        assert f"the previous fire's job {first['job_id']} " in (fire["error"] or "")
     manual = run_now(s, "minutely", T0 + timedelta(minutes=3, seconds=30))  # a person's ask runs
+    manual_job = next(f for f in schedules.fires(db, "minutely") if f["manual"])["job_id"]
+    assert first["job_id"] is not None and manual_job is not None
     jobs.cancel(db, first["job_id"])
-    jobs.cancel(db, next(f for f in schedules.fires(db, "minutely") if f["manual"])["job_id"])
+    jobs.cancel(db, manual_job)
     tick(s, T0 + timedelta(minutes=4, seconds=5))  # the trainings ended: the next fire runs
     fires = schedules.fires(db, "minutely")
     assert manual and fires[-1]["job_status"] == "queued" and fires[-1]["job_id"] is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mxq.workers.broker.messages import PRIORITY_SEP, drop_waiting, in_broker, stored_names
-from mxq.workers.fleet import leases
+from mxq.workers.broker.redis_client import client
 from mxq.workers.jobs.submit import submit_many
 from tests.conftest import Stack
 
@@ -18,9 +18,11 @@ def test_drop_waiting_removes_only_the_named_jobs_messages(isolated: Stack) -> N
     s = isolated.settings
     ids = submit_many(s, "probe", [PROBE] * 5, "cpu:0", allow_offline=True)
     queue = isolated.job(ids[0])["queue"]
-    r = leases.client(s.broker)
+    assert queue is not None
+    r = client(s.broker)
     # One message moved to its priority list, as kombu stores a message sent with priority 9.
     [raw] = [m for m in r.lrange(queue, 0, -1) if f'"job-{ids[1]}"' in m]
+    assert isinstance(raw, str)  # the client decodes replies
     r.lrem(queue, 1, raw)
     r.lpush(f"{queue}{PRIORITY_SEP}9", raw)
     r.lpush(queue, "not a kombu message")  # anything else in a list is left alone

@@ -1,4 +1,4 @@
-"""A mixed GPU host installed as the README says (`make test-gpu-install`): the `gpu` extra in
+"""A mixed GPU host installed as docs/gpu-hosts.md says (`make test-gpu-install`): the `gpu` extra in
 `.venv-gpu` (MXNet for the A100 and the L40S) and the `gpu-onnx` extra in an environment of its
 own, `.venv-gpu-onnx` (ONNX Runtime for the H200), named by MXQ_ONNX_PYTHON. The two extras'
 NVIDIA wheels share files, so they never share an environment: each environment has every file
@@ -88,7 +88,7 @@ def test_the_two_extras_in_one_environment_would_be_refused(env: dict[str, str])
 
 
 def test_a_training_onto_the_h200_is_refused_at_submit(env: dict[str, str]) -> None:
-    """The mixed host brought up as the README says (every worker refuses here: no GPU), then
+    """The mixed host brought up as docs/gpu-hosts.md says (every worker refuses here: no GPU), then
     trainings asked of it: each refused at submit, naming the H200 and the GPUs that train."""
     env = {**env, "MXQ_API_PORT": str(free_port())}
 

@@ -8,6 +8,7 @@ heartbeat write them (with the engines each device runs), and nothing consumes w
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,11 +54,12 @@ def mixed(isolated: Stack) -> Stack:
     return isolated
 
 
-def _queue(stack: Stack, job_id: int) -> str:
+def _queue(stack: Stack, job_id: int) -> str | None:
     return require_job(stack.settings.database, job_id)["queue"]
 
 
-def test_the_launcher_gives_the_h200_no_pool_that_trains(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_the_launcher_gives_the_h200_no_pool_that_trains(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from mxq.workers.hardware import devices
 
     monkeypatch.setattr(launcher, "onnx_runs_gpus", lambda: True)
@@ -107,7 +109,7 @@ def test_a_training_named_onto_the_h200_is_refused_at_submit(mixed: Stack) -> No
         submit(s, "train", {**TRAIN, "devices": 3}, "auto:gpu")
 
 
-def test_a_multi_device_training_leases_only_gpus_mxnet_runs(mixed: Stack, tmp_path) -> None:  # noqa: ANN001
+def test_a_multi_device_training_leases_only_gpus_mxnet_runs(mixed: Stack, tmp_path: Path) -> None:
     s = mixed.settings.model_copy(update={"nvidia_smi": str(tmp_path / "absent")})
     two = TrainParams(**{**TRAIN, "devices": 2})
     assert choose_devices(s, two, "gpu:0") == ["gpu:0", "gpu:1"]

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -20,7 +21,13 @@ from mxq.db.schema import utcnow
 from mxq.workers.jobs.submit import submit
 from mxq.workers.launch import groups
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
-from tests.test_workers import _wait_alive
+from tests.support.workers import wait_alive
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord, WorkerRecord
+    from mxq.tasks.runner import JobContext
+    from mxq.workers.jobs.jobspecs import TrainParams
+    from mxq.workers.settings import Settings
 
 NODES = ("nodeA", "nodeB")
 SCHEDULE_NODE = "nodeB"  # runs the schedule process (the reconciler) and survives every test
@@ -34,9 +41,9 @@ pytestmark = pytest.mark.timeout(900)
 @dataclass
 class Cluster:
     stack: Stack
-    launchers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    launchers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def job(self, job_id: int) -> dict:
+    def job(self, job_id: int) -> JobRecord:
         return self.stack.job(job_id)
 
 
@@ -188,19 +195,21 @@ def test_a_part_whose_worker_dies_fails_the_job_without_orphans(cluster: Cluster
     assert len(_role_pids(port)) >= 4  # scheduler, server, two trainers
     victim = parts[1]
     pid = {w["name"]: w["pid"] for w in list_workers(stack.settings.database, 5.0)}[victim["worker"]]
+    assert pid is not None
     os.kill(pid, signal.SIGKILL)
     done = stack.wait(job_id, timeout=300)
     assert done["status"] == "failed"
     print(f"error: {done['error']}")
-    assert f"part 1 on node {victim['node']}" in done["error"], done["error"]
-    assert "Traceback" not in done["error"]
+    error = done["error"] or ""
+    assert f"part 1 on node {victim['node']}" in error, error
+    assert "Traceback" not in error
     assert {p["status"] for p in _parts(stack, job_id)} == {"failed"}
     # nothing of the job is left running, on either node
     wait_until(lambda: _role_pids(port), 30, f"the job's processes (port {port}) to exit",
                until=lambda pids: not pids, interval=0.2)
     assert "cut" not in {m["name"] for m in stack.mxq_json("models")}
     # the worker is back (its launcher restarted it) and its node runs work again
-    _wait_alive(stack, victim["worker"], pid)
+    wait_alive(stack, victim["worker"], pid)
     there = stack.settings.model_copy(update={"node": victim["node"]})
     again = stack.wait(submit(there, "probe", {"size": 64, "batch": 2, "repeat": 1}, "cpu:0"),
                        timeout=120)
@@ -211,16 +220,16 @@ def test_a_part_whose_worker_dies_fails_the_job_without_orphans(cluster: Cluster
 def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -> None:
     stack = cluster.stack
     for node in NODES:
-        _wait_alive(stack, f"cpu0@{node}", -1)
+        wait_alive(stack, f"cpu0@{node}", -1)
     devices = {(d["node"], d["device"]): d for d in stack.mxq_json("devices")}
     assert {k for k, d in devices.items() if d["alive"]} == {(n, "cpu:0") for n in NODES}
     ids = [submit(stack.settings, "probe", dict(PROBE), "auto") for _ in range(8)]
     victim = next(n for n in NODES if n != SCHEDULE_NODE)
 
-    def spread(records: list[dict]) -> bool:
+    def spread(records: list[JobRecord]) -> bool:
         nodes = {r["node"] for r in records if r["node"]}
         running = [r for r in records if r["status"] == "running" and r["node"] == victim
-                   and r["progress"] < 0.5]  # (far from its end: it is still running at the kill)
+                   and (r["progress"] or 0) < 0.5]  # (far from its end: it is still running at the kill)
         return nodes == set(NODES) and bool(running)
 
     wait_until(lambda: [stack.job(i) for i in ids], 300,
@@ -263,22 +272,23 @@ def _split_job(url: str) -> tuple[int, list[int]]:
     return parent, [i for i, _, _ in made]
 
 
-def _context(url: str, job_id: int, node: str):  # noqa: ANN202
+def _context(url: str, job_id: int, node: str) -> JobContext:
     from mxq.tasks.runner import JobContext
 
     record = _job(url, job_id)
+    assert record["queue"] is not None
     return JobContext(job_id, "train", record["params"], "cpu:0", url, record["queue"], "cpu:0",
                       record["parent_id"], ["cpu:0"], f"cpu0@{node}")
 
 
-def _job(url: str, job_id: int) -> dict:
-    from mxq.db.reports.history import get_job
+def _job(url: str, job_id: int) -> JobRecord:
+    from mxq.db.reports.history import require_job
 
-    return get_job(url, job_id, with_metrics=True)
+    return require_job(url, job_id, with_metrics=True)
 
 
 @pytest.fixture
-def db(tmp_path: Path):  # noqa: ANN201
+def db(tmp_path: Path) -> Settings:
     from mxq.db.migrate import upgrade
     from mxq.workers.settings import Settings
 
@@ -287,7 +297,7 @@ def db(tmp_path: Path):  # noqa: ANN201
     return s
 
 
-def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
+def _run_parts(s: Settings, ids: list[int]) -> list[tuple[JobContext, TrainParams]]:
     from mxq.db import jobs
     from mxq.db.jobs import Placement
     from mxq.workers.jobs.jobspecs import TrainParams
@@ -301,7 +311,7 @@ def _run_parts(s, ids: list[int]) -> list:  # noqa: ANN001
     return contexts
 
 
-def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # noqa: ANN001
+def test_a_part_that_died_stops_the_others_and_the_job_names_it(db: Settings) -> None:
     from mxq.db import jobs
     from mxq.tasks.runner import JobFailed
     from mxq.tasks.training.dist import _check_peers
@@ -323,7 +333,7 @@ def test_a_part_that_died_stops_the_others_and_the_job_names_it(db) -> None:  # 
                              "while running it")
 
 
-def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: ANN001
+def test_nodes_that_do_not_all_join_in_time_fail_the_job(db: Settings) -> None:
     from mxq.db import jobs
     from mxq.db.jobs import Placement
     from mxq.tasks.runner import JobFailed
@@ -341,10 +351,10 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db) -> None:  # noqa: A
     assert "did not all join within 1s (MXQ_DIST_START_SECONDS)" in str(verdict)
     assert "part 1 on node b queued" in str(verdict)
     late = _job(db.database, ids[1])
-    assert late["status"] == "failed" and "not started within 1s" in late["error"]
+    assert late["status"] == "failed" and "not started within 1s" in (late["error"] or "")
 
 
-def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
+def test_cancelling_the_job_stops_every_part(db: Settings) -> None:
     from mxq.db import jobs
     from mxq.tasks.runner import JobCancelled
     from mxq.tasks.training.dist import _check_peers
@@ -356,7 +366,7 @@ def test_cancelling_the_job_stops_every_part(db) -> None:  # noqa: ANN001
         assert isinstance(_check_peers(db, ctx, p, joined=True, waited=0), JobCancelled)
 
 
-def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None:  # noqa: ANN001
+def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db: Settings) -> None:
     from mxq.db import jobs
     from mxq.db.fence import Fence
     from mxq.db.outputs import epochs
@@ -379,8 +389,9 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db) -> None: 
     done = _job(db.database, parent)
     assert done["status"] == "succeeded"
     assert done["samples_per_sec"] == pytest.approx(400.0) and done["samples"] == 2000
-    assert done["model_version"] == 1 and done["result"]["nodes"] == 2
-    assert {n: v["samples_per_sec"] for n, v in done["result"]["per_node"].items()} == \
+    merged: dict[str, Any] = done["result"] or {}
+    assert done["model_version"] == 1 and merged["nodes"] == 2
+    assert {n: v["samples_per_sec"] for n, v in merged["per_node"].items()} == \
         pytest.approx({"a": 100.0, "b": 300.0})
     assert done["devices"] == ["cpu:0@a", "cpu:0@b"]
     assert [e["epoch"] for e in done["epochs"]] == [1, 2]
@@ -394,10 +405,11 @@ def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
     from mxq.workers.jobs.submit import _check_nodes
 
     both = ["mxnet", "onnx"]
-    known = [{"node": "a", "device": "cpu:0", "engines": both},
+    # the fields of a worker's record that _check_nodes reads
+    known = cast(list["WorkerRecord"], [{"node": "a", "device": "cpu:0", "engines": both},
              {"node": "a", "device": "cpu:1", "engines": both},
              {"node": "b", "device": "cpu:0", "engines": both},
-             {"node": "c", "device": "gpu:0", "engines": ["onnx"]}]  # (an H200 trains nothing)
+             {"node": "c", "device": "gpu:0", "engines": ["onnx"]}])  # (an H200 trains nothing)
     _check_nodes(known, {"nodes": 2, "devices": 1})
     with pytest.raises(ParamsError, match="3 nodes with 1 devices each asked but 2 nodes have"):
         _check_nodes(known, {"nodes": 3, "devices": 1})

@@ -37,8 +37,9 @@ import pytest
 from mxq.db import peers
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.registry import list_models
-from mxq.db.reports.history import get_job
+from mxq.db.reports.history import get_job, require_job
 from mxq.db.schema import utcnow
+from mxq.tasks.runner import JobFailed
 from mxq.tasks.training import dist
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.jobs.submit import submit
@@ -224,7 +225,7 @@ def hosts() -> Iterator[Hosts]:
 
 def _finished(h: Hosts, job_id: int, timeout: float) -> dict:
     """The job's record (with its epochs) once it has finished."""
-    wait_until(lambda: get_job(h.database, job_id), timeout, f"job {job_id} to finish",
+    wait_until(lambda: require_job(h.database, job_id), timeout, f"job {job_id} to finish",
                until=lambda r: r["status"] in FINAL, interval=0.25)
     return dict(get_job(h.database, job_id, with_metrics=True) or {})
 
@@ -261,7 +262,7 @@ def test_two_hosts_train_over_their_own_addresses(hosts: Hosts) -> None:
     job = _finished(h, job_id, 150)
     assert job["status"] == "succeeded", job["error"]
     leader = job["node"]
-    parts = [get_job(h.database, p.id) for p in peers.parts_of(h.database, job_id)]
+    parts = [require_job(h.database, p.id) for p in peers.parts_of(h.database, job_id)]
     assert [(p["node"], p["status"]) for p in parts] == [
         (leader, "succeeded"), *[(n, "succeeded") for n in NODES if n != leader]]
     assert {p["queue"] for p in parts} == {f"{n}.cpu.0" for n in NODES}
@@ -310,7 +311,7 @@ def test_a_node_announcing_an_address_it_does_not_own_fails_in_one_line(hosts: H
     else:  # hostA's part (scheduler, server, trainer) was stopped, and nothing is left running
         assert [(p.node, p.status) for p in parts] == [("hostA", "failed"), ("hostB", "failed")]
         assert parts[0].error is not None and parts[0].error.startswith("stopped because part 1")
-        port = get_job(h.database, parts[0].id)["params"]["dist"]["env"]["DMLC_PS_ROOT_PORT"]
+        port = require_job(h.database, parts[0].id)["params"]["dist"]["env"]["DMLC_PS_ROOT_PORT"]
         wait_until(lambda: _role_pids(port), 30, "the job's ps-lite processes to exit",
                    until=lambda pids: not pids, interval=0.2)
     assert list_models(h.database, f"unowned-{leader.lower()}") == []
@@ -320,7 +321,7 @@ def test_a_node_announcing_an_address_it_does_not_own_fails_in_one_line(hosts: H
 
 def test_an_address_this_host_does_not_own_is_refused_before_ps_lite_starts() -> None:
     s = Settings(node="box2", node_address="192.0.2.7")  # TEST-NET-1: no host has it
-    with pytest.raises(dist.JobFailed) as caught:
+    with pytest.raises(JobFailed) as caught:
         dist.worker_env(s, TrainParams.model_validate(
             {**TRAIN, "name": "m", "dist": {"parent": 1, "index": 1, "node": "box2", "host": False,
                                             "env": {}}}))

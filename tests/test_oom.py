@@ -19,8 +19,8 @@ from mxnet.base import MXNetError
 from mxq.db.outputs import predictions
 from mxq.tasks.runtimes.oom import is_out_of_memory
 from tests.conftest import NODE, ROOT, Stack, _stack
-from tests.test_infer import _data, _infer
-from tests.test_workers import _pid, _wait_alive
+from tests.support.inference import infer_and_wait, save_npy
+from tests.support.workers import pid_of, wait_alive
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +41,11 @@ def capped(request: pytest.FixtureRequest,
     stack_gen = _stack(request.param, tmp_path_factory.mktemp(f"oom-{request.param}"), 9)
     stack = next(stack_gen)
     stack.env.update({"MXQ_CPU_DEVICES": "1", "MXQ_WORKER_MEMORY_MB": str(MEMORY_MB)})
-    log = open(stack.home / "launcher-oom.log", "ab")  # noqa: SIM115
+    log = open(stack.home / "launcher-oom.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT, env=stack.environ(),
                             stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_alive(stack, WORKER, not_pid=0, timeout=120)
+        wait_alive(stack, WORKER, not_pid=0, timeout=120)
         yield stack
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -58,7 +58,7 @@ def capped(request: pytest.FixtureRequest,
 def lenet(capped: Stack) -> str:
     proc = capped.mxq("models", "add", "lenet32", "--arch", "lenet", "--input-shape", "1,32,32")
     assert proc.returncode == 0, proc.stderr
-    _data(capped, "digits32.npy",
+    save_npy(capped, "digits32.npy",
           np.random.default_rng(3).normal(size=(SAMPLES, 1, 32, 32)).astype(np.float32))
     return "lenet32"
 
@@ -69,17 +69,17 @@ def _oom_events(stack: Stack, job_id: int) -> list[dict]:
 
 
 def test_the_worker_runs_under_the_cap(capped: Stack) -> None:
-    limits = Path(f"/proc/{_pid(capped, WORKER)}/limits").read_text()
+    limits = Path(f"/proc/{pid_of(capped, WORKER)}/limits").read_text()
     line = next(x for x in limits.splitlines() if x.startswith("Max data size"))
     assert line.split()[3] == str(MEMORY_MB * 2**20), line
 
 
 def test_a_batch_that_does_not_fit_is_halved_until_it_does(capped: Stack, lenet: str) -> None:
-    normal = _infer(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "256")
+    normal = infer_and_wait(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "256")
     assert normal["status"] == "succeeded", normal["error"]
     assert normal["result"]["batch_size_used"] == 256 and not _oom_events(capped, normal["id"])
 
-    job = _infer(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "8192")
+    job = infer_and_wait(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "8192")
     assert job["status"] == "succeeded", job["error"]
     assert job["samples"] == SAMPLES
     used = job["result"]["batch_size_used"]
@@ -102,7 +102,7 @@ def test_a_batch_that_does_not_fit_is_halved_until_it_does(capped: Stack, lenet:
 
 
 def test_batch_size_auto_finds_the_largest_that_fits(capped: Stack, lenet: str) -> None:
-    job = _infer(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "auto")
+    job = infer_and_wait(capped, lenet, "digits32.npy", "--device", "cpu:0", "--batch-size", "auto")
     assert job["status"] == "succeeded", job["error"]
     used = job["result"]["batch_size_used"]
     assert job["result"]["batch_size"] == "auto" and 1 <= used < 8192
@@ -134,10 +134,10 @@ def _wide_model(capped: Stack, folder: Path) -> str:
 def test_a_sample_that_does_not_fit_at_the_floor_fails_and_the_worker_goes_on(
         capped: Stack, lenet: str, tmp_path: Path) -> None:
     wide = _wide_model(capped, tmp_path)
-    _data(capped, "wide.npy", np.ones((3, *WIDE_SHAPE), np.float32))
-    pid = _pid(capped, WORKER)
+    save_npy(capped, "wide.npy", np.ones((3, *WIDE_SHAPE), np.float32))
+    pid = pid_of(capped, WORKER)
 
-    job = _infer(capped, wide, "wide.npy", "--device", "cpu:0", "--batch-size", "2")
+    job = infer_and_wait(capped, wide, "wide.npy", "--device", "cpu:0", "--batch-size", "2")
     assert job["status"] == "failed"
     assert job["error"] == "out of memory at batch size 1 on cpu:0 (started at 2; the floor is 1)"
     events = _oom_events(capped, job["id"])
@@ -145,10 +145,10 @@ def test_a_sample_that_does_not_fit_at_the_floor_fails_and_the_worker_goes_on(
             for e in events] == [(2, 1, False)]
     assert predictions.count(capped.settings.database, job["id"]) == 0
 
-    _data(capped, "few32.npy", np.ones((100, 1, 32, 32), np.float32))
-    after = _infer(capped, lenet, "few32.npy", "--device", "cpu:0", "--batch-size", "64")
+    save_npy(capped, "few32.npy", np.ones((100, 1, 32, 32), np.float32))
+    after = infer_and_wait(capped, lenet, "few32.npy", "--device", "cpu:0", "--batch-size", "64")
     assert after["status"] == "succeeded", after["error"]
-    assert after["worker"] == WORKER and _pid(capped, WORKER) == pid  # the same process went on
+    assert after["worker"] == WORKER and pid_of(capped, WORKER) == pid  # the same process went on
     assert predictions.count(capped.settings.database, after["id"]) == 100
 
 

@@ -19,7 +19,7 @@ from mxq.workers.broker.publish import publish
 from mxq.workers.broker.queues import pool_queue
 from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
-from tests.test_infer import _data, _infer
+from tests.support.inference import infer_and_wait, save_npy
 
 
 def _parts(stack: Stack, job_id: int) -> Path:
@@ -30,8 +30,8 @@ def _parts(stack: Stack, job_id: int) -> Path:
 def test_a_failed_parquet_job_leaves_no_parts(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(8).normal(size=(60_000, 64)).astype(np.float32)
     x[50_000, 3] = np.nan  # past two flushes of 20,000: parts are on disk when it fails
-    _data(workers, "nan-late.npy", x)
-    job = _infer(workers, "mlp64", "nan-late.npy", "--output", "parquet", "--reject-nan",
+    save_npy(workers, "nan-late.npy", x)
+    job = infer_and_wait(workers, "mlp64", "nan-late.npy", "--output", "parquet", "--reject-nan",
                  "--batch-size", "500", "--device", "cpu:0")
     assert job["status"] == "failed" and "NaN in sample 50000" in job["error"], job["error"]
     assert not _parts(workers, job["id"]).exists()
@@ -53,7 +53,7 @@ def test_a_cancelled_parquet_jobs_kept_parts_are_its_results(workers: Stack, mlp
 @pytest.mark.slow
 def test_a_part_removed_mid_job_fails_the_job_naming_the_gap(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(9).normal(size=(400_000, 64)).astype(np.float32)
-    _data(workers, "part-gone.npy", x)
+    save_npy(workers, "part-gone.npy", x)
     job_id = submit(workers.settings, "infer", {"model": "mlp64", "input": "part-gone.npy",
                                                 "output": "parquet", "batch_size": 256}, "cpu:1")
     folder = _parts(workers, job_id)
@@ -62,7 +62,8 @@ def test_a_part_removed_mid_job_fails_the_job_naming_the_gap(workers: Stack, mlp
     first[0].unlink()
     done = workers.wait(job_id, timeout=300)
     assert done["status"] == "failed", done
-    assert "output incomplete" in done["error"] and "lack samples [0, " in done["error"]
+    error = done["error"] or ""
+    assert "output incomplete" in error and "lack samples [0, " in error
     assert not folder.exists()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import duckdb
 import numpy as np
@@ -14,19 +15,23 @@ import pytest
 
 from mxq.db.outputs import parquet, predictions
 from mxq.db.outputs.results import recorded_output
+from mxq.db.records import PredictionRow
 from mxq.db.stack import stack_id
 from tests.conftest import Stack
-from tests.test_infer import _data, _direct, _infer
+from tests.support.inference import infer_and_wait, predict_directly, save_npy
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 
 def _expected(stack: Stack, x: np.ndarray) -> np.ndarray:
-    return _direct(stack, "mlp64", x)
+    return predict_directly(stack, "mlp64", x)
 
 
 def test_parquet_output_read_by_pyarrow_and_duckdb(workers: Stack, mlp: dict, tmp_path: Path) -> None:
     x = np.random.default_rng(3).normal(size=(30_000, 64)).astype(np.float32)
-    _data(workers, "pq.npy", x)
-    job = _infer(workers, "mlp64", "pq.npy", "--output", "parquet", "--top-k", "3",
+    save_npy(workers, "pq.npy", x)
+    job = infer_and_wait(workers, "mlp64", "pq.npy", "--output", "parquet", "--top-k", "3",
                  "--batch-size", "512", "--device", "cpu:0")
     assert job["status"] == "succeeded", job["error"]
     path = Path(job["output"])
@@ -42,8 +47,8 @@ def test_parquet_output_read_by_pyarrow_and_duckdb(workers: Stack, mlp: dict, tm
     np.testing.assert_allclose(table.column("score").to_numpy(), expected.max(axis=1), rtol=1e-5)
     assert table.column("top_k_classes")[11].as_py() == np.argsort(-expected[11])[:3].tolist()
 
-    count, classes = duckdb.sql(f"SELECT count(*), count(DISTINCT \"index\") FROM '{path}'").fetchone()
-    assert (count, classes) == (30_000, 30_000)
+    assert duckdb.sql(f"SELECT count(*), count(DISTINCT \"index\") FROM '{path}'").fetchone() == \
+        (30_000, 30_000)
     best = duckdb.sql(f"SELECT predicted_class FROM '{path}' WHERE \"index\" = 123").fetchone()
     assert best == (int(expected[123].argmax()),)
 
@@ -61,10 +66,11 @@ def test_parquet_output_read_by_pyarrow_and_duckdb(workers: Stack, mlp: dict, tm
 
 def test_chunked_parquet_job_merges_into_one_file(workers: Stack, mlp: dict) -> None:
     x = np.random.default_rng(4).normal(size=(5000, 64)).astype(np.float32)
-    _data(workers, "pq-chunks.npy", x)
-    job = _infer(workers, "mlp64", "pq-chunks.npy", "--output", "parquet", "--chunk-size", "1200")
+    save_npy(workers, "pq-chunks.npy", x)
+    job = infer_and_wait(workers, "mlp64", "pq-chunks.npy", "--output", "parquet", "--chunk-size", "1200")
     assert job["status"] == "succeeded", job["error"]
-    path = recorded_output(workers.settings.home_path, workers.settings.database, job, ".parquet")
+    record = cast("JobRecord", job)  # what `--json` printed is the job's record
+    path = recorded_output(workers.settings.home_path, workers.settings.database, record, ".parquet")
     assert path.parent.name == stack_id(workers.settings.database)  # keyed by the database
     table = pq.read_table(path)
     assert table.column("index").to_pylist() == list(range(5000))
@@ -74,8 +80,8 @@ def test_chunked_parquet_job_merges_into_one_file(workers: Stack, mlp: dict) -> 
 
 def test_results_exports_sql_rows_as_parquet(workers: Stack, mlp: dict, tmp_path: Path) -> None:
     x = np.random.default_rng(5).normal(size=(700, 64)).astype(np.float32)
-    _data(workers, "pq-export.npy", x)
-    job = _infer(workers, "mlp64", "pq-export.npy", "--top-k", "2")
+    save_npy(workers, "pq-export.npy", x)
+    job = infer_and_wait(workers, "mlp64", "pq-export.npy", "--top-k", "2")
     out = tmp_path / "export.parquet"
     proc = workers.mxq("results", str(job["id"]), "--format", "parquet", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -83,7 +89,8 @@ def test_results_exports_sql_rows_as_parquet(workers: Stack, mlp: dict, tmp_path
     table = pq.read_table(out)
     rows = predictions.read(workers.settings.database, job["id"])
     assert table.column("predicted_class").to_pylist() == [r["predicted_class"] for r in rows]
-    assert table.column("top_k_classes").to_pylist() == [[c for c, _ in r["top_k"]] for r in rows]
+    assert table.column("top_k_classes").to_pylist() == [[c for c, _ in r["top_k"] or []] for r in rows]
+    assert all(r["top_k"] for r in rows)
     np.testing.assert_allclose(table.column("score").to_numpy(), [r["score"] for r in rows], rtol=1e-6)
 
     refused = workers.mxq("results", str(job["id"]), "--format", "parquet")
@@ -141,7 +148,8 @@ def test_a_missing_part_is_named(tmp_path: Path) -> None:
 def test_rows_and_probabilities_make_the_same_table(top_k: int) -> None:
     probs = np.random.default_rng(top_k).random((50, 5)).astype(np.float32)
     from_probs = parquet.from_probabilities(10, probs, top_k)
-    stored = [{"index": 10 + i, "predicted_class": int(p.argmax()), "score": float(p.max()),
-               "top_k": [[int(c), float(p[c])] for c in np.argsort(-p)[:top_k]] or None}
-              for i, p in enumerate(probs)]
+    stored: list[PredictionRow] = [
+        {"index": 10 + i, "predicted_class": int(p.argmax()), "score": float(p.max()),
+         "top_k": [(int(c), float(p[c])) for c in np.argsort(-p)[:top_k]] or None}
+        for i, p in enumerate(probs)]
     assert parquet.from_rows(stored, top_k).equals(from_probs)

@@ -15,8 +15,8 @@ from mxq.db.registry import resolve
 from mxq.preprocess import Preprocess, PreprocessError, parse_scale
 from mxq.tasks.model_store.models import load
 from tests.conftest import Stack
-from tests.test_infer import _infer
-from tests.test_inputs import png_bytes
+from tests.support.images import png_bytes
+from tests.support.inference import infer_and_wait
 
 
 @pytest.mark.parametrize(("text", "value"), [("1/255", 1 / 255), ("0.5", 0.5), (" 2 / 4", 0.5), ("3", 3.0)])
@@ -92,7 +92,7 @@ def test_png_folder_and_npy_scaled_by_the_registered_preprocessing(workers: Stac
     np.save(workers.home / "data" / "scaled.npy", chw)
     want = _plain(workers, "scaled", chw / 255)
     for source in (_images(workers, "scaled-png", pixels), "scaled.npy"):
-        classes, scores = _stored(workers, _infer(workers, "scaled", source, "--engine", "mxnet"))
+        classes, scores = _stored(workers, infer_and_wait(workers, "scaled", source, "--engine", "mxnet"))
         assert np.array_equal(classes, want.argmax(axis=1)), source
         np.testing.assert_allclose(scores, want.max(axis=1), rtol=1e-4)
     unscaled = _plain(workers, "scaled", chw)  # what the worker fed before: raw 0..255
@@ -107,7 +107,7 @@ def test_nhwc_model_gets_images_channels_last_normalized(workers: Stack) -> None
          "--scale", "1/255", "--mean", "0.5,0.4,0.3", "--std", "0.2,0.25,0.5")
     want = _plain(workers, "hwc", (pixels / 255 - np.array([0.5, 0.4, 0.3])) / np.array([0.2, 0.25, 0.5]))
     for engine in ("mxnet", "onnx"):
-        classes, scores = _stored(workers, _infer(workers, "hwc", _images(workers, "hwc-png", pixels),
+        classes, scores = _stored(workers, infer_and_wait(workers, "hwc", _images(workers, "hwc-png", pixels),
                                                   "--engine", engine))
         assert np.array_equal(classes, want.argmax(axis=1)), engine
         np.testing.assert_allclose(scores, want.max(axis=1), rtol=1e-4)

@@ -83,10 +83,12 @@ def test_every_dashboard_expression_returns_series(workers: Stack, api: Api, pro
                until=lambda r: r and r[0]["value"][1] == "1", interval=0.5)
     expressions = dashboard_expressions()
     assert len(expressions) >= 10
-    empty = {}
+    empty: dict[str, bool] = {}
     for expr in expressions:  # a rate() needs two scrapes after the jobs: wait for each
-        empty[expr] = not wait_until(lambda e=expr: _query(prometheus, e), 30, f"{expr} to return series",
-                                     until=bool, interval=0.5)
+        def series(e: str = expr) -> list[dict]:
+            return _query(prometheus, e)
+
+        empty[expr] = not wait_until(series, 30, f"{expr} to return series", until=bool, interval=0.5)
     assert not any(empty.values()), empty
     print(f"prometheus: {len(expressions)} dashboard expressions evaluated, all non-empty")
 

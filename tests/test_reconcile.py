@@ -15,6 +15,7 @@ from mxq.db.engine import session_scope
 from mxq.db.schema import Fire, Job, utcnow
 from mxq.workers.broker import deadletters
 from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, in_broker
+from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
 from mxq.workers.jobs.submit import submit
 from mxq.workers.repair.reconcile import UNACKED_GRACE_SECONDS, reconcile
@@ -38,18 +39,21 @@ def _age(stack: Stack, job_id: int, seconds: float = 60) -> None:
 
 
 def _queue(stack: Stack, job_id: int) -> str:
-    return stack.job(job_id)["queue"]
+    queue = stack.job(job_id)["queue"]
+    assert queue is not None
+    return queue
 
 
 def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack) -> None:
     lost, kept, fresh = _probe(isolated), _probe(isolated), _probe(isolated)
     for job_id in (lost, kept):
         _age(isolated, job_id)
-    r = leases.client(isolated.settings.broker)
+    r = client(isolated.settings.broker)
     queue = _queue(isolated, lost)
     # Drop only the lost job's message (and the fresh one's: it is inside the submit grace).
     for raw in r.lrange(queue, 0, -1):
         if f'"job-{lost}"' in raw or f'"job-{fresh}"' in raw:
+            assert isinstance(raw, str)  # the client decodes replies
             r.lrem(queue, 1, raw)
     assert in_broker(isolated.settings.broker, {queue})[0] == {kept}
 
@@ -68,9 +72,10 @@ def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack)
 
 def _hold(stack: Stack, job_id: int, age: float) -> str:
     """Move the job's message to kombu's unacked set, delivered `age` seconds ago."""
-    r = leases.client(stack.settings.broker)
+    r = client(stack.settings.broker)
     queue = _queue(stack, job_id)
     [raw] = [m for m in r.lrange(queue, 0, -1) if f'"job-{job_id}"' in m]
+    assert isinstance(raw, str)  # the client decodes replies
     r.lrem(queue, 1, raw)
     tag = f"tag-{job_id}"
     r.hset(UNACKED, tag, json.dumps([json.loads(raw), "", queue]))
@@ -90,7 +95,7 @@ def test_a_message_held_by_a_consumer_that_is_gone_is_published_again(isolated: 
     assert report.republished == [orphaned]
     waiting, held = in_broker(isolated.settings.broker, {_queue(isolated, orphaned)})
     assert waiting == {orphaned} and set(held) == {claiming}
-    assert old not in leases.client(isolated.settings.broker).hkeys(UNACKED)
+    assert old not in client(isolated.settings.broker).hkeys(UNACKED)
     [event] = events.list_events(isolated.settings.database, orphaned)
     assert "held unacknowledged" in event["message"]
 
@@ -105,14 +110,14 @@ def test_a_finished_jobs_message_left_unacknowledged_is_dropped(isolated: Stack)
 
     assert reconcile(isolated.settings).republished == []
 
-    unacked = leases.client(isolated.settings.broker).hkeys(UNACKED)
+    unacked = client(isolated.settings.broker).hkeys(UNACKED)
     assert old not in unacked and recent in unacked  # an ack may still be on its way
 
 
 def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(isolated: Stack) -> None:
     job_id = _probe(isolated)
     queue = _queue(isolated, job_id)
-    leases.client(isolated.settings.broker).delete(queue)  # its worker took the message, then died
+    client(isolated.settings.broker).delete(queue)  # its worker took the message, then died
     stale = utcnow() - timedelta(seconds=isolated.settings.heartbeat_ttl * 3)
     _set(isolated, job_id, status="running", worker="cpu0@gone", attempts=1, heartbeat_at=stale)
 
@@ -125,16 +130,16 @@ def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(
     [event] = events.list_events(isolated.settings.database, job_id)
     assert event["kind"] == events.REQUEUED and "heartbeat" in event["message"]
 
-    leases.client(isolated.settings.broker).delete(queue)
+    client(isolated.settings.broker).delete(queue)
     _set(isolated, job_id, attempts=isolated.settings.max_attempts, heartbeat_at=stale)
     assert reconcile(isolated.settings).failed == [job_id]
     job = isolated.job(job_id)
-    assert job["status"] == "failed" and "gave up after 3 attempts" in job["error"]
+    assert job["status"] == "failed" and "gave up after 3 attempts" in (job["error"] or "")
 
 
 def test_a_running_job_with_a_live_heartbeat_is_left_alone(isolated: Stack) -> None:
     job_id = _probe(isolated)
-    leases.client(isolated.settings.broker).delete(_queue(isolated, job_id))
+    client(isolated.settings.broker).delete(_queue(isolated, job_id))
     _set(isolated, job_id, status="running", worker="cpu0@busy", attempts=1, heartbeat_at=utcnow())
     assert reconcile(isolated.settings).empty()
     assert isolated.job(job_id)["status"] == "running"
@@ -156,10 +161,10 @@ def test_leases_of_finished_or_dead_holders_are_freed(isolated: Stack) -> None:
 
 
 def test_a_fire_whose_tick_died_before_submitting_gets_its_job(isolated: Stack) -> None:
-    from tests.test_schedules import _add, _dataset
+    from tests.support.schedules import add_retraining, fresh_dataset
 
-    _dataset(isolated)
-    sched = _add(isolated, "nightly", "0 3 * * *", now=utcnow())
+    fresh_dataset(isolated)
+    sched = add_retraining(isolated, "nightly", "0 3 * * *", now=utcnow())
     sched_id = schedules.get(isolated.settings.database, "nightly")["id"]
     fire_id = schedules.record_manual(isolated.settings.database, sched_id, utcnow())
     with session_scope(isolated.settings.database) as s:  # the tick died right here, long ago
@@ -170,6 +175,7 @@ def test_a_fire_whose_tick_died_before_submitting_gets_its_job(isolated: Stack) 
 
     assert report.fires_submitted == [fire_id] and sched["name"] == "nightly"
     [fire] = schedules.fires(isolated.settings.database, "nightly")
+    assert fire["job_id"] is not None
     job = isolated.job(fire["job_id"])
     assert job["kind"] == "train" and job["status"] == "queued"
     assert [e["kind"] for e in events.list_events(isolated.settings.database, job["id"])] == \
@@ -185,10 +191,11 @@ def test_poison_beside_a_queued_job_is_moved_aside_and_lost_messages_still_repub
     lost, kept = _probe(isolated), _probe(isolated)
     for job_id in (lost, kept):
         _age(isolated, job_id)
-    r = leases.client(isolated.settings.broker)
+    r = client(isolated.settings.broker)
     queue = _queue(isolated, lost)
     for raw in r.lrange(queue, 0, -1):
         if f'"job-{lost}"' in raw:
+            assert isinstance(raw, str)  # the client decodes replies
             r.lrem(queue, 1, raw)
     r.lpush(queue, poison)
 
@@ -203,7 +210,7 @@ def test_poison_beside_a_queued_job_is_moved_aside_and_lost_messages_still_repub
 
 
 def test_mxq_dead_letters_shows_and_clears_them(isolated: Stack) -> None:
-    r = leases.client(isolated.settings.broker)
+    r = client(isolated.settings.broker)
     for item in ("5", "{}"):
         r.lpush("pool.cpu", item)
     assert reconcile(isolated.settings).dead_lettered == ["pool.cpu", "pool.cpu"]

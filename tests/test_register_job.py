@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -39,7 +40,7 @@ def test_a_built_in_model_is_registered_by_a_worker(workers: Stack) -> None:
     assert [(j["status"], j["queue"]) for j in jobs] == [("succeeded", "pool.cpu.mxnet")]
 
 
-def test_an_exported_model_is_staged_registered_and_unstaged(workers: Stack, tmp_path) -> None:  # noqa: ANN001
+def test_an_exported_model_is_staged_registered_and_unstaged(workers: Stack, tmp_path: Path) -> None:
     from mxq.tasks.runtimes.mx import gluon, mx, nd
 
     net = gluon.nn.HybridSequential()
@@ -60,7 +61,7 @@ def test_an_exported_model_is_staged_registered_and_unstaged(workers: Stack, tmp
     assert done["status"] == "succeeded", done["error"]
 
 
-def test_a_model_the_worker_refuses_fails_in_one_line(workers: Stack, tmp_path) -> None:  # noqa: ANN001
+def test_a_model_the_worker_refuses_fails_in_one_line(workers: Stack, tmp_path: Path) -> None:
     (tmp_path / "bad-symbol.json").write_text("{not json")
     (tmp_path / "bad-0000.params").write_bytes(b"\x00" * 64)
     proc = _add(workers, "badviaworker", "--symbol", str(tmp_path / "bad-symbol.json"),

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from mxq.db import schedules
+from mxq.db.records import FireRecord
 from mxq.db.registry import list_models
 from mxq.tasks.training import datasets
 from mxq.workers.schedules.fires import add_schedule, tick
@@ -31,7 +32,7 @@ def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool =
     os.utime(path, (stamp, stamp))
 
 
-def _fire(stack: Stack, at: datetime) -> dict:
+def _fire(stack: Stack, at: datetime) -> FireRecord:
     assert len(tick(stack.settings, at)) == 1
     return wait_until(lambda: next(f for f in schedules.fires(stack.settings.database, "nightly")
                                    if f["fire_time"] == at.isoformat()),
@@ -45,20 +46,22 @@ def test_scheduled_retraining_promotes_only_a_better_model(workers: Stack) -> No
     spec = {"arch": "mlp", "name": "nightly-model", "epochs": 4, "devices": 2, "seed": 0}
     sched = add_schedule(s, "nightly", "0 3 * * *", "Europe/Berlin", "nightly", spec, "if-better",
                          "val_accuracy", 0.0)
+    assert sched["next_fire_at"] is not None
     at = datetime.fromisoformat(sched["next_fire_at"])  # the clock jumps to each fire time
 
     _drop(workers, "day1.npz")
     good = _fire(workers, at)
-    assert good["job_status"] == "succeeded" and good["dataset_file"].endswith("day1.npz")
-    assert good["promotion"]["decision"] == "promoted"
-    assert good["promotion"]["reason"] == "no promoted version to compare with"
+    promoted = good["promotion"]
+    assert good["job_status"] == "succeeded" and (good["dataset_file"] or "").endswith("day1.npz")
+    assert promoted is not None and promoted["decision"] == "promoted"
+    assert promoted["reason"] == "no promoted version to compare with"
 
     _drop(workers, "day2.npz", shuffle_labels=True)  # labels scrambled: a worse model
     worse = _fire(workers, at + timedelta(days=1))
-    assert worse["dataset_file"].endswith("day2.npz") and worse["job_status"] == "succeeded"
+    assert (worse["dataset_file"] or "").endswith("day2.npz") and worse["job_status"] == "succeeded"
     decision = worse["promotion"]
-    assert decision["decision"] == "kept"
-    assert decision["new_value"] < decision["promoted_value"] == good["promotion"]["new_value"]
+    assert decision is not None and decision["decision"] == "kept"
+    assert decision["new_value"] < decision["promoted_value"] == promoted["new_value"]
     assert "<" in decision["reason"]
 
     _drop(workers, "day3.npz", corrupt=True)  # a retraining that fails

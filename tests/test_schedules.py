@@ -5,40 +5,22 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from multiprocessing.synchronize import Barrier
 
-import numpy as np
 import pytest
 
 from mxq.db import registry, schedules
-from mxq.db.reports.history import get_job
-from mxq.workers.schedules.fires import add_schedule, run_now, tick
+from mxq.db.reports.history import require_job
+from mxq.workers.schedules.fires import run_now, tick
 from tests.conftest import Stack
+from tests.support.schedules import T0, add_retraining, fresh_dataset
 
 pytestmark = pytest.mark.both_legs
 
-SPEC = {"arch": "mlp", "name": "retrained", "epochs": 1}
-T0 = datetime(2026, 3, 27, 12, tzinfo=UTC)
-
-
-def _dataset(stack: Stack, name: str = "fresh/a.npz", age: float = 0.0) -> str:
-    path = stack.home / "data" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, X=np.random.default_rng(0).normal(size=(30, 4)), y=np.arange(30) % 3)
-    if age:
-        os.utime(path, (path.stat().st_atime - age, path.stat().st_mtime - age))
-    return name
-
-
-def _add(stack: Stack, name: str, cron: str, tz: str = "UTC", dataset: str = "fresh/*.npz",
-         now: datetime = T0) -> dict:
-    return add_schedule(stack.settings, name, cron, tz, dataset, dict(SPEC), "if-better",
-                        "val_accuracy", 0.0, now=now)
-
-
 def test_fires_at_local_times_across_dst(isolated: Stack) -> None:
-    _dataset(isolated)
-    _add(isolated, "berlin", "30 2 * * *", "Europe/Berlin")
+    fresh_dataset(isolated)
+    add_retraining(isolated, "berlin", "30 2 * * *", "Europe/Berlin")
     now = T0
     while now < T0 + timedelta(days=4):
         tick(isolated.settings, now)
@@ -50,13 +32,14 @@ def test_fires_at_local_times_across_dst(isolated: Stack) -> None:
     assert not any(f["missed"] for f in fires) and fires[0]["job_status"] == "queued"
     # No worker runs the first training: each later fire is skipped while it is still queued.
     assert all(f["job_status"] == "skipped" for f in fires[1:])
-    job = get_job(isolated.settings.database, fires[0]["job_id"], with_metrics=True)
-    assert job["kind"] == "train" and job["params"]["fire_id"]
+    assert fires[0]["job_id"] is not None
+    job = require_job(isolated.settings.database, fires[0]["job_id"], with_metrics=True)
+    assert job["kind"] == "train" and job["params"]["fire_id"] and job["schedule"] is not None
     assert job["schedule"]["schedule"] == "berlin"
     assert job["schedule"]["fire_time"] == fires[0]["fire_time"]
 
 
-def _race(env: dict, now: datetime, barrier: multiprocessing.Barrier, out: multiprocessing.Queue) -> None:
+def _race(env: dict, now: datetime, barrier: Barrier, out: multiprocessing.Queue) -> None:
     os.environ.update(env)
     from mxq.workers.settings import Settings
 
@@ -65,9 +48,9 @@ def _race(env: dict, now: datetime, barrier: multiprocessing.Barrier, out: multi
 
 
 def test_two_racing_ticks_fire_each_schedule_once(isolated: Stack) -> None:
-    _dataset(isolated)
+    fresh_dataset(isolated)
     for i in range(10):
-        _add(isolated, f"s{i}", "0 * * * *")
+        add_retraining(isolated, f"s{i}", "0 * * * *")
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     at = T0 + timedelta(hours=1, minutes=5)
@@ -84,8 +67,8 @@ def test_two_racing_ticks_fire_each_schedule_once(isolated: Stack) -> None:
 
 
 def test_three_day_outage_runs_one_catch_up(isolated: Stack) -> None:
-    _dataset(isolated)
-    _add(isolated, "daily", "0 3 * * *")
+    fresh_dataset(isolated)
+    add_retraining(isolated, "daily", "0 3 * * *")
     # Down from before the first fire (28th 03:00) until the 31st 02:00: three fires missed.
     tick(isolated.settings, T0 + timedelta(days=3, hours=14))
     tick(isolated.settings, T0 + timedelta(days=3, hours=14, minutes=1))
@@ -99,8 +82,8 @@ def test_three_day_outage_runs_one_catch_up(isolated: Stack) -> None:
 
 
 def test_run_now_fires_once_at_once(isolated: Stack) -> None:
-    _dataset(isolated)
-    before = _add(isolated, "manual", "0 3 1 1 *")
+    fresh_dataset(isolated)
+    before = add_retraining(isolated, "manual", "0 3 1 1 *")
     run_now(isolated.settings, "manual", T0 + timedelta(minutes=1))
     tick(isolated.settings, T0 + timedelta(minutes=2))  # not due: nothing more
     fires = schedules.fires(isolated.settings.database, "manual")
@@ -109,20 +92,22 @@ def test_run_now_fires_once_at_once(isolated: Stack) -> None:
 
 
 def test_newest_file_is_used_and_an_empty_glob_fails_only_that_fire(isolated: Stack) -> None:
-    _add(isolated, "fresh", "0 * * * *")
+    add_retraining(isolated, "fresh", "0 * * * *")
     tick(isolated.settings, T0 + timedelta(hours=1))
-    _dataset(isolated, "fresh/old.npz", age=3600)
-    _dataset(isolated, "fresh/new.npz")
+    fresh_dataset(isolated, "fresh/old.npz", age=3600)
+    fresh_dataset(isolated, "fresh/new.npz")
     tick(isolated.settings, T0 + timedelta(hours=2))
     failed, ok = schedules.fires(isolated.settings.database, "fresh")
     assert failed["job_id"] is None and failed["job_status"] == "failed"
-    assert "matches no file" in failed["error"] and "fresh/*.npz" in failed["error"]
-    assert ok["dataset_file"].endswith("fresh/new.npz") and ok["job_status"] == "queued"
+    assert failed["error"] is not None and "matches no file" in failed["error"]
+    assert "fresh/*.npz" in failed["error"]
+    assert ok["dataset_file"] is not None and ok["dataset_file"].endswith("fresh/new.npz")
+    assert ok["job_status"] == "queued"
 
 
 def test_paused_schedules_do_not_fire(isolated: Stack) -> None:
-    _dataset(isolated)
-    _add(isolated, "paused", "0 * * * *")
+    fresh_dataset(isolated)
+    add_retraining(isolated, "paused", "0 * * * *")
     schedules.set_enabled(isolated.settings.database, "paused", False)
     assert tick(isolated.settings, T0 + timedelta(hours=5)) == []
 
@@ -145,12 +130,13 @@ def test_bad_schedules_are_refused(isolated: Stack, args: list[str], needle: str
 
 def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> None:
     url = isolated.settings.database
-    _dataset(isolated)
-    _add(isolated, "gone", "0 3 * * *")
+    fresh_dataset(isolated)
+    add_retraining(isolated, "gone", "0 3 * * *")
     fire_id = run_now(isolated.settings, "gone", T0)
     job_id = schedules.fires(url, "gone")[0]["job_id"]
+    assert job_id is not None
     schedules.remove(url, "gone")
-    described = get_job(url, job_id, with_metrics=True)  # crashed before: the fire went with it
+    described = require_job(url, job_id, with_metrics=True)  # crashed before: the fire went with it
     assert described["schedule"] == {"schedule": "gone", "fire_time": T0.isoformat(),
                                      "promote": "if-better", "metric": "val_accuracy",
                                      "min_gain": 0.0, "removed": True}
@@ -162,16 +148,17 @@ def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> N
                              "source": "test"})
     decision = schedules.decide_promotion(url, fire_id, "retrained-gone", 1, {"val_accuracy": 0.5})
     assert decision["decision"] == "promoted" and decision["metric"] == "val_accuracy"
-    _add(isolated, "newer", "0 4 * * *")  # a new schedule never inherits the old one's fires
+    add_retraining(isolated, "newer", "0 4 * * *")  # a new schedule never inherits the old one's fires
     assert schedules.fires(url, "newer") == []
-    assert get_job(url, job_id, with_metrics=True)["schedule"]["schedule"] == "gone"
+    fired_by = require_job(url, job_id, with_metrics=True)["schedule"]
+    assert fired_by is not None and fired_by["schedule"] == "gone"
 
 
 def test_a_clock_jump_forward_and_back_fires_once_then_on_its_times(isolated: Stack) -> None:
     """A day ahead, then right again: one catch-up fire for the day, then fires at the cron times
     of the real clock (not none for a day), and no fire time twice when the clock reaches it."""
-    _dataset(isolated)
-    _add(isolated, "five", "*/5 * * * *")
+    fresh_dataset(isolated)
+    add_retraining(isolated, "five", "*/5 * * * *")
     db, at = isolated.settings.database, lambda **d: T0 + timedelta(**d)
     tick(isolated.settings, at(minutes=6))  # 12:05
     tick(isolated.settings, at(days=1, minutes=6))  # the clock a day ahead: one catch-up

@@ -88,7 +88,7 @@ def test_ids_are_never_reused_after_a_delete(isolated: Stack) -> None:
                   "'2026-01-01 00:00:00', 0, 0)")
     with get_engine(url).begin() as conn:
         conn.execute(insert)
-        deleted = conn.execute(text("SELECT max(id) FROM jobs")).scalar()
+        deleted = conn.execute(text("SELECT max(id) FROM jobs")).scalar_one()
         conn.execute(text("DELETE FROM jobs WHERE id = :id"), {"id": deleted})
         conn.execute(insert)
         assert conn.execute(text("SELECT max(id) FROM jobs")).scalar() == deleted + 1
@@ -106,6 +106,6 @@ def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
     assert upgrade(url, "0010") == ["0010"]
     with get_engine(url).begin() as conn:
         assert conn.execute(text("SELECT job_id FROM job_events WHERE id = 3")).scalar() == 7
-        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'jobs'")).scalar()
+        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'jobs'")).scalar_one()
         assert "AUTOINCREMENT" in sql
         assert conn.execute(text("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'")).scalar() == 7

@@ -15,7 +15,7 @@ from mxq.cli.errors import settings_message
 from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.settings import MAX_SOCKET_PATH, Settings, redis_socket_path
 from tests.conftest import run_cli
-from tests.test_bad_input import _one_line
+from tests.support.messages import one_line
 
 
 def _long_home(tmp_path: Path) -> Path:
@@ -38,7 +38,7 @@ def test_the_supported_brokers_are_accepted(url: str) -> None:
 
 def test_several_bad_settings_are_still_one_line() -> None:
     with pytest.raises(ValidationError) as caught:
-        Settings(heartbeat_seconds=float("inf"), tick_seconds="nan\nrm -rf /",  # type: ignore[arg-type]
+        Settings(heartbeat_seconds=float("inf"), tick_seconds="nan\nrm -rf /",
                  broker_url="ftp://x")
     message = settings_message(caught.value)
     assert len(message.splitlines()) == 1, message
@@ -85,7 +85,7 @@ def test_no_folder_fits_the_socket_is_one_line(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr("mxq.workers.settings.FALLBACK_SOCKET_ROOT", deep)
     home = _long_home(tmp_path)
     result = run_cli(["devices"], {"MXQ_HOME": str(home)})
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     assert result.returncode == 2 and line.startswith(f"mxq: error: MXQ_HOME={home}: "), line
     assert "use a shorter MXQ_HOME or set MXQ_BROKER_URL" in line
     assert not home.exists()
@@ -127,7 +127,7 @@ def test_an_empty_node_address_is_unset() -> None:
 def test_a_node_address_that_is_not_an_ipv4_unicast_address_is_one_line(tmp_path: Path, value: str) -> None:
     home = tmp_path / "home"
     result = run_cli(["devices"], {"MXQ_HOME": str(home), "MXQ_NODE_ADDRESS": value})
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     shown = value if value.isprintable() and " " not in value else repr(value)
     assert result.returncode == 2, result
     assert line.startswith(f"mxq: error: MXQ_NODE_ADDRESS={shown}: not a unicast IPv4 address; "

@@ -7,6 +7,7 @@ import os
 import signal
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
 
 
-def _get_json(url: str, timeout: float = 60) -> object:
+def _get_json(url: str, timeout: float = 60) -> Any:  # any JSON value
 
     def answer() -> object:  # the decoded body, or the error of this try
         try:

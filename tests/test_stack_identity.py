@@ -67,7 +67,8 @@ def test_an_npy_only_job_returns_its_rows(tmp_path: Path) -> None:
     rows = results.read(url, home, record, limit=3, offset=2)  # type: ignore[arg-type]
     assert [r["index"] for r in rows] == [2, 3, 4]
     assert [r["predicted_class"] for r in rows] == probs[2:5].argmax(axis=1).tolist()
-    assert rows[0]["top_k"][0][0] == int(probs[2].argmax())
+    top = rows[0]["top_k"]
+    assert top is not None and top[0][0] == int(probs[2].argmax())
     assert results.count(url, home, record) == 10  # type: ignore[arg-type]
     probs[5:] = 0  # a cancelled job computed [0, 5) only
     np.save(path, probs)

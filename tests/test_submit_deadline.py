@@ -41,7 +41,9 @@ def test_a_paused_broker_leaves_the_job_queued_for_the_reconciler(isolated: Stac
     with session_scope(s.database) as session:  # past the reconciler's grace for fresh submits
         session.execute(update(Job).where(Job.id == done.job_id)
                         .values(submitted_at=utcnow() - timedelta(minutes=1)))
-    found = look(s.broker, {"node.cpu.0"} | {isolated.job(done.job_id)["queue"]})
+    queue = isolated.job(done.job_id)["queue"]
+    assert queue is not None
+    found = look(s.broker, {"node.cpu.0", queue})
     if done.job_id not in found.waiting:  # the late publish thread may have landed it meanwhile
         assert done.job_id in reconcile(s).republished
-    assert done.job_id in look(s.broker, {isolated.job(done.job_id)["queue"]}).waiting
+    assert done.job_id in look(s.broker, {queue}).waiting

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from tests.conftest import Stack, free_port
 pytestmark = pytest.mark.both_legs
 
 
-def _one_line(proc) -> str:  # noqa: ANN001
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mxq: error: "), proc.stderr
@@ -77,7 +78,8 @@ def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
     ids = submit_many(isolated.settings, "probe", [good] * 3, "cpu:0", allow_offline=True)
     assert [j["status"] for j in list_jobs(isolated.settings.database, JobFilter(limit=10))] == \
         ["queued"] * 3
-    assert in_broker(isolated.settings.broker, {isolated.job(ids[0])["queue"]})[0] == set(ids)
+    queue = isolated.job(ids[0])["queue"]
+    assert queue is not None and in_broker(isolated.settings.broker, {queue})[0] == set(ids)
 
 
 def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
@@ -90,7 +92,7 @@ def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
     from mxq.workers.broker.publish import SubmitError, publish
 
     with pytest.raises(SubmitError) as raised:
-        publish(isolated.settings, object(), "probe", "pool.cpu", patient=True)  # not JSON
+        publish(isolated.settings, object(), "probe", "pool.cpu", patient=True)  # type: ignore[arg-type]  # not JSON
     assert isinstance(raised.value.__cause__, kombu.exceptions.EncodeError)
     assert not [r for r in caplog.records if "retry" in r.getMessage()]  # no retry at all
 

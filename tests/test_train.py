@@ -17,7 +17,7 @@ from mxq.tasks.training.train_loop import fit, make_net, make_trainer
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
-from tests.test_workers import _pid, _wait_alive
+from tests.support.workers import pid_of, wait_alive
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}
 
@@ -101,6 +101,7 @@ def test_a_probe_sent_to_a_leased_device_waits_for_the_training(workers: Stack) 
     probe_id = submit(s, "probe", dict(SMALL), "cpu:0")
     trained, probed = workers.wait(train_id, timeout=600), workers.wait(probe_id, timeout=600)
     assert trained["status"] == probed["status"] == "succeeded", trained["error"]
+    assert probed["started_at"] and trained["finished_at"]
     assert probed["started_at"] >= trained["finished_at"]
     assert probed["attempts"] == 1
 
@@ -114,13 +115,13 @@ def test_killed_training_worker_resumes_from_its_checkpoint(workers: Stack) -> N
                f"job {job_id} to record 3 epochs",
                until=lambda record: len(record.get("epochs") or []) >= 3)
     leader = workers.job(job_id)["worker"]
-    pid = _pid(workers, leader)
+    pid = pid_of(workers, leader)
     os.kill(pid, signal.SIGKILL)
-    _wait_alive(workers, leader, pid)
+    wait_alive(workers, leader, pid)
     done = workers.wait(job_id, timeout=600)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempts"] == 2
-    assert done["result"]["resumed_from_epoch"] >= 3
+    assert (done["result"] or {})["resumed_from_epoch"] >= 3
     epochs = workers.mxq_json("job", str(job_id))["epochs"]
     assert [e["epoch"] for e in epochs] == list(range(1, 41))
     devices = [d for d in workers.mxq_json("devices") if d["device"] in ("cpu:0", "cpu:1")]
@@ -218,7 +219,60 @@ def test_a_training_child_that_dies_tells_its_leader_why(tmp_path: Path,
                           (KeyError("w"), "KeyError: 'w'")):
             report_crash(fence, exc)
             with pytest.raises(JobFailed) as failed:
-                _outcome(1, json.loads(out.read_text()))
+                _outcome(1, out)
             assert str(failed.value) == said
     finally:
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(("code", "report", "said"), [
+    (0, '{"samples": 640, "seconds": 1.5}',
+     "job-5.n-2.json is malformed (expected Trained): result: Field required"),
+    (0, '{"samples": "many", "seconds": 1.5, "result": {}}',
+     "job-5.n-2.json is malformed (expected Trained): samples: Input should be a valid integer"),
+    (4, '{"samples": 64, "error": "x"}',
+     "job-5.n-2.json is malformed (expected Stopped): error: Extra inputs are not permitted"),
+    (5, '["lost"]', "job-5.n-2.json is malformed (expected Refused): the report: Input should be"),
+    (3, '{"error": "bad', "job-5.n-2.json is not JSON: Unterminated string"),
+])
+def test_a_malformed_training_report_fails_the_job_in_one_line(
+        tmp_path: Path, code: int, report: str, said: str) -> None:
+    """The leader reads the child's report as the shape its exit status says; one that does not
+    fit fails the job with one line naming the file and the field, not a KeyError."""
+    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.training.train_task import _outcome
+
+    out = tmp_path / "job-5.n-2.json"
+    out.write_text(report)
+    with pytest.raises(JobFailed) as failed:
+        _outcome(code, out)
+    message = str(failed.value)
+    assert message.startswith("the training child's report ") and said in message, message
+    assert "\n" not in message
+
+
+def test_a_training_report_reads_back_as_the_child_wrote_it(tmp_path: Path) -> None:
+    from mxq.tasks.runner import JobCancelled, JobInputError, JobLost
+    from mxq.tasks.training import child_report
+    from mxq.tasks.training.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, CHILD_LOST, _outcome
+
+    out = tmp_path / "job-5.n-2.json"
+    child_report.write(out, child_report.Trained(samples=640, seconds=1.5,
+                                                 result={"model": "m", "train_loss": float("nan")}))
+    done = _outcome(0, out)
+    assert (done.samples, done.seconds, done.result["model"]) == (640, 1.5, "m")
+    assert done.result["train_loss"] != done.result["train_loss"]  # NaN stays NaN, as json writes it
+    child_report.write(out, child_report.Stopped(samples=128))
+    with pytest.raises(JobCancelled) as cancelled:
+        _outcome(CHILD_CANCELLED, out)
+    assert cancelled.value.samples == 128
+    for code, raised in ((CHILD_LOST, JobLost), (CHILD_INPUT_ERROR, JobInputError)):
+        child_report.write(out, child_report.Refused(error="why, in one line"))
+        with pytest.raises(raised, match="^why, in one line$"):
+            _outcome(code, out)
+    out.unlink()  # killed before it wrote one
+    with pytest.raises(JobCancelled) as cancelled:
+        _outcome(CHILD_CANCELLED, out)
+    assert cancelled.value.samples is None
+    with pytest.raises(JobLost, match="handed to another attempt"):
+        _outcome(CHILD_LOST, out)

@@ -6,32 +6,21 @@ import json
 import os
 import signal
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import pytest
 
-from mxq.db.fleet import list_workers
 from mxq.workers.broker.publish import publish
 from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, wait_until
+from tests.support.workers import pid_of, wait_alive
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 SMALL = {"size": 64, "batch": 2, "repeat": 1}
 # Long enough on any CPU to be caught mid-run: a few seconds of matrix multiplies.
 LONG = {"size": 1024, "batch": 8, "repeat": 400}
-
-
-def _pid(stack: Stack, worker: str) -> int:
-    rows = {w["name"]: w for w in list_workers(stack.settings.database, 5.0)}
-    return rows[worker]["pid"]
-
-
-def _wait_alive(stack: Stack, worker: str, not_pid: int, timeout: float = 90) -> int:
-    def row() -> dict | None:
-        return {w["name"]: w for w in list_workers(stack.settings.database, 5.0)}.get(worker)
-
-    found = wait_until(row, timeout, f"{worker} to be alive with a pid other than {not_pid}",
-                       until=lambda r: r and r["alive"] and r["pid"] and r["pid"] != not_pid,
-                       interval=0.2)
-    return found["pid"]
 
 
 def test_named_device_runs_on_its_worker(workers: Stack) -> None:
@@ -110,7 +99,7 @@ def test_a_bad_message_fails_its_job_and_the_worker_goes_on(workers: Stack) -> N
     publish(s, job_id, "probe", f"{NODE}.cpu.0")
     record = workers.wait(job_id)
     assert record["status"] == "failed"
-    assert "size=-5" in record["error"]
+    assert "size=-5" in (record["error"] or "")
     ok = workers.wait(submit(s, "probe", dict(SMALL), "cpu:0"))
     assert ok["status"] == "succeeded" and ok["device"] == "cpu:0"
 
@@ -168,9 +157,9 @@ def test_killed_worker_is_restarted_and_its_job_finishes_once(workers: Stack) ->
     s = workers.settings
     job_id = submit(s, "probe", dict(LONG), "cpu:0")
     running = workers.wait(job_id, until=("running",))
-    pid = _pid(workers, running["worker"])
+    pid = pid_of(workers, running["worker"])
     os.kill(pid, signal.SIGKILL)
-    new_pid = _wait_alive(workers, f"cpu0@{NODE}", pid)
+    new_pid = wait_alive(workers, f"cpu0@{NODE}", pid)
     done = workers.wait(job_id, timeout=180)
     assert done["status"] == "succeeded"
     assert done["attempts"] == 2 and done["device"] == "cpu:0"
@@ -183,11 +172,11 @@ def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -
     job_id = submit(s, "probe", dict(LONG), "cpu:1")
     killed = 0
 
-    def record_killing_each_attempt() -> dict:
+    def record_killing_each_attempt() -> JobRecord:
         nonlocal killed
         record = workers.job(job_id)
         if record["status"] == "running" and record["attempts"] > killed:
-            pid = _pid(workers, record["worker"])
+            pid = pid_of(workers, record["worker"])
             if pid:
                 os.kill(pid, signal.SIGKILL)  # the job "kills its worker", attempt after attempt
                 killed = record["attempts"]
@@ -197,8 +186,8 @@ def test_job_that_kills_its_worker_every_time_fails_at_the_cap(workers: Stack) -
                         until=lambda record: record["status"] in ("failed", "succeeded"))
     assert record["status"] == "failed"
     assert record["attempts"] == 3 == killed
-    assert "gave up after 3 attempts" in record["error"]
-    _wait_alive(workers, f"cpu1@{NODE}", 0)
+    assert "gave up after 3 attempts" in (record["error"] or "")
+    wait_alive(workers, f"cpu1@{NODE}", 0)
     after = workers.wait(submit(s, "probe", dict(SMALL), "cpu:1"), timeout=120)
     assert after["status"] == "succeeded" and after["device"] == "cpu:1"
 

@@ -93,7 +93,7 @@ DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgres")
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 # Linux's sun_path holds 108 bytes with the closing NUL: a longer socket path is cut short.
 MAX_SOCKET_PATH = 107
-FALLBACK_SOCKET_ROOT = "/tmp"  # noqa: S108  # the last short folder tried for the socket
+FALLBACK_SOCKET_ROOT = "/tmp"  # the last short folder tried for the socket
 
 
 class Settings(BaseSettings):

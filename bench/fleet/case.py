@@ -296,7 +296,7 @@ def _claim_waits(s: Settings, ids: list[int]) -> list[float]:
             rows = session.execute(select(Job.submitted_at, Job.started_at)
                                    .where(Job.id.in_(ids[start:start + 10_000]),
                                           Job.started_at.is_not(None), Job.attempts == 1))
-            waits += [(b - a).total_seconds() * 1000 for a, b in rows]
+            waits += [(b - a).total_seconds() * 1000 for a, b in rows if b is not None]  # (all started)
     return waits
 
 

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     # This process's devices share a few connections (PostgreSQL's default max_connections is
-    # 100); real workers hold one or two each (README, Scaling).
+    # 100); real workers hold one or two each (docs/scaling.md).
     engine.POOL_SIZE, engine.MAX_OVERFLOW = POOL_SIZE, POOL_OVERFLOW
     s, out, stop = get_settings(), Log(args.log), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from mxq.db.outputs.predictions import Ranked
+from mxq.db.records import PredictionRow
 
 ROW_GROUP_ROWS = 65_536  # rows per row group of a merged or exported file (about 1 MiB)
 COMPRESSION = "zstd"
@@ -67,7 +68,7 @@ def from_probabilities(first: int, probs: NDArray[np.float32], top_k: int) -> pa
     return pa.Table.from_arrays(columns, schema=schema(top_k))
 
 
-def from_rows(rows: list[dict[str, Any]], top_k: int) -> pa.Table:
+def from_rows(rows: list[PredictionRow], top_k: int) -> pa.Table:
     """Stored prediction rows (`mxq.db.outputs.predictions.read`) as a table."""
     columns: dict[str, list[Any]] = {"index": [r["index"] for r in rows],
                                      "predicted_class": [r["predicted_class"] for r in rows],
@@ -270,14 +271,13 @@ def read_tables_of(paths: list[Path], limit: int | None, offset: int) -> Iterato
         offset = 0
 
 
-def read_rows_of(paths: list[Path], limit: int | None, offset: int) -> Iterator[dict[str, Any]]:
+def read_rows_of(paths: list[Path], limit: int | None, offset: int) -> Iterator[PredictionRow]:
     """The rows of `paths` shaped like `mxq.db.outputs.predictions.read` (top-k as [class, score] pairs)."""
     for table in read_tables_of(paths, limit, offset):
         data = table.to_pydict()
         for i in range(table.num_rows):
             top = None
             if "top_k_classes" in data:
-                top = [list(p) for p in zip(data["top_k_classes"][i], data["top_k_scores"][i],
-                                            strict=True)]
+                top = list(zip(data["top_k_classes"][i], data["top_k_scores"][i], strict=True))
             yield {"index": data["index"][i], "predicted_class": data["predicted_class"][i],
                    "score": data["score"][i], "top_k": top}

@@ -11,6 +11,7 @@ from sqlalchemy import Connection, delete, func, select, update
 
 from mxq.db.engine import get_engine, session_scope
 from mxq.db.fence import Fence
+from mxq.db.records import PredictionRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, Prediction, utcnow
 
@@ -99,7 +100,7 @@ def count(url: str, job_id: int) -> int:
         return session.scalar(select(func.count()).where(Prediction.job_id == job_id)) or 0
 
 
-def read(url: str, job_id: int, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+def read(url: str, job_id: int, limit: int | None = None, offset: int = 0) -> list[PredictionRow]:
     q = (select(Prediction.idx, Prediction.predicted_class, Prediction.score, Prediction.top_k)
          .where(Prediction.job_id == job_id).order_by(Prediction.idx).offset(offset))
     if limit is not None:

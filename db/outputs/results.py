@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.db.outputs import parquet, predictions
-from mxq.db.records import JobRecord
+from mxq.db.records import JobRecord, PredictionRow
 from mxq.db.schema import JobStatus
 from mxq.db.stack import stack_id
 from mxq.errors import Unavailable
@@ -81,7 +81,7 @@ def _stored(probs: NDArray[np.float32], record: JobRecord) -> NDArray[np.int64] 
 
 
 def _array_rows(probs: NDArray[np.float32], record: JobRecord, limit: int | None,
-                offset: int) -> list[dict[str, Any]]:
+                offset: int) -> list[PredictionRow]:
     """Rows `offset` onwards of an npy output, ranked as the SQL rows are."""
     top_k = int((record.get("params") or {}).get("top_k") or 0)
     stop = None if limit is None else offset + limit
@@ -91,12 +91,12 @@ def _array_rows(probs: NDArray[np.float32], record: JobRecord, limit: int | None
     r = predictions.Ranked.of(np.asarray(probs[chosen]), top_k)
     return [{"index": int(i), "predicted_class": int(c), "score": float(v),
              "top_k": None if r.order is None or r.best is None else
-             [[int(k), float(b)] for k, b in zip(r.order[n], r.best[n], strict=True)]}
+             [(int(k), float(b)) for k, b in zip(r.order[n], r.best[n], strict=True)]}
             for n, (i, c, v) in enumerate(zip(chosen, r.classes, r.scores, strict=True))]
 
 
 def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
-         offset: int = 0) -> list[dict[str, Any]]:
+         offset: int = 0) -> list[PredictionRow]:
     """Rows `offset` onwards, at most `limit`, ordered by index."""
     files = _files_of(url, home, record)
     if files is not None:
@@ -119,7 +119,7 @@ def count(url: str, home: Path, record: JobRecord) -> int:
 
 
 def _pages(url: str, home: Path, record: JobRecord, limit: int | None,
-           offset: int) -> Iterator[list[dict[str, Any]]]:
+           offset: int) -> Iterator[list[PredictionRow]]:
     """The job's rows from `offset` (at most `limit`), a page of PAGE_ROWS at a time."""
     while limit is None or limit > 0:
         size = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
@@ -144,7 +144,7 @@ def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: in
     return rows
 
 
-def prediction_csv(rows: list[dict[str, Any]]) -> Iterator[list[Any]]:
+def prediction_csv(rows: list[PredictionRow]) -> Iterator[list[Any]]:
     """The predictions' CSV, the same from the CLI and the API: `index,predicted_class,score`,
     then `top_1,top_score_1,…` when top-k was stored; the header first."""
     k = max((len(r["top_k"] or []) for r in rows), default=0)

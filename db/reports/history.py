@@ -14,8 +14,9 @@ from mxq.db.fleet import list_workers
 from mxq.db.outputs.epochs import list_epochs
 from mxq.db.records import FirePolicy, JobRecord, MetricPoint
 from mxq.db.schedules import ScheduleNotFound, fire_of
-from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, iso
+from mxq.db.schema import Job, JobMetric, as_utc, iso
 from mxq.errors import NotFound
+from mxq.status import FINISHED, JobStatus
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,13 @@ def count_jobs(url: str, f: JobFilter, at_most: int | None = None) -> int:
         return session.scalar(select(func.count()).select_from(matches.subquery())) or 0
 
 
+def counts_by_status_and_kind(url: str) -> dict[tuple[str, str], int]:
+    """(status, kind) -> number of jobs, of the whole history."""
+    q = select(Job.status, Job.kind, func.count()).group_by(Job.status, Job.kind)
+    with session_scope(url) as session:
+        return {(str(status), str(kind)): int(n) for status, kind, n in session.execute(q)}
+
+
 def counts_by_queue(url: str) -> dict[tuple[str, str], int]:
     """(queue, status) -> number of queued or running jobs, for the device table."""
     q = (select(Job.queue, Job.status, func.count())
@@ -254,17 +262,17 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
             q = q.where(~_refused_at_submit())
         rows: dict[Any, dict[str, Any]] = {}
         for k, status, n, samples, seconds in session.execute(q):
-            r = rows.setdefault(k, {by: k, "jobs": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+            r = rows.setdefault(k, {by: k, "jobs": 0, **{str(end): 0 for end in FINISHED},
                                     "samples": 0, "seconds": 0.0})
             r["jobs"] += n
             if status in FINISHED:
                 r[status] += n
-            if status == "succeeded":
+            if status == JobStatus.SUCCEEDED:
                 r["samples"] += samples or 0
                 r["seconds"] += seconds or 0.0
     for r in rows.values():
-        done = r["succeeded"] + r["failed"] + r["cancelled"]
-        r["success_rate"] = r["succeeded"] / done if done else None
+        done = sum(r[end] for end in FINISHED)
+        r["success_rate"] = r[JobStatus.SUCCEEDED] / done if done else None
         r["samples_per_sec"] = r["samples"] / r["seconds"] if r["seconds"] else None
     return sorted(rows.values(), key=lambda r: str(r[by]))
 

@@ -12,15 +12,17 @@ delivery and a claim on each (a message that got away is refused at its claim).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mxq.db import jobs
 from mxq.db.outputs import predictions
+from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
-from mxq.device import Device
 from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.runner import JobContext, JobInputError, placement
 from mxq.workers.broker import messages
@@ -35,6 +37,15 @@ MAX_CANDIDATES = 512  # ... but never more in one look
 CLAIM_SLICE = 64  # candidates opened, then claimed, at a time
 GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many there are
 
+# What the infer task hands in, so that this module needs no part of it: a job's input opened
+# and checked, that input read whole, and a batch's prediction rows (owner job, first sample's
+# index, probabilities, top k).
+OpenInput = Callable[[InferParams, ModelRecord], InputSource]
+ReadAll = Callable[[InferParams, InputSource], NDArray[np.float32]]
+RowsOf = Callable[[int, int, NDArray[np.float32], int], list[Row]]
+Candidate = tuple[int, dict[str, Any]]  # a queued job's id and parameters
+T = TypeVar("T")
+
 
 @dataclass
 class Member:
@@ -42,7 +53,7 @@ class Member:
 
     id: int
     p: InferParams
-    x: np.ndarray
+    x: NDArray[np.float32]  # its samples, as the model takes them
 
 
 def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
@@ -52,13 +63,13 @@ def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
 
 def _queues(job: JobContext) -> list[str]:
     """The queues this worker consumes: its device's and its kind's pools for its engines."""
-    spec, s = Device.parse(job.device), get_settings()
+    spec, s = job.parsed_device, get_settings()
     return [device_queue(s.node, spec.kind, spec.index),
             *pool_queues(spec.kind, engines_for(spec.kind, s.mxnet_unusable))]
 
 
 def _candidates(job: JobContext, model: ModelRecord, room: int,
-                taken: set[int]) -> list[tuple[int, dict[str, Any]]]:
+                taken: set[int]) -> list[Candidate]:
     """Queued jobs that ask for the same model version and engine (whether each is mergeable is
     decided once its input is open)."""
     found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)))
@@ -68,7 +79,7 @@ def _candidates(job: JobContext, model: ModelRecord, room: int,
             and params.get("engine", "auto") == engine]
 
 
-def gather(job: JobContext, model: ModelRecord, open_input: Any, read: Any,
+def gather(job: JobContext, model: ModelRecord, open_input: OpenInput, read: ReadAll,
            samples: int) -> list[Member]:
     """Claim queued small jobs of the same model until the batch is full or the wait is over.
 
@@ -82,7 +93,7 @@ def gather(job: JobContext, model: ModelRecord, open_input: Any, read: Any,
     while samples < s.merge_samples:
         found = _candidates(job, model, s.merge_samples - samples, seen)
         seen.update(i for i, _ in found)
-        for part in _slices(found, Device.parse(job.device).index):
+        for part in _slices(found, job.parsed_device.index):
             samples += _take(job, model, part, open_input, read, at, members)
             if samples >= s.merge_samples:
                 break
@@ -93,7 +104,7 @@ def gather(job: JobContext, model: ModelRecord, open_input: Any, read: Any,
     return members
 
 
-def _slices(found: list[Any], index: int) -> list[list[Any]]:
+def _slices(found: list[T], index: int) -> list[list[T]]:
     """The candidates in slices of CLAIM_SLICE, starting at a point of their own for each device
     (golden-ratio spacing) and wrapping around: workers gathering at once mostly open different
     inputs, instead of all opening the oldest ones and most losing them at the claim."""
@@ -102,8 +113,8 @@ def _slices(found: list[Any], index: int) -> list[list[Any]]:
     return [walk[i:i + CLAIM_SLICE] for i in range(0, len(walk), CLAIM_SLICE)]
 
 
-def _take(job: JobContext, model: ModelRecord, found: list[tuple[int, dict[str, Any]]],
-          open_input: Any, read: Any, at: jobs.Placement, members: list[Member]) -> int:
+def _take(job: JobContext, model: ModelRecord, found: list[Candidate],
+          open_input: OpenInput, read: ReadAll, at: jobs.Placement, members: list[Member]) -> int:
     """Open `found`, claim the mergeable ones still queued, add them to `members`; the samples
     added."""
     s = get_settings()
@@ -130,7 +141,7 @@ def _take(job: JobContext, model: ModelRecord, found: list[tuple[int, dict[str, 
 
 
 def _open(params: dict[str, Any], model: ModelRecord,
-          open_input: Any) -> tuple[InferParams, InputSource] | str:
+          open_input: OpenInput) -> tuple[InferParams, InputSource] | str:
     """A candidate's parameters and input, or why its job fails."""
     try:
         p = InferParams(**params)
@@ -141,8 +152,8 @@ def _open(params: dict[str, Any], model: ModelRecord,
         return f"{type(exc).__name__}: {exc}"
 
 
-def finish(job: JobContext, members: list[Member], probs: list[np.ndarray], seconds: float,
-           result: dict[str, Any], rows_of: Any) -> tuple[int, float, dict[str, Any]]:
+def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float32]], seconds: float,
+           result: dict[str, Any], rows_of: RowsOf) -> tuple[int, float, dict[str, Any]]:
     """Store every member's rows in one write and finish each with its share of the time;
     return the lead's (first member's) outcome, which its own task records."""
     total = float(sum(len(m.x) for m in members))

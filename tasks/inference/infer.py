@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mxq.db import events, jobs, registry
 from mxq.db.records import ModelRecord
@@ -110,7 +111,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
     })
 
 
-def _read_all(p: InferParams, source: InputSource) -> np.ndarray:
+def _read_all(p: InferParams, source: InputSource) -> NDArray[np.float32]:
     """A small input whole, read and checked as one batch."""
     return next(_batches(p, source, 0, source.count, lambda: source.count))[1]
 
@@ -137,7 +138,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
 
 
 def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
-                     members: list[batching.Member]) -> tuple[np.ndarray, _Fit, str | None]:
+                     members: list[batching.Member]) -> tuple[NDArray[np.float32], _Fit, str | None]:
     """The merged batch's probabilities, its fit, and the lead's error when its own output is
     not finite. A member whose output is not finite fails alone (its message names its sample)
     and leaves `members`; the rest run again without it. Raises when no member is left."""
@@ -171,7 +172,7 @@ def _start_batch(p: InferParams, samples: int, limit: int) -> int:
 
 
 def _batches(p: InferParams, source: InputSource, start: int, stop: int,
-             size: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
+             size: Callable[[], int]) -> Iterator[tuple[int, NDArray[np.float32]]]:
     """(first index, samples) per batch of `size()` (smaller once out of memory halved it),
     checked for NaN and infinities (always: what an engine answers for them differs); runs on
     the prefetch thread."""
@@ -186,7 +187,7 @@ def _batches(p: InferParams, source: InputSource, start: int, stop: int,
         first += len(x)
 
 
-def _check_finite(p: InferParams, first: int, x: np.ndarray) -> None:
+def _check_finite(p: InferParams, first: int, x: NDArray[np.float32]) -> None:
     """Refuse a batch holding NaN, inf or -inf, naming the first such sample. One pass of row
     sums finds the suspects (NaN and infinities make a sum non-finite; a float32 sum of huge
     finite values may overflow too), then only those rows are looked at value by value."""
@@ -219,9 +220,10 @@ class _Fit:
     def __post_init__(self) -> None:
         self.size = self.size or self.requested
 
-    def predict(self, engine: engines.Engine, x: np.ndarray) -> np.ndarray:
+    def predict(self, engine: engines.Engine, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """Probabilities of all of `x`, computed in slices of the current size, in order."""
-        parts, i = [], 0
+        parts: list[NDArray[np.float32]] = []
+        i = 0
         while i < len(x):
             n = min(self.size, len(x) - i)
             try:

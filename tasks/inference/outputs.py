@@ -27,9 +27,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from mxq.db import events, jobs
 from mxq.db.fence import Fence
@@ -48,7 +50,11 @@ def output_path(url: str, job_id: int, suffix: str = ".npy") -> Path:
     return output_file(get_settings().home_path, stack_id(url), job_id, suffix)
 
 
-def _output_array(url: str, job_id: int, rows: int, classes: int) -> np.memmap:
+# The job's probabilities as a memory-mapped .npy file: (samples, classes), float32.
+OutputArray = np.memmap[Any, np.dtype[np.float32]]
+
+
+def _output_array(url: str, job_id: int, rows: int, classes: int) -> OutputArray:
     """The job's full output array, created once (under a lock: chunks share it)."""
     path = output_path(url, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,9 +62,11 @@ def _output_array(url: str, job_id: int, rows: int, classes: int) -> np.memmap:
         fcntl.flock(lock, fcntl.LOCK_EX)
         created = not path.exists()
         if created:
-            np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
+            np.lib.format.open_memmap(  # type: ignore[no-untyped-call]  # untyped in NumPy 1.23's stubs
+                path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
         _reserve(path, created)
-    return np.load(path, mmap_mode="r+")
+    array: OutputArray = np.load(path, mmap_mode="r+")
+    return array
 
 
 def _reserve(path: Path, created: bool) -> None:
@@ -88,7 +96,7 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def rows(owner: int, first: int, probs: np.ndarray, top_k: int) -> list[Row]:
+def rows(owner: int, first: int, probs: NDArray[np.float32], top_k: int) -> list[Row]:
     """Prediction rows of one batch, built with vectorized NumPy and one zip."""
     r = Ranked.of(probs, top_k)
     top: Iterable[str | None] = repeat(None)
@@ -122,7 +130,7 @@ class JobOutputs:
     classes: int
     start: int
     stop: int
-    array: np.memmap | None = field(default=None, init=False)  # npy, both
+    array: OutputArray | None = field(default=None, init=False)  # npy, both
     parquet_file: Path | None = field(default=None, init=False)  # parquet
     rows_wanted: bool = field(default=False, init=False)  # db, both
     _rows: list[Row] = field(default_factory=list, init=False)
@@ -158,7 +166,7 @@ class JobOutputs:
                           position=begin, start=self.start, stop=self.stop)
         return begin
 
-    def add(self, first: int, probs: np.ndarray) -> None:
+    def add(self, first: int, probs: NDArray[np.float32]) -> None:
         """One batch's results, held until the next flush (the npy array takes them at once)."""
         if self.array is not None:
             self.job.check_owned()  # a pause (in the forward pass, say) ends here, before the write

@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_DONE = object()
+_DONE = object()  # put after the last item
 
 
 def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
     """Yield `items`, produced `depth` ahead on a thread; its exceptions surface here."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
+    # (True, item or _DONE) or (False, the exception the producer met)
+    q: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
     def produce() -> None:
@@ -57,7 +58,7 @@ class BackgroundWriter:
 
     def __init__(self, write: Callable[[Any], None], in_flight: int = 4) -> None:
         self._write = write
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.Queue[Any] = queue.Queue()  # items for `write`, then _DONE
         self._slots = threading.Semaphore(in_flight)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mxq-writer", daemon=True)

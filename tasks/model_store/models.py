@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mxq.db import registry
 from mxq.db.fence import Fence
@@ -43,7 +44,8 @@ PREFIX = "model"
 TRIAL_BATCHES = (1, 3)
 FIXED_BATCH = ("the symbol fixes the batch size (e.g. a reshape to a constant shape); allowed: "
                "symbols whose batch dimension follows the input")
-_cache: OrderedDict[tuple, gluon.SymbolBlock] = OrderedDict()
+# Loaded nets by (name, version, checksum, context).
+_cache: OrderedDict[tuple[str, int, str, str], gluon.SymbolBlock] = OrderedDict()
 OUTPUTS = ("logits", "probabilities")  # what a version's output is; `auto` detects it
 # A symbol whose last op is one of these outputs probabilities. (log_softmax outputs
 # log-probabilities: a softmax of them gives the probabilities back, so they count as logits.)
@@ -143,7 +145,7 @@ def _data_name(symbol_file: Path, params_file: Path) -> str:
     stored = {k.split(":", 1)[-1] for k in mx.nd.load(str(params_file))}
     inputs = [a for a in sym.list_inputs() if a not in stored]
     if len(inputs) == 1:
-        return inputs[0]
+        return str(inputs[0])
     if "data" in inputs:  # the usual input name: the rest are weights the params file lacks
         missing = ", ".join(a for a in inputs if a != "data")
         raise ModelError(f"params file {params_file.name} does not match symbol {symbol_file.name}: "
@@ -204,14 +206,15 @@ def input_dtype(net: gluon.Block) -> str:
     return getattr(net, "mxq_input_dtype", None) or _weights_dtype(net)
 
 
-def probabilities(net: gluon.Block, ctx: mx.Context, x: np.ndarray,
-                  outputs: str = "logits") -> np.ndarray:
+def probabilities(net: gluon.Block, ctx: mx.Context, x: NDArray[Any],
+                  outputs: str = "logits") -> NDArray[np.float32]:
     """Class probabilities of one batch, in float32 whatever the net's dtype (a float16 net is
     fed float16): a softmax of logits, a probabilities model's output as it is (a second
     softmax would squash 1.0 to 0.23 over 10 classes); `asnumpy` waits for MXNet, so its
     errors surface here."""
     out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net))).astype("float32", copy=False)
-    return (mx.nd.softmax(out) if outputs == "logits" else out).asnumpy()
+    probs: NDArray[np.float32] = (mx.nd.softmax(out) if outputs == "logits" else out).asnumpy()
+    return probs
 
 
 def _last_op(symbol_file: Path) -> str | None:
@@ -227,7 +230,7 @@ def _last_op(symbol_file: Path) -> str | None:
     return None
 
 
-def _look_like_probabilities(out: np.ndarray) -> bool:
+def _look_like_probabilities(out: NDArray[np.float32]) -> bool:
     """Every row non-negative and summing to 1: what a softmax gives on any input."""
     return bool(np.isfinite(out).all() and (out >= 0).all()
                 and (np.abs(out.sum(axis=1) - 1) <= SUM_TOLERANCE).all())
@@ -258,7 +261,7 @@ def detect_outputs(net: gluon.Block, symbol_file: Path, shape: tuple[int, ...],
                      "or auto")
 
 
-def _sums(out: np.ndarray) -> str:
+def _sums(out: NDArray[np.float32]) -> str:
     return ", ".join(f"{v:.4g}" for v in out.sum(axis=1))
 
 

@@ -21,6 +21,7 @@ from mxq import engines as rule
 from mxq.db import registry
 from mxq.db.records import ModelRecord
 from mxq.device import Device
+from mxq.errors import first_line
 from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.runner import JobContext, JobInputError
 from mxq.tasks.runtimes import onnx_runtime
@@ -120,12 +121,12 @@ def _checked(model: ModelRecord, forward: Callable[[np.ndarray], np.ndarray]
     return run
 
 
-def mxnet_engine(model: ModelRecord, device: str, reason: str) -> Engine:
+def mxnet_engine(model: ModelRecord, device: Device, reason: str) -> Engine:
     """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
     Each new batch size is checked by shape inference before it runs: running a symbol that
     fixes its batch can corrupt memory and crash the worker."""
     from mxq.tasks.model_store.models import ModelError, check_batch, load, probabilities
-    from mxq.tasks.runtimes.device import context
+    from mxq.tasks.runtimes.mx_context import context
 
     ctx = context(device)
     try:
@@ -182,8 +183,8 @@ def _measure(job: JobContext, model: ModelRecord, batch_size: int) -> dict[str, 
     low, high = MEASURE_BATCH_RANGE
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)
-    kind = Device.parse(job.device).kind
-    speeds = {"mxnet": _rate(mxnet_engine(model, job.device, ""), batch),
+    kind = job.parsed_device.kind
+    speeds = {"mxnet": _rate(mxnet_engine(model, job.parsed_device, ""), batch),
               "onnx": _rate(onnx_engine(model, kind, ""), batch)}
     registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
     model["engines"] = {**(model.get("engines") or {}), kind: speeds}
@@ -193,10 +194,10 @@ def _measure(job: JobContext, model: ModelRecord, batch_size: int) -> dict[str, 
 def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int) -> Engine:
     """The engine this job runs on (measuring both first, for `auto`, when no figures exist, on
     batches of `batch_size`). A worker whose GPU MXNet cannot run serves ONNX only."""
-    kind = Device.parse(job.device).kind
-    mxnet_unusable = get_settings().mxnet_unusable
+    device = job.parsed_device
+    kind, mxnet_unusable = device.kind, get_settings().mxnet_unusable
     if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
-        return mxnet_engine(model, job.device, missing)
+        return mxnet_engine(model, device, missing)
     speeds = (model.get("engines") or {}).get(kind)
     if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
         try:
@@ -204,12 +205,11 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int) -> En
         except StoreChanged:
             raise
         except Exception as exc:  # one engine could not run here: MXNet serves (or says why not)
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            return mxnet_engine(model, job.device, f"not measured: {reason}")
+            return mxnet_engine(model, device, f"not measured: {first_line(exc)}")
     try:
         choice = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
     except rule.NoEngine as exc:
         raise JobInputError(f"{model['name']}:{model['version']} on {job.device}: {exc}") from None
     if choice.engine == "onnx":
         return onnx_engine(model, kind, choice.reason)
-    return mxnet_engine(model, job.device, choice.reason)
+    return mxnet_engine(model, device, choice.reason)

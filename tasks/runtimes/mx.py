@@ -2,6 +2,10 @@
 
 On a GPU install the CUDA libraries of the wheels are loaded first (`tasks.cuda`); a host whose
 NVIDIA driver library is missing gets one clear error instead of a loader message.
+
+MXNet ships no types: to mypy, `mx`, `gluon` and `nd` are Any, so an annotation such as
+`gluon.Block` or `mx.Context` says what a value is without being checked; where a function needs
+one thing of an MXNet object, a Protocol says which (`probe._Pending`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mxq.errors import reason
 from mxq.tasks.model_store.checksums import sha256
@@ -78,7 +79,8 @@ def _follows_batch(sess: Any, input_shape: tuple[int, ...]) -> None:
 
 
 def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...],
-           mxnet_probs: Callable[[np.ndarray], np.ndarray], softmax: bool = True) -> dict[str, Any]:
+           mxnet_probs: Callable[[NDArray[np.float32]], NDArray[np.float32]],
+           softmax: bool = True) -> dict[str, Any]:
     """Export to `folder/model.onnx` (ending in a softmax when `softmax`: the model outputs
     logits) and compare with MXNet (`mxnet_probs`) on a seeded batch:
     `{"file", "sha256", "max_diff", "argmax_agreement"}`, or `{"file": None, "error"}`. The

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
+
+from mxq.errors import first_line
 
 CACHE_SIZE = 2  # sessions kept per worker process, as for MXNet models (tasks.models)
 _sessions: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
@@ -70,16 +73,16 @@ def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
     return _sessions[key], False
 
 
-def run(sess: Any, x: np.ndarray) -> np.ndarray:
+def run(sess: Any, x: NDArray[np.float32]) -> NDArray[np.float32]:
     """Class probabilities of one batch (the exported graph ends in a softmax), as float32."""
     return runner(sess)(x)
 
 
-def runner(sess: Any) -> Callable[[np.ndarray], np.ndarray]:
+def runner(sess: Any) -> Callable[[NDArray[np.float32]], NDArray[np.float32]]:
     """`run` for one session, its input name looked up once (a job calls it for every batch)."""
     name = sess.get_inputs()[0].name
 
-    def forward(x: np.ndarray) -> np.ndarray:
+    def forward(x: NDArray[np.float32]) -> NDArray[np.float32]:
         out = sess.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0]
         return np.asarray(out, dtype=np.float32)
 
@@ -110,7 +113,7 @@ def cuda_problem(device: str) -> str | None:
             sess = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDERS["gpu"]])
         sess.run(None, {"x": np.zeros(1, np.float32)})
     except Exception as exc:
-        return f"ONNX Runtime's CUDA provider cannot start on {device}: {exc}".splitlines()[0]
+        return f"ONNX Runtime's CUDA provider cannot start on {device}: {first_line(exc)}"
     if PROVIDERS["gpu"] not in sess.get_providers():
         found = re.search(r"CUDA failure \d+: [^;]*?(?= ;|$)", said.getvalue(), re.MULTILINE)
         cause = f" ({found.group(0).strip()})" if found else ""

@@ -32,7 +32,7 @@ def gpu_problem(device: str) -> str | None:
     return onnx_runtime.cuda_problem(device)
 
 
-@signals.worker_init.connect
+@signals.worker_init.connect  # type: ignore[untyped-decorator]  # Celery has no types
 def _refuse_unusable_gpu(**_: object) -> None:
     """Exit before consuming anything when ONNX Runtime cannot use the pinned GPU."""
     s = get_settings()

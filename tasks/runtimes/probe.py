@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 from pydantic import ValidationError
 
 from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
-from mxq.tasks.runtimes.device import context, memory  # also checks the device at worker start
 from mxq.tasks.runtimes.mx import mx
+from mxq.tasks.runtimes.mx_context import context, memory  # also checks the device at worker start
 from mxq.workers.jobs.jobspecs import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ParamsError, validate
 
 
-def _timed(fn, repeat: int, job: JobContext, done: int, total: int) -> float:  # noqa: ANN001
+class _Pending(Protocol):
+    """What `_timed` needs of an MXNet NDArray (MXNet ships no types): its engine computes it
+    asynchronously, and `wait_to_read` blocks until it is done."""
+
+    def wait_to_read(self) -> None: ...
+
+
+def _timed(fn: Callable[[], _Pending], repeat: int, job: JobContext, done: int, total: int) -> float:
     fn().wait_to_read()  # warm-up: allocation and kernel selection are not throughput
     start = time.perf_counter()
     for i in range(repeat):
@@ -28,7 +37,7 @@ def probe(job: JobContext) -> Outcome:
         p = validate("probe", job.params)
     except (ParamsError, ValidationError) as exc:
         raise JobInputError(str(exc)) from None
-    ctx = context(job.device)
+    ctx = context(job.parsed_device)
     n, batch, repeat = p["size"], p["batch"], p["repeat"]
     a = mx.nd.random.uniform(shape=(n, n), ctx=ctx)
     b = mx.nd.random.uniform(shape=(n, n), ctx=ctx)
@@ -50,6 +59,6 @@ def probe(job: JobContext) -> Outcome:
             "conv_gflops": conv_flops * repeat / conv_seconds / 1e9,
             "conv_images_per_sec": images / conv_seconds,
             "matmul_size": n, "conv_batch": batch, "repeat": repeat,
-            "mxnet": mx.__version__, "context": str(ctx), **memory(job.device),
+            "mxnet": mx.__version__, "context": str(ctx), **memory(job.parsed_device),
         },
     )

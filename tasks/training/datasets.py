@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference.inputs import IMAGE_SUFFIXES, InputError, open_input
@@ -18,8 +20,8 @@ BUILTIN = ("digits",)
 
 @dataclass
 class Dataset:
-    x: np.ndarray  # float32 (N, *sample_shape), as stored
-    y: np.ndarray  # int32 (N,)
+    x: NDArray[np.float32]  # (N, *sample_shape), as stored
+    y: NDArray[np.int32]  # (N,)
     classes: int
     source: str
     # How the net sees `x` in training, registered with the trained version so that inference
@@ -36,7 +38,7 @@ class Dataset:
         return replace(self, x=self.preprocess.apply(self.x))
 
 
-def _labels(y: np.ndarray, source: str) -> tuple[np.ndarray, int]:
+def _labels(y: NDArray[Any], source: str) -> tuple[NDArray[np.int32], int]:
     if y.ndim != 1 or not len(y):
         raise InputError(f"dataset {source} needs one label per sample (got labels of shape {y.shape})")
     if not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or y.min() < 0:

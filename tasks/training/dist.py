@@ -37,10 +37,10 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from mxq.db import peers
 from mxq.db.fleet import list_workers
@@ -199,7 +199,7 @@ def worker_env(s: Settings, p: TrainParams) -> dict[str, str]:
 @dataclass
 class Role:
     name: str  # scheduler | server
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     log: Path
 
     def tail(self) -> str:
@@ -301,8 +301,8 @@ def _not_joined(s: Settings, nodes: int, others: list[peers.PartRow], cutoff: da
                      f"{s.dist_start_seconds:g}s (MXQ_DIST_START_SECONDS); others: {waiting}")
 
 
-def watch(s: Settings, job: JobContext, p: TrainParams, child: subprocess.Popen,
-          roles: list[Role], ready: Path, renew: Any) -> None:
+def watch(s: Settings, job: JobContext, p: TrainParams, child: subprocess.Popen[bytes],
+          roles: list[Role], ready: Path, renew: Callable[[], None]) -> None:
     """Until the training child exits: keep the leases, watch the roles and the other parts;
     raise (after killing the child) when the job must stop."""
     started = time.monotonic()

@@ -2,11 +2,14 @@
 
 Started by the job's leader worker with exactly the leased devices visible; trains, checkpoints
 each epoch, resumes from the last checkpoint of an earlier attempt, and registers the model.
-Its outcome goes to the run file the leader reads; exit 3 means bad input.
+Its outcome goes to the run file the leader reads (`child_report`); exit 3 means bad input.
 
-Every write it makes carries its attempt's fence (`mxq.db.fence`): a child whose leader was
-paused and taken for dead stops at its next progress write or epoch (exit CHILD_LOST) and never
-registers a version; checkpoints live in a folder of that attempt's own.
+It reports progress and heeds a cancel through the job frame the leader's own body would use
+(`mxq.tasks.runner.JobContext`: a progress write at most every PROGRESS_SECONDS that also answers
+the cancel check). Every write it makes carries its attempt's fence (`mxq.db.fence`): a child
+whose leader was paused and taken for dead stops at its next progress write, cancel check or
+epoch (exit CHILD_LOST) and never registers a version; checkpoints live in a folder of that
+attempt's own.
 """
 
 from __future__ import annotations
@@ -14,39 +17,30 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mxq.db import jobs, registry, schedules
-from mxq.db.engine import session_scope
 from mxq.db.fence import Fence, Superseded
 from mxq.db.outputs import epochs as epoch_rows
-from mxq.db.schema import Job
+from mxq.db.records import EpochResult
 from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.errors import MxqError
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.model_store.models import add_trained
 from mxq.tasks.model_store.zoo import ArchError, check_shape
+from mxq.tasks.runner import JobCancelled, JobContext, JobLost, context_of
 from mxq.tasks.runtimes.mx import mx
-from mxq.tasks.training import datasets
-from mxq.tasks.training.train_loop import EpochResult, fit, make_net, make_trainer, share_initial_weights
+from mxq.tasks.training import child_report, datasets
+from mxq.tasks.training.child_report import Refused, Stopped, Trained
+from mxq.tasks.training.train_loop import fit, make_net, make_trainer, share_initial_weights
 from mxq.tasks.training.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, CHILD_LOST, ready_file, run_file
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings, get_settings
-
-PROGRESS_SECONDS = 1.0
-
-
-class Cancelled(Exception):
-    """The job was cancelled; raised at a batch boundary."""
-
-
-class Lost(Exception):
-    """The job is no longer this attempt's; raised at the write its fence refused."""
 
 
 class BadInput(Exception):
@@ -77,7 +71,7 @@ def checkpoint_dir(url: str, fence: Fence) -> Path:
 
 def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]) -> int:
     """The last epoch an earlier attempt finished and checkpointed (0: none), loaded into net."""
-    for e in reversed(epoch_rows.list_epochs(url, job_id)):
+    for e in epoch_rows.list_epochs(url, job_id)[::-1]:  # the last epoch first
         params, states = Path(f"{e['checkpoint']}.params"), Path(f"{e['checkpoint']}.states")
         if params.exists() and states.exists():
             net.load_parameters(str(params), ctx=ctxs)
@@ -105,7 +99,7 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
         model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
                             train.classes, metrics, owner, train.preprocess, fence)
     except Superseded as exc:
-        raise Lost(str(exc)) from None
+        raise JobLost(str(exc)) from None
     promotion = None
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
@@ -119,104 +113,133 @@ def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
     if not seconds:
         return {"samples_per_sec": None, "per_device": {}}
     return {"samples_per_sec": samples / seconds,
-            "per_device": {k: sum(r.per_device[k] * r.seconds for r in results) / seconds
+            "per_device": {k: sum(r["per_device"][k] * r["seconds"] for r in results) / seconds
                            for k in labels}}
 
 
 def _record_throughput(url: str, fence: Fence, r: EpochResult) -> None:
     """One throughput point per device per epoch, as inference records one per flush, so the
     job's chart and `mxq_device_samples_per_second` show training too."""
-    for i, (device, rate) in enumerate(sorted(r.per_device.items())):
-        if not jobs.record_metric(url, fence, (r.epoch - 1) * len(r.per_device) + i, device,
-                                  round(rate * r.seconds), r.seconds):
-            raise Lost(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
-                       f"epoch {r.epoch}'s throughput not recorded")
+    for i, (device, rate) in enumerate(sorted(r["per_device"].items())):
+        if not jobs.record_metric(url, fence, (r["epoch"] - 1) * len(r["per_device"]) + i, device,
+                                  round(rate * r["seconds"]), r["seconds"]):
+            raise JobLost(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
+                          f"epoch {r['epoch']}'s throughput not recorded")
 
 
-def main(fence: Fence, devices: list[str]) -> int:
-    job_id = fence.job_id
-    s = get_settings()
-    url = s.database
-    with session_scope(url) as session:
-        row = session.get(Job, job_id)
-        if row is None:
-            return CHILD_INPUT_ERROR
-        p = TrainParams(**row.params)
-    out = run_file(s, fence)
-    try:
-        train, val = load_data(p, url)
-    except BadInput as exc:
-        out.write_text(json.dumps({"error": str(exc)}))
-        return CHILD_INPUT_ERROR
-    kv, rank, workers, labels = _join(s, p, job_id, devices)
-    on_gpu = Device.parse(devices[0]).is_gpu
-    ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(devices))]
+def _frame(url: str, fence: Fence, devices: list[str]) -> JobContext | None:
+    """The job frame this attempt reports through, as the leader's would: fenced, on `devices`."""
+    row = jobs.job_row(url, fence.job_id)
+    if row is None:
+        return None
+    job = context_of(row, devices[0], url)
+    job.devices, job.worker, job.fence = devices, fence.worker, fence
+    return job
+
+
+@dataclass
+class Training:
+    """This attempt's training: its job frame, its net on its devices, where it checkpoints."""
+
+    job: JobContext
+    fence: Fence
+    p: TrainParams
+    net: Any
+    trainer: Any
+    ctxs: list[Any]  # mx.Context, one per device
+    labels: list[str]  # the devices' names in its figures
+    rank: int  # this worker's, of `workers` (one but for a multi-node part)
+    workers: int
+    folder: Path  # this attempt's checkpoints
+    done: int  # the epochs an earlier attempt finished, resumed from
+    samples: int  # per epoch: this worker's shard
+
+    def on_batch(self, epoch: int, fraction: float) -> None:
+        self.job.progress((epoch - 1 + fraction) / self.p.epochs)
+        self.job.check_cancelled()
+
+    def on_epoch(self, r: EpochResult) -> None:
+        """Checkpoint the epoch and record it and its throughput, each write fenced."""
+        url, fence = self.job.url, self.fence
+        prefix = self.folder / f"epoch-{r['epoch']:04d}"
+        if self.rank == 0:  # (the weights and optimizer states are the same on every worker)
+            self.net.save_parameters(f"{prefix}.params")
+            self.trainer.save_states(f"{prefix}.states")
+        row = {**r, "checkpoint": str(prefix) if self.rank == 0 else None}
+        if not epoch_rows.record(url, fence.job_id, row, fence):
+            raise JobLost(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
+                          f"epoch {r['epoch']} not recorded")
+        _record_throughput(url, fence, r)
+        self.job.progress(r["epoch"] / self.p.epochs)
+        self.job.check_cancelled()
+        if self.p.dist is not None:
+            epoch_rows.merge_parts(url, self.p.dist.parent)  # the job's epoch, once every node has it
+
+
+def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams,
+             train: datasets.Dataset) -> Training:
+    """Join the other nodes (a multi-node part), build the net and its trainer on the devices,
+    and resume from an earlier attempt's last checkpoint (a single-node job only)."""
+    kv, rank, workers, labels = _join(s, p, fence.job_id, job.devices)
+    on_gpu = Device.parse(job.devices[0]).is_gpu
+    ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(job.devices))]
     net = make_net(p, train.classes, train.sample_shape, ctxs)
     trainer = make_trainer(p, net, on_gpu, kv)
     if kv is not None:
         share_initial_weights(net, trainer, ctxs, train.sample_shape, p.dtype)
-    done = resume(url, job_id, net, trainer, ctxs) if kv is None else 0  # parts never resume
-    folder = checkpoint_dir(url, fence)
+    done = resume(job.url, fence.job_id, net, trainer, ctxs) if kv is None else 0  # parts never resume
+    folder = checkpoint_dir(job.url, fence)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
-    last_report = [0.0]
+    return Training(job, fence, p, net, trainer, ctxs, labels, rank, workers, folder, done,
+                    len(train.y) // workers)
 
-    def on_batch(epoch: int, fraction: float) -> None:
-        now = time.monotonic()
-        if now - last_report[0] >= PROGRESS_SECONDS:
-            last_report[0] = now
-            _heed(jobs.set_progress(url, job_id, (epoch - 1 + fraction) / p.epochs, fence))
 
-    def on_epoch(r: EpochResult) -> None:
-        prefix = folder / f"epoch-{r.epoch:04d}"
-        if rank == 0:  # (the weights and optimizer states are the same on every worker)
-            net.save_parameters(f"{prefix}.params")
-            trainer.save_states(f"{prefix}.states")
-        if not epoch_rows.record(url, job_id, {**r.__dict__,
-                                               "checkpoint": str(prefix) if rank == 0 else None}, fence):
-            raise Lost(f"job {job_id} is no longer attempt {fence.attempt}'s: epoch {r.epoch} not recorded")
-        _record_throughput(url, fence, r)
-        _heed(jobs.set_progress(url, job_id, r.epoch / p.epochs, fence))
-        if p.dist is not None:
-            epoch_rows.merge_parts(url, p.dist.parent)  # the job's epoch, once every node has it
-
-    samples = len(train.y) // workers  # per epoch: this worker's shard
-    try:
-        results = fit(p, train, val, ctxs, labels, net, trainer, done + 1, on_batch, on_epoch,
-                      rank, workers)
-    except Cancelled:  # checkpoints of finished epochs stay
-        kept = epoch_rows.list_epochs(url, job_id)
-        out.write_text(json.dumps({"samples": samples * (len(kept) - done)}))
-        return CHILD_CANCELLED
-    except Lost as exc:
-        out.write_text(json.dumps({"error": str(exc)}))
-        return CHILD_LOST
-    final = epoch_rows.list_epochs(url, job_id)[-1]
+def _train(s: Settings, t: Training, train: datasets.Dataset, val: datasets.Dataset | None) -> Trained:
+    """The remaining epochs, then (rank 0: one registration per job, a multi-node job's parts
+    share the weights) the trained version: the report of a success."""
+    p = t.p
+    results = fit(p, train, val, t.ctxs, t.labels, t.net, t.trainer, t.done + 1, t.on_batch,
+                  t.on_epoch, t.rank, t.workers)
+    final = epoch_rows.list_epochs(t.job.url, t.fence.job_id)[-1]
     metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
                "train_loss": final["train_loss"], "epochs": p.epochs}
-    seconds = sum(r.seconds for r in results)
-    result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": done, "devices": labels,
+    seconds = sum(r["seconds"] for r in results)
+    result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": t.done, "devices": t.labels,
                               **metrics}
-    if rank == 0:  # one registration per job (a multi-node job's parts share the weights)
-        try:
-            result.update(_register(s, p, fence, net, train, metrics))
-        except Lost as exc:
-            out.write_text(json.dumps({"error": str(exc)}))
-            return CHILD_LOST
+    if t.rank == 0:
+        result.update(_register(s, p, t.fence, t.net, train, metrics))
     if p.dist is not None:
-        result.update(rank=rank, workers=workers, node=s.node,
-                      **_part_rates(results, labels, samples * len(results), seconds))
-    out.write_text(json.dumps({"samples": samples * len(results), "seconds": seconds,
-                               "result": result}))
+        result.update(rank=t.rank, workers=t.workers, node=s.node,
+                      **_part_rates(results, t.labels, t.samples * len(results), seconds))
+    return Trained(samples=t.samples * len(results), seconds=seconds, result=result)
+
+
+def main(fence: Fence, devices: list[str]) -> int:
+    """Train the job's remaining epochs on `devices` as attempt `fence`; the exit status, with
+    the report it leaves in the run file (`child_report`), says how it ended."""
+    s = get_settings()
+    job = _frame(s.database, fence, devices)
+    if job is None:
+        return CHILD_INPUT_ERROR
+    p = TrainParams(**job.params)
+    out = run_file(s, fence)
+    try:
+        train, val = load_data(p, s.database)
+    except BadInput as exc:
+        child_report.write(out, Refused(error=str(exc)))
+        return CHILD_INPUT_ERROR
+    t = _prepare(s, job, fence, p, train)
+    try:
+        child_report.write(out, _train(s, t, train, val))
+    except JobCancelled:  # checkpoints of finished epochs stay
+        kept = epoch_rows.list_epochs(s.database, fence.job_id)
+        child_report.write(out, Stopped(samples=t.samples * (len(kept) - t.done)))
+        return CHILD_CANCELLED
+    except JobLost as exc:
+        child_report.write(out, Refused(error=str(exc)))
+        return CHILD_LOST
     return 0
-
-
-def _heed(verdict: jobs.RunCheck) -> None:
-    """Stop at this boundary when the job was cancelled or is no longer this attempt's."""
-    if verdict is jobs.RunCheck.LOST:
-        raise Lost("the job was handed to another attempt (this one was taken for dead)")
-    if verdict is jobs.RunCheck.CANCEL:
-        raise Cancelled
 
 
 def report_crash(fence: Fence, exc: BaseException) -> None:
@@ -225,7 +248,7 @@ def report_crash(fence: Fence, exc: BaseException) -> None:
     type, instead of "training process exited with 1"."""
     first = (str(exc).strip().splitlines() or [""])[0][:500]
     error = first if isinstance(exc, MxqError) else f"{type(exc).__name__}: {first}"
-    run_file(get_settings(), fence).write_text(json.dumps({"error": error}))
+    child_report.write(run_file(get_settings(), fence), Refused(error=error))
 
 
 if __name__ == "__main__":
@@ -235,7 +258,7 @@ if __name__ == "__main__":
     # must skip it (os._exit), or the process would hang there (its peers may never come).
     try:
         code = main(fence, devs)
-    except BaseException as exc:  # noqa: BLE001 - reported to the leader through the run file
+    except BaseException as exc:  # reported to the leader through the run file
         traceback.print_exc()
         report_crash(fence, exc)
         code = 1

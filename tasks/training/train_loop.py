@@ -8,26 +8,16 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from mxq.db.records import EpochResult
 from mxq.tasks.model_store.zoo import build
 from mxq.tasks.runtimes.mx import autograd, gluon, mx
 from mxq.tasks.training.datasets import Dataset
 from mxq.workers.jobs.jobspecs import TrainParams
-
-
-@dataclass
-class EpochResult:
-    epoch: int
-    train_loss: float
-    train_accuracy: float
-    val_accuracy: float | None
-    seconds: float
-    samples_per_sec: float
-    per_device: dict[str, float]
 
 
 def make_net(p: TrainParams, classes: int, shape: tuple[int, ...],
@@ -69,8 +59,8 @@ def share_initial_weights(net: gluon.HybridBlock, trainer: gluon.Trainer, ctxs: 
     waited for here."""
     for ctx in ctxs:
         net(mx.nd.zeros((1, *shape), ctx=ctx, dtype=dtype))
-    trainer._init_kvstore()  # noqa: SLF001 - the Trainer has no public call for this in 1.9.1
-    trainer._init_params()  # noqa: SLF001
+    trainer._init_kvstore()  # the Trainer has no public call for these two in 1.9.1
+    trainer._init_params()
     mx.nd.waitall()
 
 
@@ -82,7 +72,7 @@ def _accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int
     return hits / len(data.y)
 
 
-def shard(count: int, seed: int, rank: int, workers: int) -> np.ndarray:
+def shard(count: int, seed: int, rank: int, workers: int) -> NDArray[np.int64]:
     """This worker's samples of one epoch: its equal slice of the seeded order (every worker
     must take the same number of steps in dist_sync; the last count % workers samples of the
     order sit the epoch out)."""
@@ -94,7 +84,7 @@ def shard(count: int, seed: int, rank: int, workers: int) -> np.ndarray:
 FOLD_BATCHES = 64  # the batches' figures are summed on the device every this many batches
 
 
-class TrainStep(gluon.HybridBlock):
+class TrainStep(gluon.HybridBlock):  # type: ignore[misc]  # MXNet has no types: its base class is Any
     """Forward, loss and the batch's figures [loss sum, hits] as one compiled graph.
 
     Computed outside the graph, the figures cost eight small operator calls per device and
@@ -106,7 +96,7 @@ class TrainStep(gluon.HybridBlock):
         self.net = net
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    def hybrid_forward(self, F: Any, x: Any, y: Any) -> tuple[Any, Any]:  # noqa: N803 - Gluon's name
+    def hybrid_forward(self, F: Any, x: Any, y: Any) -> tuple[Any, Any]:  # F: Gluon's name (nd or sym)
         out = self.net(x)
         loss = self.loss(out, y)
         hits = F.sum(F.cast(F.argmax(out, axis=1), "float32") == F.cast(y, "float32"))
@@ -168,8 +158,9 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
         loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
                                           functools.partial(on_batch, epoch), rank, workers)
         val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
-        result = EpochResult(epoch, loss, acc, val_acc, seconds, n / seconds, {
-            label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)})
+        rates = {label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)}
+        result = EpochResult(epoch=epoch, train_loss=loss, train_accuracy=acc, val_accuracy=val_acc,
+                             seconds=seconds, samples_per_sec=n / seconds, per_device=rates)
         on_epoch(result)
         results.append(result)
     return results

@@ -12,7 +12,6 @@ kvstore: see tasks/training/dist.py.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from mxq.tasks.runner import (
     Outcome,
     job_task,
 )
-from mxq.tasks.training import dist
+from mxq.tasks.training import child_report, dist
 from mxq.workers.fleet import leases
 from mxq.workers.hardware.pinning import cpu_cores
 from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
@@ -62,22 +61,21 @@ def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
     the closest in the topology)."""
     if p.device_list:
         return list(p.device_list)
-    free = _free_devices(s, p, own)
-    if Device.parse(own).is_gpu and p.devices > 1:
+    me = Device.parse(own)
+    free = _free_devices(s, p, own, me.kind)
+    if me.is_gpu and p.devices > 1:
         from mxq.workers.hardware.topology import closest, read_topology
 
         picked = closest(read_topology(s.nvidia_smi),
-                         [Device.parse(d).index for d in [*free, own]], p.devices,
-                         must=Device.parse(own).index)
+                         [*(Device.parse(d).index for d in free), me.index], p.devices, must=me.index)
         return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
     return [own, *sorted(free, key=Device.parse)[:p.devices - 1]]
 
 
-def _free_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
+def _free_devices(s: Settings, p: TrainParams, own: str, kind: str) -> list[str]:
     """The live, unleased devices of `own`'s kind on this node besides `own` that run MXNet (an
     H200 beside A100s serves inference only). JobInputError: the node has fewer than K such
     devices at all; LookupError: fewer are free now (wait)."""
-    kind = Device.parse(own).kind
     known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
              if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
     if len(known) < p.devices:  # waiting would never end: fail with what there is
@@ -171,13 +169,13 @@ def train(job: JobContext) -> Outcome | FanOut:
     out.unlink(missing_ok=True)
     ready.unlink(missing_ok=True)
     returncode = _run_child(s, job, p, env, cores, ready)
-    return _outcome(returncode, json.loads(out.read_text()) if out.exists() else {})
+    return _outcome(returncode, out)
 
 
 def _check_runnable(s: Settings, job: JobContext, p: TrainParams) -> None:
     """Fail what can never run here: float16 on CPUs, devices that could not be leased, a
     multi-node part delivered again."""
-    if p.dtype == "float16" and not Device.parse(job.device).is_gpu:
+    if p.dtype == "float16" and not job.parsed_device.is_gpu:
         raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
                             "on the CPU; use --dtype float32 on CPU devices")
     if len(job.devices) != p.devices:
@@ -225,14 +223,20 @@ def _kill(child: subprocess.Popen[bytes] | None) -> None:
         child.wait()
 
 
-def _outcome(returncode: int, report: dict[str, Any]) -> Outcome:
-    """The job's outcome from the child's exit status and the report it wrote."""
+def _outcome(returncode: int, out: Path) -> Outcome:
+    """The job's outcome from the child's exit status and the report it wrote to `out`, read as
+    the shape that status says (`child_report.MalformedReport`, a JobFailed, when it does not fit)."""
+    if returncode == 0:
+        if (trained := child_report.read(out, child_report.Trained)) is None:
+            raise JobFailed(f"the training process exited with 0 without its report {out.name}")
+        return Outcome(samples=trained.samples, seconds=trained.seconds, result=trained.result)
     if returncode == CHILD_CANCELLED:
-        raise JobCancelled(report.get("samples"))
+        stopped = child_report.read(out, child_report.Stopped)
+        raise JobCancelled(stopped.samples if stopped is not None else None)
+    refused = child_report.read(out, child_report.Refused)
+    error = refused.error if refused is not None else None
     if returncode == CHILD_LOST:
-        raise JobLost(report.get("error", "the job was handed to another attempt"))
+        raise JobLost(error or "the job was handed to another attempt")
     if returncode == CHILD_INPUT_ERROR:
-        raise JobInputError(report.get("error", "training input error"))
-    if returncode != 0:
-        raise JobFailed(report.get("error") or f"training process exited with {returncode}")
-    return Outcome(samples=report["samples"], seconds=report["seconds"], result=report["result"])
+        raise JobInputError(error or "training input error")
+    raise JobFailed(error or f"training process exited with {returncode}")

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import redis
@@ -24,6 +25,9 @@ from mxq.db.engine import session_scope
 from mxq.db.schema import Job, Prediction, WorkerBeat
 from mxq.workers.broker.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 # Heartbeats every second (taken for dead after 5 s): a worker busy writing under SIGKILLs all
 # around must not be taken for dead while it lives. The launcher requeues a killed worker's job
@@ -105,7 +109,7 @@ class FaultStack(Stack):
         with session_scope(self.settings.database) as s:
             return dict(s.query(Job.id, Job.status).filter(Job.id.in_(ids)).all())
 
-    def wait_all(self, ids: list[int], timeout: float) -> dict[int, dict]:
+    def wait_all(self, ids: list[int], timeout: float) -> dict[int, JobRecord]:
 
         def unfinished() -> dict:  # how many are not final, and the first ten of them
             left = [(i, v) for i, v in self.statuses(ids).items() if v not in FINAL]
@@ -152,11 +156,11 @@ def fault_stack(backend: str, tmp: Path) -> Iterator[FaultStack]:
         stack.env["MXQ_BROKER_URL"] = stack.broker_server.url
     stack.env.update(FAULT_ENV)
     try:
-        stack.launcher = launch(stack, "--with-schedule")
+        stack.launcher = launcher = launch(stack, "--with-schedule")
         try:
             yield stack
         finally:
-            stop(stack.launcher)
+            stop(launcher)
     finally:
         if backend != "embedded":
             stack.broker_server.stop()

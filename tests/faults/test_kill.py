@@ -7,6 +7,8 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -20,7 +22,10 @@ from mxq.db.stack import stack_id
 from mxq.tasks.inference.infer import FLUSH_ROWS
 from mxq.workers.jobs.submit import submit
 from tests.faults.stacks import FaultStack, _zombie_or_gone, report
-from tests.test_infer import _committed
+from tests.support.inference import committed_position
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 # Claims and prediction writes under SIGKILL differ by backend: both legs.
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
@@ -31,7 +36,7 @@ TRAIN_EPOCHS = 30
 
 
 def _running_unkilled(stack: FaultStack, ids: list[int], killed: dict[int, int],
-                      max_kills: int) -> dict | None:
+                      max_kills: int) -> JobRecord | None:
     """A job running in an attempt not yet killed, on a live worker."""
     for job_id, status in stack.statuses(ids).items():
         if status == "running" and killed.get(job_id, 0) < max_kills:
@@ -43,7 +48,7 @@ def _running_unkilled(stack: FaultStack, ids: list[int], killed: dict[int, int],
 
 
 def _kill_when(stack: FaultStack, ids: list[int], killed: dict[int, int], max_kills: int,
-               ready, top_up=None) -> dict:  # noqa: ANN001
+               ready: Callable[[JobRecord], bool], top_up: Callable[[], int] | None = None) -> JobRecord:
     """Wait for a running job that `ready` accepts, then SIGKILL its worker.
 
     `top_up` adds a job to `ids` when none is left that could still be killed."""
@@ -55,7 +60,7 @@ def _kill_when(stack: FaultStack, ids: list[int], killed: dict[int, int], max_ki
             ids.append(top_up())
         job = _running_unkilled(stack, ids, killed, max_kills)
         if job is not None and ready(job):
-            if stack.kill_worker(job["worker"]):
+            if stack.kill_worker(str(job["worker"])):  # (set: it is running)
                 killed[job["id"]] = killed.get(job["id"], 0) + 1
                 return job
         time.sleep(0.05)
@@ -80,10 +85,11 @@ def test_sigkill_mid_inference(faulty: FaultStack) -> None:
         # and the SIGKILL would hit the worker's next job, uncounted.
         # By its committed position (moved every flush), not its progress (written every 2 s):
         # a fast engine can run a whole job between two progress writes.
-        job = _kill_when(faulty, ids, killed, 1,
-                         lambda j, t=target: t <= _committed(faulty, j["id"]) / INFER_SAMPLES < 0.9,
-                         top_up)
-        points.append(round(_committed(faulty, job["id"]) / INFER_SAMPLES, 2))
+        def ready(j: JobRecord, t: float = target) -> bool:
+            return t <= committed_position(faulty, j["id"]) / INFER_SAMPLES < 0.9
+
+        job = _kill_when(faulty, ids, killed, 1, ready, top_up)
+        points.append(round(committed_position(faulty, job["id"]) / INFER_SAMPLES, 2))
     done = faulty.wait_all(ids, timeout=900)
 
     reference = None
@@ -101,7 +107,7 @@ def test_sigkill_mid_inference(faulty: FaultStack) -> None:
         assert done[job_id]["attempts"] == 2  # killed once, then run to the end
         kinds = [e["kind"] for e in events.list_events(faulty.settings.database, job_id)]
         assert events.REQUEUED in kinds
-        resumed = done[job_id]["result"]["resumed_from"]
+        resumed = (done[job_id]["result"] or {})["resumed_from"]
         assert (events.RESUMED in kinds) == (resumed is not None)
         assert done[job_id]["samples"] == INFER_SAMPLES  # every sample its output holds
     report("SIGKILL mid-inference", {"backend": faulty.name, "trials": KILLS, "jobs": len(ids),
@@ -121,9 +127,11 @@ def _kill_and_read(stack: FaultStack, job_id: int, output: str) -> int | None:
 
     The launcher is held (SIGSTOP) until the .npy is read, so no new attempt, which would write
     the same rows from the resume point on, can have started: the figure is the dead attempt's."""
+    assert stack.launcher is not None
     os.kill(stack.launcher.pid, signal.SIGSTOP)
     try:
         name = stack.job(job_id)["worker"]
+        assert name is not None
         pid = stack.worker_pid(name)
         assert pid is not None and stack.kill_worker(name)
         while not _zombie_or_gone(pid):
@@ -143,25 +151,25 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
     faulty.model()
     faulty.samples("resume.npy", INFER_SAMPLES, seed=3)
     whole = faulty.wait_all([faulty.infer("mlp64", "resume.npy", output="both")], 300)
-    reference = np.load(next(iter(whole.values()))["output"])
+    reference = np.load(str(next(iter(whole.values()))["output"]))
     figures = {}
     for output in ("db", "npy", "parquet", "both"):
         job_id = faulty.infer("mlp64", "resume.npy", output=output, batch_size=512)
         wait_until_committed = time.monotonic() + 300
-        while _committed(faulty, job_id) < 0.6 * INFER_SAMPLES:
+        while committed_position(faulty, job_id) < 0.6 * INFER_SAMPLES:
             assert time.monotonic() < wait_until_committed, faulty.job(job_id)
             time.sleep(0.02)
-        at_kill = _committed(faulty, job_id)
+        at_kill = committed_position(faulty, job_id)
         computed = _kill_and_read(faulty, job_id, output)
         job = faulty.wait_all([job_id], 300)[job_id]
         assert job["status"] == "succeeded", job["error"]
         assert job["attempts"] == 2
-        resumed = job["result"]["resumed_from"]
+        resumed = (job["result"] or {})["resumed_from"]
         assert resumed is not None and resumed >= at_kill
         assert job["samples"] == INFER_SAMPLES  # every sample its output holds, both attempts'
         kinds = [e for e in events.list_events(faulty.settings.database, job_id)
                  if e["kind"] == events.RESUMED]
-        assert [e["data"]["position"] for e in kinds] == [resumed]
+        assert [(e["data"] or {})["position"] for e in kinds] == [resumed]
         # Measured where the killed attempt's work is visible (the .npy it filled as it went).
         total = None if computed is None else computed + INFER_SAMPLES - resumed
         if computed is not None:  # what the killed attempt computed and did not commit, exactly:
@@ -175,7 +183,7 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
                                         "flush_rows": FLUSH_ROWS, **figures})
 
 
-def _check_predictions(stack: FaultStack, job: dict, output: str, reference: np.ndarray) -> None:
+def _check_predictions(stack: FaultStack, job: JobRecord, output: str, reference: np.ndarray) -> None:
     """Every sample stored once, equal to the uninterrupted run."""
     classes = reference.argmax(axis=1)
     if output in ("db", "both"):
@@ -183,7 +191,7 @@ def _check_predictions(stack: FaultStack, job: dict, output: str, reference: np.
         assert np.array_equal(index, np.arange(INFER_SAMPLES))
         assert np.array_equal(stored, classes)
     if output in ("npy", "both"):
-        np.testing.assert_allclose(np.load(job["output"]), reference, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.load(str(job["output"])), reference, rtol=1e-5, atol=1e-7)
     if output == "parquet":
         path = output_file(stack.home, stack_id(stack.settings.database), job["id"], ".parquet")
         table = pq.read_table(path)
@@ -205,7 +213,7 @@ def test_sigkill_mid_training(faulty: FaultStack) -> None:
                                      "val_fraction": 0.1, "seed": i}, "auto", allow_offline=True)
         ids.append(job_id)
         for target in sorted(rng.sample(range(2, TRAIN_EPOCHS - 5), kills)):
-            def ready(job: dict, t: int = target, j: int = job_id) -> bool:
+            def ready(job: JobRecord, t: int = target, j: int = job_id) -> bool:
                 return job["id"] == j and len(list_epochs(s.database, j)) >= t
 
             _kill_when(faulty, [job_id], killed, kills, ready)
@@ -215,7 +223,7 @@ def test_sigkill_mid_training(faulty: FaultStack) -> None:
         job = done[job_id]
         assert job["status"] == "succeeded", (job_id, job["error"])
         assert job["attempts"] == kills + 1
-        assert job["result"]["resumed_from_epoch"] >= 1
+        assert (job["result"] or {})["resumed_from_epoch"] >= 1
         detail = faulty.mxq_json("job", str(job_id))
         assert [e["epoch"] for e in detail["epochs"]] == list(range(1, TRAIN_EPOCHS + 1))
         assert detail["epochs"][-1]["val_accuracy"] >= 0.85

@@ -22,7 +22,8 @@ WARM = 1_000  # jobs done before the first memory reading (imports and caches ar
 GROWTH_LIMIT, SLACK_MIB = 0.10, 8
 
 
-def _rss_mib(pid: int) -> float:
+def _rss_mib(pid: int | None) -> float:
+    assert pid is not None, "the worker is not live"
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024

@@ -8,16 +8,20 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from sqlalchemy.engine import make_url
 
 from mxq.db import events, jobs
-from mxq.workers.fleet import leases
+from mxq.workers.broker.redis_client import client
 from mxq.workers.jobs.submit import submit
 from tests.conftest import SYSTEM_PG, wait_until
 from tests.faults.stacks import FaultStack, report
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
@@ -77,7 +81,7 @@ def _rows(stack: FaultStack, ids: list[int], samples: int) -> tuple[int, int]:
     return missing, duplicated
 
 
-def _check_once(stack: FaultStack, done: dict[int, dict]) -> None:
+def _check_once(stack: FaultStack, done: dict[int, JobRecord]) -> None:
     for job_id, job in done.items():
         assert job["status"] == "succeeded", (job_id, job["error"])
         assert job["attempts"] == 1, (job_id, job["attempts"], events.list_events(
@@ -110,7 +114,7 @@ def test_broker_restart_with_100_jobs_queued_or_running(model: FaultStack) -> No
 def test_emptied_queues_are_refilled_by_the_reconciler(model: FaultStack) -> None:
     with _held(model) as held:
         probes, infers = _mixed(model, 60)
-        r = leases.client(model.settings.broker)
+        r = client(model.settings.broker)
         dropped = r.delete("pool.cpu", *(f"testnode.cpu.{i}" for i in range(2)))
     assert dropped  # there was something queued to lose
     ids = probes + infers
@@ -141,7 +145,7 @@ def _block_postgres(url: str, seconds: float) -> None:
 
 def _block_sqlite(url: str, seconds: float) -> None:
     """Hold SQLite's write lock for `seconds`: every writer waits."""
-    conn = sqlite3.connect(make_url(url).database, timeout=30)
+    conn = sqlite3.connect(str(make_url(url).database), timeout=30)
     conn.execute("BEGIN EXCLUSIVE")
     time.sleep(seconds)
     conn.rollback()

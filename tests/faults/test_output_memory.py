@@ -5,6 +5,7 @@ job (VmHWM, reset when the job starts) above what it held before."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -13,6 +14,9 @@ import pytest
 
 from mxq.db.outputs import predictions
 from tests.faults.stacks import FaultStack, report
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +51,8 @@ def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: Faul
     faulty.samples("million.npy", SAMPLES, seed=5)
     faulty.samples("warm.npy", 5000, seed=6)
     params = {"engine": "onnx", "batch_size": 1024}
-    growth, jobs = {}, {}
+    growth: dict[str, list[float]] = {}
+    jobs: dict[str, JobRecord] = {}
     for output in ("db", "parquet", "db", "parquet"):  # twice each, interleaved
         warm = faulty.infer("mlp64", "warm.npy", DEVICE, output=output, **params)
         assert faulty.wait_all([warm], 300)[warm]["status"] == "succeeded"  # model and session loaded
@@ -59,7 +64,7 @@ def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: Faul
         assert jobs[output]["attempts"] == 1 and _worker_pid(faulty) == pid
         growth.setdefault(output, []).append(_memory_mib(pid, "VmHWM") - before)
 
-    path = Path(jobs["parquet"]["output"])
+    path = Path(str(jobs["parquet"]["output"]))
     table = pq.read_table(path)
     assert table.num_rows == SAMPLES and pq.ParquetFile(path).metadata.num_row_groups > 1
     index, stored = faulty.predicted(jobs["db"]["id"])
@@ -69,9 +74,8 @@ def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: Faul
     some = predictions.read(faulty.settings.database, jobs["db"]["id"], 1000, 500_000)
     np.testing.assert_allclose(table.column("score").to_numpy()[500_000:501_000],
                                [r["score"] for r in some], rtol=1e-6)
-    count, distinct, top = duckdb.sql(
-        f"SELECT count(*), count(DISTINCT \"index\"), max(\"index\") FROM '{path}'").fetchone()
-    assert (count, distinct, top) == (SAMPLES, SAMPLES, SAMPLES - 1)
+    assert duckdb.sql(f"SELECT count(*), count(DISTINCT \"index\"), max(\"index\") FROM '{path}'"
+                      ).fetchone() == (SAMPLES, SAMPLES, SAMPLES - 1)
     by_class = dict(duckdb.sql(f"SELECT predicted_class, count(*) FROM '{path}' GROUP BY 1").fetchall())
     assert by_class == {int(c): int(n) for c, n in zip(*np.unique(stored, return_counts=True), strict=True)}
 
@@ -84,4 +88,4 @@ def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: Faul
         "backend": faulty.name, "samples": SAMPLES, "parquet_mb": round(path.stat().st_size / 2**20, 1),
         "row_groups": pq.ParquetFile(path).metadata.num_row_groups,
         "worker_peak_growth_mib": {k: [round(v, 1) for v in vs] for k, vs in growth.items()},
-        "samples_per_sec": {k: round(j["samples_per_sec"]) for k, j in jobs.items()}})
+        "samples_per_sec": {k: round(j["samples_per_sec"] or 0) for k, j in jobs.items()}})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -14,9 +15,12 @@ from sqlalchemy import MetaData, select
 from sqlalchemy.engine import make_url
 
 from mxq.db.engine import get_engine
-from mxq.db.reports.history import JobFilter, get_job, list_jobs
+from mxq.db.reports.history import JobFilter, list_jobs, require_job
 from tests.api_server import start_api
 from tests.conftest import FINAL, Stack, _stack, launch, stop, wait_until
+
+if TYPE_CHECKING:
+    from mxq.db.records import JobRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
@@ -43,7 +47,7 @@ def secret_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sta
         next(gen, None)
 
 
-def _wait(stack: Stack, job_id: int) -> dict:
+def _wait(stack: Stack, job_id: int) -> JobRecord:
     return wait_until(lambda: stack.job(job_id), 180, f"job {job_id} to finish",
                       until=lambda record: record["status"] in FINAL)
 
@@ -101,7 +105,7 @@ def test_no_secret_in_logs_output_or_rows(secret_stack: Stack) -> None:
     finally:
         stop(launcher)
 
-    records = [get_job(stack.settings.database, j["id"], with_metrics=True)
+    records = [require_job(stack.settings.database, j["id"], with_metrics=True)
                for j in list_jobs(stack.settings.database, JobFilter(limit=10_000))]
     assert {r["status"] for r in records} == {"succeeded", "failed"} and len(records) == 6, records
     assert all(isinstance(r.get("events", []), list) for r in records)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mxq.db import events
-from mxq.workers.fleet.status import device_table
+from mxq.workers.fleet.device_table import device_table
 from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, _stack, launch, stop, wait_until
 
@@ -55,7 +55,7 @@ def test_a_job_without_progress_is_ended_and_its_worker_replaced(embedded: Stack
             assert stack.mxq_json("cancel", str(job_id))["outcome"] == "requested"
         ended = stack.wait(job_id, timeout=120)
         assert ended["status"] == ("failed" if case == "no progress" else "cancelled"), ended
-        assert needle in ended["error"], ended["error"]
+        assert needle in (ended["error"] or ""), ended["error"]
         assert events.STALLED in [e["kind"] for e in events.list_events(stack.settings.database, job_id)]
         fresh = wait_until(lambda: _worker_pid(stack), 120, "a fresh worker on cpu:0",
                            until=lambda pid: pid is not None and pid != first, interval=0.5)

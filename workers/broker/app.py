@@ -15,14 +15,14 @@ from mxq.workers.broker.transport import transport_url
 from mxq.workers.settings import Settings, get_settings
 
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
-# job tasks, which load MXNet (tasks.device checks the device at start); a worker for a GPU MXNet
-# cannot run (MXQ_MXNET_UNUSABLE) runs inference on ONNX Runtime and refuses the rest, never
-# loading MXNet; every other process (the schedule process, a publishing client) gets only the
-# control tasks.
+# job tasks, which load MXNet (tasks/runtimes/mx_context checks the device at start); a worker
+# for a GPU MXNet cannot run (MXQ_MXNET_UNUSABLE) runs inference on ONNX Runtime and refuses the
+# rest, never loading MXNet; every other process (the schedule process, a publishing client) gets
+# only the control tasks.
 CONTROL_TASK_MODULES = ["mxq.workers.schedules.control"]
-DEVICE_TASK_MODULES = ["mxq.tasks.runtimes.device", "mxq.tasks.runtimes.probe", "mxq.tasks.inference.infer",
-                       "mxq.tasks.training.train_task", "mxq.tasks.model_store.register",
-                       *CONTROL_TASK_MODULES]
+DEVICE_TASK_MODULES = ["mxq.tasks.runtimes.mx_context", "mxq.tasks.runtimes.probe",
+                       "mxq.tasks.inference.infer", "mxq.tasks.training.train_task",
+                       "mxq.tasks.model_store.register", *CONTROL_TASK_MODULES]
 ONNX_TASK_MODULES = ["mxq.tasks.runtimes.onnx_worker", "mxq.tasks.inference.infer", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2

@@ -10,6 +10,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from mxq.errors import first_line
+from mxq.workers.broker.redis_client import connect
 from mxq.workers.settings import Settings, without_password
 
 # A broker that does not answer a PING this fast is reported down: a paused Redis must not hang
@@ -19,12 +21,9 @@ HEALTH_TIMEOUT_SECONDS = 2.0
 
 @lru_cache(maxsize=4)
 def _client(broker: str) -> redis.Redis:
-    timeout, once = HEALTH_TIMEOUT_SECONDS, Retry(NoBackoff(), 0)
-    if broker.startswith("redis+socket://"):
-        return redis.Redis(unix_socket_path=broker.removeprefix("redis+socket://"),
-                           socket_connect_timeout=timeout, socket_timeout=timeout, retry=once)
-    return redis.Redis.from_url(broker, socket_connect_timeout=timeout, socket_timeout=timeout,
-                                retry=once)
+    timeout = HEALTH_TIMEOUT_SECONDS
+    return connect(broker, socket_connect_timeout=timeout, socket_timeout=timeout,
+                   retry=Retry(NoBackoff(), 0))
 
 
 def broker_problem(s: Settings) -> str | None:
@@ -33,5 +32,4 @@ def broker_problem(s: Settings) -> str | None:
         _client(s.broker).ping()
         return None
     except (redis.RedisError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"broker unreachable at {without_password(s.broker)[0]}: {reason}"
+        return f"broker unreachable at {without_password(s.broker)[0]}: {first_line(exc)}"

@@ -3,7 +3,9 @@ the waiting messages of jobs that another worker already took (dynamic batching)
 
 Kombu keeps a queue's messages of priority p > 0 in "<queue>\\x06\\x16<p>", and delivered,
 unacknowledged ones in the "unacked" hash, with their delivery time in the "unacked_index"
-sorted set. A message's task id is `job-<id>` (workers.submit).
+sorted set. A message's task id is `job-<id>` (workers.submit). These names, and the text kombu
+writes a task id as, are read from kombu itself below; what else this module assumes of kombu is
+recorded in `kombu_mirror`, which the tests compare with the installed kombu.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from mxq.workers.broker import deadletters
-from mxq.workers.fleet import leases
+from kombu.transport.redis import Channel as KombuChannel
+from kombu.utils.json import dumps as kombu_dumps
 
-PRIORITY_SEP, PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
-UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
+from mxq.workers.broker import deadletters, redis_client
+
+# kombu's own names (its Redis channel's defaults, which mxq's transport does not override).
+PRIORITY_SEP = str(KombuChannel.sep)
+PRIORITY_STEPS = tuple(int(p) for p in KombuChannel.priority_steps if p)  # priority 0: the queue itself
+UNACKED, UNACKED_INDEX = str(KombuChannel.unacked_key), str(KombuChannel.unacked_index_key)
+# How a task id starts in a stored message, as kombu's JSON writes it (`"id": "job-`): the
+# separators are kombu's, so the mark is written by kombu rather than copied here.
+JOB_ID_MARK = str(kombu_dumps({"id": "job-"}))[1:-2]  # type: ignore[no-untyped-call]  # kombu has no types
 
 # Remove from the lists in KEYS every message whose task id is one of ARGV; returns how many.
 # Runs as one script, so a worker never pops a message while it is being looked at.
@@ -107,12 +116,12 @@ class Look:
 PAGE = 5_000
 
 # The job ids of one page of a queue (KEYS[1], items ARGV[1]..ARGV[2]), read inside Redis: a
-# message's task id is in its headers as `"id": "job-N"` (kombu writes JSON with these
+# message's task id is in its headers as `"id": "job-N"` (ARGV[3], JOB_ID_MARK: kombu's JSON
 # separators), found by plain search (a page of 5,000 takes Redis a few milliseconds). Items with
 # no such id, or more than one, come back whole, for `_read` to judge. Returns the ids joined by
 # commas, then those items: only ids cross the network, not the whole queue.
 _PAGE_IDS = """
-local ids, others, mark = {}, {}, '"id": "job-'
+local ids, others, mark = {}, {}, ARGV[3]
 for _, raw in ipairs(redis.call('lrange', KEYS[1], ARGV[1], ARGV[2])) do
   local at = string.find(raw, mark, 1, true)
   local id = at and string.match(raw, '^(%d+)"', at + #mark)
@@ -146,7 +155,7 @@ def look(broker: str, queues: set[str]) -> Look:
     moving meanwhile is still seen (except for the instant it is in neither, which a second look
     covers); one published meanwhile may be read twice, which is harmless.
     """
-    client = leases.client(broker)
+    client = redis_client.client(broker)
     names = stored_names(queues)
     pipe = client.pipeline(transaction=False)
     for name in names:
@@ -154,7 +163,7 @@ def look(broker: str, queues: set[str]) -> Look:
     seen, page_ids = Look(), client.register_script(_PAGE_IDS)
     for name, length in zip(names, pipe.execute(), strict=True):
         for start in range(0, int(length), PAGE):  # (a list grown meanwhile: its head is newer)
-            ids, others = page_ids(keys=[name], args=[start, start + PAGE - 1])
+            ids, others = page_ids(keys=[name], args=[start, start + PAGE - 1, JOB_ID_MARK])
             seen.waiting.update(int(i) for i in str(ids).split(",") if i)
             for raw in map(str, others):
                 found, reason = _read(raw)
@@ -189,7 +198,7 @@ def drop_waiting(broker: str, queues: list[str], job_ids: list[int]) -> int:
     if not job_ids:
         return 0
     names = stored_names(queues)
-    return int(leases.client(broker).eval(_DROP, len(names), *names, *(f"job-{i}" for i in job_ids)))
+    return int(redis_client.client(broker).eval(_DROP, len(names), *names, *(f"job-{i}" for i in job_ids)))
 
 
 def move_aside(broker: str, items: list[tuple[str, str, str]]) -> list[str]:
@@ -198,7 +207,7 @@ def move_aside(broker: str, items: list[tuple[str, str, str]]) -> list[str]:
 
     A poison item no worker takes (its queue's worker is gone, or it sits behind a queued job)
     would otherwise stay, and each look at the queue would meet it again."""
-    client = leases.client(broker)
+    client = redis_client.client(broker)
     moved = []
     for name, raw, reason in items:
         if client.lrem(name, 1, raw):

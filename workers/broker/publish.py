@@ -17,9 +17,7 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from mxq.db import events, jobs
-from mxq.db.engine import session_scope
 from mxq.db.retry import retrying
-from mxq.db.schema import Job
 from mxq.errors import Unavailable
 from mxq.workers.broker.app import app_for
 from mxq.workers.settings import Settings
@@ -53,7 +51,7 @@ def within(seconds: float, what: str, broker: str, call: Callable[[], T]) -> T:
     def run() -> None:
         try:
             box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001  # handed to the caller's thread
+        except BaseException as exc:  # handed to the caller's thread
             failure.append(exc)
 
     thread = threading.Thread(target=run, name=f"mxq-broker-{what}", daemon=True)
@@ -122,11 +120,10 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
     """Publish a dead job again (True), or fail it when its attempts are used up (False).
 
     With `stale_before`, a job whose heartbeat came back meanwhile is left alone (None)."""
-    with session_scope(settings.database) as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            return None
-        attempts, worker = job.attempts, job.worker
+    job = jobs.job_row(settings.database, job_id)
+    if job is None:
+        return None
+    attempts, worker = job["attempts"], job["worker"]
     if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
         return None
     if attempts >= settings.max_attempts:

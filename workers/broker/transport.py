@@ -12,10 +12,9 @@ Celery uses this transport for every broker URL mxq builds (`transport_url`: `re
 
 from __future__ import annotations
 
-from queue import Empty
 from typing import Any
 
-from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
@@ -35,56 +34,72 @@ def transport_url(broker: str) -> str:
     return broker
 
 
-class Channel(kombu_redis.Channel):  # (kombu has no types)
+class Unreadable(Exception):
+    """A queue item kombu cannot turn into a message; the text says why."""
+
+
+class Message(virtual.Message):
+    """kombu's message, built only from an item kombu can read: else `Unreadable` says why."""
+
+    def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+        reason = unreadable(payload)
+        if reason is None:
+            try:
+                super().__init__(payload, channel=channel, **kwargs)
+                return
+            except Exception as exc:  # whatever kombu raises on it
+                reason = f"kombu cannot read it: {type(exc).__name__}: {exc}"
+        raise Unreadable(reason)
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's channel, with what it cannot read moved aside at the two places it reads items.
+
+    Neither copies kombu's code: a BRPOP reply is checked by a redis-py response callback on the
+    client kombu reads it with (redis-py's public hook), and a message is built by `Message`,
+    which raises `Unreadable`, caught around the per-queue callback kombu's `basic_consume`
+    installs. What they rely on in kombu is recorded in `kombu_mirror`."""
+
+    Message = Message
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        parse = self.client.response_callbacks.get("BRPOP", lambda reply, **_: reply)
+        self.client.set_response_callback(
+            "BRPOP", lambda reply, **options: self._readable(parse(reply, **options)))
+
+    def _readable(self, reply: Any) -> Any:
+        """A BRPOP reply `(list, item)` whose item is JSON, else None (kombu's "nothing came"),
+        the item moved to the dead-letter list."""
+        if not reply:
+            return reply
+        name, item = reply
+        try:
+            loads(bytes_to_str(item))
+        except ValueError as exc:
+            queue = bytes_to_str(name).removeprefix(self.global_keyprefix or "").rsplit(self.sep, 1)[0]
+            self._dead_letter(queue, item, f"not JSON: {exc}")
+            return None
+        return reply
+
     def _dead_letter(self, queue: str, raw: Any, reason: str) -> None:
         with self.conn_or_acquire() as client:
             deadletters.store(client, queue, raw, reason)
 
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str,
                       **kwargs: Any) -> None:
-        """kombu's consumer, with the step that builds a message from a raw item guarded."""
+        """kombu's consumer, whose callback for `queue` moves an item it cannot read aside."""
         super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        deliver = self.connection._callbacks[queue]
 
-        def _callback(raw_message: Any) -> Any:
-            reason = unreadable(raw_message)
-            if reason is None:
-                try:
-                    message = self.Message(raw_message, channel=self)
-                except Exception as exc:  # noqa: BLE001  # whatever kombu raises on it
-                    reason = f"kombu cannot read it: {type(exc).__name__}: {exc}"
-            if reason is not None:
-                self._dead_letter(queue, raw_message, reason)
+        def guarded(raw_message: Any) -> Any:
+            try:
+                return deliver(raw_message)
+            except Unreadable as exc:
+                self._dead_letter(queue, raw_message, str(exc))
                 return None
-            if not no_ack:
-                self.qos.append(message, message.delivery_tag)
-            return callback(message)
 
-        self.connection._callbacks[queue] = _callback
-
-    def _brpop_read(self, **options: Any) -> bool:
-        """kombu 5.7's BRPOP reader (pinned in pyproject.toml), with an item that is not JSON
-        moved aside, not raised."""
-        try:
-            try:
-                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
-            except self.connection_errors:
-                self.client.connection.disconnect()
-                raise
-            if not dest__item:
-                raise Empty()
-            dest, item = dest__item
-            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            try:
-                payload = loads(bytes_to_str(item))
-            except ValueError as exc:
-                self._dead_letter(dest, item, f"not JSON: {exc}")
-                return True
-            self.connection._deliver(payload, dest)
-            return True
-        finally:
-            self._in_poll = None  # type: ignore[assignment]  # (as kombu does)
-            self._flush_brpop_reauth()
+        self.connection._callbacks[queue] = guarded
 
 
 class Transport(kombu_redis.Transport):

@@ -5,26 +5,14 @@ other's sets while waiting; a holder that dies stops renewing and its devices re
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import redis
-
 from mxq.device import Device
+from mxq.workers.broker.redis_client import client
 
 # Compare-and-set scripts: only the holder may renew or release its lease.
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
 RELEASE_SCRIPT = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
                   "return redis.call('del', KEYS[1]) end return 0")
-
-
-@lru_cache(maxsize=4)
-def client(broker: str) -> redis.Redis:
-    """A plain Redis client for the broker URL (`redis://…` or the embedded `redis+socket://…`)."""
-    if broker.startswith("redis+socket://"):
-        return redis.Redis(unix_socket_path=broker.removeprefix("redis+socket://"),
-                           socket_connect_timeout=3, decode_responses=True)
-    return redis.Redis.from_url(broker, socket_connect_timeout=3, decode_responses=True)
 
 
 def key(node: str, device: str) -> str:

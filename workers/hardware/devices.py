@@ -42,7 +42,11 @@ class DeviceError(Unavailable):
 
 
 @dataclass(frozen=True)
-class Device:
+class DiscoveredDevice:
+    """A device this host has, as discovery found it: its label's parts (`label`, as
+    `mxq.device.Device` parses a label), and what nvidia-smi says of a GPU, which decides whether
+    and how the launcher starts its worker."""
+
     kind: str  # "gpu" or "cpu"
     index: int  # the host's index: names the device, its queue and its worker
     visible_index: int | None = None  # CUDA's ordinal for it in this process (GPUs)
@@ -91,12 +95,12 @@ def _compute_cap(cell: str) -> str:
     return value if major.isdigit() and dot and minor.isdigit() else ""
 
 
-def _row(cells: dict[str, str], line: int) -> Device:
+def _row(cells: dict[str, str], line: int) -> DiscoveredDevice:
     index = _value(cells["index"])
     if not index.isdigit():
         raise DeviceError(f"nvidia-smi line {line} gives GPU index {cells['index']!r}: the GPU "
                           "cannot be addressed; check it with `nvidia-smi -q`")
-    return Device(
+    return DiscoveredDevice(
         kind="gpu", index=int(index), visible_index=int(index), uuid=_value(cells["uuid"]),
         name=_value(cells["name"]), compute_cap=_compute_cap(cells.get("compute_cap", "")),
         memory_total_mib=_mib(cells["memory.total"]), memory_used_mib=_mib(cells["memory.used"]),
@@ -105,7 +109,7 @@ def _row(cells: dict[str, str], line: int) -> Device:
     )
 
 
-def parse_nvidia_smi(text: str) -> list[Device]:
+def parse_nvidia_smi(text: str) -> list[DiscoveredDevice]:
     """Parse `nvidia-smi --query-gpu=<fields> --format=csv` (header line with units, cells with
     units); the fields may come in any order, those beyond REQUIRED_FIELDS may be missing."""
     rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
@@ -140,7 +144,7 @@ def _failure(proc: subprocess.CompletedProcess[str]) -> str:
     return f"`{' '.join(proc.args)}` {status}: {said[:300]}"
 
 
-def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[Device]:
+def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[DiscoveredDevice]:
     """The GPUs of this host; none when nvidia-smi is absent (a CPU-only host).
 
     An nvidia-smi that fails or hangs is an error where GPUs are expected (MXQ_EXPECT_GPUS, or
@@ -164,11 +168,11 @@ def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[Device]:
     return []
 
 
-def cpu_devices(count: int) -> list[Device]:
-    return [Device(kind="cpu", index=i, name=f"CPU device {i}") for i in range(count)]
+def cpu_devices(count: int) -> list[DiscoveredDevice]:
+    return [DiscoveredDevice(kind="cpu", index=i, name=f"CPU device {i}") for i in range(count)]
 
 
-def relabel(gpus: list[Device], host_ids: list[int]) -> list[Device]:
+def relabel(gpus: list[DiscoveredDevice], host_ids: list[int]) -> list[DiscoveredDevice]:
     """Give the GPUs a container sees the indexes they have on the host."""
     if len(host_ids) != len(gpus):
         raise DeviceError(f"MXQ_HOST_GPUS names {len(host_ids)} GPUs but nvidia-smi shows "
@@ -176,14 +180,14 @@ def relabel(gpus: list[Device], host_ids: list[int]) -> list[Device]:
     return [replace(g, index=h) for g, h in zip(gpus, host_ids, strict=True)]
 
 
-def visible(gpus: list[Device], wanted: str | None) -> list[Device]:
+def visible(gpus: list[DiscoveredDevice], wanted: str | None) -> list[DiscoveredDevice]:
     """The GPUs `CUDA_VISIBLE_DEVICES` (`wanted`) lets this host's mxq use, in its order, as
     dask-cuda and Ray honour it: nvidia-smi indexes (mxq pins in PCI bus order) or UUIDs (a
     unique prefix, `GPU-8932f937`); CUDA stops at the first negative entry, so `-1` or an empty
     value means none. None (unset): every GPU. DeviceError for an entry that is no GPU here."""
     if wanted is None:
         return gpus
-    chosen: list[Device] = []
+    chosen: list[DiscoveredDevice] = []
     for entry in (e.strip() for e in wanted.split(",")):
         if not entry or entry.startswith("-"):
             break
@@ -195,7 +199,7 @@ def visible(gpus: list[Device], wanted: str | None) -> list[Device]:
     return chosen
 
 
-def _visible_entry(gpus: list[Device], entry: str, wanted: str) -> Device:
+def _visible_entry(gpus: list[DiscoveredDevice], entry: str, wanted: str) -> DiscoveredDevice:
     found = [g for g in gpus if (str(g.visible_index) == entry if entry.isdigit()
                                  else bool(g.uuid) and g.uuid.lower().startswith(entry.lower()))]
     if len(found) == 1:
@@ -213,7 +217,7 @@ def _cut(text: str, most: int = 60) -> str:
 
 
 def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
-             expect_gpus: bool = False, cuda_visible: str | None = None) -> list[Device]:
+             expect_gpus: bool = False, cuda_visible: str | None = None) -> list[DiscoveredDevice]:
     """This node's devices: its GPUs (those `CUDA_VISIBLE_DEVICES` lets it use), or `cpu_count`
     CPU devices on a host without any (or with none of them visible)."""
     gpus = query_gpus(nvidia_smi, expect_gpus)
@@ -269,7 +273,7 @@ def _arches(codes: tuple[int, ...]) -> str:
     return ", ".join(f"sm_{c}" for c in codes) or "none"
 
 
-def incompatibility(gpu: Device, build: str | None) -> str | None:
+def incompatibility(gpu: DiscoveredDevice, build: str | None) -> str | None:
     """Why the installed MXNet build cannot run on `gpu`, or None when it can."""
     if gpu.mig:
         return (f"{gpu.label} ({gpu.name}) has MIG mode enabled: mxq pins whole GPUs, one worker "
@@ -292,7 +296,7 @@ def incompatibility(gpu: Device, build: str | None) -> str | None:
             f"{kernels.span()}; ONNX Runtime (the gpu-onnx extra) can serve inference on this one")
 
 
-def fusion_off(gpu: Device) -> bool:
+def fusion_off(gpu: DiscoveredDevice) -> bool:
     """True when the driver is too old for the PTX that NVRTC 11.8 emits (MXNet's fused kernels)."""
     major = gpu.driver_major
     return major is not None and major < NVRTC_MIN_DRIVER

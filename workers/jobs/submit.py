@@ -19,10 +19,8 @@ from typing import Any
 
 from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
-from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
 
-from mxq.db.engine import get_engine, safe_url
+from mxq.db.engine import ping, safe_url
 from mxq.db.fleet import list_workers
 from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
 from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
@@ -72,13 +70,9 @@ def check_key(key: str | None) -> str | None:
 
 
 def check_database(settings: Settings) -> None:
-    try:
-        with get_engine(settings.database).connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except OperationalError as exc:
-        reason = str(exc.orig or exc).strip().splitlines()[0]
-        raise SubmitError(f"database unreachable at {safe_url(settings.database)}: {reason}") \
-            from exc
+    """SubmitError when the database does not answer (nothing is written then)."""
+    if (reason := ping(settings.database)) is not None:
+        raise SubmitError(f"database unreachable at {safe_url(settings.database)}: {reason}")
 
 
 def _connect(settings: Settings) -> None:

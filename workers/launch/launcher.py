@@ -26,7 +26,7 @@ from mxq.workers.broker.queues import CONTROL_QUEUE, device_queue, pool_queues, 
 from mxq.workers.hardware import wheels
 from mxq.workers.hardware.devices import (
     NVRTC_MIN_DRIVER,
-    Device,
+    DiscoveredDevice,
     engines_for,
     fusion_off,
     incompatibility,
@@ -46,7 +46,7 @@ MAX_BACKOFF_SECONDS = 30.0
 
 @dataclass
 class WorkerSpec:
-    device: Device | None  # None: the schedule process
+    device: DiscoveredDevice | None  # None: the schedule process
     name: str
     queues: list[str]
     command: list[str]
@@ -55,7 +55,7 @@ class WorkerSpec:
     engines: tuple[str, ...] = ()  # what its device runs: the engine pools it consumes
 
 
-def worker_env(settings: Settings, device: Device, cores: list[int],
+def worker_env(settings: Settings, device: DiscoveredDevice, cores: list[int],
                mxnet_unusable: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
@@ -107,7 +107,7 @@ def onnx_python(settings: Settings) -> tuple[str, str | None]:
                                   "'.[gpu-onnx]')")
 
 
-def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[list[WorkerSpec],
+def plan(settings: Settings, devices: list[DiscoveredDevice], build: str | None) -> tuple[list[WorkerSpec],
                                                                             list[str]]:
     """The worker to start for each usable device, and why the others are refused."""
     specs, refused = [], []
@@ -135,7 +135,7 @@ def plan(settings: Settings, devices: list[Device], build: str | None) -> tuple[
     return specs, refused
 
 
-def _worker_spec(settings: Settings, device: Device, cpu_count: int, mxnet_unusable: str | None,
+def _worker_spec(settings: Settings, device: DiscoveredDevice, cpu_count: int, mxnet_unusable: str | None,
                  python: str, engines: tuple[str, ...]) -> WorkerSpec:
     name = worker_name(settings.node, device.kind, device.index)
     queues = [device_queue(settings.node, device.kind, device.index),
@@ -155,14 +155,14 @@ def schedule_spec(settings: Settings) -> WorkerSpec:
                "--concurrency", "1", "-Q", CONTROL_QUEUE, "-n", name, "--without-gossip",
                "--without-mingle", "-l", "INFO",
                "-s", str(settings.home_path / "celerybeat-schedule")]
-    env = {k: v for k, v in worker_env(settings, Device("cpu", 0), []).items()
+    env = {k: v for k, v in worker_env(settings, DiscoveredDevice("cpu", 0), []).items()
            if k not in ("MXQ_DEVICE", *THREAD_VARS)}
     return WorkerSpec(None, name, [CONTROL_QUEUE], command, env)
 
 
 def api_spec(settings: Settings) -> WorkerSpec:
     """The HTTP API and dashboard (`mxq api`)."""
-    env = {k: v for k, v in worker_env(settings, Device("cpu", 0), []).items()
+    env = {k: v for k, v in worker_env(settings, DiscoveredDevice("cpu", 0), []).items()
            if k not in ("MXQ_DEVICE", *THREAD_VARS)}
     return WorkerSpec(None, f"api@{settings.node}", [], [sys.executable, "-m", "mxq.cli", "api"], env)
 
@@ -213,7 +213,7 @@ class Launcher:
     def _start(self, child: Child) -> None:
         spec = child.spec
         self.logs.mkdir(parents=True, exist_ok=True)
-        out = open(self.logs / f"{spec.name.replace('@', '-')}.log", "ab")  # noqa: SIM115
+        out = open(self.logs / f"{spec.name.replace('@', '-')}.log", "ab")
         memory_mb = self.settings.worker_memory_mb if spec.device is not None else None
         child.proc = subprocess.Popen(  # its own session and group: its tree ends with it
             spec.command, env=spec.env, stdout=out, stderr=subprocess.STDOUT,

@@ -23,15 +23,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import select
-
-from mxq.db import events, jobs, schedules
-from mxq.db.engine import session_scope
+from mxq.db import events, jobs, repair, schedules
 from mxq.db.fleet import list_workers
-from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule, utcnow
+from mxq.db.records import JobRoute
+from mxq.db.schema import utcnow
+from mxq.status import FINISHED
 from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
 from mxq.workers.broker.publish import publish, requeue
 from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
+from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
 from mxq.workers.schedules.fires import submit_fire
 from mxq.workers.settings import Settings
@@ -64,38 +64,19 @@ class Report:
         return not any(vars(self).values())
 
 
-def _queued(settings: Settings) -> dict[int, tuple[str, str]]:
-    cutoff = utcnow() - timedelta(seconds=SUBMIT_GRACE_SECONDS)
-    with session_scope(settings.database) as session:
-        rows = session.execute(select(Job.id, Job.kind, Job.queue)
-                               .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
-        return {r.id: (r.kind, r.queue) for r in rows}
+def _queued(settings: Settings) -> dict[int, JobRoute]:
+    return repair.queued_before(settings.database, utcnow() - timedelta(seconds=SUBMIT_GRACE_SECONDS))
 
 
-def _stale_running(settings: Settings) -> dict[int, tuple[str, str]]:
-    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
-    with session_scope(settings.database) as session:
-        rows = session.execute(select(Job.id, Job.kind, Job.queue).where(
-            Job.status == JobStatus.RUNNING, Job.chunks.is_(None), jobs.heartbeat_stale(cutoff)))
-        return {r.id: (r.kind, r.queue) for r in rows}
-
-
-def _still_queued(settings: Settings, ids: set[int]) -> set[int]:
-    if not ids:
-        return set()
-    with session_scope(settings.database) as session:
-        return set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
+def _stale_running(settings: Settings) -> dict[int, JobRoute]:
+    return repair.stale_running(settings.database, utcnow() - timedelta(seconds=settings.heartbeat_ttl))
 
 
 def _of_finished(settings: Settings, held: dict[int, list[Held]]) -> dict[int, list[Held]]:
     """The long-held messages of jobs that are over: delivered on a connection that broke before
     the ack (a broker restart), Redis would hand them out again hours later, to be dropped unrun."""
-    ids = set(held) - _live(held)
-    if not ids:
-        return {}
-    with session_scope(settings.database) as session:
-        over = session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status.in_(FINISHED)))
-        return {i: held[i] for i in over}
+    over = repair.finished_among(settings.database, set(held) - _live(held))
+    return {i: held[i] for i in over}
 
 
 def _live(held: dict[int, list[Held]]) -> set[int]:
@@ -107,8 +88,8 @@ class Lost:
     """What the two looks found: queued jobs with no live message, stale running jobs with none
     waiting, the stale unacknowledged messages of both, and the unreadable queue items."""
 
-    queued: dict[int, tuple[str, str]] = field(default_factory=dict)
-    dead: dict[int, tuple[str, str]] = field(default_factory=dict)
+    queued: dict[int, JobRoute] = field(default_factory=dict)
+    dead: dict[int, JobRoute] = field(default_factory=dict)
     stale: dict[int, list[Held]] = field(default_factory=dict)
     unreadable: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -127,7 +108,7 @@ def lost_messages(settings: Settings, queues: set[str]) -> Lost:
     time.sleep(settings.reconcile_look_seconds)
     second = look(settings.broker, queues)
     seen = first.waiting | second.waiting | _live(first.held) | _live(second.held)
-    lost = _still_queued(settings, set(queued) - seen)
+    lost = repair.still_queued(settings.database, set(queued) - seen)
     dead = (set(running) - first.waiting - second.waiting) & set(_stale_running(settings))
     stale = {i: second.held[i] for i in lost | dead if i in second.held}
     stale.update(_of_finished(settings, second.held))
@@ -139,15 +120,16 @@ def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
     """Forget messages whose consumer is gone, so Redis does not hand them out hours later."""
     tags = [h.tag for entries in stale.values() for h in entries]
     if tags:
-        pipe = leases.client(settings.broker).pipeline(transaction=True)
+        pipe = client(settings.broker).pipeline(transaction=True)
         pipe.zrem(UNACKED_INDEX, *tags)
         pipe.hdel(UNACKED, *tags)
         pipe.execute()
 
 
-def _republish(settings: Settings, lost: dict[int, tuple[str, str]], stale: dict[int, list[Held]],
+def _republish(settings: Settings, lost: dict[int, JobRoute], stale: dict[int, list[Held]],
                report: Report) -> None:
-    for job_id, (kind, queue) in sorted(lost.items()):
+    for job_id in sorted(lost):
+        kind, queue = lost[job_id]["kind"], lost[job_id]["queue"]
         publish(settings, job_id, kind, queue, patient=True)
         why = (f"its message was held unacknowledged for {max(h.age for h in stale[job_id]):.0f}s "
                "by a consumer that lost its connection" if job_id in stale
@@ -157,9 +139,10 @@ def _republish(settings: Settings, lost: dict[int, tuple[str, str]], stale: dict
         report.republished.append(job_id)
 
 
-def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: Report) -> None:
+def _requeue_dead(settings: Settings, dead: dict[int, JobRoute], report: Report) -> None:
     stale_before = utcnow() - timedelta(seconds=settings.heartbeat_ttl)
-    for job_id, (kind, queue) in sorted(dead.items()):
+    for job_id in sorted(dead):
+        kind, queue = dead[job_id]["kind"], dead[job_id]["queue"]
         why = f"its heartbeat is older than {settings.heartbeat_ttl:g}s and no worker holds it"
         outcome = requeue(settings, job_id, kind, queue, why, stale_before)
         if outcome is not None:
@@ -167,10 +150,7 @@ def _requeue_dead(settings: Settings, dead: dict[int, tuple[str, str]], report: 
 
 
 def _settle_parents(settings: Settings, report: Report) -> None:
-    with session_scope(settings.database) as session:
-        parents = list(session.scalars(select(Job.id).where(Job.status == JobStatus.RUNNING,
-                                                            Job.chunks.is_not(None))))
-    for parent in parents:
+    for parent in repair.running_parents(settings.database):
         if jobs.settle_parent(settings.database, parent):
             events.record(settings.database, parent, events.SETTLED,
                           "every chunk had finished; the parent was closed by the reconciler")
@@ -182,13 +162,11 @@ def _free_leases(settings: Settings, report: Report) -> None:
 
     A running holder keeps its leases even with a stale heartbeat: its next attempt re-takes
     them before its claim (the admit hook), so they expire by their TTL or pass to it."""
-    r = leases.client(settings.broker)
+    r = client(settings.broker)
     held = {k: v for k in r.scan_iter(match="mxq:lease:*", count=500) if (v := r.get(k))}
     if not held:
         return
-    with session_scope(settings.database) as session:
-        state = dict(session.execute(select(Job.id, Job.status).where(
-            Job.id.in_({int(v) for v in held.values() if v.isdigit()}))).all())
+    state = repair.statuses(settings.database, {int(v) for v in held.values() if v.isdigit()})
     for k, v in held.items():
         status = state.get(int(v)) if v.isdigit() else None
         if (status is None or status in FINISHED) and r.eval(leases.RELEASE_SCRIPT, 1, k, v):
@@ -200,12 +178,8 @@ def _free_leases(settings: Settings, report: Report) -> None:
 
 
 def _resubmit_fires(settings: Settings, report: Report) -> None:
-    cutoff = utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)
-    with session_scope(settings.database) as session:
-        rows = session.execute(select(Fire.id, Schedule.name).join(Schedule)
-                               .where(Fire.job_id.is_(None), Fire.error.is_(None),
-                                Fire.fired_at < cutoff)).all()
-    for fire_id, name in rows:
+    for lost in repair.lost_fires(settings.database, utcnow() - timedelta(seconds=FIRE_GRACE_SECONDS)):
+        fire_id, name = lost["fire_id"], lost["schedule"]
         job_id = submit_fire(settings, schedules.get(settings.database, name), fire_id)
         if job_id is not None:
             events.record(settings.database, job_id, events.RESUBMITTED,
@@ -239,10 +213,7 @@ def _known_queues(settings: Settings) -> set[str]:
     """Every queue mxq routes to: each device worker's, each queued or running job's (its worker
     may be gone), the pools, the control queue."""
     workers = list_workers(settings.database, settings.heartbeat_ttl)
-    with session_scope(settings.database) as session:
-        jobs_at = set(session.scalars(select(Job.queue).distinct().where(
-            Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))))
-    return ({w["queue"] for w in workers} | jobs_at
+    return ({w["queue"] for w in workers} | repair.live_queues(settings.database)
             | {*all_pools(), CONTROL_QUEUE})
 
 

@@ -8,8 +8,6 @@ later second delivery of the same job is dropped.
 from __future__ import annotations
 
 from mxq.db import jobs
-from mxq.db.engine import session_scope
-from mxq.db.schema import Job
 from mxq.workers.broker.publish import requeue
 from mxq.workers.settings import Settings
 
@@ -18,10 +16,6 @@ def recover_worker(settings: Settings, worker: str) -> list[int]:
     """Requeue (or fail, past the cap) every job `worker` was running; return their ids."""
     ids = jobs.orphan(settings.database, worker)
     for job_id in ids:
-        with session_scope(settings.database) as session:
-            job = session.get(Job, job_id)
-            if job is None:
-                continue
-            kind, queue = job.kind, job.queue
-        requeue(settings, job_id, kind, queue, f"worker {worker} died while running it")
+        if (job := jobs.job_row(settings.database, job_id)) is not None:
+            requeue(settings, job_id, job["kind"], job["queue"], f"worker {worker} died while running it")
     return ids

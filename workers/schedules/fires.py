@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from mxq.db import schedules
+from mxq.db.records import ScheduleRecord, StoredSchedule
 from mxq.db.schema import utcnow
 from mxq.errors import JobRejected, MxqError
 from mxq.workers.broker.app import app_for
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 POLICIES = ("always", "if-better", "never")
 
 
-def submit_fire(settings: Settings, sched: dict[str, Any], fire_id: int) -> int | None:
+def submit_fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int | None:
     """Resolve the dataset and queue the training job; a failure is recorded on the fire.
 
     Returns the job's id (None when it could not be made)."""
@@ -92,7 +93,7 @@ def tick(settings: Settings, now: datetime | None = None) -> list[int]:
     return made
 
 
-def _skipped_for_busy(settings: Settings, sched: dict[str, Any], fire_id: int) -> bool:
+def _skipped_for_busy(settings: Settings, sched: StoredSchedule, fire_id: int) -> bool:
     """Record the fire as skipped when an earlier fire's job of the schedule has not finished;
     True when it was."""
     busy = schedules.busy_fire(settings.database, sched["id"])
@@ -132,7 +133,7 @@ def request_fire(settings: Settings, name: str, now: datetime | None = None) -> 
 
 def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str,
                  spec: dict[str, Any], promote: str, metric: str, min_gain: float,
-                 now: datetime | None = None) -> dict[str, Any]:
+                 now: datetime | None = None) -> ScheduleRecord:
     """Check everything a fire will need, then store the schedule with its first fire time."""
     check(cron, tz)
     if promote not in POLICIES:

@@ -20,7 +20,7 @@ from mxq.workers.fleet import leases
 from mxq.workers.settings import Settings
 
 RATE_WINDOW = timedelta(minutes=5)  # a device's samples/s is averaged over this recent stretch
-# A device's own queue, `<node>.<kind>.<index>` (workers.queues.device_queue); node names hold
+# A device's own queue, `<node>.<kind>.<index>` (workers/broker/queues.device_queue); node names hold
 # no dot (settings: MXQ_NODE), so pool and control queues never match.
 DEVICE_QUEUE = re.compile(r"^(?P<node>[^.]+)\.(?P<kind>cpu|gpu)\.(?P<index>\d+)$")
 

@@ -1,4 +1,8 @@
-"""The MXNet side of pinning: the context of this worker's device and its memory figures."""
+"""The MXNet side of pinning: the MXNet context of this worker's device and its memory figures.
+
+Imported by a device worker at start (`DEVICE_TASK_MODULES`), when it refuses a device MXNet
+cannot see. The device comes parsed (`mxq.device.Device`: the job frame's `JobContext.parsed_device`).
+"""
 
 from __future__ import annotations
 
@@ -16,17 +20,16 @@ from mxq.workers.settings import get_settings
 log = logging.getLogger(__name__)
 
 
-def context(device: str) -> mx.Context:
+def context(device: Device) -> mx.Context:
     """A GPU worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as gpu(0)."""
-    spec = Device.parse(device)
-    if spec.kind == "gpu":
+    if device.is_gpu:
         return mx.gpu(0)
-    return mx.cpu(spec.index)
+    return mx.cpu(device.index)
 
 
-def memory(device: str) -> dict[str, float]:
+def memory(device: Device) -> dict[str, float]:
     """Free and total memory of the device, in MiB (host memory for a CPU device)."""
-    if Device.parse(device).kind == "gpu":
+    if device.is_gpu:
         free, total = mx.context.gpu_memory_info(0)
         return {"memory_total_mib": total / 2**20, "memory_free_mib": free / 2**20}
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -34,9 +37,9 @@ def memory(device: str) -> dict[str, float]:
     return {"memory_total_mib": pages / 2**20, "memory_free_mib": avail / 2**20}
 
 
-def check_visible(device: str) -> str | None:
+def check_visible(device: Device) -> str | None:
     """Cross-check with MXNet: a GPU worker must see exactly one GPU."""
-    if Device.parse(device).kind != "gpu":
+    if not device.is_gpu:
         return None
     seen = mx.context.num_gpus()
     if seen != 1:
@@ -45,11 +48,11 @@ def check_visible(device: str) -> str | None:
     return None
 
 
-@signals.worker_init.connect
+@signals.worker_init.connect  # type: ignore[untyped-decorator]  # Celery has no types
 def _refuse_unusable_device(**_: object) -> None:
     """Exit before consuming anything when MXNet cannot use the pinned device."""
     device = get_settings().device
-    problem = device and check_visible(device)
+    problem = device and check_visible(Device.parse(device))
     if problem:
         log.error("refusing to start: %s", problem)
         print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)

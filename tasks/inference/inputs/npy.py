@@ -1,0 +1,134 @@
+"""The .npy reader: its header parsed without NumPy's slow path, its data read whole when small
+and memory-mapped when large, then fetched a batch at a time with the pages it mapped dropped."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mxq.tasks.inference.inputs.files import InputError, regular_file
+from mxq.tasks.inference.inputs.limits import Limits
+from mxq.tasks.inference.inputs.source import Fetch, Samples
+
+NUMERIC_KINDS = "biuf"  # bool, int, uint, float
+SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is memory-mapped
+# Dropped with each batch, before its start: the kernel maps cached pages around a page fault
+# ("fault-around", 64 KiB by default), so reading a batch maps again a few pages of the last one.
+DROP_BEHIND_BYTES = 1 << 20
+# The header exactly as NumPy writes it for a plain dtype; any other is read by NumPy's reader.
+_NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
+                           r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \} *\n?")
+
+Header = tuple[tuple[int, ...], bool, np.dtype[Any]]
+"""What an .npy header says: the array's shape, whether it is in Fortran order, its dtype."""
+
+# NumPy's own readers of the magic string and of each header version (untyped in its stubs).
+_read_magic: Callable[[IO[bytes]], tuple[int, int]] = np.lib.format.read_magic
+_HEADER_READERS: dict[tuple[int, int], Callable[[IO[bytes]], Header]] = {
+    (1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def parse_header(f: IO[bytes]) -> Header:
+    """Shape, Fortran order and dtype of the .npy header at `f`, left at the data.
+
+    NumPy's reader first re-tokenizes every version 1 header (for files written by Python 2),
+    which costs more than reading a small input whole. Here the header NumPy writes is matched
+    by one regular expression; any other (old `10L` headers, structured dtypes) goes through
+    NumPy's reader.
+    """
+    start = f.tell()
+    version = _read_magic(f)
+    if version not in _HEADER_READERS:
+        raise ValueError(f"unsupported .npy format version {version}")
+    fmt = "<H" if version == (1, 0) else "<I"
+    raw = f.read(size := struct.calcsize(fmt))
+    if len(raw) != size:
+        raise ValueError("the header is cut short")
+    length: int = struct.unpack(fmt, raw)[0]
+    text = f.read(length).decode("latin1")
+    if (m := _NUMPY_HEADER.fullmatch(text)) is not None:
+        descr, fortran, dims = m.groups()
+        try:
+            dtype = np.dtype(descr)
+        except TypeError:
+            raise ValueError(f"its header names the dtype {descr!r}, which is not a NumPy dtype") from None
+        return tuple(int(n) for n in dims.split(",") if n.strip()), fortran == "True", dtype
+    f.seek(start)
+    return _HEADER_READERS[_read_magic(f)](f)
+
+
+def read_header(f: IO[bytes], path: Path) -> Header:
+    """Shape, Fortran order and dtype from an .npy header, reading no data; rejects
+    non-numeric dtypes (an .npz's members are .npy files: `npz` reads them here too)."""
+    try:
+        shape, fortran, dtype = parse_header(f)
+    except (ValueError, TypeError, SyntaxError) as e:  # NumPy's own reader raises all three
+        raise InputError(f"input {path} is truncated or corrupt: {e}") from None
+    if dtype.kind not in NUMERIC_KINDS:
+        raise InputError(f"input {path} has dtype {dtype}; allowed: bool, int, uint or float arrays")
+    if not shape:
+        raise InputError(f"input {path} holds a scalar, not an array of samples")
+    return shape, fortran, dtype
+
+
+def count(path: Path) -> int:
+    """The number of samples, from the header alone."""
+    with regular_file(path).open("rb") as f:
+        return read_header(f, path)[0][0]
+
+
+def load(path: Path, limits: Limits | None = None) -> NDArray[Any]:
+    """The .npy array, its header read once: memory-mapped read-only, or read whole when small
+    (mapping a file costs more than reading a few pages)."""
+    with regular_file(path).open("rb") as f:
+        shape, fortran, dtype = read_header(f, path)
+        (limits or Limits.of_process()).check_bytes(path, "", shape, dtype)
+        offset, items = f.tell(), math.prod(shape)
+        order: Literal["C", "F"] = "F" if fortran else "C"
+        if items * dtype.itemsize <= SMALL_NPY_BYTES:
+            array = np.fromfile(f, dtype=dtype, count=items)
+            if array.size != items:
+                raise InputError(f"input {path} is truncated or corrupt: {array.size} of {items} "
+                                 "values present")
+            return array.reshape(shape, order=order)
+    try:
+        return np.memmap(path, dtype=dtype, mode="r", shape=shape, order=order, offset=offset)
+    except ValueError as e:
+        raise InputError(f"input {path} is truncated or corrupt: {e}") from e
+
+
+def batches(array: NDArray[Any]) -> Fetch:
+    """Batches sliced from an array in memory, or copied out of a mapped one, whose pages are
+    then dropped from this process.
+
+    The mapped file would otherwise stay resident in the worker (RSS growing with the input); the
+    dropped pages remain in the OS page cache, so reading them again costs no disk access. The
+    drop reaches DROP_BEHIND_BYTES back, for the pages fault-around mapped again.
+    """
+    if not isinstance(array, np.memmap):
+        return lambda start, stop: array[start:stop]
+    mapped: mmap.mmap | None = getattr(array, "_mmap", None)
+    row = array.strides[0] if array.ndim and array.flags.c_contiguous else 0
+    base = array.offset % mmap.ALLOCATIONGRANULARITY  # where the data starts inside the mapping
+
+    def fetch(start: int, stop: int) -> NDArray[Any]:
+        batch = np.array(array[start:stop])
+        if mapped is not None and row:
+            lo = max(0, base + start * row - DROP_BEHIND_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, lo, base + stop * row - lo)
+        return batch
+
+    return fetch
+
+
+def opened(path: Path, limits: Limits) -> Samples:
+    array = load(path, limits)
+    return Samples(array.shape[0], array.shape[1:], batches(array))

@@ -1,0 +1,59 @@
+"""An opened input: what a format's reader found (`Samples`), and the `InputSource` inference
+reads batches from, as float32 scaled by the model's preprocessing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mxq.preprocess import Preprocess
+from mxq.tasks.inference.inputs.files import InputError
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+Fetch = Callable[[int, int], NDArray[Any]]
+"""Samples [start, stop) of an input as its format holds them (any numeric dtype)."""
+
+
+@dataclass(frozen=True)
+class Samples:
+    """What a format's reader found: how many samples, the shape of one as stored, and how to
+    fetch a batch of them (only that batch is read)."""
+
+    count: int
+    shape: tuple[int, ...]
+    fetch: Fetch
+
+
+@dataclass
+class InputSource:
+    path: Path
+    count: int  # number of samples
+    sample_shape: tuple[int, ...]  # shape of one sample as the model sees it
+    fetch: Fetch = field(repr=False)  # raw samples [start, stop)
+    preprocess: Preprocess = field(default_factory=Preprocess)  # the model's input scaling
+
+    def read(self, start: int, stop: int) -> NDArray[np.float32]:
+        """Samples [start, stop) as the model takes them: float32 (stop-start, *sample_shape),
+        scaled by its preprocessing; only that batch is read."""
+        if not 0 <= start <= stop <= self.count:
+            raise IndexError(f"samples [{start}, {stop}) out of range for {self.count} in {self.path}")
+        raw = np.asarray(self.fetch(start, stop))
+        if raw.dtype.kind == "f" and raw.dtype.itemsize > 4:
+            self._check_float32_range(raw, start)
+        batch = raw.astype(np.float32, copy=False)
+        return self.preprocess.apply(batch.reshape((stop - start, *self.sample_shape)))
+
+    def _check_float32_range(self, raw: NDArray[Any], start: int) -> None:
+        """A finite float64 beyond float32's range would become inf without a word."""
+        over = np.isfinite(raw) & (np.abs(raw) > FLOAT32_MAX)
+        if over.any():
+            at = tuple(np.argwhere(over)[0])  # the first one, in sample order
+            sample, value = int(at[0]), raw[at]
+            raise InputError(f"input {self.path} has {value:g} in sample {start + sample}, beyond "
+                             f"float32's range (±{FLOAT32_MAX:.4g}), which models compute in")
