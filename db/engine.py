@@ -18,7 +18,7 @@ from mxq.db.retry import first_line
 CONNECT_TIMEOUT = 5
 # Connections a process keeps to PostgreSQL, and opens beyond that for a burst (SQLAlchemy's
 # defaults). A worker uses one or two at a time, so each device costs PostgreSQL about two
-# connections of its max_connections (README, Scaling); set before the first engine is made.
+# connections of its max_connections (docs/scaling.md); set before the first engine is made.
 POOL_SIZE, MAX_OVERFLOW = 5, 10
 # Seconds SQLite waits on a lock held by another worker process before giving up.
 SQLITE_BUSY_SECONDS = 30

@@ -174,7 +174,7 @@ def test_an_l40s_runs_and_an_h200_is_refused_with_what_to_do(tmp_path: Path) -> 
     # what to do, for this GPU only (MXQ_NVIDIA_SMI=none, once advised, dropped the good GPUs too)
     assert message.endswith("ONNX Runtime (the gpu-onnx extra) can serve inference on this one; to "
                             "serve inference on it, install the gpu-onnx extra in an environment "
-                            "of its own and set MXQ_ONNX_PYTHON to its python (README, Install)")
+                            "of its own and set MXQ_ONNX_PYTHON to its python (docs/gpu-hosts.md)")
     assert "MXQ_NVIDIA_SMI" not in message
 
 

@@ -36,7 +36,7 @@ def unavailable(kind: str = "cpu") -> str | None:
         import onnxruntime as ort
     except ImportError:
         return ("ONNX Runtime is not installed (the cpu and gpu extras have it for CPUs; for GPUs, "
-                "the gpu-onnx extra in an environment of its own: README, Install)")
+                "the gpu-onnx extra in an environment of its own: docs/gpu-hosts.md)")
     if PROVIDERS[kind] not in ort.get_available_providers():
         return f"this ONNX Runtime has no {PROVIDERS[kind]} for {kind} devices"
     return None

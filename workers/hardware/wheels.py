@@ -66,8 +66,8 @@ def problems(path: list[str] | None = None) -> list[str]:
         said.append(f"the gpu and gpu-onnx extras are installed in one environment: "
                     f"{' and '.join(names)} both own {first} ({len(shared)} files are owned twice), "
                     "so removing or upgrading either deletes the other's; install gpu-onnx in an "
-                    "environment of its own and point MXQ_ONNX_PYTHON at its python (README, "
-                    "Install), then reinstall this one's wheels (pip install --force-reinstall "
+                    "environment of its own and point MXQ_ONNX_PYTHON at its python "
+                    "(docs/gpu-hosts.md), then reinstall this one's wheels (pip install --force-reinstall "
                     "-e '.[gpu]')")
     for name, version, file in missing_libraries(dists):
         said.append(f"{file} of {name} {version} is missing (removed with another wheel that "

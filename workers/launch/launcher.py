@@ -93,7 +93,7 @@ def onnx_python(settings: Settings) -> tuple[str, str | None]:
             return sys.executable, None
         return sys.executable, ("to serve inference on it, install the gpu-onnx extra in an "
                                 "environment of its own and set MXQ_ONNX_PYTHON to its python "
-                                "(README, Install)")
+                                "(docs/gpu-hosts.md)")
     try:
         proc = subprocess.run([settings.onnx_python, "-c", ONNX_PYTHON_PROBE], capture_output=True,
                               text=True, timeout=ONNX_PYTHON_TIMEOUT)
