@@ -29,7 +29,7 @@ from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.reports.history import JobFilter, list_jobs
 from mxq.db.schema import utcnow
-from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:

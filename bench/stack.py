@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.migrate import upgrade
 from mxq.db.schema import as_utc, utcnow
-from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:

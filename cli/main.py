@@ -72,8 +72,8 @@ def _since(text: str | None) -> datetime | None:
 def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once all workers answer.")] = False,  # noqa: E501
        timeout: float = 180.0) -> None:
     """Start the stack: embedded Redis (unless MXQ_BROKER_URL is set), schema, one worker per device."""
-    from mxq.workers.broker.embedded import EmbeddedRedis
     from mxq.workers.fleet.device_table import device_table
+    from mxq.workers.launch.embedded import EmbeddedRedis
     from mxq.workers.launch.stack import preflight, prepare, run_launcher, up_detached
 
     s = get_settings(own=True)

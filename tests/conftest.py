@@ -32,7 +32,7 @@ from click.testing import CliRunner
 from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
-from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:

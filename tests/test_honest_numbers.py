@@ -20,10 +20,9 @@ from mxq.db.migrate import upgrade
 from mxq.db.registry import list_models
 from mxq.device import Device
 from mxq.preprocess import FLOAT32_TINY, INPUT_BOUND, Preprocess, PreprocessError
-from mxq.tasks.inference import infer
+from mxq.tasks.inference import engines, infer
 from mxq.tasks.model_store.models import ModelError, add_builtin, add_exported
 from mxq.tasks.runner import JobInputError
-from mxq.tasks.runtimes import engines
 from mxq.workers.settings import Settings
 from tests.conftest import Stack, run_cli
 from tests.support.inference import infer_and_wait, save_npy

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from mxq.cli.errors import settings_message
-from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import MAX_SOCKET_PATH, Settings, redis_socket_path
 from tests.conftest import run_cli
 from tests.support.messages import one_line
@@ -94,7 +94,7 @@ def test_no_folder_fits_the_socket_is_one_line(tmp_path: Path, monkeypatch: pyte
 
 def test_a_socket_folder_another_made_open_is_refused(tmp_path: Path) -> None:
     """The short folder's name is predictable: one open to others is not used."""
-    from mxq.workers.broker.embedded import UnsafeSocketFolder
+    from mxq.workers.launch.embedded import UnsafeSocketFolder
 
     home = _long_home(tmp_path)
     folder = redis_socket_path(home).parent

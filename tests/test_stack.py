@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.launch import groups
+from mxq.workers.launch.embedded import EmbeddedRedis
 from tests.conftest import Stack, free_port, wait_until
 
 

@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from mxq.api import routes
 from mxq.api.app import app
 from mxq.db.migrate import upgrade
-from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.launch import groups, procs
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.launch.launcher import Launcher
 from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight
 from mxq.workers.settings import (

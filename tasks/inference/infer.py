@@ -27,13 +27,12 @@ from numpy.typing import NDArray
 from mxq.db import events, jobs, registry
 from mxq.db.records import ModelRecord
 from mxq.preprocess import Preprocess
-from mxq.tasks.inference import batching
+from mxq.tasks.inference import batching, engines
 from mxq.tasks.inference.inputs import InputError, InputSource, open_input
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
 from mxq.tasks.runner import placement as where_we_run
-from mxq.tasks.runtimes import engines
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
 from mxq.workers.paths import PathError, confine

@@ -31,9 +31,9 @@ from mxq.db.stack import stack_id
 from mxq.errors import UserError, reason
 from mxq.names import check_name
 from mxq.preprocess import Preprocess
+from mxq.tasks.model_store import onnx_export
 from mxq.tasks.model_store.checksums import sha256, verify
 from mxq.tasks.model_store.zoo import build
-from mxq.tasks.runtimes import onnx_export
 from mxq.tasks.runtimes.mx import gluon, mx
 from mxq.workers.settings import get_settings
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, Prediction, WorkerBeat
-from mxq.workers.broker.embedded import EmbeddedRedis
+from mxq.workers.launch.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
 
 if TYPE_CHECKING:

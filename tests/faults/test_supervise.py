@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.launch import groups, procs
+from mxq.workers.launch.embedded import EmbeddedRedis
 from tests.conftest import Stack, free_port, wait_until
 from tests.conftest import _stack as make_stack
 from tests.faults.stacks import report

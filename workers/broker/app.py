@@ -19,7 +19,7 @@ from mxq.workers.settings import Settings, get_settings
 # for a GPU MXNet cannot run (MXQ_MXNET_UNUSABLE) runs inference on ONNX Runtime and refuses the
 # rest, never loading MXNet; every other process (the schedule process, a publishing client) gets
 # only the control tasks.
-CONTROL_TASK_MODULES = ["mxq.workers.schedules.control"]
+CONTROL_TASK_MODULES = ["mxq.workers.control"]
 DEVICE_TASK_MODULES = ["mxq.tasks.runtimes.mx_context", "mxq.tasks.runtimes.probe",
                        "mxq.tasks.inference.infer", "mxq.tasks.training.train_task",
                        "mxq.tasks.model_store.register", *CONTROL_TASK_MODULES]

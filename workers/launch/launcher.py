@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
-from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.broker.queues import CONTROL_QUEUE, device_queue, pool_queues, worker_name
 from mxq.workers.hardware import wheels
 from mxq.workers.hardware.devices import (
@@ -34,6 +33,7 @@ from mxq.workers.hardware.devices import (
 )
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
 from mxq.workers.launch import groups, procs
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.repair.recovery import recover_worker
 from mxq.workers.settings import Settings
 

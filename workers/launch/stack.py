@@ -19,9 +19,9 @@ from mxq.db.fleet import alive_since, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
-from mxq.workers.broker.embedded import EmbeddedRedis
 from mxq.workers.hardware.devices import discover, installed_mxnet
 from mxq.workers.launch import groups, ports, procs
+from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.launch.launcher import (
     STOP_GRACE_SECONDS,
     Launcher,

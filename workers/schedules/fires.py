@@ -1,7 +1,7 @@
 """Schedule fires: find due schedules, fire each once, submit its training job.
 
 `tick(settings, now)` takes the clock as an argument, so tests drive it with any time; the
-schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (workers/schedules/control.py).
+schedule process runs it every MXQ_TICK_SECONDS as the Celery task `mxq.tick` (workers/control.py).
 After downtime (or a clock jump forward), every missed fire time collapses into one catch-up fire
 at the latest of them, which counts them (`missed`); after the clock went back, the next fire
 comes back to the next cron time (`realign`) and a fire time never fires twice.
