@@ -66,3 +66,10 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     libraries (psycopg, redis, SQLAlchemy, ONNX Runtime) say what happened first and add SQL,
     parameters, hints or a help link below it, the other way round from MXNet (`reason`)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
+def typed_line(exc: BaseException, limit: int = 500) -> str:
+    """`Type: first line` of an unexpected exception, as a failed job records it (the type is
+    the clue when the message alone is not: a bare `KeyError: 'samples'`); the type alone when it
+    has no message."""
+    return f"{type(exc).__name__}: {first_line(exc, limit)}" if str(exc).strip() else type(exc).__name__

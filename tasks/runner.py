@@ -20,7 +20,7 @@ from mxq.db.records import JobRow
 from mxq.db.retry import DatabaseUnreachable, db_retry
 from mxq.db.schema import utcnow
 from mxq.device import Device
-from mxq.errors import UserError
+from mxq.errors import UserError, first_line, typed_line
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
@@ -253,8 +253,7 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
     except Exception as exc:
         log.exception("job %s failed", job.id)
         # an outage past the retry window says so itself, without a class name
-        said = _one_line(exc) if isinstance(exc, DatabaseUnreachable) else \
-            f"{type(exc).__name__}: {_one_line(exc)}"
+        said = first_line(exc, 500) if isinstance(exc, DatabaseUnreachable) else typed_line(exc)
         return _outcome(jobs.fail(s.database, job.id, said,
                                   fence=fence), "failed", job)
     finally:
@@ -277,10 +276,6 @@ def _outcome(recorded: bool, state: str, job: JobContext) -> str:
         return state
     log.warning("job %s: outcome %s refused: the job is no longer this attempt's", job.id, state)
     return "lost"
-
-
-def _one_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:500]
 
 
 def _fan_out(s: Settings, job: JobContext, split: FanOut) -> str:

@@ -252,3 +252,12 @@ def test_an_error_says_what_happened_first_for_a_driver_and_last_for_mxnet() -> 
     assert first_line(RuntimeError("  \n")) == "RuntimeError"
     assert first_line(ValueError("x" * 400)) == "x" * 300
     assert first_line(ValueError("x" * 400), 20) == "x" * 20
+
+
+def test_typed_line_names_the_type_of_an_unexpected_failure() -> None:
+    from mxq.errors import typed_line
+
+    assert typed_line(KeyError("samples")) == "KeyError: 'samples'"
+    assert typed_line(RuntimeError("disk full\n  at line 3")) == "RuntimeError: disk full"
+    assert typed_line(RuntimeError("")) == "RuntimeError"
+    assert typed_line(ValueError("x" * 600)) == "ValueError: " + "x" * 500

@@ -28,7 +28,7 @@ from mxq.db.outputs import epochs as epoch_rows
 from mxq.db.records import EpochResult
 from mxq.db.stack import stack_id
 from mxq.device import Device
-from mxq.errors import MxqError
+from mxq.errors import MxqError, first_line, typed_line
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.model_store.models import add_trained
 from mxq.tasks.model_store.zoo import ArchError, check_shape
@@ -246,8 +246,7 @@ def report_crash(fence: Fence, exc: BaseException) -> None:
     """Tell the leader, through the run file, why the child died (one line): an expected failure
     (a database unreachable past its retry window, say) as its own words, anything else with its
     type, instead of "training process exited with 1"."""
-    first = (str(exc).strip().splitlines() or [""])[0][:500]
-    error = first if isinstance(exc, MxqError) else f"{type(exc).__name__}: {first}"
+    error = first_line(exc, 500) if isinstance(exc, MxqError) else typed_line(exc)
     child_report.write(run_file(get_settings(), fence), Refused(error=error))
 
 
