@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mxq import engines as rule
 from mxq.db import registry
@@ -26,6 +27,9 @@ from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.runner import JobContext, JobInputError
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import get_settings
+
+# A batch as the engines take it (preprocessed float32 inputs) and give it (class probabilities).
+Batch = NDArray[np.float32]
 
 # Each engine is timed on batches of the job's size (kept between these bounds), after one
 # untimed warm-up, for at least MEASURE_BATCHES batches and MEASURE_SECONDS.
@@ -51,7 +55,7 @@ class NonFiniteOutput(Exception):
         """The same, for a batch that starts `offset` samples earlier."""
         return NonFiniteOutput(self.row + offset, self.found)
 
-    def describe(self, index: int, sample: np.ndarray) -> str:
+    def describe(self, index: int, sample: Batch) -> str:
         """The job's one-line error for sample `index` whose (preprocessed) input is `sample`."""
         flat = np.asarray(sample, dtype=np.float64).ravel()
         if not np.isfinite(flat).all():
@@ -64,7 +68,7 @@ class NonFiniteOutput(Exception):
         return f"model output for sample {index} is {self.found}: {cause}; allowed: finite scores only"
 
 
-def first_non_finite(out: np.ndarray) -> tuple[int, str] | None:
+def first_non_finite(out: Batch) -> tuple[int, str] | None:
     """The first row of `out` holding NaN or an infinity, and which (NaN first), or None."""
     bad = ~np.isfinite(out).reshape(len(out), -1)
     if not bad.any():
@@ -78,7 +82,7 @@ def first_non_finite(out: np.ndarray) -> tuple[int, str] | None:
 @dataclass
 class Engine:
     name: str  # "mxnet" or "onnx"
-    forward: Callable[[np.ndarray], np.ndarray]  # class probabilities of one batch, float32
+    forward: Callable[[Batch], Batch]  # class probabilities of one batch, float32
     release: Callable[[], None]  # after running out of memory: free what the engine holds
     cached: bool  # the model was already loaded in this process
     reason: str  # why this engine
@@ -99,12 +103,12 @@ def _label(model: ModelRecord) -> str:
     return f"{model['name']}:{model['version']}"
 
 
-def _checked(model: ModelRecord, forward: Callable[[np.ndarray], np.ndarray]
-             ) -> Callable[[np.ndarray], np.ndarray]:
+def _checked(model: ModelRecord, forward: Callable[[Batch], Batch]
+             ) -> Callable[[Batch], Batch]:
     """`forward` that fails the job, before anything is written, when the output is not one row
     of the model's classes per sample (a version registered before registration proved it), or
     holds a value that is not finite (NonFiniteOutput, the same rule for both engines)."""
-    def run(x: np.ndarray) -> np.ndarray:
+    def run(x: Batch) -> Batch:
         out = forward(x)
         if out.shape[:1] != x.shape[:1]:
             raise JobInputError(f"model {_label(model)}: its output has {len(out)} rows for a batch "
@@ -138,7 +142,7 @@ def mxnet_engine(model: ModelRecord, device: Device, reason: str) -> Engine:
     proven: set[tuple[int, ...]] = set()
     outputs = model.get("outputs") or "logits"  # a version from before 0016 output logits
 
-    def forward(x: np.ndarray) -> np.ndarray:
+    def forward(x: Batch) -> Batch:
         if x.shape not in proven:
             try:
                 check_batch(net, _label(model), x.shape[1:], len(x))
@@ -169,7 +173,7 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
     return Engine("onnx", _checked(model, onnx_runtime.runner(sess)), lambda: None, cached, reason)
 
 
-def _rate(engine: Engine, sample: np.ndarray) -> float:
+def _rate(engine: Engine, sample: Batch) -> float:
     engine.forward(sample)  # warm-up: graph building, allocation
     began, batches = time.perf_counter(), 0
     while batches < MEASURE_BATCHES or time.perf_counter() - began < MEASURE_SECONDS:
