@@ -32,6 +32,7 @@ from click.testing import CliRunner
 from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
+from mxq.status import FINISHED
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
@@ -46,7 +47,7 @@ T = TypeVar("T")
 SYSTEM_REDIS = "redis://127.0.0.1:6379/7"
 SYSTEM_PG = "postgresql://127.0.0.1:5432/test"
 NODE = "testnode"
-FINAL = ("succeeded", "failed", "cancelled")
+FINAL = FINISHED  # a job's last statuses (mxq.status)
 LEGS = ["embedded", "system"]
 # `--legs`: which backend legs run. `both` runs tests marked `both_legs` on both legs and every
 # other test once, on the embedded leg.

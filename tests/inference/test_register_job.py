@@ -2,7 +2,7 @@
 build, no GPU, no driver; an ONNX-only install) is registered by a device worker as a `register`
 job: the same checks, trial run, ONNX export and checksums. Here the process is a real `mxq` whose
 `import mxnet` fails (Python's own block: None in sys.modules), against live CPU workers; the GPU
-tier does it with the real GPU build and no driver (tests/test_gpu_install.py)."""
+tier does it with the real GPU build and no driver (tests/hosts/test_gpu_install.py)."""
 
 from __future__ import annotations
 

@@ -155,13 +155,13 @@ def test_the_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(c
 
 
 def test_commands_are_mxq_commands(services: dict) -> None:
-    import click
+    import typer.core
     import typer.main
 
     from mxq.cli.main import app
 
-    group = typer.main.get_command(app)
-    assert isinstance(group, click.Group)
+    group = typer.main.get_command(app)  # typer's own click (typer._click), not the click package
+    assert isinstance(group, typer.core.TyperGroup)
     known = set(group.commands)
     for name in MXQ_SERVICES:
         assert services[name]["command"] == [name], name

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, free_port
-from tests.gpu_host import host_env
+from tests.hosts.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
 

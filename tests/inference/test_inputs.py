@@ -20,7 +20,7 @@ from mxq.tasks.inference.inputs import InputError, count_samples, npy, open_inpu
 from mxq.workers.paths import PathError, inside_root
 from tests.support.images import png_bytes, solid
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 COLOURS = [(200, 0, 10), (0, 100, 255), (30, 60, 90)]

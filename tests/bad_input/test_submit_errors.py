@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -97,15 +98,34 @@ def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
     assert not [r for r in caplog.records if "retry" in r.getMessage()]  # no retry at all
 
 
-def test_only_a_broker_that_is_down_is_waited_out() -> None:
-    import kombu.exceptions
-    import redis
+@pytest.mark.parametrize("isolated", ["embedded"], indirect=True)
+def test_a_patient_publish_waits_out_a_broker_restart(isolated: Stack) -> None:
+    """Workers and the reconciler publish through a broker restart by Celery's own retry policy
+    (PATIENT_RETRY_POLICY), with no loop of mxq's around it: the message lands once Redis is back."""
+    import threading
+    import time
 
-    from mxq.workers.broker.publish import transient_broker_error
+    from mxq.workers.broker.messages import in_broker
+    from mxq.workers.broker.publish import publish
+    from mxq.workers.launch.embedded import EmbeddedRedis
 
-    for down in (ConnectionRefusedError(), redis.ConnectionError(), redis.TimeoutError(),
-                 kombu.exceptions.OperationalError("reset"), TimeoutError()):
-        assert transient_broker_error(down), down
-    for bug in (TypeError(), ValueError(), kombu.exceptions.EncodeError(), KeyError("x"),
-                redis.ResponseError("WRONGTYPE")):
-        assert not transient_broker_error(bug), bug
+    redis = EmbeddedRedis(isolated.home)
+    assert redis.stop() is None and not redis.running()
+    done: list[BaseException | None] = []
+    sender = threading.Thread(target=lambda: done.append(
+        _caught(lambda: publish(isolated.settings, 424242, "probe", "pool.cpu", patient=True))))
+    sender.start()
+    time.sleep(2.0)  # several of the policy's retries fail meanwhile
+    assert sender.is_alive() and not done
+    assert redis.start()
+    sender.join(60)
+    assert done == [None]
+    assert in_broker(isolated.settings.broker, {"pool.cpu"})[0] == {424242}
+
+
+def _caught(call: Callable[[], None]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the test's thread
+        return exc
+    return None

@@ -21,7 +21,7 @@ import pytest
 
 from mxq.workers.hardware.kernels import RECORDED, read_kernels
 from tests.conftest import ROOT, free_port, wait_until
-from tests.gpu_host import host_env
+from tests.hosts.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
 

@@ -1,7 +1,7 @@
 """The `gpu-onnx` extra installed for real, alone, on a host without a GPU (`make test-gpu-install`).
 
 `.venv-gpu-onnx` holds onnxruntime-gpu and the nvidia-*-cu12 wheels and no MXNet: a host whose
-GPUs MXNet cannot run (H100, H200), with the driver and nvidia-smi of tests/gpu_host.py. mxq
+GPUs MXNet cannot run (H100, H200), with the driver and nvidia-smi of tests/hosts/gpu_host.py. mxq
 must plan an inference worker (ONNX Runtime only) for every GPU, and that worker, finding no
 GPU, must refuse to start with the reason.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from tests.conftest import ROOT, free_port
-from tests.gpu_host import host_env
+from tests.hosts.gpu_host import host_env
 
 pytestmark = pytest.mark.gpu_install
 

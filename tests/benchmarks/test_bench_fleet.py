@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import SYSTEM_PG, missing
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -21,9 +21,9 @@ EXEMPT = {ROOT / "db" / "migrations" / "versions"}
 
 
 def _source_roots() -> list[Path]:
-    """The package's folders (pyproject.toml's package-dir) and the benchmarks."""
+    """The package's folders (pyproject.toml's package-dir), the benchmarks and the tests."""
     dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return [ROOT / folder for folder in dirs.values()] + [ROOT / "bench"]
+    return [ROOT / folder for folder in dirs.values()] + [ROOT / "bench", ROOT / "tests"]
 
 
 def _folders() -> list[Path]:
@@ -45,7 +45,8 @@ def test_a_folder_holds_at_most_15_modules(folder: Path) -> None:
         f"concept into subpackages: {modules}")
 
 
-@pytest.mark.parametrize("folder", _folders(), ids=lambda f: str(f.relative_to(ROOT)))
+@pytest.mark.parametrize("folder", [f for f in _folders() if f != ROOT / "tests" / "fixtures"],
+                         ids=lambda f: str(f.relative_to(ROOT)))
 def test_a_package_says_what_it_holds(folder: Path) -> None:
     init = folder / "__init__.py"
     assert init.is_file(), f"{folder.relative_to(ROOT)} has no __init__.py"

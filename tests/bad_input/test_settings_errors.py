@@ -1,6 +1,6 @@
 """Settings checked before they are used: URL schemes, finite bounded numbers, and a home whose
 path is too long for a unix socket (issue 29, item 4). The table of hostile values is the
-corpus in tests/test_bad_input_settings.py; here, what lies around it."""
+corpus in tests/bad_input/test_bad_input_settings.py; here, what lies around it."""
 
 from __future__ import annotations
 

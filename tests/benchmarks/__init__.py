@@ -1,0 +1,1 @@
+"""`python -m bench` end to end, on the quick sizes."""

@@ -1,0 +1,1 @@
+"""Bulk inference through real workers: inputs, engines, batching, outputs, models and their proof."""

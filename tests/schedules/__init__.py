@@ -1,0 +1,1 @@
+"""Scheduled retraining: cron times, the tick, a schedule end to end."""
