@@ -31,10 +31,10 @@ test-all: venv browser prometheus compose lint
 
 # The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
 # nvidia-*-cu11 wheels, 4.3 GB installed) and the driver's libcuda.so.1 from Debian's libcuda1 (non-free),
-# unpacked under var/tools; tests/test_gpu_install.py runs mxq from that venv. CI runs it.
+# unpacked under var/tools; tests/hosts/test_gpu_install.py runs mxq from that venv. CI runs it.
 # The gpu-onnx extra the same way, alone (a host with only GPUs MXNet cannot run): .venv-gpu-onnx
 # holds onnxruntime-gpu and the nvidia-*-cu12 wheels (3.8 GB installed) and no MXNet. Never one
-# venv for both: their NVIDIA wheels own some of the same files (tests/test_mixed_gpu_install.py).
+# venv for both: their NVIDIA wheels own some of the same files (tests/hosts/test_mixed_gpu_install.py).
 GPU_VENV := .venv-gpu
 GPU_ONNX_VENV := .venv-gpu-onnx
 LIBCUDA := var/tools/libcuda/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1
@@ -57,7 +57,7 @@ $(LIBCUDA):
 	tools/fetch-deb var/tools/libcuda bookworm non-free libcuda1
 
 # The dashboard test (slow tier) drives Debian's Chromium; installed here when missing and we are root.
-# Debian's prometheus (and promtool) for tests/test_prometheus.py, as root where apt-get is.
+# Debian's prometheus (and promtool) for tests/api/test_prometheus.py, as root where apt-get is.
 prometheus:
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null); } || \

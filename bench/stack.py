@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.migrate import upgrade
 from mxq.db.schema import as_utc, utcnow
+from mxq.status import FINISHED
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0  # workers import MXNet; on a busy machine that takes a while
-FINAL = ("succeeded", "failed", "cancelled")
+FINAL = FINISHED  # a job's last statuses (mxq.status)
 
 
 @contextmanager

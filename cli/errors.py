@@ -57,7 +57,7 @@ def describe(exc: BaseException) -> str | None:
     if isinstance(exc, MxqError):
         return str(exc)
     # A pydantic or SQLAlchemy error can only come from a command that imported them; asking
-    # otherwise would import them for nothing (tests/test_cli_start.py).
+    # otherwise would import them for nothing (tests/house/test_cli_start.py).
     if "pydantic" in sys.modules:
         from pydantic import ValidationError
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from mxq.workers.settings import Settings
 
 # Each command imports what it uses (SQLAlchemy, Celery, Redis, NumPy) when it runs, so that
-# `mxq --help` and the commands that only read or submit start fast; tests/test_cli_start.py
+# `mxq --help` and the commands that only read or submit start fast; tests/house/test_cli_start.py
 # keeps the heavy modules out of `import mxq.cli.main`.
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,

@@ -2,7 +2,7 @@
 the CLI's `--wait` (`mxq.cli.render.wait_for`) draw this one.
 
 It imports Rich only (no httpx): the CLI imports it at its start, which must stay fast
-(tests/test_cli_start.py), and `mxq.client` loads its `Client` lazily for that reason."""
+(tests/house/test_cli_start.py), and `mxq.client` loads its `Client` lazily for that reason."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
 from mxq.db.engine import rowcount
-from mxq.db.schema import Job, JobStatus, utcnow
+from mxq.db.schema import Job, utcnow
+from mxq.status import JobStatus
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from sqlalchemy import func, or_, select, update
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import WorkerRecord
 from mxq.db.retry import db_retry
-from mxq.db.schema import Job, JobStatus, WorkerBeat, as_utc, iso, utcnow
+from mxq.db.schema import Job, WorkerBeat, as_utc, iso, utcnow
 from mxq.engines import RUNTIMES
+from mxq.status import JobStatus
 
 
 @db_retry

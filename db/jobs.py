@@ -22,8 +22,9 @@ from mxq.db.fence import Fence, still_ours
 from mxq.db.outputs.epochs import merge_parts
 from mxq.db.records import JobRow
 from mxq.db.retry import db_retry
-from mxq.db.schema import FINISHED, Job, JobMetric, JobStatus, as_utc, utcnow
+from mxq.db.schema import Job, JobMetric, as_utc, utcnow
 from mxq.errors import Conflict
+from mxq.status import FINISHED, JobStatus
 
 
 class Claim(enum.Enum):

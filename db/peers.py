@@ -11,7 +11,8 @@ from sqlalchemy import select, update
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.jobs import claimable
 from mxq.db.retry import db_retry
-from mxq.db.schema import Job, JobStatus, as_utc, utcnow
+from mxq.db.schema import Job, as_utc, utcnow
+from mxq.status import JobStatus
 
 
 def attempts(url: str, job_id: int) -> int:

@@ -16,7 +16,8 @@ from sqlalchemy import select
 from mxq.db.engine import session_scope
 from mxq.db.jobs import heartbeat_stale
 from mxq.db.records import JobRoute, LostFire
-from mxq.db.schema import FINISHED, Fire, Job, JobStatus, Schedule
+from mxq.db.schema import Fire, Job, Schedule
+from mxq.status import FINISHED, JobStatus
 
 
 def queued_before(url: str, cutoff: datetime) -> dict[int, JobRoute]:

@@ -19,8 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from mxq.status import FINISHED as FINISHED
-from mxq.status import JobStatus as JobStatus
+from mxq.status import JobStatus
 
 
 def utcnow() -> datetime:

@@ -205,9 +205,7 @@ def _operation(method: str, path: str, op: dict[str, Any], out: list[str]) -> No
                 "| --- | --- | --- | --- | --- | --- |"]
         for p in params:
             schema = p.get("schema", {})
-            bounds = _bounds(schema)
-            text = " ".join(t for t in [p.get("description", ""), f"({bounds})" if bounds else ""] if t)
-            default = f"`{json.dumps(schema['default'])}`" if "default" in schema else ""
+            text, default = _described(schema, p.get("description", ""))
             out.append(f"| `{p['name']}` | {p['in']} | {cell(_type(schema))} | "
                        f"{'yes' if p.get('required') else 'no'} | {default} | {cell(text)} |")
         out.append("")
@@ -226,6 +224,13 @@ def _operation(method: str, path: str, op: dict[str, Any], out: list[str]) -> No
         what = f"`{media}`" + (f": {cell(kind)}" if kind else "") if media else "none"
         out.append(f"| {status} | {cell(answer.get('description', ''))} | {what} |")
     out.append("")
+
+
+def _described(schema: dict[str, Any], description: str) -> tuple[str, str]:
+    """A parameter's or field's description with its bounds, and its default as code (or "")."""
+    bounds = _bounds(schema)
+    text = " ".join(t for t in [description, f"({bounds})" if bounds else ""] if t)
+    return text, f"`{json.dumps(schema['default'])}`" if "default" in schema else ""
 
 
 def _refs(schema: dict[str, Any]) -> list[str]:
@@ -251,9 +256,7 @@ def _schema(name: str, schema: dict[str, Any], out: list[str]) -> None:
     out += ["| field | type | required | default | description |",
             "| --- | --- | --- | --- | --- |"]
     for field, spec in schema.get("properties", {}).items():
-        bounds = _bounds(spec)
-        text = " ".join(t for t in [spec.get("description", ""), f"({bounds})" if bounds else ""] if t)
-        default = f"`{json.dumps(spec['default'])}`" if "default" in spec else ""
+        text, default = _described(spec, spec.get("description", ""))
         out.append(f"| `{field}` | {cell(_type(spec))} | {'yes' if field in required else 'no'} | "
                    f"{default} | {cell(text)} |")
     out.append("")

@@ -40,7 +40,8 @@ from bench.fleet import history as fleet_history
 from bench.fleet.history import percentile
 from mxq.db.engine import session_scope
 from mxq.db.fleet import list_workers
-from mxq.db.schema import FINISHED, Job, JobStatus
+from mxq.db.schema import Job
+from mxq.status import FINISHED, JobStatus
 from mxq.workers.broker.messages import in_broker, stored_names
 from mxq.workers.broker.queues import device_queue, pool_queues
 from mxq.workers.jobs.submit import submit, submit_many

@@ -19,7 +19,8 @@ from sqlalchemy import func, select
 
 from bench.fleet import history as fleet_history
 from mxq.db.engine import session_scope
-from mxq.db.schema import Job, JobStatus
+from mxq.db.schema import Job
+from mxq.status import JobStatus
 from mxq.workers.repair.reconcile import reconcile
 from mxq.workers.settings import get_settings
 

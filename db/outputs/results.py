@@ -12,9 +12,9 @@ from numpy.typing import NDArray
 
 from mxq.db.outputs import parquet, predictions
 from mxq.db.records import JobRecord, PredictionRow
-from mxq.db.schema import JobStatus
 from mxq.db.stack import stack_id
 from mxq.errors import Unavailable
+from mxq.status import JobStatus
 
 PAGE_ROWS = 50_000  # rows read at a time by an export
 

@@ -39,8 +39,8 @@ from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
 from mxq.db.outputs.predictions import Ranked, Row
 from mxq.db.outputs.results import output_file
-from mxq.db.schema import JobStatus
 from mxq.db.stack import stack_id
+from mxq.status import JobStatus
 from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import get_settings

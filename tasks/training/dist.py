@@ -46,9 +46,10 @@ from mxq.db import peers
 from mxq.db.fleet import list_workers
 from mxq.db.outputs.epochs import set_devices
 from mxq.db.records import WorkerRecord
-from mxq.db.schema import JobStatus, utcnow
+from mxq.db.schema import utcnow
 from mxq.device import Device
 from mxq.parts import knock_on
+from mxq.status import JobStatus
 from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
 from mxq.workers.broker.queues import device_queue
 from mxq.workers.fleet import leases

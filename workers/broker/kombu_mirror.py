@@ -18,8 +18,8 @@ Upgrading Kombu
    adapt the mxq code it names (`transport.py`, `messages.py`); prefer a public hook of kombu or
    redis-py over a copy of kombu's code.
 3. Paste the record it prints (`KOMBU_VERSION`, `RECORD`) over the one below, and run
-   `tests/test_kombu_mirror.py`, `tests/test_messages.py`, `tests/test_reconcile.py` and
-   `tests/test_bad_input.py -k bad_message` (`--legs both`).
+   `tests/jobs/test_kombu_mirror.py`, `tests/jobs/test_messages.py`, `tests/jobs/test_reconcile.py` and
+   `tests/bad_input/test_bad_input.py -k bad_message` (`--legs both`).
 docs/kombu-upgrade.md says the same for readers of the documentation.
 """
 

@@ -12,12 +12,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar
 
-import kombu.exceptions
 import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from mxq.db import events, jobs
-from mxq.db.retry import retrying
 from mxq.errors import Unavailable
 from mxq.workers.broker.app import app_for
 from mxq.workers.settings import Settings
@@ -78,21 +76,18 @@ def _timed_out(exc: BaseException) -> bool:
     return False
 
 
-def _send(broker: str, job_id: int, kind: str, queue: str) -> None:
+# Workers and the reconciler wait out a broker restart, about two minutes, by Celery's own publish
+# retry (kombu's `ensure`, which retries only the transport's connection errors: a bug such as an
+# encoding error is raised at once); a user's submit keeps the app's short policy and is told
+# within its deadline (MXQ_BROKER_TIMEOUT_SECONDS).
+PATIENT_RETRY_POLICY = {"max_retries": 27, "interval_start": 0.2, "interval_step": 1.0,
+                        "interval_max": 5.0}
+
+
+def _send(broker: str, job_id: int, kind: str, queue: str,
+          retry_policy: dict[str, float] | None = None) -> None:
     app_for(broker).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
-                              retry=True)
-
-
-def transient_broker_error(exc: BaseException) -> bool:
-    """A broker that is down or restarting (refused, reset, timed out), which waiting heals; a
-    bug (a bad argument, an encoding error) is raised at once, never retried for minutes."""
-    return isinstance(exc, (OSError, redis.ConnectionError, redis.TimeoutError,
-                            kombu.exceptions.OperationalError))
-
-
-# Workers and the reconciler wait out a broker restart; a user's submit is told within its
-# deadline (MXQ_BROKER_TIMEOUT_SECONDS).
-_send_patiently = retrying(transient_broker_error)(_send)
+                              retry=True, retry_policy=retry_policy)
 
 
 def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: bool = False) -> None:
@@ -104,7 +99,7 @@ def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: boo
     queued for the reconciler to publish."""
     try:
         if patient:
-            _send_patiently(settings.broker, job_id, kind, queue)
+            _send(settings.broker, job_id, kind, queue, PATIENT_RETRY_POLICY)
         else:
             within(settings.broker_timeout_seconds, f"the publish of job {job_id}", settings.broker,
                    lambda: _send(settings.broker, job_id, kind, queue))
