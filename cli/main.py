@@ -280,7 +280,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           input: Annotated[str, typer.Argument(help="Input inside MXQ_DATA_ROOT: .npy, .npz, .csv, image folder, .rec")],  # noqa: E501
           device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
           batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
-          output: Annotated[str, typer.Option(help="db (SQL rows), npy, both (db and npy) or parquet: $MXQ_HOME/outputs/job-ID.npy or .parquet.")] = "db",  # noqa: E501
+          output: Annotated[str, typer.Option(help="db (SQL rows), npy, both (db and npy) or parquet: $MXQ_HOME/outputs/STACK/job-ID.npy or .parquet (STACK: the stack id).")] = "db",  # noqa: E501
           engine: Annotated[str, typer.Option(help="auto, mxnet or onnx (auto: the one measured faster for this model on this kind of device).")] = "auto",  # noqa: E501
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501

@@ -96,7 +96,8 @@ class InferRequest(BaseModel):
         "AUTO_BATCH_START.")
     output: Literal["db", "npy", "both", "parquet"] = Field(
         "db", description="Where predictions go: SQL rows (db), the probabilities as "
-        "$MXQ_HOME/outputs/job-ID.npy (npy), both, or $MXQ_HOME/outputs/job-ID.parquet (parquet).")
+        "$MXQ_HOME/outputs/<stack id>/job-ID.npy (npy), both, or "
+        "$MXQ_HOME/outputs/<stack id>/job-ID.parquet (parquet).")
     engine: Literal["auto", "mxnet", "onnx"] = Field(
         "auto", description="MXNet, ONNX Runtime on the model's ONNX export, or 'auto': the one "
         "measured faster for this model on this kind of device (MXNet where ONNX disagrees).")
