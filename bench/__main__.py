@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from mxq.errors import first_line
+from mxq.errors import typed_line
 
 # Sizes: quick (checks that each case works, in seconds) and full (the figures to judge by).
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["plot"] = report.plot_case(case, result, out)
         except Exception as exc:  # one broken case must not lose the others' figures
             traceback.print_exc()
-            entry.update(status="error", error=f"{type(exc).__name__}: {first_line(exc)}",
+            entry.update(status="error", error=typed_line(exc, 300),
                          ratio=None, checks=[], **{"pass": None})
         entry["seconds"] = time.perf_counter() - t0
         results["cases"][case] = entry

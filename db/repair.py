@@ -17,7 +17,7 @@ from mxq.db.engine import session_scope
 from mxq.db.jobs import heartbeat_stale
 from mxq.db.records import JobRoute, LostFire
 from mxq.db.schema import Fire, Job, Schedule
-from mxq.status import FINISHED, JobStatus
+from mxq.status import JobStatus
 
 
 def queued_before(url: str, cutoff: datetime) -> dict[int, JobRoute]:
@@ -36,22 +36,6 @@ def stale_running(url: str, cutoff: datetime) -> dict[int, JobRoute]:
         return {r.id: {"kind": r.kind, "queue": r.queue} for r in rows}
 
 
-def still_queued(url: str, ids: set[int]) -> set[int]:
-    """Those of `ids` that are still queued."""
-    if not ids:
-        return set()
-    with session_scope(url) as session:
-        return set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)))
-
-
-def finished_among(url: str, ids: set[int]) -> set[int]:
-    """Those of `ids` that are over (succeeded, failed or cancelled)."""
-    if not ids:
-        return set()
-    with session_scope(url) as session:
-        return set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.status.in_(FINISHED))))
-
-
 def running_parents(url: str) -> list[int]:
     """The running jobs that were split into chunks: each is closed once all its chunks end."""
     with session_scope(url) as session:
@@ -60,7 +44,8 @@ def running_parents(url: str) -> list[int]:
 
 
 def statuses(url: str, ids: set[int]) -> dict[int, str]:
-    """The status of each of `ids` that is a job (an id that is none is left out)."""
+    """The status of each of `ids` that is a job (an id that is none is left out): which are
+    still queued, which are over, which hold leases."""
     if not ids:
         return {}
     with session_scope(url) as session:

@@ -27,7 +27,7 @@ from mxq.db import events, jobs, repair, schedules
 from mxq.db.fleet import list_workers
 from mxq.db.records import JobRoute
 from mxq.db.schema import utcnow
-from mxq.status import FINISHED
+from mxq.status import FINISHED, JobStatus
 from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
 from mxq.workers.broker.publish import publish, requeue
 from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
@@ -75,8 +75,8 @@ def _stale_running(settings: Settings) -> dict[int, JobRoute]:
 def _of_finished(settings: Settings, held: dict[int, list[Held]]) -> dict[int, list[Held]]:
     """The long-held messages of jobs that are over: delivered on a connection that broke before
     the ack (a broker restart), Redis would hand them out again hours later, to be dropped unrun."""
-    over = repair.finished_among(settings.database, set(held) - _live(held))
-    return {i: held[i] for i in over}
+    over = repair.statuses(settings.database, set(held) - _live(held))
+    return {i: held[i] for i, status in over.items() if status in FINISHED}
 
 
 def _live(held: dict[int, list[Held]]) -> set[int]:
@@ -108,7 +108,8 @@ def lost_messages(settings: Settings, queues: set[str]) -> Lost:
     time.sleep(settings.reconcile_look_seconds)
     second = look(settings.broker, queues)
     seen = first.waiting | second.waiting | _live(first.held) | _live(second.held)
-    lost = repair.still_queued(settings.database, set(queued) - seen)
+    lost = {i for i, status in repair.statuses(settings.database, set(queued) - seen).items()
+            if status == JobStatus.QUEUED}
     dead = (set(running) - first.waiting - second.waiting) & set(_stale_running(settings))
     stale = {i: second.held[i] for i in lost | dead if i in second.held}
     stale.update(_of_finished(settings, second.held))
