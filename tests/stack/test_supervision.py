@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,10 +21,11 @@ from fastapi.testclient import TestClient
 
 from mxq.api import routes
 from mxq.api.app import app
+from mxq.db import sqlite_lock
 from mxq.db.migrate import upgrade
 from mxq.workers.launch import groups, procs
 from mxq.workers.launch.embedded import EmbeddedRedis
-from mxq.workers.launch.launcher import Launcher
+from mxq.workers.launch.launcher import Launcher, WorkerSpec
 from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight
 from mxq.workers.settings import (
     STACK_RECORD,
@@ -135,6 +137,58 @@ def test_launcher_restarts_the_embedded_redis_when_it_dies(tmp_path: Path) -> No
         assert again is not None and again != first and redis.alive() and redis.running()
     finally:
         redis.stop()
+
+
+STOPPED_INSIDE_A_WRITE = """
+import os, pathlib, signal, sqlite3, sys, time
+started = pathlib.Path(sys.argv[1] + ".started")
+if started.exists():  # restarted: a worker that behaves
+    time.sleep(300)
+started.touch()
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")  # the WAL write lock, held until commit
+db.execute("INSERT INTO t VALUES (1)")
+os.kill(os.getpid(), signal.SIGSTOP)  # frozen inside the transaction
+db.execute("COMMIT")
+"""
+
+
+def test_a_child_stopped_holding_the_sqlite_write_lock_is_killed_and_restarted(tmp_path: Path) -> None:
+    """Every writer of an embedded stack waits behind a process stopped inside a write
+    transaction; its launcher kills it after the heartbeat TTL, and the database takes writes."""
+    settings = _settings(tmp_path, heartbeat_seconds=0.2)
+    path = Path(settings.database.removeprefix("sqlite:///"))
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (x INTEGER)")
+    spec = WorkerSpec(None, "writer@supnode", [], [sys.executable, "-c", STOPPED_INSIDE_A_WRITE,
+                                                   str(path)], dict(os.environ))
+    launcher = Launcher(settings, [spec])
+    child = launcher.children[0]
+    launcher._start(child)
+    assert child.proc is not None
+    first = child.proc.pid
+    try:
+        wait_until(lambda: sqlite_lock.writer(settings.database), 30, "the child to hold the lock",
+                   until=lambda pid: pid == first and procs.stopped(first))
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            sqlite3.connect(path, timeout=0.2).execute("INSERT INTO t VALUES (2)")
+
+        def watched() -> subprocess.Popen | None:
+            launcher._watch()
+            return child.proc
+
+        wait_until(watched, 30, "the launcher to kill and restart it",
+                   until=lambda proc: proc is not None and proc.pid != first, interval=0.1)
+        assert child.crashes == 1 and not procs.group_members(first)
+        with sqlite3.connect(path, timeout=5) as db:  # the write lock is free again
+            db.execute("INSERT INTO t VALUES (3)")
+            assert [x for (x,) in db.execute("SELECT x FROM t")] == [3]  # the stopped write rolled back
+    finally:
+        for c in launcher.children:
+            if c.proc is not None:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+                c.proc.wait()
 
 
 def test_a_stale_redis_record_is_not_signalled(tmp_path: Path, stranger: subprocess.Popen) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
+from mxq.db import sqlite_lock
 from mxq.workers.broker.queues import CONTROL_QUEUE, device_queue, pool_queues, worker_name
 from mxq.workers.hardware import wheels
 from mxq.workers.hardware.devices import (
@@ -196,6 +197,7 @@ class Child:
     crashes: int = 0
     restart_at: float = 0.0
     refused: bool = False
+    stopped_holding_since: float | None = None  # when it was first seen stopped with the lock
 
 
 class Launcher:
@@ -276,6 +278,7 @@ class Launcher:
     def _watch(self) -> None:
         now = time.monotonic()
         self._watch_broker(now)
+        self._end_stopped_writer(now)
         for child in self.children:
             if child.refused:
                 continue
@@ -292,6 +295,25 @@ class Launcher:
                 self._on_exit(child, code)
             elif child.crashes and now - child.restart_at > 60:
                 child.crashes = 0  # stable for a minute: forget old crashes
+
+    def _end_stopped_writer(self, now: float) -> None:
+        """Kill the group of a child stopped while it holds the SQLite database's write lock for
+        longer than the heartbeat TTL: every writer of the stack waits behind it, and only its
+        death frees the lock (mxq.db.sqlite_lock). Its transaction rolls back; the child is then
+        reaped, its jobs requeued and it is restarted like any other that died."""
+        holder = sqlite_lock.writer(self.settings.database)
+        group = procs.group_of(holder) if holder is not None and procs.stopped(holder) else None
+        for child in self.children:
+            if child.proc is None or group != child.proc.pid:
+                child.stopped_holding_since = None
+            elif child.stopped_holding_since is None:
+                child.stopped_holding_since = now
+            elif now - child.stopped_holding_since > self.settings.heartbeat_ttl:
+                log.error("%s (pid %s) has been stopped for over %.0f s while holding the database's "
+                          "write lock, which every other process of the stack waits for: killing it",
+                          child.spec.name, holder, self.settings.heartbeat_ttl)
+                os.killpg(group, signal.SIGKILL)  # a stopped process dies of SIGKILL at once
+                child.stopped_holding_since = None
 
     def _watch_broker(self, now: float) -> None:
         """Restart the embedded Redis when it is no longer running (with backoff if it fails)."""

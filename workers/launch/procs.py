@@ -61,6 +61,18 @@ def identify(pid: int) -> Proc | None:
     return Proc(pid, int(fields[19]), command or "") if command is not None else None
 
 
+def stopped(pid: int) -> bool:
+    """The process is stopped by a signal (SIGSTOP, Ctrl-Z: state T) or by a debugger (t)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
+def group_of(pid: int) -> int | None:
+    """The process group of `pid`, or None when it no longer runs."""
+    fields = _stat(pid)
+    return int(fields[2]) if fields is not None else None
+
+
 def me() -> Proc:
     """This process."""
     found = identify(os.getpid())
