@@ -22,17 +22,27 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mxq.api.auth import settings
 from mxq.api.guard import RequestGuard
 from mxq.api.metrics import render_metrics
-from mxq.api.routes import router, settings
+from mxq.api.routes import router
 from mxq.db.errors import DATABASE_UNAVAILABLE, unavailable
-from mxq.errors import Conflict, MxqError, NotFound, Unauthorized, Unavailable, UserError, first_line
+from mxq.errors import (
+    Conflict,
+    Forbidden,
+    MxqError,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UserError,
+    first_line,
+)
 from mxq.workers.settings import Settings
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
 # The one place an expected failure becomes an HTTP status (mxq.errors); the first match wins.
 STATUS: list[tuple[type[Exception], int]] = [(UserError, 422), (NotFound, 404), (Conflict, 409),
-                                             (Unavailable, 503), (Unauthorized, 401),
+                                             (Unavailable, 503), (Forbidden, 403), (Unauthorized, 401),
                                              *((kind, 503) for kind in DATABASE_UNAVAILABLE)]
 
 

@@ -13,7 +13,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamil
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mxq.db.errors import DATABASE_UNAVAILABLE
-from mxq.db.reports.history import counts_by_status_and_kind, device_rates, durations_by_kind, pool_depths
+from mxq.db.reports.history import (
+    active_by_owner,
+    counts_by_status_and_kind,
+    device_rates,
+    durations_by_kind,
+    pool_depths,
+)
 from mxq.db.schema import utcnow
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.broker.queues import all_pools
@@ -47,6 +53,10 @@ class Collector:
                                  labels=["node", "device"])
         for (status, kind), n in counts_by_status_and_kind(url).items():
             jobs.add_metric([status, kind], n)
+        owners = GaugeMetricFamily("mxq_user_jobs", "Queued and running jobs per owner",
+                                   labels=["owner", "status"])
+        for (owner, status), n in sorted(active_by_owner(url).items()):
+            owners.add_metric([owner, status], n)
         for kind, (n, total) in durations_by_kind(url).items():  # every finished job, start to end
             durations.add_metric([kind], count_value=n, sum_value=total)
         for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
@@ -72,7 +82,7 @@ class Collector:
                                   labels=["queue"])
         for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
             pools.add_metric([queue], n)
-        yield from (jobs, durations, rate, depth, wait, alive, started, pools)
+        yield from (jobs, owners, durations, rate, depth, wait, alive, started, pools)
 
 
 def render_metrics(s: Settings) -> tuple[bytes, str]:

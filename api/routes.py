@@ -1,18 +1,19 @@
-"""`/api/v1`: jobs, predictions, devices, models, schedules. Reads are open; writes need the
-bearer token when MXQ_API_TOKEN is set. Bodies and answers are typed in `mxq.api.schemas`; each
-route declares the errors it can answer, all as problem documents (`mxq.api.app`)."""
+"""`/api/v1`: jobs, predictions, devices, models, schedules. Reads are open; every write is
+made as a user, found by its bearer token (`mxq.api.auth`), and allowed by its role. Bodies and
+answers are typed in `mxq.api.schemas`; each route declares the errors it can answer, all as
+problem documents (`mxq.api.app`)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import secrets
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
 
+from mxq.api.auth import Caller, admin, submitter
+from mxq.api.auth import settings as settings  # re-exported: tests override routes.settings
 from mxq.api.schemas import (
     SINCE_AGE_PATTERN,
     CancelAnswer,
@@ -43,13 +44,12 @@ from mxq.workers.jobs.cancel import cancel_job
 from mxq.workers.jobs.jobspecs import TrainOptions
 from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
 from mxq.workers.schedules.fires import add_schedule, request_fire, resume
-from mxq.workers.settings import Settings, get_settings
+from mxq.workers.settings import Settings
 
 router = APIRouter(prefix="/api/v1")
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 Name = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
-bearer = HTTPBearer(auto_error=False, description="MXQ_API_TOKEN, when the server has one set.")
 
 
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -58,23 +58,8 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
             for status in sorted({*statuses, 421, 422, 503})}
 
 
-def settings() -> Settings:
-    return get_settings()
-
-
-def writer(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-           s: Settings = Depends(settings)) -> None:
-    """Writes need `Authorization: Bearer <MXQ_API_TOKEN>` (compared in constant time)."""
-    token = s.api_token.get_secret_value() if s.api_token else None
-    if token is None:
-        return  # no token set: the server listens on loopback only
-    given = credentials.credentials.strip() if credentials else ""
-    if not secrets.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(401, "this endpoint needs the header Authorization: Bearer <MXQ_API_TOKEN>",
-                            headers={"WWW-Authenticate": "Bearer"})
-
-
-Write = Depends(writer)
+Submitter = Annotated[Caller, Depends(submitter)]
+Admin = Annotated[Caller, Depends(admin)]
 WRITE_ERRORS = (401, 403, 413, 415)  # (403, 415: api/guard.py)
 # The job list counts matches this far past its page: a total of millions (every job, every
 # success) would cost a read of each one on every refresh of the dashboard.
@@ -95,10 +80,13 @@ def jobs(status: Status | None = None, kind: str | None = None, device: str | No
              ge=1, le=MAX_ID, description="Keyset paging: only jobs whose id is below this, "
              "highest id first. Pass the last id of a page to get the next one (start with "
              f"{MAX_ID}): unlike offset, submits meanwhile neither repeat nor skip a job.")] = None,
+         user: Annotated[str | None, Query(
+             max_length=128, description="Who submitted it: a user's name, `admin` (MXQ_API_TOKEN), "
+             "`local:LOGIN` (the CLI on the stack's machine).")] = None,
          s: Settings = Depends(settings)) -> Any:
     """Job history, newest first, filtered like `mxq jobs`, in pages."""
     f = JobFilter(status, kind, device, node, None if since is None else parse_since(since, utcnow()),
-                  limit, offset, before_id)
+                  limit, offset, before_id, owner=user)
     counted = offset + limit + TOTAL_COUNTED
     total = count_jobs(s.database, f, at_most=counted)
     return {"items": list_jobs(s.database, f), "total": min(total, counted),
@@ -113,12 +101,13 @@ IdempotencyKey = Annotated[str | None, Header(
     json_schema_extra={"pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 128})]
 
 
-@router.post("/jobs", status_code=201, dependencies=[Write], response_model=SubmitAnswer,
+@router.post("/jobs", status_code=201, response_model=SubmitAnswer,
              responses={200: {"model": SubmitAnswer, "description": "A replay: the job an earlier "
                               "submit with this Idempotency-Key made"},
                         **problems(409, *WRITE_ERRORS)})
 def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: Response,
-               idempotency_key: IdempotencyKey = None, s: Settings = Depends(settings)) -> Any:
+               who: Submitter, idempotency_key: IdempotencyKey = None,
+               s: Settings = Depends(settings)) -> Any:
     """Queue a job. A request the schema refuses is answered 422 and recorded nowhere; one that
     fits but cannot run (an unknown model, an input outside the data root or over the size
     limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`. A broker
@@ -128,7 +117,8 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
     device = req.device
     if req.kind == "train" and params.get("device_list"):
         device = params["device_list"][0]
-    done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key)
+    done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key,
+                          owner=who.name)
     if done.replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
@@ -145,11 +135,12 @@ def job(job_id: JobId, points: Annotated[int | None, Query(
     return require_job(s.database, job_id, with_metrics=True, points=points)
 
 
-@router.post("/jobs/{job_id}/cancel", dependencies=[Write], response_model=CancelAnswer,
+@router.post("/jobs/{job_id}/cancel", response_model=CancelAnswer,
              responses=problems(404, *WRITE_ERRORS))
-def cancel(job_id: JobId, s: Settings = Depends(settings)) -> Any:
-    """Cancel at once if queued, at the next batch or epoch boundary if running."""
-    require_job(s.database, job_id)
+def cancel(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Any:
+    """Cancel at once if queued, at the next batch or epoch boundary if running: its owner or
+    an admin."""
+    who.may_change(require_job(s.database, job_id)["owner"], f"job {job_id}")
     outcome = cancel_job(s, job_id)
     return {"outcome": outcome.value, **require_job(s.database, job_id)}
 
@@ -195,10 +186,10 @@ def model_versions(name: Name, s: Settings = Depends(settings)) -> Any:
     return registry.list_models(s.database, name)
 
 
-@router.post("/models/{name}/promote", dependencies=[Write], response_model=ModelRecord,
+@router.post("/models/{name}/promote", response_model=ModelRecord,
              responses=problems(404, *WRITE_ERRORS))
-def promote(name: Name, req: PromoteRequest, s: Settings = Depends(settings)) -> Any:
-    """Make a version the one inference uses by default."""
+def promote(name: Name, req: PromoteRequest, _: Admin, s: Settings = Depends(settings)) -> Any:
+    """Make a version the one inference uses by default (everyone's: an admin's decision)."""
     return registry.promote(s.database, name, req.version)
 
 
@@ -208,18 +199,23 @@ def list_schedules(s: Settings = Depends(settings)) -> Any:
     return schedules.list_schedules(s.database)
 
 
-@router.post("/schedules", status_code=201, dependencies=[Write], response_model=ScheduleRecord,
+@router.post("/schedules", status_code=201, response_model=ScheduleRecord,
              responses=problems(409, *WRITE_ERRORS))
-def create_schedule(req: ScheduleRequest, s: Settings = Depends(settings)) -> Any:
+def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(settings)) -> Any:
     """A schedule: its own fields plus the options of the training it fires (`model` is the
     name the training registers)."""
     spec = {**req.model_dump(include=set(TrainOptions.model_fields)), "name": req.model}
     return add_schedule(s, req.name, req.cron, req.tz, req.dataset, spec, req.promote, req.metric,
-                        req.min_gain)
+                        req.min_gain, owner=who.name)
 
 
 def _schedule(s: Settings, name: str) -> ScheduleDetail:
     return schedules.detail(s.database, name)
+
+
+def _owned(s: Settings, who: Caller, name: str) -> None:
+    """Forbidden unless `who` may change schedule `name` (404 for an unknown one)."""
+    who.may_change(schedules.get(s.database, name)["owner"], f"schedule {name!r}")
 
 
 @router.get("/schedules/{name}", response_model=ScheduleDetail, responses=problems(404))
@@ -228,34 +224,38 @@ def schedule(name: Name, s: Settings = Depends(settings)) -> Any:
     return _schedule(s, name)
 
 
-@router.post("/schedules/{name}/pause", dependencies=[Write], response_model=ScheduleDetail,
+@router.post("/schedules/{name}/pause", response_model=ScheduleDetail,
              responses=problems(404, *WRITE_ERRORS))
-def pause(name: Name, s: Settings = Depends(settings)) -> Any:
+def pause(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
     """Stop firing until resumed."""
+    _owned(s, who, name)
     schedules.set_enabled(s.database, name, False)
     return _schedule(s, name)
 
 
-@router.post("/schedules/{name}/resume", dependencies=[Write], response_model=ScheduleDetail,
+@router.post("/schedules/{name}/resume", response_model=ScheduleDetail,
              responses=problems(404, *WRITE_ERRORS))
-def resume_schedule(name: Name, s: Settings = Depends(settings)) -> Any:
+def resume_schedule(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
     """Fire again from the next cron time."""
+    _owned(s, who, name)
     resume(s, name)
     return _schedule(s, name)
 
 
-@router.post("/schedules/{name}/run-now", status_code=202, dependencies=[Write],
+@router.post("/schedules/{name}/run-now", status_code=202,
              response_model=ScheduleDetail, responses=problems(404, *WRITE_ERRORS))
-def fire_now(name: Name, s: Settings = Depends(settings)) -> Any:
+def fire_now(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
     """Fire once, now: the fire is recorded at once (listed last, with no job yet) and the
     schedule process resolves its dataset and submits its job."""
+    _owned(s, who, name)
     request_fire(s, name)
     return _schedule(s, name)
 
 
-@router.delete("/schedules/{name}", status_code=204, dependencies=[Write],
+@router.delete("/schedules/{name}", status_code=204,
                responses=problems(404, *WRITE_ERRORS))
-def delete_schedule(name: Name, s: Settings = Depends(settings)) -> Response:
+def delete_schedule(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Response:
     """Remove the schedule; its fires stay as the history of the jobs they started."""
+    _owned(s, who, name)
     schedules.remove(s.database, name)
     return Response(status_code=204)

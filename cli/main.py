@@ -14,6 +14,7 @@ from mxq.cli import demo as demo_cli
 from mxq.cli import models as models_cli
 from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
+from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.cli.settings import get_settings
 from mxq.ids import MAX_ID
@@ -33,6 +34,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mxq: batch deep-learning jobs on pinned GPU/CPU workers.")
 app.add_typer(models_cli.app, name="models")
 app.add_typer(schedule_cli.app, name="schedule")
+app.add_typer(users_cli.app, name="users")
 
 
 def _print_version(asked: bool) -> None:
@@ -59,11 +61,11 @@ KeyOpt = Annotated[str | None, typer.Option(
 JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
                   "current_job", "leased_by", "heartbeat_age", "oldest_wait_seconds", "refused"]
-JOB_COLUMNS = ["id", "kind", "status", "device", "node", "progress", "samples_per_sec",
+JOB_COLUMNS = ["id", "kind", "status", "owner", "device", "node", "progress", "samples_per_sec",
                "attempts", "submitted_at", "error"]
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
                "samples", "seconds", "samples_per_sec", "submitted_at", "started_at", "finished_at",
-               "model", "model_version", "parent_id", "error"]
+               "model", "model_version", "parent_id", "error", "owner"]
 def _since(text: str | None) -> datetime | None:
     return None if text is None else parse_since(text, datetime.now(UTC))
 
@@ -423,6 +425,7 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
          kind: Annotated[str | None, typer.Option(help="Job kind, e.g. probe.")] = None,
          device: Annotated[str | None, typer.Option(help="Device it ran on, e.g. cpu:1.")] = None,
          node: Annotated[str | None, typer.Option(help="Node it ran on.")] = None,
+         user: Annotated[str | None, typer.Option(help="Who submitted it: a user, local:LOGIN.")] = None,
          since: Annotated[str | None, typer.Option(help="30m, 2h, 1d or an ISO time.")] = None,
          limit: Annotated[int, typer.Option(min=1, max=100000)] = 50,
          format: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
@@ -435,7 +438,8 @@ def jobs(status: Annotated[str | None, typer.Option(help="queued, running, succe
     from mxq.db.reports.history import JobFilter, list_jobs
 
     s = get_settings()
-    rows = list_jobs(s.database, JobFilter(status, kind, device, node, _since(since), limit))
+    rows = list_jobs(s.database, JobFilter(status, kind, device, node, _since(since), limit,
+                                           owner=user))
     if format not in ("table", "json", "csv"):
         raise typer.BadParameter(f"{format!r}: expected table, json or csv", param_hint="--format")
     if json_ or format == "json":

@@ -52,6 +52,11 @@ class Unauthorized(MxqError):
     403): what `mxq.client` raises for them."""
 
 
+class Forbidden(Unauthorized):
+    """The caller is known but its role does not allow this (a `read` user's submit, another
+    user's cancel): API 403."""
+
+
 def reason(exc: BaseException, limit: int = 300) -> str:
     """The line of an exception's message that says what happened: MXNet's carry a traceback
     ("Traceback (most recent call last):", "[bt] (0) ...", "File ...") before their last line."""

@@ -49,7 +49,8 @@ class IdempotencyKeyTaken(Conflict):
 
 
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
-               rejected: str | None = None, idempotency_key: str | None = None) -> int:
+               rejected: str | None = None, idempotency_key: str | None = None,
+               owner: str | None = None) -> int:
     """A queued job, or (with `rejected`) one that failed at submit for that reason.
 
     With `idempotency_key`, IdempotencyKeyTaken when a job already holds it: the unique index
@@ -59,7 +60,7 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
             job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
                       status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
                       attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
-                      idempotency_key=idempotency_key)
+                      idempotency_key=idempotency_key, owner=owner)
             session.add(job)
             session.flush()
             return job.id
@@ -70,27 +71,27 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
 
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
-                queue: str) -> list[int]:
+                queue: str, owner: str | None = None) -> list[int]:
     """Many queued jobs in one transaction.
 
     On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
     cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
     with session_scope(url) as session:
         if session.get_bind().dialect.name == "postgresql":
-            return _copy_jobs(session, kind, params, requested, queue)
+            return _copy_jobs(session, kind, params, requested, queue, owner)
         rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
-                    status=JobStatus.QUEUED, progress=0.0, attempts=0) for p in params]
+                    status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner) for p in params]
         session.add_all(rows)
         session.flush()
         return [r.id for r in rows]
 
 
 _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
-                 "attempts", "submitted_at")
+                 "attempts", "submitted_at", "owner")
 
 
 def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
-               queue: str) -> list[int]:
+               queue: str, owner: str | None) -> list[int]:
     ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
                                     "FROM generate_series(1, :n)"), {"n": len(params)}))
     now = utcnow()
@@ -98,7 +99,7 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
     with raw.cursor() as cur, cur.copy(f"COPY jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
         for job_id, p in zip(ids, params, strict=True):
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
-                            now))
+                            now, owner))
     return ids
 
 

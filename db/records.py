@@ -109,6 +109,7 @@ class JobRecord(TypedDict):
     model_version: int | None
     output: str | None
     devices: list[str] | None
+    owner: str | None  # who submitted it (mxq.users); None for a job from before users
     # With `with_metrics` (one job's full view):
     metrics: NotRequired[list[MetricPoint]]
     events: NotRequired[list[EventRecord]]
@@ -193,6 +194,7 @@ class ScheduleRecord(TypedDict):
     next_fire_at: str | None
     last_fire_at: str | None
     created_at: str | None
+    owner: str | None  # who added it; the jobs its fires submit are theirs
 
 
 class StoredSchedule(ScheduleRecord):
@@ -220,6 +222,7 @@ class FireRecord(TypedDict):
     job_status: str | None
     error: str | None
     promotion: dict[str, Any] | None  # free-form JSON: `mxq.promotion.decision_record`
+    owner: str | None  # the schedule's owner when it fired: its job's owner
 
 
 class ScheduleDetail(ScheduleRecord):

@@ -39,7 +39,8 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
             "dataset": sched.dataset,
             "promote": sched.promote, "metric": sched.metric, "min_gain": sched.min_gain,
             "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
-            "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at)}
+            "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
+            "owner": sched.owner}
 
 
 def add(url: str, values: dict[str, Any]) -> ScheduleRecord:
@@ -108,7 +109,7 @@ def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: i
         raise ScheduleNotFound(f"no schedule {schedule_id} to fire (removed meanwhile)")
     fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=manual,
                 schedule_name=sched.name, policy={"promote": sched.promote, "metric": sched.metric,
-                                                  "min_gain": sched.min_gain})
+                                                  "min_gain": sched.min_gain}, owner=sched.owner)
     session.add(fire)
     session.flush()
     return fire
@@ -203,7 +204,8 @@ def fires(url: str, name: str) -> list[FireRecord]:
         return [{"fire_time": iso(f.fire_time), "fired_at": iso(f.fired_at), "manual": f.manual,
                  "missed": f.missed, "catch_up": f.missed > 0, "dataset_file": f.dataset_file,
                  "job_id": f.job_id, "job_status": status or _fire_status(f.error),
-                 "error": f.error, "promotion": f.promotion} for f, status in session.execute(q)]
+                 "error": f.error, "promotion": f.promotion, "owner": f.owner}
+                for f, status in session.execute(q)]
 
 
 def _fire_status(error: str | None) -> str | None:

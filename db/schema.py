@@ -93,8 +93,11 @@ class Job(Base):
     committed: Mapped[int | None]
     # A submit's idempotency key (API header `Idempotency-Key`): a retry returns this job.
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    # Who submitted it (mxq.users): a user's name, `local:<login>`; None before migration 0018.
+    owner: Mapped[str | None] = mapped_column(String(128))
 
     __table_args__ = (
+        Index("ix_jobs_owner_submitted", "owner", "submitted_at"),
         Index("ix_jobs_parent", "parent_id"),
         Index("ux_jobs_idempotency_key", "idempotency_key", unique=True),
         Index("ix_jobs_status_submitted", "status", "submitted_at"),
@@ -250,6 +253,7 @@ class Schedule(Base):
     next_fire_at: Mapped[datetime]
     last_fire_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    owner: Mapped[str | None] = mapped_column(String(128))  # who added it; its fires' jobs are theirs
 
     __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"), NEVER_REUSE_IDS)
 
@@ -275,6 +279,22 @@ class Fire(Base):
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
     error: Mapped[str | None] = mapped_column(Text)
     promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    owner: Mapped[str | None] = mapped_column(String(128))  # the schedule's owner when it fired
 
     __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_fires_schedule_time"),
                       NEVER_REUSE_IDS)
+
+
+class User(Base):
+    """A user of the API (mxq.users): a role and the scrypt hash of one token, never the token.
+
+    `token_id` (the clear part of `mxq_<id>_<secret>`) finds the row; the `admin` row made by
+    migration 0018 has none: MXQ_API_TOKEN, when set, is its token."""
+
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_id: Mapped[str | None] = mapped_column(String(12), unique=True)
+    token_hash: Mapped[str | None] = mapped_column(String(160))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

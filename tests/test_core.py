@@ -175,7 +175,7 @@ def test_every_expected_failure_has_one_status_and_one_exit_code() -> None:
             "ArchError", "InputError", "JobNotFound"} <= names, names
     for cls in found:
         exc = cls(7, "bad") if issubclass(cls, JobRejected) else cls("bad thing")
-        assert status_of(exc) in (401, 404, 409, 422, 503), cls
+        assert status_of(exc) in (401, 403, 404, 409, 422, 503), cls
         assert describe(exc) == str(exc)
         assert exit_code(exc) == (EXIT_JOB_FAILED if cls is JobRejected else EXIT_USAGE)
     assert mxq.__file__ is not None

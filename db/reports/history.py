@@ -31,6 +31,7 @@ class JobFilter:
     # Keyset paging: only jobs with a smaller id, newest (highest id) first. Offset paging over
     # a list that grows at its head repeats rows (a submit between two pages shifts them).
     before_id: int | None = None
+    owner: str | None = None  # who submitted it (`mxq jobs --user`)
 
 
 def job_record(job: Job) -> JobRecord:
@@ -63,6 +64,7 @@ def job_record(job: Job) -> JobRecord:
         "model_version": (job.result or {}).get("model_version", job.params.get("model_version")),
         "output": (job.result or {}).get("output"),
         "devices": job.devices,
+        "owner": job.owner,
     }
 
 
@@ -136,7 +138,7 @@ def _schedule_of(url: str, fire_id: int | None) -> FirePolicy | None:
 
 def _filtered(q: Any, f: JobFilter) -> Any:
     for column, value in ((Job.status, f.status), (Job.kind, f.kind),
-                          (Job.device, f.device), (Job.node, f.node)):
+                          (Job.device, f.device), (Job.node, f.node), (Job.owner, f.owner)):
         if value is not None:
             q = q.where(column == value)
     if f.before_id is not None:
@@ -174,6 +176,16 @@ def counts_by_status_and_kind(url: str) -> dict[tuple[str, str], int]:
     q = select(Job.status, Job.kind, func.count()).group_by(Job.status, Job.kind)
     with session_scope(url) as session:
         return {(str(status), str(kind)): int(n) for status, kind, n in session.execute(q)}
+
+
+def active_by_owner(url: str) -> dict[tuple[str, str], int]:
+    """(owner, status) -> number of queued or running jobs: what each user holds and waits for
+    now (`-` for jobs from before owners)."""
+    q = (select(Job.owner, Job.status, func.count())
+         .where(Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+         .group_by(Job.owner, Job.status))
+    with session_scope(url) as session:
+        return {(owner or "-", status): n for owner, status, n in session.execute(q)}
 
 
 def counts_by_queue(url: str) -> dict[tuple[str, str], int]:

@@ -389,7 +389,7 @@ def test_bad_job_request_through_the_real_program_and_server(workers: Stack, ser
 # Requests the HTTP layer refuses, by kind of error: (method, path, request options, status,
 # what the detail says). The first case of each kind also goes to the real server.
 BIG_BODY = json.dumps({"kind": "probe", "pad": "x" * (2 << 20)})
-NEEDS_TOKEN = "needs the header Authorization: Bearer <MXQ_API_TOKEN>"
+NEEDS_TOKEN = "Authorization: Bearer <token>"
 HttpCase = tuple[str, str, dict[str, Any], int, str]
 HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
     "token": {
@@ -530,14 +530,18 @@ def _check_http_case(stack: Stack, pids: dict[str, int], client: httpx.Client, c
     still_standing(stack, pids)
 
 
-@pytest.fixture(scope="module")
-def open_client(workers: Stack) -> Iterator[TestClient]:
-    """The API app with no token set, as on loopback by default."""
+@pytest.fixture
+def open_client(workers: Stack, client: TestClient) -> Iterator[TestClient]:
+    """The API app with no token set, as on loopback by default, for one test: then the
+    corpus's token again (`client`'s settings: both drive the one app)."""
     s = workers.settings.model_copy(update={"api_token": None})
+    corpus = app.dependency_overrides[routes.settings]
     app.dependency_overrides[routes.settings] = lambda: s
-    with TestClient(app, base_url="http://127.0.0.1") as test_client:
-        yield test_client
-    app.dependency_overrides.clear()
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as test_client:
+            yield test_client
+    finally:
+        app.dependency_overrides[routes.settings] = corpus
 
 
 @pytest.mark.parametrize("case", [c for c in HTTP_CASES if c not in NO_TOKEN_CASES], ids=case_id)

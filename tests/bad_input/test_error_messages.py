@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from mxq.api import routes
 from mxq.api.app import MAX_JSON_DEPTH, app
+from mxq.db.migrate import upgrade
 from mxq.workers.settings import Settings
 from tests.conftest import Stack
 
@@ -21,8 +22,10 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture()
 def api(tmp_path: Path) -> Iterator[TestClient]:
-    """The API app on a fresh home without a token; body parsing needs no database."""
+    """The API app on a fresh home without a token (its database migrated: a write asks it who
+    the caller is before the body is read)."""
     s = Settings(home=tmp_path, api_token=None)
+    upgrade(s.database)
     app.dependency_overrides[routes.settings] = lambda: s
     try:
         with TestClient(app, base_url="http://127.0.0.1") as client:

@@ -61,6 +61,7 @@ def test_0009_keeps_fires_and_fills_in_their_schedule(tmp_path: Path) -> None:
         conn.execute(text("INSERT INTO schedule_fires (id, schedule_id, fire_time, fired_at, manual, "
                           "missed) VALUES (7, 1, '2026-01-01 03:00:00', '2026-01-01 03:00:01', 0, 0)"))
     assert upgrade(url, "0009") == ["0009"]
+    upgrade(url)  # the code reads today's schema: 0009's fill-in survives what came after
     assert schedules.fire_of(url, 7) == {"schedule": "nightly", "fire_time": "2026-01-01T03:00:00+00:00",
                                          "promote": "never", "metric": "val_accuracy", "min_gain": 0.5,
                                          "removed": False}

@@ -21,9 +21,8 @@ from fastapi.testclient import TestClient
 
 from mxq.api import routes
 from mxq.api.app import app
-from mxq.db import sqlite_lock
 from mxq.db.migrate import upgrade
-from mxq.workers.launch import groups, procs
+from mxq.workers.launch import groups, procs, sqlite_lock
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.launch.launcher import Launcher, WorkerSpec
 from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight

@@ -29,6 +29,7 @@ from mxq.db.reports.history import job_by_key
 from mxq.device import Device
 from mxq.engines import disagreement, needed
 from mxq.errors import Conflict, JobRejected
+from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.publish import BrokerTimeout, SubmitError, publish, task_name, within
 from mxq.workers.broker.queues import parse_device
@@ -271,30 +272,33 @@ def _unpublished(job_id: int, exc: SubmitError) -> Submitted:
 
 
 def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
-            exc: Exception) -> JobRejected:
+            exc: Exception, owner: str) -> JobRejected:
     """Record a request that cannot run as a failed job (carrying no idempotency key: a retry
     is rejected again, on its own row)."""
     reason = _storable(str(exc).strip('"'))
     job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
-                        reason)
+                        reason, owner=owner)
     return JobRejected(job_id, reason)
 
 
 def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
-                   allow_offline: bool = False, idempotency_key: str | None = None) -> Submitted:
-    """Queue one job; what happened (`Submitted`).
+                   allow_offline: bool = False, idempotency_key: str | None = None,
+                   owner: str | None = None) -> Submitted:
+    """Queue one job, owned by `owner` (default: `local:<login>`, this machine's user); what
+    happened (`Submitted`).
 
     Device and database problems, and a broker that refuses connections, write nothing; wrong
     parameters or inputs are recorded as a failed job (so the history says why) and raise
     JobRejected. A broker that does not answer in time leaves the job queued, not published.
     """
     key = check_key(idempotency_key)
+    owner = owner or local_owner()
     where = _checked_route(settings, kind, device, allow_offline)
     models: Models = {}
     try:
         params = _prepare(settings, kind, params, models)
     except (ParamsError, PathError, LookupError) as exc:
-        raise _reject(settings, kind, params, where, exc) from exc
+        raise _reject(settings, kind, params, where, exc, owner) from exc
     where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
     if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
         return earlier  # before the broker is asked: a retry answers even while it hangs
@@ -305,7 +309,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
         late = exc
     try:
         job_id = create_job(settings.database, kind, params, where.requested, where.queue,
-                            idempotency_key=key)
+                            idempotency_key=key, owner=owner)
     except IdempotencyKeyTaken:  # a submit with the same key won the race
         assert key is not None
         earlier = _replay(settings, key, kind, params, where)
@@ -322,14 +326,14 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
 
 
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
-           allow_offline: bool = False) -> int:
+           allow_offline: bool = False, owner: str | None = None) -> int:
     """Queue one job and return its id (`submit_request`, for callers that need only the id:
     a job not published yet is queued all the same, and the reconciler publishes it)."""
-    return submit_request(settings, kind, params, device, allow_offline).job_id
+    return submit_request(settings, kind, params, device, allow_offline, owner=owner).job_id
 
 
 def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
-                allow_offline: bool = False) -> list[int]:
+                allow_offline: bool = False, owner: str | None = None) -> list[int]:
     """Queue many jobs of one kind at once: one check, one transaction, pipelined publishes.
 
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
@@ -344,7 +348,8 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from exc
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
-    ids = create_jobs(settings.database, kind, checked, where.requested, where.queue)
+    ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
+                      owner or local_owner())
     try:
         within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
                f"the publish of {len(ids)} jobs", settings.broker,

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mxq.db import fleet as beats
-from mxq.db import sqlite_lock
 from mxq.workers.broker.queues import CONTROL_QUEUE, device_queue, pool_queues, worker_name
 from mxq.workers.hardware import wheels
 from mxq.workers.hardware.devices import (
@@ -33,7 +32,7 @@ from mxq.workers.hardware.devices import (
     onnx_runs_gpus,
 )
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
-from mxq.workers.launch import groups, procs
+from mxq.workers.launch import groups, procs, sqlite_lock
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.repair.recovery import recover_worker
 from mxq.workers.settings import Settings
@@ -299,7 +298,7 @@ class Launcher:
     def _end_stopped_writer(self, now: float) -> None:
         """Kill the group of a child stopped while it holds the SQLite database's write lock for
         longer than the heartbeat TTL: every writer of the stack waits behind it, and only its
-        death frees the lock (mxq.db.sqlite_lock). Its transaction rolls back; the child is then
+        death frees the lock (mxq.workers.launch.sqlite_lock). Its transaction rolls back; the child is then
         reaped, its jobs requeued and it is restarted like any other that died."""
         holder = sqlite_lock.writer(self.settings.database)
         group = procs.group_of(holder) if holder is not None and procs.stopped(holder) else None

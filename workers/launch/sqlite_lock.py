@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-
 LOCKS = Path("/proc/locks")
 # The byte of the -shm file that SQLite's WAL writer locks: UNIX_SHM_BASE ((22 + 8) * 4) plus
 # WAL_WRITE_LOCK (0). Stable since WAL came in (SQLite 3.7.0): it is part of the file format
@@ -25,11 +23,13 @@ WAL_WRITE_BYTE = 120
 
 
 def shm_file(url: str) -> Path | None:
-    """The `-shm` file of an SQLite URL's database; None for any other database (or in memory)."""
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+    """The `-shm` file of an SQLite URL's database (`sqlite:///PATH`, `sqlite+DRIVER:///PATH`,
+    query options aside); None for any other database, or one in memory."""
+    scheme, sep, rest = url.partition(":///")
+    path = rest.split("?", 1)[0]
+    if not sep or not scheme.startswith("sqlite") or path in ("", ":memory:"):
         return None
-    return Path(f"{parsed.database}-shm")
+    return Path(f"{path}-shm")
 
 
 def _holds_write_byte(fields: list[str], device: str, inode: int) -> int | None:

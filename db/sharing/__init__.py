@@ -1,0 +1,1 @@
+"""What a team sharing a fleet is kept as: its users, their roles and token hashes (`users.py`)."""

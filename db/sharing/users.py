@@ -1,0 +1,123 @@
+"""The users table (mxq.users): add, list, change and remove users, and find a token's user.
+
+Only the scrypt hash of a token is stored (mxq.tokens); the token itself is returned once, by
+`add` and `new_token`, for the CLI to print.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from mxq import tokens
+from mxq.db.engine import session_scope
+from mxq.db.schema import User
+from mxq.errors import Conflict, NotFound
+from mxq.users import TOKEN_ADMIN, Role
+
+
+class UserRecord(TypedDict):
+    """One user (`mxq users ls --json`): never its token or hash."""
+
+    name: str
+    role: str
+    has_token: bool  # False for `admin` of MXQ_API_TOKEN
+    created_at: str | None
+
+
+class TokenUser(TypedDict):
+    """The user a token id names, with the hash to check the token against (inside mxq only)."""
+
+    name: str
+    role: Role
+    token_hash: str
+
+
+def _record(row: User) -> UserRecord:
+    return {"name": row.name, "role": row.role, "has_token": row.token_id is not None,
+            "created_at": row.created_at.isoformat() if row.created_at else None}
+
+
+def _known(url: str) -> str:
+    with session_scope(url) as session:
+        return ", ".join(session.scalars(select(User.name).order_by(User.name))) or "none"
+
+
+def add(url: str, name: str, role: Role) -> str:
+    """Add a user with a fresh token; the token (shown once: only its hash is kept)."""
+    token_id, token = tokens.new_token()
+    secret = tokens.parse(token)
+    assert secret is not None
+    try:
+        with session_scope(url) as session:
+            session.add(User(name=name, role=role.value, token_id=token_id,
+                             token_hash=tokens.hash_secret(secret[1])))
+    except IntegrityError:
+        raise Conflict(f"a user named {name!r} exists already; `mxq users set {name} "
+                       "--new-token` gives it another token") from None
+    return token
+
+
+def list_users(url: str) -> list[UserRecord]:
+    with session_scope(url) as session:
+        return [_record(u) for u in session.scalars(select(User).order_by(User.name))]
+
+
+def _change(url: str, name: str, role: Role | None, token: tuple[str, str] | None) -> None:
+    with session_scope(url) as session:
+        row = session.get(User, name)
+        if row is None:
+            raise NotFound(f"unknown user {name!r}; users: {_known(url)}")
+        if role is not None:
+            row.role = role.value
+        if token is not None:
+            if row.name == TOKEN_ADMIN:
+                raise Conflict(f"user {TOKEN_ADMIN!r} authenticates with MXQ_API_TOKEN; "
+                               "change that setting to change its token")
+            row.token_id, row.token_hash = token
+
+
+def set_user(url: str, name: str, role: Role | None = None, new_token: bool = False) -> str | None:
+    """Change a user's role, and with `new_token` replace its token (the old one stops working);
+    the new token, or None."""
+    if not new_token:
+        _change(url, name, role, None)
+        return None
+    token_id, token = tokens.new_token()
+    secret = tokens.parse(token)
+    assert secret is not None
+    _change(url, name, role, (token_id, tokens.hash_secret(secret[1])))
+    return token
+
+
+def remove(url: str, name: str) -> None:
+    """Remove a user: its token stops working; what it owns keeps its name as owner."""
+    with session_scope(url) as session:
+        row = session.get(User, name)
+        if row is None:
+            raise NotFound(f"unknown user {name!r}; users: {_known(url)}")
+        session.delete(row)
+
+
+def by_token_id(url: str, token_id: str) -> TokenUser | None:
+    with session_scope(url) as session:
+        row = session.scalar(select(User).where(User.token_id == token_id))
+        if row is None or row.token_hash is None:
+            return None
+        return {"name": row.name, "role": Role(row.role), "token_hash": row.token_hash}
+
+
+def token_admin_role(url: str) -> Role | None:
+    """The role of the user MXQ_API_TOKEN is the token of (`admin`, unless changed or removed)."""
+    with session_scope(url) as session:
+        row = session.get(User, TOKEN_ADMIN)
+        return Role(row.role) if row is not None and row.token_id is None else None
+
+
+def with_tokens(url: str) -> int:
+    """How many users have a token of their own: any, and the API asks every write for one."""
+    with session_scope(url) as session:
+        return int(session.scalar(select(func.count()).select_from(User)
+                                  .where(User.token_id.is_not(None))) or 0)
