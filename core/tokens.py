@@ -29,10 +29,10 @@ def _scrypt(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
     return hashlib.scrypt(secret.encode(), salt=salt, n=n, r=r, p=p, maxmem=64 * 1024 * 1024, dklen=32)
 
 
-def new_token() -> tuple[str, str]:
-    """A fresh (token id, token)."""
-    token_id = secrets.token_hex(6)
-    return token_id, f"{PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+def issue() -> tuple[str, str, str]:
+    """A fresh token: (its id, the token to show once, the hash to store)."""
+    token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    return token_id, f"{PREFIX}{token_id}_{secret}", hash_secret(secret)
 
 
 def parse(token: str) -> tuple[str, str] | None:

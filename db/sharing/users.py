@@ -1,7 +1,7 @@
 """The users table (mxq.users): add, list, change and remove users, and find a token's user.
 
 Only the scrypt hash of a token is stored (mxq.tokens); the token itself is returned once, by
-`add` and `new_token`, for the CLI to print.
+`add` and `set_user(new_token=True)`, for the CLI to print.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from typing import TypedDict
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from mxq import tokens
 from mxq.db.engine import session_scope
-from mxq.db.schema import User
+from mxq.db.schema import User, iso
 from mxq.errors import Conflict, NotFound
 from mxq.users import TOKEN_ADMIN, Role
 
@@ -37,23 +38,23 @@ class TokenUser(TypedDict):
 
 def _record(row: User) -> UserRecord:
     return {"name": row.name, "role": row.role, "has_token": row.token_id is not None,
-            "created_at": row.created_at.isoformat() if row.created_at else None}
+            "created_at": iso(row.created_at)}
 
 
-def _known(url: str) -> str:
-    with session_scope(url) as session:
-        return ", ".join(session.scalars(select(User.name).order_by(User.name))) or "none"
+def _get(session: Session, name: str) -> User:
+    row = session.get(User, name)
+    if row is None:
+        known = ", ".join(session.scalars(select(User.name).order_by(User.name))) or "none"
+        raise NotFound(f"unknown user {name!r}; users: {known}")
+    return row
 
 
 def add(url: str, name: str, role: Role) -> str:
     """Add a user with a fresh token; the token (shown once: only its hash is kept)."""
-    token_id, token = tokens.new_token()
-    secret = tokens.parse(token)
-    assert secret is not None
+    token_id, token, token_hash = tokens.issue()
     try:
         with session_scope(url) as session:
-            session.add(User(name=name, role=role.value, token_id=token_id,
-                             token_hash=tokens.hash_secret(secret[1])))
+            session.add(User(name=name, role=role.value, token_id=token_id, token_hash=token_hash))
     except IntegrityError:
         raise Conflict(f"a user named {name!r} exists already; `mxq users set {name} "
                        "--new-token` gives it another token") from None
@@ -65,40 +66,26 @@ def list_users(url: str) -> list[UserRecord]:
         return [_record(u) for u in session.scalars(select(User).order_by(User.name))]
 
 
-def _change(url: str, name: str, role: Role | None, token: tuple[str, str] | None) -> None:
-    with session_scope(url) as session:
-        row = session.get(User, name)
-        if row is None:
-            raise NotFound(f"unknown user {name!r}; users: {_known(url)}")
-        if role is not None:
-            row.role = role.value
-        if token is not None:
-            if row.name == TOKEN_ADMIN:
-                raise Conflict(f"user {TOKEN_ADMIN!r} authenticates with MXQ_API_TOKEN; "
-                               "change that setting to change its token")
-            row.token_id, row.token_hash = token
-
-
 def set_user(url: str, name: str, role: Role | None = None, new_token: bool = False) -> str | None:
     """Change a user's role, and with `new_token` replace its token (the old one stops working);
     the new token, or None."""
-    if not new_token:
-        _change(url, name, role, None)
-        return None
-    token_id, token = tokens.new_token()
-    secret = tokens.parse(token)
-    assert secret is not None
-    _change(url, name, role, (token_id, tokens.hash_secret(secret[1])))
-    return token
+    issued = tokens.issue() if new_token else None
+    with session_scope(url) as session:
+        row = _get(session, name)
+        if role is not None:
+            row.role = role.value
+        if issued is not None:
+            if row.name == TOKEN_ADMIN:
+                raise Conflict(f"user {TOKEN_ADMIN!r} authenticates with MXQ_API_TOKEN; "
+                               "change that setting to change its token")
+            row.token_id, row.token_hash = issued[0], issued[2]
+    return issued[1] if issued is not None else None
 
 
 def remove(url: str, name: str) -> None:
     """Remove a user: its token stops working; what it owns keeps its name as owner."""
     with session_scope(url) as session:
-        row = session.get(User, name)
-        if row is None:
-            raise NotFound(f"unknown user {name!r}; users: {_known(url)}")
-        session.delete(row)
+        session.delete(_get(session, name))
 
 
 def by_token_id(url: str, token_id: str) -> TokenUser | None:
