@@ -19,6 +19,7 @@ from mxq.db.reports.history import (
     device_rates,
     durations_by_kind,
     pool_depths,
+    queued_by_priority,
 )
 from mxq.db.schema import utcnow
 from mxq.workers.broker.health import broker_problem
@@ -57,6 +58,10 @@ class Collector:
                                    labels=["owner", "status"])
         for (owner, status), n in sorted(active_by_owner(url).items()):
             owners.add_metric([owner, status], n)
+        levels = GaugeMetricFamily("mxq_queued_jobs", "Queued jobs per priority (high is taken "
+                                   "first)", labels=["priority"])
+        for level, n in queued_by_priority(url).items():
+            levels.add_metric([level], n)
         for kind, (n, total) in durations_by_kind(url).items():  # every finished job, start to end
             durations.add_metric([kind], count_value=n, sum_value=total)
         for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
@@ -82,7 +87,7 @@ class Collector:
                                   labels=["queue"])
         for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
             pools.add_metric([queue], n)
-        yield from (jobs, owners, durations, rate, depth, wait, alive, started, pools)
+        yield from (jobs, owners, levels, durations, rate, depth, wait, alive, started, pools)
 
 
 def render_metrics(s: Settings) -> tuple[bytes, str]:

@@ -37,6 +37,7 @@ from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
 from mxq.ids import MAX_ID
+from mxq.priorities import Priority
 from mxq.since import parse_since
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.fleet.device_table import device_table
@@ -113,12 +114,12 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
     limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`. A broker
     that does not answer within MXQ_BROKER_TIMEOUT_SECONDS leaves the job queued with
     `published` false: the reconciler publishes it."""
-    params = req.model_dump(exclude={"kind", "device", "allow_offline"})
+    params = req.model_dump(exclude={"kind", "device", "allow_offline", "priority", "preemptible"})
     device = req.device
     if req.kind == "train" and params.get("device_list"):
         device = params["device_list"][0]
     done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key,
-                          owner=who.name)
+                          owner=who.name, priority=Priority.of(req.priority, req.preemptible))
     if done.replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
@@ -206,7 +207,8 @@ def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(
     name the training registers)."""
     spec = {**req.model_dump(include=set(TrainOptions.model_fields)), "name": req.model}
     return add_schedule(s, req.name, req.cron, req.tz, req.dataset, spec, req.promote, req.metric,
-                        req.min_gain, owner=who.name)
+                        req.min_gain, owner=who.name,
+                        priority=Priority.of(req.priority, req.preemptible))
 
 
 def _schedule(s: Settings, name: str) -> ScheduleDetail:

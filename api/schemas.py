@@ -84,9 +84,19 @@ class JsonBody(BaseModel):
                 else _whole(v) for k, v in data.items()}
 
 
-class Routing(JsonBody):
+class Turn(JsonBody):
+    """Which job a worker takes first: `priority` (high before normal before low, first in first
+    out within one), and whether the job may yield to a waiting one of a higher level
+    (`preemptible`; unset: only `low` jobs do)."""
+
+    priority: Literal["high", "normal", "low"] = Field("normal", description="high, normal or low.")
+    preemptible: bool | None = Field(None, description="May yield at a checkpoint to a waiting job "
+                                     "of a higher level, to resume later (unset: low jobs only).")
+
+
+class Routing(Turn):
     """Where a job runs: `auto`, `auto:gpu`, `auto:cpu`, `gpu:N` or `cpu:N` (with
-    `allow_offline`, a device whose worker is not live yet)."""
+    `allow_offline`, a device whose worker is not live yet), and its turn there."""
 
     device: str = Field("auto", min_length=1, max_length=64,
                         description="auto, auto:gpu, auto:cpu, gpu:N or cpu:N.")
@@ -112,7 +122,7 @@ class TrainJob(TrainRequest, Routing):
 JobRequest = Annotated[ProbeJob | InferJob | TrainJob, Field(discriminator="kind")]
 
 
-class ScheduleRequest(TrainOptions, JsonBody):
+class ScheduleRequest(TrainOptions, Turn):
     """A retraining schedule: when (`cron` in `tz`), on what (`dataset`, a file, folder or glob
     whose newest match each fire uses), registering which model, with which promotion policy,
     and how to train (the options of a training job)."""

@@ -16,8 +16,10 @@ from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
+from mxq.cli.options import PreemptibleOpt, PriorityOpt
 from mxq.cli.settings import get_settings
 from mxq.ids import MAX_ID
+from mxq.priorities import Priority
 from mxq.since import parse_since
 from mxq.status import FINISHED, UNSUCCESSFUL, JobStatus
 
@@ -61,11 +63,11 @@ KeyOpt = Annotated[str | None, typer.Option(
 JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
                   "current_job", "leased_by", "heartbeat_age", "oldest_wait_seconds", "refused"]
-JOB_COLUMNS = ["id", "kind", "status", "owner", "device", "node", "progress", "samples_per_sec",
-               "attempts", "submitted_at", "error"]
+JOB_COLUMNS = ["id", "kind", "status", "owner", "priority", "device", "node", "progress",
+               "samples_per_sec", "attempts", "submitted_at", "error"]
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
                "samples", "seconds", "samples_per_sec", "submitted_at", "started_at", "finished_at",
-               "model", "model_version", "parent_id", "error", "owner"]
+               "model", "model_version", "parent_id", "error", "owner", "priority", "preemptions"]
 def _since(text: str | None) -> datetime | None:
     return None if text is None else parse_since(text, datetime.now(UTC))
 
@@ -271,10 +273,11 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           repeat: Annotated[int, typer.Option(help="Timed rounds of each benchmark.")] = 5,
           allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
-          json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
+          json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
+          preemptible: PreemptibleOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
     _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
-                       allow_offline, wait, json_, idempotency_key)
+                       allow_offline, wait, json_, idempotency_key, (priority, preemptible))
 
 
 @app.command()
@@ -290,13 +293,15 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Kept for scripts: NaN and infinite inputs always fail the job, naming the sample.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
-          json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
+          json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
+          preemptible: PreemptibleOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
               "output": output, "engine": engine,
               "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan}
-    _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key)
+    _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,
+                       (priority, preemptible))
 
 
 @app.command()
@@ -342,7 +347,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           input_shape: Annotated[str | None, typer.Option(help="Image datasets: C,H,W")] = None,
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
-          json_: JsonOpt = False, idempotency_key: KeyOpt = None) -> None:
+          json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
+          preemptible: PreemptibleOpt = None) -> None:
     """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
     route, device_list = _train_devices(device)
     params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
@@ -350,7 +356,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None}
-    _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key)
+    _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
+                       (priority, preemptible))
 
 
 def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
@@ -370,12 +377,14 @@ def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
 
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
-                       wait: bool, json_: bool, idempotency_key: str | None = None) -> None:
+                       wait: bool, json_: bool, idempotency_key: str | None,
+                       turn: tuple[str, bool | None]) -> None:
     from mxq.db.reports.history import require_job
     from mxq.workers.jobs.submit import submit_request
 
     s = get_settings()
-    done = submit_request(s, kind, params, device, allow_offline, idempotency_key)
+    done = submit_request(s, kind, params, device, allow_offline, idempotency_key,
+                          priority=Priority.of(*turn))
     job_id = done.job_id
     if not wait:
         record = require_job(s.database, job_id)

@@ -8,7 +8,9 @@ import typer
 
 from mxq.cli import render
 from mxq.cli.models import parse_shape
+from mxq.cli.options import PreemptibleOpt, PriorityOpt
 from mxq.cli.settings import get_settings
+from mxq.priorities import Priority
 
 app = typer.Typer(help="Scheduled retraining: add, list, show, pause, resume, rm, run-now.",
                   no_args_is_help=True)
@@ -31,8 +33,10 @@ def add(name: str,
         devices: int = 1, device: Annotated[str | None, typer.Option(help="gpu:0,gpu:1")] = None,
         epochs: int = 10, batch_size: int = 64, lr: float = 0.1, optimizer: str = "sgd",
         dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
-        input_shape: str | None = None, json_: JsonOpt = False) -> None:
-    """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time."""
+        input_shape: str | None = None, json_: JsonOpt = False, priority: PriorityOpt = "normal",
+        preemptible: PreemptibleOpt = None) -> None:
+    """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time; its
+    fires' trainings run at --priority."""
     from mxq.workers.schedules.fires import add_schedule
 
     spec = {"arch": arch, "name": model, "devices": devices,
@@ -40,7 +44,8 @@ def add(name: str,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
             "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None}
-    record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain)
+    record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
+                          priority=Priority.of(priority, preemptible))
     if json_:
         render.print_json(record)
     else:

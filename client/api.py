@@ -132,14 +132,19 @@ class Client:
         return answer.json() if answer.content else None
 
     def submit(self, kind: str, wait: bool = False, idempotency_key: str | None = None,
-               **params: Any) -> Job:
-        """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it).
+               priority: str = "normal", preemptible: bool | None = None, **params: Any) -> Job:
+        """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it) at `priority`
+        (high, normal or low; `preemptible`: may it yield to a waiting job of a higher level,
+        None: only low jobs do). `infer`, `train` and `probe` take both as options too.
 
         With `idempotency_key` (such as str(uuid.uuid4()), kept for the retries), a retry of a
         submit whose answer was lost returns the job the first one made (`Job.replayed`)
         instead of queuing a second; the same key with other parameters raises Conflict."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
-        record = self.request("POST", "/jobs", json={"kind": kind, **params}, headers=headers)
+        body = {"kind": kind, "priority": priority, **params}
+        if preemptible is not None:
+            body["preemptible"] = preemptible
+        record = self.request("POST", "/jobs", json=body, headers=headers)
         job = Job(self, record)
         return job.wait() if wait else job
 

@@ -11,7 +11,9 @@ replace another's.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
@@ -38,6 +40,20 @@ class Fence:
     def tag(self) -> str:
         """The part of a file name only this attempt writes: `j<job>a<attempt>`."""
         return f"j{self.job_id}a{self.attempt}"
+
+
+class RunCheck(enum.Enum):
+    GO_ON = "go-on"
+    CANCEL = "cancel"  # a cancel was requested
+    PREEMPT = "preempt"  # a waiting job of a higher level asked it to yield (`yield_target`)
+    LOST = "lost"  # the job is no longer this worker's (another took it over, or it is over)
+
+    @classmethod
+    def of(cls, cancel_requested_at: datetime | None, preempt_for: int | None) -> RunCheck:
+        """A job still the attempt's: a cancel comes before a preemption."""
+        if cancel_requested_at is not None:
+            return cls.CANCEL
+        return cls.GO_ON if preempt_for is None else cls.PREEMPT
 
 
 class Superseded(Exception):

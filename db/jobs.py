@@ -1,4 +1,5 @@
-"""A job's life in SQL. Status only moves forward: queued -> running -> succeeded|failed|cancelled.
+"""A job's life in SQL. Status moves forward, queued -> running -> succeeded|failed|cancelled,
+but for a preempted job, which goes back from running to queued (`yielded`) with its position.
 
 Every transition is one UPDATE guarded by the statuses it may leave from, so two workers (or a
 redelivered message) can never both move the same job.
@@ -19,11 +20,13 @@ from sqlalchemy.orm import Session, aliased
 from mxq import parts
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, still_ours
+from mxq.db.fence import RunCheck as RunCheck  # re-exported: what a running attempt does next
 from mxq.db.outputs.epochs import merge_parts
 from mxq.db.records import JobRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobMetric, as_utc, utcnow
 from mxq.errors import Conflict
+from mxq.priorities import Priority
 from mxq.status import FINISHED, JobStatus
 
 
@@ -50,7 +53,7 @@ class IdempotencyKeyTaken(Conflict):
 
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
                rejected: str | None = None, idempotency_key: str | None = None,
-               owner: str | None = None) -> int:
+               owner: str | None = None, priority: Priority = Priority()) -> int:
     """A queued job, or (with `rejected`) one that failed at submit for that reason.
 
     With `idempotency_key`, IdempotencyKeyTaken when a job already holds it: the unique index
@@ -60,7 +63,8 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
             job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
                       status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
                       attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
-                      idempotency_key=idempotency_key, owner=owner)
+                      idempotency_key=idempotency_key, owner=owner, priority=priority.level,
+                      preemptible=priority.preemptible)
             session.add(job)
             session.flush()
             return job.id
@@ -71,27 +75,28 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
 
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
-                queue: str, owner: str | None = None) -> list[int]:
+                queue: str, owner: str | None = None, priority: Priority = Priority()) -> list[int]:
     """Many queued jobs in one transaction.
 
     On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
     cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
     with session_scope(url) as session:
         if session.get_bind().dialect.name == "postgresql":
-            return _copy_jobs(session, kind, params, requested, queue, owner)
+            return _copy_jobs(session, kind, params, requested, queue, owner, priority)
         rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
-                    status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner) for p in params]
+                    status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner,
+                    priority=priority.level, preemptible=priority.preemptible) for p in params]
         session.add_all(rows)
         session.flush()
         return [r.id for r in rows]
 
 
 _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
-                 "attempts", "submitted_at", "owner")
+                 "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions")
 
 
 def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
-               queue: str, owner: str | None) -> list[int]:
+               queue: str, owner: str | None, priority: Priority) -> list[int]:
     ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
                                     "FROM generate_series(1, :n)"), {"n": len(params)}))
     now = utcnow()
@@ -99,7 +104,7 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
     with raw.cursor() as cur, cur.copy(f"COPY jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
         for job_id, p in zip(ids, params, strict=True):
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
-                            now, owner))
+                            now, owner, priority.level, priority.preemptible, 0))
     return ids
 
 
@@ -139,7 +144,8 @@ def job_row(url: str, job_id: int) -> JobRow | None:
         return {"id": job.id, "kind": job.kind, "status": job.status, "params": dict(job.params),
                 "queue": job.queue, "requested_device": job.requested_device,
                 "parent_id": job.parent_id, "heartbeat_at": job.heartbeat_at,
-                "committed": job.committed, "attempts": job.attempts, "worker": job.worker}
+                "committed": job.committed, "attempts": job.attempts, "worker": job.worker,
+                "priority": job.priority, "preemptions": job.preemptions}
 
 
 def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
@@ -175,7 +181,7 @@ def take(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) ->
     with session_scope(url) as session:
         attempt = session.scalar(
             update(Job)
-            .where(Job.id == job_id, Job.attempts < max_attempts, claimable(cutoff))
+            .where(Job.id == job_id, Job.attempts - Job.preemptions < max_attempts, claimable(cutoff))
             .values(**_taken_by(at, now))
             .returning(Job.attempts)
         )
@@ -197,18 +203,21 @@ def _fail_exhausted(session: Session, job_id: int, cutoff: datetime, max_attempt
     message = exhausted_message(job.attempts, max_attempts, job.worker)
     return bool(rowcount(session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.attempts >= max_attempts, claimable(cutoff))
+        .where(Job.id == job_id, Job.attempts - Job.preemptions >= max_attempts, claimable(cutoff))
         .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
     )))
 
 
 @db_retry
-def queued_infer(url: str, queues: list[str], limit: int) -> list[tuple[int, dict[str, Any]]]:
-    """The oldest queued, unchunked inference jobs on `queues`: (id, params)."""
+def queued_infer(url: str, queues: list[str], limit: int,
+                 level: str = "normal") -> list[tuple[int, dict[str, Any]]]:
+    """The oldest queued, unchunked inference jobs on `queues` of priority `level` (a batch never
+    takes a lower level ahead of its turn) that no attempt started storing: (id, params)."""
     with session_scope(url) as session:
         return [(r.id, r.params) for r in session.execute(
             select(Job.id, Job.params).where(Job.status == JobStatus.QUEUED, Job.kind == "infer",
-                                             Job.queue.in_(queues), Job.parent_id.is_(None))
+                                             Job.queue.in_(queues), Job.parent_id.is_(None),
+                                             Job.committed.is_(None), Job.priority == level)
             .order_by(Job.id).limit(limit))]
 
 
@@ -278,14 +287,15 @@ def set_progress(url: str, job_id: int, progress: float, fence: Fence | None = N
         row = session.execute(update(Job).where(*where)
                               .values(progress=min(max(progress, 0.0), 1.0), heartbeat_at=now,
                                       progress_at=now)
-                              .returning(Job.parent_id, Job.cancel_requested_at)).one_or_none()
+                              .returning(Job.parent_id, Job.cancel_requested_at,
+                                         Job.preempt_for)).one_or_none()
         if row is None:
             return RunCheck.LOST
         if row.parent_id is not None:
             mean = session.scalar(select(func.avg(Job.progress)).where(Job.parent_id == row.parent_id))
             session.execute(update(Job).where(Job.id == row.parent_id, Job.status == JobStatus.RUNNING)
                             .values(progress=mean))
-        return RunCheck.GO_ON if row.cancel_requested_at is None else RunCheck.CANCEL
+        return RunCheck.of(row.cancel_requested_at, row.preempt_for)
 
 
 @db_retry
@@ -378,12 +388,15 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
     queues = [queue] * len(chunk_params) if isinstance(queue, str) else queue
     asked = [requested] * len(chunk_params) if isinstance(requested, str) else requested
     with session_scope(url) as session:
+        parent = session.get_one(Job, parent_id)  # its chunks are its owner's, at its priority
         existing = {c.chunk_index: c for c in session.scalars(select(Job).where(Job.parent_id == parent_id))}
         for index, params in enumerate(chunk_params):
             if index not in existing:
                 existing[index] = Job(kind=kind, params=params, requested_device=asked[index],
                                       queue=queues[index], status=JobStatus.QUEUED, progress=0.0,
-                                      attempts=0, parent_id=parent_id, chunk_index=index)
+                                      attempts=0, parent_id=parent_id, chunk_index=index,
+                                      owner=parent.owner, priority=parent.priority,
+                                      preemptible=parent.preemptible)
                 session.add(existing[index])
         session.execute(update(Job).where(Job.id == parent_id)
                         .values(chunks=len(chunk_params), heartbeat_at=None))
@@ -457,22 +470,43 @@ def cancel(url: str, job_id: int) -> CancelOutcome:
     return CancelOutcome.CANCELLED if status == JobStatus.CANCELLED else CancelOutcome.REQUESTED
 
 
-class RunCheck(enum.Enum):
-    GO_ON = "go-on"
-    CANCEL = "cancel"  # a cancel was requested
-    LOST = "lost"  # the job is no longer this worker's (another took it over, or it is over)
-
-
 @db_retry
 def run_check(url: str, fence: Fence) -> RunCheck:
     """What a running job's attempt should do at its next batch or epoch boundary."""
     with session_scope(url) as session:
-        row = session.execute(select(Job.status, Job.worker, Job.attempts, Job.cancel_requested_at)
+        row = session.execute(select(Job.status, Job.worker, Job.attempts, Job.cancel_requested_at,
+                                     Job.preempt_for)
                               .where(Job.id == fence.job_id)).one_or_none()
     if (row is None or row.status != JobStatus.RUNNING or row.worker != fence.worker
             or row.attempts != fence.attempt):
         return RunCheck.LOST
-    return RunCheck.CANCEL if row.cancel_requested_at is not None else RunCheck.GO_ON
+    return RunCheck.of(row.cancel_requested_at, row.preempt_for)
+
+
+@db_retry
+def yield_target(url: str, fence: Fence) -> int | None:
+    """The waiting job this attempt was asked to yield to, while that job still waits; a request
+    whose job no longer waits (another device took it, it was cancelled) is dropped: None."""
+    with session_scope(url) as session:
+        target = session.scalar(select(Job.preempt_for).where(*fence.holds()))
+        if target is None:
+            return None
+        if session.scalar(select(Job.status).where(Job.id == target)) == JobStatus.QUEUED:
+            return int(target)
+        session.execute(update(Job).where(*fence.holds()).values(preempt_for=None))
+        return None
+
+
+@db_retry
+def yielded(url: str, fence: Fence, to: int) -> bool:
+    """The attempt stopped at a checkpoint for job `to`: the job is queued again (its attempt not
+    counted, what it committed kept), and `to` is recorded so it never preempts it again."""
+    with session_scope(url) as session:
+        before = session.scalar(select(Job.preempted_by).where(*fence.holds()))
+        return bool(rowcount(session.execute(
+            update(Job).where(*fence.holds())
+            .values(status=JobStatus.QUEUED, heartbeat_at=None, preempt_for=None,
+                    preemptions=Job.preemptions + 1, preempted_by=[*(before or []), to]))))
 
 
 @db_retry

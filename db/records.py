@@ -110,6 +110,9 @@ class JobRecord(TypedDict):
     output: str | None
     devices: list[str] | None
     owner: str | None  # who submitted it (mxq.users); None for a job from before users
+    priority: str  # high, normal or low (mxq.priorities)
+    preemptible: bool  # may yield at a checkpoint to a waiting job of a higher level
+    preemptions: int  # how often it did (each a `preempted` event naming the job)
     # With `with_metrics` (one job's full view):
     metrics: NotRequired[list[MetricPoint]]
     events: NotRequired[list[EventRecord]]
@@ -154,13 +157,18 @@ class JobRow(TypedDict):
     committed: int | None  # inference: where earlier attempts stopped storing results
     attempts: int
     worker: str | None  # the last attempt's
+    priority: str  # its level (mxq.priorities)
+    preemptions: int  # attempts that yielded to another job (not counted against the limit)
 
 
 class JobRoute(TypedDict):
-    """Where a job's message goes: its task (`mxq.<kind>`) and its queue (`mxq.db.repair`)."""
+    """Where a job's message goes: its task (`mxq.<kind>`), its queue, and its turn there: its
+    priority level, and whether an attempt of it ran before (`mxq.db.repair`)."""
 
     kind: str
     queue: str
+    priority: str
+    started: bool
 
 
 class LostFire(TypedDict):
@@ -195,6 +203,8 @@ class ScheduleRecord(TypedDict):
     last_fire_at: str | None
     created_at: str | None
     owner: str | None  # who added it; the jobs its fires submit are theirs
+    priority: str  # the level of its fires' jobs (mxq.priorities)
+    preemptible: bool | None  # whether they may yield (None: as their level says)
 
 
 class StoredSchedule(ScheduleRecord):

@@ -40,7 +40,7 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
             "promote": sched.promote, "metric": sched.metric, "min_gain": sched.min_gain,
             "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
-            "owner": sched.owner}
+            "owner": sched.owner, "priority": sched.priority, "preemptible": sched.preemptible}
 
 
 def add(url: str, values: dict[str, Any]) -> ScheduleRecord:

@@ -95,6 +95,15 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     # Who submitted it (mxq.users): a user's name, `local:<login>`; None before migration 0018.
     owner: Mapped[str | None] = mapped_column(String(128))
+    # Which job a worker takes first (mxq.priorities: high, normal, low), and whether this one
+    # may be made to yield to a waiting job of a higher level (migration 0019).
+    priority: Mapped[str] = mapped_column(String(8), default="normal")
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Preemption: how often it yielded (not counted as attempts), the waiting job it was asked to
+    # yield to (cleared when it does), and every job it yielded to (never twice to the same).
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    preempt_for: Mapped[int | None]
+    preempted_by: Mapped[list[int] | None] = mapped_column(JSON)
 
     __table_args__ = (
         Index("ix_jobs_owner_submitted", "owner", "submitted_at"),
@@ -254,6 +263,8 @@ class Schedule(Base):
     last_fire_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     owner: Mapped[str | None] = mapped_column(String(128))  # who added it; its fires' jobs are theirs
+    priority: Mapped[str] = mapped_column(String(8), default="normal")  # its fires' jobs'
+    preemptible: Mapped[bool | None] = mapped_column(Boolean)  # its fires' jobs' (None: by priority)
 
     __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"), NEVER_REUSE_IDS)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from mxq.db import jobs
+from mxq.db import events, jobs
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
 from mxq.db.records import JobRow
@@ -22,7 +22,7 @@ from mxq.db.schema import utcnow
 from mxq.device import Device
 from mxq.errors import UserError, first_line, typed_line
 from mxq.workers.broker.app import app
-from mxq.workers.broker.publish import publish
+from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
 from mxq.workers.fleet import heartbeat, leases
 from mxq.workers.settings import Settings, get_settings
@@ -43,6 +43,16 @@ class JobCancelled(Exception):
 
     def __init__(self, samples: int | None = None) -> None:
         super().__init__("cancelled")
+        self.samples = samples
+
+
+class JobPreempted(Exception):
+    """The job stopped at a checkpoint (a flush, an epoch) to yield its devices to the waiting job
+    `to`; what it committed is kept, and it goes back to the queue to resume there."""
+
+    def __init__(self, to: int, samples: int | None = None) -> None:
+        super().__init__(f"yielded to job {to}")
+        self.to = to
         self.samples = samples
 
 
@@ -91,6 +101,8 @@ class JobContext:
     # Inference: where earlier attempts stopped storing results (read with the row: a worker
     # still writing then is fenced off by the claim, and what it adds is cleared on resume).
     committed: int | None = None
+    priority: str = "normal"  # its level (mxq.priorities): the turn it is published again at
+    started: bool = False  # an earlier attempt ran: published again ahead of its level's new jobs
     _checked_at: float = field(default_factory=time.monotonic)
     _progress_at: float = field(default_factory=time.monotonic)
     _verdict: jobs.RunCheck = jobs.RunCheck.GO_ON  # the last cancel check's
@@ -120,6 +132,27 @@ class JobContext:
             self._verdict = jobs.run_check(self.url, self.fence)
         if self._verdict is jobs.RunCheck.LOST:
             raise JobLost(f"job {self.id} now belongs to another attempt")
+
+    def heard(self, verdict: jobs.RunCheck) -> None:
+        """What a write that also checked the job said (a commit of results): the next
+        `check_cancelled` or `preempt_asked` uses it."""
+        self._checked_at = time.monotonic()
+        self._verdict = verdict
+
+    def preempt_asked(self) -> bool:
+        """A waiting job of a higher level asked this one to yield, as the last check said."""
+        return self._verdict is jobs.RunCheck.PREEMPT
+
+    def check_preempted(self, samples: int | None = None) -> None:
+        """At a checkpoint (everything computed is committed): raise JobPreempted when asked to
+        yield and the job asking still waits; a request it outlived is dropped and the job goes on."""
+        if not self.preempt_asked() or self.fence is None:
+            return
+        to = jobs.yield_target(self.url, self.fence)
+        if to is None:
+            self._verdict = jobs.RunCheck.GO_ON
+            return
+        raise JobPreempted(to, samples)
 
     def check_cancelled(self, samples: int | None = None) -> None:
         """Raise JobCancelled if a cancel was requested, JobLost if the job is not ours any more
@@ -174,15 +207,20 @@ def context_of(row: JobRow, device: str, url: str) -> JobContext:
     """The frame of `row`'s job on `device` alone, before its claim; the training child makes
     the same frame, then gives it the devices and the fence its leader claimed with."""
     return JobContext(row["id"], row["kind"], row["params"], device, url, row["queue"],
-                      row["requested_device"], row["parent_id"], [device], committed=row["committed"])
+                      row["requested_device"], row["parent_id"], [device], committed=row["committed"],
+                      priority=row["priority"], started=row["attempts"] > 0)
 
 
 def _defer(s: Settings, job: JobContext, why: str) -> str:
     """Hand the message back to its queue for later (the job stays queued, no attempt used)."""
     log.info("job %s deferred: %s", job.id, why)
     time.sleep(DEFER_SECONDS)
-    publish(s, job.id, job.kind, job.queue, patient=True)
+    publish(s, job.id, job.kind, job.queue, patient=True, turn=_turn(job))
     return "deferred"
+
+
+def _turn(job: JobContext) -> Turn:
+    return Turn(job.priority, job.started)
 
 
 def run_job(job_id: int, body: Body, admit: Admit | None = None,
@@ -231,7 +269,7 @@ def _meant_for_another(node: str, device: Device, queue: str) -> str | None:
 def _redirect(s: Settings, job: JobContext, queue: str) -> str:
     """Send a delivery that reached the wrong device to the job's own queue (no attempt used)."""
     log.warning("job %s not run here: it was asked for queue %s", job.id, queue)
-    publish(s, job.id, job.kind, queue, patient=True)
+    publish(s, job.id, job.kind, queue, patient=True, turn=_turn(job))
     return "redirected"
 
 
@@ -247,6 +285,8 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
         return _outcome(jobs.fail(s.database, job.id, str(exc), fence=fence), "failed", job)
     except JobCancelled as exc:
         return _outcome(jobs.mark_cancelled(s.database, fence, exc.samples), "cancelled", job)
+    except JobPreempted as exc:
+        return _yield(s, job, fence, exc.to)
     except JobLost as exc:
         log.warning("%s; this attempt (%s) stopped, its writes refused", exc, fence.attempt)
         return "lost"
@@ -261,6 +301,18 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
             hb.current_job = None
         if job.parent_id is not None:
             jobs.settle_parent(s.database, job.parent_id)
+
+
+def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> str:
+    """Queue the job again after it stopped for job `to` (a `preempted` event names it); it
+    resumes from what it committed, ahead of the jobs of its level that never started."""
+    if not jobs.yielded(s.database, fence, to):
+        return _outcome(False, "preempted", job)
+    events.record(s.database, job.id, events.PREEMPTED, f"yielded {', '.join(job.devices)} to job "
+                  f"{to} at a checkpoint; queued again to resume there", to=to,
+                  attempt=fence.attempt, devices=job.devices)
+    publish(s, job.id, job.kind, job.queue, patient=True, turn=Turn(job.priority, started=True))
+    return "preempted"
 
 
 def _record(s: Settings, job: JobContext, fence: Fence, outcome: Outcome | FanOut) -> str:
@@ -284,7 +336,7 @@ def _fan_out(s: Settings, job: JobContext, split: FanOut) -> str:
                             split.requested or job.requested)
     for child_id, queued, queue in children:
         if queued:
-            publish(s, child_id, job.kind, queue, patient=True)
+            publish(s, child_id, job.kind, queue, patient=True, turn=Turn(job.priority))
     log.info("job %s split into %s chunks on %s", job.id, len(children),
              ",".join(sorted({queue for _, _, queue in children})))
     return "split"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mxq import epochs, parts, promotion
+from mxq import epochs, parts, priorities, promotion
 from mxq.device import Device
 from mxq.promotion import PromotionPolicy
 from mxq.since import SinceError, parse_since
@@ -261,3 +261,51 @@ def test_typed_line_names_the_type_of_an_unexpected_failure() -> None:
     assert typed_line(RuntimeError("disk full\n  at line 3")) == "RuntimeError: disk full"
     assert typed_line(RuntimeError("")) == "RuntimeError"
     assert typed_line(ValueError("x" * 600)) == "ValueError: " + "x" * 500
+
+
+def _running(job_id: int, level: str, device: str, minutes_ago: int, **kw: Any) -> priorities.Running:
+    return priorities.Running(id=job_id, level=level, preemptible=kw.pop("preemptible", level == "low"),
+                              devices=frozenset({device}),
+                              started_at=datetime(2026, 1, 1, tzinfo=UTC) - timedelta(minutes=minutes_ago),
+                              **kw)
+
+
+def test_a_waiting_job_preempts_the_lowest_level_newest_job_on_a_device_it_could_use() -> None:
+    waiting = priorities.Waiting(9, "high", frozenset({"n/cpu:0", "n/cpu:1"}))
+    running = [_running(1, "normal", "n/cpu:0", 5, preemptible=True),
+               _running(2, "low", "n/cpu:1", 10), _running(3, "low", "n/cpu:2", 1)]
+    assert priorities.victim(waiting, running) == 2  # cpu:2 is not one it could use
+    assert priorities.victim(waiting, running[:2] + [_running(4, "low", "n/cpu:0", 1)]) == 4
+
+
+def test_no_preemption_while_a_device_is_free_or_none_may_yield() -> None:
+    waiting = priorities.Waiting(9, "high", frozenset({"n/cpu:0", "n/cpu:1"}))
+    assert priorities.victim(waiting, [_running(2, "low", "n/cpu:1", 1)]) is None  # cpu:0 is free
+    assert priorities.victim(waiting, [_running(1, "high", "n/cpu:0", 1, preemptible=True),
+                                       _running(2, "normal", "n/cpu:1", 1)]) is None
+    normal = priorities.Waiting(9, "normal", frozenset({"n/cpu:0"}))
+    assert priorities.victim(normal, [_running(1, "normal", "n/cpu:0", 1, preemptible=True)]) is None
+
+
+def test_no_job_is_preempted_twice_by_one_job_nor_past_the_limit_nor_asked_twice() -> None:
+    waiting = priorities.Waiting(9, "high", frozenset({"n/cpu:0"}))
+    assert priorities.victim(waiting, [_running(1, "low", "n/cpu:0", 1, preempted_by=(9,))]) is None
+    spent = _running(1, "low", "n/cpu:0", 1, preemptions=priorities.MAX_PREEMPTIONS)
+    assert priorities.victim(waiting, [spent]) is None
+    assert priorities.victim(waiting, [_running(1, "low", "n/cpu:0", 1, yielding_to=9)]) is None
+    training = priorities.Waiting(9, "high", frozenset({"n/cpu:0", "n/cpu:1"}), needs=2)
+    assert priorities.victim(training, [_running(1, "low", "n/cpu:0", 1)]) == 1  # one free, two needed
+
+
+@pytest.mark.parametrize(("level", "asked", "preemptible"), [
+    (None, None, False), ("low", None, True), ("HIGH", True, True), ("low", False, False)])
+def test_a_priority_is_parsed_and_preemptible_follows_the_level_unless_said(
+        level: str | None, asked: bool | None, preemptible: bool) -> None:
+    got = priorities.Priority.of(level, asked)
+    assert got.preemptible is preemptible and got.level == (level or "normal").lower()
+
+
+def test_an_unknown_priority_says_what_is_allowed() -> None:
+    allowed = "priority 'urgent' is not allowed: use high, normal or low"
+    with pytest.raises(priorities.PriorityError, match=allowed):
+        priorities.Priority.of("urgent")

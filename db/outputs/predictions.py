@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 from sqlalchemy import Connection, delete, func, select, update
 
 from mxq.db.engine import get_engine, session_scope
-from mxq.db.fence import Fence
+from mxq.db.fence import Fence, RunCheck
 from mxq.db.records import PredictionRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, Prediction, utcnow
@@ -58,19 +58,21 @@ def write(url: str, rows: list[Row]) -> None:
 
 
 @db_retry
-def commit(url: str, fence: Fence, rows: list[Row], position: int) -> bool:
+def commit(url: str, fence: Fence, rows: list[Row], position: int) -> RunCheck:
     """Store `rows` and move the job's committed position to `position`, in one transaction.
 
-    Only for the attempt that runs the job: False (nothing stored) when it is not its own any more.
+    Only for the attempt that runs the job: LOST (nothing stored) when it is not its own any more;
+    else what the attempt should do next, as `jobs.run_check` says it, from the same statement.
     Rows and position move together, so a later attempt resumes right after the last stored
     sample, with nothing lost and nothing written twice."""
     with get_engine(url).begin() as conn:
         moved = conn.execute(update(Job).where(*fence.holds())
-                             .values(committed=position, heartbeat_at=utcnow()))
-        if not moved.rowcount:  # nothing was changed: there is nothing to undo
-            return False
+                             .values(committed=position, heartbeat_at=utcnow())
+                             .returning(Job.cancel_requested_at, Job.preempt_for)).one_or_none()
+        if moved is None:  # nothing was changed: there is nothing to undo
+            return RunCheck.LOST
         _insert(conn, rows)
-    return True
+    return RunCheck.of(moved.cancel_requested_at, moved.preempt_for)
 
 
 def _insert(conn: Connection, rows: list[Row]) -> None:

@@ -16,6 +16,7 @@ from mxq.db.records import FirePolicy, JobRecord, MetricPoint
 from mxq.db.schedules import ScheduleNotFound, fire_of
 from mxq.db.schema import Job, JobMetric, as_utc, iso
 from mxq.errors import NotFound
+from mxq.priorities import LEVELS
 from mxq.status import FINISHED, JobStatus
 
 
@@ -65,6 +66,9 @@ def job_record(job: Job) -> JobRecord:
         "output": (job.result or {}).get("output"),
         "devices": job.devices,
         "owner": job.owner,
+        "priority": job.priority,
+        "preemptible": job.preemptible,
+        "preemptions": job.preemptions,
     }
 
 
@@ -176,6 +180,15 @@ def counts_by_status_and_kind(url: str) -> dict[tuple[str, str], int]:
     q = select(Job.status, Job.kind, func.count()).group_by(Job.status, Job.kind)
     with session_scope(url) as session:
         return {(str(status), str(kind)): int(n) for status, kind, n in session.execute(q)}
+
+
+def queued_by_priority(url: str) -> dict[str, int]:
+    """priority -> number of queued jobs (every priority, 0 when none waits): what runs next."""
+    q = (select(Job.priority, func.count()).where(Job.status == JobStatus.QUEUED)
+         .group_by(Job.priority))
+    with session_scope(url) as session:
+        found = {str(level): int(n) for level, n in session.execute(q)}
+    return {level: found.get(level, 0) for level in LEVELS}
 
 
 def active_by_owner(url: str) -> dict[tuple[str, str], int]:

@@ -72,7 +72,8 @@ def _candidates(job: JobContext, model: ModelRecord, room: int,
                 taken: set[int]) -> list[Candidate]:
     """Queued jobs that ask for the same model version and engine (whether each is mergeable is
     decided once its input is open)."""
-    found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)))
+    found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)),
+                              level=job.priority)
     engine = job.params.get("engine", "auto")
     return [(i, params) for i, params in found if i not in taken
             and params.get("model") == model["name"] and params.get("model_version") == model["version"]

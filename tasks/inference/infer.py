@@ -31,7 +31,16 @@ from mxq.tasks.inference import batching, engines
 from mxq.tasks.inference.inputs import InputError, InputSource, open_input
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
-from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobInputError, JobLost, Outcome, job_task
+from mxq.tasks.runner import (
+    FanOut,
+    JobCancelled,
+    JobContext,
+    JobInputError,
+    JobLost,
+    JobPreempted,
+    Outcome,
+    job_task,
+)
 from mxq.tasks.runner import placement as where_we_run
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
@@ -96,7 +105,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
         _stream(job, p, source, engine, out, begin, fit)
         out.finish()
     except Exception as exc:
-        if not isinstance(exc, JobLost | JobCancelled):  # those files are another attempt's, or kept
+        if not isinstance(exc, JobLost | JobCancelled | JobPreempted):  # another's, kept, or resumed
             out.abandon()
         raise
     # Every sample the output holds, over the compute time of every attempt that stored them.
@@ -275,6 +284,11 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
             except JobCancelled:  # keep every result computed so far: hand the rest to the writer
                 writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
                 raise
+            if job.preempt_asked() and first > mark:  # a checkpoint now: flush, then yield
+                writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
+                step, since, mark = step + 1, time.perf_counter(), first
+                writer.drain()  # stored and committed before the job yields
+                job.check_preempted(first - out.start)
             last = first + len(x)
             try:
                 out.add(first, fit.predict(engine, x))

@@ -34,7 +34,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from mxq.db import events, jobs
-from mxq.db.fence import Fence
+from mxq.db.fence import Fence, RunCheck
 from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
 from mxq.db.outputs.predictions import Ranked, Row
@@ -190,10 +190,12 @@ class JobOutputs:
         part = None
         if self.parquet_file is not None and flush.tables:
             part = parquet.write_part(self.parquet_file, flush.tables, fence.tag)
-        if not predictions.commit(self.job.url, fence, flush.rows, flush.last):
+        verdict = predictions.commit(self.job.url, fence, flush.rows, flush.last)
+        if verdict is RunCheck.LOST:
             if part is not None:
                 parquet.remove_part(part)
             raise self._lost(fence)
+        self.job.heard(verdict)  # a preemption asked is seen at the next batch, not 2 s later
         if not record_metric(self.job.url, fence, flush.step, self.job.device, flush.samples,
                              flush.seconds):
             raise self._lost(fence)

@@ -60,6 +60,7 @@ class BackgroundWriter:
         self._write = write
         self._q: queue.Queue[Any] = queue.Queue()  # items for `write`, then _DONE
         self._slots = threading.Semaphore(in_flight)
+        self._in_flight = in_flight
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mxq-writer", daemon=True)
         self._thread.start()
@@ -78,6 +79,15 @@ class BackgroundWriter:
             raise self._error
         self._slots.acquire()
         self._q.put(item)
+
+    def drain(self) -> None:
+        """Wait until everything submitted is written (re-raising a failure); it takes more after."""
+        for _ in range(self._in_flight):
+            self._slots.acquire()
+        for _ in range(self._in_flight):
+            self._slots.release()
+        if self._error is not None:
+            raise self._error
 
     def close(self) -> None:
         self._q.put(_DONE)

@@ -1,7 +1,7 @@
 """The training child's report to its leader: one JSON file per attempt (`train_task.run_file`),
 written by the child as it ends and read back by the leader, whose exit status says which of the
-three shapes it is: `Trained` (exit 0), `Stopped` (a cancel) or `Refused` (bad input, the job
-lost, a crash).
+shapes it is: `Trained` (exit 0), `Stopped` (a cancel), `Preempted` (it yielded at a checkpoint)
+or `Refused` (bad input, the job lost, a crash).
 
 A report read back is checked against its shape: one that does not fit (cut short, edited,
 written by another version of mxq) fails the job with one line naming the file and the field,
@@ -37,14 +37,21 @@ class Stopped(_Report):
     samples: int  # trained on in the epochs this attempt finished
 
 
+class Preempted(_Report):
+    """The training stopped at an epoch's checkpoint to yield its devices to the waiting job `to`."""
+
+    samples: int  # trained on in the epochs this attempt finished
+    to: int
+
+
 class Refused(_Report):
     """The training ended without a model."""
 
     error: str  # why, in one line
 
 
-Report = Trained | Stopped | Refused
-R = TypeVar("R", Trained, Stopped, Refused)
+Report = Trained | Stopped | Preempted | Refused
+R = TypeVar("R", Trained, Stopped, Preempted, Refused)
 
 
 class MalformedReport(JobFailed):

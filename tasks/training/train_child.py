@@ -32,12 +32,19 @@ from mxq.errors import MxqError, first_line, typed_line
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.model_store.models import add_trained
 from mxq.tasks.model_store.zoo import ArchError, check_shape
-from mxq.tasks.runner import JobCancelled, JobContext, JobLost, context_of
+from mxq.tasks.runner import JobCancelled, JobContext, JobLost, JobPreempted, context_of
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.training import child_report, datasets
-from mxq.tasks.training.child_report import Refused, Stopped, Trained
+from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
 from mxq.tasks.training.train_loop import fit, make_net, make_trainer, share_initial_weights
-from mxq.tasks.training.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, CHILD_LOST, ready_file, run_file
+from mxq.tasks.training.train_task import (
+    CHILD_CANCELLED,
+    CHILD_INPUT_ERROR,
+    CHILD_LOST,
+    CHILD_PREEMPTED,
+    ready_file,
+    run_file,
+)
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings, get_settings
@@ -174,6 +181,10 @@ class Training:
         self.job.check_cancelled()
         if self.p.dist is not None:
             epoch_rows.merge_parts(url, self.p.dist.parent)  # the job's epoch, once every node has it
+        elif r["epoch"] < self.p.epochs:  # a checkpoint: yield here when a waiting job asks
+            self.job.heard(jobs.run_check(url, fence))
+            self.job.check_cancelled()
+            self.job.check_preempted()
 
 
 def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams,
@@ -233,13 +244,20 @@ def main(fence: Fence, devices: list[str]) -> int:
     try:
         child_report.write(out, _train(s, t, train, val))
     except JobCancelled:  # checkpoints of finished epochs stay
-        kept = epoch_rows.list_epochs(s.database, fence.job_id)
-        child_report.write(out, Stopped(samples=t.samples * (len(kept) - t.done)))
+        child_report.write(out, Stopped(samples=_trained(s, t, fence)))
         return CHILD_CANCELLED
+    except JobPreempted as exc:  # the next attempt resumes from the last checkpoint
+        child_report.write(out, Preempted(samples=_trained(s, t, fence), to=exc.to))
+        return CHILD_PREEMPTED
     except JobLost as exc:
         child_report.write(out, Refused(error=str(exc)))
         return CHILD_LOST
     return 0
+
+
+def _trained(s: Settings, t: Training, fence: Fence) -> int:
+    """The samples this attempt trained on in the epochs it finished."""
+    return t.samples * (len(epoch_rows.list_epochs(s.database, fence.job_id)) - t.done)
 
 
 def report_crash(fence: Fence, exc: BaseException) -> None:

@@ -30,6 +30,7 @@ from mxq.tasks.runner import (
     JobFailed,
     JobInputError,
     JobLost,
+    JobPreempted,
     Outcome,
     job_task,
 )
@@ -42,6 +43,7 @@ from mxq.workers.settings import Settings, get_settings
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
 CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
 CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
+CHILD_PREEMPTED = 6  # the child stopped at an epoch's checkpoint to yield to a waiting job
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
 
 
@@ -233,6 +235,8 @@ def _outcome(returncode: int, out: Path) -> Outcome:
     if returncode == CHILD_CANCELLED:
         stopped = child_report.read(out, child_report.Stopped)
         raise JobCancelled(stopped.samples if stopped is not None else None)
+    if returncode == CHILD_PREEMPTED and (yielded := child_report.read(out, child_report.Preempted)):
+        raise JobPreempted(yielded.to, yielded.samples)
     refused = child_report.read(out, child_report.Refused)
     error = refused.error if refused is not None else None
     if returncode == CHILD_LOST:

@@ -74,10 +74,15 @@ def test_roles_decide_who_submits_and_who_cancels_what(team: tuple[TestClient, d
     assert [j["id"] for j in workers.mxq_json("jobs", "--user", "alice")] == [job_id]
     local = workers.mxq_json("probe", "--device", "cpu:1", "--size", "16")
     assert workers.job(local["id"])["owner"] == local_owner()  # the CLI acts as the local admin
-    queued = client.post("/api/v1/jobs", json={**PROBE, "device": "cpu:7", "allow_offline": True},
+    queued = client.post("/api/v1/jobs", json={**PROBE, "device": "cpu:7", "allow_offline": True,
+                                               "priority": "low"},
                          headers=_as(token["carol"]))  # no worker: it waits, counted as carol's
     assert queued.status_code == 201, queued.text
-    assert 'mxq_user_jobs{owner="carol",status="queued"} 1.0' in client.get("/metrics").text
+    assert (queued.json()["priority"], queued.json()["preemptible"]) == ("low", True)
+    scraped = client.get("/metrics").text
+    assert 'mxq_user_jobs{owner="carol",status="queued"} 1.0' in scraped
+    assert all(f'mxq_queued_jobs{{priority="{level}"}}' in scraped for level in ("high", "normal", "low"))
+    assert 'mxq_queued_jobs{priority="low"} 0.0' not in scraped  # carol's waits
     assert client.post(f"/api/v1/jobs/{queued.json()['id']}/cancel",
                        headers=_as(token["carol"])).status_code == 200
 

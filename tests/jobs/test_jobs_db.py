@@ -95,7 +95,7 @@ def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) ->
     second = jobs.take(url, job_id, A, 3, TTL)
     assert isinstance(first, Fence) and isinstance(second, Fence) and second.attempt == 2
     row = (job_id, 0, 1, 0.5, None)
-    assert not predictions.commit(url, first, [row], 1)
+    assert predictions.commit(url, first, [row], 1) is jobs.RunCheck.LOST
     assert predictions.count(url, job_id) == 0
     assert jobs.set_progress(url, job_id, 0.5, first) is jobs.RunCheck.LOST
     assert jobs.run_check(url, first) is jobs.RunCheck.LOST
@@ -112,7 +112,8 @@ def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) ->
     assert jobs.record_metric(url, second, 0, "cpu:0", 100, 1.0)
     assert not jobs.record_metric(url, first, 0, "cpu:1", 999, 1.0)  # the successor's point stays
     assert [(m["device"], m["samples"]) for m in history.metrics(url, job_id)] == [("cpu:0", 100)]
-    assert predictions.commit(url, second, [row], 1) and predictions.count(url, job_id) == 1
+    assert predictions.commit(url, second, [row], 1) is jobs.RunCheck.GO_ON
+    assert predictions.count(url, job_id) == 1
     assert jobs.run_check(url, second) is jobs.RunCheck.GO_ON
     assert registry.add_model(url, model, second)["version"] == 1
     again = registry.add_model(url, {**model, "version": 2}, second)  # one version per training

@@ -96,10 +96,10 @@ def test_messages_reads_kombus_names_and_finds_the_id_mark_in_a_real_message(iso
     """The names `messages` reads from kombu are the ones a real message is stored under, and the
     look's Lua script finds each job id by JOB_ID_MARK in it (once), not by parsing it in Python."""
     assert (messages.UNACKED, messages.UNACKED_INDEX) == ("unacked", "unacked_index")
-    assert (messages.PRIORITY_SEP, messages.PRIORITY_STEPS) == ("\x06\x16", (3, 6, 9))
+    assert (messages.PRIORITY_SEP, messages.STEPS_ABOVE_0) == ("\x06\x16", (1, 2, 3, 4, 5))
     s = isolated.settings
     [job_id] = submit_many(s, "probe", [{"size": 16, "batch": 1, "repeat": 1}], "cpu:0", allow_offline=True)
-    queue = str(isolated.job(job_id)["queue"])
+    queue = str(isolated.job(job_id)["queue"]) + messages.PRIORITY_SEP + "3"  # normal, never started
     [raw] = [str(item) for item in client(s.broker).lrange(queue, 0, -1)]
     assert raw.count(messages.JOB_ID_MARK) == 1 and f'{messages.JOB_ID_MARK}{job_id}"' in raw
     ids, others = client(s.broker).register_script(messages._PAGE_IDS)(

@@ -14,7 +14,7 @@ from mxq.db import events, schedules
 from mxq.db.engine import session_scope
 from mxq.db.schema import Fire, Job, utcnow
 from mxq.workers.broker import deadletters
-from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, in_broker
+from mxq.workers.broker.messages import PRIORITY_SEP, UNACKED, UNACKED_INDEX, in_broker, stored_names
 from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
 from mxq.workers.jobs.submit import submit
@@ -44,6 +44,16 @@ def _queue(stack: Stack, job_id: int) -> str:
     return queue
 
 
+def _list(queue: str) -> str:
+    """The Redis list a normal job's new message waits in (`publish.Turn`)."""
+    return f"{queue}{PRIORITY_SEP}3"
+
+
+def _take_all(stack: Stack, queue: str) -> None:
+    """Every message of `queue` gone, as when its worker took them."""
+    client(stack.settings.broker).delete(*stored_names({queue}))
+
+
 def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack) -> None:
     lost, kept, fresh = _probe(isolated), _probe(isolated), _probe(isolated)
     for job_id in (lost, kept):
@@ -51,10 +61,10 @@ def test_a_queued_job_whose_message_was_lost_is_published_again(isolated: Stack)
     r = client(isolated.settings.broker)
     queue = _queue(isolated, lost)
     # Drop only the lost job's message (and the fresh one's: it is inside the submit grace).
-    for raw in r.lrange(queue, 0, -1):
+    for raw in r.lrange(_list(queue), 0, -1):
         if f'"job-{lost}"' in raw or f'"job-{fresh}"' in raw:
             assert isinstance(raw, str)  # the client decodes replies
-            r.lrem(queue, 1, raw)
+            r.lrem(_list(queue), 1, raw)
     assert in_broker(isolated.settings.broker, {queue})[0] == {kept}
 
     report = reconcile(isolated.settings)
@@ -74,9 +84,9 @@ def _hold(stack: Stack, job_id: int, age: float) -> str:
     """Move the job's message to kombu's unacked set, delivered `age` seconds ago."""
     r = client(stack.settings.broker)
     queue = _queue(stack, job_id)
-    [raw] = [m for m in r.lrange(queue, 0, -1) if f'"job-{job_id}"' in m]
+    [raw] = [m for m in r.lrange(_list(queue), 0, -1) if f'"job-{job_id}"' in m]
     assert isinstance(raw, str)  # the client decodes replies
-    r.lrem(queue, 1, raw)
+    r.lrem(_list(queue), 1, raw)
     tag = f"tag-{job_id}"
     r.hset(UNACKED, tag, json.dumps([json.loads(raw), "", queue]))
     r.zadd(UNACKED_INDEX, {tag: time.time() - age})
@@ -117,7 +127,7 @@ def test_a_finished_jobs_message_left_unacknowledged_is_dropped(isolated: Stack)
 def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(isolated: Stack) -> None:
     job_id = _probe(isolated)
     queue = _queue(isolated, job_id)
-    client(isolated.settings.broker).delete(queue)  # its worker took the message, then died
+    _take_all(isolated, queue)  # its worker took the message, then died
     stale = utcnow() - timedelta(seconds=isolated.settings.heartbeat_ttl * 3)
     _set(isolated, job_id, status="running", worker="cpu0@gone", attempts=1, heartbeat_at=stale)
 
@@ -130,7 +140,7 @@ def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(
     [event] = events.list_events(isolated.settings.database, job_id)
     assert event["kind"] == events.REQUEUED and "heartbeat" in event["message"]
 
-    client(isolated.settings.broker).delete(queue)
+    _take_all(isolated, queue)
     _set(isolated, job_id, attempts=isolated.settings.max_attempts, heartbeat_at=stale)
     assert reconcile(isolated.settings).failed == [job_id]
     job = isolated.job(job_id)
@@ -139,7 +149,7 @@ def test_a_running_job_with_a_dead_heartbeat_is_requeued_then_failed_at_the_cap(
 
 def test_a_running_job_with_a_live_heartbeat_is_left_alone(isolated: Stack) -> None:
     job_id = _probe(isolated)
-    client(isolated.settings.broker).delete(_queue(isolated, job_id))
+    _take_all(isolated, _queue(isolated, job_id))
     _set(isolated, job_id, status="running", worker="cpu0@busy", attempts=1, heartbeat_at=utcnow())
     assert reconcile(isolated.settings).empty()
     assert isolated.job(job_id)["status"] == "running"
@@ -193,10 +203,10 @@ def test_poison_beside_a_queued_job_is_moved_aside_and_lost_messages_still_repub
         _age(isolated, job_id)
     r = client(isolated.settings.broker)
     queue = _queue(isolated, lost)
-    for raw in r.lrange(queue, 0, -1):
+    for raw in r.lrange(_list(queue), 0, -1):
         if f'"job-{lost}"' in raw:
             assert isinstance(raw, str)  # the client decodes replies
-            r.lrem(queue, 1, raw)
+            r.lrem(_list(queue), 1, raw)
     r.lpush(queue, poison)
 
     report = reconcile(isolated.settings)

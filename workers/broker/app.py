@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from mxq.workers.broker.queues import CONTROL_QUEUE
+from mxq.workers.broker.queues import CONTROL_QUEUE, PRIORITY_STEPS
 from mxq.workers.broker.transport import transport_url
 from mxq.workers.settings import Settings, get_settings
 
@@ -49,7 +49,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         worker_send_task_events=True,  # what Flower (and `celery events`) show of running jobs
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout,
+                                  "priority_steps": list(PRIORITY_STEPS)},
         task_publish_retry_policy={"max_retries": PUBLISH_RETRIES, "interval_start": 0.2,
                                    "interval_step": 0.5, "interval_max": 1.0},
         broker_connection_timeout=3,
@@ -74,8 +75,8 @@ def publisher_transport_options(settings: Settings) -> dict[str, Any]:
     a paused Redis accepts connections and never answers, and a publish must give up. Only the
     publishing apps get them; a worker's consumer keeps kombu's own waiting."""
     seconds = settings.broker_timeout_seconds
-    return {"visibility_timeout": settings.visibility_timeout, "socket_timeout": seconds,
-            "socket_connect_timeout": seconds}
+    return {"visibility_timeout": settings.visibility_timeout, "priority_steps": list(PRIORITY_STEPS),
+            "socket_timeout": seconds, "socket_connect_timeout": seconds}
 
 
 @lru_cache(maxsize=4)

@@ -72,8 +72,15 @@ RELIANCES = (
              "a queue's messages of priority p > 0 are in the list '<queue><sep><p>'"),
     Reliance("Channel.sep", "messages.PRIORITY_SEP", "read from kombu: Redis keys of old messages "
              "keep the old value"),
-    Reliance("Channel.priority_steps", "messages.PRIORITY_STEPS",
-             "read from kombu: the priority lists are those of these steps above 0"),
+    Reliance("Channel.priority_steps", "queues.PRIORITY_STEPS",
+             "a transport option mxq sets (app.celery_config) to its own steps; kombu's default "
+             "holds only the messages of an mxq from before priorities"),
+    Reliance("Channel._brpop_start", "queues.PRIORITY_STEPS",
+             "a consumer's BRPOP names each step's list of every queue it consumes, lowest step "
+             "first: a higher level on any of a worker's queues is popped before a lower one"),
+    Reliance("Channel.priority", "publish.Turn.broker_priority",
+             "a message's priority maps to the highest step not above it, so each of mxq's "
+             "steps is its own list"),
     Reliance("Channel.unacked_key", "messages.UNACKED",
              "read from kombu: messages held at the upgrade stay in the old hash"),
     Reliance("Channel.unacked_index_key", "messages.UNACKED_INDEX",
@@ -99,6 +106,8 @@ RECORD = {
     "Channel._q_for_pri": "source ccb20428b15ae0bd",
     "Channel.sep": "value '\\x06\\x16'",
     "Channel.priority_steps": "value [0, 3, 6, 9]",
+    "Channel._brpop_start": "source 5e42aad2a4741b91",
+    "Channel.priority": "source b34e3f828ad59921",
     "Channel.unacked_key": "value 'unacked'",
     "Channel.unacked_index_key": "value 'unacked_index'",
     "QoS.append": "source 62a64dc288defbbc",

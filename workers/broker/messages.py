@@ -20,10 +20,12 @@ from kombu.transport.redis import Channel as KombuChannel
 from kombu.utils.json import dumps as kombu_dumps
 
 from mxq.workers.broker import deadletters, redis_client
+from mxq.workers.broker.queues import PRIORITY_STEPS
 
-# kombu's own names (its Redis channel's defaults, which mxq's transport does not override).
+# kombu's own names (its Redis channel's defaults, which mxq's transport does not override), and
+# mxq's priority steps (which it does).
 PRIORITY_SEP = str(KombuChannel.sep)
-PRIORITY_STEPS = tuple(int(p) for p in KombuChannel.priority_steps if p)  # priority 0: the queue itself
+STEPS_ABOVE_0 = tuple(p for p in PRIORITY_STEPS if p)  # priority 0: the queue itself
 UNACKED, UNACKED_INDEX = str(KombuChannel.unacked_key), str(KombuChannel.unacked_index_key)
 # How a task id starts in a stored message, as kombu's JSON writes it (`"id": "job-`): the
 # separators are kombu's, so the mark is written by kombu rather than copied here.
@@ -51,7 +53,7 @@ return dropped
 def stored_names(queues: set[str] | list[str]) -> list[str]:
     """The Redis lists that hold the messages of `queues`, every priority included."""
     return [q + suffix for q in sorted(queues)
-            for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))]
+            for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in STEPS_ABOVE_0))]
 
 
 def unreadable(message: Any) -> str | None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
 import redis
 from kombu.utils.url import maybe_sanitize_url
 
+from mxq import priorities
 from mxq.db import events, jobs
 from mxq.errors import Unavailable
 from mxq.workers.broker.app import app_for
@@ -84,14 +86,31 @@ PATIENT_RETRY_POLICY = {"max_retries": 27, "interval_start": 0.2, "interval_step
                         "interval_max": 5.0}
 
 
-def _send(broker: str, job_id: int, kind: str, queue: str,
+@dataclass(frozen=True)
+class Turn:
+    """Where a job's message stands among the others of its queue: its priority level, and
+    whether an attempt of it ran before (preempted, or its worker died): such a job goes ahead of
+    the jobs of its level that never started, since it started before them."""
+
+    level: str = priorities.DEFAULT
+    started: bool = False
+
+    @property
+    def broker_priority(self) -> int:
+        """The kombu priority of the message: one of PRIORITY_STEPS, the lowest taken first."""
+        return 2 * priorities.LEVELS.index(self.level) + (0 if self.started else 1)
+
+
+def _send(broker: str, job_id: int, kind: str, queue: str, turn: Turn,
           retry_policy: dict[str, float] | None = None) -> None:
     app_for(broker).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
-                              retry=True, retry_policy=retry_policy)
+                              retry=True, retry_policy=retry_policy, priority=turn.broker_priority)
 
 
-def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: bool = False) -> None:
-    """Send the job's message to `queue` (again, when requeuing a job whose worker died).
+def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: bool = False,
+            turn: Turn = Turn()) -> None:
+    """Send the job's message to `queue` at its `turn` (again, when requeuing a job whose worker
+    died or that was preempted).
 
     `patient` (inside workers, the reconciler) retries for minutes through a broker restart;
     otherwise (a user's submit) the broker has MXQ_BROKER_TIMEOUT_SECONDS to take it, and
@@ -99,10 +118,10 @@ def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: boo
     queued for the reconciler to publish."""
     try:
         if patient:
-            _send(settings.broker, job_id, kind, queue, PATIENT_RETRY_POLICY)
+            _send(settings.broker, job_id, kind, queue, turn, PATIENT_RETRY_POLICY)
         else:
             within(settings.broker_timeout_seconds, f"the publish of job {job_id}", settings.broker,
-                   lambda: _send(settings.broker, job_id, kind, queue))
+                   lambda: _send(settings.broker, job_id, kind, queue, turn))
     except BrokerTimeout:
         raise
     except Exception as exc:
@@ -121,12 +140,12 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
     attempts, worker = job["attempts"], job["worker"]
     if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
         return None
-    if attempts >= settings.max_attempts:
+    if attempts - job["preemptions"] >= settings.max_attempts:
         jobs.fail(settings.database, job_id,
                   jobs.exhausted_message(attempts, settings.max_attempts, worker))
         log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)
         return False
-    publish(settings, job_id, kind, queue, patient=True)
+    publish(settings, job_id, kind, queue, patient=True, turn=Turn(job["priority"], started=True))
     events.record(settings.database, job_id, events.REQUEUED, f"requeued to {queue}: {why}",
                   attempts=attempts, worker=worker)
     return True

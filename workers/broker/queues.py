@@ -10,6 +10,11 @@ from mxq.engines import RUNTIMES
 from mxq.errors import UserError
 
 CONTROL_QUEUE = "mxq.control"  # consumed only by the schedule process, never by device workers
+# The kombu priorities of mxq's messages (`publish.Turn`): a started and a new step per level,
+# high first. Kombu's Redis transport keeps a queue's messages of step p > 0 in the list
+# `<queue>\x06\x16<p>` and pops the lowest step first over every queue a worker consumes; every
+# app of mxq, publisher or consumer, is configured with these (`app.celery_config`).
+PRIORITY_STEPS = (0, 1, 2, 3, 4, 5)
 _AUTO = re.compile(r"^auto(?::(gpu|cpu))?$")
 
 
@@ -61,6 +66,14 @@ def pool_queue(kind: str, engine: str | None = None) -> str:
     engine, consumed only by the workers that have it (an H200's worker, ONNX Runtime only, never
     takes a training)."""
     return f"pool.{kind}.{engine}" if engine else f"pool.{kind}"
+
+
+def pool_of(queue: str) -> tuple[str, str | None] | None:
+    """The kind and engine of a pool queue (`pool.cpu`, `pool.gpu.mxnet`); None for another queue."""
+    parts = queue.split(".")
+    if parts[0] != "pool" or len(parts) not in (2, 3):
+        return None
+    return parts[1], parts[2] if len(parts) == 3 else None
 
 
 def pool_queues(kind: str, engines: tuple[str, ...] = RUNTIMES) -> list[str]:

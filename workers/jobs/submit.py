@@ -10,6 +10,7 @@ the same submit return the first job instead of a second one.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections import Counter
@@ -29,14 +30,18 @@ from mxq.db.reports.history import job_by_key
 from mxq.device import Device
 from mxq.engines import disagreement, needed
 from mxq.errors import Conflict, JobRejected
+from mxq.priorities import Priority
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
-from mxq.workers.broker.publish import BrokerTimeout, SubmitError, publish, task_name, within
+from mxq.workers.broker.publish import BrokerTimeout, SubmitError, Turn, publish, task_name, within
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
+from mxq.workers.jobs import preempt
 from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # An idempotency key comes from outside (a header, a flag): bounded, one line, no spaces; a UUID,
 # a ULID or a base64 digest fits (the column holds 128 characters).
@@ -272,20 +277,30 @@ def _unpublished(job_id: int, exc: SubmitError) -> Submitted:
 
 
 def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
-            exc: Exception, owner: str) -> JobRejected:
+            exc: Exception, owner: str, priority: Priority) -> JobRejected:
     """Record a request that cannot run as a failed job (carrying no idempotency key: a retry
     is rejected again, on its own row)."""
     reason = _storable(str(exc).strip('"'))
     job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
-                        reason, owner=owner)
+                        reason, owner=owner, priority=priority)
     return JobRejected(job_id, reason)
+
+
+def _ask_preemption(settings: Settings, priority: Priority) -> None:
+    """Ask a running job of a lower level to yield when the new job finds its devices busy.
+    The job is queued whatever happens here: a failure is logged, and the reconciler's next
+    pass asks again."""
+    try:
+        preempt.ask(settings, priority.level)
+    except Exception:  # the submit succeeded; this is only the fast path of the reconciler's ask
+        log.warning("preemption not asked at submit; the reconciler will", exc_info=True)
 
 
 def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
                    allow_offline: bool = False, idempotency_key: str | None = None,
-                   owner: str | None = None) -> Submitted:
-    """Queue one job, owned by `owner` (default: `local:<login>`, this machine's user); what
-    happened (`Submitted`).
+                   owner: str | None = None, priority: Priority = Priority()) -> Submitted:
+    """Queue one job, owned by `owner` (default: `local:<login>`, this machine's user), at
+    `priority`; what happened (`Submitted`).
 
     Device and database problems, and a broker that refuses connections, write nothing; wrong
     parameters or inputs are recorded as a failed job (so the history says why) and raise
@@ -298,7 +313,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     try:
         params = _prepare(settings, kind, params, models)
     except (ParamsError, PathError, LookupError) as exc:
-        raise _reject(settings, kind, params, where, exc, owner) from exc
+        raise _reject(settings, kind, params, where, exc, owner, priority) from exc
     where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
     if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
         return earlier  # before the broker is asked: a retry answers even while it hangs
@@ -309,7 +324,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
         late = exc
     try:
         job_id = create_job(settings.database, kind, params, where.requested, where.queue,
-                            idempotency_key=key, owner=owner)
+                            idempotency_key=key, owner=owner, priority=priority)
     except IdempotencyKeyTaken:  # a submit with the same key won the race
         assert key is not None
         earlier = _replay(settings, key, kind, params, where)
@@ -319,21 +334,25 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     if late is not None:
         return _unpublished(job_id, late)
     try:
-        publish(settings, job_id, kind, where.queue)
+        publish(settings, job_id, kind, where.queue, turn=Turn(priority.level))
     except SubmitError as exc:
         return _unpublished(job_id, exc)
+    _ask_preemption(settings, priority)
     return Submitted(job_id, True)
 
 
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
-           allow_offline: bool = False, owner: str | None = None) -> int:
+           allow_offline: bool = False, owner: str | None = None,
+           priority: Priority = Priority()) -> int:
     """Queue one job and return its id (`submit_request`, for callers that need only the id:
     a job not published yet is queued all the same, and the reconciler publishes it)."""
-    return submit_request(settings, kind, params, device, allow_offline, owner=owner).job_id
+    return submit_request(settings, kind, params, device, allow_offline, owner=owner,
+                          priority=priority).job_id
 
 
 def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
-                allow_offline: bool = False, owner: str | None = None) -> list[int]:
+                allow_offline: bool = False, owner: str | None = None,
+                priority: Priority = Priority()) -> list[int]:
     """Queue many jobs of one kind at once: one check, one transaction, pipelined publishes.
 
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
@@ -349,14 +368,15 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
                               "queued") from exc
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
-                      owner or local_owner())
+                      owner or local_owner(), priority)
     try:
         within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
                f"the publish of {len(ids)} jobs", settings.broker,
-               lambda: _send_many(settings, kind, where.queue, ids))
+               lambda: _send_many(settings, kind, where.queue, ids, Turn(priority.level)))
     except Exception as exc:
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
                           "the reconciler publishes the jobs already recorded") from exc
+    _ask_preemption(settings, priority)
     return ids
 
 
@@ -370,10 +390,10 @@ def _common_need(kind: str, checked: list[dict[str, Any]], models: Models) -> Ne
     return needs[engines.pop()] if engines else Need()
 
 
-def _send_many(settings: Settings, kind: str, queue: str, ids: list[int]) -> None:
+def _send_many(settings: Settings, kind: str, queue: str, ids: list[int], turn: Turn) -> None:
     """One pipelined round trip per 1,000 messages (kombu's publish batch) instead of one each."""
     app = app_for(settings.broker)
     with app.producer_or_acquire() as producer, producer.batch():
         for job_id in ids:
             app.send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
-                          producer=producer)
+                          producer=producer, priority=turn.broker_priority)

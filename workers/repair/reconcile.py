@@ -29,10 +29,11 @@ from mxq.db.records import JobRoute
 from mxq.db.schema import utcnow
 from mxq.status import FINISHED, JobStatus
 from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
-from mxq.workers.broker.publish import publish, requeue
+from mxq.workers.broker.publish import Turn, publish, requeue
 from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
 from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
+from mxq.workers.jobs import preempt
 from mxq.workers.schedules.fires import submit_fire
 from mxq.workers.settings import Settings
 
@@ -59,6 +60,7 @@ class Report:
     dead_lettered: list[str] = field(default_factory=list)  # the queue of each message moved aside
     stalled: list[int] = field(default_factory=list)  # failed: no progress for MXQ_STALL_SECONDS
     cancels_enforced: list[int] = field(default_factory=list)
+    preemptions_asked: list[tuple[int, int]] = field(default_factory=list)  # (asked, for)
 
     def empty(self) -> bool:
         return not any(vars(self).values())
@@ -131,7 +133,8 @@ def _republish(settings: Settings, lost: dict[int, JobRoute], stale: dict[int, l
                report: Report) -> None:
     for job_id in sorted(lost):
         kind, queue = lost[job_id]["kind"], lost[job_id]["queue"]
-        publish(settings, job_id, kind, queue, patient=True)
+        publish(settings, job_id, kind, queue, patient=True,
+                turn=Turn(lost[job_id]["priority"], lost[job_id]["started"]))
         why = (f"its message was held unacknowledged for {max(h.age for h in stale[job_id]):.0f}s "
                "by a consumer that lost its connection" if job_id in stale
                else "its message was gone from the broker")
@@ -230,6 +233,7 @@ def reconcile(settings: Settings) -> Report:
     _free_leases(settings, report)
     _resubmit_fires(settings, report)
     _end_stuck(settings, report)
+    report.preemptions_asked = preempt.ask(settings)  # for the jobs that still wait
     if not report.empty():
         log.warning("reconciled: %s", report)
     return report

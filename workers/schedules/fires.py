@@ -22,6 +22,7 @@ from mxq.db import schedules
 from mxq.db.records import ScheduleRecord, StoredSchedule
 from mxq.db.schema import utcnow
 from mxq.errors import JobRejected, MxqError
+from mxq.priorities import Priority
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import CONTROL_QUEUE
@@ -44,7 +45,8 @@ def submit_fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int 
         schedules.settle_fire(settings.database, fire_id, dataset_file=str(dataset))
         params = {**sched["spec"], "dataset": str(dataset), "fire_id": fire_id}
         route = params["device_list"][0] if params.get("device_list") else "auto"
-        job_id = submit(settings, "train", params, route, allow_offline=True, owner=sched["owner"])
+        job_id = submit(settings, "train", params, route, allow_offline=True, owner=sched["owner"],
+                        priority=Priority.of(sched["priority"], sched["preemptible"]))
         schedules.settle_fire(settings.database, fire_id, job_id=job_id)
         return job_id
     except JobRejected as exc:
@@ -134,9 +136,10 @@ def request_fire(settings: Settings, name: str, now: datetime | None = None) -> 
 
 def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str,
                  spec: dict[str, Any], promote: str, metric: str, min_gain: float,
-                 now: datetime | None = None, owner: str | None = None) -> ScheduleRecord:
+                 now: datetime | None = None, owner: str | None = None,
+                 priority: Priority = Priority()) -> ScheduleRecord:
     """Check everything a fire will need, then store the schedule with its first fire time,
-    owned by `owner` (default `local:<login>`)."""
+    owned by `owner` (default `local:<login>`); its fires' jobs run at `priority`."""
     check(cron, tz)
     if promote not in POLICIES:
         raise ParamsError(f"--promote {promote!r}: expected one of {', '.join(POLICIES)}")
@@ -145,7 +148,8 @@ def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
         "metric": metric, "min_gain": min_gain, "enabled": True,
-        "next_fire_at": next_after(cron, tz, now or utcnow()), "owner": owner or local_owner()})
+        "next_fire_at": next_after(cron, tz, now or utcnow()), "owner": owner or local_owner(),
+        "priority": priority.level, "preemptible": priority.preemptible})
 
 
 def resume(settings: Settings, name: str, now: datetime | None = None) -> None:

@@ -1,0 +1,73 @@
+"""What preemption reads and writes in SQL: the running jobs as `mxq.priorities.victim` judges
+them, the queued jobs that may ask one to yield, and the request itself.
+
+A request only marks the running job (`preempt_for`); its attempt yields at its next checkpoint
+(`mxq.db.jobs.yield_target`, `yielded`), so nothing is stopped from outside and what it
+committed is never lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import case, select, update
+
+from mxq.db.engine import rowcount, session_scope
+from mxq.db.retry import db_retry
+from mxq.db.schema import Job, as_utc, utcnow
+from mxq.priorities import HIGH, LOW, Running
+from mxq.status import JobStatus
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A queued job that may preempt: its level and the queue its message waits in."""
+
+    id: int
+    level: str
+    queue: str
+    needs: int  # devices at once
+
+
+def _devices(job: Job) -> frozenset[str]:
+    """The `node/device` labels a running job holds (a training all of its devices)."""
+    held = job.devices or ([job.device] if job.device else [])
+    return frozenset(f"{job.node}/{d}" for d in held)
+
+
+@db_retry
+def running(url: str, ttl: float) -> list[Running]:
+    """The jobs running now with a live heartbeat (parents of chunks apart: their chunks run)."""
+    cutoff = utcnow() - timedelta(seconds=ttl)
+    with session_scope(url) as session:
+        rows = session.scalars(select(Job).where(Job.status == JobStatus.RUNNING,
+                                                 Job.chunks.is_(None), Job.heartbeat_at >= cutoff))
+        return [Running(id=j.id, level=j.priority, preemptible=j.preemptible, devices=_devices(j),
+                        started_at=as_utc(j.started_at) or utcnow(), preemptions=j.preemptions,
+                        preempted_by=tuple(j.preempted_by or ()), yielding_to=j.preempt_for,
+                        parts=bool(j.params.get("dist"))) for j in rows]
+
+
+@db_retry
+def waiting(url: str, limit: int) -> list[Queued]:
+    """The queued jobs above the lowest level, highest first, then oldest: those that may ask a
+    running job to yield."""
+    with session_scope(url) as session:
+        rows = session.execute(select(Job.id, Job.priority, Job.queue, Job.params)
+                               .where(Job.status == JobStatus.QUEUED, Job.priority != LOW,
+                                      Job.chunks.is_(None))
+                               .order_by(case((Job.priority == HIGH, 0), else_=1), Job.id)
+                               .limit(limit))
+        return [Queued(r.id, r.priority, r.queue, int(r.params.get("devices") or 1)) for r in rows]
+
+
+@db_retry
+def ask_to_yield(url: str, victim: int, waiting_id: int) -> bool:
+    """Mark `victim` to yield to `waiting_id` at its next checkpoint, unless it already yields to
+    another job or stopped running meanwhile."""
+    with session_scope(url) as session:
+        return bool(rowcount(session.execute(
+            update(Job).where(Job.id == victim, Job.status == JobStatus.RUNNING,
+                              Job.preempt_for.is_(None))
+            .values(preempt_for=waiting_id))))

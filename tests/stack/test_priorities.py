@@ -1,0 +1,121 @@
+"""Priorities and preemption through real workers: a waiting `high` job is taken before the `low`
+jobs queued ahead of it, and a `low` job running on the device it needs yields at a checkpoint,
+lets it run, and resumes where it stopped: its predictions those of an uninterrupted run, each
+sample stored once; a training resumes from the epoch it yielded at."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from mxq.db import events
+from mxq.db.engine import session_scope
+from mxq.db.records import EventRecord, JobRecord
+from mxq.db.schema import Prediction
+from mxq.priorities import Priority
+from mxq.workers.jobs.submit import submit
+from tests.conftest import Stack, wait_until
+from tests.support.inference import committed_position, save_npy
+
+LOW, HIGH = Priority.of("low"), Priority.of("high")
+BLOCKER = Priority.of("low", preemptible=False)
+EPOCHS = 30
+
+
+def _infer(stack: Stack, name: str, priority: Priority, device: str = "cpu:0",
+           model: str = "mlp64") -> int:
+    return submit(stack.settings, "infer", {"model": model, "input": name, "batch_size": 256},
+                  device, priority=priority)
+
+
+def _started(stack: Stack, job_id: int) -> str:
+    started = stack.wait(job_id)["started_at"]
+    assert started is not None
+    return started
+
+
+def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Stack, mlp: dict) -> None:
+    rng = np.random.default_rng(3)
+    save_npy(workers, "prio-long.npy", rng.standard_normal((300_000, 64)).astype(np.float32))
+    save_npy(workers, "prio-small.npy", rng.standard_normal((2_000, 64)).astype(np.float32))
+    blocker = _infer(workers, "prio-long.npy", BLOCKER)  # holds cpu:0 while the others queue
+    wait_until(lambda: workers.job(blocker)["status"], 60, "the blocker to run",
+               until=lambda s: s == "running")
+    lows = [_infer(workers, "prio-small.npy", LOW) for _ in range(3)]
+    high = _infer(workers, "prio-small.npy", HIGH)
+    assert workers.wait(blocker)["status"] == "succeeded"
+    for job_id in (high, *lows):
+        assert workers.wait(job_id)["status"] == "succeeded"
+    assert _started(workers, high) < min(_started(workers, i) for i in lows)
+    assert workers.job(high)["priority"] == "high" and workers.job(lows[0])["preemptible"] is True
+    assert events.list_events(workers.settings.database, blocker) == []  # not preemptible
+
+
+def _stored(stack: Stack, job_id: int) -> list[tuple[int, int, float]]:
+    with session_scope(stack.settings.database) as session:
+        return [(r.idx, r.predicted_class, r.score) for r in session.execute(
+            select(Prediction.idx, Prediction.predicted_class, Prediction.score)
+            .where(Prediction.job_id == job_id).order_by(Prediction.idx))]
+
+
+def _preempted(stack: Stack, job_id: int) -> list[EventRecord]:
+    return [e for e in events.list_events(stack.settings.database, job_id)
+            if e["kind"] == events.PREEMPTED]
+
+
+@pytest.fixture(scope="module")
+def lenet(workers: Stack) -> str:
+    """A LeNet for 28x28 images: slow enough on a CPU (thousands of samples a second) that a
+    job of 30,000 lasts seconds, long enough to be preempted in the middle."""
+    proc = workers.mxq("models", "add", "lenet28", "--arch", "lenet", "--input-shape", "1,28,28",
+                       "--classes", "10")
+    assert proc.returncode == 0, proc.stderr
+    return "lenet28"
+
+
+def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once(
+        workers: Stack, lenet: str) -> None:
+    x = np.random.default_rng(5).standard_normal((30_000, 1, 28, 28)).astype(np.float32)
+    save_npy(workers, "preempt.npy", x)
+    save_npy(workers, "urgent.npy", x[:500])
+    low = _infer(workers, "preempt.npy", LOW, model=lenet)
+    wait_until(lambda: committed_position(workers, low), 60, "the low job to store a flush",
+               until=lambda n: n > 0, interval=0.05)
+    high = _infer(workers, "urgent.npy", HIGH, model=lenet)
+
+    done: JobRecord = workers.wait(low, timeout=180)
+    urgent = workers.wait(high)
+
+    assert (done["status"], urgent["status"]) == ("succeeded", "succeeded")
+    [yielded] = _preempted(workers, low)
+    assert (yielded["data"] or {}).get("to") == high and done["preemptions"] == 1
+    assert urgent["finished_at"] is not None and done["finished_at"] is not None
+    assert urgent["finished_at"] < done["finished_at"]
+    kinds = [e["kind"] for e in events.list_events(workers.settings.database, low)]
+    assert events.RESUMED in kinds and (done["result"] or {}).get("resumed_from", 0) > 0
+    uninterrupted = workers.wait(_infer(workers, "preempt.npy", Priority.of("normal"), model=lenet),
+                                 timeout=180)
+    stored, reference = _stored(workers, low), _stored(workers, uninterrupted["id"])
+    assert [i for i, _, _ in stored] == list(range(len(x)))  # each sample once, none lost
+    assert [c for _, c, _ in stored] == [c for _, c, _ in reference]
+    assert np.allclose([p for _, _, p in stored], [p for _, _, p in reference], rtol=1e-6)
+
+
+def test_a_low_training_yields_at_an_epoch_and_resumes_from_its_checkpoint(workers: Stack) -> None:
+    s = workers.settings
+    params = {"arch": "mlp", "dataset": "digits", "name": "preempted-mlp", "epochs": EPOCHS,
+              "batch_size": 8, "device_list": ["cpu:1"]}
+    train = submit(s, "train", params, "cpu:1", priority=LOW)
+    wait_until(lambda: (workers.job(train).get("progress") or 0), 120, "the first epoch",
+               until=lambda p: p >= 1 / EPOCHS, interval=0.1)
+    high = submit(s, "probe", {"size": 64, "batch": 1, "repeat": 1}, "cpu:1", priority=HIGH)
+
+    done = workers.wait(train, timeout=300)
+    assert done["status"] == "succeeded" and workers.wait(high)["status"] == "succeeded"
+    [yielded] = _preempted(workers, train)
+    assert (yielded["data"] or {}).get("to") == high
+    record = workers.mxq_json("job", str(train))
+    resumed_from = record["result"]["resumed_from_epoch"]
+    assert 1 <= resumed_from < EPOCHS
+    assert [e["epoch"] for e in record["epochs"]] == list(range(1, EPOCHS + 1))  # none redone, none lost
