@@ -18,7 +18,7 @@ from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs
 
-A = Placement(worker="cpu0@n", node="n", device="cpu:0")
+A = Placement(worker="cpu0@preempting", node="n", device="cpu:0")  # no other test's worker
 TTL = 5.0
 
 
