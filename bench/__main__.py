@@ -5,7 +5,8 @@
 Writes OUT/report.md (machine, date, aim vs measured with pass/miss, one section per case),
 OUT/*.png (matplotlib plots) and OUT/results.json (every figure). Each case runs on a stack of
 its own (embedded Redis + SQLite in a fresh home under OUT/tmp, removed afterwards unless the
-case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory, engines, fleet.
+case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory, engines, fleet,
+sharing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 5}},
     "memory": {"quick": {"samples": 5_000}, "full": {"samples": 50_000}},
     "engines": {"quick": {"scale": 0.02}, "full": {"scale": 1.0}},
+    "sharing": {"quick": {"tries": 3, "backlog": 20, "job_seconds": 3.0},
+                "full": {"tries": 20, "backlog": 200, "job_seconds": 5.0}},
     "fleet": {"quick": {"devices": [10, 50], "jobs": 2_000, "jobs_per_device": 40, "window": 20.0,
                         "scale": 0.02, "history": 100_000, "heartbeat": 0.5, "reconcile_every": 2.0,
                         "drain": True},
@@ -48,7 +51,8 @@ RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "memory": ("bench.infer_overhead", "run_memory"), "scaling": ("bench.scaling", "run"),
            "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
-           "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run")}
+           "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run"),
+           "sharing": ("bench.sharing", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:

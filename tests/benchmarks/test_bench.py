@@ -57,3 +57,23 @@ def test_unknown_case_is_refused(tmp_path: Path) -> None:
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown case(s) nope" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) -> None:
+    """Its urgent-start delays come from SQL, and its cost figures from a job that did yield (the
+    case fails when none did); the delays are not judged."""
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "sharing",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    case = json.loads((out / "results.json").read_text())["cases"]["sharing"]
+    result = case["result"]
+    for mode in ("no_preemption", "preemption"):
+        assert len(result[mode]["delays"]) == result["tries"] and result[mode]["p95"] >= 0
+    assert [c["engine"] for c in result["cost"]] == ["mxnet", "onnx"]
+    for cost in result["cost"]:
+        assert cost["preemptions"] >= 1 and cost["classes_equal"] is True
+        assert cost["stored"] == cost["unique"] == cost["samples"]
+    assert [c["aim"] for c in case["checks"]] == ["<= 1"] * 4
+    assert "## Sharing: an urgent job on devices saturated" in (out / "report.md").read_text()
