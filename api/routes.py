@@ -25,6 +25,7 @@ from mxq.api.schemas import (
     PredictionPage,
     Problem,
     PromoteRequest,
+    QueueEntry,
     ScheduleDetail,
     ScheduleRecord,
     ScheduleRequest,
@@ -43,6 +44,7 @@ from mxq.workers.broker.health import broker_problem
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.jobs.cancel import cancel_job
 from mxq.workers.jobs.jobspecs import TrainOptions
+from mxq.workers.jobs.queue_view import queue_view
 from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
 from mxq.workers.schedules.fires import add_schedule, request_fire, resume
 from mxq.workers.settings import Settings
@@ -125,6 +127,15 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
         response.headers["Idempotent-Replayed"] = "true"
     return {**require_job(s.database, done.job_id), "published": done.published,
             "replayed": done.replayed, "note": done.note}
+
+
+@router.get("/queue", response_model=list[QueueEntry], responses=problems())
+def waiting_queue(limit: Annotated[int, Query(ge=1, le=1000, description="At most this many, "
+                                              "the first ones.")] = 100,
+                  s: Settings = Depends(settings)) -> Any:
+    """The waiting jobs in the order workers take them (priority, then a job that started
+    before, then the oldest), each with its `position` and `why` it waits."""
+    return queue_view(s, limit)
 
 
 @router.get("/jobs/{job_id}", response_model=JobRecord, responses=problems(404))

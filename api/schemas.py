@@ -20,6 +20,7 @@ from mxq.db.records import (
     JobRecord,
     ModelRecord,
     PredictionRow,
+    QueueEntry,
     ScheduleDetail,
     ScheduleRecord,
 )
@@ -209,6 +210,6 @@ class DeviceRecord(BaseModel):
         "without a worker"))
 
 
-__all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest",
+__all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest", "QueueEntry",
            "ModelRecord", "PredictionPage", "PredictionRow", "Problem", "PromoteRequest", "ScheduleDetail",
            "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer"]

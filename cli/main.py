@@ -6,7 +6,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -68,6 +68,10 @@ JOB_COLUMNS = ["id", "kind", "status", "owner", "priority", "device", "node", "p
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
                "samples", "seconds", "samples_per_sec", "submitted_at", "started_at", "finished_at",
                "model", "model_version", "parent_id", "error", "owner", "priority", "preemptions"]
+QUEUE_COLUMNS = ["position", "id", "kind", "priority", "owner", "queue", "submitted_at", "why"]
+QUEUE_LOOK = 1000  # how far `mxq job` looks into the queue for a waiting job's reason
+
+
 def _since(text: str | None) -> datetime | None:
     return None if text is None else parse_since(text, datetime.now(UTC))
 
@@ -480,10 +484,32 @@ def cancel(job_id: JobId,
 
 @app.command()
 def job(job_id: JobId, json_: JsonOpt = False) -> None:
-    """One job's full record; exits 1 when the job failed or was cancelled."""
+    """One job's full record (a waiting one also says why it waits); exits 1 when the job
+    failed or was cancelled."""
     from mxq.db.reports.history import require_job
+    from mxq.workers.jobs.queue_view import queue_view
 
-    _show_job(require_job(get_settings().database, job_id, with_metrics=True), json_)
+    s = get_settings()
+    record: dict[str, Any] = dict(require_job(s.database, job_id, with_metrics=True))
+    if record["status"] == JobStatus.QUEUED:
+        entry = next((e for e in queue_view(s, QUEUE_LOOK) if e["id"] == job_id), None)
+        record["waiting"] = (f"{entry['why']} (position {entry['position']})" if entry else
+                             f"behind the first {QUEUE_LOOK} waiting jobs")
+    _show_job(cast("JobRecord", record), json_)
+
+
+@app.command()
+def queue(limit: Annotated[int, typer.Option(min=1, max=1000, help="The first N waiting jobs.")] = 50,
+          json_: JsonOpt = False) -> None:
+    """The waiting jobs in the order workers take them (priority, then a job that started
+    before, then the oldest), each with why it waits."""
+    from mxq.workers.jobs.queue_view import queue_view
+
+    entries = queue_view(get_settings(), limit)
+    if json_:
+        render.print_json(entries)
+    else:
+        render.table(cast(list[dict[str, Any]], entries), QUEUE_COLUMNS, "waiting jobs")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -161,6 +161,27 @@ class JobRow(TypedDict):
     preemptions: int  # attempts that yielded to another job (not counted against the limit)
 
 
+class QueuedJob(TypedDict):
+    """A waiting job as the queue view shows it (`mxq.db.reports.queue.waiting`)."""
+
+    id: int
+    kind: str
+    owner: str | None
+    priority: str
+    preemptible: bool
+    queue: str
+    submitted_at: str | None
+    started_before: bool  # an attempt ran (it was preempted, or its worker died): it goes first
+    preemptions: int
+
+
+class QueueEntry(QueuedJob):
+    """A waiting job with its place in the queue and why it waits (`mxq queue`, `GET /queue`)."""
+
+    position: int  # 1: the next one a worker takes (among the jobs its devices could run)
+    why: str  # in words: what it waits for
+
+
 class JobRoute(TypedDict):
     """Where a job's message goes: its task (`mxq.<kind>`), its queue, and its turn there: its
     priority level, and whether an attempt of it ran before (`mxq.db.repair`)."""

@@ -87,3 +87,24 @@ def test_dashboard_lists_jobs_and_shows_a_throughput_chart(workers: Stack, mlp: 
     shot.unlink(missing_ok=True)
     _chromium([f"--screenshot={shot}", page], tmp_path / "p2")
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_the_queue_view_orders_waiting_jobs_and_says_why(workers: Stack, api_url: str,
+                                                         tmp_path: Path) -> None:
+    from mxq.db import jobs
+    from mxq.priorities import Priority
+
+    s = workers.settings
+    waiting = [submit(s, "probe", {"size": 16}, "cpu:7", allow_offline=True,  # no worker there
+                      priority=Priority.of(level)) for level in ("low", "high")]
+    try:
+        dom = _chromium(["--dump-dom", api_url], tmp_path / "q").stdout
+        panel = dom[dom.index('id="queue-table"'):]
+        panel = panel[:panel.index("</table>")]
+        low, high = (panel.index(f'href="#job={job_id}"') for job_id in waiting)
+        assert high < low  # the high one runs first
+        assert "no capable device: no live worker takes its queue testnode.cpu.7" in panel
+        assert "priority-high" in panel and "priority-low" in panel
+    finally:
+        for job_id in waiting:
+            jobs.cancel(s.database, job_id)

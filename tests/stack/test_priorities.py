@@ -44,6 +44,14 @@ def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Sta
                until=lambda s: s == "running")
     lows = [_infer(workers, "prio-small.npy", LOW) for _ in range(3)]
     high = _infer(workers, "prio-small.npy", HIGH)
+    view = [e for e in workers.mxq_json("queue") if e["id"] in (high, *lows)]
+    assert [e["id"] for e in view] == [high, *lows]  # what runs next first
+    assert view[0]["why"] == ("next, priority high: its 1 device is busy; none of their jobs may "
+                              "yield to it")  # the blocker is not preemptible
+    assert view[1]["why"] == "behind 1 job that runs first on the devices it could use"
+    shown = workers.mxq("job", str(lows[-1]))
+    assert shown.returncode == 0
+    assert "behind 3 jobs that run first on the devices it could use" in shown.stdout
     assert workers.wait(blocker)["status"] == "succeeded"
     for job_id in (high, *lows):
         assert workers.wait(job_id)["status"] == "succeeded"

@@ -1,0 +1,49 @@
+"""Why each waiting job waits, in the order workers take them: the queue view of `mxq queue`,
+the dashboard and `GET /api/v1/queue`.
+
+A job waits for one of: no live worker takes its queue (no capable device), jobs that run
+first on the devices it could use (a higher priority, or earlier), or those devices being busy
+(and whether a job there was asked to yield to it).
+"""
+
+from __future__ import annotations
+
+from mxq.db.fleet import list_workers
+from mxq.db.records import QueuedJob, QueueEntry
+from mxq.db.reports import queue
+from mxq.db.sharing import preemption
+from mxq.priorities import Running
+from mxq.workers.jobs.preempt import capable
+from mxq.workers.settings import Settings
+
+
+def _why(job: QueuedJob, devices: frozenset[str], ahead: int, running: list[Running]) -> str:
+    if not devices:
+        return f"no capable device: no live worker takes its queue {job['queue']}"
+    if ahead:
+        runs = "jobs that run" if ahead > 1 else "job that runs"
+        return f"behind {ahead} {runs} first on the devices it could use"
+    if (asked := next((r for r in running if r.yielding_to == job["id"]), None)) is not None:
+        return f"next: job {asked.id} yields to it at its next checkpoint"
+    busy = frozenset().union(*(r.devices for r in running))
+    if devices - busy:
+        return "next: a device that can run it is free"
+    lower = any(r.devices & devices and r.may_yield_to(job["id"], job["priority"]) for r in running)
+    return (f"next, priority {job['priority']}: its {len(devices)} device"
+            f"{'s are' if len(devices) > 1 else ' is'} busy"
+            + ("" if lower else "; none of their jobs may yield to it"))
+
+
+def queue_view(settings: Settings, limit: int = 100) -> list[QueueEntry]:
+    """The first `limit` waiting jobs, each with its position and why it waits."""
+    url = settings.database
+    workers = list_workers(url, settings.heartbeat_ttl)
+    running = preemption.running(url, settings.heartbeat_ttl)
+    seen: list[frozenset[str]] = []  # the capable devices of each job before this one
+    entries: list[QueueEntry] = []
+    for position, job in enumerate(queue.waiting(url, limit), start=1):
+        devices = capable(job["queue"], workers)
+        ahead = sum(1 for earlier in seen if earlier & devices)
+        entries.append({**job, "position": position, "why": _why(job, devices, ahead, running)})
+        seen.append(devices)
+    return entries
