@@ -98,7 +98,9 @@ ABOUT = {
     "running job to end), then preemptible (a running job yields at its next flush). Then, per "
     "engine, one `low` job preempted mid-way and resumed, compared sample by sample with an "
     "uninterrupted run of the same job; 'computed twice' is the samples of its throughput points "
-    "beyond its own count. Fair shares are not built yet, so not measured.",
+    "beyond its own count. Then users of weights 1 and 3 submit many small jobs at once, and a "
+    "user with a quota of one device a tenth as many: the weighted users' device-seconds while "
+    "both have work waiting, and the capped user's most devices at once.",
     "memory": "The worker's peak resident memory (VmHWM) after an inference job on the input, "
     "then after one on an input 10 times larger: inputs are memory-mapped a batch at a time and "
     "results are flushed as they go, so it should stay flat.",
@@ -217,6 +219,14 @@ def _sharing_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
             _check("urgent start p95, preemption", "s", "aim", 2.0, "high job's submit to start",
                    pre["p95"], pre["p95"] / 2.0, aim=("<=", 1.0),
                    note=f"p50 {pre['p50']:.2f} s; aim: under 2 s")]
+    fair = r["fair"]
+    rows.append(_check("fair share: weight 3's device-seconds, weights 1 and 3", "%", "aim", 75.0,
+                       "measured", 100 * fair["w3_share"], abs(fair["w3_share"] / 0.75 - 1) / 0.1,
+                       aim=("<=", 1.0), note=f"within 10 % of 75 %: the ratio is the miss over 10 %; "
+                       f"{fair['contended_seconds']:.0f} s contended, {fair['per_user']} jobs each"))
+    rows.append(_check("quota: most devices at once of a 1-device user", "devices", "quota",
+                       fair["capped_quota"], "measured", fair["capped_most_devices"],
+                       fair["capped_most_devices"] / fair["capped_quota"], aim=("<=", 1.0)))
     for c in r["cost"]:
         rows.append(_check(f"samples computed twice per preemption, {c['engine']}", "samples",
                            "one flush", c["flush_samples"], "computed twice", c["computed_twice"],

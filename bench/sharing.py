@@ -11,6 +11,10 @@ The cost: a low job per engine (MXNet, ONNX Runtime) preempted mid-way and resum
 uninterrupted run of the same job: its predictions compared sample by sample, the samples it
 computed more than once (the sum of its throughput points over its samples).
 
+Fair share: users with weights 1 and 3 submit `fair_jobs` small jobs each at once (and a user
+with a quota of one device a tenth of that): each one's device-seconds while both have work
+waiting, and the capped user's most devices at once.
+
     python -m bench.sharing [--tries 20] [--backlog 200] [--job-seconds 5]
 """
 
@@ -153,14 +157,68 @@ def preemption_cost(s: Settings, backlog: Path, urgent: Path, samples: int, engi
     return result
 
 
+def _spans(s: Settings, ids: list[int]) -> list[tuple[str, float, float]]:
+    """(owner, start, end) of each job, in seconds since the epoch, from SQL."""
+    from sqlalchemy import select
+
+    from mxq.db.engine import session_scope
+    from mxq.db.schema import Job, as_utc
+
+    with session_scope(s.database) as session:
+        rows = session.scalars(select(Job).where(Job.id.in_(ids)))
+        return [(str(j.owner), as_utc(j.started_at).timestamp(), as_utc(j.finished_at).timestamp())
+                for j in rows if j.started_at is not None and j.finished_at is not None]
+
+
+def _most_at_once(spans: list[tuple[str, float, float]]) -> int:
+    edges = sorted([(a, 1) for _, a, _ in spans] + [(b, -1) for _, _, b in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def fair_share(s: Settings, path: Path, per_user: int) -> dict[str, Any]:
+    """Users with weights 1 and 3 submit `per_user` jobs each at once, a third user with a quota
+    of 1 device a tenth of that: device-seconds per user while both weighted users have work
+    waiting, and the third one's most devices at once."""
+    from mxq.db.sharing import users
+    from mxq.shares import Share
+    from mxq.users import Role
+    from mxq.workers.jobs.submit import submit_many
+
+    for name, weights in (("w1", Share(1.0)), ("w3", Share(3.0)), ("capped", Share(1.0, 1))):
+        users.add(s.database, name, Role.SUBMIT, weights)
+    params = {"model": MODEL, "input": str(path), "batch_size": BATCH, "output": "npy"}
+    ids = {name: submit_many(s, "infer", [dict(params) for _ in range(n)], "auto", owner=name)
+           for name, n in (("w1", per_user), ("w3", per_user), ("capped", max(4, per_user // 10)))}
+    for job_ids in ids.values():
+        for job_id in job_ids:
+            wait_job(s, job_id, poll=0.2)
+    spans = _spans(s, [i for v in ids.values() for i in v])
+    begin = min(a for _, a, _ in spans)
+    # contended while both weighted users have jobs waiting: until the first one's last start
+    end = min(max(a for o, a, _ in spans if o == name) for name in ("w1", "w3"))
+    used = {name: sum(max(0.0, min(b, end) - max(a, begin)) for o, a, b in spans if o == name)
+            for name in ("w1", "w3")}
+    share = used["w3"] / max(used["w1"] + used["w3"], 1e-9)
+    most = _most_at_once([x for x in spans if x[0] == "capped"])
+    print(f"  fair share: w3 (weight 3) had {share:.1%} of the weighted users' device-seconds over "
+          f"{end - begin:.0f} s of contention (aim 75 %); the user with a 1-device quota held at "
+          f"most {most} at once", flush=True)
+    return {"per_user": per_user, "seconds": used, "w3_share": share, "contended_seconds": end - begin,
+            "capped_most_devices": most, "capped_quota": 1}
+
+
 def _rate(s: Settings, path: Path) -> float:
     """The backlog job's samples/s on one device (its size is set from it)."""
     job = wait_job(s, _submit(s, path, "normal"))
     return float(job["samples_per_sec"] or 1.0)
 
 
-def run(tries: int = 20, backlog: int = 200, job_seconds: float = 5.0, seed: int = 0,
-        root: Path | None = None) -> dict[str, Any]:
+def run(tries: int = 20, backlog: int = 200, job_seconds: float = 5.0, fair_jobs: int = 300,
+        seed: int = 0, root: Path | None = None) -> dict[str, Any]:
     with running_stack(cpu_devices=2, root=root, prefix="sharing-") as s:
         register(s, "lenet", SHAPE)
         warm(s, SHAPE, BATCH, ["cpu:0", "cpu:1"])
@@ -171,8 +229,10 @@ def run(tries: int = 20, backlog: int = 200, job_seconds: float = 5.0, seed: int
         plain = urgent_start(s, path, urgent, backlog, tries, job_seconds, False, seed)
         preempting = urgent_start(s, path, urgent, backlog, tries, job_seconds, True, seed)
         cost = [preemption_cost(s, path, urgent, samples, e) for e in ("mxnet", "onnx")]
+        small = make_input(s.home_path / "small.npy", 4 * BATCH, SHAPE, seed=3)
+        fair = fair_share(s, small, fair_jobs)
     return {"tries": tries, "backlog": backlog, "job_seconds": job_seconds, "samples": samples,
-            "no_preemption": plain, "preemption": preempting, "cost": cost,
+            "no_preemption": plain, "preemption": preempting, "cost": cost, "fair": fair,
             "ratio": preempting["p95"] / max(plain["p95"], 1e-9)}
 
 
@@ -181,8 +241,9 @@ def main() -> None:
     ap.add_argument("--tries", type=int, default=20)
     ap.add_argument("--backlog", type=int, default=200)
     ap.add_argument("--job-seconds", type=float, default=5.0)
+    ap.add_argument("--fair-jobs", type=int, default=300, help="jobs each weighted user submits")
     args = ap.parse_args()
-    run(args.tries, args.backlog, args.job_seconds)
+    run(args.tries, args.backlog, args.job_seconds, args.fair_jobs)
 
 
 if __name__ == "__main__":

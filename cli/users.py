@@ -18,7 +18,13 @@ app = typer.Typer(help="Users of the API and their roles: add, ls, set, rm.", no
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 RoleOpt = Annotated[Role, typer.Option(help="read (history), submit (also its own jobs and "
                                             "schedules), admin (everything).", case_sensitive=False)]
-COLUMNS = ["name", "role", "has_token", "created_at"]
+COLUMNS = ["name", "role", "has_token", "share", "max_devices", "created_at"]
+ShareOpt = Annotated[float | None, typer.Option(
+    "--share", min=0.01, max=1000.0, help="Its weight against the others' when devices are contended "
+    "(default 1): with weights 1 and 3, a quarter and three quarters of the device-seconds.")]
+MaxDevicesOpt = Annotated[int | None, typer.Option(
+    "--max-devices", min=0, max=100_000, help="At most this many devices at once; its other jobs "
+    "wait, saying so (0: no quota).")]
 
 
 def _name(name: str) -> str:
@@ -34,11 +40,14 @@ def _print_token(name: str, token: str) -> None:
 
 
 @app.command()
-def add(name: str, role: RoleOpt = Role.SUBMIT, json_: JsonOpt = False) -> None:
-    """Add user NAME with ROLE and print its token, once."""
+def add(name: str, role: RoleOpt = Role.SUBMIT, share: ShareOpt = None,
+        max_devices: MaxDevicesOpt = None, json_: JsonOpt = False) -> None:
+    """Add user NAME with ROLE (and its fair share) and print its token, once."""
     from mxq.db.sharing import users
+    from mxq.shares import Share
 
-    token = users.add(get_settings().database, _name(name), role)
+    token = users.add(get_settings().database, _name(name), role,
+                      Share(share if share is not None else 1.0, max_devices or None))
     if json_:
         render.print_json({"name": name, "role": role.value, "token": token})
     else:
@@ -62,20 +71,23 @@ def set_user(name: str, role: Annotated[Role | None, typer.Option(
                  help="The new role.", case_sensitive=False)] = None,
              new_token: Annotated[bool, typer.Option(
                  "--new-token", help="Replace its token: the old one stops working.")] = False,
+             share: ShareOpt = None, max_devices: MaxDevicesOpt = None,
              json_: JsonOpt = False) -> None:
-    """Change user NAME's role, or give it a new token."""
+    """Change user NAME's role, share or quota, or give it a new token."""
     from mxq.db.sharing import users
 
-    if role is None and not new_token:
-        raise typer.BadParameter("nothing to change: give --role ROLE or --new-token")
-    token = users.set_user(get_settings().database, name, role, new_token)
+    if role is None and not new_token and share is None and max_devices is None:
+        raise typer.BadParameter("nothing to change: give --role ROLE, --share W, --max-devices N "
+                                 "or --new-token")
+    token = users.set_user(get_settings().database, name, role, new_token, share, max_devices)
     if json_:
         render.print_json({"name": name, **({"role": role.value} if role else {}),
                            **({"token": token} if token else {})})
     elif token is not None:
         _print_token(name, token)
     else:
-        render.out.print(f"user {name}: role {role}")
+        render.table([r for r in users.list_users(get_settings().database) if r["name"] == name],
+                     COLUMNS, f"user {name}")
 
 
 @app.command("rm")

@@ -53,7 +53,7 @@ class IdempotencyKeyTaken(Conflict):
 
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
                rejected: str | None = None, idempotency_key: str | None = None,
-               owner: str | None = None, priority: Priority = Priority()) -> int:
+               owner: str | None = None, priority: Priority = Priority(), held: bool = False) -> int:
     """A queued job, or (with `rejected`) one that failed at submit for that reason.
 
     With `idempotency_key`, IdempotencyKeyTaken when a job already holds it: the unique index
@@ -64,7 +64,7 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
                       status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
                       attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
                       idempotency_key=idempotency_key, owner=owner, priority=priority.level,
-                      preemptible=priority.preemptible)
+                      preemptible=priority.preemptible, held=held and not rejected)
             session.add(job)
             session.flush()
             return job.id
@@ -75,28 +75,30 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
 
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
-                queue: str, owner: str | None = None, priority: Priority = Priority()) -> list[int]:
+                queue: str, owner: str | None = None, priority: Priority = Priority(),
+                held: bool = False) -> list[int]:
     """Many queued jobs in one transaction.
 
     On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
     cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
     with session_scope(url) as session:
         if session.get_bind().dialect.name == "postgresql":
-            return _copy_jobs(session, kind, params, requested, queue, owner, priority)
+            return _copy_jobs(session, kind, params, requested, queue, owner, priority, held)
         rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
                     status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner,
-                    priority=priority.level, preemptible=priority.preemptible) for p in params]
+                    priority=priority.level, preemptible=priority.preemptible, held=held)
+                for p in params]
         session.add_all(rows)
         session.flush()
         return [r.id for r in rows]
 
 
 _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
-                 "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions")
+                 "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions", "held")
 
 
 def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
-               queue: str, owner: str | None, priority: Priority) -> list[int]:
+               queue: str, owner: str | None, priority: Priority, held: bool) -> list[int]:
     ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
                                     "FROM generate_series(1, :n)"), {"n": len(params)}))
     now = utcnow()
@@ -104,7 +106,7 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
     with raw.cursor() as cur, cur.copy(f"COPY jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
         for job_id, p in zip(ids, params, strict=True):
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
-                            now, owner, priority.level, priority.preemptible, 0))
+                            now, owner, priority.level, priority.preemptible, 0, held))
     return ids
 
 
@@ -212,12 +214,14 @@ def _fail_exhausted(session: Session, job_id: int, cutoff: datetime, max_attempt
 def queued_infer(url: str, queues: list[str], limit: int,
                  level: str = "normal") -> list[tuple[int, dict[str, Any]]]:
     """The oldest queued, unchunked inference jobs on `queues` of priority `level` (a batch never
-    takes a lower level ahead of its turn) that no attempt started storing: (id, params)."""
+    takes a lower level ahead of its turn) that no attempt started storing and admission does not
+    hold (`held`: a batch never takes a job past its owner's quota): (id, params)."""
     with session_scope(url) as session:
         return [(r.id, r.params) for r in session.execute(
             select(Job.id, Job.params).where(Job.status == JobStatus.QUEUED, Job.kind == "infer",
                                              Job.queue.in_(queues), Job.parent_id.is_(None),
-                                             Job.committed.is_(None), Job.priority == level)
+                                             Job.committed.is_(None), Job.priority == level,
+                                             Job.held.is_(False))
             .order_by(Job.id).limit(limit))]
 
 

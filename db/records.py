@@ -173,6 +173,7 @@ class QueuedJob(TypedDict):
     submitted_at: str | None
     started_before: bool  # an attempt ran (it was preempted, or its worker died): it goes first
     preemptions: int
+    held: bool  # not handed to the broker yet: its owner's quota or fair share admits it later
 
 
 class QueueEntry(QueuedJob):

@@ -28,10 +28,12 @@ def _route(row: Row[int, str, str, str, int]) -> JobRoute:
 
 
 def queued_before(url: str, cutoff: datetime) -> dict[int, JobRoute]:
-    """The jobs queued since before `cutoff`, by id: past it, a job's message should be out."""
+    """The jobs queued since before `cutoff` and not held for admission, by id: past it, a job's
+    message should be out."""
     with session_scope(url) as session:
         rows = session.execute(select(*_ROUTE)
-                               .where(Job.status == JobStatus.QUEUED, Job.submitted_at < cutoff))
+                               .where(Job.status == JobStatus.QUEUED, Job.held.is_(False),
+                                      Job.submitted_at < cutoff))
         return {r.id: _route(r) for r in rows}
 
 

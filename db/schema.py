@@ -104,9 +104,13 @@ class Job(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     preempt_for: Mapped[int | None]
     preempted_by: Mapped[list[int] | None] = mapped_column(JSON)
+    # Fair shares (migration 0020): a queued job not yet handed to the broker; the admitter
+    # (mxq.workers.jobs.admit) publishes it when its owner's quota and share allow.
+    held: Mapped[bool] = mapped_column(Boolean, default=False)
 
     __table_args__ = (
         Index("ix_jobs_owner_submitted", "owner", "submitted_at"),
+        Index("ix_jobs_held", "held", "status"),  # the admitter's look: the few held ones
         Index("ix_jobs_parent", "parent_id"),
         Index("ux_jobs_idempotency_key", "idempotency_key", unique=True),
         Index("ix_jobs_status_submitted", "status", "submitted_at"),
@@ -309,3 +313,7 @@ class User(Base):
     token_id: Mapped[str | None] = mapped_column(String(12), unique=True)
     token_hash: Mapped[str | None] = mapped_column(String(160))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Its fair share (mxq.shares, migration 0020): a weight against the other owners' when
+    # devices are contended, and at most this many devices at once (None: no quota).
+    share: Mapped[float] = mapped_column(Float, default=1.0)
+    max_devices: Mapped[int | None]

@@ -25,6 +25,7 @@ from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
 from mxq.workers.fleet import heartbeat, leases
+from mxq.workers.jobs import admit
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -301,6 +302,7 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
             hb.current_job = None
         if job.parent_id is not None:
             jobs.settle_parent(s.database, job.parent_id)
+        admit.admit_quietly(s)  # its device is free: the next held job may go
 
 
 def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mxq import epochs, parts, priorities, promotion
+from mxq import epochs, parts, priorities, promotion, shares
 from mxq.device import Device
 from mxq.promotion import PromotionPolicy
 from mxq.since import SinceError, parse_since
@@ -309,3 +309,34 @@ def test_an_unknown_priority_says_what_is_allowed() -> None:
     allowed = "priority 'urgent' is not allowed: use high, normal or low"
     with pytest.raises(priorities.PriorityError, match=allowed):
         priorities.Priority.of("urgent")
+
+
+def _held(job_id: int, owner: str, level: str = "normal", needs: int = 1) -> shares.Held:
+    return shares.Held(job_id, owner, level, needs)
+
+
+def _next(held: list[shares.Held], weights: dict[str, shares.Share], usage: shares.Usage) -> int | None:
+    chosen = shares.next_held(held, weights, usage)
+    return None if chosen is None else chosen.id
+
+
+def test_within_a_priority_the_owner_furthest_below_its_share_goes_first() -> None:
+    weights = {"a": shares.Share(1.0), "b": shares.Share(3.0)}
+    usage = shares.Usage({"a": 10.0, "b": 20.0}, {}, typical_seconds=5.0)
+    assert _next([_held(1, "a"), _held(2, "b")], weights, usage) == 2  # 20/3 < 10/1
+    usage.take(_held(2, "b"))  # b now holds a device, counted at a typical job's 5 s: 25/3 < 10
+    assert _next([_held(1, "a"), _held(3, "b")], weights, usage) == 3
+    usage.devices["b"] = 3  # 35/3 > 10
+    assert _next([_held(1, "a"), _held(3, "b")], weights, usage) == 1
+    assert _next([_held(1, "a"), _held(4, "b", "high")], weights, usage) == 4  # priority first
+
+
+def test_a_job_beyond_its_owners_quota_stays_held_and_says_why() -> None:
+    capped = {"a": shares.Share(1.0, max_devices=2)}
+    usage = shares.Usage({}, {"a": 1})
+    assert shares.next_held([_held(1, "a", needs=2)], capped, usage) is None
+    assert _next([_held(1, "a", needs=2), _held(2, "c")], capped, usage) == 2  # c: no quota
+    usage.take(_held(3, "a"))
+    assert shares.over_quota(_held(5, "a"), capped["a"], usage)
+    assert shares.quota_reason(capped["a"], 2) == "waiting: quota 2 devices, 2 in use"
+    assert shares.quota_reason(shares.Share(max_devices=1), 1) == "waiting: quota 1 device, 1 in use"

@@ -24,4 +24,5 @@ def waiting(url: str, limit: int) -> list[QueuedJob]:
                                .order_by(*NEXT_FIRST).limit(limit))
         return [{"id": j.id, "kind": j.kind, "owner": j.owner, "priority": j.priority,
                  "preemptible": j.preemptible, "queue": j.queue, "submitted_at": iso(j.submitted_at),
-                 "started_before": j.attempts > 0, "preemptions": j.preemptions} for j in rows]
+                 "started_before": j.attempts > 0, "preemptions": j.preemptions, "held": j.held}
+                for j in rows]

@@ -56,7 +56,7 @@ def waiting(url: str, limit: int) -> list[Queued]:
     with session_scope(url) as session:
         rows = session.execute(select(Job.id, Job.priority, Job.queue, Job.params)
                                .where(Job.status == JobStatus.QUEUED, Job.priority != LOW,
-                                      Job.chunks.is_(None))
+                                      Job.chunks.is_(None), Job.held.is_(False))
                                .order_by(case((Job.priority == HIGH, 0), else_=1), Job.id)
                                .limit(limit))
         return [Queued(r.id, r.priority, r.queue, int(r.params.get("devices") or 1)) for r in rows]

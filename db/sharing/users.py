@@ -16,6 +16,7 @@ from mxq import tokens
 from mxq.db.engine import session_scope
 from mxq.db.schema import User, iso
 from mxq.errors import Conflict, NotFound
+from mxq.shares import Share
 from mxq.users import TOKEN_ADMIN, Role
 
 
@@ -26,6 +27,8 @@ class UserRecord(TypedDict):
     role: str
     has_token: bool  # False for `admin` of MXQ_API_TOKEN
     created_at: str | None
+    share: float  # its weight when devices are contended (mxq.shares)
+    max_devices: int | None  # at most this many devices at once; None: no quota
 
 
 class TokenUser(TypedDict):
@@ -38,7 +41,7 @@ class TokenUser(TypedDict):
 
 def _record(row: User) -> UserRecord:
     return {"name": row.name, "role": row.role, "has_token": row.token_id is not None,
-            "created_at": iso(row.created_at)}
+            "created_at": iso(row.created_at), "share": row.share, "max_devices": row.max_devices}
 
 
 def _get(session: Session, name: str) -> User:
@@ -49,12 +52,14 @@ def _get(session: Session, name: str) -> User:
     return row
 
 
-def add(url: str, name: str, role: Role) -> str:
-    """Add a user with a fresh token; the token (shown once: only its hash is kept)."""
+def add(url: str, name: str, role: Role, share: Share = Share()) -> str:
+    """Add a user with a fresh token and its fair share; the token (shown once: only its hash is
+    kept)."""
     token_id, token, token_hash = tokens.issue()
     try:
         with session_scope(url) as session:
-            session.add(User(name=name, role=role.value, token_id=token_id, token_hash=token_hash))
+            session.add(User(name=name, role=role.value, token_id=token_id, token_hash=token_hash,
+                             share=share.weight, max_devices=share.max_devices))
     except IntegrityError:
         raise Conflict(f"a user named {name!r} exists already; `mxq users set {name} "
                        "--new-token` gives it another token") from None
@@ -66,14 +71,19 @@ def list_users(url: str) -> list[UserRecord]:
         return [_record(u) for u in session.scalars(select(User).order_by(User.name))]
 
 
-def set_user(url: str, name: str, role: Role | None = None, new_token: bool = False) -> str | None:
-    """Change a user's role, and with `new_token` replace its token (the old one stops working);
-    the new token, or None."""
+def set_user(url: str, name: str, role: Role | None = None, new_token: bool = False,
+             weight: float | None = None, max_devices: int | None = None) -> str | None:
+    """Change a user's role, weight or quota (`max_devices` 0: none), and with `new_token`
+    replace its token (the old one stops working); the new token, or None."""
     issued = tokens.issue() if new_token else None
     with session_scope(url) as session:
         row = _get(session, name)
         if role is not None:
             row.role = role.value
+        if weight is not None:
+            row.share = weight
+        if max_devices is not None:
+            row.max_devices = max_devices or None
         if issued is not None:
             if row.name == TOKEN_ADMIN:
                 raise Conflict(f"user {TOKEN_ADMIN!r} authenticates with MXQ_API_TOKEN; "

@@ -75,5 +75,7 @@ def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) 
     for cost in result["cost"]:
         assert cost["preemptions"] >= 1 and cost["classes_equal"] is True
         assert cost["stored"] == cost["unique"] == cost["samples"]
-    assert [c["aim"] for c in case["checks"]] == ["<= 1"] * 4
+    fair = result["fair"]
+    assert 0 < fair["w3_share"] < 1 and fair["capped_most_devices"] >= 1
+    assert [c["aim"] for c in case["checks"]] == ["<= 1"] * 6
     assert "## Sharing: an urgent job on devices saturated" in (out / "report.md").read_text()

@@ -35,16 +35,27 @@ def _started(stack: Stack, job_id: int) -> str:
     return started
 
 
-def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Stack, mlp: dict) -> None:
+@pytest.fixture(scope="module")
+def lenet(workers: Stack) -> str:
+    """A LeNet for 28x28 images: slow enough on a CPU (thousands of samples a second) that a
+    job of 30,000 lasts seconds, long enough to be preempted in the middle."""
+    proc = workers.mxq("models", "add", "lenet28", "--arch", "lenet", "--input-shape", "1,28,28",
+                       "--classes", "10")
+    assert proc.returncode == 0, proc.stderr
+    return "lenet28"
+
+
+def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Stack, mlp: dict,
+                                                                   lenet: str) -> None:
     rng = np.random.default_rng(3)
-    save_npy(workers, "prio-long.npy", rng.standard_normal((300_000, 64)).astype(np.float32))
+    save_npy(workers, "prio-long.npy", rng.standard_normal((20_000, 1, 28, 28)).astype(np.float32))
     save_npy(workers, "prio-small.npy", rng.standard_normal((2_000, 64)).astype(np.float32))
-    blocker = _infer(workers, "prio-long.npy", BLOCKER)  # holds cpu:0 while the others queue
+    blocker = _infer(workers, "prio-long.npy", BLOCKER, model=lenet)  # holds cpu:0 for seconds
     wait_until(lambda: workers.job(blocker)["status"], 60, "the blocker to run",
                until=lambda s: s == "running")
     lows = [_infer(workers, "prio-small.npy", LOW) for _ in range(3)]
     high = _infer(workers, "prio-small.npy", HIGH)
-    view = [e for e in workers.mxq_json("queue") if e["id"] in (high, *lows)]
+    view = [e for e in workers.mxq_json("queue", "--limit", "1000") if e["id"] in (high, *lows)]
     assert [e["id"] for e in view] == [high, *lows]  # what runs next first
     assert view[0]["why"] == ("next, priority high: its 1 device is busy; none of their jobs may "
                               "yield to it")  # the blocker is not preemptible
@@ -70,16 +81,6 @@ def _stored(stack: Stack, job_id: int) -> list[tuple[int, int, float]]:
 def _preempted(stack: Stack, job_id: int) -> list[EventRecord]:
     return [e for e in events.list_events(stack.settings.database, job_id)
             if e["kind"] == events.PREEMPTED]
-
-
-@pytest.fixture(scope="module")
-def lenet(workers: Stack) -> str:
-    """A LeNet for 28x28 images: slow enough on a CPU (thousands of samples a second) that a
-    job of 30,000 lasts seconds, long enough to be preempted in the middle."""
-    proc = workers.mxq("models", "add", "lenet28", "--arch", "lenet", "--input-shape", "1,28,28",
-                       "--classes", "10")
-    assert proc.returncode == 0, proc.stderr
-    return "lenet28"
 
 
 def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once(

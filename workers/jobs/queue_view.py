@@ -13,11 +13,15 @@ from mxq.db.records import QueuedJob, QueueEntry
 from mxq.db.reports import queue
 from mxq.db.sharing import preemption
 from mxq.priorities import Running
+from mxq.workers.jobs import admit
 from mxq.workers.jobs.preempt import capable
 from mxq.workers.settings import Settings
 
 
-def _why(job: QueuedJob, devices: frozenset[str], ahead: int, running: list[Running]) -> str:
+def _why(job: QueuedJob, devices: frozenset[str], ahead: int, running: list[Running],
+         held: dict[int, str]) -> str:
+    if job["held"]:
+        return held.get(job["id"], "held: admitted later by its owner's quota and fair share")
     if not devices:
         return f"no capable device: no live worker takes its queue {job['queue']}"
     if ahead:
@@ -39,11 +43,15 @@ def queue_view(settings: Settings, limit: int = 100) -> list[QueueEntry]:
     url = settings.database
     workers = list_workers(url, settings.heartbeat_ttl)
     running = preemption.running(url, settings.heartbeat_ttl)
+    waiting = queue.waiting(url, limit)
+    held = admit.reasons(settings) if any(j["held"] for j in waiting) else {}
     seen: list[frozenset[str]] = []  # the capable devices of each job before this one
     entries: list[QueueEntry] = []
-    for position, job in enumerate(queue.waiting(url, limit), start=1):
+    for position, job in enumerate(waiting, start=1):
         devices = capable(job["queue"], workers)
-        ahead = sum(1 for earlier in seen if earlier & devices)
-        entries.append({**job, "position": position, "why": _why(job, devices, ahead, running)})
-        seen.append(devices)
+        ahead = sum(1 for earlier in seen if earlier & devices) if not job["held"] else 0
+        entries.append({**job, "position": position,
+                        "why": _why(job, devices, ahead, running, held)})
+        if not job["held"]:
+            seen.append(devices)
     return entries

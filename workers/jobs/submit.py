@@ -36,7 +36,7 @@ from mxq.workers.broker.app import app_for
 from mxq.workers.broker.publish import BrokerTimeout, SubmitError, Turn, publish, task_name, within
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
-from mxq.workers.jobs import preempt
+from mxq.workers.jobs import admit, preempt
 from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings
@@ -270,6 +270,16 @@ def _replay(settings: Settings, key: str, kind: str, params: dict[str, Any],
                           f"{key!r} before; nothing new was queued")
 
 
+def _admitted(settings: Settings, job_id: int, priority: Priority) -> Submitted:
+    """A held job, released now when its owner's quota and share allow it."""
+    if job_id in admit.admit(settings):
+        _ask_preemption(settings, priority)
+        return Submitted(job_id, True)
+    return Submitted(job_id, False, note=(
+        f"job {job_id} is queued and held: its owner's quota or fair share admits it later "
+        f"(`mxq job {job_id}` says why)"))
+
+
 def _unpublished(job_id: int, exc: SubmitError) -> Submitted:
     return Submitted(job_id, False, note=(
         f"job {job_id} is queued but not published yet ({exc}); the reconciler publishes it "
@@ -322,9 +332,10 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
         late: BrokerTimeout | None = None
     except BrokerTimeout as exc:
         late = exc
+    held = admit.holding(settings)
     try:
         job_id = create_job(settings.database, kind, params, where.requested, where.queue,
-                            idempotency_key=key, owner=owner, priority=priority)
+                            idempotency_key=key, owner=owner, priority=priority, held=held)
     except IdempotencyKeyTaken:  # a submit with the same key won the race
         assert key is not None
         earlier = _replay(settings, key, kind, params, where)
@@ -333,6 +344,8 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
         return earlier
     if late is not None:
         return _unpublished(job_id, late)
+    if held:
+        return _admitted(settings, job_id, priority)
     try:
         publish(settings, job_id, kind, where.queue, turn=Turn(priority.level))
     except SubmitError as exc:
@@ -367,8 +380,13 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from exc
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
+    held = admit.holding(settings)
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
-                      owner or local_owner(), priority)
+                      owner or local_owner(), priority, held)
+    if held:
+        if admit.admit(settings):
+            _ask_preemption(settings, priority)
+        return ids
     try:
         within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
                f"the publish of {len(ids)} jobs", settings.broker,

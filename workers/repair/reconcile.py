@@ -33,7 +33,7 @@ from mxq.workers.broker.publish import Turn, publish, requeue
 from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
 from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
-from mxq.workers.jobs import preempt
+from mxq.workers.jobs import admit, preempt
 from mxq.workers.schedules.fires import submit_fire
 from mxq.workers.settings import Settings
 
@@ -60,6 +60,7 @@ class Report:
     dead_lettered: list[str] = field(default_factory=list)  # the queue of each message moved aside
     stalled: list[int] = field(default_factory=list)  # failed: no progress for MXQ_STALL_SECONDS
     cancels_enforced: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
     preemptions_asked: list[tuple[int, int]] = field(default_factory=list)  # (asked, for)
 
     def empty(self) -> bool:
@@ -233,6 +234,7 @@ def reconcile(settings: Settings) -> Report:
     _free_leases(settings, report)
     _resubmit_fires(settings, report)
     _end_stuck(settings, report)
+    report.admitted = admit.admit(settings)  # held jobs their owners' quotas and shares allow now
     report.preemptions_asked = preempt.ask(settings)  # for the jobs that still wait
     if not report.empty():
         log.warning("reconciled: %s", report)

@@ -1,0 +1,55 @@
+"""Quotas and fair shares through real workers: a user's jobs beyond its quota wait, held in
+SQL, saying why, and are admitted one by one as its devices free, never holding more devices
+than allowed, however many devices are idle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+import numpy as np
+import pytest
+
+from mxq.db.sharing import users
+from mxq.shares import Share
+from mxq.users import Role
+from mxq.workers.jobs.submit import submit
+from tests.conftest import Stack, wait_until
+from tests.support.inference import save_npy
+
+USER = "quota-carol"
+
+
+@pytest.fixture
+def capped(workers: Stack) -> Iterator[str]:
+    """A user allowed one device at once; removed after (then no job of the stack is held)."""
+    users.add(workers.settings.database, USER, Role.SUBMIT, Share(1.0, max_devices=1))
+    yield USER
+    users.remove(workers.settings.database, USER)
+
+
+def _span(stack: Stack, job_id: int) -> tuple[datetime, datetime]:
+    job = stack.wait(job_id, timeout=180)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["started_at"] is not None and job["finished_at"] is not None
+    return datetime.fromisoformat(job["started_at"]), datetime.fromisoformat(job["finished_at"])
+
+
+def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stack, mlp: dict,
+                                                                    capped: str) -> None:
+    save_npy(workers, "quota.npy", np.random.default_rng(9).standard_normal((400_000, 64))
+             .astype(np.float32))
+    params = {"model": "mlp64", "input": "quota.npy", "batch_size": 256}
+    ids = [submit(workers.settings, "infer", dict(params), "auto", owner=capped) for _ in range(3)]
+    wait_until(lambda: workers.job(ids[0])["status"], 60, "the first job to run",
+               until=lambda s: s == "running", interval=0.05)
+    view = [e for e in workers.mxq_json("queue", "--limit", "1000") if e["id"] in ids]
+    assert view and all(e["held"] and e["why"] == "waiting: quota 1 device, 1 in use" for e in view)
+    shown = workers.mxq_json("job", str(ids[2]))  # the last one, still held (two run before it)
+    assert shown["status"] == "queued"
+    assert shown["waiting"].startswith("waiting: quota 1 device, 1 in use"), shown["waiting"]
+    spans = sorted(_span(workers, job_id) for job_id in ids)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert end <= start  # one at a time, although a second device was idle
+    other = submit(workers.settings, "probe", {"size": 16, "batch": 1, "repeat": 1}, "auto")
+    assert workers.wait(other)["status"] == "succeeded"  # a user without a quota is not held back
