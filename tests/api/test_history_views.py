@@ -49,6 +49,8 @@ def test_job_history_has_a_row_per_job_with_its_times(history: Stack) -> None:
     record = history.job(infer["id"])
     assert (infer["model"], infer["model_version"], infer["device"]) == ("mlp64", 1, "cpu:0")
     assert infer["samples"] == record["samples"] == 300
+    assert (infer["owner"], infer["priority"], infer["preemptions"]) == (record["owner"], "normal", 0)
+    assert infer["owner"] is not None  # submitted here: this machine's local:LOGIN
     assert infer["queue_wait_seconds"] >= 0 and infer["run_seconds"] > 0 and 0 <= infer["age_days"] < 1
     assert len(rows) == _rows(history, "SELECT COUNT(*) AS n FROM jobs")[0]["n"]
 

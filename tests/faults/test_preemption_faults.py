@@ -12,11 +12,13 @@ import pytest
 
 from mxq.priorities import Priority
 from mxq.workers.jobs.submit import submit
+from tests.conftest import wait_until
 from tests.faults.stacks import FaultStack, report
+from tests.support.inference import committed_position
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
-SAMPLES = 12_000  # a LeNet's few seconds on one CPU device
+SAMPLES = 20_000  # a LeNet's few seconds on one CPU device
 LOWS, HIGHS, KILLS = 6, 8, 3
 
 
@@ -45,9 +47,11 @@ def test_preemptions_with_kills_and_a_broker_restart_lose_and_duplicate_nothing(
     np.save(faulty.home / "data" / "preempt-faults.npy", x)
     np.save(faulty.home / "data" / "urgent-faults.npy", x[:256])
     lows = [_submit(faulty, "preempt-faults.npy", "low") for _ in range(LOWS)]
-    highs: list[int] = []
+    wait_until(lambda: sum(committed_position(faulty, i) > 0 for i in lows), 120,
+               "both devices to run a low job", until=lambda n: n >= 2, interval=0.05)
+    highs = [_submit(faulty, "urgent-faults.npy", "high")]  # both busy: one low job yields
     kills = 0
-    for i in range(HIGHS):
+    for i in range(1, HIGHS):
         time.sleep(rng.uniform(0.5, 2.0))
         highs.append(_submit(faulty, "urgent-faults.npy", "high"))
         if i in (2, 4, 6) and kills < KILLS:
