@@ -93,6 +93,7 @@ def test_the_queue_view_orders_waiting_jobs_and_says_why(workers: Stack, api_url
                                                          tmp_path: Path) -> None:
     from mxq.db import jobs
     from mxq.priorities import Priority
+    from mxq.users import local_owner
 
     s = workers.settings
     waiting = [submit(s, "probe", {"size": 16}, "cpu:7", allow_offline=True,  # no worker there
@@ -105,6 +106,8 @@ def test_the_queue_view_orders_waiting_jobs_and_says_why(workers: Stack, api_url
         assert high < low  # the high one runs first
         assert "no capable device: no live worker takes its queue testnode.cpu.7" in panel
         assert "priority-high" in panel and "priority-low" in panel
+        table = dom[dom.index('id="jobs-table"'):]
+        assert f'<td class="owner">{local_owner()}</td>' in table[:table.index("</table>")]
     finally:
         for job_id in waiting:
             jobs.cancel(s.database, job_id)
