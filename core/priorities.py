@@ -6,7 +6,8 @@ device could run; within a level, first in first out. A preempted job goes back 
 jobs of its level that never started, since it started before them: it keeps its position.
 
 No job starves: a job is preempted at most MAX_PREEMPTIONS times (then it runs to its end), and
-never twice by the same waiting job; a waiting job only preempts one of a strictly lower level.
+never twice by the same waiting job; a waiting job only preempts one of a strictly lower level,
+or one borrowing a device beyond its owner's quota (`mxq.shares`), which is taken back first.
 """
 
 from __future__ import annotations
@@ -71,11 +72,15 @@ class Running:
     preempted_by: tuple[int, ...] = ()
     yielding_to: int | None = None  # asked to yield already (to this job), not yet done
     parts: bool = False  # a part of a multi-node training: never yields alone
+    borrowed: bool = False  # runs beyond its owner's quota (mxq.shares): taken back first
 
-    def may_yield_to(self, waiting: int, level: str) -> bool:
-        return (self.preemptible and not self.parts and RANK[self.level] < RANK[level]
-                and self.yielding_to is None and waiting not in self.preempted_by
-                and self.preemptions < MAX_PREEMPTIONS)
+    def may_yield_to(self, waiting: Waiting) -> bool:
+        if (self.parts or self.yielding_to is not None or waiting.id in self.preempted_by
+                or self.preemptions >= MAX_PREEMPTIONS):
+            return False
+        if self.borrowed and not waiting.borrowed:  # any job within its quota takes it back
+            return True
+        return self.preemptible and RANK[self.level] < RANK[waiting.level]
 
 
 @dataclass(frozen=True)
@@ -86,21 +91,22 @@ class Waiting:
     level: str
     capable: frozenset[str] = field(default_factory=frozenset)
     needs: int = 1  # devices at once (a training of K devices)
+    borrowed: bool = False  # admitted beyond its owner's quota: takes back no borrowed device
 
 
 def victim(waiting: Waiting, running: Iterable[Running]) -> int | None:
     """The running job that should yield to `waiting`, or None: enough devices that could run it
     are free (it will be taken there), one already yields to it, or none may yield to it.
 
-    Of those that may, the lowest level first, then the one that started last (it loses the
-    least position among its level)."""
+    Of those that may, a borrowed one first (beyond its owner's quota), then the lowest level,
+    then the one that started last (it loses the least position among its level)."""
     jobs = list(running)
     held = frozenset().union(*(j.devices for j in jobs))
     if not waiting.capable or len(waiting.capable - held) >= waiting.needs:
         return None
     if any(j.yielding_to == waiting.id for j in jobs):
         return None
-    able = [j for j in jobs if j.devices & waiting.capable and j.may_yield_to(waiting.id, waiting.level)]
+    able = [j for j in jobs if j.devices & waiting.capable and j.may_yield_to(waiting)]
     if not able:
         return None
-    return min(able, key=lambda j: (RANK[j.level], -j.started_at.timestamp())).id
+    return min(able, key=lambda j: (not j.borrowed, RANK[j.level], -j.started_at.timestamp())).id

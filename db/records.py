@@ -113,6 +113,7 @@ class JobRecord(TypedDict):
     priority: str  # high, normal or low (mxq.priorities)
     preemptible: bool  # may yield at a checkpoint to a waiting job of a higher level
     preemptions: int  # how often it did (each a `preempted` event naming the job)
+    borrowed: bool  # admitted beyond its owner's quota onto an idle device: taken back first
     # With `with_metrics` (one job's full view):
     metrics: NotRequired[list[MetricPoint]]
     events: NotRequired[list[EventRecord]]

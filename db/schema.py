@@ -107,6 +107,9 @@ class Job(Base):
     # Fair shares (migration 0020): a queued job not yet handed to the broker; the admitter
     # (mxq.workers.jobs.admit) publishes it when its owner's quota and share allow.
     held: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Admitted beyond its owner's quota onto an idle device (MXQ_QUOTA_BORROWING): preemptible,
+    # and the first taken back.
+    borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
 
     __table_args__ = (
         Index("ix_jobs_owner_submitted", "owner", "submitted_at"),

@@ -340,3 +340,13 @@ def test_a_job_beyond_its_owners_quota_stays_held_and_says_why() -> None:
     assert shares.over_quota(_held(5, "a"), capped["a"], usage)
     assert shares.quota_reason(capped["a"], 2) == "waiting: quota 2 devices, 2 in use"
     assert shares.quota_reason(shares.Share(max_devices=1), 1) == "waiting: quota 1 device, 1 in use"
+
+
+def test_a_borrowed_device_is_taken_back_first_by_any_job_within_its_quota() -> None:
+    low = priorities.Waiting(9, "low", frozenset({"n/cpu:0", "n/cpu:1"}))
+    running = [_running(1, "low", "n/cpu:0", 5), _running(2, "high", "n/cpu:1", 1, borrowed=True)]
+    assert priorities.victim(low, running) == 2  # a low job takes back a high job's borrowed device
+    high = priorities.Waiting(9, "high", low.capable)
+    assert priorities.victim(high, running) == 2  # borrowed before a lower level
+    lent = priorities.Waiting(9, "normal", low.capable, borrowed=True)
+    assert priorities.victim(lent, running) == 1  # a borrower takes no borrowed device back

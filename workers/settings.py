@@ -134,6 +134,8 @@ class Settings(BaseSettings):
         description="Seconds between the reconciler's two looks at the broker."
     )
     dynamic_batching: bool = Field(True, description="Merge small inference jobs of one model.")
+    quota_borrowing: bool = Field(False, description="Let a job beyond its owner's quota borrow a "
+                                  "device no one else's job waits for; preemptible, taken back first.")
     small_job_samples: int = Field(DEFAULT_SMALL_JOB_SAMPLES, ge=1, le=2**24)
     merge_samples: int = Field(DEFAULT_MERGE_SAMPLES, ge=1, le=2**24)
     batch_wait_ms: float = Field(DEFAULT_BATCH_WAIT_MS, ge=0, le=60_000)

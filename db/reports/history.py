@@ -69,6 +69,7 @@ def job_record(job: Job) -> JobRecord:
         "priority": job.priority,
         "preemptible": job.preemptible,
         "preemptions": job.preemptions,
+        "borrowed": job.borrowed,
     }
 
 

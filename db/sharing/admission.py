@@ -92,12 +92,14 @@ def admitted_waiting(url: str) -> dict[str, int]:
 
 
 @db_retry
-def release(url: str, job_id: int) -> JobRoute | None:
-    """Hand the held job to the broker: its route, for the one caller whose UPDATE released it."""
+def release(url: str, job_id: int, borrowed: bool = False) -> JobRoute | None:
+    """Hand the held job to the broker (`borrowed`: beyond its owner's quota, so preemptible):
+    its route, for the one caller whose UPDATE released it."""
+    borrowing = {"borrowed": True, "preemptible": True} if borrowed else {}
     with session_scope(url) as session:
         row = session.execute(update(Job).where(Job.id == job_id, Job.held.is_(True),
                                                 Job.status == JobStatus.QUEUED)
-                              .values(held=False)
+                              .values(held=False, **borrowing)
                               .returning(Job.kind, Job.queue, Job.priority, Job.attempts)).one_or_none()
     if row is None:
         return None

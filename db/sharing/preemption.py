@@ -28,6 +28,7 @@ class Queued:
     level: str
     queue: str
     needs: int  # devices at once
+    borrowed: bool  # admitted beyond its owner's quota
 
 
 def _devices(job: Job) -> frozenset[str]:
@@ -46,20 +47,22 @@ def running(url: str, ttl: float) -> list[Running]:
         return [Running(id=j.id, level=j.priority, preemptible=j.preemptible, devices=_devices(j),
                         started_at=as_utc(j.started_at) or utcnow(), preemptions=j.preemptions,
                         preempted_by=tuple(j.preempted_by or ()), yielding_to=j.preempt_for,
-                        parts=bool(j.params.get("dist"))) for j in rows]
+                        parts=bool(j.params.get("dist")), borrowed=j.borrowed) for j in rows]
 
 
 @db_retry
-def waiting(url: str, limit: int) -> list[Queued]:
-    """The queued jobs above the lowest level, highest first, then oldest: those that may ask a
-    running job to yield."""
+def waiting(url: str, limit: int, low: bool = False) -> list[Queued]:
+    """The queued jobs above the lowest level (with `low`, of every level: one may take back a
+    borrowed device), highest first, then oldest: those that may ask a running job to yield."""
+    levels = [] if low else [Job.priority != LOW]
     with session_scope(url) as session:
-        rows = session.execute(select(Job.id, Job.priority, Job.queue, Job.params)
-                               .where(Job.status == JobStatus.QUEUED, Job.priority != LOW,
+        rows = session.execute(select(Job.id, Job.priority, Job.queue, Job.params, Job.borrowed)
+                               .where(Job.status == JobStatus.QUEUED, *levels,
                                       Job.chunks.is_(None), Job.held.is_(False))
                                .order_by(case((Job.priority == HIGH, 0), else_=1), Job.id)
                                .limit(limit))
-        return [Queued(r.id, r.priority, r.queue, int(r.params.get("devices") or 1)) for r in rows]
+        return [Queued(r.id, r.priority, r.queue, int(r.params.get("devices") or 1), r.borrowed)
+                for r in rows]
 
 
 @db_retry

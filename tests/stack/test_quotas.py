@@ -53,3 +53,25 @@ def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stac
         assert end <= start  # one at a time, although a second device was idle
     other = submit(workers.settings, "probe", {"size": 16, "batch": 1, "repeat": 1}, "auto")
     assert workers.wait(other)["status"] == "succeeded"  # a user without a quota is not held back
+
+
+def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Stack, mlp: dict,
+                                                                    capped: str) -> None:
+    s = workers.settings.model_copy(update={"quota_borrowing": True})  # MXQ_QUOTA_BORROWING=1
+    proc = workers.mxq("models", "add", "lenet-quota", "--arch", "lenet", "--input-shape", "1,28,28",
+                       "--classes", "10")
+    assert proc.returncode == 0, proc.stderr
+    save_npy(workers, "borrow.npy", np.random.default_rng(2).standard_normal((20_000, 1, 28, 28))
+             .astype(np.float32))
+    params = {"model": "lenet-quota", "input": "borrow.npy", "batch_size": 128}
+    mine, lent = (submit(s, "infer", dict(params), "auto", owner=capped) for _ in range(2))
+    wait_until(lambda: [workers.job(i)["status"] for i in (mine, lent)], 60, "both to run",
+               until=lambda states: states == ["running", "running"], interval=0.05)
+    assert (workers.job(mine)["borrowed"], workers.job(lent)["borrowed"]) == (False, True)
+    assert workers.job(lent)["preemptible"] is True  # borrowed use is preemptible
+    save_npy(workers, "taker.npy", np.zeros((1_000, 64), np.float32))
+    taker = submit(s, "infer", {"model": "mlp64", "input": "taker.npy"}, "auto")  # no quota: its own
+    assert workers.wait(taker)["status"] == "succeeded"
+    done = {i: workers.wait(i, timeout=180) for i in (mine, lent)}
+    assert all(j["status"] == "succeeded" for j in done.values())
+    assert (done[mine]["preemptions"], done[lent]["preemptions"]) == (0, 1)  # the borrowed one yielded

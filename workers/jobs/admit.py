@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from mxq.db.fleet import list_workers
 from mxq.db.schema import utcnow
-from mxq.db.sharing import admission
+from mxq.db.sharing import admission, preemption
 from mxq.priorities import HIGH
 from mxq.shares import Held, Share, Usage, next_held, over_quota, quota_reason
 from mxq.workers.broker.publish import Turn, publish
@@ -32,16 +32,15 @@ def holding(settings: Settings) -> bool:
     return admission.active(settings.database)
 
 
-def _room(settings: Settings) -> dict[str, int]:
+def _room(settings: Settings, queues: set[str]) -> dict[str, int]:
     """queue -> how many more jobs the broker should hold for it (one per live capable device)."""
     workers = list_workers(settings.database, settings.heartbeat_ttl)
     waiting = admission.admitted_waiting(settings.database)
-    queues = {w["queue"] for w in workers} | set(waiting)
     return {q: max(1, len(capable(q, workers))) - waiting.get(q, 0) for q in queues}
 
 
 def _fits(job: Held, room: dict[str, int]) -> bool:
-    return job.level == HIGH or room.get(job.queue, 1) > 0
+    return job.level == HIGH or room[job.queue] > 0
 
 
 def admit(settings: Settings) -> list[int]:
@@ -50,22 +49,59 @@ def admit(settings: Settings) -> list[int]:
     held = admission.held(url, LOOK)
     if not held:
         return []
-    shares, room = admission.shares(url), _room(settings)
+    shares, room = admission.shares(url), _room(settings, {j.queue for j in held})
     usage = admission.usage(url, utcnow() - timedelta(seconds=WINDOW_SECONDS))
     released: list[int] = []
     while (job := next_held([j for j in held if _fits(j, room)], shares, usage)) is not None:
         held.remove(job)
-        route = admission.release(url, job.id)
-        if route is None:  # another admitter released it, or it was cancelled
-            continue
-        publish(settings, job.id, route["kind"], route["queue"], patient=True,
-                turn=Turn(route["priority"], route["started"]))
-        usage.take(job)
-        room[job.queue] = room.get(job.queue, 1) - 1
-        released.append(job.id)
+        if _release(settings, job):
+            usage.take(job)
+            room[job.queue] -= 1
+            released.append(job.id)
+    if settings.quota_borrowing and held:
+        released += _borrow(settings, held, shares, usage)
     if released:
         log.info("admitted %s", released)
     return released
+
+
+def _release(settings: Settings, job: Held, borrowed: bool = False) -> bool:
+    """Release and publish `job`; False when another admitter released it or it was cancelled."""
+    route = admission.release(settings.database, job.id, borrowed)
+    if route is None:
+        return False
+    publish(settings, job.id, route["kind"], route["queue"], patient=True,
+            turn=Turn(route["priority"], route["started"]))
+    return True
+
+
+def _idle(settings: Settings, queues: set[str]) -> dict[str, int]:
+    """queue -> its capable devices that run nothing and that no released job waits for."""
+    url = settings.database
+    workers = list_workers(url, settings.heartbeat_ttl)
+    busy = frozenset().union(*(r.devices for r in preemption.running(url, settings.heartbeat_ttl)))
+    waiting = admission.admitted_waiting(url)
+    return {q: len(capable(q, workers) - busy) - waiting.get(q, 0) for q in queues}
+
+
+def _borrow(settings: Settings, held: list[Held], shares: dict[str, Share], usage: Usage) -> list[int]:
+    """Jobs beyond their owners' quotas onto devices idle beyond everyone's (no job within a
+    quota is left that could go): borrowed, so preemptible and the first taken back."""
+    idle = _idle(settings, {j.queue for j in held})
+    unlimited = {owner: Share(s.weight) for owner, s in shares.items()}  # in fair order still
+    borrowed: list[int] = []
+    beyond = [j for j in held if over_quota(j, shares.get(j.owner, Share()), usage)]
+    while (job := next_held([j for j in beyond if idle.get(j.queue, 0) >= j.needs], unlimited,
+                            usage)) is not None:
+        beyond.remove(job)
+        held.remove(job)
+        if _release(settings, job, borrowed=True):
+            usage.take(job)
+            idle[job.queue] -= job.needs
+            borrowed.append(job.id)
+    if borrowed:
+        log.info("lent idle devices beyond their quotas to %s", borrowed)
+    return borrowed
 
 
 def reasons(settings: Settings) -> dict[int, str]:

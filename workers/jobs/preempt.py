@@ -37,15 +37,16 @@ def capable(queue: str, workers: list[WorkerRecord]) -> frozenset[str]:
 def ask(settings: Settings, level: str | None = None) -> list[tuple[int, int]]:
     """Ask a running job to yield for each waiting job that needs one; (asked, for) pairs.
 
-    `level` is the level of a job just submitted: a `low` one preempts nothing, so nothing is read."""
-    if level == LOW:
+    `level` is the level of a job just submitted: a `low` one preempts nothing (but a borrowed
+    device, when MXQ_QUOTA_BORROWING lends them), so then nothing is read."""
+    if level == LOW and not settings.quota_borrowing:
         return []
     url = settings.database
     workers = list_workers(url, settings.heartbeat_ttl)
     running = preemption.running(url, settings.heartbeat_ttl)
     asked: list[tuple[int, int]] = []
-    for job in preemption.waiting(url, limit=2 * len(workers) + 1):
-        wanted = Waiting(job.id, job.level, capable(job.queue, workers), job.needs)
+    for job in preemption.waiting(url, limit=2 * len(workers) + 1, low=settings.quota_borrowing):
+        wanted = Waiting(job.id, job.level, capable(job.queue, workers), job.needs, job.borrowed)
         target = victim(wanted, running)
         if target is None or not preemption.ask_to_yield(url, target, job.id):
             continue

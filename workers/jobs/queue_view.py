@@ -12,7 +12,7 @@ from mxq.db.fleet import list_workers
 from mxq.db.records import QueuedJob, QueueEntry
 from mxq.db.reports import queue
 from mxq.db.sharing import preemption
-from mxq.priorities import Running
+from mxq.priorities import Running, Waiting
 from mxq.workers.jobs import admit
 from mxq.workers.jobs.preempt import capable
 from mxq.workers.settings import Settings
@@ -32,7 +32,8 @@ def _why(job: QueuedJob, devices: frozenset[str], ahead: int, running: list[Runn
     busy = frozenset().union(*(r.devices for r in running))
     if devices - busy:
         return "next: a device that can run it is free"
-    lower = any(r.devices & devices and r.may_yield_to(job["id"], job["priority"]) for r in running)
+    wanted = Waiting(job["id"], job["priority"], devices)
+    lower = any(r.devices & devices and r.may_yield_to(wanted) for r in running)
     return (f"next, priority {job['priority']}: its {len(devices)} device"
             f"{'s are' if len(devices) > 1 else ' is'} busy"
             + ("" if lower else "; none of their jobs may yield to it"))
