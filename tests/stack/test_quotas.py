@@ -15,9 +15,20 @@ from mxq.shares import Share
 from mxq.users import Role
 from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
-from tests.support.inference import save_npy
+from tests.support.inference import committed_position, save_npy
 
 USER = "quota-carol"
+
+
+@pytest.fixture(scope="module")
+def lenet(workers: Stack) -> str:
+    """A LeNet: a job of 30,000 samples lasts seconds on a CPU device, long enough to watch."""
+    proc = workers.mxq("models", "add", "lenet-quota", "--arch", "lenet", "--input-shape", "1,28,28",
+                       "--classes", "10")
+    assert proc.returncode == 0, proc.stderr
+    save_npy(workers, "quota.npy", np.random.default_rng(9).standard_normal((30_000, 1, 28, 28))
+             .astype(np.float32))
+    return "lenet-quota"
 
 
 @pytest.fixture
@@ -35,11 +46,9 @@ def _span(stack: Stack, job_id: int) -> tuple[datetime, datetime]:
     return datetime.fromisoformat(job["started_at"]), datetime.fromisoformat(job["finished_at"])
 
 
-def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stack, mlp: dict,
+def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stack, lenet: str,
                                                                     capped: str) -> None:
-    save_npy(workers, "quota.npy", np.random.default_rng(9).standard_normal((400_000, 64))
-             .astype(np.float32))
-    params = {"model": "mlp64", "input": "quota.npy", "batch_size": 256}
+    params = {"model": lenet, "input": "quota.npy", "batch_size": 128}
     ids = [submit(workers.settings, "infer", dict(params), "auto", owner=capped) for _ in range(3)]
     wait_until(lambda: workers.job(ids[0])["status"], 60, "the first job to run",
                until=lambda s: s == "running", interval=0.05)
@@ -56,17 +65,12 @@ def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stac
 
 
 def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Stack, mlp: dict,
-                                                                    capped: str) -> None:
+                                                                    lenet: str, capped: str) -> None:
     s = workers.settings.model_copy(update={"quota_borrowing": True})  # MXQ_QUOTA_BORROWING=1
-    proc = workers.mxq("models", "add", "lenet-quota", "--arch", "lenet", "--input-shape", "1,28,28",
-                       "--classes", "10")
-    assert proc.returncode == 0, proc.stderr
-    save_npy(workers, "borrow.npy", np.random.default_rng(2).standard_normal((20_000, 1, 28, 28))
-             .astype(np.float32))
-    params = {"model": "lenet-quota", "input": "borrow.npy", "batch_size": 128}
+    params = {"model": lenet, "input": "quota.npy", "batch_size": 128}
     mine, lent = (submit(s, "infer", dict(params), "auto", owner=capped) for _ in range(2))
-    wait_until(lambda: [workers.job(i)["status"] for i in (mine, lent)], 60, "both to run",
-               until=lambda states: states == ["running", "running"], interval=0.05)
+    wait_until(lambda: [committed_position(workers, i) > 0 for i in (mine, lent)], 60,
+               "both to store a flush", until=lambda stored: all(stored), interval=0.05)
     assert (workers.job(mine)["borrowed"], workers.job(lent)["borrowed"]) == (False, True)
     assert workers.job(lent)["preemptible"] is True  # borrowed use is preemptible
     save_npy(workers, "taker.npy", np.zeros((1_000, 64), np.float32))
