@@ -51,10 +51,13 @@ def running(url: str, ttl: float) -> list[Running]:
 
 
 @db_retry
-def waiting(url: str, limit: int, low: bool = False) -> list[Queued]:
+def waiting(url: str, limit: int, low: bool = False, ids: list[int] | None = None) -> list[Queued]:
     """The queued jobs above the lowest level (with `low`, of every level: one may take back a
-    borrowed device), highest first, then oldest: those that may ask a running job to yield."""
+    borrowed device; with `ids`, of those only), highest first, then oldest: those that may ask
+    a running job to yield."""
     levels = [] if low else [Job.priority != LOW]
+    if ids is not None:
+        levels.append(Job.id.in_(ids))
     with session_scope(url) as session:
         rows = session.execute(select(Job.id, Job.priority, Job.queue, Job.params, Job.borrowed)
                                .where(Job.status == JobStatus.QUEUED, *levels,

@@ -21,6 +21,8 @@ from mxq.workers.broker.queues import pool_of
 from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
+AT_SUBMIT = 64  # the first jobs of a submit asked for (a batch's next to run)
+LOOK = 1000  # the waiting jobs a reconciler pass asks for
 
 
 def capable(queue: str, workers: list[WorkerRecord]) -> frozenset[str]:
@@ -34,18 +36,24 @@ def capable(queue: str, workers: list[WorkerRecord]) -> frozenset[str]:
                      if Device.parse(w["device"]).kind == kind and (engine is None or engine in w["engines"]))
 
 
-def ask(settings: Settings, level: str | None = None) -> list[tuple[int, int]]:
-    """Ask a running job to yield for each waiting job that needs one; (asked, for) pairs.
+def ask(settings: Settings, level: str | None = None,
+        ids: list[int] | None = None) -> list[tuple[int, int]]:
+    """Ask a running job to yield for each waiting job that needs one (of `ids` only, when
+    given: the jobs a submit just queued); (asked, for) pairs.
 
     `level` is the level of a job just submitted: a `low` one preempts nothing (but a borrowed
-    device, when MXQ_QUOTA_BORROWING lends them), so then nothing is read."""
+    device, when MXQ_QUOTA_BORROWING lends them), so then nothing is read. Without `ids` (the
+    reconciler's pass) the first LOOK waiting jobs are asked for: jobs that wait long for a
+    device that is down come first by age, and must not hide the others."""
     if level == LOW and not settings.quota_borrowing:
         return []
     url = settings.database
     workers = list_workers(url, settings.heartbeat_ttl)
     running = preemption.running(url, settings.heartbeat_ttl)
+    if not any(r.preemptible or r.borrowed for r in running):
+        return []  # nothing could yield: no waiting job need be read
     asked: list[tuple[int, int]] = []
-    for job in preemption.waiting(url, limit=2 * len(workers) + 1, low=settings.quota_borrowing):
+    for job in preemption.waiting(url, LOOK, low=settings.quota_borrowing, ids=ids):
         wanted = Waiting(job.id, job.level, capable(job.queue, workers), job.needs, job.borrowed)
         target = victim(wanted, running)
         if target is None or not preemption.ask_to_yield(url, target, job.id):

@@ -273,7 +273,7 @@ def _replay(settings: Settings, key: str, kind: str, params: dict[str, Any],
 def _admitted(settings: Settings, job_id: int, priority: Priority) -> Submitted:
     """A held job, released now when its owner's quota and share allow it."""
     if job_id in admit.admit(settings):
-        _ask_preemption(settings, priority)
+        _ask_preemption(settings, priority, [job_id])
         return Submitted(job_id, True)
     return Submitted(job_id, False, note=(
         f"job {job_id} is queued and held: its owner's quota or fair share admits it later "
@@ -296,12 +296,12 @@ def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
     return JobRejected(job_id, reason)
 
 
-def _ask_preemption(settings: Settings, priority: Priority) -> None:
-    """Ask a running job of a lower level to yield when the new job finds its devices busy.
-    The job is queued whatever happens here: a failure is logged, and the reconciler's next
-    pass asks again."""
+def _ask_preemption(settings: Settings, priority: Priority, ids: list[int]) -> None:
+    """Ask a running job of a lower level to yield when the new jobs (the first of `ids`, the
+    next to run) find their devices busy. They are queued whatever happens here: a failure is
+    logged, and the reconciler's next pass asks again."""
     try:
-        preempt.ask(settings, priority.level)
+        preempt.ask(settings, priority.level, ids[:preempt.AT_SUBMIT])
     except Exception:  # the submit succeeded; this is only the fast path of the reconciler's ask
         log.warning("preemption not asked at submit; the reconciler will", exc_info=True)
 
@@ -350,7 +350,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
         publish(settings, job_id, kind, where.queue, turn=Turn(priority.level))
     except SubmitError as exc:
         return _unpublished(job_id, exc)
-    _ask_preemption(settings, priority)
+    _ask_preemption(settings, priority, [job_id])
     return Submitted(job_id, True)
 
 
@@ -384,8 +384,8 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
                       owner or local_owner(), priority, held)
     if held:
-        if admit.admit(settings):
-            _ask_preemption(settings, priority)
+        if released := admit.admit(settings):
+            _ask_preemption(settings, priority, released)
         return ids
     try:
         within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
@@ -394,7 +394,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     except Exception as exc:
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
                           "the reconciler publishes the jobs already recorded") from exc
-    _ask_preemption(settings, priority)
+    _ask_preemption(settings, priority, ids)
     return ids
 
 
