@@ -53,10 +53,6 @@ class Priority:
         parsed = parse(level)
         return cls(parsed, parsed == LOW if preemptible is None else preemptible)
 
-    @property
-    def rank(self) -> int:
-        return RANK[self.level]
-
 
 @dataclass(frozen=True)
 class Running:

@@ -1,5 +1,5 @@
 """A job's life in SQL. Status moves forward, queued -> running -> succeeded|failed|cancelled,
-but for a preempted job, which goes back from running to queued (`yielded`) with its position.
+but for a preempted job, which goes back from running to queued (`mxq.db.sharing.preemption.yielded`).
 
 Every transition is one UPDATE guarded by the statuses it may leave from, so two workers (or a
 redelivered message) can never both move the same job.
@@ -13,7 +13,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam, exists, func, insert, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    Table,
+    and_,
+    bindparam,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
@@ -22,7 +35,7 @@ from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.fence import RunCheck as RunCheck  # re-exported: what a running attempt does next
 from mxq.db.outputs.epochs import merge_parts
-from mxq.db.records import JobRow
+from mxq.db.records import JobRoute, JobRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobMetric, as_utc, utcnow
 from mxq.errors import Conflict
@@ -108,6 +121,16 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
                             now, owner, priority.level, priority.preemptible, 0, held))
     return ids
+
+
+# A job's route: what publishing its message needs (`route_of`).
+ROUTE = (Job.kind, Job.queue, Job.priority, Job.attempts)
+
+
+def route_of(row: Row[*tuple[Any, ...]]) -> JobRoute:
+    """The route of a row read or returned with the ROUTE columns: its task, its queue, its turn."""
+    return {"kind": row.kind, "queue": row.queue, "priority": row.priority,
+            "started": row.attempts > 0}
 
 
 def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
@@ -485,32 +508,6 @@ def run_check(url: str, fence: Fence) -> RunCheck:
             or row.attempts != fence.attempt):
         return RunCheck.LOST
     return RunCheck.of(row.cancel_requested_at, row.preempt_for)
-
-
-@db_retry
-def yield_target(url: str, fence: Fence) -> int | None:
-    """The waiting job this attempt was asked to yield to, while that job still waits; a request
-    whose job no longer waits (another device took it, it was cancelled) is dropped: None."""
-    with session_scope(url) as session:
-        target = session.scalar(select(Job.preempt_for).where(*fence.holds()))
-        if target is None:
-            return None
-        if session.scalar(select(Job.status).where(Job.id == target)) == JobStatus.QUEUED:
-            return int(target)
-        session.execute(update(Job).where(*fence.holds()).values(preempt_for=None))
-        return None
-
-
-@db_retry
-def yielded(url: str, fence: Fence, to: int) -> bool:
-    """The attempt stopped at a checkpoint for job `to`: the job is queued again (its attempt not
-    counted, what it committed kept), and `to` is recorded so it never preempts it again."""
-    with session_scope(url) as session:
-        before = session.scalar(select(Job.preempted_by).where(*fence.holds()))
-        return bool(rowcount(session.execute(
-            update(Job).where(*fence.holds())
-            .values(status=JobStatus.QUEUED, heartbeat_at=None, preempt_for=None,
-                    preemptions=Job.preemptions + 1, preempted_by=[*(before or []), to]))))
 
 
 @db_retry

@@ -11,38 +11,31 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Row, select
+from sqlalchemy import select
 
 from mxq.db.engine import session_scope
-from mxq.db.jobs import heartbeat_stale
+from mxq.db.jobs import ROUTE, heartbeat_stale, route_of
 from mxq.db.records import JobRoute, LostFire
 from mxq.db.schema import Fire, Job, Schedule
 from mxq.status import JobStatus
-
-_ROUTE = (Job.id, Job.kind, Job.queue, Job.priority, Job.attempts)
-
-
-def _route(row: Row[int, str, str, str, int]) -> JobRoute:
-    return {"kind": row.kind, "queue": row.queue, "priority": row.priority,
-            "started": row.attempts > 0}
 
 
 def queued_before(url: str, cutoff: datetime) -> dict[int, JobRoute]:
     """The jobs queued since before `cutoff` and not held for admission, by id: past it, a job's
     message should be out."""
     with session_scope(url) as session:
-        rows = session.execute(select(*_ROUTE)
+        rows = session.execute(select(Job.id, *ROUTE)
                                .where(Job.status == JobStatus.QUEUED, Job.held.is_(False),
                                       Job.submitted_at < cutoff))
-        return {r.id: _route(r) for r in rows}
+        return {r.id: route_of(r) for r in rows}
 
 
 def stale_running(url: str, cutoff: datetime) -> dict[int, JobRoute]:
     """The running jobs (parents apart: their chunks run them) with no heartbeat since `cutoff`."""
     with session_scope(url) as session:
-        rows = session.execute(select(*_ROUTE).where(
+        rows = session.execute(select(Job.id, *ROUTE).where(
             Job.status == JobStatus.RUNNING, Job.chunks.is_(None), heartbeat_stale(cutoff)))
-        return {r.id: _route(r) for r in rows}
+        return {r.id: route_of(r) for r in rows}
 
 
 def running_parents(url: str) -> list[int]:

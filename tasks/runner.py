@@ -19,6 +19,7 @@ from mxq.db.jobs import Claim, Placement
 from mxq.db.records import JobRow
 from mxq.db.retry import DatabaseUnreachable, db_retry
 from mxq.db.schema import utcnow
+from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.errors import UserError, first_line, typed_line
 from mxq.workers.broker.app import app
@@ -149,7 +150,7 @@ class JobContext:
         yield and the job asking still waits; a request it outlived is dropped and the job goes on."""
         if not self.preempt_asked() or self.fence is None:
             return
-        to = jobs.yield_target(self.url, self.fence)
+        to = preemption.yield_target(self.url, self.fence)
         if to is None:
             self._verdict = jobs.RunCheck.GO_ON
             return
@@ -308,7 +309,7 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
 def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> str:
     """Queue the job again after it stopped for job `to` (a `preempted` event names it); it
     resumes from what it committed, ahead of the jobs of its level that never started."""
-    if not jobs.yielded(s.database, fence, to):
+    if not preemption.yielded(s.database, fence, to):
         return _outcome(False, "preempted", job)
     events.record(s.database, job.id, events.PREEMPTED, f"yielded {', '.join(job.devices)} to job "
                   f"{to} at a checkpoint; queued again to resume there", to=to,

@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import func, or_, select, update
 
 from mxq.db.engine import session_scope
+from mxq.db.jobs import ROUTE, route_of
 from mxq.db.records import JobRoute
 from mxq.db.reports.queue import NEXT_FIRST
 from mxq.db.retry import db_retry
@@ -100,7 +101,5 @@ def release(url: str, job_id: int, borrowed: bool = False) -> JobRoute | None:
         row = session.execute(update(Job).where(Job.id == job_id, Job.held.is_(True),
                                                 Job.status == JobStatus.QUEUED)
                               .values(held=False, **borrowing)
-                              .returning(Job.kind, Job.queue, Job.priority, Job.attempts)).one_or_none()
-    if row is None:
-        return None
-    return {"kind": row.kind, "queue": row.queue, "priority": row.priority, "started": row.attempts > 0}
+                              .returning(*ROUTE)).one_or_none()
+    return None if row is None else route_of(row)

@@ -2,8 +2,8 @@
 them, the queued jobs that may ask one to yield, and the request itself.
 
 A request only marks the running job (`preempt_for`); its attempt yields at its next checkpoint
-(`mxq.db.jobs.yield_target`, `yielded`), so nothing is stopped from outside and what it
-committed is never lost.
+(`yield_target`, `yielded`), so nothing is stopped from outside and what it committed is never
+lost.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from datetime import timedelta
 from sqlalchemy import case, select, update
 
 from mxq.db.engine import rowcount, session_scope
+from mxq.db.fence import Fence
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, as_utc, utcnow
 from mxq.priorities import HIGH, LOW, Running
@@ -55,12 +56,12 @@ def waiting(url: str, limit: int, low: bool = False, ids: list[int] | None = Non
     """The queued jobs above the lowest level (with `low`, of every level: one may take back a
     borrowed device; with `ids`, of those only), highest first, then oldest: those that may ask
     a running job to yield."""
-    levels = [] if low else [Job.priority != LOW]
+    where = [] if low else [Job.priority != LOW]
     if ids is not None:
-        levels.append(Job.id.in_(ids))
+        where.append(Job.id.in_(ids))
     with session_scope(url) as session:
         rows = session.execute(select(Job.id, Job.priority, Job.queue, Job.params, Job.borrowed)
-                               .where(Job.status == JobStatus.QUEUED, *levels,
+                               .where(Job.status == JobStatus.QUEUED, *where,
                                       Job.chunks.is_(None), Job.held.is_(False))
                                .order_by(case((Job.priority == HIGH, 0), else_=1), Job.id)
                                .limit(limit))
@@ -77,3 +78,29 @@ def ask_to_yield(url: str, victim: int, waiting_id: int) -> bool:
             update(Job).where(Job.id == victim, Job.status == JobStatus.RUNNING,
                               Job.preempt_for.is_(None))
             .values(preempt_for=waiting_id))))
+
+
+@db_retry
+def yield_target(url: str, fence: Fence) -> int | None:
+    """The waiting job this attempt was asked to yield to, while that job still waits; a request
+    whose job no longer waits (another device took it, it was cancelled) is dropped: None."""
+    with session_scope(url) as session:
+        target = session.scalar(select(Job.preempt_for).where(*fence.holds()))
+        if target is None:
+            return None
+        if session.scalar(select(Job.status).where(Job.id == target)) == JobStatus.QUEUED:
+            return int(target)
+        session.execute(update(Job).where(*fence.holds()).values(preempt_for=None))
+        return None
+
+
+@db_retry
+def yielded(url: str, fence: Fence, to: int) -> bool:
+    """The attempt stopped at a checkpoint for job `to`: the job is queued again (its attempt not
+    counted, what it committed kept), and `to` is recorded so it never preempts it again."""
+    with session_scope(url) as session:
+        before = session.scalar(select(Job.preempted_by).where(*fence.holds()))
+        return bool(rowcount(session.execute(
+            update(Job).where(*fence.holds())
+            .values(status=JobStatus.QUEUED, heartbeat_at=None, preempt_for=None,
+                    preemptions=Job.preemptions + 1, preempted_by=[*(before or []), to]))))

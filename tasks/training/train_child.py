@@ -178,13 +178,14 @@ class Training:
                           f"epoch {r['epoch']} not recorded")
         _record_throughput(url, fence, r)
         self.job.progress(r["epoch"] / self.p.epochs)
+        checkpoint = self.p.dist is None and r["epoch"] < self.p.epochs  # where it may yield
+        if checkpoint:  # asked now, not at the next rate-limited check: a waiting job may be asking
+            self.job.heard(jobs.run_check(url, fence))
         self.job.check_cancelled()
+        if checkpoint:
+            self.job.check_preempted()
         if self.p.dist is not None:
             epoch_rows.merge_parts(url, self.p.dist.parent)  # the job's epoch, once every node has it
-        elif r["epoch"] < self.p.epochs:  # a checkpoint: yield here when a waiting job asks
-            self.job.heard(jobs.run_check(url, fence))
-            self.job.check_cancelled()
-            self.job.check_preempted()
 
 
 def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams,

@@ -45,8 +45,8 @@ def test_an_asked_attempt_hears_it_yields_and_is_claimed_again_without_using_an_
     assert not preemption.ask_to_yield(url, low, high)  # once: it already yields
     assert jobs.set_progress(url, low, 0.5, fence) is jobs.RunCheck.PREEMPT
     assert predictions.commit(url, fence, [(low, 0, 1, 0.5, None)], 1) is jobs.RunCheck.PREEMPT
-    assert jobs.yield_target(url, fence) == high
-    assert jobs.yielded(url, fence, high)
+    assert preemption.yield_target(url, fence) == high
+    assert preemption.yielded(url, fence, high)
     row = _row(stack, low)
     assert (row.status, row.preemptions, row.preempted_by, row.preempt_for, row.committed) == (
         "queued", 1, [high], None, 1)
@@ -62,7 +62,7 @@ def test_a_request_whose_job_no_longer_waits_is_dropped(stack: Stack) -> None:
     assert isinstance(fence, Fence)
     assert preemption.ask_to_yield(url, low, high)
     assert jobs.cancel(url, high) is not None  # the waiting job went away
-    assert jobs.yield_target(url, fence) is None
+    assert preemption.yield_target(url, fence) is None
     assert jobs.run_check(url, fence) is jobs.RunCheck.GO_ON and _row(stack, low).preempt_for is None
 
 

@@ -18,6 +18,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from mxq import priorities
 from mxq.db import events, jobs
+from mxq.db.records import JobRoute
 from mxq.errors import Unavailable
 from mxq.workers.broker.app import app_for
 from mxq.workers.settings import Settings
@@ -127,6 +128,12 @@ def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: boo
     except Exception as exc:
         raise SubmitError(f"could not publish job {job_id} to {maybe_sanitize_url(settings.broker)}: "
                           f"{exc}") from exc
+
+
+def republish(settings: Settings, job_id: int, route: JobRoute) -> None:
+    """Publish a job again as SQL routes it (its queue, and its turn there), patiently."""
+    publish(settings, job_id, route["kind"], route["queue"], patient=True,
+            turn=Turn(route["priority"], route["started"]))
 
 
 def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,

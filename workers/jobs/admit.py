@@ -11,6 +11,7 @@ owner's quota allows. A job beyond its owner's quota stays held and says why (`r
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from mxq.db.fleet import list_workers
@@ -18,7 +19,7 @@ from mxq.db.schema import utcnow
 from mxq.db.sharing import admission, preemption
 from mxq.priorities import HIGH
 from mxq.shares import Held, Share, Usage, next_held, over_quota, quota_reason
-from mxq.workers.broker.publish import Turn, publish
+from mxq.workers.broker.publish import republish
 from mxq.workers.jobs.preempt import capable
 from mxq.workers.settings import Settings
 
@@ -32,15 +33,34 @@ def holding(settings: Settings) -> bool:
     return admission.active(settings.database)
 
 
-def _room(settings: Settings, queues: set[str]) -> dict[str, int]:
-    """queue -> how many more jobs the broker should hold for it (one per live capable device)."""
-    workers = list_workers(settings.database, settings.heartbeat_ttl)
-    waiting = admission.admitted_waiting(settings.database)
-    return {q: max(1, len(capable(q, workers))) - waiting.get(q, 0) for q in queues}
+@dataclass
+class _Broker:
+    """What the broker holds for each queue of the held jobs: the live devices that could run
+    them, and the released jobs still waiting there for a worker (read once per pass, counted on
+    as the pass releases more)."""
+
+    capable: dict[str, frozenset[str]]
+    waiting: dict[str, int]
+
+    @classmethod
+    def read(cls, settings: Settings, queues: set[str]) -> _Broker:
+        workers = list_workers(settings.database, settings.heartbeat_ttl)
+        return cls({q: capable(q, workers) for q in queues},
+                   admission.admitted_waiting(settings.database))
+
+    def room(self, queue: str) -> int:
+        """How many more jobs the broker should hold for `queue` (one per capable device)."""
+        return max(1, len(self.capable[queue])) - self.waiting.get(queue, 0)
+
+    def fits(self, job: Held) -> bool:
+        return job.level == HIGH or self.room(job.queue) > 0
+
+    def took(self, job: Held) -> None:
+        self.waiting[job.queue] = self.waiting.get(job.queue, 0) + 1
 
 
-def _fits(job: Held, room: dict[str, int]) -> bool:
-    return job.level == HIGH or room[job.queue] > 0
+def _recent_usage(url: str) -> Usage:
+    return admission.usage(url, utcnow() - timedelta(seconds=WINDOW_SECONDS))
 
 
 def admit(settings: Settings) -> list[int]:
@@ -49,17 +69,17 @@ def admit(settings: Settings) -> list[int]:
     held = admission.held(url, LOOK)
     if not held:
         return []
-    shares, room = admission.shares(url), _room(settings, {j.queue for j in held})
-    usage = admission.usage(url, utcnow() - timedelta(seconds=WINDOW_SECONDS))
+    shares, usage = admission.shares(url), _recent_usage(url)
+    broker = _Broker.read(settings, {j.queue for j in held})
     released: list[int] = []
-    while (job := next_held([j for j in held if _fits(j, room)], shares, usage)) is not None:
+    while (job := next_held([j for j in held if broker.fits(j)], shares, usage)) is not None:
         held.remove(job)
         if _release(settings, job):
             usage.take(job)
-            room[job.queue] -= 1
+            broker.took(job)
             released.append(job.id)
     if settings.quota_borrowing and held:
-        released += _borrow(settings, held, shares, usage)
+        released += _borrow(settings, held, shares, usage, broker)
     if released:
         log.info("admitted %s", released)
     return released
@@ -70,31 +90,23 @@ def _release(settings: Settings, job: Held, borrowed: bool = False) -> bool:
     route = admission.release(settings.database, job.id, borrowed)
     if route is None:
         return False
-    publish(settings, job.id, route["kind"], route["queue"], patient=True,
-            turn=Turn(route["priority"], route["started"]))
+    republish(settings, job.id, route)
     return True
 
 
-def _idle(settings: Settings, queues: set[str]) -> dict[str, int]:
-    """queue -> its capable devices that run nothing and that no released job waits for."""
-    url = settings.database
-    workers = list_workers(url, settings.heartbeat_ttl)
-    busy = frozenset().union(*(r.devices for r in preemption.running(url, settings.heartbeat_ttl)))
-    waiting = admission.admitted_waiting(url)
-    return {q: len(capable(q, workers) - busy) - waiting.get(q, 0) for q in queues}
-
-
-def _borrow(settings: Settings, held: list[Held], shares: dict[str, Share], usage: Usage) -> list[int]:
+def _borrow(settings: Settings, held: list[Held], shares: dict[str, Share], usage: Usage,
+            broker: _Broker) -> list[int]:
     """Jobs beyond their owners' quotas onto devices idle beyond everyone's (no job within a
     quota is left that could go): borrowed, so preemptible and the first taken back."""
-    idle = _idle(settings, {j.queue for j in held})
+    busy = frozenset().union(*(r.devices for r in preemption.running(settings.database,
+                                                                     settings.heartbeat_ttl)))
+    idle = {q: len(devices - busy) - broker.waiting.get(q, 0) for q, devices in broker.capable.items()}
     unlimited = {owner: Share(s.weight) for owner, s in shares.items()}  # in fair order still
     borrowed: list[int] = []
     beyond = [j for j in held if over_quota(j, shares.get(j.owner, Share()), usage)]
-    while (job := next_held([j for j in beyond if idle.get(j.queue, 0) >= j.needs], unlimited,
+    while (job := next_held([j for j in beyond if idle[j.queue] >= j.needs], unlimited,
                             usage)) is not None:
         beyond.remove(job)
-        held.remove(job)
         if _release(settings, job, borrowed=True):
             usage.take(job)
             idle[job.queue] -= job.needs
@@ -108,7 +120,7 @@ def reasons(settings: Settings) -> dict[int, str]:
     """held job -> why it waits (its owner's quota, or its turn by fair share)."""
     url = settings.database
     shares = admission.shares(url)
-    usage: Usage = admission.usage(url, utcnow() - timedelta(seconds=WINDOW_SECONDS))
+    usage = _recent_usage(url)
     said: dict[int, str] = {}
     for job in admission.held(url, LOOK):
         share = shares.get(job.owner, Share())

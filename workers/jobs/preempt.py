@@ -48,10 +48,10 @@ def ask(settings: Settings, level: str | None = None,
     if level == LOW and not settings.quota_borrowing:
         return []
     url = settings.database
-    workers = list_workers(url, settings.heartbeat_ttl)
     running = preemption.running(url, settings.heartbeat_ttl)
     if not any(r.preemptible or r.borrowed for r in running):
-        return []  # nothing could yield: no waiting job need be read
+        return []  # nothing could yield: neither the workers nor a waiting job need be read
+    workers = list_workers(url, settings.heartbeat_ttl)
     asked: list[tuple[int, int]] = []
     for job in preemption.waiting(url, LOOK, low=settings.quota_borrowing, ids=ids):
         wanted = Waiting(job.id, job.level, capable(job.queue, workers), job.needs, job.borrowed)

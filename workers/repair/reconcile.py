@@ -29,7 +29,7 @@ from mxq.db.records import JobRoute
 from mxq.db.schema import utcnow
 from mxq.status import FINISHED, JobStatus
 from mxq.workers.broker.messages import UNACKED, UNACKED_INDEX, Held, look, move_aside
-from mxq.workers.broker.publish import Turn, publish, requeue
+from mxq.workers.broker.publish import republish, requeue
 from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
 from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
@@ -133,9 +133,8 @@ def _drop_unacked(settings: Settings, stale: dict[int, list[Held]]) -> None:
 def _republish(settings: Settings, lost: dict[int, JobRoute], stale: dict[int, list[Held]],
                report: Report) -> None:
     for job_id in sorted(lost):
-        kind, queue = lost[job_id]["kind"], lost[job_id]["queue"]
-        publish(settings, job_id, kind, queue, patient=True,
-                turn=Turn(lost[job_id]["priority"], lost[job_id]["started"]))
+        queue = lost[job_id]["queue"]
+        republish(settings, job_id, lost[job_id])
         why = (f"its message was held unacknowledged for {max(h.age for h in stale[job_id]):.0f}s "
                "by a consumer that lost its connection" if job_id in stale
                else "its message was gone from the broker")
