@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from mxq.db import events, jobs
+from mxq.workers.broker.messages import stored_names
 from mxq.workers.broker.redis_client import client
 from mxq.workers.jobs.submit import submit
 from tests.conftest import SYSTEM_PG, wait_until
@@ -115,7 +116,7 @@ def test_emptied_queues_are_refilled_by_the_reconciler(model: FaultStack) -> Non
     with _held(model) as held:
         probes, infers = _mixed(model, 60)
         r = client(model.settings.broker)
-        dropped = r.delete("pool.cpu", *(f"testnode.cpu.{i}" for i in range(2)))
+        dropped = r.delete(*stored_names(["pool.cpu", *(f"testnode.cpu.{i}" for i in range(2))]))
     assert dropped  # there was something queued to lose
     ids = probes + infers
     done = model.wait_all(ids, timeout=600)
