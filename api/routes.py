@@ -37,7 +37,7 @@ from mxq.db.outputs import results
 from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
-from mxq.ids import MAX_ID
+from mxq.names import MAX_ID
 from mxq.priorities import Priority
 from mxq.since import parse_since
 from mxq.workers.broker.health import broker_problem

@@ -24,8 +24,7 @@ from mxq.db.records import (
     ScheduleDetail,
     ScheduleRecord,
 )
-from mxq.ids import MAX_ID
-from mxq.names import NAME_PATTERN
+from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.status import JobStatus
 from mxq.workers.jobs.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
 

@@ -18,7 +18,7 @@ from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.cli.options import PreemptibleOpt, PriorityOpt
 from mxq.cli.settings import get_settings
-from mxq.ids import MAX_ID
+from mxq.names import MAX_ID
 from mxq.priorities import Priority
 from mxq.since import parse_since
 from mxq.status import FINISHED, UNSUCCESSFUL, JobStatus
@@ -286,7 +286,7 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
 
 @app.command()
 def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
-          input: Annotated[str, typer.Argument(help="Input inside MXQ_DATA_ROOT: .npy, .npz, .csv, image folder, .rec")],  # noqa: E501
+          input: Annotated[str, typer.Argument(help="Input inside MXQ_DATA_ROOT (.npy, .npz, .csv, .parquet, image folder, .rec), or s3://BUCKET/KEY inside MXQ_S3_ALLOWED (.npy, .npz, .csv, .parquet)")],  # noqa: E501
           device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
           batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
           output: Annotated[str, typer.Option(help="db (SQL rows), npy, both (db and npy) or parquet: $MXQ_HOME/outputs/STACK/job-ID.npy or .parquet (STACK: the stack id).")] = "db",  # noqa: E501
@@ -294,6 +294,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
+          columns: Annotated[str | None, typer.Option(help="A Parquet input's sample: one list column, or numeric columns A,B,C (default: its only list column, else all its columns).")] = None,  # noqa: E501
           reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Kept for scripts: NaN and infinite inputs always fail the job, naming the sample.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
@@ -303,7 +304,8 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
               "output": output, "engine": engine,
-              "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan}
+              "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan,
+              "columns": None if columns is None else [c.strip() for c in columns.split(",")]}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible))
 

@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 from mxq.cli import render
 from mxq.cli.settings import get_settings
 from mxq.errors import UserError, reason
-from mxq.ids import MAX_ID
+from mxq.names import MAX_ID
 
 
 class _NameMeansShow(TyperGroup):

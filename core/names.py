@@ -1,6 +1,10 @@
-"""The one rule for names that become paths (a model's name is a folder of the model store):
-letters, digits, `_`, `.` and `-`, 1 to 128 of them, not starting with `.` or `-`, so that no
-name is `..`, a hidden file, an absolute path or a command-line flag."""
+"""What a name or an id from outside may be.
+
+Names become paths (a model's name is a folder of the model store): letters, digits, `_`, `.`
+and `-`, 1 to 128 of them, not starting with `.` or `-`, so that no name is `..`, a hidden file,
+an absolute path or a command-line flag. Ids and offsets are at most what PostgreSQL's `integer`
+holds (jobs.id and the other ids are INTEGER), so that no number from outside reaches the
+database as an overflow."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import re
 
 from mxq.errors import UserError
 
+MAX_ID = 2**31 - 1
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 

@@ -35,6 +35,7 @@ from mxq.db.schema import utcnow
 from mxq.status import FINISHED
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.settings import Settings
+from tests.support.s3 import S3Server
 
 if TYPE_CHECKING:
     import psycopg
@@ -229,6 +230,8 @@ class Templates:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     Templates.drop()
+    if S3Server.shared_one is not None:
+        S3Server.shared_one.stop()
 
 
 def _embedded(tmp: Path, redis_db: int = 0) -> Iterator[Stack]:
@@ -281,6 +284,7 @@ def _stack(backend: str, tmp: Path, redis_db: int) -> Iterator[Stack]:
                   "MXQ_HEARTBEAT_SECONDS": "0.5", "MXQ_CPU_DEVICES": "2",
                   "MXQ_MAX_ATTEMPTS": "3", "MXQ_RECONCILE_LOOK_SECONDS": "0.2",
                   "MXQ_MAX_PROBE_GFLOP": "10000000"})  # tests hold devices with long probes
+    s.env.update(S3Server.shared().env())  # every stack may read the session's bucket
     yield s
     next(gen, None)
 

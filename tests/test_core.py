@@ -350,3 +350,25 @@ def test_a_borrowed_device_is_taken_back_first_by_any_job_within_its_quota() -> 
     assert priorities.victim(high, running) == 2  # borrowed before a lower level
     lent = priorities.Waiting(9, "normal", low.capable, borrowed=True)
     assert priorities.victim(lent, running) == 1  # a borrower takes no borrowed device back
+
+
+def test_object_urls_are_parsed_and_confined_to_allowed_prefixes() -> None:
+    from mxq.objects import Allowed, ObjectURLError, confined, parse
+
+    url = parse("s3://team-data/scoring/2026/x.NPY")
+    assert (url.bucket, url.key, url.suffix, str(url)) == ("team-data", "scoring/2026/x.NPY", ".npy",
+                                                           "s3://team-data/scoring/2026/x.NPY")
+    allowed = Allowed.parse(" team-data/scoring , s3://models ,")
+    assert str(allowed) == "team-data/scoring, models"
+    assert allowed.admits(url) and allowed.admits(parse("s3://models/any/thing"))
+    assert not allowed.admits(parse("s3://team-data/scoring-old/x.npy"))  # a prefix is a folder
+    assert not allowed.admits(parse("s3://team-data/x.npy"))
+    assert not Allowed.parse(None).admits(url) and str(Allowed.parse("")) == "none"
+    with pytest.raises(ObjectURLError, match=r"outside the allowed buckets and prefixes \(SETTING: none\)"):
+        confined("s3://team-data/x.npy", Allowed(), "SETTING")
+    for bad in ("s3://team-data/a//b", "s3://team-data/./b", "s3://team-data/a/\x00", "s3://x/k",
+                "s3://team_data/k", "s3://-team/k", "/local/path", "s3://team-data/"):
+        with pytest.raises(ObjectURLError):
+            parse(bad)
+    with pytest.raises(ObjectURLError, match="is not a bucket name"):
+        Allowed.parse("Team/x")

@@ -20,6 +20,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mxq.errors import UserError
+from mxq.objects import Allowed
 
 # Long enough for the longest training job: Redis hands an unacknowledged message to another
 # worker after this many seconds, so a shorter value would run long jobs twice.
@@ -163,6 +164,13 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1, le=2**50,
                                  description="Largest inference input (file or folder) accepted.")
+    s3_allowed: str | None = Field(
+        None, description="Buckets and prefixes (comma-separated `bucket` or `bucket/prefix`) "
+        "whose objects jobs may read as s3://bucket/key; unset = none. Credentials come from the "
+        "standard AWS chain (environment, shared files, instance role), never from here.")
+    s3_endpoint_url: str | None = Field(
+        None, description="Endpoint of an S3-compatible server (MinIO, Ceph, R2: "
+        "http://HOST:9000); unset = AWS's own.")
     stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, le=30 * DAY, description="A running job that "
                                  "reports no progress this long is failed by the reconciler.")
     cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, le=DAY, description="A running "
@@ -247,6 +255,34 @@ class Settings(BaseSettings):
                 f"{MAX_SOCKET_PATH} bytes and no short folder ($XDG_RUNTIME_DIR, the temp folder) "
                 "fits it; use a shorter MXQ_HOME or set MXQ_BROKER_URL")
         return self
+
+    @field_validator("s3_allowed")
+    @classmethod
+    def _s3_allowed_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                Allowed.parse(value)
+            except UserError as e:
+                raise ValueError(f"MXQ_S3_ALLOWED: {e}") from None
+        return value
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _s3_endpoint(cls, value: str | None) -> str | None:
+        """An endpoint is an http(s) URL without credentials: a key in it would reach logs."""
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("MXQ_S3_ENDPOINT_URL must be http://HOST[:PORT] or https://HOST[:PORT]")
+        if parts.username or parts.password:
+            raise ValueError("MXQ_S3_ENDPOINT_URL must not hold credentials: the standard AWS "
+                             "chain gives them (AWS_ACCESS_KEY_ID, ~/.aws/credentials, a role)")
+        return value
+
+    @property
+    def s3_allowed_prefixes(self) -> Allowed:
+        return Allowed.parse(self.s3_allowed)
 
     @field_validator("api_token")
     @classmethod

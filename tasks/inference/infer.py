@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from mxq.db import events, jobs, registry
 from mxq.db.records import ModelRecord
+from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference import batching, engines
 from mxq.tasks.inference.inputs import InputError, InputSource, open_input
@@ -44,8 +45,10 @@ from mxq.tasks.runner import (
 from mxq.tasks.runner import placement as where_we_run
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
-from mxq.workers.paths import PathError, confine
+from mxq.workers.paths import PathError
 from mxq.workers.settings import get_settings
+from mxq.workers.storage.client import StorageError
+from mxq.workers.storage.locate import locate
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
@@ -61,10 +64,10 @@ def _params(job: JobContext) -> InferParams:
 
 def _open(p: InferParams, model: ModelRecord) -> InputSource:
     try:
-        path = confine(get_settings(), p.input)
+        path = locate(get_settings(), p.input)
         return open_input(path, tuple(model["input_shape"]), p.key,
-                          Preprocess.from_dict(model["preprocess"]))
-    except (PathError, InputError) as exc:
+                          Preprocess.from_dict(model["preprocess"]), columns=p.columns)
+    except (PathError, ObjectURLError, StorageError, InputError) as exc:
         raise JobInputError(str(exc)) from None
 
 

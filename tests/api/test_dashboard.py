@@ -92,10 +92,9 @@ def test_dashboard_lists_jobs_and_shows_a_throughput_chart(workers: Stack, mlp: 
 def test_the_queue_view_orders_waiting_jobs_and_says_why(workers: Stack, api_url: str,
                                                          tmp_path: Path) -> None:
     from mxq.db import jobs
+    from mxq.db.reports.queue import waiting as queued
     from mxq.priorities import Priority
     from mxq.users import local_owner
-
-    from mxq.db.reports.queue import waiting as queued
 
     s = workers.settings
     # The session's stack keeps the jobs earlier tests left waiting for a device no worker takes

@@ -311,10 +311,11 @@ def test_empty_inputs(tmp_path: Path) -> None:
 
 
 def test_unknown_suffix_lists_formats(tmp_path: Path) -> None:
-    (tmp_path / "x.parquet").write_bytes(b"")
-    formats = r"unsupported format; supported: \.npy, \.npz, \.csv, a folder of images .*\.rec with a sibling"
+    (tmp_path / "x.h5").write_bytes(b"")
+    formats = (r"unsupported format; supported: \.npy, \.npz, \.csv, \.parquet, a folder of images "
+               r".*\.rec with a sibling")
     with pytest.raises(InputError, match=formats):
-        open_input(tmp_path / "x.parquet", (3,))
+        open_input(tmp_path / "x.h5", (3,))
 
 
 def test_read_out_of_range(tmp_path: Path) -> None:

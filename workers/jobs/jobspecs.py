@@ -20,8 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from mxq.device import Device
 from mxq.errors import UserError
-from mxq.ids import MAX_ID
-from mxq.names import NAME_PATTERN
+from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -29,6 +28,8 @@ from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Set
 # checked against MXQ_MAX_BATCH_SIZE / MXQ_MAX_EPOCHS (these are their defaults).
 MAX_BATCH_SIZE = DEFAULT_MAX_BATCH_SIZE
 MAX_TOP_K = 100
+MAX_COLUMNS = 4096  # a Parquet input's columns named for one sample (a wide table of features)
+MAX_COLUMN_CHARS = 256
 # `--batch-size auto` starts here (or at the input's size, or MXQ_MAX_BATCH_SIZE, if smaller)
 # and halves on out-of-memory until a batch fits.
 AUTO_BATCH_START = 8192
@@ -91,6 +92,10 @@ class InferRequest(BaseModel):
     model_version: int | None = Field(None, ge=1, le=MAX_ID)
     input: str = Field(min_length=1)
     key: str | None = Field(None, description="Array name inside an .npz input.")
+    columns: list[Annotated[str, Field(min_length=1, max_length=MAX_COLUMN_CHARS)]] | None = Field(
+        None, min_length=1, max_length=MAX_COLUMNS, description="A Parquet input's columns that "
+        "hold a sample: one list column of numbers, or numeric columns side by side; unset: its "
+        "only list column, else all its columns if all are numbers.")
     batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         256, description="Samples per batch, or 'auto': the largest that fits, halving from "
         "AUTO_BATCH_START.")

@@ -15,7 +15,6 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kombu import Connection
@@ -30,6 +29,7 @@ from mxq.db.reports.history import job_by_key
 from mxq.device import Device
 from mxq.engines import disagreement, needed
 from mxq.errors import Conflict, JobRejected
+from mxq.objects import ObjectURLError
 from mxq.priorities import Priority
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
@@ -40,6 +40,8 @@ from mxq.workers.jobs import admit, preempt
 from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings
+from mxq.workers.storage.client import StorageError
+from mxq.workers.storage.locate import locate, size_of
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +117,8 @@ def _storable(value: Any) -> Any:
     return value
 
 
-def _input_bytes(path: Path) -> int:
-    """The size of an input: a file, or the files directly inside a folder (an image folder)."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    return path.stat().st_size
-
+# Wrong parameters or inputs: recorded as a failed job, so the history says why.
+REJECTED = (ParamsError, PathError, ObjectURLError, StorageError, LookupError)
 
 Models = dict[tuple[str, int | None], ModelRecord]  # resolved once per submit_many
 
@@ -136,8 +134,8 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
         models[key] = resolve(settings.database, *key)
     model = models[key]
     models.setdefault((name, model["version"]), model)  # as the prepared job names it
-    path = confine(settings, params["input"])
-    size = _input_bytes(path)
+    path = locate(settings, params["input"])
+    size = size_of(path)
     if size > settings.max_input_bytes:
         raise PathError(f"input {params['input']} holds {size} bytes, more than the "
                         f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
@@ -322,7 +320,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     models: Models = {}
     try:
         params = _prepare(settings, kind, params, models)
-    except (ParamsError, PathError, LookupError) as exc:
+    except REJECTED as exc:
         raise _reject(settings, kind, params, where, exc, owner, priority) from exc
     where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
     if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
@@ -376,7 +374,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     for i, p in enumerate(params):
         try:
             checked.append(_prepare(settings, kind, p, models))
-        except (ParamsError, PathError, LookupError) as exc:
+        except REJECTED as exc:
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from exc
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)

@@ -1,23 +1,31 @@
-"""Which reader an input goes to: its format, told by a folder or by the file's suffix."""
+"""Which reader an input goes to: its format, told by a folder or by the file's suffix (an
+object's by its key's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from mxq.tasks.inference.inputs.files import InputError
+from mxq.tasks.inference.inputs.files import InputError, Location
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-SUPPORTED = ".npy, .npz, .csv, a folder of images (.png, .jpg, .jpeg), .rec with a sibling .idx"
-Format = Literal["npy", "npz", "csv", "images", "rec"]
-_BY_SUFFIX: dict[str, Format] = {".npy": "npy", ".npz": "npz", ".csv": "csv", ".rec": "rec"}
+SUPPORTED = (".npy, .npz, .csv, .parquet, a folder of images (.png, .jpg, .jpeg), .rec with a "
+             "sibling .idx")
+SUPPORTED_REMOTE = ".npy, .npz, .csv and .parquet"
+Format = Literal["npy", "npz", "csv", "parquet", "images", "rec"]
+_BY_SUFFIX: dict[str, Format] = {".npy": "npy", ".npz": "npz", ".csv": "csv", ".parquet": "parquet",
+                                 ".rec": "rec"}
+REMOTE: tuple[Format, ...] = ("npy", "npz", "csv", "parquet")  # what an object in a bucket may be
 
 
-def format_of(path: Path) -> Format:
-    """The format of `path`: a folder holds images, a file's suffix names the rest."""
-    if path.is_dir():
+def format_of(location: Location) -> Format:
+    """The format of `location`: a folder holds images, a file's suffix names the rest."""
+    if isinstance(location, Path) and location.is_dir():
         return "images"
-    kind = _BY_SUFFIX.get(path.suffix.lower())
+    kind = _BY_SUFFIX.get(location.suffix.lower())
     if kind is None:
-        raise InputError(f"input {path} has an unsupported format; supported: {SUPPORTED}")
+        raise InputError(f"input {location} has an unsupported format; supported: {SUPPORTED}")
+    if not isinstance(location, Path) and kind not in REMOTE:
+        raise InputError(f"input {location} is a {kind} input, which mxq reads from local disk "
+                         f"only; from object storage: {SUPPORTED_REMOTE}")
     return kind

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mxq.tasks.inference.image_headers import ImageHeaderError, image_size
-from mxq.tasks.inference.inputs.files import InputError
+from mxq.tasks.inference.inputs.files import InputError, Location
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class Limits:
         s = get_settings()
         return cls(s.max_input_bytes, s.max_image_pixels)
 
-    def check_bytes(self, path: Path, what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    def check_bytes(self, path: Location, what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         size = math.prod(shape) * dtype.itemsize
         if size > self.max_bytes:
             raise InputError(f"input {path} {what}holds {size:,} bytes of {dtype} {shape} when read, "

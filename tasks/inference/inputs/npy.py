@@ -14,7 +14,7 @@ from typing import IO, Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.tasks.inference.inputs.files import InputError, regular_file
+from mxq.tasks.inference.inputs.files import InputError, Location, RemoteObject, open_binary, regular_file
 from mxq.tasks.inference.inputs.limits import Limits
 from mxq.tasks.inference.inputs.source import Fetch, Samples
 
@@ -65,7 +65,7 @@ def parse_header(f: IO[bytes]) -> Header:
     return _HEADER_READERS[_read_magic(f)](f)
 
 
-def read_header(f: IO[bytes], path: Path) -> Header:
+def read_header(f: IO[bytes], path: Location) -> Header:
     """Shape, Fortran order and dtype from an .npy header, reading no data; rejects
     non-numeric dtypes (an .npz's members are .npy files: `npz` reads them here too)."""
     try:
@@ -79,9 +79,9 @@ def read_header(f: IO[bytes], path: Path) -> Header:
     return shape, fortran, dtype
 
 
-def count(path: Path) -> int:
+def count(path: Location) -> int:
     """The number of samples, from the header alone."""
-    with regular_file(path).open("rb") as f:
+    with open_binary(path, headers_only=True) as f:
         return read_header(f, path)[0][0]
 
 
@@ -129,6 +129,35 @@ def batches(array: NDArray[Any]) -> Fetch:
     return fetch
 
 
-def opened(path: Path, limits: Limits) -> Samples:
+def ranged(obj: RemoteObject, limits: Limits) -> Samples:
+    """An object's samples, each batch read by the ranges it covers (never the object whole):
+    the header from one small GET, then forward reads with a bounded read-ahead."""
+    with open_binary(obj, headers_only=True) as f:
+        shape, fortran, dtype = read_header(f, obj)
+        offset = f.tell()
+    limits.check_bytes(obj, "", shape, dtype)
+    if fortran and len(shape) > 1:
+        raise InputError(f"input {obj} is in Fortran order, which cannot be read a batch at a "
+                         "time: save it with np.save(np.ascontiguousarray(x))")
+    row = math.prod(shape[1:]) * dtype.itemsize
+    if offset + shape[0] * row > obj.size:
+        raise InputError(f"input {obj} is truncated or corrupt: its header says {shape[0] * row:,} "
+                         f"bytes of data, the object holds {obj.size - offset:,}")
+    reader = obj.open()
+
+    def fetch(start: int, stop: int) -> NDArray[Any]:
+        reader.seek(offset + start * row)
+        data = bytearray((stop - start) * row)
+        if reader.readinto(data) != len(data):
+            raise InputError(f"input {obj} is truncated or corrupt: samples [{start}, {stop}) "
+                             "are cut short")
+        return np.frombuffer(data, dtype=dtype).reshape((stop - start, *shape[1:]))
+
+    return Samples(shape[0], shape[1:], fetch)
+
+
+def opened(path: Location, limits: Limits) -> Samples:
+    if isinstance(path, RemoteObject):
+        return ranged(path, limits)
     array = load(path, limits)
     return Samples(array.shape[0], array.shape[1:], batches(array))

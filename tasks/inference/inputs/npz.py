@@ -4,13 +4,12 @@ size read from its header, loaded whole on the first read: zipped members cannot
 from __future__ import annotations
 
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.tasks.inference.inputs.files import InputError, regular_file
+from mxq.tasks.inference.inputs.files import InputError, Location, open_binary
 from mxq.tasks.inference.inputs.limits import Limits
 from mxq.tasks.inference.inputs.npy import read_header
 from mxq.tasks.inference.inputs.source import Fetch, Samples
@@ -23,7 +22,7 @@ def _names(names: list[str]) -> str:
     return shown if len(names) <= LISTED_NAMES else f"{shown}, … ({len(names)} arrays)"
 
 
-def _chosen(path: Path, names: list[str], key: str | None) -> str:
+def _chosen(path: Location, names: list[str], key: str | None) -> str:
     """The member to read: `key`, the only one, else `X`."""
     if key is not None:
         if key not in names:
@@ -37,11 +36,11 @@ def _chosen(path: Path, names: list[str], key: str | None) -> str:
                      "and none is named X; choose one with the input key")
 
 
-def member(path: Path, key: str | None, limits: Limits | None = None) -> tuple[str, tuple[int, ...]]:
+def member(path: Location, key: str | None, limits: Limits | None = None) -> tuple[str, tuple[int, ...]]:
     """Pick the array (`key`, the only one, else `X`) and read its shape from its header only;
     with `limits`, refuse one that would decompress past them."""
     try:
-        with zipfile.ZipFile(regular_file(path)) as zf:
+        with open_binary(path, headers_only=True) as raw, zipfile.ZipFile(raw) as zf:
             chosen = _chosen(path, [n.removesuffix(".npy") for n in zf.namelist()], key)
             with zf.open(chosen + ".npy") as f:
                 shape, _fortran, dtype = read_header(f, path)
@@ -56,19 +55,19 @@ def member(path: Path, key: str | None, limits: Limits | None = None) -> tuple[s
     return chosen, shape
 
 
-def count(path: Path, key: str | None = None) -> int:
+def count(path: Location, key: str | None = None) -> int:
     """The number of samples of the chosen array, from its header alone."""
     return member(path, key)[1][0]
 
 
-def _batches(path: Path, key: str) -> Fetch:
+def _batches(path: Location, key: str) -> Fetch:
     """The member is loaded on the first read: members are zipped, so they can't be memory-mapped."""
     cache: dict[str, NDArray[Any]] = {}
 
     def fetch(start: int, stop: int) -> NDArray[Any]:
         if key not in cache:
             try:
-                with np.load(path) as npz:
+                with open_binary(path) as raw, np.load(raw) as npz:
                     cache[key] = npz[key]
             except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
                 raise InputError(f"input {path} is truncated or corrupt: {e}") from e
@@ -77,6 +76,6 @@ def _batches(path: Path, key: str) -> Fetch:
     return fetch
 
 
-def opened(path: Path, key: str | None, limits: Limits) -> Samples:
+def opened(path: Location, key: str | None, limits: Limits) -> Samples:
     chosen, shape = member(path, key, limits)
     return Samples(shape[0], shape[1:], _batches(path, chosen))

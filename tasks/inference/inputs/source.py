@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from mxq.preprocess import Preprocess
-from mxq.tasks.inference.inputs.files import InputError
+from mxq.tasks.inference.inputs.files import InputError, Location
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -32,7 +31,7 @@ class Samples:
 
 @dataclass
 class InputSource:
-    path: Path
+    path: Location  # a local path, or an object of the store
     count: int  # number of samples
     sample_shape: tuple[int, ...]  # shape of one sample as the model sees it
     fetch: Fetch = field(repr=False)  # raw samples [start, stop)

@@ -1,0 +1,151 @@
+"""The .parquet reader: one sample a row, from a list (or fixed-size list) column of numbers, or
+from several numeric columns side by side; read a row group at a time, local or in a bucket.
+
+Which columns: the ones asked (`columns`), else the file's only list column, else all its
+columns when every one is a number. A list column's rows must all hold as many values (a sample
+has one shape), and no value may be null: a model cannot score a missing number.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from mxq.tasks.inference.inputs.files import InputError, Location, open_binary
+from mxq.tasks.inference.inputs.limits import Limits
+from mxq.tasks.inference.inputs.source import Fetch, Samples
+
+LISTED_COLUMNS = 10  # an error lists this many of a file's columns
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _listed(schema: pa.Schema) -> str:
+    names = [f"{f.name} ({f.type})" for f in schema][:LISTED_COLUMNS]
+    more = f", … ({len(schema)} columns)" if len(schema) > LISTED_COLUMNS else ""
+    return ", ".join(names) + more
+
+
+def _chosen(path: Location, schema: pa.Schema, columns: list[str] | None) -> list[str]:
+    """The columns a sample is read from, checked against the file's schema."""
+    if columns is None:
+        lists = [f.name for f in schema if _is_list(f.type)]
+        if len(lists) == 1:
+            return lists
+        if not lists and all(_numeric(f.type) for f in schema):
+            return list(schema.names)
+        raise InputError(f"input {path} has columns {_listed(schema)}: choose the list column or "
+                         "the numeric columns of a sample with --columns")
+    for name in columns:
+        if name not in schema.names:
+            raise InputError(f"input {path} has no column {name[:80]!r}; available: {_listed(schema)}")
+    types = [schema.field(name).type for name in columns]
+    if len(columns) == 1 and _is_list(types[0]):
+        if not _numeric(types[0].value_type):
+            raise InputError(f"input {path} column {columns[0]!r} holds lists of {types[0].value_type}, "
+                             "not of numbers")
+        return columns
+    bad = [f"{n} ({t})" for n, t in zip(columns, types, strict=True) if not _numeric(t)]
+    if bad:
+        raise InputError(f"input {path} columns {', '.join(bad)} are not numbers (integers, floats "
+                         "or booleans); a list column is read alone")
+    return columns
+
+
+def _width(path: Location, f: pq.ParquetFile, column: str) -> int:
+    """How many values one row of a list column holds: its fixed size, or its first row's."""
+    t = f.schema_arrow.field(column).type
+    if pa.types.is_fixed_size_list(t):
+        return int(t.list_size)
+    for group in range(f.num_row_groups):
+        first = f.read_row_group(group, columns=[column]).column(0).slice(0, 1).to_pylist()
+        if first:
+            return len(first[0] or [])
+    raise InputError(f"input {path} holds no rows")
+
+
+def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | None,
+            first_row: int) -> NDArray[Any]:
+    """One row group as a (rows, width) array: a list column's values, or the columns stacked."""
+    if width is None:
+        for name in columns:
+            if table.column(name).null_count:
+                raise InputError(f"input {path} column {name!r} has a null value near row {first_row}")
+        return np.stack([table.column(n).to_numpy() for n in columns], axis=1)
+    lists = table.column(columns[0]).combine_chunks()
+    if lists.null_count:
+        raise InputError(f"input {path} column {columns[0]!r} has a null row near row {first_row}")
+    if not pa.types.is_fixed_size_list(lists.type):
+        lengths = np.diff(np.asarray(lists.offsets))
+        if (lengths != width).any():
+            row = first_row + int(np.argmax(lengths != width))
+            raise InputError(f"input {path} column {columns[0]!r} row {row} holds "
+                             f"{int(lengths[row - first_row])} values, the first row {width}: "
+                             "every sample must have one shape")
+    values = lists.flatten()
+    if values.null_count:
+        raise InputError(f"input {path} column {columns[0]!r} has a null value near row {first_row}")
+    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(table.num_rows, width)
+
+
+def _row_groups(path: Location, f: pq.ParquetFile, columns: list[str], width: int | None) -> Fetch:
+    """Samples [start, stop) from the row groups they cover; the last one read stays decoded."""
+    starts = [0]
+    for group in range(f.num_row_groups):
+        starts.append(starts[-1] + f.metadata.row_group(group).num_rows)
+    held: dict[int, NDArray[Any]] = {}
+
+    def group_rows(group: int) -> NDArray[Any]:
+        if group not in held:
+            held.clear()
+            try:
+                table = f.read_row_group(group, columns=columns)
+            except (pa.ArrowException, OSError) as e:
+                raise InputError(f"input {path} row group {group} cannot be read: {str(e)[:200]}") from None
+            held[group] = _matrix(path, table, columns, width, starts[group])
+        return held[group]
+
+    def fetch(start: int, stop: int) -> NDArray[Any]:
+        parts, at = [], start
+        while at < stop:
+            group = bisect.bisect_right(starts, at) - 1
+            rows = group_rows(group)
+            end = min(stop, starts[group + 1])
+            parts.append(rows[at - starts[group]:end - starts[group]])
+            at = end
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    return fetch
+
+
+def _file(path: Location, raw: IO[bytes]) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(raw)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InputError(f"input {path} is not a readable Parquet file: {str(e)[:200]}") from None
+
+
+def count(path: Location) -> int:
+    """The number of samples (rows), from the footer alone."""
+    with open_binary(path, headers_only=True) as raw:
+        return int(_file(path, raw).metadata.num_rows)
+
+
+def opened(path: Location, columns: list[str] | None, limits: Limits) -> Samples:
+    f = _file(path, open_binary(path))
+    chosen = _chosen(path, f.schema_arrow, columns)
+    width = _width(path, f, chosen[0]) if _is_list(f.schema_arrow.field(chosen[0]).type) else None
+    rows = int(f.metadata.num_rows)
+    limits.check_bytes(path, "", (rows, width or len(chosen)), np.dtype(np.float32))
+    return Samples(rows, (width or len(chosen),), _row_groups(path, f, chosen, width))

@@ -1,0 +1,111 @@
+"""The S3 client of a process, through boto3: credentials from the standard AWS chain
+(environment, shared config files, an instance role), the endpoint of an S3-compatible server
+from MXQ_S3_ENDPOINT_URL. Chosen over fsspec/s3fs because a worker reads from its own threads
+with plain blocking calls (s3fs runs an asyncio loop beside them, and its aiobotocore pins
+botocore to a narrow range), and over obstore for its wider use against S3-compatible servers.
+
+Credentials never appear in what mxq writes: its errors name the operation, the object and the
+server's error code only (`StorageError`), and botocore's own loggers are kept at WARNING, where
+they log no request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from mxq.errors import Unavailable, UserError
+from mxq.objects import ObjectURL
+
+if TYPE_CHECKING:
+    from mxq.workers.settings import Settings
+
+# Seconds to connect and to wait for a read: a server that hangs fails the read (the job is
+# retried) instead of leaving the worker in a recv() for good.
+CONNECT_SECONDS, READ_SECONDS = 10.0, 60.0
+RETRIES = 5  # botocore's "standard" retry mode, on throttling and 5xx answers
+DEFAULT_REGION = "us-east-1"  # an S3-compatible server takes any; AWS's chain may name another
+# Errors the server answers for a missing object or bucket, or one the credentials may not read.
+MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}
+DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
+
+_lock = threading.Lock()
+
+
+class StorageError(UserError):
+    """An object that is missing or may not be read: the job's input is wrong."""
+
+
+class StorageUnavailable(Unavailable):
+    """The object store did not answer (down, unreachable, throttling past every retry)."""
+
+
+def quiet_botocore() -> None:
+    """botocore logs requests (headers with the signature and access key id) at DEBUG."""
+    for name in ("botocore", "boto3", "s3transfer", "urllib3"):
+        logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.WARNING))
+
+
+@lru_cache(maxsize=4)
+def _client(endpoint: str | None) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    quiet_botocore()
+    with _lock:  # boto3's default session is not thread-safe while it builds a client
+        session = boto3.session.Session()
+        return session.client("s3", endpoint_url=endpoint,
+                              region_name=session.region_name or DEFAULT_REGION,
+                              config=Config(connect_timeout=CONNECT_SECONDS, read_timeout=READ_SECONDS,
+                                            retries={"max_attempts": RETRIES, "mode": "standard"},
+                                            max_pool_connections=16))
+
+
+def client(settings: Settings) -> Any:
+    """This process's S3 client for the stack's endpoint (boto3 clients are thread-safe)."""
+    return _client(settings.s3_endpoint_url)
+
+
+def explained(exc: Exception, operation: str, url: ObjectURL) -> Exception:
+    """A botocore error as mxq's: what was done to which object, and the server's code only."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    if isinstance(exc, NoCredentialsError):
+        return StorageError(f"cannot {operation} {url}: no credentials found (set AWS_ACCESS_KEY_ID "
+                            "and AWS_SECRET_ACCESS_KEY, a profile in ~/.aws, or an instance role)")
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", "?"))
+        if code in MISSING:
+            return StorageError(f"cannot {operation} {url}: it does not exist")
+        if code in DENIED:
+            return StorageError(f"cannot {operation} {url}: access denied ({code}) with the "
+                                "credentials of the AWS chain")
+        return StorageUnavailable(f"cannot {operation} {url}: the object store answered {code}")
+    if isinstance(exc, BotoCoreError):
+        return StorageUnavailable(f"cannot {operation} {url}: {type(exc).__name__} (is the object "
+                                  "store up, and MXQ_S3_ENDPOINT_URL right?)")
+    return exc
+
+
+def size_of(settings: Settings, url: ObjectURL) -> int:
+    """The object's size in bytes, from one HEAD request."""
+    try:
+        head = client(settings).head_object(Bucket=url.bucket, Key=url.key)
+    except Exception as exc:
+        raise explained(exc, "read", url) from None
+    return int(head["ContentLength"])
+
+
+def read_range(settings: Settings, url: ObjectURL, start: int, stop: int) -> bytes:
+    """Bytes [start, stop) of the object, from one ranged GET."""
+    if stop <= start:
+        return b""
+    try:
+        answer = client(settings).get_object(Bucket=url.bucket, Key=url.key,
+                                             Range=f"bytes={start}-{stop - 1}")
+        data: bytes = answer["Body"].read()
+    except Exception as exc:
+        raise explained(exc, "read", url) from None
+    return data
