@@ -5,8 +5,8 @@
 Writes OUT/report.md (machine, date, aim vs measured with pass/miss, one section per case),
 OUT/*.png (matplotlib plots) and OUT/results.json (every figure). Each case runs on a stack of
 its own (embedded Redis + SQLite in a fresh home under OUT/tmp, removed afterwards unless the
-case failed). Cases: inference, scaling, dispatch, batching, writes, training, memory, engines, fleet,
-sharing.
+case failed). Cases: inference, objects (the inference case from a bucket), scaling, dispatch,
+batching, writes, training, memory, engines, fleet, sharing.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from mxq.errors import typed_line
 # Sizes: quick (checks that each case works, in seconds) and full (the figures to judge by).
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "inference": {"quick": {"samples": 5_000}, "full": {"samples": 200_000}},
+    "objects": {"quick": {"samples": 5_000, "rounds": 1}, "full": {"samples": 200_000, "rounds": 3}},
     "scaling": {"quick": {"per_core": 3_000, "rounds": 1}, "full": {"per_core": 60_000, "rounds": 2}},
     "dispatch": {"quick": {"jobs": 30, "latency_jobs": 8}, "full": {"jobs": 500, "latency_jobs": 50}},
     "batching": {"quick": {"jobs": 100}, "full": {"jobs": 1_000}},
@@ -52,7 +53,7 @@ RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
            "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run"),
-           "sharing": ("bench.sharing", "run")}
+           "sharing": ("bench.sharing", "run"), "objects": ("bench.object_storage", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:

@@ -24,10 +24,12 @@ AIMS: dict[str, tuple[str, float]] = {
     "batching": (">=", 5.0), "writes": (">=", 0.8), "memory": ("<=", 1.10), "engines": (">=", 0.9),
     "fleet": ("<=", 1.0),  # each figure over its aim (bench.fleet.report)
     "sharing": ("<=", 1.0),  # each figure over its aim (_sharing_checks)
+    "objects": (">=", 0.8),  # issue 33: from a bucket at least 0.8 of the local file's samples/s
 }
 
 TITLES = {
     "inference": "Inference: `mxq infer` vs a bare MXNet loop",
+    "objects": "Object storage: `mxq infer` from an s3:// object vs the same local file",
     "scaling": "Device scaling: 2 CPU devices vs 1",
     "dispatch": "Dispatch: tiny jobs through mxq vs bare Celery",
     "batching": "Dynamic batching: on vs off",
@@ -46,6 +48,10 @@ ABOUT = {
     "worker's cores with the worker's thread limits, three runs of each, alternating (medians). mxq's "
     "figure is the job's own samples/s; submit-to-done (with queueing and the final write) is "
     "shown for information.",
+    "objects": "The inference case's LeNet and `.npy` input, one job from the local file and one "
+    "from the same object on moto's S3 server on loopback (ranged GETs of 8 MiB blocks, two ahead), "
+    "alternating (medians). The worker's peak RSS (VmHWM) is read after the first local job and "
+    "after every S3 one: the aim is no more memory for the object.",
     "scaling": "One input sized to the machine, split with `--chunk-size` = half of it: on two "
     "CPU devices the two chunks run side by side, on one (`--device cpu:0`) in turn. Each CPU "
     "device worker is pinned to its own share of the cores with that many MXNet/OpenMP threads "
@@ -153,7 +159,8 @@ def _check(check: str, unit: str, base_label: str, base: float | None, label: st
 
 def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
     """The report rows of one case's result."""
-    own = {"fleet": fleet_report.checks, "sharing": _sharing_checks}.get(case)  # aims of their own
+    own = {"fleet": fleet_report.checks, "sharing": _sharing_checks,  # aims of their own
+           "objects": _objects_checks}.get(case)
     if own is not None:
         return own(r)
     if case == "engines":
@@ -207,6 +214,14 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
                        r["peak_rss_1x_mib"], f"10x ({r['samples_10x']:,})", r["peak_rss_10x_mib"],
                        r["ratio"], case)]
     raise KeyError(case)
+
+
+def _objects_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Throughput from a bucket against the local file (issue 33), and the memory it costs."""
+    return [_check("samples/s, one device", "samples/s", "local .npy", r["local"], "s3:// .npy",
+                   r["s3"], r["ratio"], "objects"),
+            _check("worker peak RSS", "MiB", "after the local job", r["peak_rss_local_mib"],
+                   "after the S3 jobs", r["peak_rss_s3_mib"], r["memory_ratio"], "memory")]
 
 
 def _sharing_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -313,6 +328,9 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
                       "mxq auto (SQL rows)": [m["mxq_auto_sql"] for m in r["models"]]}, "samples/s")
             a.set_yscale("log")
             a.set_title("one CPU device, results stored", fontsize=10)
+        elif case == "objects":
+            _bars(a, ["local .npy", "s3:// .npy"], [r["local"], r["s3"]], "samples/s")
+            a.set_title(f"{r['arch']}, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
         elif case == "inference":
             _bars(a, ["bare MXNet", "mxq infer\n(job)", "mxq infer\n(submit..done)"],
                   [r["bare"], r["mxq"], r["mxq_end_to_end"]], "samples/s")
@@ -472,6 +490,9 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
                 f"auto ran {m['engine']} ({m['engine_reason']}); its first job (measuring) "
                 f"{m['first_job']:,.0f} samples/s; export max diff {m['onnx'].get('max_diff', 0):.1e}; "
                 f"cores {m['cores']}" for m in r["models"]]
+    if case == "objects":
+        return [f"- {r['samples']:,} samples ({r['input_mib']:,.0f} MiB), batch {r['batch_size']}; "
+                f"runs: local {figures(r['local_runs'])}; S3 {figures(r['s3_runs'])} samples/s"]
     if case == "inference":
         return [f"- runs: bare loop {figures(r['bare_runs'])}; mxq "
                 f"{figures(r['mxq_runs'])} samples/s; worker cores {r['cores']}"]

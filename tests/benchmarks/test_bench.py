@@ -79,3 +79,20 @@ def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) 
     assert 0 < fair["w3_share"] < 1 and fair["capped_most_devices"] >= 1
     assert [c["aim"] for c in case["checks"]] == ["<= 1"] * 6
     assert "## Sharing: an urgent job on devices saturated" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_objects_case_reads_the_input_from_a_bucket(tmp_path: Path) -> None:
+    """The same job from the local file and from moto's server: both ran and were timed, and the
+    report holds both checks with their aims (the figures themselves are not judged here)."""
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "objects",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    case = json.loads((out / "results.json").read_text())["cases"]["objects"]
+    result = case["result"]
+    assert len(result["local_runs"]) == len(result["s3_runs"]) >= 1
+    assert result["local"] > 0 and result["s3"] > 0
+    assert result["peak_rss_s3_mib"] >= result["peak_rss_local_mib"]  # VmHWM only grows
+    assert [c["aim"] for c in case["checks"]] == [">= 0.8", "<= 1.1"]
+    assert "## Object storage: `mxq infer` from an s3:// object" in (out / "report.md").read_text()
