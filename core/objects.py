@@ -105,3 +105,9 @@ def confined(text: str, allowed: Allowed, setting: str, what: str = "input") -> 
         raise ObjectURLError(f"{what} {url} is outside the allowed buckets and prefixes "
                              f"({setting}: {allowed})")
     return url
+
+
+def job_output(prefix: str, job_id: int) -> ObjectURL:
+    """The object a job's Parquet output becomes under the bucket prefix it was given."""
+    url = parse(prefix, "output_to")
+    return ObjectURL(url.bucket, f"{url.key.rstrip('/')}/job-{job_id}.parquet")

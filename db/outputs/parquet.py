@@ -88,7 +88,7 @@ def parts_dir(final: Path) -> Path:
 Part = tuple[int, int, int, Path]  # first, last (exclusive), attempt, file
 
 
-def _part_of(path: Path) -> Part | None:
+def part_of(path: Path) -> Part | None:
     """A part file's range and attempt from its name; None for anything else in the folder."""
     span, _, tag = path.stem.partition(".")
     first, _, last = span.partition("-")
@@ -103,7 +103,7 @@ def part_list(final: Path) -> list[Part]:
     folder = parts_dir(final)
     if not folder.is_dir():
         return []
-    return sorted(p for p in map(_part_of, folder.glob("*.parquet")) if p is not None)
+    return sorted(p for p in map(part_of, folder.glob("*.parquet")) if p is not None)
 
 
 def write_part(final: Path, tables: list[pa.Table], tag: str) -> Path | None:
@@ -200,9 +200,14 @@ def merge_if_complete(final: Path, count: int) -> bool:
     return True
 
 
+def chain_end(parts: list[Part], start: int) -> int:
+    """How far the parts hold the samples from `start` on, in order with no gap."""
+    return _chain(_latest(parts), start)[1]
+
+
 def covers(final: Path, start: int, stop: int) -> bool:
     """The merged file is there, or the parts hold [start, stop) of it (a chunk's own range)."""
-    return final.exists() or _chain(_latest(part_list(final)), start)[1] >= stop
+    return final.exists() or chain_end(part_list(final), start) >= stop
 
 
 def rows_in(final: Path) -> int:

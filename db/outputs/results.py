@@ -14,6 +14,7 @@ from mxq.db.outputs import parquet, predictions
 from mxq.db.records import JobRecord, PredictionRow
 from mxq.db.stack import stack_id
 from mxq.errors import Unavailable
+from mxq.objects import job_output
 from mxq.status import JobStatus
 
 PAGE_ROWS = 50_000  # rows read at a time by an export
@@ -47,8 +48,13 @@ def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     """The Parquet files holding a job's rows: its merged file, or for a job cancelled before
     its merge the parts it kept; None for a job whose rows are elsewhere (SQL, npy). A job that
     succeeded without its file raises OutputMissing: never 0 rows in silence."""
-    if (record.get("params") or {}).get("output") != "parquet":
+    params = record.get("params") or {}
+    if params.get("output") != "parquet":
         return None
+    if params.get("output_to"):  # written to a bucket, which this layer does not read
+        shown = job_output(params["output_to"], record["id"])
+        raise OutputMissing(f"job {record['id']}'s predictions are in the bucket, {shown}: read "
+                            "them there (pyarrow, DuckDB, Spark)")
     path = recorded_output(home, url, record, ".parquet")
     if path.exists():
         return [path]

@@ -5,8 +5,8 @@ Each output kind is kept so that what SQL calls committed is really stored:
 - `db`: the rows of a flush and the job's committed position in one transaction;
 - `npy`: the probabilities written into `job-ID.npy` (memory-mapped), synced to disk before the
   position moves;
-- `parquet`: each flush a part file, on disk before the position moves, merged into
-  `job-ID.parquet` at the end (`mxq.db.outputs.parquet`).
+- `parquet`: each flush a part file, on disk (or a part object in a bucket, `--output-to`)
+  before the position moves, merged into `job-ID.parquet` at the end (`part_stores`).
 A killed attempt loses at most what it computed since its last commit; the next one starts there.
 An attempt that is no longer its job's (paused, then handed on) stops at its next write: its
 commit is refused by its fence, and the part it wrote under its own name is removed. A job
@@ -40,7 +40,9 @@ from mxq.db.outputs import parquet, predictions
 from mxq.db.outputs.predictions import Ranked, Row
 from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
+from mxq.objects import job_output
 from mxq.status import JobStatus
+from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore
 from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import get_settings
@@ -131,7 +133,7 @@ class JobOutputs:
     start: int
     stop: int
     array: OutputArray | None = field(default=None, init=False)  # npy, both
-    parquet_file: Path | None = field(default=None, init=False)  # parquet
+    parts: PartStore | None = field(default=None, init=False)  # parquet: on disk or in a bucket
     rows_wanted: bool = field(default=False, init=False)  # db, both
     _rows: list[Row] = field(default_factory=list, init=False)
     _tables: list[pa.Table] = field(default_factory=list, init=False)
@@ -141,14 +143,14 @@ class JobOutputs:
         if self.p.output in ("npy", "both"):
             self.array = _output_array(self.job.url, self.owner, self.count, self.classes)
         if self.p.output == "parquet":
-            self.parquet_file = output_path(self.job.url, self.owner, ".parquet")
+            self.parts = _part_store(self.job.url, self.owner, self.p.output_to)
         self.rows_wanted = self.p.output in ("db", "both")
 
     @property
     def shown(self) -> str:
         """What the job's result names as its output."""
-        if self.parquet_file is not None:
-            return str(self.parquet_file)
+        if self.parts is not None:
+            return self.parts.shown
         return str(output_path(self.job.url, self.owner)) if self.array is not None else "db"
 
     def resume(self) -> int:
@@ -157,8 +159,8 @@ class JobOutputs:
         done = self.job.committed
         begin = done if done is not None and self.start < done <= self.stop else self.start
         predictions.replace_range(self.job.url, self.owner, begin, self.stop)
-        if self.parquet_file is not None:
-            parquet.drop_parts(self.parquet_file, begin, self.stop)
+        if self.parts is not None:
+            self.parts.drop_parts(begin, self.stop)
         if begin > self.start:
             events.record(self.job.url, self.job.id, events.RESUMED,
                           f"resumed at sample {begin}: an earlier attempt stored "
@@ -173,7 +175,7 @@ class JobOutputs:
             self.array[first:first + len(probs)] = probs
         if self.rows_wanted:
             self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
-        if self.parquet_file is not None:
+        if self.parts is not None:
             self._tables.append(parquet.from_probabilities(first, probs, self.p.top_k))
 
     def take(self, step: int, samples: int, seconds: float, last: int) -> Flush:
@@ -188,12 +190,12 @@ class JobOutputs:
         if self.array is not None:
             self.array.flush()
         part = None
-        if self.parquet_file is not None and flush.tables:
-            part = parquet.write_part(self.parquet_file, flush.tables, fence.tag)
+        if self.parts is not None and flush.tables:
+            part = self.parts.write_part(flush.tables, fence.tag)
         verdict = predictions.commit(self.job.url, fence, flush.rows, flush.last)
         if verdict is RunCheck.LOST:
-            if part is not None:
-                parquet.remove_part(part)
+            if part is not None and self.parts is not None:
+                self.parts.remove_part(part)
             raise self._lost(fence)
         self.job.heard(verdict)  # a preemption asked is seen at the next batch, not 2 s later
         if not record_metric(self.job.url, fence, flush.step, self.job.device, flush.samples,
@@ -211,18 +213,18 @@ class JobOutputs:
         if self.array is not None:
             self.array.flush()
             _check_array(output_path(self.job.url, self.owner), self.count, self.classes)
-        if self.parquet_file is not None:
-            self._finish_parquet(self.parquet_file)
+        if self.parts is not None:
+            self._finish_parquet(self.parts)
 
-    def _finish_parquet(self, final: Path) -> None:
-        if not parquet.covers(final, self.start, self.stop):
-            raise JobFailed(_incomplete(final, self.count, " (a part file was removed while the job "
+    def _finish_parquet(self, parts: PartStore) -> None:
+        if not parts.covers(self.start, self.stop):
+            raise JobFailed(_incomplete(parts, self.count, " (a part file was removed while the job "
                                                            "ran)"))
-        merged = parquet.merge_if_complete(final, self.count)
+        merged = parts.merge_if_complete(self.count)
         if not merged and (self.job.parent_id is None or self._siblings_done()):
-            raise JobFailed(_incomplete(final, self.count))
-        if merged and (rows := parquet.rows_in(final)) != self.count:
-            raise JobFailed(f"output {final} holds {rows} rows, not {self.count}")
+            raise JobFailed(_incomplete(parts, self.count))
+        if merged and (rows := parts.rows_in()) != self.count:
+            raise JobFailed(f"output {parts.shown} holds {rows} rows, not {self.count}")
 
     def _siblings_done(self) -> bool:
         """Every other chunk of the parent succeeded: this one was the last to merge."""
@@ -232,13 +234,21 @@ class JobOutputs:
 
     def abandon(self) -> None:
         """The job failed: its Parquet parts are removed (they will never be merged)."""
-        if self.parquet_file is not None and self.job.parent_id is None:
-            parquet.remove_all(self.parquet_file)
+        if self.parts is not None and self.job.parent_id is None:
+            self.parts.remove_all()
 
 
-def _incomplete(final: Path, count: int, why: str = "") -> str:
-    return (f"output incomplete: the parts of {final.name} lack "
-            f"{parquet.missing(parquet.part_list(final), count)}{why}")
+def _part_store(url: str, owner: int, output_to: str | None) -> PartStore:
+    """The job's merged Parquet file and its parts: under $MXQ_HOME/outputs, or in a bucket."""
+    if output_to is None:
+        return LocalParts(output_path(url, owner, ".parquet"))
+    settings = get_settings()
+    return BucketParts(settings, job_output(output_to, owner), settings.home_path / "tmp")
+
+
+def _incomplete(parts: PartStore, count: int, why: str = "") -> str:
+    return (f"output incomplete: the parts of {parts.shown.rsplit('/', 1)[-1]} lack "
+            f"{parts.missing(count)}{why}")
 
 
 def _check_array(path: Path, count: int, classes: int) -> None:

@@ -164,3 +164,35 @@ def test_workers_score_an_object_as_the_local_file(workers: Stack, mlp: dict, s3
     for where, content in seen:
         assert s3.secret_key not in content and s3.access_key not in content, where
     assert BUCKET in seen[0][1]  # the rows do name the object
+
+
+def test_a_chunked_job_writes_one_parquet_object_to_the_bucket(workers: Stack, mlp: dict,
+                                                               s3: S3Server) -> None:
+    x = np.random.default_rng(5).normal(size=(9_000, 64)).astype(np.float32)
+    url = s3.put("in/chunked.npy", _npy(x))
+    local = infer_and_wait(workers, "mlp64", url, "--output", "npy")
+    job = infer_and_wait(workers, "mlp64", url, "--output", "parquet", "--output-to",
+                         "s3://mxq-tests/in/results/", "--chunk-size", "4000", "--batch-size", "500")
+    assert job["status"] == "succeeded", job["error"]
+    final = f"in/results/job-{job['id']}.parquet"
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix="in/results/")["Contents"]]
+    assert keys == [final]  # the parts are gone once merged
+    body = s3.client().get_object(Bucket=BUCKET, Key=final)["Body"].read()
+    table = pq.read_table(io.BytesIO(body))
+    assert table.column("index").to_pylist() == list(range(9_000))
+    expected = np.load(local["output"])
+    assert np.array_equal(table.column("predicted_class").to_numpy(), expected.argmax(axis=1))
+    np.testing.assert_allclose(table.column("score").to_numpy(), expected.max(axis=1), rtol=1e-6)
+    shown = workers.mxq("results", str(job["id"]))
+    assert shown.returncode == 2 and f"s3://{BUCKET}/{final}" in shown.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--output", "parquet", "--output-to", "s3://mxq-tests/elsewhere"], "MXQ_S3_ALLOWED"),
+    (["--output", "npy", "--output-to", "s3://mxq-tests/in/results"], "takes --output parquet"),
+])
+def test_an_output_outside_the_allowed_buckets_is_refused(workers: Stack, mlp: dict, s3: S3Server,
+                                                          args: list[str], needle: str) -> None:
+    url = s3.put("in/refused.npy", _npy(np.zeros((4, 64), dtype=np.float32)))
+    proc = workers.mxq("infer", "mlp64", url, *args)
+    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr

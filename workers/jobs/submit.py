@@ -29,7 +29,7 @@ from mxq.db.reports.history import job_by_key
 from mxq.device import Device
 from mxq.engines import disagreement, needed
 from mxq.errors import Conflict, JobRejected
-from mxq.objects import ObjectURLError
+from mxq.objects import ObjectURLError, confined
 from mxq.priorities import Priority
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
@@ -41,7 +41,7 @@ from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError, confine
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
-from mxq.workers.storage.locate import locate, size_of
+from mxq.workers.storage.locate import ALLOWED_SETTING, locate, size_of
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,20 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
     if size > settings.max_input_bytes:
         raise PathError(f"input {params['input']} holds {size} bytes, more than the "
                         f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
-    return {**params, "model": name, "model_version": model["version"], "input": str(path)}
+    return {**params, "model": name, "model_version": model["version"], "input": str(path),
+            "output_to": _output_to(settings, params)}
+
+
+def _output_to(settings: Settings, params: dict[str, Any]) -> str | None:
+    """The bucket prefix a Parquet output goes to, checked like an input (MXQ_S3_ALLOWED)."""
+    where = params.get("output_to")
+    if where is None:
+        return None
+    if params["output"] != "parquet":
+        raise ParamsError(f"output_to {where[:120]!r} takes --output parquet, not {params['output']}: "
+                          "a bucket receives the Parquet parts as the job streams")
+    url = confined(where, settings.s3_allowed_prefixes, ALLOWED_SETTING, "output_to")
+    return str(url).rstrip("/")
 
 
 def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:

@@ -109,3 +109,65 @@ def read_range(settings: Settings, url: ObjectURL, start: int, stop: int) -> byt
     except Exception as exc:
         raise explained(exc, "read", url) from None
     return data
+
+
+def put(settings: Settings, url: ObjectURL, data: bytes) -> None:
+    """One object written whole by a single PUT: it appears complete or not at all."""
+    try:
+        client(settings).put_object(Bucket=url.bucket, Key=url.key, Body=data)
+    except Exception as exc:
+        raise explained(exc, "write", url) from None
+
+
+def upload(settings: Settings, path: str, url: ObjectURL) -> None:
+    """A local file uploaded as one object (multipart past 8 MiB, by s3transfer): the object
+    appears when its last part is in, never half."""
+    try:
+        client(settings).upload_file(path, url.bucket, url.key)
+    except Exception as exc:
+        raise explained(exc, "write", url) from None
+
+
+def exists(settings: Settings, url: ObjectURL) -> bool:
+    try:
+        client(settings).head_object(Bucket=url.bucket, Key=url.key)
+    except Exception as exc:
+        error = explained(exc, "read", url)
+        if isinstance(error, StorageError) and "does not exist" in str(error):
+            return False
+        raise error from None
+    return True
+
+
+def keys_under(settings: Settings, url: ObjectURL) -> list[str]:
+    """The keys of every object whose key starts with `url`'s, page by page."""
+    try:
+        pages = client(settings).get_paginator("list_objects_v2").paginate(Bucket=url.bucket,
+                                                                             Prefix=url.key)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+    except Exception as exc:
+        raise explained(exc, "list", url) from None
+
+
+def delete(settings: Settings, url: ObjectURL, keys: list[str]) -> None:
+    """Remove `keys` of `url`'s bucket (a missing one is no error), a thousand per request."""
+    try:
+        for i in range(0, len(keys), 1000):
+            client(settings).delete_objects(Bucket=url.bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+    except Exception as exc:
+        raise explained(exc, "delete", url) from None
+
+
+def abort_uploads(settings: Settings, url: ObjectURL) -> int:
+    """Abort the unfinished multipart uploads of `url`'s key (a merge that died mid-upload
+    leaves its parts billed and invisible); how many."""
+    try:
+        s3 = client(settings)
+        found = s3.list_multipart_uploads(Bucket=url.bucket, Prefix=url.key).get("Uploads", [])
+        for upload in found:
+            if upload["Key"] == url.key:
+                s3.abort_multipart_upload(Bucket=url.bucket, Key=url.key, UploadId=upload["UploadId"])
+        return sum(u["Key"] == url.key for u in found)
+    except Exception as exc:
+        raise explained(exc, "clean up", url) from None

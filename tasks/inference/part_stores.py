@@ -1,0 +1,177 @@
+"""Where a streaming Parquet output keeps its parts and its merged file: a folder on the worker's
+disk (`LocalParts`, over `mxq.db.outputs.parquet`), or a bucket prefix (`BucketParts`), so that
+the chunks of one job on nodes with no shared folder write one output.
+
+In a bucket, each flush is one part object written by a single PUT (complete or absent) before
+the job commits its position; a later attempt deletes the parts past the committed position. The
+last chunk merges the parts in order, one at a time, into a local temporary file and uploads it
+as `job-ID.parquet` (multipart: the object appears whole, or not at all), then deletes the parts.
+The merge holds a Redis lock, since chunks on several nodes may finish together; a merge killed
+mid-upload leaves an unfinished multipart upload, which the next merge aborts.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mxq.db.outputs import parquet
+from mxq.db.outputs.parquet import Part
+from mxq.objects import ObjectURL
+from mxq.tasks.inference.inputs.files import open_binary
+from mxq.workers.broker.redis_client import client as redis_client
+from mxq.workers.settings import Settings
+from mxq.workers.storage import client as s3
+from mxq.workers.storage.ranged import RemoteObject
+
+MERGE_LOCK_SECONDS = 3600  # longest a merge may hold the lock (then another may take it over)
+
+
+class PartStore(Protocol):
+    """What a streaming Parquet output does with its parts, wherever they are kept."""
+
+    @property
+    def shown(self) -> str: ...
+    def write_part(self, tables: list[pa.Table], tag: str) -> str | None: ...
+    def remove_part(self, part: str) -> None: ...
+    def drop_parts(self, start: int, stop: int) -> None: ...
+    def covers(self, start: int, stop: int) -> bool: ...
+    def merge_if_complete(self, count: int) -> bool: ...
+    def rows_in(self) -> int: ...
+    def missing(self, count: int) -> str: ...
+    def remove_all(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LocalParts:
+    """Parts in `job-ID.parquet.parts/` beside the merged file, on this worker's disk."""
+
+    final: Path
+
+    @property
+    def shown(self) -> str:
+        return str(self.final)
+
+    def write_part(self, tables: list[pa.Table], tag: str) -> str | None:
+        path = parquet.write_part(self.final, tables, tag)
+        return None if path is None else str(path)
+
+    def remove_part(self, part: str) -> None:
+        parquet.remove_part(Path(part))
+
+    def drop_parts(self, start: int, stop: int) -> None:
+        parquet.drop_parts(self.final, start, stop)
+
+    def covers(self, start: int, stop: int) -> bool:
+        return parquet.covers(self.final, start, stop)
+
+    def merge_if_complete(self, count: int) -> bool:
+        return parquet.merge_if_complete(self.final, count)
+
+    def rows_in(self) -> int:
+        return parquet.rows_in(self.final)
+
+    def missing(self, count: int) -> str:
+        return parquet.missing(parquet.part_list(self.final), count)
+
+    def remove_all(self) -> None:
+        parquet.remove_all(self.final)
+
+
+@dataclass(frozen=True)
+class BucketParts:
+    """Parts under `PREFIX/job-ID.parquet.parts/` in a bucket, merged into `PREFIX/job-ID.parquet`."""
+
+    settings: Settings
+    final: ObjectURL
+    scratch: Path  # where a merge writes its temporary file
+
+    @property
+    def shown(self) -> str:
+        return str(self.final)
+
+    def _prefix(self) -> ObjectURL:
+        return ObjectURL(self.final.bucket, self.final.key + ".parts/")
+
+    def _parts(self) -> list[Part]:
+        """The part objects, as `mxq.db.outputs.parquet` names parts (their key in place of a path)."""
+        found = []
+        for key in s3.keys_under(self.settings, self._prefix()):
+            part = parquet.part_of(Path(PurePosixPath(key).name))
+            if part is not None:
+                found.append((*part[:3], Path(key)))
+        return sorted(found)
+
+    def write_part(self, tables: list[pa.Table], tag: str) -> str | None:
+        table = pa.concat_tables(tables)
+        if not table.num_rows:
+            return None
+        index = table.column("index")
+        first, last = index[0].as_py(), index[-1].as_py() + 1
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression=parquet.PART_COMPRESSION,
+                       use_dictionary=parquet.DICTIONARY_COLUMNS)
+        key = f"{self._prefix().key}{first:012d}-{last:012d}.{tag}.parquet"
+        s3.put(self.settings, ObjectURL(self.final.bucket, key), buf.getvalue())
+        return key
+
+    def remove_part(self, part: str) -> None:
+        s3.delete(self.settings, self.final, [part])
+
+    def drop_parts(self, start: int, stop: int) -> None:
+        s3.delete(self.settings, self.final,
+                  [str(key) for first, _, _, key in self._parts() if start <= first < stop])
+
+    def covers(self, start: int, stop: int) -> bool:
+        if s3.exists(self.settings, self.final):
+            return True
+        return parquet.chain_end(self._parts(), start) >= stop
+
+    def merge_if_complete(self, count: int) -> bool:
+        lock = redis_client(self.settings.broker).lock(f"mxq:merge:{self.final}",
+                                                        timeout=MERGE_LOCK_SECONDS)
+        with lock:
+            if s3.exists(self.settings, self.final):
+                self.remove_all()  # a merge that died before it deleted the parts
+                return True
+            parts, held = parquet.tiling(self._parts())
+            if held != count:
+                return False
+            s3.abort_uploads(self.settings, self.final)
+            self._merge(parts)
+            self.remove_all()
+        return True
+
+    def _merge(self, parts: list[Part]) -> None:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.scratch, suffix=".parquet") as tmp:
+            parquet.write_tables((self._read(str(key)) for *_, key in parts), Path(tmp.name),
+                                 self._schema(str(parts[0][3])) if parts else parquet.schema(0))
+            s3.upload(self.settings, tmp.name, self.final)
+
+    def _schema(self, key: str) -> pa.Schema:
+        url = ObjectURL(self.final.bucket, key)
+        with open_binary(RemoteObject.at(self.settings, url), headers_only=True) as f:
+            return pq.ParquetFile(f).schema_arrow
+
+    def _read(self, key: str) -> pa.Table:
+        url = ObjectURL(self.final.bucket, key)
+        with open_binary(RemoteObject.at(self.settings, url)) as f:
+            return pq.read_table(f)
+
+    def rows_in(self) -> int:
+        with open_binary(RemoteObject.at(self.settings, self.final), headers_only=True) as f:
+            return int(pq.ParquetFile(f).metadata.num_rows)
+
+    def missing(self, count: int) -> str:
+        return parquet.missing(self._parts(), count)
+
+    def remove_all(self) -> None:
+        s3.delete(self.settings, self.final, [str(p[3]) for p in self._parts()])
+        s3.abort_uploads(self.settings, self.final)
