@@ -20,7 +20,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mxq.errors import UserError
-from mxq.objects import Allowed
+from mxq.objects import Allowed, parse
 
 # Long enough for the longest training job: Redis hands an unacknowledged message to another
 # worker after this many seconds, so a shorter value would run long jobs twice.
@@ -168,6 +168,10 @@ class Settings(BaseSettings):
         None, description="Buckets and prefixes (comma-separated `bucket` or `bucket/prefix`) "
         "whose objects jobs may read as s3://bucket/key; unset = none. Credentials come from the "
         "standard AWS chain (environment, shared files, instance role), never from here.")
+    s3_model_store: str | None = Field(
+        None, description="s3://BUCKET/PREFIX that every registered version's files (symbol, "
+        "params, ONNX export) are also uploaded to, so that a node without them (another host, "
+        "no shared folder) fetches them once into its own $MXQ_HOME/models; unset = local only.")
     s3_endpoint_url: str | None = Field(
         None, description="Endpoint of an S3-compatible server (MinIO, Ceph, R2: "
         "http://HOST:9000); unset = AWS's own.")
@@ -265,6 +269,16 @@ class Settings(BaseSettings):
             except UserError as e:
                 raise ValueError(f"MXQ_S3_ALLOWED: {e}") from None
         return value
+
+    @field_validator("s3_model_store")
+    @classmethod
+    def _s3_model_store(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            return str(parse(value, "MXQ_S3_MODEL_STORE")).rstrip("/")
+        except UserError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("s3_endpoint_url")
     @classmethod

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from mxq.db.records import ModelRecord
 from mxq.device import Device
 from mxq.errors import first_line
 from mxq.tasks.model_store.checksums import ChangedFile, verify
+from mxq.tasks.model_store.locations import local_file
 from mxq.tasks.runner import JobContext, JobInputError
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import get_settings
@@ -162,7 +162,8 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
                             "; use --engine mxnet or auto")
     if (missing := onnx_runtime.unavailable(kind)) is not None:
         raise JobInputError(f"--engine onnx: {missing} on this worker; use --engine mxnet or auto")
-    path = Path(onnx["file"])
+    settings = get_settings()
+    path = local_file(settings, settings.database, model, onnx["file"])
     if not path.is_file():
         raise JobInputError(f"ONNX file {path} of {model['name']}:{model['version']} is missing")
     try:

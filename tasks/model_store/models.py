@@ -27,12 +27,11 @@ from numpy.typing import NDArray
 from mxq.db import registry
 from mxq.db.fence import Fence
 from mxq.db.records import ModelRecord
-from mxq.db.stack import stack_id
 from mxq.errors import UserError, reason
-from mxq.names import check_name
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export
 from mxq.tasks.model_store.checksums import sha256, verify
+from mxq.tasks.model_store.locations import local_file, publish, store_dir
 from mxq.tasks.model_store.zoo import build
 from mxq.tasks.runtimes.mx import gluon, mx
 from mxq.workers.settings import get_settings
@@ -59,13 +58,6 @@ TRIAL_SAMPLES = 3  # samples of the trial run (a batch size prove_batches proved
 
 class ModelError(UserError):
     """A model that cannot be stored or loaded; the message says which file and why."""
-
-
-def store_dir(home: Path, url: str, name: str, version: int) -> Path:
-    """Where a version's files live: `models/STACK/NAME/VERSION`, STACK the database's id (a home
-    reused with another database never meets the old versions' folders); the name is checked
-    here, where it becomes a path."""
-    return home / "models" / stack_id(url) / check_name(name) / str(version)
 
 
 LEFTOVER_SECONDS = 120.0  # a version folder with no row, older than this, is a crashed add's
@@ -103,6 +95,8 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
             lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x, outputs),
             softmax=outputs == "logits")
         onnx["symbol_sha256"] = sha256(symbol)  # beside the export's own: no column of its own
+        publish(get_settings(), url, name, version,
+                [symbol, params, *([Path(onnx["file"])] if onnx.get("file") else [])])
         added = registry.add_model(url, {
             **fields, "name": name, "version": version, "params_file": str(params),
             "symbol_file": str(symbol), "checksum": sha256(params), "onnx": onnx,
@@ -394,12 +388,13 @@ def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
         _cache.move_to_end(key)
         return _cache[key], True
     label = f"{model['name']}:{model['version']}"
-    params = Path(model["params_file"])
+    settings = get_settings()
+    params = local_file(settings, settings.database, model, model["params_file"])
     if not params.is_file():
         raise ModelError(f"params file {params} of {label} is missing")
     if model["symbol_file"] is None:
         raise ModelError(f"{label} has no symbol file recorded")
-    symbol = Path(model["symbol_file"])
+    symbol = local_file(settings, settings.database, model, model["symbol_file"])
     if not symbol.is_file():
         raise ModelError(f"symbol file {symbol} of {label} is missing")
     verify(params, model["checksum"], "params file", label)  # ChangedFile when it was swapped

@@ -171,3 +171,11 @@ def abort_uploads(settings: Settings, url: ObjectURL) -> int:
         return sum(u["Key"] == url.key for u in found)
     except Exception as exc:
         raise explained(exc, "clean up", url) from None
+
+
+def download(settings: Settings, url: ObjectURL, path: str) -> None:
+    """An object saved as the local file `path` (by ranged parts, by s3transfer)."""
+    try:
+        client(settings).download_file(url.bucket, url.key, path)
+    except Exception as exc:
+        raise explained(exc, "read", url) from None

@@ -1,0 +1,66 @@
+"""Where a version's files live: its folder on this node, and the model store in a bucket
+(MXQ_S3_MODEL_STORE), so that every node of a fleet serves every version with no shared folder.
+
+The folder is `models/STACK/NAME/VERSION` under the home, STACK the database's id (a home reused
+with another database never meets the old versions' folders); the name is checked where it
+becomes a path.
+
+A registration uploads the version's files (symbol, params, ONNX export) to
+`PREFIX/STACK/NAME/VERSION/FILE` before it writes the version's row: a version any node can see
+in SQL is in the bucket. A node that lacks a recorded file (it was registered on another host)
+fetches it once into its own `$MXQ_HOME/models/STACK/NAME/VERSION/`, by a temporary name renamed
+into place, and serves it from there; the checksums recorded at registration prove what was
+fetched, as they prove a local file (`checksums.verify`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mxq.db.records import ModelRecord
+from mxq.db.stack import stack_id
+from mxq.names import check_name
+from mxq.objects import ObjectURL, parse
+from mxq.workers.settings import Settings
+from mxq.workers.storage import client as s3
+
+
+def store_dir(home: Path, url: str, name: str, version: int) -> Path:
+    """This node's folder of a version."""
+    return home / "models" / stack_id(url) / check_name(name) / str(version)
+
+
+def _object(store: str, url: str, name: str, version: int, filename: str) -> ObjectURL:
+    prefix = parse(store, "MXQ_S3_MODEL_STORE")
+    return ObjectURL(prefix.bucket, f"{prefix.key}/{stack_id(url)}/{name}/{version}/{filename}")
+
+
+def publish(settings: Settings, url: str, name: str, version: int, files: list[Path]) -> None:
+    """Upload a new version's files, when the store is in a bucket."""
+    if settings.s3_model_store is None:
+        return
+    for path in files:
+        s3.upload(settings, str(path), _object(settings.s3_model_store, url, name, version, path.name))
+
+
+def local_file(settings: Settings, url: str, model: ModelRecord, recorded: str) -> Path:
+    """The recorded file of a version where this node can read it. Without a bucket store, the
+    recorded path. With one, a node reads only under its own home: the recorded path when this
+    node wrote it, else its own copy, fetched from the bucket on first use (a path another node
+    recorded names that node's disk, even where the same path exists here)."""
+    path = Path(recorded)
+    if settings.s3_model_store is None or (path.is_relative_to(settings.home_path.resolve())
+                                           and path.is_file()):
+        return path
+    copy = store_dir(settings.home_path, url, model["name"], model["version"]) / path.name
+    if not copy.is_file():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+        try:
+            s3.download(settings, _object(settings.s3_model_store, url, model["name"],
+                                          model["version"], path.name), str(tmp))
+            os.replace(tmp, copy)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return copy
