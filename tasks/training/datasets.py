@@ -1,10 +1,12 @@
 """Training datasets: `.npz` (X, y), CSV with a label column, image folder (one subfolder per
-class), MXNet RecordIO, and the built-in `digits` (scikit-learn's bundled set). All loaded whole:
-training reads every sample every epoch."""
+class), MXNet RecordIO, and the built-in `digits` (scikit-learn's bundled set); `.npz` and CSV
+also as objects in a bucket (`s3://`). All loaded whole: training reads every sample every
+epoch."""
 
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from numpy.typing import NDArray
 
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference.inputs import IMAGE_SUFFIXES, InputError, open_input
+from mxq.tasks.inference.inputs.files import Location, RemoteObject, open_binary
 
 BUILTIN = ("digits",)
 
@@ -59,9 +62,9 @@ def digits() -> Dataset:
     return Dataset(d.images.astype(np.float32)[:, None], y, classes, "digits", Preprocess(scale=1 / 16))
 
 
-def _npz(path: Path) -> Dataset:
+def _npz(path: Location) -> Dataset:
     try:
-        with np.load(path) as f:
+        with open_binary(path) as raw, np.load(raw) as f:
             missing = {"X", "y"} - set(f.files)
             if missing:
                 raise InputError(f"dataset {path} needs arrays X and y; it has {', '.join(f.files)}")
@@ -74,8 +77,8 @@ def _npz(path: Path) -> Dataset:
     return Dataset(np.asarray(x, dtype=np.float32), labels, classes, str(path))
 
 
-def _csv(path: Path, label_column: str) -> Dataset:
-    with open(path, newline="") as f:
+def _csv(path: Location, label_column: str) -> Dataset:
+    with io.TextIOWrapper(open_binary(path), newline="") as f:
         rows = list(csv.reader(f))
     if len(rows) < 2:
         raise InputError(f"dataset {path} needs a header line and at least one sample")
@@ -118,19 +121,23 @@ def _recordio(path: Path, shape: tuple[int, ...]) -> Dataset:
     return Dataset(source.read(0, source.count), labels, classes, str(path))
 
 
-def load(path: Path | str, image_shape: tuple[int, ...] | None = None,
+def load(path: Location | str, image_shape: tuple[int, ...] | None = None,
          label_column: str = "label") -> Dataset:
-    """The dataset at `path` (already confined to the data root) or a built-in one by name."""
+    """The dataset at `path` (already confined to the data root, or an object of an allowed
+    bucket) or a built-in one by name."""
     if str(path) in BUILTIN:
         return digits()
-    path = Path(path)
-    if path.is_dir():
-        return _images(path, image_shape or (3, 32, 32))
+    path = Path(path) if isinstance(path, str) else path
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return _npz(path)
     if suffix == ".csv":
         return _csv(path, label_column)
+    if isinstance(path, RemoteObject):
+        raise InputError(f"dataset {path}: from object storage mxq trains on .npz (X, y) and .csv "
+                         "with a label column; image folders and RecordIO are read from local disk")
+    if path.is_dir():
+        return _images(path, image_shape or (3, 32, 32))
     if suffix == ".rec":
         return _recordio(path, image_shape or (3, 32, 32))
     raise InputError(f"dataset {path} has an unsupported format; supported: digits, .npz with X and y, "

@@ -29,6 +29,7 @@ from mxq.db.records import EpochResult
 from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.errors import MxqError, first_line, typed_line
+from mxq.objects import ObjectURLError
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.model_store.models import add_trained
 from mxq.tasks.model_store.zoo import ArchError, check_shape
@@ -46,8 +47,10 @@ from mxq.tasks.training.train_task import (
     run_file,
 )
 from mxq.workers.jobs.jobspecs import TrainParams
-from mxq.workers.paths import PathError, confine
+from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings, get_settings
+from mxq.workers.storage.client import StorageError
+from mxq.workers.storage.locate import locate
 
 
 class BadInput(Exception):
@@ -57,11 +60,11 @@ class BadInput(Exception):
 def load_data(p: TrainParams, url: str) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     s = get_settings()
     try:
-        path = p.dataset if p.dataset in datasets.BUILTIN else confine(s, p.dataset, "dataset")
+        path = p.dataset if p.dataset in datasets.BUILTIN else locate(s, p.dataset, "dataset")
         shape = tuple(p.input_shape) if p.input_shape else None
         ds = datasets.load(path, shape, p.label_column)
         check_shape(p.arch, ds.sample_shape)
-    except (InputError, PathError, ArchError) as exc:
+    except (InputError, PathError, ObjectURLError, StorageError, ArchError) as exc:
         raise BadInput(str(exc)) from None
     known = registry.list_models(url, p.name)
     if known and ds.classes > known[-1]["classes"]:

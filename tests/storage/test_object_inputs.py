@@ -196,3 +196,36 @@ def test_an_output_outside_the_allowed_buckets_is_refused(workers: Stack, mlp: d
     url = s3.put("in/refused.npy", _npy(np.zeros((4, 64), dtype=np.float32)))
     proc = workers.mxq("infer", "mlp64", url, *args)
     assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
+
+
+def _digits_npz(n: int) -> bytes:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    buf = io.BytesIO()
+    np.savez(buf, X=d.data[:n].astype(np.float32) / 16, y=d.target[:n])
+    return buf.getvalue()
+
+
+def test_a_schedule_trains_on_the_newest_object_of_a_bucket_prefix(workers: Stack, s3: S3Server) -> None:
+    import time
+
+    s3.put("in/daily/z-older.npz", _digits_npz(300))
+    time.sleep(1.2)  # S3 keeps whole seconds: the newer one is newer by its time, not its name
+    newer = s3.put("in/daily/a-newer.npz", _digits_npz(400))
+    s3.put("in/daily/notes.txt", b"not a match")
+    added = workers.mxq("schedule", "add", "bucket-nightly", "--cron", "0 3 * * *", "--arch", "mlp",
+                        "--dataset", "s3://mxq-tests/in/daily/*.npz", "--model", "bucket-trained",
+                        "--epochs", "1")
+    assert added.returncode == 0, added.stderr
+    try:
+        fire = workers.mxq_json("schedule", "run-now", "bucket-nightly")
+        assert fire["error"] is None and fire["dataset_file"] == newer
+        job = workers.wait(fire["job_id"], timeout=300)
+        assert job["status"] == "succeeded", job["error"]
+        assert job["params"]["dataset"] == newer
+        refused = workers.mxq("schedule", "add", "bucket-outside", "--cron", "0 3 * * *", "--arch",
+                              "mlp", "--dataset", "s3://mxq-tests/elsewhere/*.npz", "--model", "x")
+        assert refused.returncode == 2 and "MXQ_S3_ALLOWED" in refused.stderr, refused.stderr
+    finally:
+        workers.mxq("schedule", "rm", "bucket-nightly")

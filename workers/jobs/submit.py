@@ -38,7 +38,7 @@ from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
 from mxq.workers.jobs import admit, preempt
 from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
-from mxq.workers.paths import PathError, confine
+from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
 from mxq.workers.storage.locate import ALLOWED_SETTING, locate, size_of
@@ -159,7 +159,7 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
     """Pin the dataset path, and refuse more devices than the node has."""
     dataset = params["dataset"]
     if dataset != "digits":
-        dataset = str(confine(settings, dataset, "dataset"))
+        dataset = str(locate(settings, dataset, "dataset"))
     if params.get("dist") is not None:
         raise ParamsError("dist is set by a multi-node job's leader for its parts; "
                           "ask for nodes with --nodes N")

@@ -1,5 +1,7 @@
 """Where a schedule's dataset comes from: a file, the newest file of a folder, or the newest match
-of a glob, all inside the data root, found by a bounded walk.
+of a glob, all inside the data root, found by a bounded walk; or in a bucket (`s3://`), the
+object itself, the newest object under a prefix (`s3://b/daily/`), or the newest key matching a
+glob (`s3://b/daily/*.npz`), within MXQ_S3_ALLOWED and at most MXQ_GLOB_MAX_ENTRIES listed.
 
 `glob.glob("/usr/**/*.py", recursive=True)` once spun for minutes, following symlink loops, and a
 source of `/etc/*` answered with the name of a file outside the data root. Here the walk starts
@@ -15,8 +17,11 @@ import time
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from mxq.objects import ObjectURL, confined, is_object_url
 from mxq.workers.paths import PathError, inside_root, within
 from mxq.workers.settings import Settings
+from mxq.workers.storage import client as s3
+from mxq.workers.storage.locate import ALLOWED_SETTING
 
 WILDCARDS = "*?["
 
@@ -77,16 +82,48 @@ class Walk:
         return found
 
 
+def _bucket_prefix(settings: Settings, source: str) -> tuple[ObjectURL, str]:
+    """A bucket source's fixed leading part (confined to MXQ_S3_ALLOWED) and its glob, if any."""
+    at = next((i for i, c in enumerate(source) if c in WILDCARDS), len(source))
+    fixed = source[:at]
+    if at < len(source) and not fixed.endswith("/"):
+        fixed = fixed.rsplit("/", 1)[0] + "/"
+    url = confined(fixed, settings.s3_allowed_prefixes, ALLOWED_SETTING, "dataset source")
+    return url, source[len(str(url)):] if at < len(source) else ""
+
+
+def _newest_object(settings: Settings, source: str) -> str:
+    """The newest object a bucket source names (itself, under its prefix, or matching its glob)."""
+    url, pattern = _bucket_prefix(settings, source)
+    found = s3.listed(settings, url, settings.glob_max_entries)
+    if pattern:
+        found = [(k, t) for k, t in found if fnmatchcase(k[len(url.key):], pattern)]
+    elif not url.key.endswith("/"):
+        found = [(k, t) for k, t in found if k == url.key or k.startswith(url.key + "/")]
+    found = [(k, t) for k, t in found if not k.endswith("/")]  # folder markers are no data
+    if not found:
+        raise PathError(f"dataset source {source!r} matches no object")
+    key = max(found, key=lambda kt: (kt[1], kt[0]))[0]
+    return str(ObjectURL(url.bucket, key))
+
+
 def check_source(settings: Settings, source: str) -> None:
     """Refuse, when a schedule is added, a source whose fixed leading folders lie outside the
-    data root (`/etc/*`, `/usr/**/*.py`): nothing outside it is ever listed."""
+    data root (`/etc/*`, `/usr/**/*.py`), or a bucket source outside MXQ_S3_ALLOWED: nothing
+    outside them is ever listed."""
+    if is_object_url(source):
+        _bucket_prefix(settings, source)
+        return
     root, origin = settings.inputs_root_and_origin()
     within(_split(source)[0], root, "dataset source", origin)
 
 
-def newest_file(settings: Settings, source: str) -> Path:
+def newest_file(settings: Settings, source: str) -> Path | str:
     """The file a fire trains on: `source` itself, the newest file of that folder, or the newest
-    match of that glob; inside the data root, or PathError saying why not."""
+    match of that glob; inside the data root, or PathError saying why not. A bucket source's
+    newest object, as its s3:// URL."""
+    if is_object_url(source):
+        return _newest_object(settings, source)
     root, origin = settings.inputs_root_and_origin()
     start, pattern = _split(source)
     base = within(start, root, "dataset source", origin)  # before anything is listed
