@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -95,8 +97,8 @@ def show(name: str, json_: Annotated[bool, typer.Option("--json")] = False) -> N
 @app.command()
 def add(name: str,
         arch: Annotated[str | None, typer.Option(help="Built-in: mlp, lenet, resnet18_v1.")] = None,
-        symbol: Annotated[Path | None, typer.Option(help="NAME-symbol.json from net.export().")] = None,
-        params: Annotated[Path | None, typer.Option(help="NAME-0000.params from net.export().")] = None,
+        symbol: Annotated[str | None, typer.Option(help="NAME-symbol.json from net.export(): a path, or s3://BUCKET/KEY inside MXQ_S3_ALLOWED.")] = None,  # noqa: E501
+        params: Annotated[str | None, typer.Option(help="NAME-0000.params from net.export(): a path, or s3://BUCKET/KEY inside MXQ_S3_ALLOWED.")] = None,  # noqa: E501
         input_shape: Annotated[str | None, typer.Option(help="One sample's shape: 64 or 1,8,8.")] = None,
         classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
@@ -125,22 +127,55 @@ def add(name: str,
             raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
     elif not (symbol and params and not arch):
         raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
-    request = {"name": name, "arch": arch, "symbol": symbol, "params": params,
-               "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
-               "preprocess": prep.as_dict(), "outputs": outputs}
-    try:
-        from mxq.tasks.model_store.models import add_version  # loads MXNet: only for this command
-    except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
-        record = register_on_a_worker(request, reason(exc))
-    else:
-        s = get_settings()
-        record = add_version(s.database, s.home_path, request)
+    with fetched_files(symbol, params) as (symbol_file, params_file):
+        request = {"name": name, "arch": arch, "symbol": symbol_file, "params": params_file,
+                   "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
+                   "preprocess": prep.as_dict(), "outputs": outputs}
+        try:
+            from mxq.tasks.model_store.models import add_version  # loads MXNet: only for this command
+        except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
+            record = register_on_a_worker(request, reason(exc))
+        else:
+            s = get_settings()
+            record = add_version(s.database, s.home_path, request)
     if json_:
         render.print_json(record)
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
                          f"{tuple(record['input_shape'])}, {record['classes']} classes, "
                          f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
+
+
+@contextlib.contextmanager
+def fetched_files(*given: str | None) -> Iterator[list[Path | None]]:
+    """The model files as local paths: an `s3://` one (inside MXQ_S3_ALLOWED) downloaded into a
+    folder of $MXQ_HOME/staging for the registration, and removed after it."""
+    import shutil
+    import uuid
+
+    from mxq.objects import confined, is_object_url
+
+    s = get_settings()
+    folder = None
+    found: list[Path | None] = []
+    try:
+        for text in given:
+            if text is None or not is_object_url(text):
+                found.append(None if text is None else Path(text))
+                continue
+            from mxq.workers.paths import staging_dir
+            from mxq.workers.storage.client import download
+            from mxq.workers.storage.locate import ALLOWED_SETTING
+
+            url = confined(text, s.s3_allowed_prefixes, ALLOWED_SETTING, "model file")
+            folder = folder or staging_dir(s.home_path) / uuid.uuid4().hex
+            folder.mkdir(parents=True, exist_ok=True)
+            download(s, url, str(folder / url.key.rsplit("/", 1)[-1]))
+            found.append(folder / url.key.rsplit("/", 1)[-1])
+        yield found
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def register_on_a_worker(r: dict[str, Any], why: str) -> Any:

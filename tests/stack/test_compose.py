@@ -22,6 +22,7 @@ import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -128,8 +129,30 @@ def raw(compose: Compose) -> dict:
 def test_services_exist_and_start_with_a_plain_up(compose: Compose, services: dict) -> None:
     assert set(services) == INFRA | MXQ_SERVICES
     proc = compose(_filled_env(), "config", "--profiles")
-    # Only monitoring waits behind a profile: a plain `up` starts everything else.
-    assert proc.returncode == 0 and proc.stdout.split() == ["monitoring"], proc.stdout
+    # Only monitoring and object storage wait behind a profile: a plain `up` starts the rest.
+    assert proc.returncode == 0 and sorted(proc.stdout.split()) == ["monitoring", "s3"], proc.stdout
+
+
+def test_the_s3_profile_runs_minio_and_makes_the_bucket_with_credentials_from_a_file(
+        compose: Compose) -> None:
+    proc = compose(_filled_env(), "--profile", "s3", "config", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    assert set(services) == INFRA | MXQ_SERVICES | {"minio", "bucket"}
+    assert services["minio"]["ports"][0]["host_ip"] == "127.0.0.1"  # loopback by default
+    assert services["bucket"]["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert _extra_hosts(services["worker"])["minio"] == "127.0.0.1"  # on the host's network
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    for name in ("minio", "bucket"):  # no credential in the file: .env.s3 holds them
+        assert raw["services"][name]["env_file"] == [{"path": ".env.s3", "required": False}]
+        assert not SECRET_NAME.search(json.dumps(raw["services"][name].get("environment", {})))
+    example = dict(line.split("=", 1) for line in (ROOT / ".env.s3.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    assert example["MINIO_ROOT_PASSWORD"] == example["AWS_SECRET_ACCESS_KEY"] == ""  # to fill in
+    fields: dict[str, Any] = {k.removeprefix("MXQ_").lower(): v for k, v in example.items()
+                              if k.startswith("MXQ_") and k != "MXQ_S3_BUCKET"}
+    settings = Settings(**fields)
+    assert settings.s3_allowed_prefixes.entries == (("mxq-data", ""),)  # the example parses
 
 
 def test_the_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(compose: Compose) -> None:
@@ -384,10 +407,10 @@ def test_the_worker_is_on_the_hosts_network_for_multinode_training(compose: Comp
     worker = services["worker"]
     assert worker["network_mode"] == "host"
     assert not {"ports", "networks"} & set(worker)  # neither means anything on the host's network
-    assert _extra_hosts(worker) == {"redis": "127.0.0.1", "postgres": "127.0.0.1"}
+    assert _extra_hosts(worker) == {"redis": "127.0.0.1", "postgres": "127.0.0.1", "minio": "127.0.0.1"}
     assert {services[n]["ports"][0]["host_ip"] for n in INFRA} == {"127.0.0.1"}
     first = _config(compose, _filled_env(SERVICES_BIND="10.0.0.5"))["services"]
-    assert _extra_hosts(first["worker"]) == {"redis": "10.0.0.5", "postgres": "10.0.0.5"}
+    assert _extra_hosts(first["worker"]) == {"redis": "10.0.0.5", "postgres": "10.0.0.5", "minio": "10.0.0.5"}
     assert {first[n]["ports"][0]["host_ip"] for n in INFRA} == {"10.0.0.5"}
     for name in MXQ_SERVICES - {"worker"}:
         assert "network_mode" not in services[name], name  # they reach redis/postgres by name

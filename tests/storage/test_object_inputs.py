@@ -229,3 +229,23 @@ def test_a_schedule_trains_on_the_newest_object_of_a_bucket_prefix(workers: Stac
         assert refused.returncode == 2 and "MXQ_S3_ALLOWED" in refused.stderr, refused.stderr
     finally:
         workers.mxq("schedule", "rm", "bucket-nightly")
+
+
+def test_a_model_is_added_from_files_in_a_bucket(workers: Stack, s3: S3Server, tmp_path: Path) -> None:
+    import mxnet as mx
+
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(16, activation="tanh"), mx.gluon.nn.Dense(5))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.ones((1, 12)))
+    net.export(str(tmp_path / "mine"))
+    symbol = s3.put("in/models-src/mine-symbol.json", (tmp_path / "mine-symbol.json").read_bytes())
+    params = s3.put("in/models-src/mine-0000.params", (tmp_path / "mine-0000.params").read_bytes())
+    added = workers.mxq_json("models", "add", "from-bucket", "--symbol", symbol, "--params", params,
+                             "--input-shape", "12")
+    assert added["name"] == "from-bucket" and added["input_shape"] == [12] and added["classes"] == 5
+    assert not list((workers.home / "staging").glob("*/mine-*"))  # the downloads are cleaned up
+    refused = workers.mxq("models", "add", "nope", "--symbol", "s3://mxq-tests/elsewhere/s.json",
+                          "--params", params, "--input-shape", "12")
+    assert refused.returncode == 2 and "MXQ_S3_ALLOWED" in refused.stderr
