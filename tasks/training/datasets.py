@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference.inputs import IMAGE_SUFFIXES, InputError, open_input
-from mxq.tasks.inference.inputs.files import Location, RemoteObject, open_binary
+from mxq.tasks.inference.inputs.files import Location, open_binary
 
 BUILTIN = ("digits",)
 
@@ -133,7 +133,7 @@ def load(path: Location | str, image_shape: tuple[int, ...] | None = None,
         return _npz(path)
     if suffix == ".csv":
         return _csv(path, label_column)
-    if isinstance(path, RemoteObject):
+    if not isinstance(path, Path):
         raise InputError(f"dataset {path}: from object storage mxq trains on .npz (X, y) and .csv "
                          "with a label column; image folders and RecordIO are read from local disk")
     if path.is_dir():

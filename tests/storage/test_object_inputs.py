@@ -122,10 +122,28 @@ def test_a_location_outside_the_allowed_ones_is_refused(stack: Stack, s3: S3Serv
         locate(stack.settings, where)
 
 
-def test_an_image_folder_is_not_read_from_a_bucket(stack: Stack, s3: S3Server) -> None:
+def test_recordio_is_not_read_from_a_bucket(stack: Stack, s3: S3Server) -> None:
     remote = locate(stack.settings, s3.put("in/x.rec", b"\0" * 16))
     with pytest.raises(InputError, match=r"from local disk only; from object storage: \.npy, \.npz"):
         open_input(remote, (3, 8, 8))
+
+
+def test_the_images_under_a_prefix_read_as_the_local_folder(stack: Stack, s3: S3Server,
+                                                             tmp_path: Path) -> None:
+    from tests.support.images import png_bytes, solid
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i, name in enumerate(["b.png", "a.PNG", "c.png", "d.png"]):
+        data = png_bytes(solid((40 * i, 100, 255 - 40 * i)))
+        (folder / name).write_bytes(data)
+        s3.put(f"in/scans/{name}", data)
+    s3.put("in/scans/notes.txt", b"not an image")
+    s3.put("in/scans/deeper/e.png", png_bytes(solid((1, 2, 3))))  # below the folder: not in it
+    remote = locate(stack.settings, "s3://mxq-tests/in/scans/")
+    assert count_samples(remote) == count_samples(folder) == 4
+    np.testing.assert_array_equal(open_input(remote, (3, 8, 8)).read(0, 4),
+                                  open_input(folder, (3, 8, 8)).read(0, 4))
 
 
 def _rows(stack: Stack) -> str:

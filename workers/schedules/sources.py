@@ -95,7 +95,7 @@ def _bucket_prefix(settings: Settings, source: str) -> tuple[ObjectURL, str]:
 def _newest_object(settings: Settings, source: str) -> str:
     """The newest object a bucket source names (itself, under its prefix, or matching its glob)."""
     url, pattern = _bucket_prefix(settings, source)
-    found = s3.listed(settings, url, settings.glob_max_entries)
+    found = [(k, t) for k, t, _ in s3.listed(settings, url, settings.glob_max_entries)]
     if pattern:
         found = [(k, t) for k, t in found if fnmatchcase(k[len(url.key):], pattern)]
     elif not url.key.endswith("/"):

@@ -181,18 +181,18 @@ def download(settings: Settings, url: ObjectURL, path: str) -> None:
         raise explained(exc, "read", url) from None
 
 
-def listed(settings: Settings, url: ObjectURL, most: int) -> list[tuple[str, float]]:
-    """(key, last modified as a POSIX time) of the objects whose key starts with `url`'s, at
-    most `most` of them (StorageError past it: a schedule's source must stay narrow)."""
+def listed(settings: Settings, url: ObjectURL, most: int) -> list[tuple[str, float, int]]:
+    """(key, last modified as a POSIX time, size) of the objects whose key starts with `url`'s,
+    at most `most` of them (StorageError past it: a listing must stay bounded)."""
     try:
         pages = client(settings).get_paginator("list_objects_v2").paginate(Bucket=url.bucket,
                                                                              Prefix=url.key)
-        found: list[tuple[str, float]] = []
+        found: list[tuple[str, float, int]] = []
         for page in pages:
-            found += [(o["Key"], o["LastModified"].timestamp()) for o in page.get("Contents", [])]
+            found += [(o["Key"], o["LastModified"].timestamp(), int(o["Size"]))
+                      for o in page.get("Contents", [])]
             if len(found) > most:
-                raise StorageError(f"{url} holds more than {most:,} objects (MXQ_GLOB_MAX_ENTRIES): "
-                                   "narrow the prefix")
+                raise StorageError(f"{url} holds more than {most:,} objects: narrow the prefix")
         return found
     except StorageError:
         raise

@@ -8,29 +8,33 @@ from typing import TYPE_CHECKING
 
 from mxq.objects import confined, is_object_url
 from mxq.workers.paths import confine
-from mxq.workers.storage.ranged import RemoteObject
+from mxq.workers.storage.ranged import RemoteObject, RemotePrefix
 
 if TYPE_CHECKING:
     from mxq.workers.settings import Settings
 
-Location = Path | RemoteObject
-"""A checked input: a local file or folder, or an object of the store."""
+Location = Path | RemoteObject | RemotePrefix
+"""A checked input: a local file or folder, an object of the store, or the objects under a
+prefix (`s3://b/images/`, a folder of images)."""
 
 ALLOWED_SETTING = "MXQ_S3_ALLOWED"
 
 
 def locate(settings: Settings, text: str | Path, what: str = "input") -> Location:
-    """`text` checked: an `s3://bucket/key` inside the allowed buckets and present (one HEAD), or
-    a path inside the data root; else a one-line error naming the setting that confines it."""
+    """`text` checked: an `s3://bucket/key` inside the allowed buckets and present (one HEAD),
+    a prefix there (`s3://bucket/folder/`, listed), or a path inside the data root; else a
+    one-line error naming the setting that confines it."""
     if isinstance(text, str) and is_object_url(text):
         url = confined(text, settings.s3_allowed_prefixes, ALLOWED_SETTING, what)
+        if url.key.endswith("/"):
+            return RemotePrefix.at(settings, url)
         return RemoteObject.at(settings, url)
     return confine(settings, text, what)
 
 
 def size_of(location: Location) -> int:
     """The bytes of an input: an object, a file, or the files directly inside a folder (images)."""
-    if isinstance(location, RemoteObject):
+    if not isinstance(location, Path):
         return location.size
     if location.is_dir():
         return sum(p.stat().st_size for p in location.iterdir() if p.is_file())

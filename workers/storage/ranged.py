@@ -4,8 +4,8 @@ The object is read in aligned blocks of `block` bytes. Each GET costs a round tr
 milliseconds on a loaded server), so a reader moving forward keeps the next `ahead` blocks in
 flight on its own threads, and holds at most `ahead + 1` blocks: a 20 GB object streams through
 24 MiB by default. A reader that jumps (a Parquet footer, a zip's central directory) fetches only
-the block it lands in. Measured against moto's server on loopback: 1 MiB ranges 25 MB/s, 4 MiB
-95, 16 MiB 283 (a local file: 1,660): hence blocks of 8 MiB, two ahead.
+the block it lands in. Measured against moto's server on loopback (a 51 MB object): 1 MiB ranges
+25 MB/s, 4 MiB 95, 16 MiB 283 (a local file: 1,660): hence blocks of 8 MiB, two ahead.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mxq.objects import ObjectURL
-from mxq.workers.storage.client import read_range, size_of
+from mxq.workers.storage.client import listed, read_range, size_of
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 8 << 20
 AHEAD = 2
 HEADER_BLOCK_BYTES = 64 << 10  # a header or a footer: one small GET, nothing ahead
+MAX_PREFIX_OBJECTS = 1_000_000  # a folder of images in a bucket is listed at most this far
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,37 @@ class RemoteObject:
 
     def open(self, block: int = BLOCK_BYTES, ahead: int = AHEAD) -> ObjectReader:
         return ObjectReader(self, block, ahead)
+
+
+@dataclass(frozen=True)
+class RemotePrefix:
+    """The objects directly under a prefix (`s3://b/scans/`), listed once: a folder of images in
+    a bucket. Its text is its URL."""
+
+    settings: Settings
+    url: ObjectURL
+    objects: tuple[tuple[str, int], ...]  # (key, size), by key
+
+    @classmethod
+    def at(cls, settings: Settings, url: ObjectURL) -> RemotePrefix:
+        found = listed(settings, url, MAX_PREFIX_OBJECTS)
+        direct = sorted((key, size) for key, _, size in found if "/" not in key[len(url.key):])
+        return cls(settings, url, tuple(direct))
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    @property
+    def suffix(self) -> str:
+        return ""
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.objects)
+
+    def read(self, key: str, size: int) -> bytes:
+        """One object whole (an image: its header is checked before it is decoded)."""
+        return read_range(self.settings, ObjectURL(self.url.bucket, key), 0, size)
 
 
 class ObjectReader(io.RawIOBase):

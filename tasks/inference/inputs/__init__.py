@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference.inputs import csv, images, npy, npz, parquet, recordio
-from mxq.tasks.inference.inputs.files import InputError, Location
+from mxq.tasks.inference.inputs.files import InputError, Location, RemoteObject
 from mxq.tasks.inference.inputs.formats import IMAGE_SUFFIXES, format_of
 from mxq.tasks.inference.inputs.limits import Limits
 from mxq.tasks.inference.inputs.pixels import ImageShape, check_channels
@@ -38,10 +38,10 @@ def count_samples(path: Location, key: str | None = None) -> int:
         return csv.count(path)
     if kind == "parquet":
         return parquet.count(path)
+    if kind == "images" and not isinstance(path, RemoteObject):
+        return images.count(path)
     if not isinstance(path, Path):  # format_of refuses these from object storage already
         raise InputError(f"input {path}: {kind} inputs are read from local disk only")
-    if kind == "images":
-        return images.count(path)
     return recordio.count(path)
 
 
@@ -82,12 +82,12 @@ def _samples(path: Location, input_shape: tuple[int, ...], choice: Choice, layou
         return csv.opened(path)
     if kind == "parquet":
         return parquet.opened(path, choice.columns, limits)
-    if not isinstance(path, Path):  # format_of refuses these from object storage already
-        raise InputError(f"input {path}: {kind} inputs are read from local disk only")
     check_channels(path, input_shape, layout)
     image = ImageShape.of(input_shape, layout)
-    if kind == "images":
+    if kind == "images" and not isinstance(path, RemoteObject):
         return images.opened(path, image, limits)
+    if not isinstance(path, Path):  # format_of refuses these from object storage already
+        raise InputError(f"input {path}: {kind} inputs are read from local disk only")
     return recordio.opened(path, image, limits)
 
 

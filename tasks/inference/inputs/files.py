@@ -10,9 +10,9 @@ from typing import IO
 
 from mxq.errors import UserError
 from mxq.workers.storage.locate import Location
-from mxq.workers.storage.ranged import HEADER_BLOCK_BYTES, RemoteObject
+from mxq.workers.storage.ranged import HEADER_BLOCK_BYTES, RemoteObject, RemotePrefix
 
-__all__ = ["InputError", "Location", "RemoteObject", "open_binary", "regular_file"]
+__all__ = ["InputError", "Location", "RemoteObject", "RemotePrefix", "open_binary", "regular_file"]
 
 
 class InputError(UserError):
@@ -32,5 +32,7 @@ def open_binary(location: Location, headers_only: bool = False) -> IO[bytes]:
     opened for its headers only (a count at submit) reads small blocks and nothing ahead."""
     if isinstance(location, Path):
         return regular_file(location).open("rb")
+    if isinstance(location, RemotePrefix):
+        raise InputError(f"input {location} is a prefix (a folder of images), not one object")
     reader = location.open(HEADER_BLOCK_BYTES, ahead=0) if headers_only else location.open()
     return io.BufferedReader(reader, buffer_size=HEADER_BLOCK_BYTES)

@@ -6,21 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from mxq.tasks.inference.inputs.files import InputError, Location
+from mxq.tasks.inference.inputs.files import InputError, Location, RemotePrefix
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = (".npy, .npz, .csv, .parquet, a folder of images (.png, .jpg, .jpeg), .rec with a "
              "sibling .idx")
-SUPPORTED_REMOTE = ".npy, .npz, .csv and .parquet"
+SUPPORTED_REMOTE = ".npy, .npz, .csv, .parquet and a prefix of images (s3://BUCKET/FOLDER/)"
 Format = Literal["npy", "npz", "csv", "parquet", "images", "rec"]
 _BY_SUFFIX: dict[str, Format] = {".npy": "npy", ".npz": "npz", ".csv": "csv", ".parquet": "parquet",
                                  ".rec": "rec"}
-REMOTE: tuple[Format, ...] = ("npy", "npz", "csv", "parquet")  # what an object in a bucket may be
+REMOTE: tuple[Format, ...] = ("npy", "npz", "csv", "parquet", "images")  # what a bucket may hold
 
 
 def format_of(location: Location) -> Format:
     """The format of `location`: a folder holds images, a file's suffix names the rest."""
-    if isinstance(location, Path) and location.is_dir():
+    if isinstance(location, RemotePrefix) or (isinstance(location, Path) and location.is_dir()):
         return "images"
     kind = _BY_SUFFIX.get(location.suffix.lower())
     if kind is None:

@@ -159,5 +159,7 @@ def ranged(obj: RemoteObject, limits: Limits) -> Samples:
 def opened(path: Location, limits: Limits) -> Samples:
     if isinstance(path, RemoteObject):
         return ranged(path, limits)
+    if not isinstance(path, Path):
+        raise InputError(f"input {path} is a prefix (a folder of images), not one .npy object")
     array = load(path, limits)
     return Samples(array.shape[0], array.shape[1:], batches(array))

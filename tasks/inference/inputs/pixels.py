@@ -5,7 +5,6 @@ and resized to the model's size with its channels where the model wants them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from mxq.tasks.inference.inputs.files import InputError
 from mxq.tasks.inference.inputs.limits import Limits
 
 
-def check_channels(path: Path, input_shape: tuple[int, ...], layout: str = "NCHW") -> None:
+def check_channels(path: object, input_shape: tuple[int, ...], layout: str = "NCHW") -> None:
     """A model fed images takes (C, H, W), or (H, W, C) in NHWC, with 1 or 3 channels."""
     channels = input_shape[-1] if layout == "NHWC" else input_shape[0] if input_shape else 0
     if len(input_shape) != 3 or channels not in (1, 3):
