@@ -50,8 +50,9 @@ ABOUT = {
     "shown for information.",
     "objects": "The inference case's LeNet and `.npy` input, one job from the local file and one "
     "from the same object on moto's S3 server on loopback (ranged GETs of 8 MiB blocks, two ahead), "
-    "alternating (medians). The worker's peak RSS (VmHWM) is read after the first local job and "
-    "after every S3 one: the aim is no more memory for the object. moto's server shares the "
+    "alternating (medians), after one small job of each (the worker's first S3 job imports boto3 "
+    "and makes its client, once). The worker's peak RSS (VmHWM) is read after the first local job "
+    "and after every S3 one: the aim is no more memory for the object. moto's server shares the "
     "machine's cores and copies a whole object for every ranged GET, so the S3 figure is a floor.",
     "scaling": "One input sized to the machine, split with `--chunk-size` = half of it: on two "
     "CPU devices the two chunks run side by side, on one (`--device cpu:0`) in turn. Each CPU "

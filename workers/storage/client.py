@@ -98,17 +98,29 @@ def size_of(settings: Settings, url: ObjectURL) -> int:
     return int(head["ContentLength"])
 
 
-def read_range(settings: Settings, url: ObjectURL, start: int, stop: int) -> bytes:
-    """Bytes [start, stop) of the object, from one ranged GET."""
-    if stop <= start:
-        return b""
+READ_CHUNK_BYTES = 1 << 20  # a ranged GET's body is copied into its buffer this much at a time
+
+
+def read_range(settings: Settings, url: ObjectURL, start: int, stop: int,
+               into: bytearray | None = None) -> memoryview:
+    """Bytes [start, stop) of the object, from one ranged GET, read a chunk at a time into `into`
+    (reused by a reader: fresh buffers of megabytes, freed from several threads, fragment the
+    heap and the worker's memory grows), else into a new buffer; the part of it filled."""
+    size = max(0, stop - start)
+    data = into if into is not None and len(into) >= size else bytearray(size)
+    view, done = memoryview(data), 0
+    if not size:
+        return view[:0]
     try:
-        answer = client(settings).get_object(Bucket=url.bucket, Key=url.key,
-                                             Range=f"bytes={start}-{stop - 1}")
-        data: bytes = answer["Body"].read()
+        body = client(settings).get_object(Bucket=url.bucket, Key=url.key,
+                                           Range=f"bytes={start}-{stop - 1}")["Body"]
+        while done < size and (chunk := body.read(min(READ_CHUNK_BYTES, size - done))):
+            view[done:done + len(chunk)] = chunk
+            done += len(chunk)
+        body.close()
     except Exception as exc:
         raise explained(exc, "read", url) from None
-    return data
+    return view[:done]
 
 
 def put(settings: Settings, url: ObjectURL, data: bytes) -> None:

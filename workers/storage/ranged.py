@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mxq.objects import ObjectURL
-from mxq.workers.storage.client import listed, read_range, size_of
+from mxq.workers.storage.client import StorageError, listed, read_range, size_of
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -81,7 +81,7 @@ class RemotePrefix:
 
     def read(self, key: str, size: int) -> bytes:
         """One object whole (an image: its header is checked before it is decoded)."""
-        return read_range(self.settings, ObjectURL(self.url.bucket, key), 0, size)
+        return bytes(read_range(self.settings, ObjectURL(self.url.bucket, key), 0, size))
 
 
 class ObjectReader(io.RawIOBase):
@@ -91,7 +91,8 @@ class ObjectReader(io.RawIOBase):
         super().__init__()
         self.obj, self.block, self.ahead = obj, block, ahead
         self.pos, self.last_block = 0, -2
-        self.blocks: dict[int, Future[bytes]] = {}
+        self.blocks: dict[int, tuple[Future[memoryview], bytearray]] = {}
+        self.spare: list[bytearray] = []  # the buffers of blocks dropped, for the next ones
         self.pool = ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="mxq-s3") if ahead else None
 
     def readable(self) -> bool:
@@ -117,38 +118,53 @@ class ObjectReader(io.RawIOBase):
             index, within = divmod(self.pos, self.block)
             data = self._block(index)
             n = min(len(view) - done, len(data) - within)
+            if n <= 0:  # the server sent less than the range: the object changed or was cut
+                raise StorageError(f"cannot read {self.obj}: it holds fewer than the {self.obj.size:,} "
+                                   "bytes it had when opened (replaced while the job read it?)")
             view[done:done + n] = data[within:within + n]
             done, self.pos = done + n, self.pos + n
         return done
 
-    def _fetch(self, index: int) -> bytes:
+    def _fetch(self, index: int, into: bytearray) -> memoryview:
         start = index * self.block
-        return read_range(self.obj.settings, self.obj.url, start, min(start + self.block, self.obj.size))
+        return read_range(self.obj.settings, self.obj.url, start, min(start + self.block, self.obj.size),
+                          into)
 
-    def _block(self, index: int) -> bytes:
+    def _buffer(self) -> bytearray:
+        return self.spare.pop() if self.spare else bytearray(self.block)
+
+    def _drop(self, index: int) -> None:
+        """Forget a block; its buffer is reused unless a thread may still be writing it."""
+        future, buffer = self.blocks.pop(index)
+        if future.done() or future.cancel():
+            self.spare.append(buffer)
+
+    def _block(self, index: int) -> memoryview:
         """Block `index`, and the next `ahead` in flight when reading moves forward."""
         sequential = index in (self.last_block, self.last_block + 1)
         self.last_block = index
         for old in [i for i in self.blocks if i < index or i > index + self.ahead]:
-            self.blocks.pop(old).cancel()
+            self._drop(old)
         if self.pool is not None and sequential:
             last = (self.obj.size - 1) // self.block
             for i in range(index + 1, min(index + self.ahead, last) + 1):
                 if i not in self.blocks:
-                    self.blocks[i] = self.pool.submit(self._fetch, i)
+                    buffer = self._buffer()
+                    self.blocks[i] = (self.pool.submit(self._fetch, i, buffer), buffer)
         if index in self.blocks:
-            return self.blocks[index].result()
-        data = self._fetch(index)
-        if self.pool is not None:
-            done: Future[bytes] = Future()
-            done.set_result(data)
-            self.blocks[index] = done
+            return self.blocks[index][0].result()
+        buffer = self._buffer()
+        data = self._fetch(index, buffer)
+        done: Future[memoryview] = Future()
+        done.set_result(data)
+        self.blocks[index] = (done, buffer)
         return data
 
     def close(self) -> None:
         if self.pool is not None:
-            for future in self.blocks.values():
+            for future, _ in self.blocks.values():
                 future.cancel()
             self.pool.shutdown(wait=False, cancel_futures=True)
         self.blocks.clear()
+        self.spare.clear()
         super().close()
