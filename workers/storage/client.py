@@ -1,8 +1,9 @@
 """The S3 client of a process, through boto3: credentials from the standard AWS chain
 (environment, shared config files, an instance role), the endpoint of an S3-compatible server
-from MXQ_S3_ENDPOINT_URL. Chosen over fsspec/s3fs because a worker reads from its own threads
-with plain blocking calls (s3fs runs an asyncio loop beside them, and its aiobotocore pins
-botocore to a narrow range), and over obstore for its wider use against S3-compatible servers.
+from MXQ_S3_ENDPOINT_URL. s3fs and obstore read as fast here (docs/object-storage.md: all three
+at 67-78 MB/s from moto); boto3 is chosen because a worker reads from its own threads with plain
+blocking calls (s3fs runs an asyncio loop beside them, and its aiobotocore pinned botocore back
+to an older release), and its errors carry the server's codes that mxq's messages name.
 
 Credentials never appear in what mxq writes: its errors name the operation, the object and the
 server's error code only (`StorageError`), and botocore's own loggers are kept at WARNING, where
