@@ -294,7 +294,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
-          output_to: Annotated[str | None, typer.Option(help="s3://BUCKET/PREFIX (inside MXQ_S3_ALLOWED) that a --output parquet job writes PREFIX/job-ID.parquet to, instead of $MXQ_HOME/outputs.")] = None,  # noqa: E501
+          output_to: Annotated[str | None, typer.Option(help="s3://BUCKET/PREFIX (inside MXQ_S3_ALLOWED) that a --output parquet or npy job writes PREFIX/job-ID.parquet or .npy to, instead of $MXQ_HOME/outputs.")] = None,  # noqa: E501
           columns: Annotated[str | None, typer.Option(help="A Parquet input's sample: one list column, or numeric columns A,B,C (default: its only list column, else all its columns).")] = None,  # noqa: E501
           reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Kept for scripts: NaN and infinite inputs always fail the job, naming the sample.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,

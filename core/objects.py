@@ -107,7 +107,8 @@ def confined(text: str, allowed: Allowed, setting: str, what: str = "input") -> 
     return url
 
 
-def job_output(prefix: str, job_id: int) -> ObjectURL:
-    """The object a job's Parquet output becomes under the bucket prefix it was given."""
+def job_output(prefix: str, job_id: int, suffix: str = ".parquet") -> ObjectURL:
+    """The object a job's output (`.parquet` or `.npy`) becomes under the bucket prefix it was
+    given."""
     url = parse(prefix, "output_to")
-    return ObjectURL(url.bucket, f"{url.key.rstrip('/')}/job-{job_id}.parquet")
+    return ObjectURL(url.bucket, f"{url.key.rstrip('/')}/job-{job_id}{suffix}")

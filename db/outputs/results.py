@@ -44,6 +44,15 @@ def _missing(record: JobRecord, path: Path) -> OutputMissing:
                          "the machine that wrote it)")
 
 
+def _in_a_bucket(record: JobRecord, suffix: str) -> None:
+    """A job whose output went to a bucket, which this layer does not read: where it is."""
+    prefix = (record.get("params") or {}).get("output_to")
+    if prefix:
+        raise OutputMissing(f"job {record['id']}'s predictions are in the bucket, "
+                            f"{job_output(prefix, record['id'], suffix)}: read them there "
+                            "(NumPy, pyarrow, DuckDB, Spark)")
+
+
 def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     """The Parquet files holding a job's rows: its merged file, or for a job cancelled before
     its merge the parts it kept; None for a job whose rows are elsewhere (SQL, npy). A job that
@@ -51,10 +60,7 @@ def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     params = record.get("params") or {}
     if params.get("output") != "parquet":
         return None
-    if params.get("output_to"):  # written to a bucket, which this layer does not read
-        shown = job_output(params["output_to"], record["id"])
-        raise OutputMissing(f"job {record['id']}'s predictions are in the bucket, {shown}: read "
-                            "them there (pyarrow, DuckDB, Spark)")
+    _in_a_bucket(record, ".parquet")
     path = recorded_output(home, url, record, ".parquet")
     if path.exists():
         return [path]
@@ -69,6 +75,7 @@ def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | 
     """An npy-only job's probabilities (memory-mapped); None for other outputs."""
     if (record.get("params") or {}).get("output") != "npy":
         return None
+    _in_a_bucket(record, ".npy")
     path = recorded_output(home, url, record, ".npy")
     if path.exists():
         probs: NDArray[np.float32] = np.load(path, mmap_mode="r")

@@ -42,7 +42,7 @@ from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
 from mxq.objects import job_output
 from mxq.status import JobStatus
-from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore
+from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore, probability_part
 from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import get_settings
@@ -140,10 +140,13 @@ class JobOutputs:
 
     def __post_init__(self) -> None:
         """Decided once per job, not per batch: which outputs this job keeps."""
-        if self.p.output in ("npy", "both"):
+        if self.p.output_to is not None:  # parquet or npy, kept in a bucket
+            self.parts = _bucket_parts(self.p.output_to, self.owner,
+                                       self.classes if self.p.output == "npy" else None)
+        elif self.p.output in ("npy", "both"):
             self.array = _output_array(self.job.url, self.owner, self.count, self.classes)
-        if self.p.output == "parquet":
-            self.parts = _part_store(self.job.url, self.owner, self.p.output_to)
+        elif self.p.output == "parquet":
+            self.parts = LocalParts(output_path(self.job.url, self.owner, ".parquet"))
         self.rows_wanted = self.p.output in ("db", "both")
 
     @property
@@ -176,7 +179,8 @@ class JobOutputs:
         if self.rows_wanted:
             self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
         if self.parts is not None:
-            self._tables.append(parquet.from_probabilities(first, probs, self.p.top_k))
+            self._tables.append(probability_part(first, probs) if self.p.output == "npy" else
+                                parquet.from_probabilities(first, probs, self.p.top_k))
 
     def take(self, step: int, samples: int, seconds: float, last: int) -> Flush:
         flush = Flush(self._rows, self._tables, step, samples, seconds, last)
@@ -238,12 +242,12 @@ class JobOutputs:
             self.parts.remove_all()
 
 
-def _part_store(url: str, owner: int, output_to: str | None) -> PartStore:
-    """The job's merged Parquet file and its parts: under $MXQ_HOME/outputs, or in a bucket."""
-    if output_to is None:
-        return LocalParts(output_path(url, owner, ".parquet"))
+def _bucket_parts(output_to: str, owner: int, classes: int | None) -> BucketParts:
+    """The job's parts and merged object in a bucket: `.parquet`, or with `classes` an `.npy`
+    of probabilities."""
     settings = get_settings()
-    return BucketParts(settings, job_output(output_to, owner), settings.home_path / "tmp")
+    final = job_output(output_to, owner, ".parquet" if classes is None else ".npy")
+    return BucketParts(settings, final, settings.home_path / "tmp", classes)
 
 
 def _incomplete(parts: PartStore, count: int, why: str = "") -> str:

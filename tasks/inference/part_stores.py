@@ -7,24 +7,30 @@ the job commits its position; a later attempt deletes the parts past the committ
 last chunk merges the parts in order, one at a time, into a local temporary file and uploads it
 as `job-ID.parquet` (multipart: the object appears whole, or not at all), then deletes the parts.
 The merge holds a Redis lock, since chunks on several nodes may finish together; a merge killed
-mid-upload leaves an unfinished multipart upload, which the next merge aborts.
+mid-upload leaves an unfinished multipart upload, which the next merge aborts. An `.npy` output
+in a bucket keeps its parts the same way (each a Parquet table of `index` and `probabilities`)
+and merges them into `job-ID.npy`, written into a local memory-mapped file a part at a time.
 """
 
 from __future__ import annotations
 
 import io
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from mxq.db.outputs import parquet
 from mxq.db.outputs.parquet import Part
 from mxq.objects import ObjectURL
 from mxq.tasks.inference.inputs.files import open_binary
+from mxq.tasks.inference.inputs.npy import read_header
 from mxq.workers.broker.redis_client import client as redis_client
 from mxq.workers.settings import Settings
 from mxq.workers.storage import client as s3
@@ -91,6 +97,7 @@ class BucketParts:
     settings: Settings
     final: ObjectURL
     scratch: Path  # where a merge writes its temporary file
+    classes: int | None = None  # an .npy output's: its parts hold probabilities, merged into .npy
 
     @property
     def shown(self) -> str:
@@ -150,9 +157,13 @@ class BucketParts:
 
     def _merge(self, parts: list[Part]) -> None:
         self.scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.scratch, suffix=".parquet") as tmp:
-            parquet.write_tables((self._read(str(key)) for *_, key in parts), Path(tmp.name),
-                                 self._schema(str(parts[0][3])) if parts else parquet.schema(0))
+        with tempfile.NamedTemporaryFile(dir=self.scratch, suffix=self.final.suffix) as tmp:
+            tables = (self._read(str(key)) for *_, key in parts)
+            if self.classes is not None:
+                _write_npy(tables, Path(tmp.name), parts[-1][1] if parts else 0, self.classes)
+            else:
+                parquet.write_tables(tables, Path(tmp.name),
+                                     self._schema(str(parts[0][3])) if parts else parquet.schema(0))
             s3.upload(self.settings, tmp.name, self.final)
 
     def _schema(self, key: str) -> pa.Schema:
@@ -166,7 +177,10 @@ class BucketParts:
             return pq.read_table(f)
 
     def rows_in(self) -> int:
-        with open_binary(RemoteObject.at(self.settings, self.final), headers_only=True) as f:
+        final = RemoteObject.at(self.settings, self.final)
+        with open_binary(final, headers_only=True) as f:
+            if self.classes is not None:
+                return read_header(f, final)[0][0]
             return int(pq.ParquetFile(f).metadata.num_rows)
 
     def missing(self, count: int) -> str:
@@ -175,3 +189,22 @@ class BucketParts:
     def remove_all(self) -> None:
         s3.delete(self.settings, self.final, [str(p[3]) for p in self._parts()])
         s3.abort_uploads(self.settings, self.final)
+
+
+def probability_part(first: int, probs: NDArray[np.float32]) -> pa.Table:
+    """One batch of an `.npy` output kept in a bucket: its sample indexes and probabilities."""
+    flat = pa.array(np.ascontiguousarray(probs, dtype=np.float32).ravel())
+    return pa.table({"index": pa.array(np.arange(first, first + len(probs), dtype=np.int64)),
+                     "probabilities": pa.FixedSizeListArray.from_arrays(flat, probs.shape[1])})
+
+
+def _write_npy(tables: Iterator[pa.Table], path: Path, rows: int, classes: int) -> None:
+    """The parts, in order, written into one (rows, classes) float32 .npy a part at a time."""
+    out = np.lib.format.open_memmap(  # type: ignore[no-untyped-call]  # untyped in NumPy 1.23's stubs
+        path, mode="w+", dtype=np.float32, shape=(rows, classes))
+    for table in tables:
+        index = table.column("index").to_numpy()
+        values = table.column("probabilities").combine_chunks().flatten().to_numpy()
+        out[index[0]:index[-1] + 1] = values.reshape(len(index), classes)
+    out.flush()
+    del out

@@ -184,30 +184,37 @@ def test_workers_score_an_object_as_the_local_file(workers: Stack, mlp: dict, s3
     assert BUCKET in seen[0][1]  # the rows do name the object
 
 
-def test_a_chunked_job_writes_one_parquet_object_to_the_bucket(workers: Stack, mlp: dict,
-                                                               s3: S3Server) -> None:
+def _keys(s3: S3Server, prefix: str) -> list[str]:
+    return [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+
+@pytest.mark.parametrize("output", ["parquet", "npy"])
+def test_a_chunked_job_writes_one_object_to_the_bucket(workers: Stack, mlp: dict, s3: S3Server,
+                                                       output: str) -> None:
     x = np.random.default_rng(5).normal(size=(9_000, 64)).astype(np.float32)
-    url = s3.put("in/chunked.npy", _npy(x))
-    local = infer_and_wait(workers, "mlp64", url, "--output", "npy")
-    job = infer_and_wait(workers, "mlp64", url, "--output", "parquet", "--output-to",
-                         "s3://mxq-tests/in/results/", "--chunk-size", "4000", "--batch-size", "500")
+    url = s3.put(f"in/chunked-{output}.npy", _npy(x))
+    expected = np.load(infer_and_wait(workers, "mlp64", url, "--output", "npy")["output"])
+    job = infer_and_wait(workers, "mlp64", url, "--output", output, "--output-to",
+                         f"s3://mxq-tests/in/{output}-results/", "--chunk-size", "4000",
+                         "--batch-size", "500")
     assert job["status"] == "succeeded", job["error"]
-    final = f"in/results/job-{job['id']}.parquet"
-    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix="in/results/")["Contents"]]
-    assert keys == [final]  # the parts are gone once merged
-    body = s3.client().get_object(Bucket=BUCKET, Key=final)["Body"].read()
-    table = pq.read_table(io.BytesIO(body))
-    assert table.column("index").to_pylist() == list(range(9_000))
-    expected = np.load(local["output"])
-    assert np.array_equal(table.column("predicted_class").to_numpy(), expected.argmax(axis=1))
-    np.testing.assert_allclose(table.column("score").to_numpy(), expected.max(axis=1), rtol=1e-6)
+    final = f"in/{output}-results/job-{job['id']}.{output}"
+    assert _keys(s3, f"in/{output}-results/") == [final]  # the parts are gone once merged
+    body = io.BytesIO(s3.client().get_object(Bucket=BUCKET, Key=final)["Body"].read())
+    if output == "npy":
+        np.testing.assert_array_equal(np.load(body), expected)
+    else:
+        table = pq.read_table(body)
+        assert table.column("index").to_pylist() == list(range(9_000))
+        assert np.array_equal(table.column("predicted_class").to_numpy(), expected.argmax(axis=1))
+        np.testing.assert_allclose(table.column("score").to_numpy(), expected.max(axis=1), rtol=1e-6)
     shown = workers.mxq("results", str(job["id"]))
     assert shown.returncode == 2 and f"s3://{BUCKET}/{final}" in shown.stderr
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--output", "parquet", "--output-to", "s3://mxq-tests/elsewhere"], "MXQ_S3_ALLOWED"),
-    (["--output", "npy", "--output-to", "s3://mxq-tests/in/results"], "takes --output parquet"),
+    (["--output", "db", "--output-to", "s3://mxq-tests/in/results"], "takes --output parquet or npy"),
 ])
 def test_an_output_outside_the_allowed_buckets_is_refused(workers: Stack, mlp: dict, s3: S3Server,
                                                           args: list[str], needle: str) -> None:

@@ -110,9 +110,9 @@ class InferRequest(BaseModel):
     reject_nan: bool = False
     chunk_size: int | None = Field(None, ge=1)
     output_to: str | None = Field(
-        None, min_length=1, max_length=1100, description="Where a Parquet output goes instead of "
-        "$MXQ_HOME/outputs: s3://BUCKET/PREFIX inside MXQ_S3_ALLOWED; the job writes "
-        "PREFIX/job-ID.parquet (its parts under PREFIX/job-ID.parquet.parts/ while it runs).")
+        None, min_length=1, max_length=1100, description="Where a Parquet or npy output goes "
+        "instead of $MXQ_HOME/outputs: s3://BUCKET/PREFIX inside MXQ_S3_ALLOWED; the job writes "
+        "PREFIX/job-ID.parquet or .npy (its parts under PREFIX/job-ID.*.parts/ while it runs).")
 
     @field_validator("batch_size", mode="before")
     @classmethod

@@ -148,9 +148,9 @@ def _output_to(settings: Settings, params: dict[str, Any]) -> str | None:
     where = params.get("output_to")
     if where is None:
         return None
-    if params["output"] != "parquet":
-        raise ParamsError(f"output_to {where[:120]!r} takes --output parquet, not {params['output']}: "
-                          "a bucket receives the Parquet parts as the job streams")
+    if params["output"] not in ("parquet", "npy"):
+        raise ParamsError(f"output_to {where[:120]!r} takes --output parquet or npy, not "
+                          f"{params['output']}: SQL rows are stored in the database")
     url = confined(where, settings.s3_allowed_prefixes, ALLOWED_SETTING, "output_to")
     return str(url).rstrip("/")
 
