@@ -6,7 +6,8 @@ Each output kind is kept so that what SQL calls committed is really stored:
 - `npy`: the probabilities written into `job-ID.npy` (memory-mapped), synced to disk before the
   position moves;
 - `parquet`: each flush a part file, on disk (or a part object in a bucket, `--output-to`)
-  before the position moves, merged into `job-ID.parquet` at the end (`part_stores`).
+  before the position moves, merged into `job-ID.parquet` at the end (`part_stores`); an `npy`
+  output in a bucket is kept in parts the same way and merged into `job-ID.npy`.
 A killed attempt loses at most what it computed since its last commit; the next one starts there.
 An attempt that is no longer its job's (paused, then handed on) stops at its next write: its
 commit is refused by its fence, and the part it wrote under its own name is removed. A job
@@ -133,7 +134,7 @@ class JobOutputs:
     start: int
     stop: int
     array: OutputArray | None = field(default=None, init=False)  # npy, both
-    parts: PartStore | None = field(default=None, init=False)  # parquet: on disk or in a bucket
+    parts: PartStore | None = field(default=None, init=False)  # parquet (disk or bucket), npy in a bucket
     rows_wanted: bool = field(default=False, init=False)  # db, both
     _rows: list[Row] = field(default_factory=list, init=False)
     _tables: list[pa.Table] = field(default_factory=list, init=False)
@@ -218,9 +219,9 @@ class JobOutputs:
             self.array.flush()
             _check_array(output_path(self.job.url, self.owner), self.count, self.classes)
         if self.parts is not None:
-            self._finish_parquet(self.parts)
+            self._finish_parts(self.parts)
 
-    def _finish_parquet(self, parts: PartStore) -> None:
+    def _finish_parts(self, parts: PartStore) -> None:
         if not parts.covers(self.start, self.stop):
             raise JobFailed(_incomplete(parts, self.count, " (a part file was removed while the job "
                                                            "ran)"))
