@@ -14,30 +14,25 @@ in for S3 as the fake nvidia-smi stands in for a GPU); the tests share one per s
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
-import socket
 import statistics
 import string
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.infer_overhead import MODEL, make_input, register, warm
-from bench.stack import peak_rss_mib, rate, running_stack, wait_job, worker_pids
+from bench.stack import free_port, peak_rss_mib, rate, running_stack, wait_job, worker_pids
 
 BUCKET = "mxq-tests"  # the bucket every stack of the session may read (MXQ_S3_ALLOWED)
 ALLOWED = f"{BUCKET}/in"  # ... under this prefix only
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -58,7 +53,7 @@ class S3Server:
 
     @classmethod
     def start(cls) -> S3Server:
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         key = "AKIA" + "".join(secrets.choice(string.ascii_uppercase + string.digits) for _ in range(16))
@@ -83,11 +78,16 @@ class S3Server:
         the credentials through the standard AWS variables."""
         return {"MXQ_S3_ENDPOINT_URL": self.endpoint, "MXQ_S3_ALLOWED": ALLOWED, **self.credentials()}
 
-    def client(self) -> Any:
+    @cached_property
+    def _client(self) -> Any:
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
                             aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
+
+    def client(self) -> Any:
+        """A boto3 client of the server, made once."""
+        return self._client
 
     def put(self, key: str, data: bytes) -> str:
         """`data` stored as BUCKET/`key`; its s3:// URL."""
@@ -146,10 +146,7 @@ def run(samples: int = 200_000, arch: str = "lenet", shape: tuple[int, ...] = (1
 
 
 def path_mib(samples: int, shape: tuple[int, ...]) -> float:
-    n = samples * 4
-    for d in shape:
-        n *= d
-    return n / 2**20
+    return samples * math.prod(shape) * 4 / 2**20
 
 
 def main() -> None:

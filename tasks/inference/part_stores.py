@@ -18,6 +18,7 @@ import io
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -109,22 +110,20 @@ class BucketParts:
     def _parts(self) -> list[Part]:
         """The part objects, as `mxq.db.outputs.parquet` names parts (their key in place of a path)."""
         found = []
-        for key in s3.keys_under(self.settings, self._prefix()):
+        for key, _, _ in s3.listed(self.settings, self._prefix()):
             part = parquet.part_of(Path(PurePosixPath(key).name))
             if part is not None:
                 found.append((*part[:3], Path(key)))
         return sorted(found)
 
     def write_part(self, tables: list[pa.Table], tag: str) -> str | None:
-        table = pa.concat_tables(tables)
-        if not table.num_rows:
+        named = parquet.named_part(tables, tag)
+        if named is None:
             return None
-        index = table.column("index")
-        first, last = index[0].as_py(), index[-1].as_py() + 1
+        table, name = named
         buf = io.BytesIO()
-        pq.write_table(table, buf, compression=parquet.PART_COMPRESSION,
-                       use_dictionary=parquet.DICTIONARY_COLUMNS)
-        key = f"{self._prefix().key}{first:012d}-{last:012d}.{tag}.parquet"
+        parquet.write_part_table(table, buf)
+        key = self._prefix().key + name
         s3.put(self.settings, ObjectURL(self.final.bucket, key), buf.getvalue())
         return key
 
@@ -144,15 +143,14 @@ class BucketParts:
         lock = redis_client(self.settings.broker).lock(f"mxq:merge:{self.final}",
                                                         timeout=MERGE_LOCK_SECONDS)
         with lock:
-            if s3.exists(self.settings, self.final):
-                self.remove_all()  # a merge that died before it deleted the parts
-                return True
-            parts, held = parquet.tiling(self._parts())
-            if held != count:
-                return False
-            s3.abort_uploads(self.settings, self.final)
-            self._merge(parts)
-            self.remove_all()
+            found = self._parts()  # listed once: what is merged, and what is deleted after
+            if not s3.exists(self.settings, self.final):  # (else a merge died before deleting)
+                parts, held = parquet.tiling(found)
+                if held != count:
+                    return False
+                s3.abort_uploads(self.settings, self.final)  # a merge that died mid-upload
+                self._merge(parts)
+            s3.delete(self.settings, self.final, [str(p[3]) for p in found])
         return True
 
     def _merge(self, parts: list[Part]) -> None:
@@ -161,20 +159,15 @@ class BucketParts:
             tables = (self._read(str(key)) for *_, key in parts)
             if self.classes is not None:
                 _write_npy(tables, Path(tmp.name), parts[-1][1] if parts else 0, self.classes)
+            elif (first := next(tables, None)) is not None:  # its schema is every part's
+                parquet.write_tables(chain([first], tables), Path(tmp.name), first.schema)
             else:
-                parquet.write_tables(tables, Path(tmp.name),
-                                     self._schema(str(parts[0][3])) if parts else parquet.schema(0))
+                parquet.write_tables([], Path(tmp.name), parquet.schema(0))
             s3.upload(self.settings, tmp.name, self.final)
 
-    def _schema(self, key: str) -> pa.Schema:
-        url = ObjectURL(self.final.bucket, key)
-        with open_binary(RemoteObject.at(self.settings, url), headers_only=True) as f:
-            return pq.ParquetFile(f).schema_arrow
-
     def _read(self, key: str) -> pa.Table:
-        url = ObjectURL(self.final.bucket, key)
-        with open_binary(RemoteObject.at(self.settings, url)) as f:
-            return pq.read_table(f)
+        """A part whole (one flush), from one GET."""
+        return pq.read_table(io.BytesIO(s3.get(self.settings, ObjectURL(self.final.bucket, key))))
 
     def rows_in(self) -> int:
         final = RemoteObject.at(self.settings, self.final)

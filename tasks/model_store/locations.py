@@ -44,15 +44,16 @@ def publish(settings: Settings, url: str, name: str, version: int, files: list[P
         s3.upload(settings, str(path), _object(settings.s3_model_store, url, name, version, path.name))
 
 
-def local_file(settings: Settings, url: str, model: ModelRecord, recorded: str) -> Path:
+def local_file(settings: Settings, model: ModelRecord, recorded: str) -> Path:
     """The recorded file of a version where this node can read it. Without a bucket store, the
     recorded path. With one, a node reads only under its own home: the recorded path when this
     node wrote it, else its own copy, fetched from the bucket on first use (a path another node
     recorded names that node's disk, even where the same path exists here)."""
     path = Path(recorded)
-    if settings.s3_model_store is None or (path.is_relative_to(settings.home_path.resolve())
+    if settings.s3_model_store is None or (path.is_relative_to(settings.home_path)
                                            and path.is_file()):
         return path
+    url = settings.database
     copy = store_dir(settings.home_path, url, model["name"], model["version"]) / path.name
     if not copy.is_file():
         copy.parent.mkdir(parents=True, exist_ok=True)

@@ -389,12 +389,12 @@ def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
         return _cache[key], True
     label = f"{model['name']}:{model['version']}"
     settings = get_settings()
-    params = local_file(settings, settings.database, model, model["params_file"])
+    params = local_file(settings, model, model["params_file"])
     if not params.is_file():
         raise ModelError(f"params file {params} of {label} is missing")
     if model["symbol_file"] is None:
         raise ModelError(f"{label} has no symbol file recorded")
-    symbol = local_file(settings, settings.database, model, model["symbol_file"])
+    symbol = local_file(settings, model, model["symbol_file"])
     if not symbol.is_file():
         raise ModelError(f"symbol file {symbol} of {label} is missing")
     verify(params, model["checksum"], "params file", label)  # ChangedFile when it was swapped

@@ -59,15 +59,20 @@ def test_unknown_case_is_refused(tmp_path: Path) -> None:
     assert "unknown case(s) nope" in proc.stderr
 
 
+def _quick_case(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    """`python -m bench --quick --only NAME`, which must succeed: its output folder and case."""
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", name,
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())["cases"][name]
+
+
 @pytest.mark.slow
 def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) -> None:
     """Its urgent-start delays come from SQL, and its cost figures from a job that did yield (the
     case fails when none did); the delays are not judged."""
-    out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "sharing",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    case = json.loads((out / "results.json").read_text())["cases"]["sharing"]
+    out, case = _quick_case(tmp_path, "sharing")
     result = case["result"]
     for mode in ("no_preemption", "preemption"):
         assert len(result[mode]["delays"]) == result["tries"] and result[mode]["p95"] >= 0
@@ -85,11 +90,7 @@ def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) 
 def test_the_objects_case_reads_the_input_from_a_bucket(tmp_path: Path) -> None:
     """The same job from the local file and from moto's server: both ran and were timed, and the
     report holds both checks with their aims (the figures themselves are not judged here)."""
-    out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "objects",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    case = json.loads((out / "results.json").read_text())["cases"]["objects"]
+    out, case = _quick_case(tmp_path, "objects")
     result = case["result"]
     assert len(result["local_runs"]) == len(result["s3_runs"]) >= 1
     assert result["local"] > 0 and result["s3"] > 0

@@ -29,7 +29,7 @@ from mxq.db.reports.history import job_by_key
 from mxq.device import Device
 from mxq.engines import disagreement, needed
 from mxq.errors import Conflict, JobRejected
-from mxq.objects import ObjectURLError, confined
+from mxq.objects import ObjectURLError
 from mxq.priorities import Priority
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
@@ -41,7 +41,7 @@ from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
 from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
-from mxq.workers.storage.locate import ALLOWED_SETTING, locate, size_of
+from mxq.workers.storage.locate import allowed_url, locate, size_of
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def _output_to(settings: Settings, params: dict[str, Any]) -> str | None:
     if params["output"] not in ("parquet", "npy"):
         raise ParamsError(f"output_to {where[:120]!r} takes --output parquet or npy, not "
                           f"{params['output']}: SQL rows are stored in the database")
-    url = confined(where, settings.s3_allowed_prefixes, ALLOWED_SETTING, "output_to")
+    url = allowed_url(settings, where, "output_to")
     return str(url).rstrip("/")
 
 

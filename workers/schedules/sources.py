@@ -17,11 +17,11 @@ import time
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from mxq.objects import ObjectURL, confined, is_object_url
+from mxq.objects import ObjectURL, is_object_url
 from mxq.workers.paths import PathError, inside_root, within
 from mxq.workers.settings import Settings
 from mxq.workers.storage import client as s3
-from mxq.workers.storage.locate import ALLOWED_SETTING
+from mxq.workers.storage.locate import allowed_url
 
 WILDCARDS = "*?["
 
@@ -88,7 +88,7 @@ def _bucket_prefix(settings: Settings, source: str) -> tuple[ObjectURL, str]:
     fixed = source[:at]
     if at < len(source) and not fixed.endswith("/"):
         fixed = fixed.rsplit("/", 1)[0] + "/"
-    url = confined(fixed, settings.s3_allowed_prefixes, ALLOWED_SETTING, "dataset source")
+    url = allowed_url(settings, fixed, "dataset source")
     return url, source[len(str(url)):] if at < len(source) else ""
 
 

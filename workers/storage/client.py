@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from mxq.errors import Unavailable, UserError
+from mxq.errors import MxqError, Unavailable, UserError
 from mxq.objects import ObjectURL
 
 if TYPE_CHECKING:
@@ -69,20 +71,27 @@ def client(settings: Settings) -> Any:
     return _client(settings.s3_endpoint_url)
 
 
+def _code(exc: Exception) -> str | None:
+    """The error code an S3 server answered with, if `exc` is such an answer."""
+    from botocore.exceptions import ClientError
+
+    return str(exc.response.get("Error", {}).get("Code", "?")) if isinstance(exc, ClientError) else None
+
+
 def explained(exc: Exception, operation: str, url: ObjectURL) -> Exception:
     """A botocore error as mxq's: what was done to which object, and the server's code only."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, NoCredentialsError
 
     if isinstance(exc, NoCredentialsError):
         return StorageError(f"cannot {operation} {url}: no credentials found (set AWS_ACCESS_KEY_ID "
                             "and AWS_SECRET_ACCESS_KEY, a profile in ~/.aws, or an instance role)")
-    if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", "?"))
-        if code in MISSING:
-            return StorageError(f"cannot {operation} {url}: it does not exist")
-        if code in DENIED:
-            return StorageError(f"cannot {operation} {url}: access denied ({code}) with the "
-                                "credentials of the AWS chain")
+    code = _code(exc)
+    if code in MISSING:
+        return StorageError(f"cannot {operation} {url}: it does not exist")
+    if code in DENIED:
+        return StorageError(f"cannot {operation} {url}: access denied ({code}) with the "
+                            "credentials of the AWS chain")
+    if code is not None:
         return StorageUnavailable(f"cannot {operation} {url}: the object store answered {code}")
     if isinstance(exc, BotoCoreError):
         return StorageUnavailable(f"cannot {operation} {url}: {type(exc).__name__} (is the object "
@@ -90,13 +99,31 @@ def explained(exc: Exception, operation: str, url: ObjectURL) -> Exception:
     return exc
 
 
+@contextmanager
+def _as_mxq(operation: str, url: ObjectURL) -> Iterator[None]:
+    """botocore's errors inside the block raised as mxq's (`explained`), without their chain."""
+    try:
+        yield
+    except MxqError:
+        raise
+    except Exception as exc:
+        raise explained(exc, operation, url) from None
+
+
 def size_of(settings: Settings, url: ObjectURL) -> int:
     """The object's size in bytes, from one HEAD request."""
+    with _as_mxq("read", url):
+        return int(client(settings).head_object(Bucket=url.bucket, Key=url.key)["ContentLength"])
+
+
+def exists(settings: Settings, url: ObjectURL) -> bool:
     try:
-        head = client(settings).head_object(Bucket=url.bucket, Key=url.key)
+        client(settings).head_object(Bucket=url.bucket, Key=url.key)
     except Exception as exc:
+        if _code(exc) in MISSING:
+            return False
         raise explained(exc, "read", url) from None
-    return int(head["ContentLength"])
+    return True
 
 
 READ_CHUNK_BYTES = 1 << 20  # a ranged GET's body is copied into its buffer this much at a time
@@ -112,102 +139,73 @@ def read_range(settings: Settings, url: ObjectURL, start: int, stop: int,
     view, done = memoryview(data), 0
     if not size:
         return view[:0]
-    try:
+    with _as_mxq("read", url):
         body = client(settings).get_object(Bucket=url.bucket, Key=url.key,
                                            Range=f"bytes={start}-{stop - 1}")["Body"]
         while done < size and (chunk := body.read(min(READ_CHUNK_BYTES, size - done))):
             view[done:done + len(chunk)] = chunk
             done += len(chunk)
         body.close()
-    except Exception as exc:
-        raise explained(exc, "read", url) from None
     return view[:done]
+
+
+def get(settings: Settings, url: ObjectURL) -> bytes:
+    """A small object whole (a part, an image), from one GET."""
+    with _as_mxq("read", url):
+        data: bytes = client(settings).get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+    return data
 
 
 def put(settings: Settings, url: ObjectURL, data: bytes) -> None:
     """One object written whole by a single PUT: it appears complete or not at all."""
-    try:
+    with _as_mxq("write", url):
         client(settings).put_object(Bucket=url.bucket, Key=url.key, Body=data)
-    except Exception as exc:
-        raise explained(exc, "write", url) from None
 
 
 def upload(settings: Settings, path: str, url: ObjectURL) -> None:
     """A local file uploaded as one object (multipart past 8 MiB, by s3transfer): the object
     appears when its last part is in, never half."""
-    try:
+    with _as_mxq("write", url):
         client(settings).upload_file(path, url.bucket, url.key)
-    except Exception as exc:
-        raise explained(exc, "write", url) from None
-
-
-def exists(settings: Settings, url: ObjectURL) -> bool:
-    try:
-        client(settings).head_object(Bucket=url.bucket, Key=url.key)
-    except Exception as exc:
-        error = explained(exc, "read", url)
-        if isinstance(error, StorageError) and "does not exist" in str(error):
-            return False
-        raise error from None
-    return True
-
-
-def keys_under(settings: Settings, url: ObjectURL) -> list[str]:
-    """The keys of every object whose key starts with `url`'s, page by page."""
-    try:
-        pages = client(settings).get_paginator("list_objects_v2").paginate(Bucket=url.bucket,
-                                                                             Prefix=url.key)
-        return [item["Key"] for page in pages for item in page.get("Contents", [])]
-    except Exception as exc:
-        raise explained(exc, "list", url) from None
-
-
-def delete(settings: Settings, url: ObjectURL, keys: list[str]) -> None:
-    """Remove `keys` of `url`'s bucket (a missing one is no error), a thousand per request."""
-    try:
-        for i in range(0, len(keys), 1000):
-            client(settings).delete_objects(Bucket=url.bucket, Delete={
-                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
-    except Exception as exc:
-        raise explained(exc, "delete", url) from None
-
-
-def abort_uploads(settings: Settings, url: ObjectURL) -> int:
-    """Abort the unfinished multipart uploads of `url`'s key (a merge that died mid-upload
-    leaves its parts billed and invisible); how many."""
-    try:
-        s3 = client(settings)
-        found = s3.list_multipart_uploads(Bucket=url.bucket, Prefix=url.key).get("Uploads", [])
-        for upload in found:
-            if upload["Key"] == url.key:
-                s3.abort_multipart_upload(Bucket=url.bucket, Key=url.key, UploadId=upload["UploadId"])
-        return sum(u["Key"] == url.key for u in found)
-    except Exception as exc:
-        raise explained(exc, "clean up", url) from None
 
 
 def download(settings: Settings, url: ObjectURL, path: str) -> None:
     """An object saved as the local file `path` (by ranged parts, by s3transfer)."""
-    try:
+    with _as_mxq("read", url):
         client(settings).download_file(url.bucket, url.key, path)
-    except Exception as exc:
-        raise explained(exc, "read", url) from None
 
 
-def listed(settings: Settings, url: ObjectURL, most: int) -> list[tuple[str, float, int]]:
+UNBOUNDED = 2**62  # a listing of what mxq wrote itself (a job's parts) needs no bound
+
+
+def listed(settings: Settings, url: ObjectURL, most: int = UNBOUNDED) -> list[tuple[str, float, int]]:
     """(key, last modified as a POSIX time, size) of the objects whose key starts with `url`'s,
-    at most `most` of them (StorageError past it: a listing must stay bounded)."""
-    try:
+    at most `most` of them (StorageError past it: a listing of a user's prefix stays bounded)."""
+    found: list[tuple[str, float, int]] = []
+    with _as_mxq("list", url):
         pages = client(settings).get_paginator("list_objects_v2").paginate(Bucket=url.bucket,
                                                                              Prefix=url.key)
-        found: list[tuple[str, float, int]] = []
         for page in pages:
             found += [(o["Key"], o["LastModified"].timestamp(), int(o["Size"]))
                       for o in page.get("Contents", [])]
             if len(found) > most:
                 raise StorageError(f"{url} holds more than {most:,} objects: narrow the prefix")
-        return found
-    except StorageError:
-        raise
-    except Exception as exc:
-        raise explained(exc, "list", url) from None
+    return found
+
+
+def delete(settings: Settings, url: ObjectURL, keys: list[str]) -> None:
+    """Remove `keys` of `url`'s bucket (a missing one is no error), a thousand per request."""
+    with _as_mxq("delete", url):
+        for i in range(0, len(keys), 1000):
+            client(settings).delete_objects(Bucket=url.bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+
+
+def abort_uploads(settings: Settings, url: ObjectURL) -> None:
+    """Abort the unfinished multipart uploads of `url`'s key (a merge that died mid-upload
+    leaves its parts billed and invisible)."""
+    with _as_mxq("clean up", url):
+        s3 = client(settings)
+        for upload in s3.list_multipart_uploads(Bucket=url.bucket, Prefix=url.key).get("Uploads", []):
+            if upload["Key"] == url.key:
+                s3.abort_multipart_upload(Bucket=url.bucket, Key=url.key, UploadId=upload["UploadId"])

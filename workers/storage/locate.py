@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mxq.objects import confined, is_object_url
+from mxq.objects import ObjectURL, confined, is_object_url
 from mxq.workers.paths import confine
 from mxq.workers.storage.ranged import RemoteObject, RemotePrefix
 
@@ -20,12 +20,18 @@ prefix (`s3://b/images/`, a folder of images)."""
 ALLOWED_SETTING = "MXQ_S3_ALLOWED"
 
 
+def allowed_url(settings: Settings, text: str, what: str = "input") -> ObjectURL:
+    """`text` as an `s3://` location inside MXQ_S3_ALLOWED (nothing is asked of the store), or
+    a one-line error naming what, the location and the setting."""
+    return confined(text, settings.s3_allowed_prefixes, ALLOWED_SETTING, what)
+
+
 def locate(settings: Settings, text: str | Path, what: str = "input") -> Location:
     """`text` checked: an `s3://bucket/key` inside the allowed buckets and present (one HEAD),
     a prefix there (`s3://bucket/folder/`, listed), or a path inside the data root; else a
     one-line error naming the setting that confines it."""
     if isinstance(text, str) and is_object_url(text):
-        url = confined(text, settings.s3_allowed_prefixes, ALLOWED_SETTING, what)
+        url = allowed_url(settings, text, what)
         if url.key.endswith("/"):
             return RemotePrefix.at(settings, url)
         return RemoteObject.at(settings, url)

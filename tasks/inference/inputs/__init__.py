@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference.inputs import csv, images, npy, npz, parquet, recordio
 from mxq.tasks.inference.inputs.files import InputError, Location, RemoteObject
-from mxq.tasks.inference.inputs.formats import IMAGE_SUFFIXES, format_of
+from mxq.tasks.inference.inputs.formats import IMAGE_SUFFIXES, format_of, on_disk
 from mxq.tasks.inference.inputs.limits import Limits
 from mxq.tasks.inference.inputs.pixels import ImageShape, check_channels
 from mxq.tasks.inference.inputs.source import InputSource, Samples
@@ -40,9 +39,7 @@ def count_samples(path: Location, key: str | None = None) -> int:
         return parquet.count(path)
     if kind == "images" and not isinstance(path, RemoteObject):
         return images.count(path)
-    if not isinstance(path, Path):  # format_of refuses these from object storage already
-        raise InputError(f"input {path}: {kind} inputs are read from local disk only")
-    return recordio.count(path)
+    return recordio.count(on_disk(path))
 
 
 def open_input(path: Location, input_shape: tuple[int, ...], key: str | None = None,
@@ -86,9 +83,7 @@ def _samples(path: Location, input_shape: tuple[int, ...], choice: Choice, layou
     image = ImageShape.of(input_shape, layout)
     if kind == "images" and not isinstance(path, RemoteObject):
         return images.opened(path, image, limits)
-    if not isinstance(path, Path):  # format_of refuses these from object storage already
-        raise InputError(f"input {path}: {kind} inputs are read from local disk only")
-    return recordio.opened(path, image, limits)
+    return recordio.opened(on_disk(path), image, limits)
 
 
 def _check_shape(path: Location, shape: tuple[int, ...], want: tuple[int, ...]) -> None:

@@ -29,3 +29,11 @@ def format_of(location: Location) -> Format:
         raise InputError(f"input {location} is a {kind} input, which mxq reads from local disk "
                          f"only; from object storage: {SUPPORTED_REMOTE}")
     return kind
+
+
+def on_disk(location: Location) -> Path:
+    """`location` as the local path `format_of` lets only some formats be (RecordIO, an .npy
+    read by memory map): an object reaching here is a bug's, refused in words."""
+    if not isinstance(location, Path):
+        raise InputError(f"input {location}: this input is read from local disk only")
+    return location

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.tasks.inference.inputs.files import InputError, Location, RemoteObject, open_binary, regular_file
+from mxq.tasks.inference.inputs.formats import on_disk
 from mxq.tasks.inference.inputs.limits import Limits
 from mxq.tasks.inference.inputs.source import Fetch, Samples
 
@@ -159,7 +160,5 @@ def ranged(obj: RemoteObject, limits: Limits) -> Samples:
 def opened(path: Location, limits: Limits) -> Samples:
     if isinstance(path, RemoteObject):
         return ranged(path, limits)
-    if not isinstance(path, Path):
-        raise InputError(f"input {path} is a prefix (a folder of images), not one .npy object")
-    array = load(path, limits)
+    array = load(on_disk(path), limits)
     return Samples(array.shape[0], array.shape[1:], batches(array))

@@ -63,16 +63,39 @@ def _chosen(path: Location, schema: pa.Schema, columns: list[str] | None) -> lis
     return columns
 
 
-def _width(path: Location, f: pq.ParquetFile, column: str) -> int:
-    """How many values one row of a list column holds: its fixed size, or its first row's."""
-    t = f.schema_arrow.field(column).type
+class _Groups:
+    """A file's row groups of the sample's columns, read one at a time; the last one read is
+    kept, so that the first, read to learn a list column's width, is not read again."""
+
+    def __init__(self, path: Location, f: pq.ParquetFile, columns: list[str]) -> None:
+        self.path, self.file, self.columns = path, f, columns
+        self.starts = [0]
+        for group in range(f.num_row_groups):
+            self.starts.append(self.starts[-1] + f.metadata.row_group(group).num_rows)
+        self.last: tuple[int, pa.Table] | None = None
+
+    def read(self, group: int) -> pa.Table:
+        if self.last is None or self.last[0] != group:
+            self.last = None  # one group held at a time
+            try:
+                self.last = (group, self.file.read_row_group(group, columns=self.columns))
+            except (pa.ArrowException, OSError) as e:
+                raise InputError(f"input {self.path} row group {group} cannot be read: "
+                                 f"{str(e)[:200]}") from None
+        return self.last[1]
+
+
+def _width(groups: _Groups) -> int:
+    """How many values one row of the (single) list column holds: its fixed size, or its first
+    row's."""
+    t = groups.file.schema_arrow.field(groups.columns[0]).type
     if pa.types.is_fixed_size_list(t):
         return int(t.list_size)
-    for group in range(f.num_row_groups):
-        first = f.read_row_group(group, columns=[column]).column(0).slice(0, 1).to_pylist()
+    for group in range(groups.file.num_row_groups):
+        first = groups.read(group).column(0).slice(0, 1).to_pylist()
         if first:
             return len(first[0] or [])
-    raise InputError(f"input {path} holds no rows")
+    raise InputError(f"input {groups.path} holds no rows")
 
 
 def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | None,
@@ -99,21 +122,15 @@ def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | No
     return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(table.num_rows, width)
 
 
-def _row_groups(path: Location, f: pq.ParquetFile, columns: list[str], width: int | None) -> Fetch:
+def _row_groups(groups: _Groups, width: int | None) -> Fetch:
     """Samples [start, stop) from the row groups they cover; the last one read stays decoded."""
-    starts = [0]
-    for group in range(f.num_row_groups):
-        starts.append(starts[-1] + f.metadata.row_group(group).num_rows)
+    starts = groups.starts
     held: dict[int, NDArray[Any]] = {}
 
     def group_rows(group: int) -> NDArray[Any]:
         if group not in held:
             held.clear()
-            try:
-                table = f.read_row_group(group, columns=columns)
-            except (pa.ArrowException, OSError) as e:
-                raise InputError(f"input {path} row group {group} cannot be read: {str(e)[:200]}") from None
-            held[group] = _matrix(path, table, columns, width, starts[group])
+            held[group] = _matrix(groups.path, groups.read(group), groups.columns, width, starts[group])
         return held[group]
 
     def fetch(start: int, stop: int) -> NDArray[Any]:
@@ -144,8 +161,8 @@ def count(path: Location) -> int:
 
 def opened(path: Location, columns: list[str] | None, limits: Limits) -> Samples:
     f = _file(path, open_binary(path))
-    chosen = _chosen(path, f.schema_arrow, columns)
-    width = _width(path, f, chosen[0]) if _is_list(f.schema_arrow.field(chosen[0]).type) else None
+    groups = _Groups(path, f, _chosen(path, f.schema_arrow, columns))
+    width = _width(groups) if _is_list(f.schema_arrow.field(groups.columns[0]).type) else None
     rows = int(f.metadata.num_rows)
-    limits.check_bytes(path, "", (rows, width or len(chosen)), np.dtype(np.float32))
-    return Samples(rows, (width or len(chosen),), _row_groups(path, f, chosen, width))
+    limits.check_bytes(path, "", (rows, width or len(groups.columns)), np.dtype(np.float32))
+    return Samples(rows, (width or len(groups.columns),), _row_groups(groups, width))
