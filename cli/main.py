@@ -291,6 +291,8 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
           output: Annotated[str, typer.Option(help="db (SQL rows), npy, both (db and npy) or parquet: $MXQ_HOME/outputs/STACK/job-ID.npy or .parquet (STACK: the stack id).")] = "db",  # noqa: E501
           engine: Annotated[str, typer.Option(help="auto, mxnet or onnx (auto: the one measured faster for this model on this kind of device).")] = "auto",  # noqa: E501
+          precision: Annotated[str | None, typer.Option(help="fp32, int8 (the version's int8 variant), or auto: int8 only where its agreement with float32 meets --min-agreement and it measured faster here; unset: as the version was quantized, else fp32.")] = None,  # noqa: E501
+          min_agreement: Annotated[float | None, typer.Option(help="With --precision auto: the least argmax agreement with float32 (held-out calibration samples) a variant must have shown, e.g. 0.99.")] = None,  # noqa: E501
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
@@ -304,8 +306,9 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
-              "output": output, "engine": engine,
-              "top_k": top_k, "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan,
+              "output": output, "engine": engine, "precision": precision,
+              "min_agreement": min_agreement, "top_k": top_k, "chunk_size": chunk_size, "key": key,
+              "reject_nan": reject_nan,
               "columns": None if columns is None else [c.strip() for c in columns.split(",")],
               "output_to": output_to}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -14,6 +14,9 @@ from mxq.cli import render
 from mxq.cli.settings import get_settings
 from mxq.errors import UserError, reason
 from mxq.names import MAX_ID
+
+if TYPE_CHECKING:
+    from mxq.db.records import ModelRecord
 
 
 class _NameMeansShow(TyperGroup):
@@ -216,3 +219,53 @@ def promote_cmd(name: str, version: Annotated[int, typer.Argument(min=1, max=MAX
 
     record = promote(get_settings().database, name, version)
     render.out.print(f"{record['name']}:{record['version']} is promoted")
+
+
+class QuantizeError(UserError):
+    """A --samples or --min-agreement out of range for `mxq models quantize`."""
+
+
+@app.command()
+def quantize(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION (default: the promoted one, else the newest).")],  # noqa: E501
+             calibration: Annotated[str, typer.Option(help="Samples of your own data: digits, .npz (X, y), .csv with a label column (labels give accuracy), or any mxq infer input (.npy, .parquet, ...); a path inside MXQ_DATA_ROOT or s3://BUCKET/KEY.")],  # noqa: E501
+             samples: Annotated[int, typer.Option(help="Samples to calibrate on; a quarter of the file (at most 2,048) is held out to check the variant.")] = 256,  # noqa: E501
+             key: Annotated[str | None, typer.Option(help="Array name inside an .npz without X and y.")] = None,  # noqa: E501
+             min_agreement: Annotated[float | None, typer.Option(help="Let jobs that set no --precision run the variant within this agreement (as --precision auto --min-agreement).")] = None,  # noqa: E501
+             json_: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Build the int8 variant of a version from --calibration, check it against float32 on held-out
+    samples (argmax agreement, max probability difference, accuracy with labels) and store it."""
+    from mxq.db.registry import resolve
+    from mxq.tasks.model_store.variants import build_int8
+    from mxq.tasks.training import calibration as calibration_data
+
+    if not 1 <= samples <= 100_000:
+        raise QuantizeError(f"--samples {samples}: allowed 1 to 100000")
+    if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
+        raise QuantizeError(f"--min-agreement {min_agreement}: allowed 0 to 1 (e.g. 0.99)")
+    s = get_settings()
+    name, _, version = model.partition(":")
+    if version and not version.isdigit():
+        raise QuantizeError(f"model version {version!r} in {model!r} must be a number, as in NAME:3")
+    record = resolve(s.database, name, int(version) if version else None)
+    data = calibration_data.load(s, calibration, record, key)
+    record = build_int8(s, record, data, samples, min_agreement)
+    variant = record["variants"]["int8"]
+    if json_:
+        render.print_json(variant)
+        return
+    render.out.print(variant_line(record), markup=False, soft_wrap=True)
+
+
+def variant_line(record: ModelRecord) -> str:
+    """The int8 variant of a version and its checks, in one line."""
+    v = record["variants"]["int8"]
+    accuracy = v.get("accuracy")
+    parts = [f"int8 variant of {record['name']}:{record['version']}: argmax agreement "
+             f"{v['agreement']:.2%} with float32 on {v['held_out']} held-out samples",
+             f"max probability difference {v['max_diff']:.3g}"]
+    if accuracy:
+        parts.append(f"accuracy {accuracy['int8']:.2%} (float32 {accuracy['fp32']:.2%})")
+    parts.append(f"calibrated on {v['calibration']['samples']} samples of {v['calibration']['source']}")
+    if v.get("bound") is not None:
+        parts.append(f"jobs with no --precision run it within agreement {v['bound']:.2%}")
+    return "; ".join(parts)

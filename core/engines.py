@@ -41,12 +41,16 @@ def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, f
 RUNTIMES = ("mxnet", "onnx")
 
 
-def needed(kind: str, asked: str | None = None, onnx: dict[str, Any] | None = None) -> str | None:
+def needed(kind: str, asked: str | None = None, onnx: dict[str, Any] | None = None,
+           precision: str | None = None) -> str | None:
     """The engine a job cannot run without, or None when either serves it: training and probes
-    run on MXNet; inference on the engine it asked for, on MXNet where the version's ONNX export
-    is missing or disagrees (as `choose` decides), else on either."""
+    run on MXNet; inference on the engine it asked for (ONNX Runtime for `--precision int8`), on
+    MXNet where the version's ONNX export is missing or disagrees (as `choose` decides), else on
+    either."""
     if kind != "infer":
         return "mxnet"
+    if precision == "int8":
+        return "onnx"
     if asked in RUNTIMES:
         return asked
     return "mxnet" if disagreement(onnx) is not None else None
@@ -86,3 +90,84 @@ def _onnx_only(asked: str, onnx: dict[str, Any] | None, why: str) -> Choice:
         raise NoEngine(f"{problem}, and MXNet cannot run this device ({why}); pass --engine onnx "
                        "to run the ONNX export anyway")
     raise NoEngine(f"{problem}, and MXNet cannot run this device ({why})")
+
+
+# Precision (`--precision`): full float32, a lower-precision variant of the ONNX export, or
+# `auto`: the variant only where it met the agreement bound the job (or the version, at
+# `mxq models quantize --min-agreement`) sets and measured faster on this kind of device.
+PRECISIONS = ("auto", "fp32", "int8")
+VARIANTS = ("int8",)  # the lower precisions a version may have (`mxq models quantize`)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    precision: str  # "fp32" or "int8"
+    reason: str
+
+
+def no_variant(model: str) -> str:
+    return (f"model {model} has no int8 variant; build one with `mxq models quantize {model} "
+            "--calibration FILE`")
+
+
+def precision_problem(asked: str | None, min_agreement: float | None,
+                      variant: dict[str, Any] | None, model: str, engine: str = "auto") -> str | None:
+    """Why a job's precision cannot be honoured (the job is refused with it), else None:
+    `int8` needs the variant and ONNX Runtime; `auto` needs a bound, its own or the version's."""
+    if asked == "int8":
+        if engine == "mxnet":
+            return "--precision int8 runs on ONNX Runtime: allowed with --engine auto or onnx"
+        return no_variant(model) if not variant else None
+    if asked == "auto" and min_agreement is None and (variant or {}).get("bound") is None:
+        return ("--precision auto needs a bound: --min-agreement 0.99 (or a version quantized with "
+                "--min-agreement)")
+    if min_agreement is not None and asked != "auto":
+        return f"--min-agreement goes with --precision auto (got --precision {asked or 'unset'})"
+    return None
+
+
+def _effective(asked: str | None, variant: dict[str, Any] | None) -> str | None:
+    """A job's precision, unset following the version: `auto` where it was quantized with a
+    bound, else None (float32, nothing allowed)."""
+    if asked is None and (variant or {}).get("bound") is not None:
+        return "auto"
+    return asked
+
+
+def _bound(min_agreement: float | None, variant: dict[str, Any]) -> float:
+    return min_agreement if min_agreement is not None else float(variant["bound"])
+
+
+def int8_unmeasured(asked: str | None, min_agreement: float | None, variant: dict[str, Any] | None,
+                    speeds: dict[str, float] | None) -> bool:
+    """`auto` with a variant within its bound whose speed on this kind of device is not known:
+    the job measures it before it chooses."""
+    if variant is None or _effective(asked, variant) != "auto" or (speeds or {}).get("int8"):
+        return False
+    return float(variant["agreement"]) >= _bound(min_agreement, variant)
+
+
+def choose_precision(asked: str | None, min_agreement: float | None, variant: dict[str, Any] | None,
+                     speeds: dict[str, float] | None, fp32: str) -> PrecisionChoice:
+    """The precision a job runs in, beside `fp32`, the engine chosen for full precision. Unset
+    follows the version: `auto` with the bound it was quantized with, else float32. `auto` runs
+    int8 only when the variant's agreement meets the bound and it measured faster than `fp32`."""
+    asked = _effective(asked, variant)
+    if asked is None:
+        return PrecisionChoice("fp32", "full precision: neither the job nor the version allows a "
+                                       "variant (--precision auto --min-agreement)")
+    if asked in ("fp32", "int8"):
+        return PrecisionChoice(asked, "asked")
+    if not variant:
+        return PrecisionChoice("fp32", "no int8 variant (mxq models quantize)")
+    bound, agreement = _bound(min_agreement, variant), float(variant["agreement"])
+    if agreement < bound:
+        return PrecisionChoice("fp32", f"int8 variant agreement {agreement:.2%} is below the bound "
+                                       f"{bound:.2%}")
+    full, low = (speeds or {}).get(fp32, 0.0), (speeds or {}).get("int8", 0.0)
+    if not low:
+        return PrecisionChoice("fp32", "int8 not measured on this kind of device")
+    if low <= full:
+        return PrecisionChoice("fp32", f"int8 not faster: {low:.0f} vs {fp32} {full:.0f} samples/s")
+    return PrecisionChoice("int8", f"int8 agreement {agreement:.2%} meets the bound {bound:.2%} and "
+                                   f"measured faster: {low:.0f} vs {fp32} {full:.0f} samples/s")

@@ -141,6 +141,7 @@ class ModelRecord(TypedDict):
     auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
     outputs: str  # "logits" (mxq applies a softmax) or "probabilities" (the model ends in one)
+    variants: dict[str, dict[str, Any]]  # lower-precision builds and their checks (`mxq models quantize`)
 
 
 class JobRow(TypedDict):

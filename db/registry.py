@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from mxq import engines
 from mxq.db.engine import session_scope
@@ -34,6 +35,7 @@ def model_record(m: Model) -> ModelRecord:
         "onnx": m.onnx, "engines": m.engines or {}, "auto_engine": _auto_engines(m),
         "preprocess": Preprocess.from_dict(m.preprocess).as_dict(),
         "outputs": m.outputs or "logits",
+        "variants": m.variants or {},
     }
 
 
@@ -105,13 +107,33 @@ def promote(url: str, name: str, version: int) -> ModelRecord:
     return resolve(url, name, version)
 
 
+def _locked(session: Session, name: str, version: int) -> Model:
+    """A version's row, locked for the rest of the transaction (a read-modify-write of JSON)."""
+    model = session.scalar(select(Model).where(Model.name == name, Model.version == version)
+                           .with_for_update())
+    if model is None:
+        raise ModelNotFound(f"model {name!r} has no version {version}")
+    return model
+
+
 def record_engine_speeds(url: str, name: str, version: int, kind: str,
                          speeds: dict[str, float]) -> dict[str, dict[str, float]]:
     """Store each engine's measured samples/s for `kind` devices; return all kinds' figures."""
     with session_scope(url) as session:
-        model = session.scalar(select(Model).where(Model.name == name, Model.version == version)
-                               .with_for_update())
-        if model is None:
-            raise ModelNotFound(f"model {name!r} has no version {version}")
+        model = _locked(session, name, version)
         model.engines = {**(model.engines or {}), kind: speeds}
         return dict(model.engines)
+
+
+def record_variant(url: str, name: str, version: int, precision: str,
+                   variant: dict[str, Any]) -> ModelRecord:
+    """Store a version's `precision` build and its checks (`mxq models quantize`), replacing an
+    earlier one; the earlier build's measured speeds go with it, so `--precision auto` measures
+    the new one before it serves."""
+    with session_scope(url) as session:
+        model = _locked(session, name, version)
+        model.variants = {**(model.variants or {}), precision: variant}
+        model.engines = {kind: {k: v for k, v in speeds.items() if k != precision}
+                         for kind, speeds in (model.engines or {}).items()}
+        session.flush()
+        return model_record(model)

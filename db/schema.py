@@ -200,6 +200,9 @@ class Model(Base):
     preprocess: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     # What the model outputs: "logits" (mxq applies a softmax) or "probabilities" (used as is).
     outputs: Mapped[str] = mapped_column(String(16), default="logits", server_default="logits")
+    # Lower-precision builds of the ONNX export and how they agree with it (`mxq models
+    # quantize`): {"int8": {"file", "sha256", "agreement", "max_diff", "accuracy", ...}}.
+    variants: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
 
     __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),
                       NEVER_REUSE_IDS)

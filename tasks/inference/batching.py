@@ -68,16 +68,20 @@ def _queues(job: JobContext) -> list[str]:
             *pool_queues(spec.kind, engines_for(spec.kind, s.mxnet_unusable))]
 
 
+# What members of one merged batch share: they run on one engine in one precision.
+ASKS = ("engine", "precision", "min_agreement")
+
+
 def _candidates(job: JobContext, model: ModelRecord, room: int,
                 taken: set[int]) -> list[Candidate]:
-    """Queued jobs that ask for the same model version and engine (whether each is mergeable is
-    decided once its input is open)."""
+    """Queued jobs that ask for the same model version, engine and precision (whether each is
+    mergeable is decided once its input is open)."""
     found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)),
                               level=job.priority)
-    engine = job.params.get("engine", "auto")
+    asks = {k: job.params.get(k) for k in ASKS}
     return [(i, params) for i, params in found if i not in taken
             and params.get("model") == model["name"] and params.get("model_version") == model["version"]
-            and params.get("engine", "auto") == engine]
+            and {k: params.get(k) for k in ASKS} == asks]
 
 
 def gather(job: JobContext, model: ModelRecord, open_input: OpenInput, read: ReadAll,

@@ -86,6 +86,8 @@ class Engine:
     release: Callable[[], None]  # after running out of memory: free what the engine holds
     cached: bool  # the model was already loaded in this process
     reason: str  # why this engine
+    precision: str = "fp32"  # or "int8": the version's variant (tasks.model_store.variants)
+    precision_reason: str = "full precision"
 
 
 def _release(net: Any) -> None:
@@ -154,7 +156,8 @@ def mxnet_engine(model: ModelRecord, device: Device, reason: str) -> Engine:
     return Engine("mxnet", _checked(model, forward), lambda: _release(net), cached, reason)
 
 
-def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
+def onnx_engine(model: ModelRecord, kind: str, reason: str, precision: str = "fp32") -> Engine:
+    """ONNX Runtime on the version's export, or on its `precision` variant."""
     onnx = model.get("onnx") or {}
     if not onnx.get("file"):
         raise JobInputError(f"model {model['name']}:{model['version']} has no ONNX export "
@@ -162,15 +165,20 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str) -> Engine:
                             "; use --engine mxnet or auto")
     if (missing := onnx_runtime.unavailable(kind)) is not None:
         raise JobInputError(f"--engine onnx: {missing} on this worker; use --engine mxnet or auto")
-    path = local_file(get_settings(), model, onnx["file"])
+    built = onnx if precision == "fp32" else model["variants"].get(precision)
+    if not built:
+        raise JobInputError(rule.no_variant(_label(model)))
+    what = "ONNX file" if precision == "fp32" else f"{precision} variant"
+    path = local_file(get_settings(), model, built["file"])
     if not path.is_file():
-        raise JobInputError(f"ONNX file {path} of {model['name']}:{model['version']} is missing")
+        raise JobInputError(f"{what} {path} of {_label(model)} is missing")
     try:
-        verify(path, onnx.get("sha256"), "ONNX file", _label(model))
+        verify(path, built.get("sha256"), what, _label(model))
     except ChangedFile as exc:
         raise StoreChanged(str(exc)) from None
     sess, cached = onnx_runtime.session(path, kind)
-    return Engine("onnx", _checked(model, onnx_runtime.runner(sess)), lambda: None, cached, reason)
+    return Engine("onnx", _checked(model, onnx_runtime.runner(sess)), lambda: None, cached, reason,
+                  precision)
 
 
 def _rate(engine: Engine, sample: Batch) -> float:
@@ -182,38 +190,87 @@ def _rate(engine: Engine, sample: Batch) -> float:
     return batches * len(sample) / (time.perf_counter() - began)
 
 
-def _measure(job: JobContext, model: ModelRecord, batch_size: int) -> dict[str, float]:
-    """Both engines' samples/s on this worker, on a seeded batch of the model's input shape."""
+def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[str]) -> dict[str, float]:
+    """The samples/s of each engine (or precision) in `which` on this worker, on a seeded batch
+    of the model's input shape, stored beside the figures measured before."""
     low, high = MEASURE_BATCH_RANGE
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)
     kind = job.parsed_device.kind
-    speeds = {"mxnet": _rate(mxnet_engine(model, job.parsed_device, ""), batch),
-              "onnx": _rate(onnx_engine(model, kind, ""), batch)}
+    build = {"mxnet": lambda: mxnet_engine(model, job.parsed_device, ""),
+             "onnx": lambda: onnx_engine(model, kind, ""),
+             "int8": lambda: onnx_engine(model, kind, "", "int8")}
+    speeds = {**((model.get("engines") or {}).get(kind) or {}),
+              **{name: _rate(build[name](), batch) for name in which}}
     registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
     model["engines"] = {**(model.get("engines") or {}), kind: speeds}
     return speeds
 
 
-def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int) -> Engine:
-    """The engine this job runs on (measuring both first, for `auto`, when no figures exist, on
-    batches of `batch_size`). A worker whose GPU MXNet cannot run serves ONNX only."""
-    device = job.parsed_device
-    kind, mxnet_unusable = device.kind, get_settings().mxnet_unusable
+def _fp32_choice(job: JobContext, model: ModelRecord, asked: str, batch_size: int
+                 ) -> tuple[rule.Choice | None, dict[str, float] | None, str | None]:
+    """The full-precision engine for `asked` (measuring both first, for `auto`, when no figures
+    exist), the speeds known, or (None, None, why) when MXNet must serve unmeasured."""
+    kind, mxnet_unusable = job.parsed_device.kind, get_settings().mxnet_unusable
     if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
-        return mxnet_engine(model, device, missing)
+        return None, None, missing
     speeds = (model.get("engines") or {}).get(kind)
     if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
         try:
-            speeds = _measure(job, model, batch_size)
+            speeds = _measure(job, model, batch_size, ["mxnet", "onnx"])
         except StoreChanged:
             raise
         except Exception as exc:  # one engine could not run here: MXNet serves (or says why not)
-            return mxnet_engine(model, device, f"not measured: {first_line(exc)}")
+            return None, None, f"not measured: {first_line(exc)}"
     try:
-        choice = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+        return rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable), speeds, None
     except rule.NoEngine as exc:
-        raise JobInputError(f"{model['name']}:{model['version']} on {job.device}: {exc}") from None
-    if choice.engine == "onnx":
-        return onnx_engine(model, kind, choice.reason)
-    return mxnet_engine(model, device, choice.reason)
+        raise JobInputError(f"{_label(model)} on {job.device}: {exc}") from None
+
+
+def _precision(job: JobContext, model: ModelRecord, p: Precision, fp32: rule.Choice,
+               speeds: dict[str, float] | None, batch_size: int) -> rule.PrecisionChoice:
+    """The precision for the job, measuring the int8 variant first where it could serve."""
+    variant = model["variants"].get("int8")
+    if (rule.int8_unmeasured(p.asked, p.min_agreement, variant, speeds)
+            and onnx_runtime.unavailable(job.parsed_device.kind) is None):
+        which = ["int8"] + ([] if (speeds or {}).get(fp32.engine) else [fp32.engine])
+        try:
+            speeds = _measure(job, model, batch_size, which)
+        except StoreChanged:
+            raise
+        except Exception as exc:  # the variant could not run here: full precision serves
+            return rule.PrecisionChoice("fp32", f"int8 not measured: {first_line(exc)}")
+    return rule.choose_precision(p.asked, p.min_agreement, variant, speeds, fp32.engine)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a job asked of precision (`--precision`, `--min-agreement`)."""
+
+    asked: str | None = None
+    min_agreement: float | None = None
+
+
+def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
+         precision: Precision = Precision()) -> Engine:
+    """The engine and precision this job runs in (measuring first, for `auto`, what has no
+    figures on this kind of device, on batches of `batch_size`). A worker whose GPU MXNet cannot
+    run serves ONNX only."""
+    device = job.parsed_device
+    fp32, speeds, unmeasured = _fp32_choice(job, model, asked, batch_size)
+    if fp32 is None:
+        assert unmeasured is not None
+        return mxnet_engine(model, device, unmeasured)
+    chosen = rule.PrecisionChoice("fp32", "--engine mxnet asked: int8 runs on ONNX Runtime")
+    if not (asked == "mxnet" and precision.asked != "int8"):
+        chosen = _precision(job, model, precision, fp32, speeds, batch_size)
+    if chosen.precision != "fp32":
+        engine = onnx_engine(model, device.kind, fp32.reason if fp32.engine == "onnx" else
+                             f"the {chosen.precision} variant runs on ONNX Runtime", chosen.precision)
+    elif fp32.engine == "onnx":
+        engine = onnx_engine(model, device.kind, fp32.reason)
+    else:
+        engine = mxnet_engine(model, device, fp32.reason)
+    engine.precision_reason = chosen.reason
+    return engine

@@ -98,7 +98,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
     fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
-    engine = engines.pick(job, model, p.engine, fit.size)
+    engine = engines.pick(job, model, p.engine, fit.size, _precision(p))
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
     begin = out.resume()
@@ -129,7 +129,7 @@ def _read_all(p: InferParams, source: InputSource) -> NDArray[np.float32]:
 
 def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource) -> Outcome:
     """A small job, run in one batch with the queued small jobs of the same model (batching)."""
-    engine = engines.pick(job, model, p.engine, source.count)
+    engine = engines.pick(job, model, p.engine, source.count, _precision(p))
     members = [batching.Member(job.id, p, _read_all(p, source))]
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
@@ -216,7 +216,12 @@ def _check_finite(p: InferParams, first: int, x: NDArray[np.float32]) -> None:
 
 
 def _engine_fields(engine: engines.Engine) -> dict[str, str]:
-    return {"engine": engine.name, "engine_reason": engine.reason}
+    return {"engine": engine.name, "engine_reason": engine.reason, "precision": engine.precision,
+            "precision_reason": engine.precision_reason}
+
+
+def _precision(p: InferParams) -> engines.Precision:
+    return engines.Precision(p.precision, p.min_agreement)
 
 
 @dataclass

@@ -106,6 +106,15 @@ class InferRequest(BaseModel):
     engine: Literal["auto", "mxnet", "onnx"] = Field(
         "auto", description="MXNet, ONNX Runtime on the model's ONNX export, or 'auto': the one "
         "measured faster for this model on this kind of device (MXNet where ONNX disagrees).")
+    precision: Literal["auto", "fp32", "int8"] | None = Field(
+        None, description="fp32 (full precision), int8 (the version's int8 variant, on ONNX "
+        "Runtime), or 'auto': the int8 variant only where its agreement with float32 meets "
+        "min_agreement and it measured faster on this kind of device; unset: as the version was "
+        "quantized (auto within its --min-agreement), else fp32.")
+    min_agreement: float | None = Field(
+        None, ge=0.0, le=1.0, allow_inf_nan=False, description="With precision 'auto': the least "
+        "argmax agreement with float32, on held-out calibration samples, a variant must have "
+        "shown to serve (e.g. 0.99).")
     top_k: int = Field(0, ge=0, le=MAX_TOP_K)
     reject_nan: bool = False
     chunk_size: int | None = Field(None, ge=1)

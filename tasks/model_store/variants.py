@@ -1,0 +1,188 @@
+"""Lower-precision variants of a model version: an int8 build of its ONNX export, calibrated on
+the user's own samples and checked against float32 on samples it was not calibrated on.
+
+ONNX Runtime's static quantization (`quantize_static`) after its pre-processing (shape inference
+and graph optimization): 8-bit activations (unsigned) and weights (signed, per output channel),
+as QLinearConv/QLinearMatMul operators. Measured on this project's 2-core AVX2 host against QDQ
+and signed activations, this was the fastest for LeNet and ResNet-18 (1.07x and 1.82x float32;
+signed QDQ activations ran ResNet-18 at 0.77x) with the same agreement (docs/precision.md).
+Whether a variant serves is decided per job (`mxq.engines.choose_precision`) from the figures
+stored here and the speeds measured on each kind of device; nothing here decides it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mxq.db import registry
+from mxq.db.records import ModelRecord
+from mxq.errors import UserError, reason
+from mxq.preprocess import Preprocess
+from mxq.tasks.model_store.checksums import ChangedFile, sha256, verify
+from mxq.tasks.model_store.locations import local_file, publish
+from mxq.tasks.runtimes import onnx_runtime
+from mxq.workers.settings import Settings
+
+INT8_FILE = "model.int8.onnx"
+CALIBRATION_SAMPLES = 256  # default number of samples the quantizer calibrates on
+HELD_OUT_SHARE, MAX_HELD_OUT = 0.25, 2048  # kept out of calibration to check the variant
+MIN_CALIBRATION, MIN_HELD_OUT = 16, 32
+CHECK_BATCH = 256
+
+
+class VariantError(UserError):
+    """A variant cannot be built: no ONNX export, too few samples, a shape or label that does
+    not fit the version, or the quantizer refused the graph (its reason)."""
+
+
+@dataclass
+class Calibration:
+    """Samples of the user's own data, preprocessed as the version takes them; labels when the
+    file has them (a training dataset), for the accuracy of both precisions."""
+
+    x: NDArray[np.float32]
+    y: NDArray[np.int32] | None
+    source: str
+
+
+def split(data: Calibration, samples: int, seed: int = 0
+          ) -> tuple[NDArray[np.float32], Calibration]:
+    """A seeded shuffle: the held-out check samples (a quarter, at most MAX_HELD_OUT), and up to
+    `samples` of the rest to calibrate on."""
+    n = len(data.x)
+    held = min(MAX_HELD_OUT, int(n * HELD_OUT_SHARE))
+    if held < MIN_HELD_OUT or n - held < MIN_CALIBRATION:
+        need = max(MIN_CALIBRATION + MIN_HELD_OUT, int(np.ceil(MIN_HELD_OUT / HELD_OUT_SHARE)))
+        raise VariantError(f"--calibration {data.source} has {n} samples; at least {need} are "
+                           f"needed (a quarter is held out to check the variant)")
+    order = np.random.default_rng(seed).permutation(n)
+    check, calibrate = order[:held], order[held:held + samples]
+    y = None if data.y is None else data.y[check]
+    return data.x[calibrate], Calibration(data.x[check], y, data.source)
+
+
+class _Batches:
+    """ONNX Runtime's CalibrationDataReader over an array, a batch at a time."""
+
+    def __init__(self, x: NDArray[np.float32], input_name: str, batch: int = 32) -> None:
+        self._batches = iter([{input_name: x[i:i + batch]} for i in range(0, len(x), batch)])
+
+    def get_next(self) -> dict[str, NDArray[np.float32]] | None:
+        return next(self._batches, None)
+
+    def rewind(self) -> None:  # the tool's protocol; one pass is all static MinMax needs
+        pass
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The quantization tool logs a warning per weight it treats per tensor (batch norms) and
+    advice through the root logger: the command prints its own figures instead."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def quantize_int8(fp32: Path, target: Path, x: NDArray[np.float32]) -> None:
+    """Write `target`: `fp32` statically quantized to int8, calibrated on `x`."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = target.with_name(f".{target.name}.prepared")
+    input_name = onnx_runtime.session(fp32)[0].get_inputs()[0].name
+    try:
+        with _quiet():
+            quant_pre_process(str(fp32), str(prepared))
+            quantize_static(str(prepared), str(target), _Batches(x, input_name),
+                            quant_format=QuantFormat.QOperator, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    finally:
+        prepared.unlink(missing_ok=True)
+
+
+def _probabilities(path: Path, x: NDArray[np.float32]) -> NDArray[np.float32]:
+    run = onnx_runtime.runner(onnx_runtime.session(path)[0])
+    return np.concatenate([run(x[i:i + CHECK_BATCH]) for i in range(0, len(x), CHECK_BATCH)])
+
+
+def compare(fp32: Path, variant: Path, held: Calibration) -> dict[str, Any]:
+    """The variant against float32 on the held-out samples: argmax agreement, the largest
+    difference of a class probability, and with labels each precision's accuracy."""
+    ours, theirs = _probabilities(variant, held.x), _probabilities(fp32, held.x)
+    figures: dict[str, Any] = {
+        "agreement": float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean()),
+        "max_diff": float(np.abs(ours - theirs).max()), "held_out": len(held.x),
+        "accuracy": None}
+    if held.y is not None:
+        figures["accuracy"] = {"fp32": float((theirs.argmax(axis=1) == held.y).mean()),
+                               "int8": float((ours.argmax(axis=1) == held.y).mean())}
+    return figures
+
+
+def _fp32_file(settings: Settings, model: ModelRecord) -> Path:
+    onnx = model.get("onnx") or {}
+    if not onnx.get("file"):
+        raise VariantError(f"model {model['name']}:{model['version']} has no ONNX export "
+                           f"({onnx.get('error') or 'registered before mxq exported models'}); "
+                           "an int8 variant is built from it")
+    if (missing := onnx_runtime.unavailable("cpu")) is not None:
+        raise VariantError(f"cannot build an int8 variant here: {missing}")
+    path = local_file(settings, model, onnx["file"])
+    try:
+        verify(path, onnx.get("sha256"), "ONNX file", f"{model['name']}:{model['version']}")
+    except ChangedFile as exc:
+        raise VariantError(str(exc)) from None
+    return path
+
+
+def build_int8(settings: Settings, model: ModelRecord, data: Calibration,
+               samples: int = CALIBRATION_SAMPLES, bound: float | None = None) -> ModelRecord:
+    """Build, check and store the int8 variant of `model` from `data`; the version's record
+    with it. `bound`: jobs that set no precision run it within that agreement. The variant's
+    file is uploaded to a bucket store before its row names it."""
+    fp32 = _fp32_file(settings, model)
+    calibrate, held = split(data, samples)
+    target = fp32.with_name(INT8_FILE)
+    try:
+        quantize_int8(fp32, target, calibrate)
+        figures = compare(fp32, target, held)
+    except Exception as exc:  # the tool raises many types for graphs it cannot quantize
+        target.unlink(missing_ok=True)
+        raise VariantError(f"model {model['name']}:{model['version']}: ONNX Runtime's quantizer "
+                           f"cannot build an int8 variant: {reason(exc)}") from None
+    publish(settings, settings.database, model["name"], model["version"], [target])
+    variant = {"file": str(target), "sha256": sha256(target), **figures,
+               "calibration": {"source": data.source, "samples": len(calibrate)}, "bound": bound,
+               "built_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    return registry.record_variant(settings.database, model["name"], model["version"], "int8",
+                                   variant)
+
+
+def calibration_from(x: NDArray[Any], y: NDArray[Any] | None, source: str,
+                     model: ModelRecord) -> Calibration:
+    """Samples as stored, checked against the version (shape, labels within its classes) and
+    preprocessed as it takes them."""
+    shape = tuple(model["input_shape"])
+    if tuple(x.shape[1:]) != shape:
+        if int(np.prod(x.shape[1:])) != int(np.prod(shape)):
+            raise VariantError(f"--calibration {source}: a sample has shape {tuple(x.shape[1:])}; "
+                               f"{model['name']}:{model['version']} takes {shape}")
+        x = x.reshape((len(x), *shape))
+    if y is not None and len(y) and int(y.max()) >= model["classes"]:
+        raise VariantError(f"--calibration {source}: label {int(y.max())} is beyond the "
+                           f"{model['classes']} classes of {model['name']}:{model['version']}")
+    prep = Preprocess.from_dict(model.get("preprocess"))
+    return Calibration(prep.apply(x), None if y is None else y.astype(np.int32), source)

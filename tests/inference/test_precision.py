@@ -1,0 +1,178 @@
+"""Precision variants: `mxq models quantize` builds an int8 variant from the user's own samples
+and checks it on held-out ones; `--precision auto --min-agreement` serves it only within the
+bound and where it measured faster; every job says which precision it ran in, and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mxq.db import registry
+from mxq.db.outputs import predictions
+from mxq.engines import choose_precision, int8_unmeasured, precision_problem
+from tests.conftest import Stack
+
+VARIANT = {"file": "x", "agreement": 0.995, "bound": None}
+
+
+# The rule, pure.
+
+def test_unset_precision_is_full_unless_the_version_allows_a_variant() -> None:
+    assert choose_precision(None, None, VARIANT, {"int8": 9e9, "onnx": 1.0}, "onnx").precision == "fp32"
+    allowed = {**VARIANT, "bound": 0.99}
+    assert choose_precision(None, None, allowed, {"int8": 9.0, "onnx": 1.0}, "onnx").precision == "int8"
+
+
+@pytest.mark.parametrize(("bound", "speeds", "precision", "words"), [
+    (0.999, {"int8": 9.0, "onnx": 1.0}, "fp32", "agreement 99.50% is below the bound 99.90%"),
+    (0.99, {"int8": 1.0, "onnx": 9.0}, "fp32", "int8 not faster: 1 vs onnx 9 samples/s"),
+    (0.99, {"onnx": 9.0}, "fp32", "int8 not measured"),
+    (0.99, {"int8": 9.0, "mxnet": 2.0, "onnx": 1.0}, "int8", "measured faster: 9 vs mxnet 2"),
+])
+def test_auto_serves_int8_only_within_the_bound_and_faster(bound: float, speeds: dict, precision: str,
+                                                           words: str) -> None:
+    fp32 = max(("mxnet", "onnx"), key=lambda e: speeds.get(e, 0.0))
+    chosen = choose_precision("auto", bound, VARIANT, speeds, fp32)
+    assert (chosen.precision, words in chosen.reason) == (precision, True), chosen.reason
+
+
+def test_only_a_variant_within_its_bound_is_measured() -> None:
+    assert int8_unmeasured("auto", 0.99, VARIANT, {"onnx": 1.0})
+    assert not int8_unmeasured("auto", 0.999, VARIANT, {"onnx": 1.0})  # it could never serve
+    assert not int8_unmeasured("fp32", None, VARIANT, None)
+    assert not int8_unmeasured("auto", 0.99, VARIANT, {"int8": 5.0})
+
+
+@pytest.mark.parametrize(("asked", "bound", "variant", "engine", "words"), [
+    ("int8", None, None, "auto", "has no int8 variant; build one with `mxq models quantize m:1"),
+    ("int8", None, VARIANT, "mxnet", "allowed with --engine auto or onnx"),
+    ("auto", None, VARIANT, "auto", "--precision auto needs a bound"),
+    ("fp32", 0.9, VARIANT, "auto", "--min-agreement goes with --precision auto"),
+])
+def test_a_precision_that_cannot_be_honoured_is_refused(asked: str, bound: float | None,
+                                                        variant: dict | None, engine: str,
+                                                        words: str) -> None:
+    assert words in (precision_problem(asked, bound, variant, "m:1", engine) or "")
+
+
+# Through the CLI and real workers.
+
+def _mxq_json(stack: Stack, *args: str, code: int = 0) -> dict:
+    proc = stack.mxq(*args, "--json")
+    assert proc.returncode == code, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _infer(stack: Stack, *args: str) -> dict:
+    return _mxq_json(stack, "infer", *args, "--wait")
+
+
+def _untrained_lenet(stack: Stack, name: str) -> dict:
+    _mxq_json(stack, "models", "add", name, "--arch", "lenet", "--input-shape", "1,8,8",
+              "--scale", "1/16")
+    return _mxq_json(stack, "models", "quantize", name, "--calibration", "digits")
+
+
+def _digits_input(stack: Stack, name: str) -> tuple[str, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    x = load_digits().images.astype(np.float32)[:600, None]
+    np.save(stack.home / "data" / name, x)
+    return name, x
+
+
+def test_quantize_stores_the_variants_checks_on_held_out_samples(stack: Stack) -> None:
+    variant = _untrained_lenet(stack, "q-check")
+    assert Path(variant["file"]).is_file() and Path(variant["file"]).name == "model.int8.onnx"
+    assert variant["held_out"] == int(1797 * 0.25) and variant["calibration"]["samples"] == 256
+    assert 0.0 <= variant["agreement"] <= 1.0 and variant["max_diff"] > 0.0
+    assert set(variant["accuracy"]) == {"fp32", "int8"}  # digits has labels
+    shown = _mxq_json(stack, "models", "q-check")[0]
+    assert shown["variants"]["int8"]["sha256"] == variant["sha256"]
+    unlabeled, _ = _digits_input(stack, "q-unlabeled.npy")
+    again = _mxq_json(stack, "models", "quantize", "q-check", "--calibration", unlabeled, "--samples", "64")
+    assert again["accuracy"] is None and again["calibration"]["samples"] == 64
+    assert again["held_out"] == 150
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--calibration", "nowhere.npy"), "nowhere.npy"),
+    (("--calibration", "digits", "--samples", "0"), "--samples 0: allowed 1 to 100000"),
+    (("--calibration", "digits", "--min-agreement", "1.5"), "--min-agreement 1.5: allowed 0 to 1"),
+])
+def test_quantize_refuses_bad_input_in_one_line(stack: Stack, args: tuple[str, ...], words: str) -> None:
+    stack.mxq("models", "add", "q-bad", "--arch", "lenet", "--input-shape", "1,8,8")
+    proc = stack.mxq("models", "quantize", "q-bad", *args)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+    wrong_shape = np.zeros((200, 5), np.float32)
+    np.save(stack.home / "data" / "q-wrong.npy", wrong_shape)
+    proc = stack.mxq("models", "quantize", "q-bad", "--calibration", "q-wrong.npy")
+    assert proc.returncode == 2 and "q-wrong.npy" in proc.stderr
+
+
+def test_a_variant_below_its_bound_leaves_auto_in_float32_with_the_reason(workers: Stack) -> None:
+    variant = _untrained_lenet(workers, "q-below")
+    assert variant["agreement"] < 0.99  # untrained: near-tied scores, so int8 often flips them
+    name, _ = _digits_input(workers, "q-below.npy")
+    job = _infer(workers, "q-below", name, "--precision", "auto", "--min-agreement", "0.99")
+    assert job["status"] == "succeeded", job["error"]
+    assert job["result"]["precision"] == "fp32"
+    assert job["result"]["precision_reason"] == (f"int8 variant agreement {variant['agreement']:.2%} "
+                                                 "is below the bound 99.00%")
+    speeds = _mxq_json(workers, "models", "q-below")[0]["engines"]["cpu"]
+    assert "int8" not in speeds  # a variant that can never serve is not even measured
+
+
+def test_auto_measures_the_variant_and_runs_the_faster_precision(workers: Stack) -> None:
+    variant = _untrained_lenet(workers, "q-auto")
+    name, _ = _digits_input(workers, "q-auto.npy")
+    bound = f"{np.floor(variant['agreement'] * 1e4) / 1e4:.4f}"  # met by construction: speed decides
+    job = _infer(workers, "q-auto", name, "--precision", "auto", "--min-agreement", bound)
+    assert job["status"] == "succeeded", job["error"]
+    speeds = _mxq_json(workers, "models", "q-auto")[0]["engines"]["cpu"]
+    assert speeds["int8"] > 0
+    faster = "int8" if speeds["int8"] > max(speeds["mxnet"], speeds["onnx"]) else "fp32"
+    assert job["result"]["precision"] == faster, job["result"]["precision_reason"]
+
+
+def test_int8_serves_when_faster_and_its_predictions_are_the_variants(workers: Stack) -> None:
+    variant = _untrained_lenet(workers, "q-int8")
+    registry.record_engine_speeds(workers.settings.database, "q-int8", 1, "cpu",
+                                  {"mxnet": 100.0, "onnx": 200.0, "int8": 9000.0})
+    name, x = _digits_input(workers, "q-int8.npy")
+    job = _infer(workers, "q-int8", name, "--precision", "auto", "--min-agreement", "0.5",
+                 "--batch-size", "200")
+    assert job["status"] == "succeeded", job["error"]
+    assert (job["result"]["engine"], job["result"]["precision"]) == ("onnx", "int8")
+    assert "measured faster: 9000 vs onnx 200" in job["result"]["precision_reason"]
+    from mxq.tasks.model_store.variants import _probabilities
+
+    expected = _probabilities(Path(variant["file"]), (x / 16).astype(np.float32))
+    rows = predictions.read(workers.settings.database, job["id"])
+    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+    forced = _infer(workers, "q-int8", name, "--precision", "fp32")
+    assert (forced["result"]["precision"], forced["result"]["precision_reason"]) == ("fp32", "asked")
+
+
+def test_a_version_quantized_with_a_bound_lets_unset_jobs_use_it(workers: Stack) -> None:
+    workers.mxq("models", "add", "q-version", "--arch", "lenet", "--input-shape", "1,8,8", "--scale", "1/16")
+    _mxq_json(workers, "models", "quantize", "q-version", "--calibration", "digits", "--min-agreement", "0.5")
+    registry.record_engine_speeds(workers.settings.database, "q-version", 1, "cpu",
+                                  {"mxnet": 100.0, "onnx": 200.0, "int8": 9000.0})
+    name, _ = _digits_input(workers, "q-version.npy")
+    job = _infer(workers, "q-version", name)
+    assert job["result"]["precision"] == "int8", job["result"]["precision_reason"]
+    assert "meets the bound 50.00%" in job["result"]["precision_reason"]
+
+
+def test_a_precision_that_cannot_be_honoured_fails_at_submit(stack: Stack) -> None:
+    stack.mxq("models", "add", "q-none", "--arch", "lenet", "--input-shape", "1,8,8")
+    name, _ = _digits_input(stack, "q-none.npy")
+    for args, words in [(("--precision", "int8"), "q-none:1 has no int8 variant"),
+                        (("--precision", "auto"), "--precision auto needs a bound"),
+                        (("--precision", "auto", "--min-agreement", "2"), "min_agreement")]:
+        proc = stack.mxq("infer", "q-none", name, *args, "--allow-offline")
+        assert proc.returncode in (1, 2) and words in proc.stderr, proc.stderr  # 1: recorded failed
