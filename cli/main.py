@@ -356,6 +356,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           val_fraction: float = 0.2, seed: int = 0,
           label_column: Annotated[str, typer.Option(help="CSV column holding the label.")] = "label",
           input_shape: Annotated[str | None, typer.Option(help="Image datasets: C,H,W")] = None,
+          calibration: Annotated[str | None, typer.Option(help="Build the trained version's int8 variant from these samples (as mxq models quantize --calibration).")] = None,  # noqa: E501
+          min_agreement: Annotated[float | None, typer.Option(help="With --calibration: jobs with no --precision run the variant within this agreement.")] = None,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
@@ -366,7 +368,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,
-              "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None}
+              "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
+              "calibration": calibration, "min_agreement": min_agreement}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible))
 

@@ -33,17 +33,22 @@ def add(name: str,
         devices: int = 1, device: Annotated[str | None, typer.Option(help="gpu:0,gpu:1")] = None,
         epochs: int = 10, batch_size: int = 64, lr: float = 0.1, optimizer: str = "sgd",
         dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
-        input_shape: str | None = None, json_: JsonOpt = False, priority: PriorityOpt = "normal",
+        input_shape: str | None = None,
+        calibration: Annotated[str | None, typer.Option(help="Rebuild the int8 variant of each version it promotes from these samples (as mxq models quantize --calibration).")] = None,  # noqa: E501
+        min_agreement: Annotated[float | None, typer.Option(help="With --calibration: jobs with no --precision run the variant within this agreement.")] = None,  # noqa: E501
+        json_: JsonOpt = False, priority: PriorityOpt = "normal",
         preemptible: PreemptibleOpt = None) -> None:
     """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time; its
-    fires' trainings run at --priority."""
+    fires' trainings run at --priority; with --calibration, served precision follows the
+    promoted version (its int8 variant is rebuilt)."""
     from mxq.workers.schedules.fires import add_schedule
 
     spec = {"arch": arch, "name": model, "devices": devices,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
-            "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None}
+            "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None,
+            "calibration": calibration, "min_agreement": min_agreement}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
                           priority=Priority.of(priority, preemptible))
     if json_:

@@ -25,17 +25,18 @@ from typing import Any
 from mxq.db import jobs, registry, schedules
 from mxq.db.fence import Fence, Superseded
 from mxq.db.outputs import epochs as epoch_rows
-from mxq.db.records import EpochResult
+from mxq.db.records import EpochResult, ModelRecord
 from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.errors import MxqError, first_line, typed_line
 from mxq.objects import ObjectURLError
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.model_store.models import add_trained
+from mxq.tasks.model_store.variants import build_int8
 from mxq.tasks.model_store.zoo import ArchError, check_shape
 from mxq.tasks.runner import JobCancelled, JobContext, JobLost, JobPreempted, context_of
 from mxq.tasks.runtimes.mx import mx
-from mxq.tasks.training import child_report, datasets
+from mxq.tasks.training import calibration, child_report, datasets
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
 from mxq.tasks.training.train_loop import fit, make_net, make_trainer, share_initial_weights
 from mxq.tasks.training.train_task import (
@@ -114,7 +115,23 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
                                                metrics)
-    return {"model_version": model["version"], "promotion": promotion}
+    done = {"model_version": model["version"], "promotion": promotion}
+    if p.calibration is not None and (promotion is None or promotion["decision"] == "promoted"):
+        done["variant"] = _variant(s, p, model)
+    return done
+
+
+def _variant(s: Settings, p: TrainParams, model: ModelRecord) -> dict[str, Any]:
+    """The trained version's int8 variant, built from the job's calibration sample, in brief;
+    or why it could not be (the training succeeded: its version serves in float32)."""
+    assert p.calibration is not None
+    try:
+        built = build_int8(s, model, calibration.load(s, p.calibration, model),
+                           bound=p.min_agreement)["variants"]["int8"]
+    except (MxqError, InputError, PathError, ObjectURLError, StorageError) as exc:
+        return {"precision": "int8", "error": str(exc)}
+    return {"precision": "int8", "agreement": built["agreement"], "max_diff": built["max_diff"],
+            "accuracy": built["accuracy"], "bound": built["bound"]}
 
 
 def _part_rates(results: list[EpochResult], labels: list[str], samples: int,

@@ -207,6 +207,13 @@ class TrainOptions(BaseModel):
     seed: int = 0
     label_column: str = "label"
     input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
+    calibration: str | None = Field(
+        None, min_length=1, max_length=1100, description="Samples the trained version's int8 "
+        "variant is built from (as `mxq models quantize --calibration`); a scheduled retraining "
+        "builds it only for a version it promotes.")
+    min_agreement: float | None = Field(
+        None, ge=0.0, le=1.0, allow_inf_nan=False, description="With calibration: jobs that set "
+        "no precision run the variant within this agreement (`mxq models quantize --min-agreement`).")
 
     @field_validator("epochs")
     @classmethod

@@ -164,6 +164,9 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
     dataset = params["dataset"]
     if dataset != "digits":
         dataset = str(locate(settings, dataset, "dataset"))
+    if params.get("min_agreement") is not None and params.get("calibration") is None:
+        raise ParamsError("--min-agreement goes with --calibration (the variant it allows)")
+    check_calibration(settings, params.get("calibration"))
     if params.get("dist") is not None:
         raise ParamsError("dist is set by a multi-node job's leader for its parts; "
                           "ask for nodes with --nodes N")
@@ -172,6 +175,12 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
         return {**params, "dataset": dataset}
     _check_one_node(settings, params)
     return {**params, "dataset": dataset}
+
+
+def check_calibration(settings: Settings, where: str | None) -> None:
+    """A training's calibration sample, confined and present now rather than after training."""
+    if where is not None and where != "digits":
+        locate(settings, where, "calibration file")
 
 
 def _check_one_node(settings: Settings, params: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import CONTROL_QUEUE
 from mxq.workers.jobs.jobspecs import ParamsError, validate
-from mxq.workers.jobs.submit import submit
+from mxq.workers.jobs.submit import check_calibration, submit
 from mxq.workers.schedules.cron import check, due, next_after
 from mxq.workers.schedules.sources import check_source, newest_file
 from mxq.workers.settings import Settings
@@ -145,6 +145,7 @@ def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str
         raise ParamsError(f"--promote {promote!r}: expected one of {', '.join(POLICIES)}")
     validate("train", {**spec, "dataset": dataset})  # the training options, checked now, not at 3 am
     check_source(settings, dataset)
+    check_calibration(settings, spec.get("calibration"))
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
         "metric": metric, "min_gain": min_gain, "enabled": True,
