@@ -10,6 +10,15 @@ information: with a fast engine and a small model, the rows' writes bound it. Ai
 least 0.9 of the faster bare engine, with predictions equal to MXNet's (every argmax,
 probabilities within 1e-4).
 
+Precision: each version also gets its int8 variant (`mxq models quantize`, calibrated on 256
+samples of the input, checked on a held-out quarter of its first 4,096), run bare on ONNX Runtime
+and by `mxq infer --precision auto --min-agreement 0.99`; the ratio is that job against the best
+bare loop the bound allows (int8 counts only when its agreement meets 0.99). The report gives
+each model's FLOPs per sample (its convolutions and matrix products, from the ONNX graph) and the
+GFLOP/s achieved beside the device's float32 peak (cores x clock x FLOPs per cycle from the
+CPU's vector flags). Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (the
+MLP's is capped at 1 GiB of input: at a million samples/s, 10 s would be 10 GiB).
+
     python -m bench.engines [--scale 1.0]
 """
 
@@ -30,16 +39,65 @@ if TYPE_CHECKING:
     from mxq.db.records import ModelRecord
 
 # (architecture, input shape, batch size, samples at scale 1)
-MODELS = [("mlp", (256,), 512, 200_000), ("lenet", (1, 28, 28), 256, 30_000),
-          ("resnet18_v1", (3, 64, 64), 64, 1_500)]
+MODELS = [("mlp", (256,), 512, 1_000_000), ("lenet", (1, 28, 28), 256, 120_000),
+          ("resnet18_v1", (3, 64, 64), 64, 4_000)]
+BOUND = 0.99  # --min-agreement of the precision jobs
+CALIBRATION_SAMPLES = 4096
 
 
-def bare_onnx(model: ModelRecord, path: str, batch: int) -> float:
-    """Samples/s of the same loop on ONNX Runtime, with the session mxq builds (its threads)."""
+def flops_per_sample(onnx_file: str, input_shape: tuple[int, ...]) -> float:
+    """Multiply-adds (x2) of one sample's convolutions and matrix products in the ONNX graph,
+    from shapes inferred at batch 1; elementwise operations are not counted."""
+    import onnx
+    from onnx import numpy_helper, shape_inference
+
+    model = onnx.load(onnx_file)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    for dim, size in zip(dims, (1, *input_shape), strict=True):
+        dim.ClearField("dim_param")
+        dim.dim_value = size
+    graph = shape_inference.infer_shapes(model).graph
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in [*graph.value_info, *graph.output]}
+    weights = {w.name: numpy_helper.to_array(w).shape for w in graph.initializer}
+    total = 0.0
+    for node in graph.node:
+        if node.op_type == "Conv" and node.input[1] in weights and node.output[0] in shapes:
+            kernel = weights[node.input[1]]  # (out, in / groups, kh, kw)
+            total += 2.0 * float(np.prod(shapes[node.output[0]][1:])) * float(np.prod(kernel[1:]))
+        elif node.op_type in ("Gemm", "MatMul") and node.input[1] in weights:
+            total += 2.0 * float(np.prod(weights[node.input[1]]))
+    return total
+
+
+def peak_gflops(cores: int) -> dict[str, Any]:
+    """The float32 peak of `cores` of this CPU: clock (its maximum frequency, else the current
+    one) x FLOPs per cycle of its widest vector unit (two FMA pipes: AVX-512 64, AVX2+FMA 32,
+    AVX 16, SSE 8)."""
+    flags: set[str] = set()
+    mhz = 0.0
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+        if line.startswith("cpu MHz") and not mhz:
+            mhz = float(line.split(":", 1)[1])
+    top = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    if top.is_file():
+        mhz = int(top.read_text()) / 1000
+    per_cycle = (64 if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else
+                 16 if "avx" in flags else 8)
+    return {"gflops": cores * mhz / 1000 * per_cycle, "cores": cores, "ghz": mhz / 1000,
+            "flops_per_cycle": per_cycle, "vnni": "avx512_vnni" in flags or "avx_vnni" in flags}
+
+
+def bare_onnx(model: ModelRecord, path: str, batch: int, precision: str = "fp32") -> float:
+    """Samples/s of the same loop on ONNX Runtime, with the session mxq builds (its threads), on
+    the export or on its `precision` variant."""
     from mxq.tasks.runtimes import onnx_runtime
 
     assert model["onnx"] is not None, f"{model['name']} has no ONNX export"
-    sess, _ = onnx_runtime.session(Path(model["onnx"]["file"]))
+    built = model["onnx"] if precision == "fp32" else model["variants"][precision]
+    sess, _ = onnx_runtime.session(Path(built["file"]))
     data = np.load(path, mmap_mode="r")
     onnx_runtime.run(sess, data[:batch])  # warm-up, as the worker's first batch
     start = time.perf_counter()
@@ -86,33 +144,64 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, sample
     rows = wait_job(s, submit(s, "infer", params, "cpu:0"))
     faster = max(bare, key=lambda k: bare[k])
     result = job["result"] or {}
-    return {"arch": arch, "shape": list(shape), "batch_size": batch, "samples": samples,
+    fp32 = {"arch": arch, "shape": list(shape), "batch_size": batch, "samples": samples,
             "cores": cores, "bare": bare, "faster_bare": faster, "mxq_auto": rate(job),
             "mxq_auto_sql": rate(rows), "first_job": rate(first),
             "engine": result["engine"], "engine_reason": result["engine_reason"],
-            "onnx": model["onnx"], "ratio": rate(job) / bare[faster],
+            "onnx": model["onnx"], "ratio_fp32": rate(job) / bare[faster],
+            "flops_per_sample": flops_per_sample((model["onnx"] or {})["file"], shape),
             **_agreement(s, rows["id"], model, path)}
+    return {**fp32, **_precision(s, arch, path, batch, cores, fp32)}
+
+
+def _precision(s: Settings, arch: str, path: Path, batch: int, cores: list[int],
+               fp32: dict[str, Any]) -> dict[str, Any]:
+    """The int8 variant: built, run bare, and `--precision auto` within BOUND; the ratio of that
+    job to the best bare loop the bound allows."""
+    from mxq.db.registry import resolve
+    from mxq.tasks.model_store.variants import build_int8, calibration_from
+    from mxq.workers.jobs.submit import submit
+
+    model = resolve(s.database, arch)
+    sample = np.load(path, mmap_mode="r")[:CALIBRATION_SAMPLES]
+    built = build_int8(s, model, calibration_from(np.asarray(sample), None, str(path), model))
+    variant = built["variants"]["int8"]
+    bare = {**fp32["bare"], "int8": _pinned(s, "int8", arch, path, batch, cores)}
+    allowed = {k: v for k, v in bare.items() if k != "int8" or variant["agreement"] >= BOUND}
+    best = max(allowed, key=lambda k: allowed[k])
+    params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto",
+              "output": "npy", "precision": "auto", "min_agreement": BOUND}
+    wait_job(s, submit(s, "infer", params, "cpu:0"))  # measures int8 where it could serve
+    job = wait_job(s, submit(s, "infer", params, "cpu:0"))
+    result = job["result"] or {}
+    return {"bare": bare, "int8": {k: variant[k] for k in ("agreement", "max_diff", "held_out")},
+            "best_bare": best, "mxq_precision": rate(job), "precision": result["precision"],
+            "precision_reason": result["precision_reason"], "ratio": rate(job) / bare[best]}
 
 
 def run(scale: float = 1.0, root: Path | None = None) -> dict[str, Any]:
     results = []
     with running_stack(cpu_devices=1, root=root, prefix="engines-") as s:
+        peak = peak_gflops(len(worker_cores(s, "cpu:0")))
         for arch, shape, batch, samples in MODELS:
-            r = one_model(s, arch, shape, batch, max(batch * 4, int(samples * scale)))
+            r = one_model(s, arch, shape, batch, max(256, batch * 4, int(samples * scale)))
+            r["gflops"] = r["mxq_precision"] * r["flops_per_sample"] / 1e9
             results.append(r)
             print(f"  {arch:12} {str(tuple(shape)):14} batch {batch:4}: bare MXNet "
-                  f"{r['bare']['mxnet']:10,.0f}  bare ONNX Runtime {r['bare']['onnx']:10,.0f}  "
-                  f"mxq auto ({r['engine']}) {r['mxq_auto']:10,.0f} samples/s  ratio {r['ratio']:.3f} "
-                  f"(SQL rows: {r['mxq_auto_sql']:,.0f}); "
-                  f"argmax agreement {r['argmax_agreement']:.2%}, max score diff {r['max_score_diff']:.1e}")
+                  f"{r['bare']['mxnet']:10,.0f}  ONNX Runtime {r['bare']['onnx']:10,.0f}  int8 "
+                  f"{r['bare']['int8']:10,.0f}  mxq auto ({r['engine']}) {r['mxq_auto']:10,.0f}  "
+                  f"mxq --precision auto ({r['precision']}) {r['mxq_precision']:10,.0f} samples/s  "
+                  f"ratio {r['ratio']:.3f}; int8 agreement {r['int8']['agreement']:.2%}; "
+                  f"{r['flops_per_sample'] / 1e6:,.2f} MFLOP/sample, {r['gflops']:.1f} GFLOP/s of "
+                  f"{peak['gflops']:.0f} peak")
     worst = min(results, key=lambda r: r["ratio"])
-    return {"models": results, "ratio": worst["ratio"], "worst": worst["arch"]}
+    return {"models": results, "ratio": worst["ratio"], "worst": worst["arch"], "peak": peak}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="input sizes as a share of the full ones")
-    ap.add_argument("--bare", choices=["mxnet", "onnx"], help=argparse.SUPPRESS)  # internal: a baseline
+    ap.add_argument("--bare", choices=["mxnet", "onnx", "int8"], help=argparse.SUPPRESS)  # a baseline
     ap.add_argument("--database", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -122,8 +211,10 @@ def main() -> None:
         from mxq.db.registry import resolve
 
         model = resolve(args.database, args.model)
-        loop = bare_loop if args.bare == "mxnet" else bare_onnx
-        print(loop(model, args.input, args.batch_size))
+        if args.bare == "mxnet":
+            print(bare_loop(model, args.input, args.batch_size))
+        else:
+            print(bare_onnx(model, args.input, args.batch_size, "fp32" if args.bare == "onnx" else "int8"))
         return
     run(args.scale)
 

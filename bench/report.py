@@ -36,7 +36,7 @@ TITLES = {
     "writes": "Result writes: `db.predictions.write` vs a bare bulk insert",
     "training": "Training: `mxq train` vs the bare data-parallel loop",
     "memory": "Memory: worker peak RSS at 1x and 10x input",
-    "engines": "Engines: `mxq infer --engine auto` vs bare MXNet and bare ONNX Runtime",
+    "engines": "Engines: `mxq infer --precision auto` vs bare MXNet, ONNX Runtime and int8",
     "fleet": "Fleet: 10 to 1,000 simulated devices on one Redis and one PostgreSQL",
     "sharing": "Sharing: an urgent job on devices saturated by low-priority work, and a preemption's cost",
 }
@@ -84,8 +84,11 @@ ABOUT = {
     "worker's cores with its thread limits; then `mxq infer --engine auto` on that worker: its first "
     "job measures both engines and stores the choice; the figure is the next job, which stores its "
     "probabilities in the job's `.npy` (`--output npy`); a third stores SQL rows, for information "
-    "(a small model on a fast engine is then bound by the writes). The aim is against the faster "
-    "bare engine; the stored predictions are compared with MXNet's.",
+    "(a small model on a fast engine is then bound by the writes). Each version also gets its int8 "
+    "variant (`mxq models quantize`, calibrated on the input's own samples), run bare and by "
+    "`mxq infer --precision auto --min-agreement 0.99`: the aim is that job against the best bare "
+    "loop the bound allows (int8 only where its agreement meets 0.99); the stored predictions are "
+    "compared with MXNet's; FLOPs per sample and GFLOP/s against the CPU's float32 peak are listed.",
     "fleet": "Simulated device workers (`bench/fleet/devices.py`: threads in a few processes, "
     "nodes of 8 GPUs) run mxq's real worker code (register, heartbeat, consume the device and pool "
     "queues through the Celery app's kombu connection, claim in SQL, leases, progress, throughput "
@@ -166,11 +169,13 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
     if own is not None:
         return own(r)
     if case == "engines":
-        return [_check(f"{m['arch']} samples/s", "samples/s", f"bare {m['faster_bare']}",
-                       m["bare"][m["faster_bare"]], f"mxq infer auto ({m['engine']}), --output npy",
-                       m["mxq_auto"], m["ratio"], case,
-                       note=f"with SQL rows {m['mxq_auto_sql']:,.0f} samples/s; argmax agreement "
-                       f"{m['argmax_agreement']:.2%}, max score diff {m['max_score_diff']:.1e}")
+        return [_check(f"{m['arch']} samples/s", "samples/s", f"bare {m['best_bare']}",
+                       m["bare"][m["best_bare"]], f"mxq infer --precision auto ({m['engine']}, "
+                       f"{m['precision']}), --output npy", m["mxq_precision"], m["ratio"], case,
+                       note=f"fp32 --engine auto {m['mxq_auto']:,.0f} ({m['ratio_fp32']:.2f} of bare "
+                       f"{m['faster_bare']}), with SQL rows {m['mxq_auto_sql']:,.0f} samples/s; "
+                       f"int8 agreement {m['int8']['agreement']:.2%}; {m['gflops']:.1f} GFLOP/s of "
+                       f"{r['peak']['gflops']:.0f} peak")
                 for m in r["models"]]
     if case == "inference":
         return [_check("samples/s, one device", "samples/s", "bare MXNet loop", r["bare"],
@@ -326,7 +331,9 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
             _grouped(a, [m["arch"] for m in r["models"]],
                      {"bare MXNet": [m["bare"]["mxnet"] for m in r["models"]],
                       "bare ONNX Runtime": [m["bare"]["onnx"] for m in r["models"]],
+                      "bare int8": [m["bare"]["int8"] for m in r["models"]],
                       "mxq auto (.npy)": [m["mxq_auto"] for m in r["models"]],
+                      "mxq --precision auto": [m["mxq_precision"] for m in r["models"]],
                       "mxq auto (SQL rows)": [m["mxq_auto_sql"] for m in r["models"]]}, "samples/s")
             a.set_yscale("log")
             a.set_title("one CPU device, results stored", fontsize=10)
@@ -488,10 +495,17 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
     if case == "fleet":
         return fleet_report.details(r)
     if case == "engines":
+        peak = r["peak"]
         return [f"- {m['arch']} {tuple(m['shape'])}, {m['samples']:,} samples, batch {m['batch_size']}: "
                 f"auto ran {m['engine']} ({m['engine_reason']}); its first job (measuring) "
                 f"{m['first_job']:,.0f} samples/s; export max diff {m['onnx'].get('max_diff', 0):.1e}; "
-                f"cores {m['cores']}" for m in r["models"]]
+                f"precision {m['precision']} ({m['precision_reason']}); int8 agreement "
+                f"{m['int8']['agreement']:.2%}, max diff {m['int8']['max_diff']:.2g} on "
+                f"{m['int8']['held_out']} held-out samples; {m['flops_per_sample'] / 1e6:,.2f} "
+                f"MFLOP/sample, {m['gflops']:.1f} GFLOP/s = {m['gflops'] / peak['gflops']:.1%} of the "
+                f"float32 peak {peak['gflops']:.0f} GFLOP/s ({peak['cores']} cores x "
+                f"{peak['ghz']:.2f} GHz x {peak['flops_per_cycle']} FLOP/cycle); cores {m['cores']}"
+                for m in r["models"]]
     if case == "objects":
         return [f"- {r['samples']:,} samples ({r['input_mib']:,.0f} MiB), batch {r['batch_size']}; "
                 f"runs: local {figures(r['local_runs'])}; S3 {figures(r['s3_runs'])} samples/s"]

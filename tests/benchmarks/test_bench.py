@@ -97,3 +97,20 @@ def test_the_objects_case_reads_the_input_from_a_bucket(tmp_path: Path) -> None:
     assert result["peak_rss_s3_mib"] >= result["peak_rss_local_mib"]  # VmHWM only grows
     assert [c["aim"] for c in case["checks"]] == [">= 0.8", "<= 1.1"]
     assert "## Object storage: `mxq infer` from an s3:// object" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_engines_case_measures_int8_and_the_distance_to_peak(tmp_path: Path) -> None:
+    """Every model is run bare on three engines, its variant is built and checked, the precision
+    job says which it ran and why, and FLOPs and the CPU's peak are figures, not blanks."""
+    out, case = _quick_case(tmp_path, "engines")
+    result = case["result"]
+    assert result["peak"]["gflops"] > 0 and result["peak"]["flops_per_cycle"] in (8, 16, 32, 64)
+    for m in result["models"]:
+        assert set(m["bare"]) == {"mxnet", "onnx", "int8"} and min(m["bare"].values()) > 0
+        assert 0 <= m["int8"]["agreement"] <= 1 and m["precision"] in ("fp32", "int8")
+        assert (m["precision"] == "int8") == ("meets the bound" in m["precision_reason"])
+        if m["int8"]["agreement"] < 0.99:
+            assert m["best_bare"] != "int8" and m["precision"] == "fp32"
+        assert m["flops_per_sample"] > 0 and m["gflops"] > 0
+    assert "GFLOP/s" in (out / "report.md").read_text()
