@@ -1,0 +1,78 @@
+"""Variants of trained versions, through real workers: a LeNet trained on the digits gets its
+int8 variant at registration and `--precision auto` runs it where it measured faster; a
+scheduled retraining rebuilds the variant of the version it promotes, not of one it keeps."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timedelta
+
+import numpy as np
+import pytest
+
+from mxq.db import schedules
+from mxq.db.records import FireRecord
+from mxq.db.registry import list_models
+from mxq.tasks.training import datasets
+from mxq.workers.schedules.fires import add_schedule, tick
+from tests.conftest import Stack, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_trained_lenet_runs_int8_where_it_measured_faster(workers: Stack) -> None:
+    trained = workers.mxq_json("train", "lenet", "digits", "--name", "digits-int8", "--epochs", "8",
+                               "--calibration", "digits", "--wait")
+    assert trained["status"] == "succeeded", trained["error"]
+    built = trained["result"]["variant"]
+    assert "error" not in built, built
+    assert built["agreement"] >= 0.99  # trained: clear winners survive 8-bit rounding
+    assert built["accuracy"]["int8"] >= built["accuracy"]["fp32"] - 0.01
+    np.save(workers.home / "data" / "digits-many.npy", np.tile(datasets.digits().x, (8, 1, 1, 1)))
+    job = workers.mxq_json("infer", "digits-int8", "digits-many.npy", "--precision", "auto",
+                           "--min-agreement", "0.99", "--wait")
+    assert job["status"] == "succeeded", job["error"]
+    model = workers.mxq_json("models", "digits-int8")[0]
+    speeds = model["engines"]["cpu"]
+    faster = "int8" if speeds["int8"] > max(speeds["mxnet"], speeds["onnx"]) else "fp32"
+    assert job["result"]["precision"] == faster, (speeds, job["result"]["precision_reason"])
+    assert model["variants"]["int8"]["agreement"] == built["agreement"]
+
+
+def _drop(stack: Stack, folder: str, name: str, shuffle_labels: bool = False) -> str:
+    """A new, newest dataset file in the watched folder; its path under the data root."""
+    where = stack.home / "data" / folder
+    where.mkdir(exist_ok=True)
+    d = datasets.digits().for_training()
+    y = np.random.default_rng(0).permutation(d.y) if shuffle_labels else d.y
+    np.savez(where / name, X=d.x.reshape(len(d.y), -1), y=y)
+    stamp = time.time() + len(list(where.iterdir()))
+    os.utime(where / name, (stamp, stamp))
+    return f"{folder}/{name}"
+
+
+def test_a_scheduled_retraining_rebuilds_the_variant_of_what_it_promotes(workers: Stack) -> None:
+    s = workers.settings
+    calibration = _drop(workers, "calib", "sample.npz")
+    spec = {"arch": "mlp", "name": "nightly-int8", "epochs": 4, "seed": 0,
+            "calibration": calibration, "min_agreement": 0.95}
+    sched = add_schedule(s, "nightly-int8", "0 3 * * *", "UTC", "int8-days", spec, "if-better",
+                         "val_accuracy", 0.0)
+    assert sched["next_fire_at"] is not None
+    at = datetime.fromisoformat(sched["next_fire_at"])
+
+    def fire(when: datetime) -> FireRecord:
+        assert len(tick(s, when)) == 1
+        return wait_until(lambda: next(f for f in schedules.fires(s.database, "nightly-int8")
+                                       if f["fire_time"] == when.isoformat()), 300, "the fire",
+                          until=lambda f: f["job_status"] in ("succeeded", "failed"), interval=0.2)
+
+    _drop(workers, "int8-days", "day1.npz")
+    assert (fire(at)["promotion"] or {}).get("decision") == "promoted"
+    _drop(workers, "int8-days", "day2.npz", shuffle_labels=True)  # a worse model: kept out
+    assert (fire(at + timedelta(days=1))["promotion"] or {}).get("decision") == "kept"
+    versions = {v["version"]: v for v in list_models(s.database, "nightly-int8")}
+    assert versions[1]["promoted"] and set(versions[1]["variants"]) == {"int8"}
+    assert versions[1]["variants"]["int8"]["bound"] == 0.95
+    assert versions[2]["variants"] == {}  # not promoted: nothing serves it, nothing built
