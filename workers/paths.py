@@ -49,7 +49,11 @@ def inside_root(path: str | Path, root: str | Path, what: str = "input",
     """The resolved path (relative paths count from `root`) of a regular file or folder inside
     `root`, or PathError saying why not."""
     resolved = within(path, root, what, setting)
-    if not resolved.exists():
+    try:
+        exists = resolved.exists()
+    except OSError as exc:  # a name too long for the file system, a loop of links
+        raise PathError(f"{what} {str(path)[:200]} cannot be looked up: {exc.strerror}") from None
+    if not exists:
         raise PathError(f"{what} {path} does not exist{_looked_at(path, resolved, root, setting)}")
     if not (resolved.is_file() or resolved.is_dir()):  # opening a FIFO blocks until a writer comes
         raise PathError(f"{what} {path} is not a regular file or folder (a FIFO, socket or device?)")

@@ -14,7 +14,7 @@ from mxq.db.outputs import parquet, predictions
 from mxq.db.records import JobRecord, PredictionRow
 from mxq.db.stack import stack_id
 from mxq.errors import Unavailable
-from mxq.objects import job_output
+from mxq.objects import ObjectURLError, job_output
 from mxq.status import JobStatus
 
 PAGE_ROWS = 50_000  # rows read at a time by an export
@@ -47,10 +47,14 @@ def _missing(record: JobRecord, path: Path) -> OutputMissing:
 def _in_a_bucket(record: JobRecord, suffix: str) -> None:
     """A job whose output went to a bucket, which this layer does not read: where it is."""
     prefix = (record.get("params") or {}).get("output_to")
-    if prefix:
-        raise OutputMissing(f"job {record['id']}'s predictions are in the bucket, "
-                            f"{job_output(prefix, record['id'], suffix)}: read them there "
-                            "(NumPy, pyarrow, DuckDB, Spark)")
+    if not prefix:
+        return
+    try:
+        where = job_output(prefix, record["id"], suffix)
+    except ObjectURLError:  # a job refused at submit for this very value: it wrote nothing
+        return
+    raise OutputMissing(f"job {record['id']}'s predictions are in the bucket, {where}: read them "
+                        "there (NumPy, pyarrow, DuckDB, Spark)")
 
 
 def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
