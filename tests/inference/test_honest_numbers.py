@@ -128,6 +128,7 @@ def test_versions_from_before_0016_output_logits(tmp_path: Path) -> None:
                           "(1, 'old', 1, 'mlp', '[4]', 3, 'p', 'c', '2026-01-01 00:00:00', 'builtin', "
                           "0, '{}')"))
     assert upgrade(url, "0016") == ["0016"]
+    upgrade(url)  # the code reads the newest schema
     assert list_models(url, "old")[0]["outputs"] == "logits"
 
 

@@ -126,6 +126,7 @@ def test_a_variant_below_its_bound_leaves_auto_in_float32_with_the_reason(worker
     assert "int8" not in speeds  # a variant that can never serve is not even measured
 
 
+@pytest.mark.slow
 def test_auto_measures_the_variant_and_runs_the_faster_precision(workers: Stack) -> None:
     variant = _untrained_lenet(workers, "q-auto")
     name, _ = _digits_input(workers, "q-auto.npy")
@@ -157,6 +158,7 @@ def test_int8_serves_when_faster_and_its_predictions_are_the_variants(workers: S
     assert (forced["result"]["precision"], forced["result"]["precision_reason"]) == ("fp32", "asked")
 
 
+@pytest.mark.slow
 def test_a_version_quantized_with_a_bound_lets_unset_jobs_use_it(workers: Stack) -> None:
     workers.mxq("models", "add", "q-version", "--arch", "lenet", "--input-shape", "1,8,8", "--scale", "1/16")
     _mxq_json(workers, "models", "quantize", "q-version", "--calibration", "digits", "--min-agreement", "0.5")
