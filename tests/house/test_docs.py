@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, free_port
 
 DOCS = ROOT / "docs"
@@ -59,6 +61,7 @@ def shows(output: str, expected: str) -> bool:
     return any(wanted in line for line in lines)
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_the_first_inference_page_runs_as_written(tmp_path: Path) -> None:
     commands = marked_commands(DOCS / "first-inference.md")
     assert sum(c.split()[0] == "mxq" for c, _ in commands) >= 5, commands  # the page still has its tour

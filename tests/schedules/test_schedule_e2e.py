@@ -8,6 +8,7 @@ import time
 from datetime import datetime, timedelta
 
 import numpy as np
+import pytest
 
 from mxq.db import schedules
 from mxq.db.records import FireRecord
@@ -41,6 +42,7 @@ def _fire(stack: Stack, at: datetime) -> FireRecord:
                       until=lambda fire: fire["job_status"] in ("succeeded", "failed"), interval=0.2)
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_scheduled_retraining_promotes_only_a_better_model(workers: Stack) -> None:
     s = workers.settings
     spec = {"arch": "mlp", "name": "nightly-model", "epochs": 4, "devices": 2, "seed": 0}

@@ -111,6 +111,7 @@ def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once
     assert np.allclose([p for _, _, p in stored], [p for _, _, p in reference], rtol=1e-6)
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_a_low_training_yields_at_an_epoch_and_resumes_from_its_checkpoint(workers: Stack) -> None:
     s = workers.settings
     params = {"arch": "mlp", "dataset": "digits", "name": "preempted-mlp", "epochs": EPOCHS,

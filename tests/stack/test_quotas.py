@@ -46,6 +46,7 @@ def _span(stack: Stack, job_id: int) -> tuple[datetime, datetime]:
     return datetime.fromisoformat(job["started_at"]), datetime.fromisoformat(job["finished_at"])
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stack, lenet: str,
                                                                     capped: str) -> None:
     params = {"model": lenet, "input": "quota.npy", "batch_size": 128}

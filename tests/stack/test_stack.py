@@ -39,6 +39,7 @@ def _get_json(url: str, timeout: float = 60) -> Any:  # any JSON value
                       until=lambda value: not isinstance(value, OSError), interval=0.3)
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_up_probe_every_device_down(tmp_path: Path) -> None:
     home = tmp_path / "var"
     port = free_port()

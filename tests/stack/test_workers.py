@@ -104,6 +104,7 @@ def test_a_bad_message_fails_its_job_and_the_worker_goes_on(workers: Stack) -> N
     assert ok["status"] == "succeeded" and ok["device"] == "cpu:0"
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 @pytest.mark.both_legs  # the claim in SQL runs a job once
 def test_second_delivery_of_a_running_job_is_dropped(workers: Stack) -> None:
     s = workers.settings

@@ -90,6 +90,7 @@ def test_training_without_validation_registers_a_servable_model(workers: Stack) 
     assert served["status"] == "succeeded" and served["model_version"] == job["model_version"]
 
 
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_a_probe_sent_to_a_leased_device_waits_for_the_training(workers: Stack) -> None:
     s = workers.settings
     train_id = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "long",
