@@ -1,25 +1,28 @@
 """Inference engines: bare MXNet, bare ONNX Runtime and `mxq infer --engine auto`, same run.
 
-For each model (the built-in MLP, LeNet and ResNet-18, random weights): one registered version
-(exported to ONNX at registration) and one `.npy` input. Both bare loops run in a process pinned
-like the worker (its cores and thread limits): read a batch, run the engine, probabilities to
-NumPy. Then `mxq infer --engine auto` on cpu:0: its first job measures both engines and stores
-the choice; the figure is the job after it, which reads it and stores its probabilities in the
-job's `.npy` (`--output npy`). A third job stores every prediction as SQL rows instead, for
-information: with a fast engine and a small model, the rows' writes bound it. Aim: `auto` at
-least 0.9 of the faster bare engine, with predictions equal to MXNet's (every argmax,
-probabilities within 1e-4).
+For each model: one registered version (exported to ONNX at registration) and one `.npy` input.
+The built-in MLP has random weights and random inputs; LeNet (1x28x28) is trained by `mxq train`
+on the digits (scaled up to 28x28) and ResNet-18 (3x64x64) briefly on generated images (ten
+smooth class patterns under noise), and each is run over its own data, tiled. Both bare loops
+run in a process pinned like the worker (its cores and thread limits): read a batch, run the
+engine, probabilities to NumPy. Then `mxq infer --engine auto` on cpu:0: its first job measures
+both engines and stores the choice; the figure is the job after it, which reads it and stores
+its probabilities in the job's `.npy` (`--output npy`). A third job stores every prediction as
+SQL rows instead, for information: with a fast engine and a small model, the rows' writes bound
+it. Aim: `auto` at least 0.9 of the faster bare engine, with predictions equal to MXNet's (every
+argmax, probabilities within 1e-4).
 
-Precision: each version also gets its int8 variant (`mxq models quantize`, calibrated on 256
-samples of the input, checked on a held-out quarter of its first 4,096), run bare on ONNX Runtime
-and by `mxq infer --precision auto --min-agreement 0.99`; the ratio is that job against the best
-bare loop the bound allows (int8 counts only when its agreement meets 0.99). The report gives
-each model's FLOPs per sample (its convolutions and matrix products, from the ONNX graph) and the
-GFLOP/s achieved beside the device's float32 peak (cores x clock x FLOPs per cycle from the
-CPU's vector flags). Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (the
-MLP's is capped at 1 GiB of input: at a million samples/s, 10 s would be 10 GiB).
+Precision: each version also gets its int8 and fp16 variants (the trained ones by the training's
+`--calibration` on its own labeled dataset, the MLP's from 4,096 samples of its input; each
+checked on a held-out quarter), run bare on ONNX Runtime and by `mxq infer --precision auto
+--min-agreement 0.99`; the ratio is that job against the best bare loop the bound allows (a
+variant counts only when its agreement meets 0.99). The report gives each model's FLOPs per
+sample (its convolutions and matrix products, from the ONNX graph) and the GFLOP/s achieved
+beside the device's float32 peak (cores x clock x FLOPs per cycle from the CPU's vector flags).
+Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (the MLP's is capped at
+1 GiB of input: at a million samples/s, 10 s would be 10 GiB).
 
-    python -m bench.engines [--scale 1.0]
+    python -m bench.engines [--scale 1.0] [--epochs 3]
 """
 
 from __future__ import annotations
@@ -41,8 +44,60 @@ if TYPE_CHECKING:
 # (architecture, input shape, batch size, samples at scale 1)
 MODELS = [("mlp", (256,), 512, 1_000_000), ("lenet", (1, 28, 28), 256, 120_000),
           ("resnet18_v1", (3, 64, 64), 64, 4_000)]
+TRAINED_ON = {"lenet": "digits", "resnet18_v1": "generated"}  # the others keep random weights
 BOUND = 0.99  # --min-agreement of the precision jobs
 CALIBRATION_SAMPLES = 4096
+VARIANTS = ("int8", "fp16")
+GENERATED = 1_000  # generated images ResNet-18 is trained on
+
+
+def _dataset(arch: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """What `arch` trains on, as float32 in [0, 1]-ish and labels: the digits scaled up (each
+    pixel a 3x3 block, centred in 28x28), or ten smooth random patterns under noise."""
+    if TRAINED_ON[arch] == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x = np.kron(d.images.astype(np.float32) / 16, np.ones((3, 3), np.float32))
+        pad = (shape[-1] - x.shape[-1]) // 2
+        x = np.pad(x, ((0, 0), (pad, shape[-1] - x.shape[-1] - pad), (pad, shape[-1] - x.shape[-1] - pad)))
+        return x[:, None].astype(np.float32), d.target.astype(np.int32)
+    rng = np.random.default_rng(0)
+    cells = shape[-1] // 8
+    patterns = np.kron(rng.normal(size=(10, shape[0], 8, 8)), np.ones((cells, cells))).astype(np.float32)
+    y = rng.integers(0, 10, GENERATED).astype(np.int32)
+    return patterns[y] + rng.normal(scale=0.8, size=(GENERATED, *shape)).astype(np.float32), y
+
+
+def _tiled(path: Path, x: np.ndarray, samples: int) -> Path:
+    """An input of `samples` rows: `x` repeated, written in slices."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(samples, *x.shape[1:]))
+    for i in range(0, samples, len(x)):
+        out[i:i + len(x)] = x[:samples - i]
+    out.flush()
+    del out
+    return path
+
+
+def _trained(s: Settings, arch: str, shape: tuple[int, ...], samples: int, epochs: int
+             ) -> tuple[Path, dict[str, Any]]:
+    """`mxq train` of `arch` on its dataset, building both variants from that (labeled) dataset;
+    the inference input (the dataset tiled) and the training's figures."""
+    from mxq.workers.jobs.submit import submit
+
+    x, y = _dataset(arch, shape)
+    data = s.home_path / f"{arch}-train.npz"
+    np.savez(data, X=x, y=y)
+    job = wait_job(s, submit(s, "train", {"arch": arch, "dataset": str(data), "name": arch,
+                                          "epochs": epochs, "batch_size": 32, "lr": 0.05,
+                                          "calibration": str(data), "variants": list(VARIANTS)},
+                             "cpu:0"))
+    result = job["result"] or {}
+    failed = [v for v in result.get("variants", []) if "error" in v]
+    assert not failed, failed
+    return _tiled(s.home_path / f"{arch}.npy", x, samples), {
+        "trained_on": TRAINED_ON[arch], "train_samples": len(x), "epochs": epochs,
+        "val_accuracy": result.get("val_accuracy")}
 
 
 def flops_per_sample(onnx_file: str, input_shape: tuple[int, ...]) -> float:
@@ -90,13 +145,13 @@ def peak_gflops(cores: int) -> dict[str, Any]:
             "flops_per_cycle": per_cycle, "vnni": "avx512_vnni" in flags or "avx_vnni" in flags}
 
 
-def bare_onnx(model: ModelRecord, path: str, batch: int, precision: str = "fp32") -> float:
+def bare_onnx(model: ModelRecord, path: str, batch: int, precision: str = "onnx") -> float:
     """Samples/s of the same loop on ONNX Runtime, with the session mxq builds (its threads), on
     the export or on its `precision` variant."""
     from mxq.tasks.runtimes import onnx_runtime
 
     assert model["onnx"] is not None, f"{model['name']} has no ONNX export"
-    built = model["onnx"] if precision == "fp32" else model["variants"][precision]
+    built = model["onnx"] if precision == "onnx" else model["variants"][precision]
     sess, _ = onnx_runtime.session(Path(built["file"]))
     data = np.load(path, mmap_mode="r")
     onnx_runtime.run(sess, data[:batch])  # warm-up, as the worker's first batch
@@ -129,12 +184,19 @@ def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict
             "max_score_diff": float(np.abs(scores - theirs.max(axis=1)).max())}
 
 
-def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, samples: int) -> dict[str, Any]:
+def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, samples: int,
+              epochs: int) -> dict[str, Any]:
+    from mxq.db.registry import resolve
     from mxq.tasks.model_store.models import add_builtin
     from mxq.workers.jobs.submit import submit
 
-    model = add_builtin(s.database, s.home_path, arch, arch, shape, 10)
-    path = make_input(s.home_path / f"{arch}.npy", samples, shape)
+    training: dict[str, Any] = {"trained_on": None}
+    if arch in TRAINED_ON:
+        path, training = _trained(s, arch, shape, samples, epochs)
+        model = resolve(s.database, arch)
+    else:
+        model = add_builtin(s.database, s.home_path, arch, arch, shape, 10)
+        path = make_input(s.home_path / f"{arch}.npy", samples, shape)
     cores = worker_cores(s, "cpu:0")
     bare = {"mxnet": _pinned(s, "mxnet", arch, path, batch, cores),
             "onnx": _pinned(s, "onnx", arch, path, batch, cores)}
@@ -150,48 +212,61 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, sample
             "engine": result["engine"], "engine_reason": result["engine_reason"],
             "onnx": model["onnx"], "ratio_fp32": rate(job) / bare[faster],
             "flops_per_sample": flops_per_sample((model["onnx"] or {})["file"], shape),
-            **_agreement(s, rows["id"], model, path)}
+            **_agreement(s, rows["id"], model, path), **training}
     return {**fp32, **_precision(s, arch, path, batch, cores, fp32)}
+
+
+def _variants(s: Settings, arch: str, path: Path) -> ModelRecord:
+    """The version with both variants: as its training built them, else built here from the
+    first CALIBRATION_SAMPLES of the input (unlabeled)."""
+    from mxq.db.registry import resolve
+    from mxq.tasks.model_store.variants import build_variant, calibration_from
+
+    model = resolve(s.database, arch)
+    if arch not in TRAINED_ON:
+        sample = np.asarray(np.load(path, mmap_mode="r")[:CALIBRATION_SAMPLES])
+        for precision in VARIANTS:
+            model = build_variant(s, model, precision, calibration_from(sample, None, str(path), model))
+    return model
 
 
 def _precision(s: Settings, arch: str, path: Path, batch: int, cores: list[int],
                fp32: dict[str, Any]) -> dict[str, Any]:
-    """The int8 variant: built, run bare, and `--precision auto` within BOUND; the ratio of that
-    job to the best bare loop the bound allows."""
-    from mxq.db.registry import resolve
-    from mxq.tasks.model_store.variants import build_int8, calibration_from
+    """The variants: built, run bare, and `--precision auto` within BOUND; the ratio of that job
+    to the best bare loop the bound allows."""
     from mxq.workers.jobs.submit import submit
 
-    model = resolve(s.database, arch)
-    sample = np.load(path, mmap_mode="r")[:CALIBRATION_SAMPLES]
-    built = build_int8(s, model, calibration_from(np.asarray(sample), None, str(path), model))
-    variant = built["variants"]["int8"]
-    bare = {**fp32["bare"], "int8": _pinned(s, "int8", arch, path, batch, cores)}
-    allowed = {k: v for k, v in bare.items() if k != "int8" or variant["agreement"] >= BOUND}
+    variants = _variants(s, arch, path)["variants"]
+    bare = {**fp32["bare"], **{v: _pinned(s, v, arch, path, batch, cores) for v in VARIANTS}}
+    allowed = {k: v for k, v in bare.items() if k not in VARIANTS or variants[k]["agreement"] >= BOUND}
     best = max(allowed, key=lambda k: allowed[k])
     params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto",
               "output": "npy", "precision": "auto", "min_agreement": BOUND}
-    wait_job(s, submit(s, "infer", params, "cpu:0"))  # measures int8 where it could serve
+    wait_job(s, submit(s, "infer", params, "cpu:0"))  # measures the variants that could serve
     job = wait_job(s, submit(s, "infer", params, "cpu:0"))
     result = job["result"] or {}
-    return {"bare": bare, "int8": {k: variant[k] for k in ("agreement", "max_diff", "held_out")},
-            "best_bare": best, "mxq_precision": rate(job), "precision": result["precision"],
-            "precision_reason": result["precision_reason"], "ratio": rate(job) / bare[best]}
+    checks = {v: {k: variants[v][k] for k in ("agreement", "max_diff", "held_out", "accuracy")}
+              for v in VARIANTS}
+    return {"bare": bare, **checks, "best_bare": best, "mxq_precision": rate(job),
+            "precision": result["precision"], "precision_reason": result["precision_reason"],
+            "ratio": rate(job) / bare[best]}
 
 
-def run(scale: float = 1.0, root: Path | None = None) -> dict[str, Any]:
+def run(scale: float = 1.0, epochs: int = 3, root: Path | None = None) -> dict[str, Any]:
     results = []
     with running_stack(cpu_devices=1, root=root, prefix="engines-") as s:
         peak = peak_gflops(len(worker_cores(s, "cpu:0")))
         for arch, shape, batch, samples in MODELS:
-            r = one_model(s, arch, shape, batch, max(256, batch * 4, int(samples * scale)))
+            r = one_model(s, arch, shape, batch, max(256, batch * 4, int(samples * scale)), epochs)
             r["gflops"] = r["mxq_precision"] * r["flops_per_sample"] / 1e9
             results.append(r)
             print(f"  {arch:12} {str(tuple(shape)):14} batch {batch:4}: bare MXNet "
                   f"{r['bare']['mxnet']:10,.0f}  ONNX Runtime {r['bare']['onnx']:10,.0f}  int8 "
-                  f"{r['bare']['int8']:10,.0f}  mxq auto ({r['engine']}) {r['mxq_auto']:10,.0f}  "
+                  f"{r['bare']['int8']:10,.0f}  fp16 {r['bare']['fp16']:10,.0f}  "
+                  f"mxq auto ({r['engine']}) {r['mxq_auto']:10,.0f}  "
                   f"mxq --precision auto ({r['precision']}) {r['mxq_precision']:10,.0f} samples/s  "
-                  f"ratio {r['ratio']:.3f}; int8 agreement {r['int8']['agreement']:.2%}; "
+                  f"ratio {r['ratio']:.3f}; agreement int8 {r['int8']['agreement']:.2%}, fp16 "
+                  f"{r['fp16']['agreement']:.2%}; "
                   f"{r['flops_per_sample'] / 1e6:,.2f} MFLOP/sample, {r['gflops']:.1f} GFLOP/s of "
                   f"{peak['gflops']:.0f} peak")
     worst = min(results, key=lambda r: r["ratio"])
@@ -201,7 +276,8 @@ def run(scale: float = 1.0, root: Path | None = None) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="input sizes as a share of the full ones")
-    ap.add_argument("--bare", choices=["mxnet", "onnx", "int8"], help=argparse.SUPPRESS)  # a baseline
+    ap.add_argument("--epochs", type=int, default=3, help="epochs of the trained models")
+    ap.add_argument("--bare", choices=["mxnet", "onnx", *VARIANTS], help=argparse.SUPPRESS)  # a baseline
     ap.add_argument("--database", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -214,9 +290,9 @@ def main() -> None:
         if args.bare == "mxnet":
             print(bare_loop(model, args.input, args.batch_size))
         else:
-            print(bare_onnx(model, args.input, args.batch_size, "fp32" if args.bare == "onnx" else "int8"))
+            print(bare_onnx(model, args.input, args.batch_size, args.bare))
         return
-    run(args.scale)
+    run(args.scale, args.epochs)
 
 
 if __name__ == "__main__":

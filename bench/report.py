@@ -499,9 +499,10 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- {m['arch']} {tuple(m['shape'])}, {m['samples']:,} samples, batch {m['batch_size']}: "
                 f"auto ran {m['engine']} ({m['engine_reason']}); its first job (measuring) "
                 f"{m['first_job']:,.0f} samples/s; export max diff {m['onnx'].get('max_diff', 0):.1e}; "
-                f"precision {m['precision']} ({m['precision_reason']}); int8 agreement "
-                f"{m['int8']['agreement']:.2%}, max diff {m['int8']['max_diff']:.2g} on "
-                f"{m['int8']['held_out']} held-out samples; {m['flops_per_sample'] / 1e6:,.2f} "
+                f"{_trained(m)}precision {m['precision']} ({m['precision_reason']}); "
+                + "; ".join(f"{v} agreement {m[v]['agreement']:.2%}, max diff {m[v]['max_diff']:.2g}"
+                            for v in ("int8", "fp16"))
+                + f" on {m['int8']['held_out']} held-out samples; {m['flops_per_sample'] / 1e6:,.2f} "
                 f"MFLOP/sample, {m['gflops']:.1f} GFLOP/s = {m['gflops'] / peak['gflops']:.1%} of the "
                 f"float32 peak {peak['gflops']:.0f} GFLOP/s ({peak['cores']} cores x "
                 f"{peak['ghz']:.2f} GHz x {peak['flops_per_cycle']} FLOP/cycle); cores {m['cores']}"
@@ -541,6 +542,16 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- backlog {r['backlog']} jobs of {r['samples']:,} samples (about {r['job_seconds']:g} s)"
                 f"; delays (s) without preemption {delays['no_preemption']}; with {delays['preemption']}"]
     return []
+
+
+def _trained(m: dict[str, Any]) -> str:
+    """How an engines case model got its weights, as a clause."""
+    if not m.get("trained_on"):
+        return "random weights; "
+    accuracy = m["val_accuracy"]
+    shown = "n/a" if accuracy is None else f"{accuracy:.1%}"
+    return (f"trained {m['epochs']} epoch(s) on {m['train_samples']:,} {m['trained_on']} samples "
+            f"(validation accuracy {shown}); ")
 
 
 def write(results: dict[str, Any], out: Path) -> None:

@@ -16,7 +16,7 @@ from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from mxq.cli.options import PreemptibleOpt, PriorityOpt
+from mxq.cli.options import PreemptibleOpt, PriorityOpt, VariantsOpt, parse_variants
 from mxq.cli.settings import get_settings
 from mxq.names import MAX_ID
 from mxq.priorities import Priority
@@ -291,7 +291,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           batch_size: Annotated[str, typer.Option(help="Samples per batch, or auto: the largest that fits the device.")] = "256",  # noqa: E501
           output: Annotated[str, typer.Option(help="db (SQL rows), npy, both (db and npy) or parquet: $MXQ_HOME/outputs/STACK/job-ID.npy or .parquet (STACK: the stack id).")] = "db",  # noqa: E501
           engine: Annotated[str, typer.Option(help="auto, mxnet or onnx (auto: the one measured faster for this model on this kind of device).")] = "auto",  # noqa: E501
-          precision: Annotated[str | None, typer.Option(help="fp32, int8 (the version's int8 variant), or auto: int8 only where its agreement with float32 meets --min-agreement and it measured faster here; unset: as the version was quantized, else fp32.")] = None,  # noqa: E501
+          precision: Annotated[str | None, typer.Option(help="fp32, int8 or fp16 (the version's variant of that precision), or auto: the fastest variant whose agreement with float32 meets --min-agreement, only where it measured faster here; unset: as the version was quantized, else fp32.")] = None,  # noqa: E501
           min_agreement: Annotated[float | None, typer.Option(help="With --precision auto: the least argmax agreement with float32 (held-out calibration samples) a variant must have shown, e.g. 0.99.")] = None,  # noqa: E501
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
@@ -356,8 +356,9 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           val_fraction: float = 0.2, seed: int = 0,
           label_column: Annotated[str, typer.Option(help="CSV column holding the label.")] = "label",
           input_shape: Annotated[str | None, typer.Option(help="Image datasets: C,H,W")] = None,
-          calibration: Annotated[str | None, typer.Option(help="Build the trained version's int8 variant from these samples (as mxq models quantize --calibration).")] = None,  # noqa: E501
+          calibration: Annotated[str | None, typer.Option(help="Build the trained version's variants (--variants) from these samples (as mxq models quantize --calibration).")] = None,  # noqa: E501
           min_agreement: Annotated[float | None, typer.Option(help="With --calibration: jobs with no --precision run the variant within this agreement.")] = None,  # noqa: E501
+          variants: VariantsOpt = "int8",
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
@@ -369,7 +370,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
-              "calibration": calibration, "min_agreement": min_agreement}
+              "calibration": calibration, "min_agreement": min_agreement,
+              "variants": parse_variants(variants)}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible))
 

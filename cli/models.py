@@ -231,13 +231,18 @@ def quantize(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION (de
              samples: Annotated[int, typer.Option(help="Samples to calibrate on; a quarter of the file (at most 2,048) is held out to check the variant.")] = 256,  # noqa: E501
              key: Annotated[str | None, typer.Option(help="Array name inside an .npz without X and y.")] = None,  # noqa: E501
              min_agreement: Annotated[float | None, typer.Option(help="Let jobs that set no --precision run the variant within this agreement (as --precision auto --min-agreement).")] = None,  # noqa: E501
+             precision: Annotated[str, typer.Option(help="int8 (static quantization, calibrated on --samples) or fp16 (float16 weights and operators, for GPUs).")] = "int8",  # noqa: E501
              json_: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Build the int8 variant of a version from --calibration, check it against float32 on held-out
-    samples (argmax agreement, max probability difference, accuracy with labels) and store it."""
+    """Build a lower-precision variant of a version (int8, calibrated on --calibration; or fp16),
+    check it against float32 on held-out samples of --calibration (argmax agreement, max
+    probability difference, accuracy with labels) and store it."""
     from mxq.db.registry import resolve
-    from mxq.tasks.model_store.variants import build_int8
+    from mxq.engines import VARIANTS
+    from mxq.tasks.model_store.variants import build_variant
     from mxq.tasks.training import calibration as calibration_data
 
+    if precision not in VARIANTS:
+        raise QuantizeError(f"--precision {precision!r}: allowed {', '.join(VARIANTS)}")
     if not 1 <= samples <= 100_000:
         raise QuantizeError(f"--samples {samples}: allowed 1 to 100000")
     if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
@@ -248,24 +253,26 @@ def quantize(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION (de
         raise QuantizeError(f"model version {version!r} in {model!r} must be a number, as in NAME:3")
     record = resolve(s.database, name, int(version) if version else None)
     data = calibration_data.load(s, calibration, record, key)
-    record = build_int8(s, record, data, samples, min_agreement)
-    variant = record["variants"]["int8"]
+    record = build_variant(s, record, precision, data, samples, min_agreement)
+    variant = record["variants"][precision]
     if json_:
         render.print_json(variant)
         return
-    render.out.print(variant_line(record), markup=False, soft_wrap=True)
+    render.out.print(variant_line(record, precision), markup=False, soft_wrap=True)
 
 
-def variant_line(record: ModelRecord) -> str:
-    """The int8 variant of a version and its checks, in one line."""
-    v = record["variants"]["int8"]
+def variant_line(record: ModelRecord, precision: str) -> str:
+    """The `precision` variant of a version and its checks, in one line."""
+    v = record["variants"][precision]
     accuracy = v.get("accuracy")
-    parts = [f"int8 variant of {record['name']}:{record['version']}: argmax agreement "
+    parts = [f"{precision} variant of {record['name']}:{record['version']}: argmax agreement "
              f"{v['agreement']:.2%} with float32 on {v['held_out']} held-out samples",
              f"max probability difference {v['max_diff']:.3g}"]
     if accuracy:
-        parts.append(f"accuracy {accuracy['int8']:.2%} (float32 {accuracy['fp32']:.2%})")
-    parts.append(f"calibrated on {v['calibration']['samples']} samples of {v['calibration']['source']}")
+        parts.append(f"accuracy {accuracy[precision]:.2%} (float32 {accuracy['fp32']:.2%})")
+    if v["calibration"]["samples"]:
+        parts.append(f"calibrated on {v['calibration']['samples']} samples of "
+                     f"{v['calibration']['source']}")
     if v.get("bound") is not None:
         parts.append(f"jobs with no --precision run it within agreement {v['bound']:.2%}")
     return "; ".join(parts)

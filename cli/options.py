@@ -1,4 +1,5 @@
-"""Options several commands share: a job's turn (`--priority`, `--preemptible`)."""
+"""Options several commands share: a job's turn (`--priority`, `--preemptible`), the variants a
+training builds (`--variants`)."""
 
 from __future__ import annotations
 
@@ -12,3 +13,11 @@ PriorityOpt = Annotated[str, typer.Option(
 PreemptibleOpt = Annotated[bool | None, typer.Option(
     "--preemptible/--no-preemptible", help="May yield at a checkpoint to a waiting job of a higher "
     "level, and resume later (default: low jobs only).", show_default=False)]
+VariantsOpt = Annotated[str, typer.Option(
+    "--variants", help="With --calibration: the variants built, int8 and/or fp16, comma-separated "
+    "(as mxq models quantize --precision).")]
+
+
+def parse_variants(text: str) -> list[str]:
+    """`int8,fp16` as a list, each once; the job's parameters check the names."""
+    return list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))

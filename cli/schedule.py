@@ -8,7 +8,7 @@ import typer
 
 from mxq.cli import render
 from mxq.cli.models import parse_shape
-from mxq.cli.options import PreemptibleOpt, PriorityOpt
+from mxq.cli.options import PreemptibleOpt, PriorityOpt, VariantsOpt, parse_variants
 from mxq.cli.settings import get_settings
 from mxq.priorities import Priority
 
@@ -34,13 +34,14 @@ def add(name: str,
         epochs: int = 10, batch_size: int = 64, lr: float = 0.1, optimizer: str = "sgd",
         dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
         input_shape: str | None = None,
-        calibration: Annotated[str | None, typer.Option(help="Rebuild the int8 variant of each version it promotes from these samples (as mxq models quantize --calibration).")] = None,  # noqa: E501
+        calibration: Annotated[str | None, typer.Option(help="Rebuild the variants (--variants) of each version it promotes from these samples (as mxq models quantize --calibration).")] = None,  # noqa: E501
         min_agreement: Annotated[float | None, typer.Option(help="With --calibration: jobs with no --precision run the variant within this agreement.")] = None,  # noqa: E501
+        variants: VariantsOpt = "int8",
         json_: JsonOpt = False, priority: PriorityOpt = "normal",
         preemptible: PreemptibleOpt = None) -> None:
     """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time; its
     fires' trainings run at --priority; with --calibration, served precision follows the
-    promoted version (its int8 variant is rebuilt)."""
+    promoted version (its variants are rebuilt)."""
     from mxq.workers.schedules.fires import add_schedule
 
     spec = {"arch": arch, "name": model, "devices": devices,
@@ -48,7 +49,8 @@ def add(name: str,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
             "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None,
-            "calibration": calibration, "min_agreement": min_agreement}
+            "calibration": calibration, "min_agreement": min_agreement,
+            "variants": parse_variants(variants)}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
                           priority=Priority.of(priority, preemptible))
     if json_:

@@ -44,12 +44,12 @@ RUNTIMES = ("mxnet", "onnx")
 def needed(kind: str, asked: str | None = None, onnx: dict[str, Any] | None = None,
            precision: str | None = None) -> str | None:
     """The engine a job cannot run without, or None when either serves it: training and probes
-    run on MXNet; inference on the engine it asked for (ONNX Runtime for `--precision int8`), on
+    run on MXNet; inference on the engine it asked for (ONNX Runtime for a variant), on
     MXNet where the version's ONNX export is missing or disagrees (as `choose` decides), else on
     either."""
     if kind != "infer":
         return "mxnet"
-    if precision == "int8":
+    if precision in VARIANTS:
         return "onnx"
     if asked in RUNTIMES:
         return asked
@@ -93,32 +93,34 @@ def _onnx_only(asked: str, onnx: dict[str, Any] | None, why: str) -> Choice:
 
 
 # Precision (`--precision`): full float32, a lower-precision variant of the ONNX export, or
-# `auto`: the variant only where it met the agreement bound the job (or the version, at
+# `auto`: a variant only where it met the agreement bound the job (or the version, at
 # `mxq models quantize --min-agreement`) sets and measured faster on this kind of device.
-PRECISIONS = ("auto", "fp32", "int8")
-VARIANTS = ("int8",)  # the lower precisions a version may have (`mxq models quantize`)
+VARIANTS = ("int8", "fp16")  # the lower precisions a version may have (`mxq models quantize`)
+PRECISIONS = ("auto", "fp32", *VARIANTS)
 
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    precision: str  # "fp32" or "int8"
+    precision: str  # "fp32" or one of VARIANTS
     reason: str
 
 
-def no_variant(model: str) -> str:
-    return (f"model {model} has no int8 variant; build one with `mxq models quantize {model} "
-            "--calibration FILE`")
+def no_variant(model: str, precision: str = "int8") -> str:
+    option = "" if precision == "int8" else f" --precision {precision}"
+    return (f"model {model} has no {precision} variant; build one with `mxq models quantize {model} "
+            f"--calibration FILE{option}`")
 
 
 def precision_problem(asked: str | None, min_agreement: float | None,
-                      variant: dict[str, Any] | None, model: str, engine: str = "auto") -> str | None:
-    """Why a job's precision cannot be honoured (the job is refused with it), else None:
-    `int8` needs the variant and ONNX Runtime; `auto` needs a bound, its own or the version's."""
-    if asked == "int8":
+                      variants: dict[str, Any], model: str, engine: str = "auto") -> str | None:
+    """Why a job's precision cannot be honoured (the job is refused with it), else None: a
+    variant needs to exist and ONNX Runtime to run it; `auto` needs a bound, its own or the
+    version's."""
+    if asked in VARIANTS:
         if engine == "mxnet":
-            return "--precision int8 runs on ONNX Runtime: allowed with --engine auto or onnx"
-        return no_variant(model) if not variant else None
-    if asked == "auto" and min_agreement is None and (variant or {}).get("bound") is None:
+            return f"--precision {asked} runs on ONNX Runtime: allowed with --engine auto or onnx"
+        return no_variant(model, asked) if asked not in variants else None
+    if asked == "auto" and min_agreement is None and _version_bound(variants) is None:
         return ("--precision auto needs a bound: --min-agreement 0.99 (or a version quantized with "
                 "--min-agreement)")
     if min_agreement is not None and asked != "auto":
@@ -126,48 +128,76 @@ def precision_problem(asked: str | None, min_agreement: float | None,
     return None
 
 
-def _effective(asked: str | None, variant: dict[str, Any] | None) -> str | None:
+def _version_bound(variants: dict[str, Any]) -> float | None:
+    """The bound a version was quantized with, if any of its variants has one."""
+    return next((float(v["bound"]) for v in variants.values() if v.get("bound") is not None), None)
+
+
+def _effective(asked: str | None, variants: dict[str, Any]) -> str | None:
     """A job's precision, unset following the version: `auto` where it was quantized with a
     bound, else None (float32, nothing allowed)."""
-    if asked is None and (variant or {}).get("bound") is not None:
+    if asked is None and _version_bound(variants) is not None:
         return "auto"
     return asked
 
 
-def _bound(min_agreement: float | None, variant: dict[str, Any]) -> float:
-    return min_agreement if min_agreement is not None else float(variant["bound"])
+def _within(name: str, min_agreement: float | None, variants: dict[str, Any]) -> str | None:
+    """Why the version's variant `name` may not serve `auto` by its agreement (below the bound,
+    or quantized with no bound while the job gives none), else None."""
+    variant = variants[name]
+    bound = min_agreement if min_agreement is not None else variant.get("bound")
+    if bound is None:
+        return f"{name} variant has no bound (quantized without --min-agreement)"
+    agreement = float(variant["agreement"])
+    if agreement < float(bound):
+        return f"{name} variant agreement {agreement:.2%} is below the bound {float(bound):.2%}"
+    return None
 
 
-def int8_unmeasured(asked: str | None, min_agreement: float | None, variant: dict[str, Any] | None,
-                    speeds: dict[str, float] | None) -> bool:
-    """`auto` with a variant within its bound whose speed on this kind of device is not known:
-    the job measures it before it chooses."""
-    if variant is None or _effective(asked, variant) != "auto" or (speeds or {}).get("int8"):
-        return False
-    return float(variant["agreement"]) >= _bound(min_agreement, variant)
+def _eligible(min_agreement: float | None, variants: dict[str, Any]) -> list[str]:
+    """The variants of the version whose agreement meets the job's bound (else their own)."""
+    return [n for n in VARIANTS if n in variants and _within(n, min_agreement, variants) is None]
 
 
-def choose_precision(asked: str | None, min_agreement: float | None, variant: dict[str, Any] | None,
+def unmeasured(asked: str | None, min_agreement: float | None, variants: dict[str, Any],
+               speeds: dict[str, float] | None) -> list[str]:
+    """For `auto`: the variants within their bound whose speed on this kind of device is not
+    known; the job measures them before it chooses."""
+    if _effective(asked, variants) != "auto":
+        return []
+    return [n for n in _eligible(min_agreement, variants) if not (speeds or {}).get(n)]
+
+
+def choose_precision(asked: str | None, min_agreement: float | None, variants: dict[str, Any],
                      speeds: dict[str, float] | None, fp32: str) -> PrecisionChoice:
     """The precision a job runs in, beside `fp32`, the engine chosen for full precision. Unset
     follows the version: `auto` with the bound it was quantized with, else float32. `auto` runs
-    int8 only when the variant's agreement meets the bound and it measured faster than `fp32`."""
-    asked = _effective(asked, variant)
+    the fastest variant whose agreement meets the bound and which measured faster than `fp32`."""
+    asked = _effective(asked, variants)
     if asked is None:
         return PrecisionChoice("fp32", "full precision: neither the job nor the version allows a "
                                        "variant (--precision auto --min-agreement)")
-    if asked in ("fp32", "int8"):
+    if asked in ("fp32", *VARIANTS):
         return PrecisionChoice(asked, "asked")
-    if not variant:
-        return PrecisionChoice("fp32", "no int8 variant (mxq models quantize)")
-    bound, agreement = _bound(min_agreement, variant), float(variant["agreement"])
-    if agreement < bound:
-        return PrecisionChoice("fp32", f"int8 variant agreement {agreement:.2%} is below the bound "
-                                       f"{bound:.2%}")
-    full, low = (speeds or {}).get(fp32, 0.0), (speeds or {}).get("int8", 0.0)
-    if not low:
-        return PrecisionChoice("fp32", "int8 not measured on this kind of device")
-    if low <= full:
-        return PrecisionChoice("fp32", f"int8 not faster: {low:.0f} vs {fp32} {full:.0f} samples/s")
-    return PrecisionChoice("int8", f"int8 agreement {agreement:.2%} meets the bound {bound:.2%} and "
-                                   f"measured faster: {low:.0f} vs {fp32} {full:.0f} samples/s")
+    if not variants:
+        return PrecisionChoice("fp32", "no lower-precision variant (mxq models quantize)")
+    full = (speeds or {}).get(fp32, 0.0)
+    why = [w for n in VARIANTS if n in variants and (w := _within(n, min_agreement, variants))]
+    faster: dict[str, float] = {}
+    for name in _eligible(min_agreement, variants):
+        low = (speeds or {}).get(name, 0.0)
+        if not low:
+            why.append(f"{name} not measured on this kind of device")
+        elif low <= full:
+            why.append(f"{name} not faster: {low:.0f} vs {fp32} {full:.0f} samples/s")
+        else:
+            faster[name] = low
+    if not faster:
+        return PrecisionChoice("fp32", "; ".join(why))
+    best = max(faster, key=lambda n: faster[n])
+    agreement = float(variants[best]["agreement"])
+    bound = min_agreement if min_agreement is not None else float(variants[best]["bound"])
+    why += [f"{n} slower than {best}: {faster[n]:.0f} samples/s" for n in faster if n != best]
+    return PrecisionChoice(best, "; ".join([
+        f"{best} agreement {agreement:.2%} meets the bound {bound:.2%} and measured faster: "
+        f"{faster[best]:.0f} vs {fp32} {full:.0f} samples/s", *why]))

@@ -86,7 +86,7 @@ class Engine:
     release: Callable[[], None]  # after running out of memory: free what the engine holds
     cached: bool  # the model was already loaded in this process
     reason: str  # why this engine
-    precision: str = "fp32"  # or "int8": the version's variant (tasks.model_store.variants)
+    precision: str = "fp32"  # or a variant of the version: "int8", "fp16" (tasks.model_store.variants)
     precision_reason: str = "full precision"
 
 
@@ -197,11 +197,13 @@ def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[s
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)
     kind = job.parsed_device.kind
-    build = {"mxnet": lambda: mxnet_engine(model, job.parsed_device, ""),
-             "onnx": lambda: onnx_engine(model, kind, ""),
-             "int8": lambda: onnx_engine(model, kind, "", "int8")}
+    def build(name: str) -> Engine:
+        if name == "mxnet":
+            return mxnet_engine(model, job.parsed_device, "")
+        return onnx_engine(model, kind, "", "fp32" if name == "onnx" else name)
+
     speeds = {**((model.get("engines") or {}).get(kind) or {}),
-              **{name: _rate(build[name](), batch) for name in which}}
+              **{name: _rate(build(name), batch) for name in which}}
     registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
     model["engines"] = {**(model.get("engines") or {}), kind: speeds}
     return speeds
@@ -230,18 +232,20 @@ def _fp32_choice(job: JobContext, model: ModelRecord, asked: str, batch_size: in
 
 def _precision(job: JobContext, model: ModelRecord, p: Precision, fp32: rule.Choice,
                speeds: dict[str, float] | None, batch_size: int) -> rule.PrecisionChoice:
-    """The precision for the job, measuring the int8 variant first where it could serve."""
-    variant = model["variants"].get("int8")
-    if (rule.int8_unmeasured(p.asked, p.min_agreement, variant, speeds)
-            and onnx_runtime.unavailable(job.parsed_device.kind) is None):
-        which = ["int8"] + ([] if (speeds or {}).get(fp32.engine) else [fp32.engine])
+    """The precision for the job, measuring first the variants that could serve and have no
+    figures on this kind of device."""
+    variants = model["variants"]
+    which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
+    if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
+        full = [] if (speeds or {}).get(fp32.engine) else [fp32.engine]
         try:
-            speeds = _measure(job, model, batch_size, which)
+            speeds = _measure(job, model, batch_size, which + full)
         except StoreChanged:
             raise
-        except Exception as exc:  # the variant could not run here: full precision serves
-            return rule.PrecisionChoice("fp32", f"int8 not measured: {first_line(exc)}")
-    return rule.choose_precision(p.asked, p.min_agreement, variant, speeds, fp32.engine)
+        except Exception as exc:  # a variant could not run here: full precision serves
+            return rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: "
+                                                f"{first_line(exc)}")
+    return rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
 
 
 @dataclass(frozen=True)
@@ -262,8 +266,8 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
     if fp32 is None:
         assert unmeasured is not None
         return mxnet_engine(model, device, unmeasured)
-    chosen = rule.PrecisionChoice("fp32", "--engine mxnet asked: int8 runs on ONNX Runtime")
-    if not (asked == "mxnet" and precision.asked != "int8"):
+    chosen = rule.PrecisionChoice("fp32", "--engine mxnet asked: variants run on ONNX Runtime")
+    if not (asked == "mxnet" and precision.asked not in rule.VARIANTS):
         chosen = _precision(job, model, precision, fp32, speeds, batch_size)
     if chosen.precision != "fp32":
         engine = onnx_engine(model, device.kind, fp32.reason if fp32.engine == "onnx" else

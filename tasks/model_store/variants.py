@@ -1,11 +1,17 @@
 """Lower-precision variants of a model version: an int8 build of its ONNX export, calibrated on
-the user's own samples and checked against float32 on samples it was not calibrated on.
+the user's own samples, or a float16 one, each checked against float32 on samples of the user's
+that the int8 build was not calibrated on.
 
-ONNX Runtime's static quantization (`quantize_static`) after its pre-processing (shape inference
+int8: ONNX Runtime's static quantization (`quantize_static`) after its pre-processing (shape inference
 and graph optimization): 8-bit activations (unsigned) and weights (signed, per output channel),
 as QLinearConv/QLinearMatMul operators. Measured on this project's 2-core AVX2 host against QDQ
 and signed activations, this was the fastest for LeNet and ResNet-18 (1.07x and 1.82x float32;
 signed QDQ activations ran ResNet-18 at 0.77x) with the same agreement (docs/precision.md).
+fp16: the export's weights and operators in float16 (ONNX Runtime's converter), its input and
+output kept float32, so a job feeds and reads it as the float32 model. For the CUDA provider (Tensor
+Cores); the CPU provider computes in float32 the operators it has no float16 kernel for, so it is
+checked anywhere but is rarely faster on a CPU, which the first `auto` job there measures.
+
 Whether a variant serves is decided per job (`mxq.engines.choose_precision`) from the figures
 stored here and the speeds measured on each kind of device; nothing here decides it.
 """
@@ -32,7 +38,7 @@ from mxq.tasks.model_store.locations import local_file, publish
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import Settings
 
-INT8_FILE = "model.int8.onnx"
+FILES = {"int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}  # beside the version's model.onnx
 CALIBRATION_SAMPLES = 256  # default number of samples the quantizer calibrates on
 HELD_OUT_SHARE, MAX_HELD_OUT = 0.25, 2048  # kept out of calibration to check the variant
 MIN_CALIBRATION, MIN_HELD_OUT = 16, 32
@@ -113,12 +119,21 @@ def quantize_int8(fp32: Path, target: Path, x: NDArray[np.float32]) -> None:
         prepared.unlink(missing_ok=True)
 
 
+def convert_fp16(fp32: Path, target: Path) -> None:
+    """Write `target`: `fp32` with float16 weights and operators, float32 input and output."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with _quiet():
+        onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(target))
+
+
 def _probabilities(path: Path, x: NDArray[np.float32]) -> NDArray[np.float32]:
     run = onnx_runtime.runner(onnx_runtime.session(path)[0])
     return np.concatenate([run(x[i:i + CHECK_BATCH]) for i in range(0, len(x), CHECK_BATCH)])
 
 
-def compare(fp32: Path, variant: Path, held: Calibration) -> dict[str, Any]:
+def compare(fp32: Path, variant: Path, held: Calibration, precision: str = "int8") -> dict[str, Any]:
     """The variant against float32 on the held-out samples: argmax agreement, the largest
     difference of a class probability, and with labels each precision's accuracy."""
     ours, theirs = _probabilities(variant, held.x), _probabilities(fp32, held.x)
@@ -128,7 +143,7 @@ def compare(fp32: Path, variant: Path, held: Calibration) -> dict[str, Any]:
         "accuracy": None}
     if held.y is not None:
         figures["accuracy"] = {"fp32": float((theirs.argmax(axis=1) == held.y).mean()),
-                               "int8": float((ours.argmax(axis=1) == held.y).mean())}
+                               precision: float((ours.argmax(axis=1) == held.y).mean())}
     return figures
 
 
@@ -137,9 +152,9 @@ def _fp32_file(settings: Settings, model: ModelRecord) -> Path:
     if not onnx.get("file"):
         raise VariantError(f"model {model['name']}:{model['version']} has no ONNX export "
                            f"({onnx.get('error') or 'registered before mxq exported models'}); "
-                           "an int8 variant is built from it")
+                           "a variant is built from it")
     if (missing := onnx_runtime.unavailable("cpu")) is not None:
-        raise VariantError(f"cannot build an int8 variant here: {missing}")
+        raise VariantError(f"cannot build a variant here: {missing}")
     path = local_file(settings, model, onnx["file"])
     try:
         verify(path, onnx.get("sha256"), "ONNX file", f"{model['name']}:{model['version']}")
@@ -148,26 +163,31 @@ def _fp32_file(settings: Settings, model: ModelRecord) -> Path:
     return path
 
 
-def build_int8(settings: Settings, model: ModelRecord, data: Calibration,
-               samples: int = CALIBRATION_SAMPLES, bound: float | None = None) -> ModelRecord:
-    """Build, check and store the int8 variant of `model` from `data`; the version's record
-    with it. `bound`: jobs that set no precision run it within that agreement. The variant's
+def build_variant(settings: Settings, model: ModelRecord, precision: str, data: Calibration,
+                  samples: int = CALIBRATION_SAMPLES, bound: float | None = None) -> ModelRecord:
+    """Build, check and store the `precision` variant of `model` ("int8": calibrated on up to
+    `samples` of `data`; "fp16"), checked on `data`'s held-out samples; the version's record
+    with it. `bound`: jobs that set no precision may run it within that agreement. The variant's
     file is uploaded to a bucket store before its row names it."""
     fp32 = _fp32_file(settings, model)
     calibrate, held = split(data, samples)
-    target = fp32.with_name(INT8_FILE)
+    target = fp32.with_name(FILES[precision])
     try:
-        quantize_int8(fp32, target, calibrate)
-        figures = compare(fp32, target, held)
-    except Exception as exc:  # the tool raises many types for graphs it cannot quantize
+        if precision == "int8":
+            quantize_int8(fp32, target, calibrate)
+        else:
+            convert_fp16(fp32, target)
+        figures = compare(fp32, target, held, precision)
+    except Exception as exc:  # the tools raise many types for graphs they cannot convert
         target.unlink(missing_ok=True)
-        raise VariantError(f"model {model['name']}:{model['version']}: ONNX Runtime's quantizer "
-                           f"cannot build an int8 variant: {reason(exc)}") from None
+        raise VariantError(f"model {model['name']}:{model['version']}: ONNX Runtime's tools "
+                           f"cannot build a {precision} variant: {reason(exc)}") from None
     publish(settings, settings.database, model["name"], model["version"], [target])
+    used = len(calibrate) if precision == "int8" else 0  # float16 needs no calibration
     variant = {"file": str(target), "sha256": sha256(target), **figures,
-               "calibration": {"source": data.source, "samples": len(calibrate)}, "bound": bound,
+               "calibration": {"source": data.source, "samples": used}, "bound": bound,
                "built_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    return registry.record_variant(settings.database, model["name"], model["version"], "int8",
+    return registry.record_variant(settings.database, model["name"], model["version"], precision,
                                    variant)
 
 

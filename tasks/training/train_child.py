@@ -32,7 +32,7 @@ from mxq.errors import MxqError, first_line, typed_line
 from mxq.objects import ObjectURLError
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.model_store.models import add_trained
-from mxq.tasks.model_store.variants import build_int8
+from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
 from mxq.tasks.runner import JobCancelled, JobContext, JobLost, JobPreempted, context_of
 from mxq.tasks.runtimes.mx import mx
@@ -115,22 +115,34 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
                                                metrics)
-    done = {"model_version": model["version"], "promotion": promotion}
+    done: dict[str, Any] = {"model_version": model["version"], "promotion": promotion}
     if p.calibration is not None and (promotion is None or promotion["decision"] == "promoted"):
-        done["variant"] = _variant(s, p, model)
+        built = _variants(s, p, model)
+        done |= {"variant": built[0], "variants": built}
     return done
 
 
-def _variant(s: Settings, p: TrainParams, model: ModelRecord) -> dict[str, Any]:
-    """The trained version's int8 variant, built from the job's calibration sample, in brief;
-    or why it could not be (the training succeeded: its version serves in float32)."""
+VARIANT_ERRORS = (MxqError, InputError, PathError, ObjectURLError, StorageError)
+
+
+def _variants(s: Settings, p: TrainParams, model: ModelRecord) -> list[dict[str, Any]]:
+    """The trained version's variants (`p.variants`), built from the job's calibration sample,
+    each in brief; or why it could not be (the training succeeded: the version serves in float32)."""
     assert p.calibration is not None
     try:
-        built = build_int8(s, model, calibration.load(s, p.calibration, model),
-                           bound=p.min_agreement)["variants"]["int8"]
-    except (MxqError, InputError, PathError, ObjectURLError, StorageError) as exc:
-        return {"precision": "int8", "error": str(exc)}
-    return {"precision": "int8", "agreement": built["agreement"], "max_diff": built["max_diff"],
+        data = calibration.load(s, p.calibration, model)
+    except VARIANT_ERRORS as exc:
+        return [{"precision": precision, "error": str(exc)} for precision in p.variants]
+    return [_variant(s, p, model, data, precision) for precision in p.variants]
+
+
+def _variant(s: Settings, p: TrainParams, model: ModelRecord, data: Calibration,
+             precision: str) -> dict[str, Any]:
+    try:
+        built = build_variant(s, model, precision, data, bound=p.min_agreement)["variants"][precision]
+    except VARIANT_ERRORS as exc:
+        return {"precision": precision, "error": str(exc)}
+    return {"precision": precision, "agreement": built["agreement"], "max_diff": built["max_diff"],
             "accuracy": built["accuracy"], "bound": built["bound"]}
 
 

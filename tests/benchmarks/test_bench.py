@@ -100,17 +100,22 @@ def test_the_objects_case_reads_the_input_from_a_bucket(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_engines_case_measures_int8_and_the_distance_to_peak(tmp_path: Path) -> None:
-    """Every model is run bare on three engines, its variant is built and checked, the precision
-    job says which it ran and why, and FLOPs and the CPU's peak are figures, not blanks."""
+def test_the_engines_case_measures_variants_and_the_distance_to_peak(tmp_path: Path) -> None:
+    """Every model is run bare on four engines, its variants are built (by `mxq train` for the
+    trained ones) and checked, the precision job says which it ran and why, and FLOPs and the
+    CPU's peak are figures, not blanks."""
     out, case = _quick_case(tmp_path, "engines")
     result = case["result"]
     assert result["peak"]["gflops"] > 0 and result["peak"]["flops_per_cycle"] in (8, 16, 32, 64)
     for m in result["models"]:
-        assert set(m["bare"]) == {"mxnet", "onnx", "int8"} and min(m["bare"].values()) > 0
-        assert 0 <= m["int8"]["agreement"] <= 1 and m["precision"] in ("fp32", "int8")
-        assert (m["precision"] == "int8") == ("meets the bound" in m["precision_reason"])
-        if m["int8"]["agreement"] < 0.99:
-            assert m["best_bare"] != "int8" and m["precision"] == "fp32"
+        assert set(m["bare"]) == {"mxnet", "onnx", "int8", "fp16"} and min(m["bare"].values()) > 0
+        assert m["precision"] in ("fp32", "int8", "fp16")
+        assert (m["precision"] != "fp32") == ("meets the bound" in m["precision_reason"])
+        for variant in ("int8", "fp16"):
+            assert 0 <= m[variant]["agreement"] <= 1
+            if m[variant]["agreement"] < 0.99:
+                assert m["best_bare"] != variant and m["precision"] != variant
+        if m["trained_on"]:  # trained on labeled data: the variants' accuracy beside float32's
+            assert set(m["int8"]["accuracy"]) == {"fp32", "int8"} and m["val_accuracy"] is not None
         assert m["flops_per_sample"] > 0 and m["gflops"] > 0
     assert "GFLOP/s" in (out / "report.md").read_text()

@@ -1,6 +1,6 @@
-"""Precision variants: `mxq models quantize` builds an int8 variant from the user's own samples
-and checks it on held-out ones; `--precision auto --min-agreement` serves it only within the
-bound and where it measured faster; every job says which precision it ran in, and why."""
+"""Precision variants: `mxq models quantize` builds an int8 (or fp16) variant from the user's own
+samples and checks it on held-out ones; `--precision auto --min-agreement` serves one only within
+the bound and where it measured faster; every job says which precision it ran in, and why."""
 
 from __future__ import annotations
 
@@ -12,17 +12,18 @@ import pytest
 
 from mxq.db import registry
 from mxq.db.outputs import predictions
-from mxq.engines import choose_precision, int8_unmeasured, precision_problem
+from mxq.engines import choose_precision, precision_problem, unmeasured
 from tests.conftest import Stack
 
 VARIANT = {"file": "x", "agreement": 0.995, "bound": None}
+INT8 = {"int8": VARIANT}
 
 
 # The rule, pure.
 
 def test_unset_precision_is_full_unless_the_version_allows_a_variant() -> None:
-    assert choose_precision(None, None, VARIANT, {"int8": 9e9, "onnx": 1.0}, "onnx").precision == "fp32"
-    allowed = {**VARIANT, "bound": 0.99}
+    assert choose_precision(None, None, INT8, {"int8": 9e9, "onnx": 1.0}, "onnx").precision == "fp32"
+    allowed = {"int8": {**VARIANT, "bound": 0.99}}
     assert choose_precision(None, None, allowed, {"int8": 9.0, "onnx": 1.0}, "onnx").precision == "int8"
 
 
@@ -35,27 +36,48 @@ def test_unset_precision_is_full_unless_the_version_allows_a_variant() -> None:
 def test_auto_serves_int8_only_within_the_bound_and_faster(bound: float, speeds: dict, precision: str,
                                                            words: str) -> None:
     fp32 = max(("mxnet", "onnx"), key=lambda e: speeds.get(e, 0.0))
-    chosen = choose_precision("auto", bound, VARIANT, speeds, fp32)
+    chosen = choose_precision("auto", bound, INT8, speeds, fp32)
     assert (chosen.precision, words in chosen.reason) == (precision, True), chosen.reason
 
 
+@pytest.mark.parametrize(("fp16", "speeds", "precision", "words"), [
+    (0.999, {"int8": 5.0, "fp16": 9.0, "onnx": 1.0}, "fp16", "fp16 agreement 99.90% meets the bound"),
+    (0.999, {"int8": 9.0, "fp16": 5.0, "onnx": 1.0}, "int8", "measured faster: 9 vs onnx 1"),
+    (0.98, {"int8": 5.0, "fp16": 9.0, "onnx": 1.0}, "int8", "measured faster: 5 vs onnx 1"),
+    (0.999, {"int8": 0.5, "fp16": 0.7, "onnx": 1.0}, "fp32", "int8 not faster: 0 vs onnx 1 samples/s; "
+                                                            "fp16 not faster"),
+])
+def test_auto_runs_the_fastest_variant_within_the_bound(fp16: float, speeds: dict, precision: str,
+                                                        words: str) -> None:
+    variants = {**INT8, "fp16": {**VARIANT, "agreement": fp16}}
+    chosen = choose_precision("auto", 0.99, variants, speeds, "onnx")
+    assert (chosen.precision, words in chosen.reason) == (precision, True), chosen.reason
+    if precision == "int8" and fp16 < 0.99:
+        assert "fp16 variant agreement 98.00% is below the bound 99.00%" in chosen.reason
+
+
 def test_only_a_variant_within_its_bound_is_measured() -> None:
-    assert int8_unmeasured("auto", 0.99, VARIANT, {"onnx": 1.0})
-    assert not int8_unmeasured("auto", 0.999, VARIANT, {"onnx": 1.0})  # it could never serve
-    assert not int8_unmeasured("fp32", None, VARIANT, None)
-    assert not int8_unmeasured("auto", 0.99, VARIANT, {"int8": 5.0})
+    assert unmeasured("auto", 0.99, INT8, {"onnx": 1.0}) == ["int8"]
+    assert unmeasured("auto", 0.999, INT8, {"onnx": 1.0}) == []  # it could never serve
+    assert unmeasured("fp32", None, INT8, None) == []
+    assert unmeasured("auto", 0.99, INT8, {"int8": 5.0}) == []
+    both = {**INT8, "fp16": {**VARIANT, "agreement": 0.9999}}
+    assert unmeasured("auto", 0.999, both, {"onnx": 1.0}) == ["fp16"]
+    assert unmeasured("auto", 0.99, both, {"onnx": 1.0}) == ["int8", "fp16"]
 
 
-@pytest.mark.parametrize(("asked", "bound", "variant", "engine", "words"), [
-    ("int8", None, None, "auto", "has no int8 variant; build one with `mxq models quantize m:1"),
-    ("int8", None, VARIANT, "mxnet", "allowed with --engine auto or onnx"),
-    ("auto", None, VARIANT, "auto", "--precision auto needs a bound"),
-    ("fp32", 0.9, VARIANT, "auto", "--min-agreement goes with --precision auto"),
+@pytest.mark.parametrize(("asked", "bound", "variants", "engine", "words"), [
+    ("int8", None, {}, "auto", "has no int8 variant; build one with `mxq models quantize m:1"),
+    ("fp16", None, INT8, "auto", "has no fp16 variant; build one with `mxq models quantize m:1 "
+                                 "--calibration FILE --precision fp16`"),
+    ("int8", None, INT8, "mxnet", "allowed with --engine auto or onnx"),
+    ("auto", None, INT8, "auto", "--precision auto needs a bound"),
+    ("fp32", 0.9, INT8, "auto", "--min-agreement goes with --precision auto"),
 ])
 def test_a_precision_that_cannot_be_honoured_is_refused(asked: str, bound: float | None,
-                                                        variant: dict | None, engine: str,
+                                                        variants: dict, engine: str,
                                                         words: str) -> None:
-    assert words in (precision_problem(asked, bound, variant, "m:1", engine) or "")
+    assert words in (precision_problem(asked, bound, variants, "m:1", engine) or "")
 
 
 # Through the CLI and real workers.
@@ -102,6 +124,7 @@ def test_quantize_stores_the_variants_checks_on_held_out_samples(stack: Stack) -
     (("--calibration", "nowhere.npy"), "nowhere.npy"),
     (("--calibration", "digits", "--samples", "0"), "--samples 0: allowed 1 to 100000"),
     (("--calibration", "digits", "--min-agreement", "1.5"), "--min-agreement 1.5: allowed 0 to 1"),
+    (("--calibration", "digits", "--precision", "int4"), "--precision 'int4': allowed int8, fp16"),
 ])
 def test_quantize_refuses_bad_input_in_one_line(stack: Stack, args: tuple[str, ...], words: str) -> None:
     stack.mxq("models", "add", "q-bad", "--arch", "lenet", "--input-shape", "1,8,8")
@@ -156,6 +179,31 @@ def test_int8_serves_when_faster_and_its_predictions_are_the_variants(workers: S
     assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
     forced = _infer(workers, "q-int8", name, "--precision", "fp32")
     assert (forced["result"]["precision"], forced["result"]["precision_reason"]) == ("fp32", "asked")
+
+
+def test_an_fp16_variant_is_checked_and_serves_beside_int8_by_measured_speed(workers: Stack) -> None:
+    int8 = _untrained_lenet(workers, "q-fp16")
+    fp16 = _mxq_json(workers, "models", "quantize", "q-fp16", "--calibration", "digits",
+                     "--precision", "fp16")
+    assert Path(fp16["file"]).name == "model.fp16.onnx" and fp16["calibration"]["samples"] == 0
+    assert set(fp16["accuracy"]) == {"fp32", "fp16"} and fp16["held_out"] == int8["held_out"]
+    assert fp16["agreement"] >= int8["agreement"]  # float16 rounds far less than 8 bits
+    assert 0.0 < fp16["max_diff"] < 0.01
+    shown = _mxq_json(workers, "models", "q-fp16")[0]["variants"]
+    assert set(shown) == {"int8", "fp16"} and shown["int8"]["sha256"] == int8["sha256"]
+    registry.record_engine_speeds(workers.settings.database, "q-fp16", 1, "cpu",
+                                  {"mxnet": 100.0, "onnx": 200.0, "int8": 900.0, "fp16": 5000.0})
+    name, x = _digits_input(workers, "q-fp16.npy")
+    job = _infer(workers, "q-fp16", name, "--precision", "auto", "--min-agreement", "0.0")
+    assert (job["result"]["engine"], job["result"]["precision"]) == ("onnx", "fp16"), job["result"]
+    assert "int8 slower than fp16: 900 samples/s" in job["result"]["precision_reason"]
+    from mxq.tasks.model_store.variants import _probabilities
+
+    expected = _probabilities(Path(fp16["file"]), (x / 16).astype(np.float32))
+    rows = predictions.read(workers.settings.database, job["id"])
+    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+    forced = _infer(workers, "q-fp16", name, "--precision", "int8")
+    assert (forced["result"]["precision"], forced["result"]["precision_reason"]) == ("int8", "asked")
 
 
 @pytest.mark.slow

@@ -106,11 +106,11 @@ class InferRequest(BaseModel):
     engine: Literal["auto", "mxnet", "onnx"] = Field(
         "auto", description="MXNet, ONNX Runtime on the model's ONNX export, or 'auto': the one "
         "measured faster for this model on this kind of device (MXNet where ONNX disagrees).")
-    precision: Literal["auto", "fp32", "int8"] | None = Field(
-        None, description="fp32 (full precision), int8 (the version's int8 variant, on ONNX "
-        "Runtime), or 'auto': the int8 variant only where its agreement with float32 meets "
-        "min_agreement and it measured faster on this kind of device; unset: as the version was "
-        "quantized (auto within its --min-agreement), else fp32.")
+    precision: Literal["auto", "fp32", "int8", "fp16"] | None = Field(
+        None, description="fp32 (full precision), int8 or fp16 (the version's variant of that "
+        "precision, on ONNX Runtime), or 'auto': the fastest variant whose agreement with float32 "
+        "meets min_agreement, only where it measured faster than float32 on this kind of device; "
+        "unset: as the version was quantized (auto within its --min-agreement), else fp32.")
     min_agreement: float | None = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="With precision 'auto': the least "
         "argmax agreement with float32, on held-out calibration samples, a variant must have "
@@ -208,9 +208,12 @@ class TrainOptions(BaseModel):
     label_column: str = "label"
     input_shape: list[int] | None = Field(None, description="Image datasets: C,H,W to resize to.")
     calibration: str | None = Field(
-        None, min_length=1, max_length=1100, description="Samples the trained version's int8 "
-        "variant is built from (as `mxq models quantize --calibration`); a scheduled retraining "
-        "builds it only for a version it promotes.")
+        None, min_length=1, max_length=1100, description="Samples the trained version's variants "
+        "are built from (as `mxq models quantize --calibration`); a scheduled retraining "
+        "builds them only for a version it promotes.")
+    variants: list[Literal["int8", "fp16"]] = Field(
+        ["int8"], min_length=1, max_length=2, description="With calibration: the precisions of "
+        "the variants built (`mxq models quantize --precision`).")
     min_agreement: float | None = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="With calibration: jobs that set "
         "no precision run the variant within this agreement (`mxq models quantize --min-agreement`).")

@@ -27,7 +27,7 @@ from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
 from mxq.db.registry import resolve
 from mxq.db.reports.history import job_by_key
 from mxq.device import Device
-from mxq.engines import disagreement, needed, precision_problem
+from mxq.engines import VARIANTS, disagreement, needed, precision_problem
 from mxq.errors import Conflict, JobRejected
 from mxq.objects import ObjectURLError
 from mxq.priorities import Priority
@@ -140,7 +140,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
         raise PathError(f"input {params['input']} holds {size} bytes, more than the "
                         f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
     if (problem := precision_problem(params.get("precision"), params.get("min_agreement"),
-                                     model["variants"].get("int8"), f"{name}:{model['version']}",
+                                     model["variants"], f"{name}:{model['version']}",
                                      params.get("engine", "auto"))) is not None:
         raise ParamsError(problem)
     return {**params, "model": name, "model_version": model["version"], "input": str(path),
@@ -251,8 +251,8 @@ def _need(kind: str, params: dict[str, Any], models: Models) -> Need:
     asked, model = params.get("engine", "auto"), models[(params["model"], params["model_version"])]
     precision = params.get("precision")
     engine = needed(kind, asked, model.get("onnx"), precision)
-    if precision == "int8" and asked != engine:
-        return Need(engine, "inference with --precision int8 (ONNX Runtime)")
+    if precision in VARIANTS and asked != engine:
+        return Need(engine, f"inference with --precision {precision} (ONNX Runtime)")
     if engine is None or asked == engine:
         return Need(engine, f"inference with --engine {asked}")
     return Need(engine, f"inference of {params['model']}:{params['model_version']} "
