@@ -24,8 +24,8 @@ EPOCHS = 30
 
 
 def _infer(stack: Stack, name: str, priority: Priority, device: str = "cpu:0",
-           model: str = "mlp64") -> int:
-    return submit(stack.settings, "infer", {"model": model, "input": name, "batch_size": 256},
+           model: str = "mlp64", batch_size: int = 256) -> int:
+    return submit(stack.settings, "infer", {"model": model, "input": name, "batch_size": batch_size},
                   device, priority=priority)
 
 
@@ -88,7 +88,9 @@ def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once
     x = np.random.default_rng(5).standard_normal((30_000, 1, 28, 28)).astype(np.float32)
     save_npy(workers, "preempt.npy", x)
     save_npy(workers, "urgent.npy", x[:500])
-    low = _infer(workers, "preempt.npy", LOW, model=lenet)
+    # Small batches: the low job lasts several flushes (a second each) even on a fast CPU, so it
+    # is still running when the high one arrives.
+    low = _infer(workers, "preempt.npy", LOW, model=lenet, batch_size=16)
     wait_until(lambda: committed_position(workers, low), 60, "the low job to store a flush",
                until=lambda n: n > 0, interval=0.05)
     high = _infer(workers, "urgent.npy", HIGH, model=lenet)
