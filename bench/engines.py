@@ -18,7 +18,8 @@ checked on a held-out quarter), run bare on ONNX Runtime and by `mxq infer --pre
 --min-agreement 0.99`; the ratio is that job against the best bare loop the bound allows (a
 variant counts only when its agreement meets 0.99). The report gives each model's FLOPs per
 sample (its convolutions and matrix products, from the ONNX graph) and the GFLOP/s achieved
-beside the device's float32 peak (cores x clock x FLOPs per cycle from the CPU's vector flags).
+beside the device's peak for the precision it ran in (cores x clock x operations per cycle from
+the CPU's vector flags; int8 against the int8 peak).
 Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (the MLP's is capped at
 1 GiB of input: at a million samples/s, 10 s would be 10 GiB).
 
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.infer_overhead import bare_loop, make_input
+from bench.report import against_peak
 from bench.stack import rate, run_pinned, running_stack, wait_job, worker_cores
 from mxq.workers.settings import Settings
 
@@ -126,23 +128,33 @@ def flops_per_sample(onnx_file: str, input_shape: tuple[int, ...]) -> float:
 
 
 def peak_gflops(cores: int) -> dict[str, Any]:
-    """The float32 peak of `cores` of this CPU: clock (its maximum frequency, else the current
-    one) x FLOPs per cycle of its widest vector unit (two FMA pipes: AVX-512 64, AVX2+FMA 32,
-    AVX 16, SSE 8)."""
+    """The float32 and int8 peaks of `cores` of this CPU: clock (its maximum frequency, else the
+    current one) x operations per cycle of its widest vector unit. float32: two FMA pipes, so
+    AVX-512 64 FLOP/cycle (32 on AMD's Zen 4, family 25, which runs 512-bit FMAs as two halves),
+    AVX2+FMA 32, AVX 16, SSE 8. int8 multiply-adds: 4x that with VNNI (vpdpbusd: four 8-bit
+    products per 32-bit lane), else 2x (vpmaddubsw)."""
     flags: set[str] = set()
-    mhz = 0.0
+    mhz, family, vendor = 0.0, 0, ""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-        if line.startswith("cpu MHz") and not mhz:
-            mhz = float(line.split(":", 1)[1])
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "flags" and not flags:
+            flags = set(value.split())
+        elif key == "cpu MHz" and not mhz:
+            mhz = float(value)
+        elif key == "cpu family" and not family:
+            family = int(value)
+        elif key == "vendor_id" and not vendor:
+            vendor = value
     top = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     if top.is_file():
         mhz = int(top.read_text()) / 1000
-    per_cycle = (64 if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else
+    halves = vendor == "AuthenticAMD" and family == 25
+    per_cycle = ((32 if halves else 64) if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else
                  16 if "avx" in flags else 8)
-    return {"gflops": cores * mhz / 1000 * per_cycle, "cores": cores, "ghz": mhz / 1000,
-            "flops_per_cycle": per_cycle, "vnni": "avx512_vnni" in flags or "avx_vnni" in flags}
+    vnni = "avx512_vnni" in flags or "avx_vnni" in flags
+    gflops = cores * mhz / 1000 * per_cycle
+    return {"gflops": gflops, "int8_gops": gflops * (4 if vnni else 2), "cores": cores,
+            "ghz": mhz / 1000, "flops_per_cycle": per_cycle, "vnni": vnni}
 
 
 def bare_onnx(model: ModelRecord, path: str, batch: int, precision: str = "onnx") -> float:
@@ -267,8 +279,7 @@ def run(scale: float = 1.0, epochs: int = 3, root: Path | None = None) -> dict[s
                   f"mxq --precision auto ({r['precision']}) {r['mxq_precision']:10,.0f} samples/s  "
                   f"ratio {r['ratio']:.3f}; agreement int8 {r['int8']['agreement']:.2%}, fp16 "
                   f"{r['fp16']['agreement']:.2%}; "
-                  f"{r['flops_per_sample'] / 1e6:,.2f} MFLOP/sample, {r['gflops']:.1f} GFLOP/s of "
-                  f"{peak['gflops']:.0f} peak")
+                  f"{r['flops_per_sample'] / 1e6:,.2f} MFLOP/sample, {against_peak(r, peak)}")
     worst = min(results, key=lambda r: r["ratio"])
     return {"models": results, "ratio": worst["ratio"], "worst": worst["arch"], "peak": peak}
 

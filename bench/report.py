@@ -36,7 +36,7 @@ TITLES = {
     "writes": "Result writes: `db.predictions.write` vs a bare bulk insert",
     "training": "Training: `mxq train` vs the bare data-parallel loop",
     "memory": "Memory: worker peak RSS at 1x and 10x input",
-    "engines": "Engines: `mxq infer --precision auto` vs bare MXNet, ONNX Runtime and int8",
+    "engines": "Engines: `mxq infer --precision auto` vs bare MXNet, ONNX Runtime, int8 and fp16",
     "fleet": "Fleet: 10 to 1,000 simulated devices on one Redis and one PostgreSQL",
     "sharing": "Sharing: an urgent job on devices saturated by low-priority work, and a preemption's cost",
 }
@@ -78,17 +78,19 @@ ABOUT = {
     "(`split_and_load`, one `Trainer.step`), run with the cores and threads mxq gives the job, "
     "on 1 and 2 devices. Each side's figure is the median of its epochs' samples/s (the bare "
     "loop runs before and after the job); the whole job's figure is listed below the table.",
-    "engines": "For the built-in MLP, LeNet and ResNet-18 (random weights): one registered version "
+    "engines": "For the built-in MLP, LeNet and ResNet-18: one registered version "
     "(exported to ONNX at registration) and one `.npy` input. The bare MXNet loop and the bare ONNX "
     "Runtime loop (read a batch, run, probabilities to NumPy) run in a process pinned to the "
     "worker's cores with its thread limits; then `mxq infer --engine auto` on that worker: its first "
     "job measures both engines and stores the choice; the figure is the next job, which stores its "
     "probabilities in the job's `.npy` (`--output npy`); a third stores SQL rows, for information "
-    "(a small model on a fast engine is then bound by the writes). Each version also gets its int8 "
-    "variant (`mxq models quantize`, calibrated on the input's own samples), run bare and by "
+    "(a small model on a fast engine is then bound by the writes). LeNet is trained on the digits "
+    "and ResNet-18 briefly on generated images (the MLP keeps random weights); each version gets "
+    "int8 and fp16 variants (checked on held-out samples), run bare and by "
     "`mxq infer --precision auto --min-agreement 0.99`: the aim is that job against the best bare "
-    "loop the bound allows (int8 only where its agreement meets 0.99); the stored predictions are "
-    "compared with MXNet's; FLOPs per sample and GFLOP/s against the CPU's float32 peak are listed.",
+    "loop the bound allows (a variant only where its agreement meets 0.99); the stored predictions "
+    "are compared with MXNet's; FLOPs per sample and the rate against the CPU's peak for the "
+    "precision run (float32, or int8) are listed.",
     "fleet": "Simulated device workers (`bench/fleet/devices.py`: threads in a few processes, "
     "nodes of 8 GPUs) run mxq's real worker code (register, heartbeat, consume the device and pool "
     "queues through the Celery app's kombu connection, claim in SQL, leases, progress, throughput "
@@ -174,8 +176,8 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
                        f"{m['precision']}), --output npy", m["mxq_precision"], m["ratio"], case,
                        note=f"fp32 --engine auto {m['mxq_auto']:,.0f} ({m['ratio_fp32']:.2f} of bare "
                        f"{m['faster_bare']}), with SQL rows {m['mxq_auto_sql']:,.0f} samples/s; "
-                       f"int8 agreement {m['int8']['agreement']:.2%}; {m['gflops']:.1f} GFLOP/s of "
-                       f"{r['peak']['gflops']:.0f} peak")
+                       f"agreement int8 {m['int8']['agreement']:.2%}, fp16 {m['fp16']['agreement']:.2%}; "
+                       f"{against_peak(m, r['peak'])}")
                 for m in r["models"]]
     if case == "inference":
         return [_check("samples/s, one device", "samples/s", "bare MXNet loop", r["bare"],
@@ -332,6 +334,7 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
                      {"bare MXNet": [m["bare"]["mxnet"] for m in r["models"]],
                       "bare ONNX Runtime": [m["bare"]["onnx"] for m in r["models"]],
                       "bare int8": [m["bare"]["int8"] for m in r["models"]],
+                      "bare fp16": [m["bare"]["fp16"] for m in r["models"]],
                       "mxq auto (.npy)": [m["mxq_auto"] for m in r["models"]],
                       "mxq --precision auto": [m["mxq_precision"] for m in r["models"]],
                       "mxq auto (SQL rows)": [m["mxq_auto_sql"] for m in r["models"]]}, "samples/s")
@@ -503,8 +506,7 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
                 + "; ".join(f"{v} agreement {m[v]['agreement']:.2%}, max diff {m[v]['max_diff']:.2g}"
                             for v in ("int8", "fp16"))
                 + f" on {m['int8']['held_out']} held-out samples; {m['flops_per_sample'] / 1e6:,.2f} "
-                f"MFLOP/sample, {m['gflops']:.1f} GFLOP/s = {m['gflops'] / peak['gflops']:.1%} of the "
-                f"float32 peak {peak['gflops']:.0f} GFLOP/s ({peak['cores']} cores x "
+                f"MFLOP/sample, {against_peak(m, peak)} ({peak['cores']} cores x "
                 f"{peak['ghz']:.2f} GHz x {peak['flops_per_cycle']} FLOP/cycle); cores {m['cores']}"
                 for m in r["models"]]
     if case == "objects":
@@ -542,6 +544,17 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- backlog {r['backlog']} jobs of {r['samples']:,} samples (about {r['job_seconds']:g} s)"
                 f"; delays (s) without preemption {delays['no_preemption']}; with {delays['preemption']}"]
     return []
+
+
+def against_peak(m: dict[str, Any], peak: dict[str, Any]) -> str:
+    """A model's achieved rate beside the peak of the precision it ran in: int8 operations
+    against the int8 peak, float32 and float16 (computed in float32 where the CPU has no float16
+    kernel) against the float32 one."""
+    if m["precision"] == "int8":
+        return (f"{m['gflops']:,.1f} G int8 op/s = {m['gflops'] / peak['int8_gops']:.1%} of the int8 "
+                f"peak {peak['int8_gops']:,.0f} G op/s ({'VNNI' if peak['vnni'] else 'no VNNI'})")
+    return (f"{m['gflops']:,.1f} GFLOP/s = {m['gflops'] / peak['gflops']:.1%} of the float32 peak "
+            f"{peak['gflops']:,.0f} GFLOP/s")
 
 
 def _trained(m: dict[str, Any]) -> str:

@@ -151,6 +151,12 @@ class JobOutputs:
         self.rows_wanted = self.p.output in ("db", "both")
 
     @property
+    def holds_results(self) -> bool:
+        """Whether a flush's results wait in memory until it is stored (SQL rows, Parquet tables),
+        rather than going straight into the memory-mapped .npy."""
+        return self.rows_wanted or self.parts is not None
+
+    @property
     def shown(self) -> str:
         """What the job's result names as its output."""
         if self.parts is not None:

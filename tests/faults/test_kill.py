@@ -19,7 +19,7 @@ from mxq.db.outputs.epochs import list_epochs
 from mxq.db.outputs.parquet import parts_dir
 from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
-from mxq.tasks.inference.infer import FLUSH_ROWS
+from mxq.tasks.inference.infer import flush_rows
 from mxq.workers.jobs.submit import submit
 from tests.faults.stacks import FaultStack, _zombie_or_gone, report
 from tests.support.inference import committed_position
@@ -173,14 +173,15 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
         # Measured where the killed attempt's work is visible (the .npy it filled as it went).
         total = None if computed is None else computed + INFER_SAMPLES - resumed
         if computed is not None:  # what the killed attempt computed and did not commit, exactly:
-            # at most the flush being stored and the one being computed (of FLUSH_ROWS + a batch)
-            assert 0 <= computed - resumed <= 2 * (FLUSH_ROWS + 512)
+            # at most the flush being stored and the one being computed (of flush_rows + a batch)
+            assert 0 <= computed - resumed <= 2 * (flush_rows(output != "npy", 10, INFER_SAMPLES) + 512)
         _check_predictions(faulty, job, output, reference)
         figures[output] = {"killed_at": round(at_kill / INFER_SAMPLES, 3),
                            "resumed_from": resumed, "computed_total": total,
                            "recomputed": None if total is None else total - INFER_SAMPLES}
     report("SIGKILL at 60 %, resumed", {"backend": faulty.name, "samples": INFER_SAMPLES,
-                                        "flush_rows": FLUSH_ROWS, **figures})
+                                        "flush_rows": {o: flush_rows(o != "npy", 10, INFER_SAMPLES)
+                                                       for o in figures}, **figures})
 
 
 def _check_predictions(stack: FaultStack, job: JobRecord, output: str, reference: np.ndarray) -> None:
