@@ -32,8 +32,9 @@ from mxq.workers.settings import get_settings
 Batch = NDArray[np.float32]
 
 # Each engine is timed on batches of the job's size (kept between these bounds), after one
-# untimed warm-up, for at least MEASURE_BATCHES batches and MEASURE_SECONDS.
-MEASURE_BATCHES, MEASURE_SECONDS = 3, 0.3
+# untimed warm-up, in MEASURE_ROUNDS turns taken in alternation, each of at least
+# MEASURE_BATCHES batches and MEASURE_SECONDS; an engine's figure is its best turn.
+MEASURE_ROUNDS, MEASURE_BATCHES, MEASURE_SECONDS = 3, 1, 0.1
 MEASURE_BATCH_RANGE = (16, 256)
 
 
@@ -182,12 +183,25 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str, precision: str = "fp
 
 
 def _rate(engine: Engine, sample: Batch) -> float:
-    engine.forward(sample)  # warm-up: graph building, allocation
     began, batches = time.perf_counter(), 0
     while batches < MEASURE_BATCHES or time.perf_counter() - began < MEASURE_SECONDS:
         engine.forward(sample)
         batches += 1
     return batches * len(sample) / (time.perf_counter() - began)
+
+
+def _rates(built: dict[str, Engine], sample: Batch) -> dict[str, float]:
+    """Each engine's samples/s on `sample`: warmed up (graph building, allocation), then timed in
+    turns taken in alternation, its best turn kept. Timing one engine after the other let a
+    neighbour's load on a shared host fall on one of them and flip the choice between two close
+    ones (fp32 and fp16 on a CPU, seen here)."""
+    for engine in built.values():
+        engine.forward(sample)
+    best = dict.fromkeys(built, 0.0)
+    for _ in range(MEASURE_ROUNDS):
+        for name, engine in built.items():
+            best[name] = max(best[name], _rate(engine, sample))
+    return best
 
 
 def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[str]) -> dict[str, float]:
@@ -197,13 +211,14 @@ def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[s
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)
     kind = job.parsed_device.kind
+
     def build(name: str) -> Engine:
         if name == "mxnet":
             return mxnet_engine(model, job.parsed_device, "")
         return onnx_engine(model, kind, "", "fp32" if name == "onnx" else name)
 
     speeds = {**((model.get("engines") or {}).get(kind) or {}),
-              **{name: _rate(build(name), batch) for name in which}}
+              **_rates({name: build(name) for name in which}, batch)}
     registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
     model["engines"] = {**(model.get("engines") or {}), kind: speeds}
     return speeds
@@ -237,9 +252,8 @@ def _precision(job: JobContext, model: ModelRecord, p: Precision, fp32: rule.Cho
     variants = model["variants"]
     which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
     if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
-        full = [] if (speeds or {}).get(fp32.engine) else [fp32.engine]
-        try:
-            speeds = _measure(job, model, batch_size, which + full)
+        try:  # full precision again, in the same turns: the variants are judged against it
+            speeds = _measure(job, model, batch_size, [*which, fp32.engine])
         except StoreChanged:
             raise
         except Exception as exc:  # a variant could not run here: full precision serves
