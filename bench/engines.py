@@ -20,8 +20,8 @@ variant counts only when its agreement meets 0.99). The report gives each model'
 sample (its convolutions and matrix products, from the ONNX graph) and the GFLOP/s achieved
 beside the device's peak for the precision it ran in (cores x clock x operations per cycle from
 the CPU's vector flags; int8 against the int8 peak).
-Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (the MLP's is capped at
-1 GiB of input: at a million samples/s, 10 s would be 10 GiB).
+Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (timed first on 64
+batches; at most 1 GiB of input: the MLP's, at millions of samples/s, stops there).
 
     python -m bench.engines [--scale 1.0] [--epochs 3]
 """
@@ -43,9 +43,10 @@ from mxq.workers.settings import Settings
 if TYPE_CHECKING:
     from mxq.db.records import ModelRecord
 
-# (architecture, input shape, batch size, samples at scale 1)
-MODELS = [("mlp", (256,), 512, 1_000_000), ("lenet", (1, 28, 28), 256, 120_000),
-          ("resnet18_v1", (3, 64, 64), 64, 4_000)]
+# (architecture, input shape, batch size)
+MODELS = [("mlp", (256,), 512), ("lenet", (1, 28, 28), 256), ("resnet18_v1", (3, 64, 64), 64)]
+SECONDS = 10.0  # a bare float32 ONNX Runtime loop over the input lasts this long at scale 1 ...
+MAX_INPUT_BYTES = 1 << 30  # ... unless the input would hold more than this
 TRAINED_ON = {"lenet": "digits", "resnet18_v1": "generated"}  # the others keep random weights
 BOUND = 0.99  # --min-agreement of the precision jobs
 CALIBRATION_SAMPLES = 4096
@@ -81,10 +82,10 @@ def _tiled(path: Path, x: np.ndarray, samples: int) -> Path:
     return path
 
 
-def _trained(s: Settings, arch: str, shape: tuple[int, ...], samples: int, epochs: int
-             ) -> tuple[Path, dict[str, Any]]:
+def _trained(s: Settings, arch: str, shape: tuple[int, ...], epochs: int
+             ) -> tuple[np.ndarray, dict[str, Any]]:
     """`mxq train` of `arch` on its dataset, building both variants from that (labeled) dataset;
-    the inference input (the dataset tiled) and the training's figures."""
+    the dataset's samples (the inference input tiles them) and the training's figures."""
     from mxq.workers.jobs.submit import submit
 
     x, y = _dataset(arch, shape)
@@ -97,9 +98,20 @@ def _trained(s: Settings, arch: str, shape: tuple[int, ...], samples: int, epoch
     result = job["result"] or {}
     failed = [v for v in result.get("variants", []) if "error" in v]
     assert not failed, failed
-    return _tiled(s.home_path / f"{arch}.npy", x, samples), {
-        "trained_on": TRAINED_ON[arch], "train_samples": len(x), "epochs": epochs,
-        "val_accuracy": result.get("val_accuracy")}
+    return x, {"trained_on": TRAINED_ON[arch], "train_samples": len(x), "epochs": epochs,
+               "val_accuracy": result.get("val_accuracy")}
+
+
+def _sized(s: Settings, arch: str, shape: tuple[int, ...], batch: int, cores: list[int],
+           scale: float) -> int:
+    """Samples for SECONDS x `scale` of the bare float32 ONNX Runtime loop, timed on 64 batches
+    (pinned like the others), within MAX_INPUT_BYTES: fixed costs (a job's start, loading the
+    model) must not weigh on a fast CPU's figures."""
+    probe = make_input(s.home_path / f"{arch}-probe.npy", batch * 64, shape)
+    samples_per_sec = _pinned(s, "onnx", arch, probe, batch, cores)
+    probe.unlink()
+    most = MAX_INPUT_BYTES // (4 * int(np.prod(shape)))
+    return max(256, batch * 4, int(min(samples_per_sec * SECONDS, most) * scale))
 
 
 def flops_per_sample(onnx_file: str, input_shape: tuple[int, ...]) -> float:
@@ -196,20 +208,23 @@ def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict
             "max_score_diff": float(np.abs(scores - theirs.max(axis=1)).max())}
 
 
-def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, samples: int,
+def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale: float,
               epochs: int) -> dict[str, Any]:
     from mxq.db.registry import resolve
     from mxq.tasks.model_store.models import add_builtin
     from mxq.workers.jobs.submit import submit
 
     training: dict[str, Any] = {"trained_on": None}
+    x: np.ndarray | None = None
     if arch in TRAINED_ON:
-        path, training = _trained(s, arch, shape, samples, epochs)
+        x, training = _trained(s, arch, shape, epochs)
         model = resolve(s.database, arch)
     else:
         model = add_builtin(s.database, s.home_path, arch, arch, shape, 10)
-        path = make_input(s.home_path / f"{arch}.npy", samples, shape)
     cores = worker_cores(s, "cpu:0")
+    samples = _sized(s, arch, shape, batch, cores, scale)
+    path = (make_input(s.home_path / f"{arch}.npy", samples, shape) if x is None else
+            _tiled(s.home_path / f"{arch}.npy", x, samples))
     bare = {"mxnet": _pinned(s, "mxnet", arch, path, batch, cores),
             "onnx": _pinned(s, "onnx", arch, path, batch, cores)}
     params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
@@ -268,8 +283,8 @@ def run(scale: float = 1.0, epochs: int = 3, root: Path | None = None) -> dict[s
     results = []
     with running_stack(cpu_devices=1, root=root, prefix="engines-") as s:
         peak = peak_gflops(len(worker_cores(s, "cpu:0")))
-        for arch, shape, batch, samples in MODELS:
-            r = one_model(s, arch, shape, batch, max(256, batch * 4, int(samples * scale)), epochs)
+        for arch, shape, batch in MODELS:
+            r = one_model(s, arch, shape, batch, scale, epochs)
             r["gflops"] = r["mxq_precision"] * r["flops_per_sample"] / 1e9
             results.append(r)
             print(f"  {arch:12} {str(tuple(shape)):14} batch {batch:4}: bare MXNet "

@@ -88,9 +88,9 @@ def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once
     x = np.random.default_rng(5).standard_normal((30_000, 1, 28, 28)).astype(np.float32)
     save_npy(workers, "preempt.npy", x)
     save_npy(workers, "urgent.npy", x[:500])
-    # Small batches: the low job lasts several flushes (a second each) even on a fast CPU, so it
-    # is still running when the high one arrives.
-    low = _infer(workers, "preempt.npy", LOW, model=lenet, batch_size=16)
+    # One sample a batch: the low job lasts seconds (several one-second flushes) even on a fast
+    # CPU, where a batch of 256 ends 30,000 samples in about one, before the high one arrives.
+    low = _infer(workers, "preempt.npy", LOW, model=lenet, batch_size=1)
     wait_until(lambda: committed_position(workers, low), 60, "the low job to store a flush",
                until=lambda n: n > 0, interval=0.05)
     high = _infer(workers, "urgent.npy", HIGH, model=lenet)
@@ -105,8 +105,8 @@ def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once
     assert urgent["finished_at"] < done["finished_at"]
     kinds = [e["kind"] for e in events.list_events(workers.settings.database, low)]
     assert events.RESUMED in kinds and (done["result"] or {}).get("resumed_from", 0) > 0
-    uninterrupted = workers.wait(_infer(workers, "preempt.npy", Priority.of("normal"), model=lenet),
-                                 timeout=180)
+    uninterrupted = workers.wait(_infer(workers, "preempt.npy", Priority.of("normal"), model=lenet,
+                                        batch_size=1), timeout=180)
     stored, reference = _stored(workers, low), _stored(workers, uninterrupted["id"])
     assert [i for i, _, _ in stored] == list(range(len(x)))  # each sample once, none lost
     assert [c for _, c, _ in stored] == [c for _, c, _ in reference]

@@ -68,9 +68,9 @@ def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stac
 def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Stack, mlp: dict,
                                                                     lenet: str, capped: str) -> None:
     s = workers.settings.model_copy(update={"quota_borrowing": True})  # MXQ_QUOTA_BORROWING=1
-    # Small batches: both jobs last several flushes (a second each) even on a fast CPU, so the
-    # borrowed one is still running when the taker arrives.
-    params = {"model": lenet, "input": "quota.npy", "batch_size": 16}
+    # One sample a batch: both jobs last seconds (several one-second flushes) even on a fast CPU,
+    # so the borrowed one is still running when the taker arrives.
+    params = {"model": lenet, "input": "quota.npy", "batch_size": 1}
     mine, lent = (submit(s, "infer", dict(params), "auto", owner=capped) for _ in range(2))
     wait_until(lambda: [committed_position(workers, i) > 0 for i in (mine, lent)], 60,
                "both to store a flush", until=lambda stored: all(stored), interval=0.05)
