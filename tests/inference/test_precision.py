@@ -226,7 +226,7 @@ def test_a_precision_that_cannot_be_honoured_fails_at_submit(stack: Stack) -> No
                         (("--precision", "auto", "--min-agreement", "2"), "min_agreement")]:
         proc = stack.mxq("infer", "q-none", name, *args, "--allow-offline")
         assert proc.returncode in (1, 2) and words in proc.stderr, proc.stderr  # 1: recorded failed
-    proc = stack.mxq("train", "lenet", "digits", "--calibration", "digits", "--variants", "int8,int4",
-                     "--allow-offline")
+    proc = stack.mxq("train", "lenet", "digits", "--name", "q-train", "--calibration", "digits",
+                     "--variants", "int8,int4", "--allow-offline")
     assert proc.returncode in (1, 2) and "int4" in proc.stderr and "fp16" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
