@@ -38,6 +38,7 @@ import numpy as np
 from bench.infer_overhead import bare_loop, make_input
 from bench.report import against_peak
 from bench.stack import rate, run_pinned, running_stack, wait_job, worker_cores
+from mxq.engines import VARIANTS
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ MAX_INPUT_BYTES = 1 << 30  # ... unless the input would hold more than this
 TRAINED_ON = {"lenet": "digits", "resnet18_v1": "generated"}  # the others keep random weights
 BOUND = 0.99  # --min-agreement of the precision jobs
 CALIBRATION_SAMPLES = 4096
-VARIANTS = ("int8", "fp16")
 GENERATED = 1_000  # generated images ResNet-18 is trained on
 
 

@@ -106,6 +106,15 @@ def _digits_input(stack: Stack, name: str) -> tuple[str, np.ndarray]:
     return name, x
 
 
+def _assert_served_by(stack: Stack, job: dict, variant: dict, x: np.ndarray) -> None:
+    """The job's stored classes are those the variant's own file gives for the digits `x`."""
+    from mxq.tasks.model_store.variants import _probabilities
+
+    expected = _probabilities(Path(variant["file"]), (x / 16).astype(np.float32))
+    rows = predictions.read(stack.settings.database, job["id"])
+    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+
+
 def test_quantize_stores_the_variants_checks_on_held_out_samples(stack: Stack) -> None:
     variant = _untrained_lenet(stack, "q-check")
     assert Path(variant["file"]).is_file() and Path(variant["file"]).name == "model.int8.onnx"
@@ -172,11 +181,7 @@ def test_int8_serves_when_faster_and_its_predictions_are_the_variants(workers: S
     assert job["status"] == "succeeded", job["error"]
     assert (job["result"]["engine"], job["result"]["precision"]) == ("onnx", "int8")
     assert "measured faster: 9000 vs onnx 200" in job["result"]["precision_reason"]
-    from mxq.tasks.model_store.variants import _probabilities
-
-    expected = _probabilities(Path(variant["file"]), (x / 16).astype(np.float32))
-    rows = predictions.read(workers.settings.database, job["id"])
-    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+    _assert_served_by(workers, job, variant, x)
     forced = _infer(workers, "q-int8", name, "--precision", "fp32")
     assert (forced["result"]["precision"], forced["result"]["precision_reason"]) == ("fp32", "asked")
 
@@ -197,11 +202,7 @@ def test_an_fp16_variant_is_checked_and_serves_beside_int8_by_measured_speed(wor
     job = _infer(workers, "q-fp16", name, "--precision", "auto", "--min-agreement", "0.0")
     assert (job["result"]["engine"], job["result"]["precision"]) == ("onnx", "fp16"), job["result"]
     assert "int8 slower than fp16: 900 samples/s" in job["result"]["precision_reason"]
-    from mxq.tasks.model_store.variants import _probabilities
-
-    expected = _probabilities(Path(fp16["file"]), (x / 16).astype(np.float32))
-    rows = predictions.read(workers.settings.database, job["id"])
-    assert [r["predicted_class"] for r in rows] == expected.argmax(axis=1).tolist()
+    _assert_served_by(workers, job, fp16, x)
     forced = _infer(workers, "q-fp16", name, "--precision", "int8")
     assert (forced["result"]["precision"], forced["result"]["precision_reason"]) == ("int8", "asked")
 

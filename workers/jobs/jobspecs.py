@@ -33,6 +33,8 @@ MAX_COLUMN_CHARS = 256
 # `--batch-size auto` starts here (or at the input's size, or MXQ_MAX_BATCH_SIZE, if smaller)
 # and halves on out-of-memory until a batch fits.
 AUTO_BATCH_START = 8192
+# The lower precisions a version may have, as `mxq.engines.VARIANTS` names them.
+Variant = Literal["int8", "fp16"]
 
 
 def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
@@ -106,7 +108,7 @@ class InferRequest(BaseModel):
     engine: Literal["auto", "mxnet", "onnx"] = Field(
         "auto", description="MXNet, ONNX Runtime on the model's ONNX export, or 'auto': the one "
         "measured faster for this model on this kind of device (MXNet where ONNX disagrees).")
-    precision: Literal["auto", "fp32", "int8", "fp16"] | None = Field(
+    precision: Literal["auto", "fp32"] | Variant | None = Field(
         None, description="fp32 (full precision), int8 or fp16 (the version's variant of that "
         "precision, on ONNX Runtime), or 'auto': the fastest variant whose agreement with float32 "
         "meets min_agreement, only where it measured faster than float32 on this kind of device; "
@@ -211,7 +213,7 @@ class TrainOptions(BaseModel):
         None, min_length=1, max_length=1100, description="Samples the trained version's variants "
         "are built from (as `mxq models quantize --calibration`); a scheduled retraining "
         "builds them only for a version it promotes.")
-    variants: list[Literal["int8", "fp16"]] = Field(
+    variants: list[Variant] = Field(
         ["int8"], min_length=1, max_length=2, description="With calibration: the precisions of "
         "the variants built (`mxq models quantize --precision`).")
     min_agreement: float | None = Field(
