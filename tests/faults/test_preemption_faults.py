@@ -18,12 +18,14 @@ from tests.support.inference import committed_position
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_legs]
 
-SAMPLES = 20_000  # a LeNet's few seconds on one CPU device
+SAMPLES = 20_000  # a LeNet's few seconds on one CPU device, a few samples a batch
 LOWS, HIGHS, KILLS = 6, 8, 3
+LOW_BATCH, HIGH_BATCH = 8, 128  # at 128 a low job ended within a second on a fast CPU: no preemption
 
 
 def _submit(stack: FaultStack, name: str, level: str) -> int:
-    params = {"model": "lenet-faults", "input": name, "batch_size": 128, "engine": "onnx"}
+    batch = LOW_BATCH if level == "low" else HIGH_BATCH
+    params = {"model": "lenet-faults", "input": name, "batch_size": batch, "engine": "onnx"}
     return submit(stack.settings, "infer", params, "auto", allow_offline=True,
                   priority=Priority.of(level))
 
