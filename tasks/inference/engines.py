@@ -71,9 +71,10 @@ class NonFiniteOutput(Exception):
 
 def first_non_finite(out: Batch) -> tuple[int, str] | None:
     """The first row of `out` holding NaN or an infinity, and which (NaN first), or None."""
-    bad = ~np.isfinite(out).reshape(len(out), -1)
-    if not bad.any():
+    good = np.isfinite(out)
+    if good.all():  # one pass for every batch; the search below only for a failing one
         return None
+    bad = ~good.reshape(len(out), -1)
     row = int(np.argmax(bad.any(axis=1)))
     values = out.reshape(len(out), -1)[row][bad[row]]
     found = "NaN" if np.isnan(values).any() else ("-inf" if (values < 0).all() else "inf")

@@ -72,6 +72,19 @@ def _output_array(url: str, job_id: int, rows: int, classes: int) -> OutputArray
     return array
 
 
+def sync(array: OutputArray) -> None:
+    """Make what was written through the mapping durable with fdatasync on the file: on Linux
+    it writes back the mapped pages as msync does, but lets the other threads run meanwhile
+    (mmap.flush holds the GIL through its msync: the job's compute thread stood still for every
+    flush, a tenth of a small model's job)."""
+    assert array.filename is not None  # np.load mapped it from its file
+    fd = os.open(array.filename, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def _reserve(path: Path, created: bool) -> None:
     """Allocate every block of the output now (posix_fallocate): a memmap over a sparse file
     that later meets a full disk kills the worker with SIGBUS, so a full disk must be this
@@ -199,7 +212,7 @@ class JobOutputs:
         fence = self.job.fence
         assert fence is not None  # outputs exist only for a claimed attempt
         if self.array is not None:
-            self.array.flush()
+            sync(self.array)
         part = None
         if self.parts is not None and flush.tables:
             part = self.parts.write_part(flush.tables, fence.tag)
@@ -222,7 +235,7 @@ class JobOutputs:
         """Once every flush is stored: the npy on disk, the Parquet parts merged when complete;
         JobFailed when the output cannot be verified (a part or the file went missing)."""
         if self.array is not None:
-            self.array.flush()
+            sync(self.array)
             _check_array(output_path(self.job.url, self.owner), self.count, self.classes)
         if self.parts is not None:
             self._finish_parts(self.parts)

@@ -19,9 +19,9 @@ from mxq.db.outputs.epochs import list_epochs
 from mxq.db.outputs.parquet import parts_dir
 from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
-from mxq.tasks.inference.infer import flush_rows
+from mxq.tasks.inference.infer import flush_rows, read_size
 from mxq.workers.jobs.submit import submit
-from tests.faults.stacks import FaultStack, _zombie_or_gone, report
+from tests.faults.stacks import FEATURES, FaultStack, _zombie_or_gone, report
 from tests.support.inference import committed_position
 
 if TYPE_CHECKING:
@@ -173,8 +173,9 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
         # Measured where the killed attempt's work is visible (the .npy it filled as it went).
         total = None if computed is None else computed + INFER_SAMPLES - resumed
         if computed is not None:  # what the killed attempt computed and did not commit, exactly:
-            # at most the flush being stored and the one being computed (of flush_rows + a batch)
-            assert 0 <= computed - resumed <= 2 * (flush_rows(output != "npy", 10, INFER_SAMPLES) + 512)
+            # at most the flush being stored and the one being computed (of flush_rows + a read)
+            most = flush_rows(output != "npy", 10, INFER_SAMPLES) + read_size(512, (FEATURES,))
+            assert 0 <= computed - resumed <= 2 * most
         _check_predictions(faulty, job, output, reference)
         figures[output] = {"killed_at": round(at_kill / INFER_SAMPLES, 3),
                            "resumed_from": resumed, "computed_total": total,
