@@ -52,10 +52,6 @@ class NonFiniteOutput(Exception):
         super().__init__(f"model output for sample {row} of the batch is {found}")
         self.row, self.found = row, found
 
-    def shifted(self, offset: int) -> NonFiniteOutput:
-        """The same, for a batch that starts `offset` samples earlier."""
-        return NonFiniteOutput(self.row + offset, self.found)
-
     def describe(self, index: int, sample: Batch) -> str:
         """The job's one-line error for sample `index` whose (preprocessed) input is `sample`."""
         flat = np.asarray(sample, dtype=np.float64).ravel()
@@ -110,8 +106,8 @@ def _label(model: ModelRecord) -> str:
 def _checked(model: ModelRecord, forward: Callable[[Batch], Batch]
              ) -> Callable[[Batch], Batch]:
     """`forward` that fails the job, before anything is written, when the output is not one row
-    of the model's classes per sample (a version registered before registration proved it), or
-    holds a value that is not finite (NonFiniteOutput, the same rule for both engines)."""
+    of the model's classes per sample (a version registered before registration proved it).
+    Whether it is finite the job checks once per read (`first_non_finite`)."""
     def run(x: Batch) -> Batch:
         out = forward(x)
         if out.shape[:1] != x.shape[:1]:
@@ -122,8 +118,6 @@ def _checked(model: ModelRecord, forward: Callable[[Batch], Batch]
         if out.ndim != 2 or out.shape[1] != model["classes"]:
             raise JobInputError(f"model {_label(model)}: its output has shape {out.shape} for a "
                                 f"batch of {len(x)}; registered as (batch, {model['classes']})")
-        if (bad := first_non_finite(out)) is not None:
-            raise NonFiniteOutput(*bad)
         return out
 
     return run

@@ -272,8 +272,6 @@ class _Fit:
             n = min(self.size, len(x) - i)
             try:
                 probs = engine.forward(x[i:i + n])
-            except engines.NonFiniteOutput as exc:
-                raise exc.shifted(i) from None
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
@@ -283,7 +281,10 @@ class _Fit:
             self._settle(worked=True)
             parts.append(probs)
             i += n
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        probs = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if (bad := engines.first_non_finite(probs)) is not None:  # once for the whole read
+            raise engines.NonFiniteOutput(*bad)
+        return probs
 
     def _halve(self, n: int) -> None:
         self._settle(worked=False)
