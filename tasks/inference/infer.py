@@ -55,7 +55,8 @@ from mxq.workers.storage.locate import locate
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
 FLUSH_BYTES = 8 << 20  # ... or, where only the mapped .npy takes them, this much of it (flush_rows)
-READ_BYTES = 4 << 20  # the prefetch thread reads about this much at once (`read_size`)
+READ_BYTES = 4 << 20  # the prefetch thread reads at most about this much at once (`read_size`) ...
+READ_SECONDS = 0.05  # ... and at most this much compute, as the last batch took
 MIN_BATCH_SIZE = 1  # the floor: a batch that runs out of memory at this size fails the job
 
 
@@ -140,7 +141,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
 
 def _read_all(p: InferParams, source: InputSource) -> NDArray[np.float32]:
     """A small input whole, read and checked as one batch."""
-    return next(_batches(p, source, 0, source.count, lambda: source.count))[1]
+    return next(_batches(p, source, 0, source.count, lambda _: source.count))[1]
 
 
 def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource) -> Outcome:
@@ -198,27 +199,29 @@ def _start_batch(p: InferParams, samples: int, limit: int) -> int:
     return p.batch_size
 
 
-def read_size(batch: int, sample_shape: tuple[int, ...]) -> int:
-    """Samples per read: whole batches of `batch`, about READ_BYTES of them, at least one batch
-    and no more batches than FLUSH_ROWS holds (so a flush of held rows stays under twice it).
-    A read is handed from the prefetch thread to the compute thread in one go: a batch at a
-    time, a small model (a batch every 0.4 ms) lost a fifth of its job to the handoffs."""
+def read_size(batch: int, sample_shape: tuple[int, ...], batch_seconds: float | None) -> int:
+    """Samples per read: whole batches of `batch`, at least one, at most about READ_BYTES, no
+    more than FLUSH_ROWS holds (a flush of held rows stays under twice it), and no more than
+    READ_SECONDS of compute at `batch_seconds` a batch (one batch until a batch was timed): a
+    cancel, a preemption and a flush wait for the read in hand. A read is handed from the
+    prefetch thread to the compute thread in one go: a batch at a time, a small model (a batch
+    every 0.4 ms) lost a fifth of its job to the handoffs."""
     batch_bytes = batch * 4 * math.prod(sample_shape)
-    batches = min(READ_BYTES // max(1, batch_bytes), FLUSH_ROWS // batch)
-    return batch * max(1, batches)
+    by_time = int(READ_SECONDS / batch_seconds) if batch_seconds else 1
+    return batch * max(1, min(READ_BYTES // max(1, batch_bytes), FLUSH_ROWS // batch, by_time))
 
 
 def _batches(p: InferParams, source: InputSource, start: int, stop: int,
-             size: Callable[[], int]) -> Iterator[tuple[int, NDArray[np.float32]]]:
-    """(first index, samples) per read of `read_size` (whole batches of `size()`, smaller once
-    out of memory halved it; `_Fit.predict` computes them batch by batch, and the compute
+             size: Callable[[tuple[int, ...]], int]) -> Iterator[tuple[int, NDArray[np.float32]]]:
+    """(first index, samples) per read of `size(sample shape)` samples (`_Fit.read_size`:
+    whole batches; `_Fit.predict` computes them batch by batch, and the compute
     thread checks for a cancel or a preemption and flushes between reads: per batch, those
     checks cost a small model a tenth of its job), checked for NaN and infinities (always: what
     an engine answers for them differs); runs on the prefetch thread."""
     first = start
     while first < stop:
         try:
-            x = source.read(first, min(first + read_size(size(), source.sample_shape), stop))
+            x = source.read(first, min(first + size(source.sample_shape), stop))
         except InputError as exc:
             raise JobInputError(str(exc)) from None
         _check_finite(p, first, x)
@@ -260,6 +263,7 @@ class _Fit:
     requested: int
     size: int = 0
     halved: tuple[int, int] | None = None  # (size that ran out, size tried next), not yet settled
+    batch_seconds: float | None = None  # what the last batch of `size` took
 
     def __post_init__(self) -> None:
         self.size = self.size or self.requested
@@ -271,6 +275,7 @@ class _Fit:
         while i < len(x):
             n = min(self.size, len(x) - i)
             try:
+                began = time.perf_counter()
                 probs = engine.forward(x[i:i + n])
             except Exception as exc:
                 if not is_out_of_memory(exc):
@@ -279,12 +284,18 @@ class _Fit:
                 self._halve(n)
                 continue  # the same samples again, in smaller slices
             self._settle(worked=True)
+            if n == self.size:
+                self.batch_seconds = time.perf_counter() - began
             parts.append(probs)
             i += n
         probs = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if (bad := engines.first_non_finite(probs)) is not None:  # once for the whole read
             raise engines.NonFiniteOutput(*bad)
         return probs
+
+    def read_size(self, sample_shape: tuple[int, ...]) -> int:
+        """Samples the prefetch thread reads next (`read_size` at the current batch size)."""
+        return read_size(self.size, sample_shape, self.batch_seconds)
 
     def _halve(self, n: int) -> None:
         self._settle(worked=False)
@@ -316,7 +327,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     since, mark = time.perf_counter(), begin
     most = flush_rows(out.holds_results, out.classes, out.stop - out.start)
     try:
-        for first, x in prefetch(_batches(p, source, begin, out.stop, lambda: fit.size)):
+        for first, x in prefetch(_batches(p, source, begin, out.stop, fit.read_size)):
             try:
                 job.check_cancelled(first - out.start)
             except JobCancelled:  # keep every result computed so far: hand the rest to the writer
