@@ -45,7 +45,7 @@ from mxq.engines import VARIANTS
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from mxq.db.records import JobRecord, ModelRecord
 
@@ -197,7 +197,7 @@ def _pinned(s: Settings, engine: str, name: str, path: Path, batch: int, cores: 
     return float(out.strip().splitlines()[-1])
 
 
-def alternated(measures: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+def alternated(measures: Mapping[str, Callable[[], float]], rounds: int) -> dict[str, float]:
     """Each measure's best of `rounds` turns, taken in alternation: on a shared host a
     neighbour's load moved one loop's figure by a fifth between runs, and a ratio of two
     figures timed minutes apart inherited it."""
@@ -208,12 +208,21 @@ def alternated(measures: dict[str, Callable[[], float]], rounds: int) -> dict[st
     return best
 
 
-def _timed_job(s: Settings, params: dict[str, Any], jobs: list[JobRecord]) -> float:
-    """One `params` job on cpu:0, waited for and kept in `jobs`; its samples/s."""
+def _with_job(s: Settings, bare: Mapping[str, Callable[[], float]], params: dict[str, Any],
+              rounds: int) -> tuple[dict[str, float], JobRecord]:
+    """The `bare` loops' figures and the fastest of the `params` jobs on cpu:0, all run
+    `alternated`."""
     from mxq.workers.jobs.submit import submit
 
-    jobs.append(wait_job(s, submit(s, "infer", params, "cpu:0")))
-    return rate(jobs[-1])
+    jobs: list[JobRecord] = []
+
+    def job() -> float:
+        jobs.append(wait_job(s, submit(s, "infer", params, "cpu:0")))
+        return rate(jobs[-1])
+
+    figures = alternated({**bare, "job": job}, rounds)
+    del figures["job"]
+    return figures, max(jobs, key=rate)
 
 
 def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict[str, float]:
@@ -234,7 +243,7 @@ def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict
 
 
 def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale: float,
-              epochs: int, rounds: int = ROUNDS) -> dict[str, Any]:
+              epochs: int, rounds: int) -> dict[str, Any]:
     from mxq.db.registry import resolve
     from mxq.tasks.model_store.models import add_builtin
     from mxq.workers.jobs.submit import submit
@@ -252,13 +261,8 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
             _tiled(s.home_path / f"{arch}.npy", x, samples))
     params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
     first = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))  # measures, stores
-    jobs: list[JobRecord] = []
-    bare = alternated({
-        "mxnet": lambda: _pinned(s, "mxnet", arch, path, batch, cores),
-        "onnx": lambda: _pinned(s, "onnx", arch, path, batch, cores),
-        "job": lambda: _timed_job(s, {**params, "output": "npy"}, jobs)}, rounds)
-    job = max(jobs, key=rate)
-    del bare["job"]
+    loops = {e: partial(_pinned, s, e, arch, path, batch, cores) for e in ("mxnet", "onnx")}
+    bare, job = _with_job(s, loops, {**params, "output": "npy"}, rounds)
     rows = wait_job(s, submit(s, "infer", params, "cpu:0"))
     faster = max(bare, key=lambda k: bare[k])
     result = job["result"] or {}
@@ -296,14 +300,11 @@ def _precision(s: Settings, arch: str, path: Path, batch: int, cores: list[int],
     params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto",
               "output": "npy", "precision": "auto", "min_agreement": BOUND}
     wait_job(s, submit(s, "infer", params, "cpu:0"))  # measures the variants that could serve
-    jobs: list[JobRecord] = []
-    measures = {v: partial(_pinned, s, v, arch, path, batch, cores) for v in VARIANTS}
-    bare = alternated({**measures, "job": partial(_timed_job, s, params, jobs)}, rounds)
-    del bare["job"]
-    bare = {**fp32["bare"], **bare}
+    loops = {v: partial(_pinned, s, v, arch, path, batch, cores) for v in VARIANTS}
+    measured, job = _with_job(s, loops, params, rounds)
+    bare = {**fp32["bare"], **measured}
     allowed = {k: v for k, v in bare.items() if k not in VARIANTS or variants[k]["agreement"] >= BOUND}
     best = max(allowed, key=lambda k: allowed[k])
-    job = max(jobs, key=rate)
     result = job["result"] or {}
     checks = {v: {k: variants[v][k] for k in ("agreement", "max_diff", "held_out", "accuracy")}
               for v in VARIANTS}

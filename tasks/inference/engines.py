@@ -66,9 +66,10 @@ class NonFiniteOutput(Exception):
 
 
 def first_non_finite(out: Batch) -> tuple[int, str] | None:
-    """The first row of `out` holding NaN or an infinity, and which (NaN first), or None."""
+    """The first row of `out` (inputs or probabilities) holding NaN or an infinity, and which
+    (NaN first), or None."""
     good = np.isfinite(out)
-    if good.all():  # one pass for every batch; the search below only for a failing one
+    if good.all():  # one pass; the search below only where it fails
         return None
     bad = ~good.reshape(len(out), -1)
     row = int(np.argmax(bad.any(axis=1)))
