@@ -294,16 +294,26 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
         return "lost"
     except Exception as exc:
         log.exception("job %s failed", job.id)
-        # an outage past the retry window says so itself, without a class name
-        said = first_line(exc, 500) if isinstance(exc, DatabaseUnreachable) else typed_line(exc)
-        return _outcome(jobs.fail(s.database, job.id, said,
-                                  fence=fence), "failed", job)
+        return _outcome(jobs.fail(s.database, job.id, _unexpected(job, exc), fence=fence),
+                        "failed", job)
     finally:
         if hb is not None:
             hb.current_job = None
         if job.parent_id is not None:
             jobs.settle_parent(s.database, job.parent_id)
         admit.admit_quietly(s)  # its device is free: the next held job may go
+
+
+def _unexpected(job: JobContext, exc: Exception) -> str:
+    """What a job that failed on an unexpected exception records: an outage past the retry
+    window says so itself, without a class name; running out of host memory anywhere (Python
+    raises a bare MemoryError) says so, and where; anything else its type and first line."""
+    if isinstance(exc, DatabaseUnreachable):
+        return first_line(exc, 500)
+    if isinstance(exc, MemoryError):
+        said = f": {first_line(exc)}" if str(exc).strip() else ""
+        return f"out of host memory on {', '.join(job.devices or [job.device])}{said}"
+    return typed_line(exc)
 
 
 def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> str:

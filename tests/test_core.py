@@ -372,3 +372,18 @@ def test_object_urls_are_parsed_and_confined_to_allowed_prefixes() -> None:
             parse(bad)
     with pytest.raises(ObjectURLError, match="is not a bucket name"):
         Allowed.parse("Team/x")
+
+
+def test_a_job_out_of_host_memory_says_so_and_where() -> None:
+    """Python raises a bare MemoryError wherever an allocation fails (a 1 MiB read, say): the
+    failed job names it and its devices, not a class name alone."""
+    from mxq.tasks.runner import JobContext, _unexpected
+
+    job = JobContext(7, "infer", {}, "cpu:0", "sqlite://", "q", "cpu:0", None)
+    assert _unexpected(job, MemoryError()) == "out of host memory on cpu:0"
+    numpy_said = MemoryError("Unable to allocate 8.00 MiB for an array with shape (8192, 256)")
+    assert _unexpected(job, numpy_said) == ("out of host memory on cpu:0: Unable to allocate 8.00 "
+                                           "MiB for an array with shape (8192, 256)")
+    job.devices = ["cpu:0", "cpu:1"]
+    assert _unexpected(job, MemoryError()) == "out of host memory on cpu:0, cpu:1"
+    assert _unexpected(job, KeyError("samples")) == "KeyError: 'samples'"

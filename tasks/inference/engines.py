@@ -174,8 +174,8 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str, precision: str = "fp
     except ChangedFile as exc:
         raise StoreChanged(str(exc)) from None
     sess, cached = onnx_runtime.session(path, kind)
-    return Engine("onnx", _checked(model, onnx_runtime.runner(sess)), lambda: None, cached, reason,
-                  precision)
+    return Engine("onnx", _checked(model, onnx_runtime.runner(sess)),
+                  lambda: onnx_runtime.forget(path, kind), cached, reason, precision)
 
 
 def _rate(engine: Engine, sample: Batch) -> float:

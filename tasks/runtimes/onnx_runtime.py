@@ -73,6 +73,16 @@ def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
     return _sessions[key], False
 
 
+def forget(path: Path, kind: str = "cpu") -> None:
+    """Drop the cached session of `path` on `kind` devices: the job that holds it keeps using
+    it, and the next job loads a new one. After running out of memory a session's CPU arena
+    keeps every chunk it got, up to the failed batch's, for the session's life: a capped worker
+    that halved a batch on ONNX Runtime held on to that memory, and its next job could not read
+    1 MiB."""
+    for key in [k for k in _sessions if k[0] == str(path) and k[2] == kind]:
+        del _sessions[key]
+
+
 def run(sess: Any, x: NDArray[np.float32]) -> NDArray[np.float32]:
     """Class probabilities of one batch (the exported graph ends in a softmax), as float32."""
     return runner(sess)(x)

@@ -83,6 +83,43 @@ def test_a_model_the_exporter_refuses_is_registered_with_the_reason(store: Setti
     assert not list(Path(model["params_file"]).parent.glob("*.onnx"))
 
 
+def test_a_forgotten_onnx_session_goes_with_its_last_job(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """After running out of memory the job forgets its session (`Engine.release`): ONNX
+    Runtime's CPU arena keeps every chunk a session got (here a 256 MiB intermediate: a batch of
+    1,024 rows tiled 64 times) until the session goes. The job computes on with it; once the job
+    drops it nothing holds it, and the next job loads a new one that computes the same."""
+    import gc
+    import weakref
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "reps"], ["wide"]),
+         helper.make_node("ReduceMean", ["wide"], ["y"], axes=[1], keepdims=0)], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor("reps", TensorProto.INT64, [2], [1, 64])])
+    path = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    monkeypatch.setattr(onnx_runtime, "_sessions", type(onnx_runtime._sessions)())
+    sess, _ = onnx_runtime.session(path)
+    forward = onnx_runtime.runner(sess)
+    x = np.random.default_rng(0).random((1024, 1024), dtype=np.float32)
+    expected = forward(x)
+    np.testing.assert_allclose(expected, x.mean(axis=1), rtol=1e-5)
+    onnx_runtime.forget(path)
+    np.testing.assert_allclose(forward(x[:4]), expected[:4], rtol=1e-6)  # the job goes on
+    old = weakref.ref(sess)
+    del sess, forward  # the job ends
+    gc.collect()
+    assert old() is None and not onnx_runtime._sessions
+    again, cached = onnx_runtime.session(path)
+    assert not cached
+    np.testing.assert_allclose(onnx_runtime.run(again, x[:4]), expected[:4], rtol=1e-6)
+
+
 def test_onnx_runtime_threads_follow_the_workers_cores(tmp_path: Path, store: Settings,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     model = add_builtin(store.database, store.home_path, "m", "mlp", (8,), 3)
