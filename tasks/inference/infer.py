@@ -54,19 +54,21 @@ from mxq.workers.storage.locate import locate
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
-FLUSH_BYTES = 8 << 20  # ... or, where only the mapped .npy takes them, this much of it (flush_rows)
+FLUSH_BYTES = 8 << 20  # ... or, where only the .npy takes them, this much of it (flush_rows)
 READ_BYTES = 4 << 20  # the prefetch thread reads at most about this much at once (`read_size`) ...
 READ_SECONDS = 0.05  # ... and at most this much compute, as the last batch took
+READ_OOM_SECONDS = 10.0  # a read that runs out of host memory is tried again this long ...
+READ_RETRY_SECONDS = 0.05  # ... this often (`_read`)
 MIN_BATCH_SIZE = 1  # the floor: a batch that runs out of memory at this size fails the job
 
 
 def flush_rows(held: bool, classes: int, samples: int) -> int:
     """The most samples a flush of a job of `samples` holds: FLUSH_ROWS where its results wait in
-    memory until the flush (`held`: SQL rows, Parquet tables); where only the memory-mapped .npy
-    takes them, up to FLUSH_BYTES of it but at most a tenth of the job (so its progress moves and
-    a kill loses little), never fewer. A small model computes a million samples a second: a flush
-    every 20,000 committed 50 times a second, and the MLP's job ran at 0.47 of a bare loop; with
-    200,000, at 0.83 (bench engines)."""
+    memory until the flush as SQL rows or Parquet tables (`held`); where only the .npy takes
+    them (as arrays, 4 bytes a class), up to FLUSH_BYTES of it but at most a tenth of the job
+    (so its progress moves and a kill loses little), never fewer. A small model computes a
+    million samples a second: a flush every 20,000 committed 50 times a second, and the MLP's
+    job ran at 0.47 of a bare loop; with 200,000, at 0.83 (bench engines)."""
     if held:
         return FLUSH_ROWS
     return max(FLUSH_ROWS, min(FLUSH_BYTES // (4 * classes), samples // 10))
@@ -220,13 +222,33 @@ def _batches(p: InferParams, source: InputSource, start: int, stop: int,
     an engine answers for them differs); runs on the prefetch thread."""
     first = start
     while first < stop:
-        try:
-            x = source.read(first, min(first + size(source.sample_shape), stop))
-        except InputError as exc:
-            raise JobInputError(str(exc)) from None
-        _check_finite(p, first, x)
+        x = _read(p, source, first, stop, size)
         yield first, x
         first += len(x)
+
+
+def _read(p: InferParams, source: InputSource, first: int, stop: int,
+          size: Callable[[tuple[int, ...]], int]) -> NDArray[np.float32]:
+    """The next read from `first`: `size(sample shape)` samples, at most to `stop`, checked.
+
+    The prefetch thread reads while the compute thread's batch takes memory; where that batch
+    does not fit, the read can run out first (NumPy's MemoryError, not the engine's error the
+    compute thread halves on): it is tried again every READ_RETRY_SECONDS, smaller as the batch
+    size comes down, for at most READ_OOM_SECONDS, then the job fails as out of memory."""
+    waited = 0.0
+    while True:
+        try:
+            x = source.read(first, min(first + size(source.sample_shape), stop))
+            _check_finite(p, first, x)
+            return x
+        except InputError as exc:
+            raise JobInputError(str(exc)) from None
+        except MemoryError:
+            if waited >= READ_OOM_SECONDS:
+                raise OutOfMemory(f"out of host memory reading samples from {first} of input "
+                                  f"{p.input} (tried for {READ_OOM_SECONDS:g} s)") from None
+            time.sleep(READ_RETRY_SECONDS)
+            waited += READ_RETRY_SECONDS
 
 
 def _check_finite(p: InferParams, first: int, x: NDArray[np.float32]) -> None:
@@ -322,7 +344,8 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     since, mark = time.perf_counter(), begin
     most = flush_rows(out.holds_results, out.classes, out.stop - out.start)
     try:
-        for first, x in prefetch(_batches(p, source, begin, out.stop, fit.read_size)):
+        idle = job.parsed_device.kind == "cpu"  # the engine's threads hold the cores (pipeline)
+        for first, x in prefetch(_batches(p, source, begin, out.stop, fit.read_size), idle=idle):
             try:
                 job.check_cancelled(first - out.start)
             except JobCancelled:  # keep every result computed so far: hand the rest to the writer

@@ -140,7 +140,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_full_disk_fails_an_npy_job_at_creation_naming_the_disk(
         small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mxq.db.migrate import upgrade
-    from mxq.tasks.inference.outputs import _output_array, output_path
+    from mxq.tasks.inference.outputs import _output_npy, output_path
     from mxq.tasks.runner import JobFailed
     from mxq.workers.settings import get_settings
 
@@ -149,10 +149,10 @@ def test_a_full_disk_fails_an_npy_job_at_creation_naming_the_disk(
     url = f"sqlite:///{tmp_path / 'mxq.db'}"
     upgrade(url)
     try:
-        small = _output_array(url, 1, 100, 10)  # 4 kB fits
-        assert small.shape == (100, 10)
+        small = _output_npy(url, 1, 100, 10)  # 4 kB fits
+        assert np.load(small.path).shape == (100, 10)
         with pytest.raises(JobFailed) as full:
-            _output_array(url, 2, 100_000, 10)  # 4 MB does not
+            _output_npy(url, 2, 100_000, 10)  # 4 MB does not
         path = output_path(url, 2)
     finally:
         get_settings.cache_clear()

@@ -1,7 +1,8 @@
 """How much the prefetch thread reads at once (`infer.read_size`): whole batches, at least one,
 bounded by bytes, by the rows a flush holds and by the compute time of the last batch, so that
 a fast small model hands over many batches at a time and a slow model's cancel or preemption
-never waits behind a long read. And the .npy's sync (`outputs.sync`) lets other threads run."""
+never waits behind a long read; a read that runs out of host memory is tried again. And the
+.npy's flush (`outputs.NpyOutput`) lets other threads run."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from mxq.tasks.inference import infer
 from mxq.tasks.inference.infer import FLUSH_ROWS, READ_BYTES, READ_SECONDS, read_size
-from mxq.tasks.inference.outputs import sync
+from mxq.tasks.inference.inputs import InputSource
+from mxq.tasks.inference.outputs import NpyOutput
+from mxq.tasks.runtimes.oom import OutOfMemory
+from mxq.workers.jobs.jobspecs import InferParams
+
+PARAMS = InferParams(model="m", input="x.npy")
 
 
 def test_a_read_is_whole_batches_bounded_by_bytes_rows_and_time() -> None:
@@ -28,13 +36,21 @@ def test_a_read_is_whole_batches_bounded_by_bytes_rows_and_time() -> None:
     assert read_size(100_000, (4,), 0.0001) == 100_000
 
 
-def test_syncing_the_npy_lets_other_threads_run(tmp_path: Path) -> None:
-    """mmap.flush holds the GIL through its msync (a thread counting meanwhile ran at a fifth of
-    its pace, here); `sync` (fdatasync) must not: the counting thread keeps at least half its
-    pace while 64 MiB of dirty mapped pages are written back."""
+def test_writing_the_npy_lets_other_threads_run(tmp_path: Path) -> None:
+    """The .npy's flush (`NpyOutput.write`: pwrite at the results' offsets, then fdatasync) runs
+    on the writer thread while the compute thread goes on: a thread counting meanwhile keeps at
+    least half its pace while 64 MiB are written and made durable (`mmap.flush`, which held the
+    GIL through its msync, left it a fifth), and every value lands at its sample's offset."""
     path = tmp_path / "out.npy"
-    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(1 << 24,))
-    array[:] = 1.0
+    classes, samples = 16, 1 << 20
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(samples, classes)).flush()
+    with path.open("rb") as f:
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        out = NpyOutput(path, classes, f.tell())
+    values = np.arange(samples * classes, dtype=np.float32).reshape(samples, classes)
+    half = samples // 2  # written second half first: offsets, not order, place them
+    parts = [(half, values[half:]), (0, values[:half])]
     counted, stop = [0], threading.Event()
 
     def count() -> None:
@@ -48,9 +64,46 @@ def test_syncing_the_npy_lets_other_threads_run(tmp_path: Path) -> None:
     time.sleep(0.05)  # the main thread idle: the counter's own pace
     pace = (counted[0] - before) / (time.perf_counter() - started)
     before, started = counted[0], time.perf_counter()
-    sync(array)
+    out.write(parts)
     during = (counted[0] - before) / (time.perf_counter() - started)
     stop.set()
     counter.join()
-    assert during >= pace / 2, f"the counter ran {during:.0f}/s during the sync, {pace:.0f}/s alone"
-    assert np.array_equal(np.load(path, mmap_mode="r")[:10], np.ones(10, np.float32))
+    assert during >= pace / 2, f"the counter ran {during:.0f}/s during the write, {pace:.0f}/s alone"
+    assert np.array_equal(np.load(path), values)
+
+
+def _flaky_source(failures: int) -> tuple[InputSource, list[tuple[int, int]]]:
+    """Eight samples whose first `failures` fetches run out of host memory."""
+    data, calls = np.arange(32, dtype=np.float32).reshape(8, 4), []
+
+    def fetch(start: int, stop: int) -> np.ndarray:
+        calls.append((start, stop))
+        if len(calls) <= failures:
+            raise MemoryError("Unable to allocate 8.00 MiB")
+        return data[start:stop]
+
+    return InputSource(Path("x.npy"), 8, (4,), fetch), calls
+
+
+def test_a_read_that_runs_out_of_memory_is_tried_again_at_the_size_then_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefetch thread can run out of host memory while a batch that does not fit holds
+    it: the read is tried again, at the (smaller) size the compute thread settled on by then."""
+    monkeypatch.setattr(infer, "READ_RETRY_SECONDS", 0.001)
+    source, calls = _flaky_source(failures=2)
+    sizes = iter([8, 8, 4, 4, 4])
+    reads = list(infer._batches(PARAMS, source, 0, 8, lambda _: next(sizes)))
+    assert [first for first, _ in reads] == [0, 4]
+    assert np.array_equal(np.concatenate([x for _, x in reads]), np.arange(32).reshape(8, 4))
+    assert calls == [(0, 8), (0, 8), (0, 4), (4, 8)]
+
+
+def test_a_read_out_of_memory_for_long_fails_the_job_as_out_of_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(infer, "READ_RETRY_SECONDS", 0.001)
+    monkeypatch.setattr(infer, "READ_OOM_SECONDS", 0.005)
+    source, calls = _flaky_source(failures=1000)
+    with pytest.raises(OutOfMemory, match=r"^out of host memory reading samples from 0 of input "
+                                          r"x\.npy \(tried for 0\.005 s\)$"):
+        next(infer._batches(PARAMS, source, 0, 8, lambda _: 8))
+    assert 2 <= len(calls) < 1000

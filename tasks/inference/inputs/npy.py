@@ -1,5 +1,5 @@
 """The .npy reader: its header parsed without NumPy's slow path, its data read whole when small
-and memory-mapped when large, then fetched a batch at a time with the pages it mapped dropped."""
+and memory-mapped when large, then read in place a batch at a time, its pages dropped behind."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ from mxq.tasks.inference.inputs.source import Fetch, Samples
 
 NUMERIC_KINDS = "biuf"  # bool, int, uint, float
 SMALL_NPY_BYTES = 1 << 20  # .npy data up to this size is read whole, larger is memory-mapped
-# Dropped with each batch, before its start: the kernel maps cached pages around a page fault
-# ("fault-around", 64 KiB by default), so reading a batch maps again a few pages of the last one.
-DROP_BEHIND_BYTES = 1 << 20
+# A mapped .npy is read in place (no copy): its pages are dropped from the worker behind the
+# reads, KEEP_MAPPED_BYTES back (the reads of about 4 MiB still in flight: two prefetched, one
+# being computed, one being read), DROP_STEP_BYTES at a time (each drop interrupts every core
+# running the process to flush its TLB: per 4 MiB read, that cost a small model's job a few per
+# cent). A worker holds at most their sum of its input (32 MiB; twice that held a million-sample
+# job's worker 80 MiB above its start, tests/faults/test_output_memory.py).
+KEEP_MAPPED_BYTES = 16 << 20
+DROP_STEP_BYTES = 16 << 20
 # The header exactly as NumPy writes it for a plain dtype; any other is read by NumPy's reader.
 _NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
                            r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \} *\n?")
@@ -107,25 +112,30 @@ def load(path: Path, limits: Limits | None = None) -> NDArray[Any]:
 
 
 def batches(array: NDArray[Any]) -> Fetch:
-    """Batches sliced from an array in memory, or copied out of a mapped one, whose pages are
-    then dropped from this process.
+    """Batches sliced from an array in memory, or read in place from a mapped one, whose pages
+    are then dropped from this process behind the reads.
 
     The mapped file would otherwise stay resident in the worker (RSS growing with the input); the
-    dropped pages remain in the OS page cache, so reading them again costs no disk access. The
-    drop reaches DROP_BEHIND_BYTES back, for the pages fault-around mapped again.
+    dropped pages remain in the OS page cache, so reading them again costs no disk access, and a
+    batch still in use when its pages were dropped maps them again (the mapping is read-only and
+    file-backed: nothing is lost). A Fortran-ordered array's rows are not contiguous: they are
+    copied out, and nothing is dropped.
     """
     if not isinstance(array, np.memmap):
         return lambda start, stop: array[start:stop]
     mapped: mmap.mmap | None = getattr(array, "_mmap", None)
-    row = array.strides[0] if array.ndim and array.flags.c_contiguous else 0
-    base = array.offset % mmap.ALLOCATIONGRANULARITY  # where the data starts inside the mapping
+    if mapped is None or not array.ndim or not array.flags.c_contiguous:
+        return lambda start, stop: np.array(array[start:stop])
+    row, base = array.strides[0], array.offset % mmap.ALLOCATIONGRANULARITY  # data's start in the map
+    dropped = 0  # the mapping's bytes before this are dropped
 
     def fetch(start: int, stop: int) -> NDArray[Any]:
-        batch = np.array(array[start:stop])
-        if mapped is not None and row:
-            lo = max(0, base + start * row - DROP_BEHIND_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
-            mapped.madvise(mmap.MADV_DONTNEED, lo, base + stop * row - lo)
-        return batch
+        nonlocal dropped
+        behind = (base + start * row - KEEP_MAPPED_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
+        if behind - dropped >= DROP_STEP_BYTES:
+            mapped.madvise(mmap.MADV_DONTNEED, dropped, behind - dropped)
+            dropped = behind
+        return np.asarray(array[start:stop])
 
     return fetch
 
