@@ -241,21 +241,32 @@ def _fp32_choice(job: JobContext, model: ModelRecord, asked: str, batch_size: in
         raise JobInputError(f"{_label(model)} on {job.device}: {exc}") from None
 
 
-def _precision(job: JobContext, model: ModelRecord, p: Precision, fp32: rule.Choice,
-               speeds: dict[str, float] | None, batch_size: int) -> rule.PrecisionChoice:
-    """The precision for the job, measuring first the variants that could serve and have no
-    figures on this kind of device."""
+def _precision(job: JobContext, model: ModelRecord, asked: str, p: Precision, fp32: rule.Choice,
+               speeds: dict[str, float] | None, batch_size: int
+               ) -> tuple[rule.Choice, rule.PrecisionChoice]:
+    """The full-precision engine and the precision for the job, measuring first the variants
+    that could serve and have no figures on this kind of device.
+
+    Full precision is measured again in the same turns, both engines where `auto` chooses
+    between them by measurement, and chosen again: the figures stored are compared with each
+    other by every later job. (Measured again alone, ONNX Runtime's figure from a slow moment
+    fell below MXNet's older one, and LeNet's later jobs ran MXNet's float32, int8 judged
+    slower than MXNet's figure from another moment.)"""
     variants = model["variants"]
     which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
     if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
-        try:  # full precision again, in the same turns: the variants are judged against it
-            speeds = _measure(job, model, batch_size, [*which, fp32.engine])
+        mxnet_unusable = get_settings().mxnet_unusable
+        both = mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), None)
+        try:
+            speeds = _measure(job, model, batch_size, [*which, *(rule.RUNTIMES if both else [fp32.engine])])
         except StoreChanged:
             raise
         except Exception as exc:  # a variant could not run here: full precision serves
-            return rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: "
-                                                f"{first_line(exc)}")
-    return rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
+            return fp32, rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: "
+                                                      f"{first_line(exc)}")
+        if both:
+            fp32 = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+    return fp32, rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
 
 
 @dataclass(frozen=True)
@@ -278,7 +289,7 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
         return mxnet_engine(model, device, unmeasured)
     chosen = rule.PrecisionChoice("fp32", "--engine mxnet asked: variants run on ONNX Runtime")
     if not (asked == "mxnet" and precision.asked not in rule.VARIANTS):
-        chosen = _precision(job, model, precision, fp32, speeds, batch_size)
+        fp32, chosen = _precision(job, model, asked, precision, fp32, speeds, batch_size)
     if chosen.precision != "fp32":
         engine = onnx_engine(model, device.kind, fp32.reason if fp32.engine == "onnx" else
                              f"the {chosen.precision} variant runs on ONNX Runtime", chosen.precision)
