@@ -37,7 +37,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 5}},
     "memory": {"quick": {"samples": 5_000}, "full": {"samples": 50_000}},
     "engines": {"quick": {"scale": 0.02, "epochs": 1, "rounds": 1},
-                "full": {"scale": 1.0, "epochs": 3, "rounds": 2}},
+                "full": {"scale": 1.0, "epochs": 3, "rounds": 3}},
     "sharing": {"quick": {"tries": 3, "backlog": 20, "job_seconds": 3.0, "fair_jobs": 30},
                 "full": {"tries": 20, "backlog": 200, "job_seconds": 5.0, "fair_jobs": 300}},
     "fleet": {"quick": {"devices": [10, 50], "jobs": 2_000, "jobs_per_device": 40, "window": 20.0,

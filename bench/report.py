@@ -120,6 +120,17 @@ ABOUT = {
 }
 
 
+def meminfo_bytes(field: str) -> int | None:
+    """A /proc/meminfo figure (`MemTotal`, `MemAvailable`) in bytes; None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, Any]:
     model = "unknown"
     try:
@@ -129,13 +140,8 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
+    total = meminfo_bytes("MemTotal")
+    mem = None if total is None else round(total / 2**30, 1)
     mxnet = "not installed"
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"] or ""
