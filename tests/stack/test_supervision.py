@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,31 @@ def test_every_command_uses_the_recorded_stack_or_refuses_another(tmp_path: Path
     line = other.stderr.strip()
     assert "\n" not in line and f"sqlite:///{db}" in line and f"{tmp_path / 'b.db'}" in line
     assert "unset it or use another MXQ_HOME" in line
+
+
+def test_every_child_the_launcher_starts_is_recorded_as_itself(tmp_path: Path) -> None:
+    """CI once found `mxq down` leaving the schedule process and its beat child running after the
+    launcher died: read at once after Popen, a child's /proc/PID/cmdline can still be empty (2 of
+    1,000 starts here), its record never matched it again, and down took the group for a
+    stranger's. Started as the launcher starts the schedule process, 2,000 times, every child is
+    recorded as itself."""
+    settings = _settings(tmp_path)
+    spec = WorkerSpec(None, "schedule@supnode", [],
+                      [sys.executable, "-c", "import time; time.sleep(60)", "an   argument"],
+                      dict(os.environ))
+    launcher = Launcher(settings, [spec])
+    child = launcher.children[0]
+    wrong = []
+    for _ in range(2000):
+        launcher._start(child)
+        assert child.proc is not None
+        try:
+            leader = child.leader
+            assert leader is not None and groups.records(settings.home_path, settings.node) == [leader]
+            wait_until(partial(procs.command_of, leader.pid), 10, "the child's arguments", until=bool)
+            if not procs.matches(leader):
+                wrong.append((leader, procs.identify(leader.pid)))
+        finally:
+            child.proc.kill()
+            child.proc.wait()
+    assert not wrong, wrong

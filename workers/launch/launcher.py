@@ -222,7 +222,7 @@ class Launcher:
             start_new_session=True,
         )
         out.close()
-        child.leader = procs.identify(child.proc.pid)
+        child.leader = procs.started(child.proc.pid, spec.command)
         groups.record(self.settings.home_path, self.settings.node,
                       [c.leader for c in self.children if c.proc and c.leader])
         log.info("started %s (pid %s) on %s, queues %s", spec.name, child.proc.pid,

