@@ -437,23 +437,28 @@ def _judge(s: Settings, fleet: Fleet, load: list[int], idle: list[int],
 
 
 def _completions(entries: list[dict[str, Any]]) -> tuple[Counter[int], int]:
-    """How often each job's work ran to its end, not counting a run whose device was killed
-    right after it, before it could record the outcome (that job runs again: at least once is
-    what a worker that dies can give); and how many such runs there were."""
+    """How often each job's work ran to its end, and how many runs ran again after their device
+    was killed right after the work (at least once is what a worker that dies can give).
+
+    A killed device's last line being `done` says its run ended, not whether its outcome was
+    recorded before the kill: when the job ran again elsewhere it was not (a rerun); when it never
+    ran again it was (the job's completion; CI once counted such a succeeded job as lost)."""
     last: dict[str, dict[str, Any]] = {}  # each killed device's last line
     for e in entries:
         if e["killed"] and "w" in e:
             last[e["w"]] = e
     died_after = {(e["job"], w) for w, e in last.items() if e.get("e") == "done"}
     done: Counter[int] = Counter()
-    reruns = 0
+    cut: Counter[int] = Counter()  # runs whose device died right after their work
     for e in entries:
         if e.get("e") == "done":
             if (e["job"], e["w"]) in died_after and e["killed"]:
-                reruns += 1
+                cut[e["job"]] += 1
             else:
                 done[e["job"]] += 1
-    return done, reruns
+    recorded = {job for job in cut if not done[job]}
+    done.update(recorded)
+    return done, sum(cut.values()) - len(recorded)
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:

@@ -44,3 +44,20 @@ def test_quick_fleet_loses_and_repeats_nothing(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert "](fleet.png)" in report and "| devices | jobs |" in report
     assert (out / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_cut_off_by_its_devices_death_counts_once_either_way() -> None:
+    """The killed device's last line is `done`: its outcome may or may not have been recorded
+    before the kill. Run again elsewhere, it was not (a rerun); never run again, it was (CI once
+    judged such a succeeded job lost)."""
+    from bench.fleet.case import _completions
+
+    def line(event: str, job: int, worker: str, killed: bool) -> dict[str, object]:
+        return {"e": event, "job": job, "w": worker, "killed": killed}
+
+    entries = [line("done", 1, "v0", True), line("ran", 1, "v0", True), line("done", 7, "v0", True),
+               line("done", 8, "v1", True),  # both cut off by the kill
+               line("done", 8, "p0", False), line("done", 9, "p0", False), line("done", 9, "p1", False)]
+    done, reruns = _completions(entries)
+    assert dict(done) == {1: 1, 7: 1, 8: 1, 9: 2}  # 7 recorded before the kill, 8 ran again
+    assert reruns == 1
