@@ -21,6 +21,10 @@ from tests.support.inference import committed_position, save_npy
 LOW, HIGH = Priority.of("low"), Priority.of("high")
 BLOCKER = Priority.of("low", preemptible=False)
 EPOCHS = 30
+# A job that must still run while the test looks: the low one that yields (about 9 s at one sample a
+# batch here) and the blocker (several seconds at 256). Since reads hold many batches, 30,000 samples
+# took 2.2 s, and one CI run saw the low job asked to yield 0.08 s before its end.
+LONG_SAMPLES = 120_000
 
 
 def _infer(stack: Stack, name: str, priority: Priority, device: str = "cpu:0",
@@ -48,7 +52,7 @@ def lenet(workers: Stack) -> str:
 def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Stack, mlp: dict,
                                                                    lenet: str) -> None:
     rng = np.random.default_rng(3)
-    save_npy(workers, "prio-long.npy", rng.standard_normal((20_000, 1, 28, 28)).astype(np.float32))
+    save_npy(workers, "prio-long.npy", rng.standard_normal((LONG_SAMPLES, 1, 28, 28), dtype=np.float32))
     save_npy(workers, "prio-small.npy", rng.standard_normal((2_000, 64)).astype(np.float32))
     blocker = _infer(workers, "prio-long.npy", BLOCKER, model=lenet)  # holds cpu:0 for seconds
     wait_until(lambda: workers.job(blocker)["status"], 60, "the blocker to run",
@@ -85,7 +89,7 @@ def _preempted(stack: Stack, job_id: int) -> list[EventRecord]:
 
 def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once(
         workers: Stack, lenet: str) -> None:
-    x = np.random.default_rng(5).standard_normal((30_000, 1, 28, 28)).astype(np.float32)
+    x = np.random.default_rng(5).standard_normal((LONG_SAMPLES, 1, 28, 28), dtype=np.float32)
     save_npy(workers, "preempt.npy", x)
     save_npy(workers, "urgent.npy", x[:500])
     # One sample a batch: the low job lasts seconds (several one-second flushes) even on a fast

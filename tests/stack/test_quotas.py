@@ -18,6 +18,9 @@ from tests.conftest import Stack, wait_until
 from tests.support.inference import committed_position, save_npy
 
 USER = "quota-carol"
+# Each of the two one-sample-a-batch jobs lasts about 9 s here: with 30,000 samples (2.2-2.4 s since
+# reads hold many batches) one CI run saw the borrowed job yield 0.5 s before its end.
+BORROW_SAMPLES = 120_000
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,9 @@ def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Sta
     s = workers.settings.model_copy(update={"quota_borrowing": True})  # MXQ_QUOTA_BORROWING=1
     # One sample a batch: both jobs last seconds (several one-second flushes) even on a fast CPU,
     # so the borrowed one is still running when the taker arrives.
-    params = {"model": lenet, "input": "quota.npy", "batch_size": 1}
+    save_npy(workers, "borrow.npy", np.random.default_rng(10).standard_normal(
+        (BORROW_SAMPLES, 1, 28, 28), dtype=np.float32))
+    params = {"model": lenet, "input": "borrow.npy", "batch_size": 1}
     mine, lent = (submit(s, "infer", dict(params), "auto", owner=capped) for _ in range(2))
     wait_until(lambda: [committed_position(workers, i) > 0 for i in (mine, lent)], 60,
                "both to store a flush", until=lambda stored: all(stored), interval=0.05)
