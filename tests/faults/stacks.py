@@ -93,17 +93,21 @@ class FaultStack(Stack):
             row = s.get(WorkerBeat, name)
             return row.pid if row is not None and row.last_seen is not None else None
 
-    def kill_worker(self, name: str) -> bool:
-        """SIGKILL the live worker `name`; False when it is not live (restarting, or dead and
-        not yet reaped by its launcher)."""
+    def signal_worker(self, name: str, sig: int) -> int | None:
+        """Send `sig` to the live worker `name`: its pid, or None when it is not live
+        (restarting, or dead and not yet reaped by its launcher)."""
         pid = self.worker_pid(name)
         if pid is None or _zombie_or_gone(pid):
-            return False
+            return None
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
-            return False
-        return True
+            return None
+        return pid
+
+    def kill_worker(self, name: str) -> bool:
+        """SIGKILL the live worker `name`; False when it is not live."""
+        return self.signal_worker(name, signal.SIGKILL) is not None
 
     def statuses(self, ids: list[int]) -> dict[int, str]:
         with session_scope(self.settings.database) as s:

@@ -47,9 +47,28 @@ def _running_unkilled(stack: FaultStack, ids: list[int], killed: dict[int, int],
     return None
 
 
+def _frozen(stack: FaultStack, job: JobRecord, ready: Callable[[JobRecord], bool]) -> int | None:
+    """SIGSTOP the worker running `job`; its pid when, with the worker frozen, the job still runs
+    in the same attempt and `ready` still accepts it, else None (the worker goes on).
+
+    An inference job of this file lasts a fraction of a second: killed while merely read as
+    running, its worker could have finished it between the read and the signal (an uncounted
+    kill, the job's one attempt). Frozen, the job's record and committed position are where the
+    kill finds them."""
+    pid = stack.signal_worker(str(job["worker"]), signal.SIGSTOP)
+    if pid is None:
+        return None
+    now = stack.job(job["id"])
+    if now["status"] == "running" and now["attempts"] == job["attempts"] and \
+            now["worker"] == job["worker"] and ready(now):
+        return pid
+    os.kill(pid, signal.SIGCONT)
+    return None
+
+
 def _kill_when(stack: FaultStack, ids: list[int], killed: dict[int, int], max_kills: int,
                ready: Callable[[JobRecord], bool], top_up: Callable[[], int] | None = None) -> JobRecord:
-    """Wait for a running job that `ready` accepts, then SIGKILL its worker.
+    """Wait for a running job that `ready` accepts, then SIGKILL its worker (frozen first).
 
     `top_up` adds a job to `ids` when none is left that could still be killed."""
     deadline = time.monotonic() + 300
@@ -59,10 +78,11 @@ def _kill_when(stack: FaultStack, ids: list[int], killed: dict[int, int], max_ki
                            if v in ("queued", "running") and killed.get(i, 0) < max_kills]:
             ids.append(top_up())
         job = _running_unkilled(stack, ids, killed, max_kills)
-        if job is not None and ready(job):
-            if stack.kill_worker(str(job["worker"])):  # (set: it is running)
-                killed[job["id"]] = killed.get(job["id"], 0) + 1
-                return job
+        pid = None if job is None or not ready(job) else _frozen(stack, job, ready)
+        if job is not None and pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed[job["id"]] = killed.get(job["id"], 0) + 1
+            return job
         time.sleep(0.05)
     raise AssertionError(f"no job to kill in 300s: {stack.statuses(ids)}")
 
@@ -122,18 +142,16 @@ def _computed_rows(path: str) -> int:
     return int(filled.argmin()) if not filled.all() else len(filled)
 
 
-def _kill_and_read(stack: FaultStack, job_id: int, output: str) -> int | None:
-    """SIGKILL the job's worker; how far it had computed (from its .npy, for npy outputs).
+def _kill_and_read(stack: FaultStack, pid: int, job_id: int, output: str) -> int | None:
+    """SIGKILL the job's frozen worker `pid`; how far it had computed (from its .npy, for npy
+    outputs).
 
     The launcher is held (SIGSTOP) until the .npy is read, so no new attempt, which would write
     the same rows from the resume point on, can have started: the figure is the dead attempt's."""
     assert stack.launcher is not None
     os.kill(stack.launcher.pid, signal.SIGSTOP)
     try:
-        name = stack.job(job_id)["worker"]
-        assert name is not None
-        pid = stack.worker_pid(name)
-        assert pid is not None and stack.kill_worker(name)
+        os.kill(pid, signal.SIGKILL)
         while not _zombie_or_gone(pid):
             time.sleep(0.01)
         if output not in ("npy", "both"):
@@ -142,6 +160,22 @@ def _kill_and_read(stack: FaultStack, job_id: int, output: str) -> int | None:
                                               ".npy")))
     finally:
         os.kill(stack.launcher.pid, signal.SIGCONT)
+
+
+def _frozen_at_60_percent(stack: FaultStack, output: str) -> tuple[int, int]:
+    """A new job for `output` and its worker's pid, the worker frozen once the job committed 60 %
+    of its samples. A job that ends before the freeze (its last 40 % take about 0.1 s here) is
+    submitted again, at most twice."""
+    for _ in range(3):
+        job_id = stack.infer("mlp64", "resume.npy", output=output, batch_size=512)
+        wait_until_committed = time.monotonic() + 300
+        while committed_position(stack, job_id) < 0.6 * INFER_SAMPLES:
+            assert time.monotonic() < wait_until_committed, stack.job(job_id)
+            time.sleep(0.01)
+        pid = _frozen(stack, stack.job(job_id), lambda j: True)
+        if pid is not None:
+            return job_id, pid
+    raise AssertionError(f"3 jobs to {output} ended before their worker was frozen at 60 %")
 
 
 @pytest.mark.timeout(900)
@@ -154,13 +188,9 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
     reference = np.load(str(next(iter(whole.values()))["output"]))
     figures = {}
     for output in ("db", "npy", "parquet", "both"):
-        job_id = faulty.infer("mlp64", "resume.npy", output=output, batch_size=512)
-        wait_until_committed = time.monotonic() + 300
-        while committed_position(faulty, job_id) < 0.6 * INFER_SAMPLES:
-            assert time.monotonic() < wait_until_committed, faulty.job(job_id)
-            time.sleep(0.02)
+        job_id, pid = _frozen_at_60_percent(faulty, output)
         at_kill = committed_position(faulty, job_id)
-        computed = _kill_and_read(faulty, job_id, output)
+        computed = _kill_and_read(faulty, pid, job_id, output)
         job = faulty.wait_all([job_id], 300)[job_id]
         assert job["status"] == "succeeded", job["error"]
         assert job["attempts"] == 2
