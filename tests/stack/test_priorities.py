@@ -41,8 +41,9 @@ def _started(stack: Stack, job_id: int) -> str:
 
 @pytest.fixture(scope="module")
 def lenet(workers: Stack) -> str:
-    """A LeNet for 28x28 images: slow enough on a CPU (thousands of samples a second) that a
-    job of 30,000 lasts seconds, long enough to be preempted in the middle."""
+    """A LeNet for 28x28 images: slow enough on a CPU (about 13,000 samples a second at
+    one a batch) that a job of LONG_SAMPLES lasts seconds, long enough to be preempted in the
+    middle."""
     proc = workers.mxq("models", "add", "lenet28", "--arch", "lenet", "--input-shape", "1,28,28",
                        "--classes", "10")
     assert proc.returncode == 0, proc.stderr
