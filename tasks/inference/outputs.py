@@ -97,6 +97,13 @@ def _output_npy(url: str, job_id: int, rows: int, classes: int) -> NpyOutput:
             np.lib.format.open_memmap(  # type: ignore[no-untyped-call]  # untyped in NumPy 1.23's stubs
                 path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
         _reserve(path, created)
+    return NpyOutput(path, classes, _npy_layout(path, rows, classes))
+
+
+def _npy_layout(path: Path, rows: int, classes: int) -> int:
+    """Where the values of the .npy output at `path` begin; JobFailed when it cannot be read or
+    is not the (rows, classes) float32 array the job writes. Checked when the job opens it and
+    again once every flush is stored (the file may have gone or been replaced meanwhile)."""
     try:
         with path.open("rb") as f:
             shape, fortran, dtype = parse_header(f)
@@ -106,7 +113,7 @@ def _output_npy(url: str, job_id: int, rows: int, classes: int) -> NpyOutput:
     if shape != (rows, classes) or fortran or dtype != np.dtype("<f4"):
         raise JobFailed(f"output {path} holds a {dtype} array of shape {shape}, not the float32 "
                         f"({rows}, {classes}) this job writes")
-    return NpyOutput(path, classes, offset)
+    return offset
 
 
 def _reserve(path: Path, created: bool) -> None:
@@ -268,7 +275,7 @@ class JobOutputs:
         when complete; JobFailed when the output cannot be verified (a part or the file went
         missing)."""
         if self.npy is not None:
-            _check_array(self.npy.path, self.count, self.classes)
+            _npy_layout(self.npy.path, self.count, self.classes)
         if self.parts is not None:
             self._finish_parts(self.parts)
 
@@ -305,13 +312,3 @@ def _bucket_parts(output_to: str, owner: int, classes: int | None) -> BucketPart
 def _incomplete(parts: PartStore, count: int, why: str = "") -> str:
     return (f"output incomplete: the parts of {parts.shown.rsplit('/', 1)[-1]} lack "
             f"{parts.missing(count)}{why}")
-
-
-def _check_array(path: Path, count: int, classes: int) -> None:
-    """The npy output is there, readable, with one row per sample."""
-    try:
-        shape = np.load(path, mmap_mode="r").shape
-    except (OSError, ValueError) as exc:
-        raise JobFailed(f"output {path} cannot be read: {exc}") from None
-    if shape != (count, classes):
-        raise JobFailed(f"output {path} has shape {shape}, not ({count}, {classes})")
