@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
 
 from mxq.db.engine import session_scope
 from mxq.db.records import EventRecord
@@ -30,8 +31,14 @@ PREEMPTED = "preempted"  # it yielded its devices to a waiting job of a higher l
 @db_retry
 def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
     with session_scope(url) as session:
-        session.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
-                                                data=data))
+        add(session, job_id, kind, message, **data)
+
+
+def add(session: Session, job_id: int, kind: str, message: str, **data: Any) -> None:
+    """An event inside the caller's transaction: it commits with the change it explains, or not at
+    all (a reader who sees a job ended also sees why)."""
+    session.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
+                                            data=data))
     log.info("job %s %s: %s", job_id, kind, message)
 
 

@@ -31,6 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from mxq import parts
+from mxq.db import events
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.fence import RunCheck as RunCheck  # re-exported: what a running attempt does next
@@ -295,12 +296,18 @@ def stuck(url: str, no_progress_before: datetime, cancel_before: datetime) -> tu
         return stalled, list(ignored)
 
 
-def end_ignored_cancel(url: str, job_id: int, error: str) -> bool:
-    """A running job that did not stop on its cancel: cancelled in SQL, whatever its worker does."""
+@db_retry
+def end_stuck(url: str, job_id: int, status: JobStatus, reason: str) -> bool:
+    """A running job the reconciler ends, whatever its worker does (no progress: failed; a cancel
+    not heeded: cancelled), and its `stalled` event in the same transaction: whoever sees the job
+    ended by the reconciler sees why."""
     with session_scope(url) as session:
-        return bool(rowcount(session.execute(
+        ended = rowcount(session.execute(
             update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
-            .values(status=JobStatus.CANCELLED, finished_at=utcnow(), heartbeat_at=None, error=error))))
+            .values(status=status, finished_at=utcnow(), heartbeat_at=None, error=reason)))
+        if ended:
+            events.add(session, job_id, events.STALLED, reason)
+        return bool(ended)
 
 
 @db_retry

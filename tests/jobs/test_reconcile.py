@@ -155,6 +155,51 @@ def test_a_running_job_with_a_live_heartbeat_is_left_alone(isolated: Stack) -> N
     assert isolated.job(job_id)["status"] == "running"
 
 
+def _stuck(isolated: Stack) -> tuple[int, int]:
+    """Two running jobs with live heartbeats: one without progress for an hour, one whose cancel,
+    asked an hour ago, it did not heed."""
+    hour_ago = utcnow() - timedelta(hours=1)
+    stalled, deaf = _probe(isolated), _probe(isolated)
+    for job_id in (stalled, deaf):
+        _take_all(isolated, _queue(isolated, job_id))
+        _set(isolated, job_id, status="running", worker="cpu0@busy", attempts=1, heartbeat_at=utcnow(),
+             started_at=hour_ago, progress_at=hour_ago if job_id == stalled else utcnow())
+    _set(isolated, deaf, cancel_requested_at=hour_ago)
+    return stalled, deaf
+
+
+def test_jobs_stuck_in_spite_of_live_heartbeats_are_ended_with_the_reason(isolated: Stack) -> None:
+    stalled, deaf = _stuck(isolated)
+
+    report = reconcile(isolated.settings)
+
+    assert (report.stalled, report.cancels_enforced) == ([stalled], [deaf])
+    for job_id, status, why in ((stalled, "failed", "MXQ_STALL_SECONDS"),
+                                (deaf, "cancelled", "MXQ_CANCEL_GRACE_SECONDS")):
+        job = isolated.job(job_id)
+        assert job["status"] == status and why in (job["error"] or ""), job
+        [event] = events.list_events(isolated.settings.database, job_id)
+        assert event["kind"] == events.STALLED and event["message"] == job["error"]
+    assert reconcile(isolated.settings).empty()  # ended once, one event each
+
+
+def test_a_job_is_ended_by_the_reconciler_only_together_with_its_event(
+        isolated: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end and its `stalled` event are one transaction: a reader who sees the job ended sees
+    why (CI once read a job cancelled by the reconciler before its event was written)."""
+    stalled, deaf = _stuck(isolated)
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("the event could not be written")
+
+    monkeypatch.setattr(events, "add", broken)
+    with pytest.raises(RuntimeError, match="could not be written"):
+        reconcile(isolated.settings)
+    assert [isolated.job(j)["status"] for j in (stalled, deaf)] == ["running", "running"]
+    monkeypatch.undo()
+    assert (reconcile(isolated.settings).stalled, isolated.job(stalled)["status"]) == ([stalled], "failed")
+
+
 def test_leases_of_finished_or_dead_holders_are_freed(isolated: Stack) -> None:
     s = isolated.settings
     done, alive = _probe(isolated), _probe(isolated)

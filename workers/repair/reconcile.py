@@ -202,14 +202,12 @@ def _end_stuck(settings: Settings, report: Report) -> None:
     for job_id in stalled:
         reason = (f"made no progress for {settings.stall_seconds:g} s (MXQ_STALL_SECONDS) although "
                   "its worker was alive: failed by the reconciler")
-        if jobs.fail(settings.database, job_id, reason):
-            events.record(settings.database, job_id, events.STALLED, reason)
+        if jobs.end_stuck(settings.database, job_id, JobStatus.FAILED, reason):
             report.stalled.append(job_id)
     for job_id in ignored:
         reason = (f"cancelled by the reconciler: it did not stop within "
                   f"{settings.cancel_grace_seconds:g} s of its cancel (MXQ_CANCEL_GRACE_SECONDS)")
-        if jobs.end_ignored_cancel(settings.database, job_id, reason):
-            events.record(settings.database, job_id, events.STALLED, reason)
+        if jobs.end_stuck(settings.database, job_id, JobStatus.CANCELLED, reason):
             report.cancels_enforced.append(job_id)
 
 
