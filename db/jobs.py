@@ -440,9 +440,10 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
 
 
 @db_retry
-def settle_parent(url: str, parent_id: int) -> bool:
+def settle_parent(url: str, parent_id: int, why: str | None = None) -> bool:
     """Finish the parent once every chunk has, as `mxq.parts.settle` says (a multi-node
-    training: its epochs merged first)."""
+    training: its epochs merged first); with `why` (the reconciler's), a `settled` event saying so
+    in the same transaction."""
     with session_scope(url) as session:
         children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
                                         .order_by(Job.chunk_index)))
@@ -455,9 +456,12 @@ def settle_parent(url: str, parent_id: int) -> bool:
         children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
                                         .order_by(Job.chunk_index)))
         values = parts.settle(str(kind), children, utcnow())
-        return bool(rowcount(session.execute(update(Job).where(Job.id == parent_id,
-                                                Job.status == JobStatus.RUNNING).values(**values)
-                              )))
+        settled = rowcount(session.execute(update(Job).where(Job.id == parent_id,
+                                                             Job.status == JobStatus.RUNNING)
+                                           .values(**values)))
+        if settled and why is not None:
+            events.add(session, parent_id, events.SETTLED, why)
+        return bool(settled)
 
 
 def chunk_statuses(url: str, parent_id: int, but: int) -> list[str]:

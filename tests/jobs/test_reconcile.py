@@ -200,6 +200,24 @@ def test_a_job_is_ended_by_the_reconciler_only_together_with_its_event(
     assert (reconcile(isolated.settings).stalled, isolated.job(stalled)["status"]) == ([stalled], "failed")
 
 
+def test_a_parent_whose_chunks_all_finished_is_settled_with_its_event(isolated: Stack) -> None:
+    parent, first, second = _probe(isolated), _probe(isolated), _probe(isolated)
+    for job_id in (parent, first, second):
+        _take_all(isolated, _queue(isolated, job_id))
+    _set(isolated, parent, status="running", worker="cpu0@busy", attempts=1, heartbeat_at=utcnow(),
+         chunks=2)
+    for index, job_id in enumerate((first, second)):
+        _set(isolated, job_id, parent_id=parent, chunk_index=index, status="succeeded", samples=10,
+             seconds=1.0, started_at=utcnow(), finished_at=utcnow())
+
+    assert reconcile(isolated.settings).settled == [parent]
+
+    assert isolated.job(parent)["status"] == "succeeded"
+    [event] = events.list_events(isolated.settings.database, parent)
+    assert event["kind"] == events.SETTLED and "every chunk had finished" in event["message"]
+    assert reconcile(isolated.settings).settled == []
+
+
 def test_leases_of_finished_or_dead_holders_are_freed(isolated: Stack) -> None:
     s = isolated.settings
     done, alive = _probe(isolated), _probe(isolated)

@@ -155,9 +155,8 @@ def _requeue_dead(settings: Settings, dead: dict[int, JobRoute], report: Report)
 
 def _settle_parents(settings: Settings, report: Report) -> None:
     for parent in repair.running_parents(settings.database):
-        if jobs.settle_parent(settings.database, parent):
-            events.record(settings.database, parent, events.SETTLED,
-                          "every chunk had finished; the parent was closed by the reconciler")
+        if jobs.settle_parent(settings.database, parent,
+                              "every chunk had finished; the parent was closed by the reconciler"):
             report.settled.append(parent)
 
 
