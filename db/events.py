@@ -32,13 +32,19 @@ PREEMPTED = "preempted"  # it yielded its devices to a waiting job of a higher l
 def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
     with session_scope(url) as session:
         add(session, job_id, kind, message, **data)
+    logged(job_id, kind, message)
 
 
 def add(session: Session, job_id: int, kind: str, message: str, **data: Any) -> None:
     """An event inside the caller's transaction: it commits with the change it explains, or not at
-    all (a reader who sees a job ended also sees why)."""
+    all (a reader who sees a job ended also sees why). The caller logs it (`logged`) once the
+    transaction committed."""
     session.execute(insert(JobEvent).values(job_id=job_id, at=utcnow(), kind=kind, message=message,
                                             data=data))
+
+
+def logged(job_id: int, kind: str, message: str) -> None:
+    """The log line of a committed event."""
     log.info("job %s %s: %s", job_id, kind, message)
 
 

@@ -307,7 +307,9 @@ def end_stuck(url: str, job_id: int, status: JobStatus, reason: str) -> bool:
             .values(status=status, finished_at=utcnow(), heartbeat_at=None, error=reason)))
         if ended:
             events.add(session, job_id, events.STALLED, reason)
-        return bool(ended)
+    if ended:
+        events.logged(job_id, events.STALLED, reason)
+    return bool(ended)
 
 
 @db_retry
@@ -461,7 +463,9 @@ def settle_parent(url: str, parent_id: int, why: str | None = None) -> bool:
                                            .values(**values)))
         if settled and why is not None:
             events.add(session, parent_id, events.SETTLED, why)
-        return bool(settled)
+    if settled and why is not None:
+        events.logged(parent_id, events.SETTLED, why)
+    return bool(settled)
 
 
 def chunk_statuses(url: str, parent_id: int, but: int) -> list[str]:
