@@ -2,8 +2,10 @@
 
 Every error is an RFC 9457 problem document (`application/problem+json`: `type`, `title`,
 `status`, `detail`, and `job_id` for a request recorded as a failed job) with the status that
-fits: 401 no token, 404 unknown, 405 method (with `Allow`), 409 exists, 413 body too large,
-422 bad input, 503 a server down. The OpenAPI description declares each route's.
+fits: 401 no credential (every route but the static page and the login needs one once any
+token exists), 403 a role or an owner that does not allow it, 404 unknown, 405 method (with
+`Allow`), 409 exists, 413 body too large, 422 bad input, 503 a server down. The OpenAPI
+description declares each route's.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mxq.api.auth import settings
+from mxq.api.auth import scraper, settings
 from mxq.api.guard import RequestGuard
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router
+from mxq.api.session import router as session_router
 from mxq.db.errors import DATABASE_UNAVAILABLE, unavailable
 from mxq.errors import (
     Conflict,
@@ -37,6 +40,7 @@ from mxq.errors import (
     UserError,
     first_line,
 )
+from mxq.names import shown
 from mxq.workers.settings import Settings
 
 DASHBOARD = Path(__file__).parent / "static" / "index.html"
@@ -67,6 +71,12 @@ def problem(status: int, detail: str, headers: dict[str, str] | None = None,
     body = {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status,
             "detail": detail, **extra}
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM)
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    """A bug: still a problem document (its type only: the traceback goes to the server's log,
+    never to the client)."""
+    return problem(500, f"internal error ({type(exc).__name__}); the API's log has the details")
 
 
 async def _expected(_request: Request, exc: Exception) -> JSONResponse:
@@ -166,7 +176,7 @@ def _problem_of(e: Any) -> str:
         return f"{_where(e['loc'])}: Field required"
     if isinstance(e.get("input"), dict) and len(e["loc"]) <= 2:  # body or body.<kind>: its
         return str(e["msg"]).removeprefix("Value error, ")  # message names fields and values
-    return f"{_where(e['loc']) or 'body'}={e.get('input')!r}: {e['msg']}"
+    return f"{_where(e['loc']) or 'body'}={shown(e.get('input'))}: {e['msg']}"
 
 
 async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
@@ -190,11 +200,13 @@ def create_app() -> FastAPI:
                   description="Batch deep-learning jobs on pinned GPU/CPU workers: submit, "
                               "query the history, cancel.")
     app.include_router(router)
+    app.include_router(session_router)
     app.add_exception_handler(MxqError, _expected)
     for kind in DATABASE_UNAVAILABLE:
         app.add_exception_handler(kind, _expected)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)
     app.add_middleware(BodyLimit)
     app.add_middleware(RequestGuard, settings=scope_settings, answer=problem)  # runs first
 
@@ -212,8 +224,8 @@ def create_app() -> FastAPI:
         return FileResponse(DASHBOARD, media_type="text/html")
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics(s: Settings = Depends(settings)) -> Response:
-        body, content_type = render_metrics(s)
+    def metrics(whole: bool = Depends(scraper), s: Settings = Depends(settings)) -> Response:
+        body, content_type = render_metrics(s, with_sql=whole)
         return Response(body, media_type=content_type)
 
     return app

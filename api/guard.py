@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mxq.db.engine import answers_within
 from mxq.workers.settings import Settings, is_loopback
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -74,9 +75,17 @@ def refusal(s: Settings, method: str, headers: dict[bytes, bytes],
     return None
 
 
+# Seconds a request waits for PostgreSQL's answer to one statement: past it, a 503 (with the
+# reconnect that follows, about 15 s from a frozen database). Shorter than a worker's bound
+# (db/engine.ANSWER_SECONDS) so the health check (`GET /api/v1/devices`) hears 503 while its
+# caller still waits; long enough for a loaded server's slowest read.
+DATABASE_ANSWER_SECONDS = 10.0
+
+
 class RequestGuard:
     """ASGI middleware applying `refusal` to every HTTP request (the settings through the same
-    lookup the routes use, so a test's override holds)."""
+    lookup the routes use, so a test's override holds), and bounding its waits for the database
+    (`DATABASE_ANSWER_SECONDS`)."""
 
     def __init__(self, app: ASGIApp, settings: Callable[[Scope], Settings],
                  answer: Callable[[int, str], ASGIApp]) -> None:
@@ -91,4 +100,5 @@ class RequestGuard:
             if refused is not None:
                 await self.answer(*refused)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        with answers_within(DATABASE_ANSWER_SECONDS):  # the routes' threads inherit it
+            await self.app(scope, receive, send)

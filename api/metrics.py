@@ -29,15 +29,15 @@ from mxq.workers.settings import Settings
 
 
 class Collector:
-    def __init__(self, s: Settings) -> None:
-        self.s = s
+    def __init__(self, s: Settings, with_sql: bool = True) -> None:
+        self.s, self.with_sql = s, with_sql
 
     def collect(self) -> Iterator[Metric]:
         broker = GaugeMetricFamily("mxq_broker_up", "1 while the broker answers a PING")
         broker.add_metric([], 0.0 if broker_problem(self.s) else 1.0)
         database = GaugeMetricFamily("mxq_database_up", "1 while the database answers a read")
         try:
-            families = list(self._from_sql())
+            families = list(self._from_sql()) if self.with_sql else []
         except DATABASE_UNAVAILABLE:
             families = []
         database.add_metric([], 1.0 if families else 0.0)
@@ -72,14 +72,32 @@ class Collector:
                                  "of each device queue has waited", labels=["node", "device"])
         alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",
                                   labels=["node", "device"])
+        healthy = GaugeMetricFamily("mxq_device_healthy", "1 while the device's worker beats; 0 "
+                                    "when it is out (refused: failed its check or faulted) or "
+                                    "offline", labels=["node", "device"])
+        out_since = GaugeMetricFamily("mxq_device_out_since_seconds", "When a device that is out "
+                                      "went out (Unix time); only devices that are out",
+                                      labels=["node", "device"])
         started = GaugeMetricFamily("mxq_worker_start_time_seconds", "When the device's worker "
                                     "process started (Unix time): changes() counts restarts",
                                     labels=["node", "device"])
+        memory = GaugeMetricFamily("mxq_device_memory_used_bytes", "A GPU's memory in use as "
+                                   "nvidia-smi reported it when its worker was planned (by any "
+                                   "process)", labels=["node", "device"])
+        memory_total = GaugeMetricFamily("mxq_device_memory_total_bytes", "A GPU's memory",
+                                         labels=["node", "device"])
         for d in device_table(self.s):
+            if d.get("memory_used_mib") is not None and d.get("memory_total_mib") is not None:
+                memory.add_metric([d["node"], d["device"]], d["memory_used_mib"] * 2.0**20)
+                memory_total.add_metric([d["node"], d["device"]], d["memory_total_mib"] * 2.0**20)
             depth.add_metric([d["node"], d["device"]], d["queued"])
             if d.get("oldest_wait_seconds") is not None:
                 wait.add_metric([d["node"], d["device"]], d["oldest_wait_seconds"])
             alive.add_metric([d["node"], d["device"]], 1.0 if d["alive"] else 0.0)
+            healthy.add_metric([d["node"], d["device"]], 1.0 if d["health"] == "healthy" else 0.0)
+            if d["health"] == "out" and d.get("out_since"):
+                out_since.add_metric([d["node"], d["device"]],
+                                     datetime.fromisoformat(d["out_since"]).timestamp())
             if d.get("started_at"):
                 started.add_metric([d["node"], d["device"]],
                                    datetime.fromisoformat(d["started_at"]).timestamp())
@@ -87,10 +105,13 @@ class Collector:
                                   labels=["queue"])
         for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
             pools.add_metric([queue], n)
-        yield from (jobs, owners, levels, durations, rate, depth, wait, alive, started, pools)
+        yield from (jobs, owners, levels, durations, rate, depth, wait, alive, healthy, out_since,
+                    memory, memory_total, started, pools)
 
 
-def render_metrics(s: Settings) -> tuple[bytes, str]:
+def render_metrics(s: Settings, with_sql: bool = True) -> tuple[bytes, str]:
+    """The exposition; without `with_sql`, only `mxq_broker_up` and `mxq_database_up` (0), which
+    name no one: what a scrape gets while the database is down and cannot say who asks."""
     registry = CollectorRegistry()
-    registry.register(Collector(s))
+    registry.register(Collector(s, with_sql))
     return generate_latest(registry), CONTENT_TYPE_LATEST

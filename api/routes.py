@@ -1,5 +1,7 @@
-"""`/api/v1`: jobs, predictions, devices, models, schedules. Reads are open; every write is
-made as a user, found by its bearer token (`mxq.api.auth`), and allowed by its role. Bodies and
+"""`/api/v1`: jobs, predictions, devices, models, schedules. Every request is made as a user,
+found by its bearer token or dashboard session (`mxq.api.auth`): reads by any user, writes as
+its role allows. History rows are every user's; a job's results (its `result`, predictions and
+outputs) are read by its owner, its team's members and admins (`Caller.may_read`). Bodies and
 answers are typed in `mxq.api.schemas`; each route declares the errors it can answer, all as
 problem documents (`mxq.api.app`)."""
 
@@ -12,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
 
-from mxq.api.auth import Caller, admin, submitter
+from mxq.api.auth import Caller, reader, submitter
 from mxq.api.auth import settings as settings  # re-exported: tests override routes.settings
 from mxq.api.schemas import (
     SINCE_AGE_PATTERN,
@@ -33,7 +35,7 @@ from mxq.api.schemas import (
     SubmitAnswer,
 )
 from mxq.db import registry, schedules
-from mxq.db.outputs import results
+from mxq.db.outputs import results, retention
 from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
@@ -52,17 +54,31 @@ from mxq.workers.settings import Settings
 router = APIRouter(prefix="/api/v1")
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 Name = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
+# A filter compared with a column: PostgreSQL refuses a NUL in any string (a 500 from a fuzzer's
+# `?user=%00`), so the schema refuses it first, 422.
+NO_NUL = r"^[^\x00]*$"
+Filter = Annotated[str | None, Query(max_length=128, pattern=NO_NUL)]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI entries of the errors a route can answer: each a Problem document."""
+    """The OpenAPI entries of the errors a route can answer: each a Problem document (every
+    route needs a user: 401, 403)."""
     return {status: {"model": Problem, "description": HTTPStatus(status).phrase}
-            for status in sorted({*statuses, 421, 422, 503})}
+            for status in sorted({*statuses, *READ_ERRORS, 421, 422, 503})}
 
 
+def _visible(who: Caller, record: Any) -> Any:
+    """A job's record as `who` may see it: whole for its owner, team and admins; for another
+    user, the history row without its results (`result`, `output` null)."""
+    if who.may_read(record["owner"], record["team"]):
+        return record
+    return {**record, "result": None, "output": None}
+
+
+Reader = Annotated[Caller, Depends(reader)]
 Submitter = Annotated[Caller, Depends(submitter)]
-Admin = Annotated[Caller, Depends(admin)]
+READ_ERRORS = (401, 403)  # (403: a dashboard session's write without its CSRF token, others' results)
 WRITE_ERRORS = (401, 403, 413, 415)  # (403, 415: api/guard.py)
 # The job list counts matches this far past its page: a total of millions (every job, every
 # success) would cost a read of each one on every refresh of the dashboard.
@@ -70,8 +86,8 @@ TOTAL_COUNTED = 10_000
 
 
 @router.get("/jobs", response_model=JobPage, responses=problems())
-def jobs(status: Status | None = None, kind: str | None = None, device: str | None = None,
-         node: str | None = None,
+def jobs(status: Status | None = None, kind: Filter = None, device: Filter = None,
+         node: Filter = None,
          since: Annotated[str | None, Query(
              description="An age (45s, 30m, 2h, 1d) or an ISO 8601 date or time (UTC unless it "
              "names a zone).", json_schema_extra={"anyOf": [
@@ -84,15 +100,16 @@ def jobs(status: Status | None = None, kind: str | None = None, device: str | No
              "highest id first. Pass the last id of a page to get the next one (start with "
              f"{MAX_ID}): unlike offset, submits meanwhile neither repeat nor skip a job.")] = None,
          user: Annotated[str | None, Query(
-             max_length=128, description="Who submitted it: a user's name, `admin` (MXQ_API_TOKEN), "
-             "`local:LOGIN` (the CLI on the stack's machine).")] = None,
-         s: Settings = Depends(settings)) -> Any:
-    """Job history, newest first, filtered like `mxq jobs`, in pages."""
+             max_length=128, pattern=NO_NUL, description="Who submitted it: a user's name, `admin` "
+             "(MXQ_API_TOKEN), `local:LOGIN` (the CLI on the stack's machine).")] = None,
+         who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+    """Job history, newest first, filtered like `mxq jobs`, in pages (another user's jobs without
+    their results)."""
     f = JobFilter(status, kind, device, node, None if since is None else parse_since(since, utcnow()),
                   limit, offset, before_id, owner=user)
     counted = offset + limit + TOTAL_COUNTED
     total = count_jobs(s.database, f, at_most=counted)
-    return {"items": list_jobs(s.database, f), "total": min(total, counted),
+    return {"items": [_visible(who, j) for j in list_jobs(s.database, f)], "total": min(total, counted),
             "total_capped": total > counted, "limit": limit, "offset": offset}
 
 
@@ -116,12 +133,14 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
     limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`. A broker
     that does not answer within MXQ_BROKER_TIMEOUT_SECONDS leaves the job queued with
     `published` false: the reconciler publishes it."""
-    params = req.model_dump(exclude={"kind", "device", "allow_offline", "priority", "preemptible"})
+    params = req.model_dump(exclude={"kind", "device", "allow_offline", "priority", "preemptible",
+                                     "team"})
     device = req.device
     if req.kind == "train" and params.get("device_list"):
         device = params["device_list"][0]
     done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key,
-                          owner=who.name, priority=Priority.of(req.priority, req.preemptible))
+                          owner=who.name, priority=Priority.of(req.priority, req.preemptible),
+                          team=req.team)
     if done.replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
@@ -132,7 +151,7 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
 @router.get("/queue", response_model=list[QueueEntry], responses=problems())
 def waiting_queue(limit: Annotated[int, Query(ge=1, le=1000, description="At most this many, "
                                               "the first ones.")] = 100,
-                  s: Settings = Depends(settings)) -> Any:
+                  _: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
     """The waiting jobs in the order workers take them (priority, then a job that started
     before, then the oldest), each with its `position` and `why` it waits."""
     return queue_view(s, limit)
@@ -142,9 +161,10 @@ def waiting_queue(limit: Annotated[int, Query(ge=1, le=1000, description="At mos
 def job(job_id: JobId, points: Annotated[int | None, Query(
             ge=2, le=100_000, description="At most this many throughput points per device: "
             "consecutive ones merged (samples and seconds summed). Default: every point.")] = None,
-        s: Settings = Depends(settings)) -> Any:
-    """One job with its throughput over time (and epochs, for training)."""
-    return require_job(s.database, job_id, with_metrics=True, points=points)
+        who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+    """One job with its throughput over time (and epochs, for training); another user's
+    without its results."""
+    return _visible(who, require_job(s.database, job_id, with_metrics=True, points=points))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=CancelAnswer,
@@ -157,15 +177,36 @@ def cancel(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> An
     return {"outcome": outcome.value, **require_job(s.database, job_id)}
 
 
+@router.put("/jobs/{job_id}/pin", response_model=JobRecord, responses=problems(403, 404))
+def pin(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Any:
+    """Keep the job's output whatever the retention policy (MXQ_KEEP_OUTPUT_DAYS) says: its
+    owner or an admin."""
+    return _set_pin(job_id, who, s, True)
+
+
+@router.delete("/jobs/{job_id}/pin", response_model=JobRecord, responses=problems(403, 404))
+def unpin(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Any:
+    """Let the retention policy remove the job's output again when it is old enough."""
+    return _set_pin(job_id, who, s, False)
+
+
+def _set_pin(job_id: int, who: Caller, s: Settings, pinned: bool) -> Any:
+    """A job's pin set by its owner or an admin (403 for anyone else, 404 for no such job)."""
+    who.may_change(require_job(s.database, job_id)["owner"], f"job {job_id}")
+    return retention.set_pinned(s.database, job_id, pinned)
+
+
 @router.get("/jobs/{job_id}/predictions", response_model=PredictionPage, responses={
     **problems(404), 200: {"description": "A page of predictions: JSON, or with format=csv the CSV "
                            "`mxq results --format csv` prints",
                            "content": {"text/csv": {"schema": {"type": "string"}}}}})
 def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
                     offset: Offset = 0, format: Literal["json", "csv"] = "json",
-                    s: Settings = Depends(settings)) -> Any:
-    """Predictions `offset` onwards, ordered by sample index."""
+                    who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+    """Predictions `offset` onwards, ordered by sample index: to the job's owner, its team's
+    members and admins (403 to anyone else)."""
     record = require_job(s.database, job_id)
+    who.check_read(record["owner"], record["team"], f"the predictions of job {job_id}")
     rows = results.read(s.database, s.home_path, record, limit, offset)
     if format == "json":
         return {"items": rows, "total": results.count(s.database, s.home_path, record),
@@ -176,7 +217,7 @@ def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)
 
 
 @router.get("/devices", response_model=list[DeviceRecord], responses=problems())
-def devices(s: Settings = Depends(settings)) -> Any:
+def devices(_: Reader, s: Settings = Depends(settings)) -> Any:
     """Every device worker: live state, queue depth, the job holding it, heartbeat age. The
     health check: 503, a problem saying which, when the broker or the database is unreachable."""
     problem = broker_problem(s)
@@ -186,13 +227,13 @@ def devices(s: Settings = Depends(settings)) -> Any:
 
 
 @router.get("/models", response_model=list[ModelRecord], responses=problems())
-def models(s: Settings = Depends(settings)) -> Any:
+def models(_: Reader, s: Settings = Depends(settings)) -> Any:
     """Every version of every model."""
     return registry.list_models(s.database)
 
 
 @router.get("/models/{name}", response_model=list[ModelRecord], responses=problems(404))
-def model_versions(name: Name, s: Settings = Depends(settings)) -> Any:
+def model_versions(name: Name, _: Reader, s: Settings = Depends(settings)) -> Any:
     """The versions of one model."""
     registry.resolve(s.database, name)  # 404 for an unknown name
     return registry.list_models(s.database, name)
@@ -200,13 +241,16 @@ def model_versions(name: Name, s: Settings = Depends(settings)) -> Any:
 
 @router.post("/models/{name}/promote", response_model=ModelRecord,
              responses=problems(404, *WRITE_ERRORS))
-def promote(name: Name, req: PromoteRequest, _: Admin, s: Settings = Depends(settings)) -> Any:
-    """Make a version the one inference uses by default (everyone's: an admin's decision)."""
+def promote(name: Name, req: PromoteRequest, who: Submitter, s: Settings = Depends(settings)) -> Any:
+    """Make a version the one inference uses by default: its owner, its team's members (role
+    submit) and admins may."""
+    registry.resolve(s.database, name)  # 404, naming the models there are
+    registry.check_registrant(s.database, name, who.name)  # the rule a training's registration meets
     return registry.promote(s.database, name, req.version)
 
 
 @router.get("/schedules", response_model=list[ScheduleRecord], responses=problems())
-def list_schedules(s: Settings = Depends(settings)) -> Any:
+def list_schedules(_: Reader, s: Settings = Depends(settings)) -> Any:
     """Every schedule with its next fire time."""
     return schedules.list_schedules(s.database)
 
@@ -219,7 +263,7 @@ def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(
     spec = {**req.model_dump(include=set(TrainOptions.model_fields)), "name": req.model}
     return add_schedule(s, req.name, req.cron, req.tz, req.dataset, spec, req.promote, req.metric,
                         req.min_gain, owner=who.name,
-                        priority=Priority.of(req.priority, req.preemptible))
+                        priority=Priority.of(req.priority, req.preemptible), team=req.team)
 
 
 def _schedule(s: Settings, name: str) -> ScheduleDetail:
@@ -232,7 +276,7 @@ def _owned(s: Settings, who: Caller, name: str) -> None:
 
 
 @router.get("/schedules/{name}", response_model=ScheduleDetail, responses=problems(404))
-def schedule(name: Name, s: Settings = Depends(settings)) -> Any:
+def schedule(name: Name, _: Reader, s: Settings = Depends(settings)) -> Any:
     """One schedule and its fires, with their jobs, outcomes and promotion decisions."""
     return _schedule(s, name)
 

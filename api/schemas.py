@@ -27,6 +27,7 @@ from mxq.db.records import (
 from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.status import JobStatus
 from mxq.workers.jobs.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
+from mxq.workers.schedules.cron import MAX_CRON_CHARS
 
 Status = JobStatus  # a job's status as the API takes it (`?status=`): one of mxq.status's values
 # `since` as `mxq jobs --since` takes it (mxq.since): an age such as 45s, 30m, 2h or 1d; an ISO
@@ -94,7 +95,16 @@ class Turn(JsonBody):
                                      "of a higher level, to resume later (unset: low jobs only).")
 
 
-class Routing(Turn):
+class Shared(JsonBody):
+    """Who besides its owner (and admins) reads what a job or schedule produces: the members of
+    `team` (one its owner belongs to). Unset: its owner alone."""
+
+    team: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$",
+                             description="A team its owner belongs to (`mxq teams`); its members "
+                             "read the results. Unset: the owner alone (and admins).")
+
+
+class Routing(Turn, Shared):
     """Where a job runs: `auto`, `auto:gpu`, `auto:cpu`, `gpu:N` or `cpu:N` (with
     `allow_offline`, a device whose worker is not live yet), and its turn there."""
 
@@ -122,12 +132,13 @@ class TrainJob(TrainRequest, Routing):
 JobRequest = Annotated[ProbeJob | InferJob | TrainJob, Field(discriminator="kind")]
 
 
-class ScheduleRequest(TrainOptions, Turn):
+class ScheduleRequest(TrainOptions, Turn, Shared):
     """A retraining schedule: when (`cron` in `tz`), on what (`dataset`, a file, folder or glob
     whose newest match each fire uses), registering which model, with which promotion policy,
     and how to train (the options of a training job)."""
-    name: str = Field(min_length=1, max_length=128, description="The schedule's name.")
-    cron: str = Field(min_length=9, max_length=256, description="Five fields, e.g. '0 3 * * *'.",
+    name: str = Field(pattern=NAME_PATTERN, description="The schedule's name (letters, digits, "
+                      "'_', '.', '-').")
+    cron: str = Field(min_length=9, max_length=MAX_CRON_CHARS, description="Five fields, e.g. '0 3 * * *'.",
                       json_schema_extra={"pattern": CRON_PATTERN})
     tz: str = Field("UTC", min_length=1, max_length=64, description="An IANA time zone.")
     dataset: str = Field(min_length=1, max_length=4096)
@@ -207,6 +218,13 @@ class DeviceRecord(BaseModel):
     engines: list[str] = Field(default_factory=list, description=(
         "What the device runs: mxnet, onnx (training and probes need mxnet); none for a queue "
         "without a worker"))
+    health: Literal["healthy", "out", "offline"] = Field(description=(
+        "healthy: its worker beats; out: its worker refused the device (it failed its start "
+        "check, or faulted during a job) and the launcher probes it again later; offline: no "
+        "worker beats and none refused (stopped, or a queue without a worker)"))
+    out_reason: str | None = Field(description="Why the device is out (null unless out)")
+    out_since: str | None = Field(description=(
+        "When the device went out, ISO 8601 UTC (null unless out)"))
 
 
 __all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest", "QueueEntry",

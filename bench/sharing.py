@@ -129,9 +129,14 @@ def _committed(s: Settings, job_id: int) -> int:
         return session.scalar(select(Job.committed).where(Job.id == job_id)) or 0
 
 
-def preemption_cost(s: Settings, backlog: Path, urgent: Path, samples: int, engine: str) -> dict[str, Any]:
+def preemption_cost(s: Settings, probe: Path, urgent: Path, job_seconds: float,
+                    engine: str) -> dict[str, Any]:
     """A low job on each device; a high one submitted once both stored a flush: the one that
-    yielded, resumed, against an uninterrupted run of the same job."""
+    yielded, resumed, against an uninterrupted run of the same job. The job is sized by this
+    engine's own rate, twice `job_seconds` (a cold first probe understates the rate): sized by
+    MXNet's, ONNX Runtime's (faster) ended before its next flush."""
+    samples = _samples_for(s, probe, 2 * job_seconds, engine)
+    backlog = make_input(s.home_path / f"cost-{engine}.npy", samples, SHAPE, seed=4)
     pair = [_submit(s, backlog, "low", engine=engine) for _ in range(2)]
     while min(_committed(s, job_id) for job_id in pair) == 0:
         time.sleep(0.02)
@@ -211,10 +216,12 @@ def fair_share(s: Settings, path: Path, per_user: int) -> dict[str, Any]:
             "capped_most_devices": most, "capped_quota": 1}
 
 
-def _rate(s: Settings, path: Path) -> float:
-    """The backlog job's samples/s on one device (its size is set from it)."""
-    job = wait_job(s, _submit(s, path, "normal"))
-    return float(job["samples_per_sec"] or 1.0)
+def _samples_for(s: Settings, probe: Path, job_seconds: float, engine: str = "auto") -> int:
+    """Samples (whole batches, at least 4) one job of `engine` computes in about `job_seconds`,
+    from the samples/s of a probe job on one device."""
+    job = wait_job(s, _submit(s, probe, "normal", engine=engine))
+    rate = float(job["samples_per_sec"] or 1.0)
+    return max(4 * BATCH, int(rate * job_seconds) // BATCH * BATCH)
 
 
 def run(tries: int = 20, backlog: int = 200, job_seconds: float = 5.0, fair_jobs: int = 300,
@@ -223,12 +230,12 @@ def run(tries: int = 20, backlog: int = 200, job_seconds: float = 5.0, fair_jobs
         register(s, "lenet", SHAPE)
         warm(s, SHAPE, BATCH, ["cpu:0", "cpu:1"])
         probe = make_input(s.home_path / "probe.npy", 20 * BATCH, SHAPE)
-        samples = max(4 * BATCH, int(_rate(s, probe) * job_seconds) // BATCH * BATCH)
+        samples = _samples_for(s, probe, job_seconds)
         path = make_input(s.home_path / "backlog.npy", samples, SHAPE)
         urgent = make_input(s.home_path / "urgent.npy", BATCH, SHAPE, seed=2)
         plain = urgent_start(s, path, urgent, backlog, tries, job_seconds, False, seed)
         preempting = urgent_start(s, path, urgent, backlog, tries, job_seconds, True, seed)
-        cost = [preemption_cost(s, path, urgent, samples, e) for e in ("mxnet", "onnx")]
+        cost = [preemption_cost(s, probe, urgent, job_seconds, e) for e in ("mxnet", "onnx")]
         small = make_input(s.home_path / "small.npy", 4 * BATCH, SHAPE, seed=3)
         fair = fair_share(s, small, fair_jobs)
     return {"tries": tries, "backlog": backlog, "job_seconds": job_seconds, "samples": samples,

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from mxq.cli import demo as demo_cli
+from mxq.cli import gc as gc_cli
 from mxq.cli import models as models_cli
 from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
+from mxq.cli import teams as teams_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from mxq.cli.options import PreemptibleOpt, PriorityOpt, VariantsOpt, parse_variants
+from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
 from mxq.cli.settings import get_settings
 from mxq.names import MAX_ID
 from mxq.priorities import Priority
@@ -37,6 +39,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 app.add_typer(models_cli.app, name="models")
 app.add_typer(schedule_cli.app, name="schedule")
 app.add_typer(users_cli.app, name="users")
+app.add_typer(teams_cli.app, name="teams")
 
 
 def _print_version(asked: bool) -> None:
@@ -55,6 +58,9 @@ def _options(version: Annotated[bool, typer.Option(
     pass
 
 app.command()(demo_cli.demo)
+app.command()(gc_cli.gc)
+app.command()(gc_cli.pin)
+app.command()(gc_cli.unpin)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 KeyOpt = Annotated[str | None, typer.Option(
@@ -62,7 +68,8 @@ KeyOpt = Annotated[str | None, typer.Option(
     "that first submit made instead of queuing another (a UUID fits).")]
 JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
-                  "current_job", "leased_by", "heartbeat_age", "oldest_wait_seconds", "refused"]
+                  "current_job", "leased_by", "heartbeat_age", "oldest_wait_seconds", "health",
+                  "memory"]
 JOB_COLUMNS = ["id", "kind", "status", "owner", "priority", "device", "node", "progress",
                "samples_per_sec", "attempts", "submitted_at", "error"]
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
@@ -87,12 +94,14 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     s = get_settings(own=True)
     for note in preflight(s):  # refuses a running stack or a taken port; ends orphans
         render.err.print(f"mxq: {note}", markup=False)
-    started = prepare(s)
+    started, changed = prepare(s)
+    for note in changed:  # a setting of the stack given anew: it wins, and is announced
+        render.err.print(f"mxq: {note}", markup=False)
     specs = _plan_or_exit(s)
     if detach:
         for refusal in up_detached(s, specs, timeout):
             render.err.print(f"mxq: refused {refusal}", markup=False)
-        render.table(device_table(s), DEVICE_COLUMNS, "devices")
+        _device_table(device_table(s))
         render.out.print(f"dashboard and API: http://{s.api_host}:{s.api_port}/")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -146,7 +155,7 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
            with_schedule: Annotated[bool, typer.Option("--with-schedule", hidden=True)] = False,
            json_: JsonOpt = False) -> None:
     """Start and supervise one pinned Celery worker per device of this node."""
-    from mxq.workers.launch.stack import prepare, run_launcher
+    from mxq.workers.launch.stack import check_node_free, prepare, run_launcher
 
     s = get_settings(own=True, node=node)
     if dry_run:
@@ -168,8 +177,11 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
             render.table([{**w, "engines": ", ".join(w["engines"])} for w in plan],
                          ["worker", "device", "queues", "cores", "engines"], "workers")
         raise typer.Exit(0 if specs else 1)
+    for note in check_node_free(s):  # before anything starts
+        render.err.print(f"mxq: {note}", markup=False)
     specs = _plan_or_exit(s)
-    prepare(s)
+    for note in prepare(s)[1]:
+        render.err.print(f"mxq: {note}", markup=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     raise typer.Exit(run_launcher(s, specs, with_schedule))
 
@@ -185,8 +197,8 @@ def api() -> None:
             render.err.print(f"mxq: refusing to serve on {s.api_host} without MXQ_API_TOKEN: set a "
                              "token, or use a loopback address", markup=False)
             raise typer.Exit(EXIT_USAGE)
-        render.err.print("mxq: no MXQ_API_TOKEN set: listening on loopback only, writes need no token",
-                         markup=False)
+        render.err.print("mxq: no MXQ_API_TOKEN set: listening on loopback only (every request "
+                         "needs a user's token once any user has one)", markup=False)
     render.err.print(f"mxq: API and dashboard on http://{s.api_host}:{s.api_port}/", markup=False)
     uvicorn.run("mxq.api.app:app", host=s.api_host, port=s.api_port, log_level="warning")
 
@@ -278,10 +290,11 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
     _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
-                       allow_offline, wait, json_, idempotency_key, (priority, preemptible))
+                       allow_offline, wait, json_, idempotency_key, (priority, preemptible),
+                       team)
 
 
 @app.command()
@@ -296,13 +309,13 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
-          output_to: Annotated[str | None, typer.Option(help="s3://BUCKET/PREFIX (inside MXQ_S3_ALLOWED) that a --output parquet or npy job writes PREFIX/job-ID.parquet or .npy to, instead of $MXQ_HOME/outputs.")] = None,  # noqa: E501
+          output_to: Annotated[str | None, typer.Option(help="s3://BUCKET/PREFIX (inside MXQ_S3_ALLOWED) that a --output parquet or npy job writes PREFIX/STACK/job-ID.parquet or .npy to (STACK: the stack id), instead of $MXQ_HOME/outputs.")] = None,  # noqa: E501
           columns: Annotated[str | None, typer.Option(help="A Parquet input's sample: one list column, or numeric columns A,B,C (default: its only list column, else all its columns).")] = None,  # noqa: E501
           reject_nan: Annotated[bool, typer.Option("--reject-nan", help="Kept for scripts: NaN and infinite inputs always fail the job, naming the sample.")] = False,  # noqa: E501
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
@@ -312,7 +325,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
               "columns": None if columns is None else [c.strip() for c in columns.split(",")],
               "output_to": output_to}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,
-                       (priority, preemptible))
+                       (priority, preemptible), team)
 
 
 @app.command()
@@ -362,7 +375,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
     """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
     route, device_list = _train_devices(device)
     params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
@@ -373,7 +386,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "calibration": calibration, "min_agreement": min_agreement,
               "variants": parse_variants(variants)}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
-                       (priority, preemptible))
+                       (priority, preemptible), team)
 
 
 def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
@@ -394,13 +407,13 @@ def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
                        wait: bool, json_: bool, idempotency_key: str | None,
-                       turn: tuple[str, bool | None]) -> None:
+                       turn: tuple[str, bool | None], team: str | None = None) -> None:
     from mxq.db.reports.history import require_job
     from mxq.workers.jobs.submit import submit_request
 
     s = get_settings()
     done = submit_request(s, kind, params, device, allow_offline, idempotency_key,
-                          priority=Priority.of(*turn))
+                          priority=Priority.of(*turn), team=team)
     job_id = done.job_id
     if not wait:
         record = require_job(s.database, job_id)
@@ -429,9 +442,19 @@ def _show_job(record: JobRecord, json_: bool) -> None:
         raise typer.Exit(EXIT_JOB_FAILED)
 
 
+def _device_table(records: list[dict[str, Any]]) -> None:
+    """The device table, a device that is out saying since when and why (`health`)."""
+    from mxq.db.fleet import gpu_memory, out_note
+
+    rows = [{**r, "memory": gpu_memory(r)} for r in records]
+    render.table([{**r, "health": out_note(r["out_reason"], r["out_since"])}
+                  if r.get("health") == "out" else r for r in rows], DEVICE_COLUMNS, "devices")
+
+
 @app.command()
 def devices(json_: JsonOpt = False) -> None:
-    """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat."""
+    """Every device worker: its queue, whether it is live, queued and running jobs, heartbeat,
+    and its device's health (healthy, offline, or out: since when and why)."""
     from mxq.db.reports.history import pool_depths
     from mxq.workers.fleet.device_table import device_table
 
@@ -440,7 +463,7 @@ def devices(json_: JsonOpt = False) -> None:
     if json_:
         render.print_json(records)
         return
-    render.table(records, DEVICE_COLUMNS, "devices")
+    _device_table(records)
     for queue, depth in sorted(pool_depths(s.database).items()):
         render.out.print(f"{queue}: {depth} queued")
 

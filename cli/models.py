@@ -62,13 +62,7 @@ def describe(stored: dict[str, Any]) -> str:
     """A version's preprocessing in one short line: `x*0.00392 -0.5 /0.25 NCHW`, or `none`."""
     from mxq.preprocess import Preprocess  # NumPy: imported by the commands that show versions
 
-    spec = Preprocess.from_dict(stored)
-    if spec.identity:
-        return "none"
-    parts = [f"x*{spec.scale:.6g}"]
-    parts += [f"-{','.join(f'{v:g}' for v in spec.mean)}"] if spec.mean else []
-    parts += [f"/{','.join(f'{v:g}' for v in spec.std)}"] if spec.std else []
-    return " ".join([*parts, spec.layout])
+    return Preprocess.from_dict(stored).describe()
 
 
 def _list(name: str | None, json_: bool) -> None:
@@ -110,10 +104,13 @@ def add(name: str,
         std: Annotated[str | None, typer.Option(help="Then divide by: one value, or one per channel.")] = None,  # noqa: E501
         layout: Annotated[str | None, typer.Option(help="NCHW (default) or NHWC: where the channels are.")] = None,  # noqa: E501
         outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1), logits (mxq applies a softmax) or probabilities.")] = "auto",  # noqa: E501
+        owner: Annotated[str | None, typer.Option(help="A new model's owner (a user): it registers and promotes its versions. Default: the admins alone.")] = None,  # noqa: E501
+        team: Annotated[str | None, typer.Option(help="A new model's team: its members (role submit) register and promote its versions too.")] = None,  # noqa: E501
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params).
 
-    The worker feeds it (x * scale - mean) / std; with none given, inputs as they are stored."""
+    The worker feeds it (x * scale - mean) / std; with none given, inputs as they are stored.
+    A new model may be given an owner and a team at once (`mxq models share` changes them)."""
     from mxq.names import check_name
     from mxq.preprocess import Preprocess
 
@@ -141,12 +138,32 @@ def add(name: str,
         else:
             s = get_settings()
             record = add_version(s.database, s.home_path, request)
+    if owner is not None or team is not None:
+        record = _shared(record, owner, team)
     if json_:
         render.print_json(record)
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
                          f"{tuple(record['input_shape'])}, {record['classes']} classes, "
                          f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
+
+
+def _shared(record: Any, owner: str | None, team: str | None) -> Any:
+    """The version just added, with its model's new owner and team (a new model only: an
+    existing one keeps its own, and says how to change it)."""
+    from mxq.db.registry import resolve, share
+
+    if record["version"] != 1:
+        raise OwnershipError(f"model {record['name']} exists already (this is version "
+                             f"{record['version']}, added): --owner and --team name a new model's; "
+                             f"`mxq models share {record['name']}` changes them")
+    url = get_settings().database
+    share(url, record["name"], owner, team)
+    return resolve(url, record["name"], record["version"])
+
+
+class OwnershipError(UserError):
+    """--owner or --team given for a model that exists already."""
 
 
 @contextlib.contextmanager
@@ -219,6 +236,25 @@ def promote_cmd(name: str, version: Annotated[int, typer.Argument(min=1, max=MAX
 
     record = promote(get_settings().database, name, version)
     render.out.print(f"{record['name']}:{record['version']} is promoted")
+
+
+@app.command("share")
+def share_cmd(name: str,
+              owner: Annotated[str | None, typer.Option(help="The user who owns it: registers and "
+                                                        "promotes its versions.")] = None,
+              team: Annotated[str | None, typer.Option(help="Its team: its members (role submit) "
+                                                       "register and promote versions too.")] = None,
+              private: Annotated[bool, typer.Option("--no-team", help="Share with no team.")] = False,
+              ) -> None:
+    """Give model NAME an owner and a team (a model without an owner, as every model added
+    here, is the admins' alone)."""
+    from mxq.db.registry import share
+
+    if owner is None and team is None and not private:
+        raise typer.BadParameter("nothing to change: give --owner USER, --team TEAM or --no-team")
+    owned = share(get_settings().database, name, owner, None if private else team, private)
+    render.out.print(f"model {name}: owner {owned[0] or '(admins)'}, team {owned[1] or '(none)'}",
+                     highlight=False)
 
 
 class QuantizeError(UserError):

@@ -10,6 +10,9 @@ import typer
 PriorityOpt = Annotated[str, typer.Option(
     "--priority", help="high, normal or low: a worker takes a higher level first, first in first "
     "out within one.")]
+TeamOpt = Annotated[str | None, typer.Option(
+    "--team", help="Share with this team (`mxq teams`): its members read the results. Default: "
+    "the owner alone (and admins).")]
 PreemptibleOpt = Annotated[bool | None, typer.Option(
     "--preemptible/--no-preemptible", help="May yield at a checkpoint to a waiting job of a higher "
     "level, and resume later (default: low jobs only).", show_default=False)]

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from mxq.client.progress import JobBar
 from mxq.db.records import JobRecord, PredictionRow
+from mxq.names import csv_cell
 from mxq.status import FINISHED
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
@@ -83,10 +84,12 @@ def job_detail(record: Mapping[str, Any], title: str | None = None) -> None:
 
 
 def csv_rows(rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
+    """`columns` of `rows` as CSV, None as an empty cell; text that a spreadsheet would read as a
+    formula (a model name `=…` of a refused submit) is written as text (`mxq.names.csv_cell`)."""
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(columns)
     for r in rows:
-        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+        writer.writerow(["" if r.get(c) is None else csv_cell(r.get(c)) for c in columns])
 
 
 def predictions(rows: list[PredictionRow], fmt: str) -> None:

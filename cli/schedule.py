@@ -8,7 +8,7 @@ import typer
 
 from mxq.cli import render
 from mxq.cli.models import parse_shape
-from mxq.cli.options import PreemptibleOpt, PriorityOpt, VariantsOpt, parse_variants
+from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
 from mxq.cli.settings import get_settings
 from mxq.priorities import Priority
 
@@ -38,7 +38,7 @@ def add(name: str,
         min_agreement: Annotated[float | None, typer.Option(help="With --calibration: jobs with no --precision run the variant within this agreement.")] = None,  # noqa: E501
         variants: VariantsOpt = "int8",
         json_: JsonOpt = False, priority: PriorityOpt = "normal",
-        preemptible: PreemptibleOpt = None) -> None:
+        preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
     """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time; its
     fires' trainings run at --priority; with --calibration, served precision follows the
     promoted version (its variants are rebuilt)."""
@@ -52,7 +52,7 @@ def add(name: str,
             "calibration": calibration, "min_agreement": min_agreement,
             "variants": parse_variants(variants)}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
-                          priority=Priority.of(priority, preemptible))
+                          priority=Priority.of(priority, preemptible), team=team)
     if json_:
         render.print_json(record)
     else:

@@ -1,7 +1,9 @@
 """The client: `Client(url, token=…)` submits jobs, reads their history and predictions over the
 HTTP API (`/api/v1`, typed in its OpenAPI description), and raises the API's errors as mxq's own
 (`mxq.errors`: NotFound, Conflict, UserError, JobRejected with its job id, Unavailable,
-Unauthorized).
+Unauthorized for a 401: no token or a wrong one, Forbidden for a 403: the token's user may not do
+this, such as a `read` user's submit or a cancel of another user's job). Forbidden is a subclass of
+Unauthorized, so catch Forbidden first to tell them apart; both are MxqErrors.
 
 It needs only httpx (and NumPy, pyarrow or pandas for the predictions' format asked): pipeline
 code in Airflow, Prefect or Dagster calls it as plain Python.
@@ -20,7 +22,16 @@ from typing import Any, Literal
 
 import httpx
 
-from mxq.errors import Conflict, JobRejected, MxqError, NotFound, Unauthorized, Unavailable, UserError
+from mxq.errors import (
+    Conflict,
+    Forbidden,
+    JobRejected,
+    MxqError,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UserError,
+)
 from mxq.status import FINISHED
 
 PAGE = 100_000  # predictions fetched per request (the API's most)
@@ -33,7 +44,8 @@ FIRST_BEFORE_ID = 2**31 - 1  # `before_id` of a walk's first page: above every i
 
 
 def _error(answer: httpx.Response) -> MxqError:
-    """The API's problem document as the matching mxq error."""
+    """The API's problem document as the matching mxq error: 401 (who are you?) and 403 (you
+    may not) apart, since a script fixes them differently (a token, or a role or owner)."""
     try:
         body = answer.json()
     except ValueError:
@@ -43,7 +55,7 @@ def _error(answer: httpx.Response) -> MxqError:
     if status == 422 and isinstance(body.get("job_id"), int):
         job_id = body["job_id"]
         return JobRejected(job_id, detail.removeprefix(f"job {job_id} failed: "))
-    kinds: dict[int, type[MxqError]] = {401: Unauthorized, 403: Unauthorized, 404: NotFound,
+    kinds: dict[int, type[MxqError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound,
                                         409: Conflict, 503: Unavailable}
     return kinds.get(status, UserError if 400 <= status < 500 else MxqError)(detail)
 
@@ -139,7 +151,10 @@ class Client:
 
         With `idempotency_key` (such as str(uuid.uuid4()), kept for the retries), a retry of a
         submit whose answer was lost returns the job the first one made (`Job.replayed`)
-        instead of queuing a second; the same key with other parameters raises Conflict."""
+        instead of queuing a second; the same key with other parameters raises Conflict (keys
+        are the token's user's own). `team="ml"` shares the job's results with a team of the
+        user's: its members read them, everyone else sees the job without its `result` and is
+        refused its predictions (Forbidden)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         body = {"kind": kind, "priority": priority, **params}
         if preemptible is not None:
@@ -282,7 +297,7 @@ class Job:
 
             return pa.table(columns)
         if format == "pandas":
-            import pandas as pd  # not a dependency of mxq: installed by who asks for it
+            import pandas as pd  # not a dependency of mxq: its `pandas` extra pins one that fits numpy
 
             return pd.DataFrame(columns)
         raise UserError(f"format {format!r}: expected numpy, pandas or arrow")

@@ -21,6 +21,13 @@ class Choice:
     reason: str
 
 
+def figures_key(kind: str, device_model: str | None) -> str:
+    """Where a version's engine and precision figures for a device are kept: `cpu`, or
+    `gpu:MODEL` (name and compute capability, MXQ_DEVICE_MODEL from the launcher), so that the
+    first GPU model measured never decides for another; `gpu` where the model is unknown."""
+    return f"{kind}:{device_model}" if kind == "gpu" and device_model else kind
+
+
 def disagreement(onnx: dict[str, Any] | None) -> str | None:
     """Why the ONNX export may not serve `auto` (none, or it disagrees), else None."""
     if not onnx or not onnx.get("file"):
@@ -96,6 +103,20 @@ def _onnx_only(asked: str, onnx: dict[str, Any] | None, why: str) -> Choice:
 # `auto`: a variant only where it met the agreement bound the job (or the version, at
 # `mxq models quantize --min-agreement`) sets and measured faster on this kind of device.
 VARIANTS = ("int8", "fp16")  # the lower precisions a version may have (`mxq models quantize`)
+# The variants each kind of device runs. ONNX Runtime's CUDA provider has no kernels for the
+# int8 variant's quantized operators (QLinearConv, QGemm, QLinearSoftmax): on a GPU they would
+# run node by node on the CPU, and mxq's GPU environments carry no TensorRT. fp16 is a GPU's.
+VARIANTS_ON = {"cpu": ("int8", "fp16"), "gpu": ("fp16",)}
+
+
+def variants_for(kind: str, variants: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The variants a `kind` device runs, and a note naming those it leaves out (None if none)."""
+    runs = {n: v for n, v in variants.items() if n in VARIANTS_ON.get(kind, VARIANTS)}
+    left = sorted(set(variants) - set(runs))
+    if not left:
+        return runs, None
+    return runs, (f"{' and '.join(left)} not on {kind} devices: ONNX Runtime's CUDA provider has "
+                  "no kernels for its quantized operators (they would run on the CPU)")
 PRECISIONS = ("auto", "fp32", *VARIANTS)
 
 

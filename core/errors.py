@@ -8,6 +8,7 @@ A failure outside this hierarchy is a bug: the CLI shows its traceback, the API 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -48,13 +49,39 @@ class JobRejected(UserError):
 
 
 class Unauthorized(MxqError):
-    """A write without the token, with a wrong one, or from a page of another origin (API 401,
-    403): what `mxq.client` raises for them."""
+    """A request without a token or with a wrong one (API 401): what `mxq.client` raises for it.
+    `Forbidden` (a 403) is its subclass, so `except Unauthorized` still catches both."""
 
 
 class Forbidden(Unauthorized):
     """The caller is known but its role does not allow this (a `read` user's submit, another
     user's cancel): API 403."""
+
+
+class DeviceFault(RuntimeError):
+    """The device failed (a CUDA, cuDNN or NVML error, ONNX Runtime without the device's provider),
+    not the job's input: the job goes back to its queue without using an attempt, and the device's
+    worker stops until the device passes its start check again (`mxq.tasks.runner`)."""
+
+
+# What MXNet 1.9.1 and ONNX Runtime say when the device failed, not the model: CUDA, cuDNN,
+# cuBLAS, NCCL and NVML errors, a GPU they cannot see or use.
+DEVICE_FAULT = re.compile(r"CUDA|cuda[A-Z]|cuDNN|CUDNN|cuBLAS|CUBLAS|NCCL|NVML|GPU usage requires"
+                          r"|GPU is not enabled|implemented for GPU|no CUDA-capable device|CUDA driver")
+
+
+# ... but running out of memory is not: the job's batch or model is too big for the device, which
+# the job handles itself (mxq.tasks.runtimes.oom: a batch halved, or the job fails saying so).
+OUT_OF_MEMORY = re.compile(r"out of memory|alloc_failed|memoryallocation|bad_alloc|failed to allocate",
+                           re.IGNORECASE)
+
+
+def device_fault(exc: BaseException) -> bool:
+    """Whether `exc` is the device's fault: a DeviceFault, or an error whose message is one of
+    the CUDA stack's (DEVICE_FAULT) other than running out of memory."""
+    text = str(exc)
+    return isinstance(exc, DeviceFault) or (bool(DEVICE_FAULT.search(text))
+                                            and not OUT_OF_MEMORY.search(text))
 
 
 def reason(exc: BaseException, limit: int = 300) -> str:

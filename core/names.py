@@ -4,11 +4,13 @@ Names become paths (a model's name is a folder of the model store): letters, dig
 and `-`, 1 to 128 of them, not starting with `.` or `-`, so that no name is `..`, a hidden file,
 an absolute path or a command-line flag. Ids and offsets are at most what PostgreSQL's `integer`
 holds (jobs.id and the other ids are INTEGER), so that no number from outside reaches the
-database as an overflow."""
+database as an overflow. And text from outside leaves in a CSV cell as text, never as a
+spreadsheet formula (`csv_cell`)."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mxq.errors import UserError
 
@@ -28,3 +30,29 @@ def check_name(name: str, what: str = "model name") -> str:
         raise BadName(f"{what} {shown} is not allowed: use 1 to 128 letters, digits, '_', "
                          "'.' or '-', starting with a letter, digit or '_'")
     return name
+
+
+# The first characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection"):
+# `=`, `+`, `-`, `@`, and a tab or carriage return, which some skip before one.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` as a CSV cell that a spreadsheet shows and never runs: a string starting like a
+    formula gets a leading `'` (a model name `=HYPERLINK(...)` of a refused submit would
+    otherwise open a link, or run a command, in whoever opens `mxq jobs --format csv`). Only
+    strings: a number (-0.5, -3) stays a number. Every CSV mxq writes calls it, cell by cell."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+# The most of a refused value a one-line message echoes: enough to recognise it, never a
+# megabyte back.
+SHOWN_CHARS = 120
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A refused value as a message names it: its repr, cut to `limit` characters with its length."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"

@@ -107,8 +107,23 @@ def confined(text: str, allowed: Allowed, setting: str, what: str = "input") -> 
     return url
 
 
-def job_output(prefix: str, job_id: int, suffix: str = ".parquet") -> ObjectURL:
+def job_output(prefix: str, stack: str, job_id: int, suffix: str = ".parquet") -> ObjectURL:
     """The object a job's output (`.parquet` or `.npy`) becomes under the bucket prefix it was
-    given."""
+    given: `PREFIX/STACK/job-ID.parquet`, keyed by the stack's id as local outputs are, so two
+    stacks allowed the same prefix never write one object (each has its job 2)."""
     url = parse(prefix, "output_to")
-    return ObjectURL(url.bucket, f"{url.key.rstrip('/')}/job-{job_id}{suffix}")
+    return ObjectURL(url.bucket, f"{url.key.rstrip('/')}/{stack}/job-{job_id}{suffix}")
+
+
+# A key segment that is a job's output or its parts' folder: no output prefix may lie inside one.
+_JOB_SEGMENT = re.compile(r"^job-\d+\.(parquet|npy)(\.parts)?$")
+
+
+def check_output_prefix(url: ObjectURL) -> ObjectURL:
+    """An output prefix that lies inside no job's output or parts (`…/job-48.parquet.parts/`):
+    a job there would have its objects listed and deleted as the other job's parts."""
+    inside = [s for s in url.key.split("/") if _JOB_SEGMENT.match(s) or s.endswith(".parts")]
+    if inside:
+        raise ObjectURLError(f"output_to {url} lies inside {inside[0]!r}, another job's output or "
+                             "parts: give a prefix of your own")
+    return url

@@ -75,7 +75,17 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
         values.update(status=JobStatus.SUCCEEDED, progress=1.0)
         if kind == "train":
             values.update(train_summary(parts))
+        elif (output := shared_output(parts)) is not None:
+            values.update(result={"output": output, "chunks": len(parts)})
     return values
+
+
+def shared_output(parts: Sequence[Part]) -> str | None:
+    """The one output every chunk of an inference wrote into (its parent's file, object or
+    `db`): what the parent's record names, as a job that did not split does."""
+    outputs = {(p.result or {}).get("output") for p in parts}
+    found = outputs.pop() if len(outputs) == 1 else None
+    return found if isinstance(found, str) else None
 
 
 def _throughput(parts: Sequence[Part], now: datetime) -> dict[str, Any]:

@@ -123,6 +123,15 @@ class Preprocess:
     def identity(self) -> bool:
         return self.scale == 1.0 and self.mean is None and self.std is None
 
+    def describe(self) -> str:
+        """In one short line, as `mxq models` shows it: `x*0.00392 -0.5 /0.25 NCHW`, or `none`."""
+        if self.identity:
+            return "none"
+        parts = [f"x*{self.scale:.6g}"]
+        parts += [f"-{','.join(f'{v:g}' for v in self.mean)}"] if self.mean else []
+        parts += [f"/{','.join(f'{v:g}' for v in self.std)}"] if self.std else []
+        return " ".join([*parts, self.layout])
+
     def as_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "mean": None if self.mean is None else list(self.mean),
                 "std": None if self.std is None else list(self.std), "layout": self.layout}
@@ -156,9 +165,10 @@ class Preprocess:
         x = np.asarray(batch, dtype=np.float32)
         if self.identity:
             return x
-        x = x * np.float32(self.scale)
-        if self.mean is not None:
-            x -= self._per_channel(self.mean, x.ndim)
-        if self.std is not None:
-            x /= self._per_channel(self.std, x.ndim)
+        with np.errstate(over="ignore"):  # an input beyond INPUT_BOUND: its reader names the inf
+            x = x * np.float32(self.scale)
+            if self.mean is not None:
+                x -= self._per_channel(self.mean, x.ndim)
+            if self.std is not None:
+                x /= self._per_channel(self.std, x.ndim)
         return x

@@ -106,3 +106,11 @@ def victim(waiting: Waiting, running: Iterable[Running]) -> int | None:
     if not able:
         return None
     return min(able, key=lambda j: (not j.borrowed, RANK[j.level], -j.started_at.timestamp())).id
+
+
+def attempts(claims: int, preemptions: int, waits_to_resume: bool) -> int:
+    """The attempts a user sees. Every claim of a job is a new fence (`mxq.db.fence`), so the
+    claims count resumptions too; but a preemption is not an attempt: the claim that resumes a
+    job after it yielded continues the attempt that yielded. `waits_to_resume`: its last claim
+    yielded and none resumed it yet (it waits, or was cancelled while it waited)."""
+    return claims - preemptions + (1 if waits_to_resume and claims > 0 else 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from mxq.priorities import RANK
 
@@ -52,6 +53,20 @@ class Usage:
 
     def take(self, job: Held) -> None:
         self.devices[job.owner] = self.devices.get(job.owner, 0) + job.needs
+
+
+def devices_needed(kind: str, params: dict[str, Any]) -> int:
+    """The devices a job holds at once on its node: a training's `devices`, else one."""
+    return int(params.get("devices") or 1) if kind == "train" else 1
+
+
+def beyond_quota(needs: int, share: Share) -> str | None:
+    """Why a job needing `needs` devices at once can never run under `share`'s quota (it would
+    wait for ever, held), or None when it can."""
+    if share.max_devices is None or needs <= share.max_devices:
+        return None
+    return (f"it needs {needs} devices at once and its owner's quota is {share.max_devices} "
+            "(`mxq users set NAME --max-devices N`)")
 
 
 def over_quota(job: Held, share: Share, usage: Usage) -> bool:

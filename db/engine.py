@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any, cast
 
+import psycopg
 from sqlalchemy import CursorResult, Engine, Result, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
@@ -29,6 +32,16 @@ SQLITE_BUSY_SECONDS = 30
 # wait behind it. Ended, its transaction rolls back; the process, resumed, meets a closed
 # connection, retries on a new one, and its fence refuses the write.
 IDLE_IN_TRANSACTION_SECONDS = 20
+# Seconds a process waits for PostgreSQL's answer to one request (a statement, a commit, the
+# pool's ping, a connection) before it gives the connection up as dead: a frozen server (every
+# process stopped, a VM paused) keeps its sockets open, the kernel acknowledges what is sent,
+# and nothing else would ever end the wait. Longer than IDLE_IN_TRANSACTION_SECONDS, so a claim
+# waiting behind a paused writer's row lock gets the row when the server ends that writer.
+ANSWER_SECONDS = 30.0
+# The bound of the calls made inside `answers_within`: shorter for the API's requests (a health
+# check must say 503 while its caller still waits), None for migrations (a rebuilt table on a
+# large database takes minutes); infinity leaves ANSWER_SECONDS.
+_answer_bound: ContextVar[float | None] = ContextVar("mxq_db_answer_bound", default=math.inf)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -41,6 +54,47 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def answer_bound() -> float | None:
+    """Seconds the current call may wait for PostgreSQL's answer (None: as long as it takes)."""
+    bound = _answer_bound.get()
+    return None if bound is None else min(ANSWER_SECONDS, bound)
+
+
+@contextmanager
+def answers_within(seconds: float | None) -> Iterator[None]:
+    """Inside the block, a wait for PostgreSQL is bounded by `seconds` (None: not bounded)."""
+    token = _answer_bound.set(seconds)
+    try:
+        yield
+    finally:
+        _answer_bound.reset(token)
+
+
+class _AnsweringConnection(psycopg.Connection[Any]):
+    """psycopg's connection with every wait for the server bounded (`answer_bound`). Past it the
+    connection is closed, so SQLAlchemy takes it for a disconnect and drops it from the pool, and
+    the caller gets an OperationalError (a 503 from the API, a retry in a worker)."""
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        bound = answer_bound()
+        if bound is not None and (timeout is None or timeout > bound):
+            timeout = bound
+        try:
+            return super().wait(gen, interval, timeout)
+        except psycopg.errors._WaitTimeout:
+            self.pgconn.finish()
+            raise psycopg.OperationalError(f"PostgreSQL gave no answer in {timeout:g} s "
+                                           "(is its server frozen or overloaded?)") from None
+
+
+def _bounded_connect(_dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+    """Connections of the bounded kind, whose connect waits at most the current bound too."""
+    bound = answer_bound()
+    if bound is not None:
+        cparams["connect_timeout"] = max(1, min(int(cparams.get("connect_timeout", bound)), int(bound)))
+    return _AnsweringConnection.connect(*cargs, **cparams)
 
 
 def _postgres_session(dbapi_conn: Any, _record: Any) -> None:
@@ -72,7 +126,9 @@ def get_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     engine = create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW,
-                           connect_args={"connect_timeout": CONNECT_TIMEOUT})
+                           pool_timeout=ANSWER_SECONDS, connect_args={"connect_timeout": CONNECT_TIMEOUT})
+    if engine.dialect.driver == "psycopg":
+        event.listen(engine, "do_connect", _bounded_connect)
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _postgres_session)
     return engine

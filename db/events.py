@@ -25,6 +25,7 @@ RESUMED = "resumed"  # a later attempt of an inference job went on after its las
 SETTLED = "settled"  # a parent whose chunks had all finished was closed by the reconciler
 RESUBMITTED = "resubmitted"  # a schedule fire without a job got one
 STALLED = "stalled"  # no progress, or a cancel not heeded: ended by the reconciler
+DEVICE_FAULT = "device-fault"  # its device failed mid-attempt: queued again, no attempt used
 PREEMPTED = "preempted"  # it yielded its devices to a waiting job of a higher level, to resume later
 
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
 
 from mxq.db.engine import rowcount, session_scope
-from mxq.db.records import WorkerRecord
+from mxq.db.records import Health, WorkerRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, WorkerBeat, as_utc, iso, utcnow
+from mxq.device import Device
 from mxq.engines import RUNTIMES
 from mxq.status import JobStatus
+
+# What `refuse` adds to a worker's info: why its device is out and since when (ISO, UTC). A
+# registration (the launcher's, or the worker's own once its device passed its start check)
+# drops both, so a healed device reads healthy and its old reason does not linger.
+REFUSAL_KEYS = ("refused", "refused_at")
 
 
 @db_retry
@@ -24,7 +31,7 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
     with session_scope(url) as session:
         row = session.get(WorkerBeat, name) or WorkerBeat(name=name)
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
-        row.info = info or row.info or {}
+        row.info = {k: v for k, v in (info or row.info or {}).items() if k not in REFUSAL_KEYS}
         if engines is not None:
             row.engines = ",".join(engines)
         row.started_at, row.last_seen, row.current_job = now, now if alive else None, None
@@ -49,13 +56,79 @@ def beat(url: str, name: str, current_job: int | None) -> bool:
 
 @db_retry
 def refuse(url: str, name: str, reason: str) -> None:
-    """The worker refused its device (MXNet cannot use it) and will not be restarted: offline,
-    with the reason kept in its info (shown by `mxq devices`) until a launcher registers it anew."""
+    """The worker refused its device (its start check failed, or the device faulted during a
+    job): offline, its device `out`, with the reason and when (`refused`, `refused_at`) kept in
+    its info until it registers again (`mxq devices`, `/metrics`, `mxq queue` show them). A
+    refusal again (the launcher's next probe) updates the reason and keeps the first time."""
     with session_scope(url) as session:
         row = session.get(WorkerBeat, name)
         if row is not None:
+            info = row.info or {}
+            since = info.get("refused_at") if info.get("refused") else None
             row.last_seen, row.current_job = None, None
-            row.info = {**(row.info or {}), "refused": reason}
+            row.info = {**info, "refused": reason, "refused_at": since or iso(utcnow())}
+
+
+def health(alive: bool, info: Mapping[str, Any] | None) -> tuple[Health, str | None, str | None]:
+    """A device's health from its worker's state: (health, out_reason, out_since). `healthy`
+    while its worker beats (alive wins over an old refusal), `out` when its worker refused it
+    (`refuse`) and does not beat, else `offline` (stopped, or never started)."""
+    if alive:
+        return "healthy", None, None
+    reason = (info or {}).get("refused")
+    if not reason:
+        return "offline", None, None
+    since = (info or {}).get("refused_at")
+    return "out", str(reason), str(since) if since else None
+
+
+def out_note(reason: str | None, since: str | None, now: datetime | None = None) -> str:
+    """`out since 12:03 UTC: REASON` (the date too when not today; no time for a refusal
+    recorded before its time was): how `mxq devices` and `mxq queue` say a device is out."""
+    when = ""
+    if since:
+        at = datetime.fromisoformat(since).astimezone(UTC)
+        today = (now or utcnow()).astimezone(UTC).date() == at.date()
+        when = at.strftime(" since %H:%M UTC" if today else " since %Y-%m-%d %H:%M UTC")
+    return f"out{when}: {reason or 'its device failed its check'}"
+
+
+def gpu_model(worker: Mapping[str, Any]) -> str | None:
+    """The GPU model a GPU worker's row names (nvidia-smi's `name`): what a training's devices
+    must share. None for a CPU (its row names each CPU device apart, `CPU device 0`) or a row
+    that does not say."""
+    if not Device.parse(worker["device"]).is_gpu:
+        return None
+    return (worker.get("info") or {}).get("name")
+
+
+def device_model(worker: Mapping[str, Any]) -> str:
+    """What a training's devices must share, as said to a user: a GPU's model (`model unknown`
+    where its row does not say), else the device's kind (`cpu`)."""
+    kind = Device.parse(worker["device"]).kind
+    return gpu_model(worker) or ("model unknown" if kind == "gpu" else kind)
+
+
+def model_groups(workers: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The workers' devices by `device_model`, each in index order: how a refusal names them
+    (`describe_groups`)."""
+    groups: dict[str, list[str]] = {}
+    for w in sorted(workers, key=lambda w: Device.parse(w["device"])):
+        groups.setdefault(device_model(w), []).append(w["device"])
+    return groups
+
+
+def describe_groups(groups: dict[str, list[str]]) -> str:
+    """`model_groups` as a refusal names them: `NVIDIA A100: gpu:0, gpu:1; NVIDIA L4: gpu:2`."""
+    return "; ".join(f"{model}: {', '.join(devices)}" for model, devices in groups.items()) or "none"
+
+
+def gpu_memory(record: Mapping[str, Any]) -> str:
+    """`31000/81920 MiB`: a GPU's memory in use, as nvidia-smi reported it when the launcher
+    planned the device's worker (its info's `memory_used_mib` and `memory_total_mib`); "" for a
+    device without the figures (a CPU)."""
+    used, total = record.get("memory_used_mib"), record.get("memory_total_mib")
+    return "" if used is None or total is None else f"{used}/{total} MiB"
 
 
 def refused_since(url: str, names: list[str], since: datetime) -> dict[str, str]:
@@ -75,7 +148,8 @@ def mark_dead(url: str, name: str) -> None:
 
 
 def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRecord]:
-    """Every known device worker with `alive` decided by heartbeat age."""
+    """Every known device worker with `alive` decided by heartbeat age, and its device's
+    `health` (`health`)."""
     now = utcnow()
     q = select(WorkerBeat).order_by(WorkerBeat.node, WorkerBeat.device)
     if node is not None:
@@ -86,12 +160,15 @@ def list_workers(url: str, ttl: float, node: str | None = None) -> list[WorkerRe
     for r in rows:
         seen = as_utc(r.last_seen)
         age = (now - seen).total_seconds() if seen else None
+        alive = age is not None and age < ttl
+        state, reason, since = health(alive, r.info)
         out.append({
             "name": r.name, "node": r.node, "device": r.device, "queue": r.queue, "pid": r.pid,
-            "alive": age is not None and age < ttl,
+            "alive": alive,
             "heartbeat_age": age, "last_seen": seen.isoformat() if seen else None,
             "current_job": r.current_job, "info": r.info, "started_at": iso(r.started_at),
             "engines": engines_of(r.engines),
+            "health": state, "out_reason": reason, "out_since": since,
         })
     return out
 

@@ -67,7 +67,8 @@ class IdempotencyKeyTaken(Conflict):
 
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
                rejected: str | None = None, idempotency_key: str | None = None,
-               owner: str | None = None, priority: Priority = Priority(), held: bool = False) -> int:
+               owner: str | None = None, priority: Priority = Priority(), held: bool = False,
+               team: str | None = None) -> int:
     """A queued job, or (with `rejected`) one that failed at submit for that reason.
 
     With `idempotency_key`, IdempotencyKeyTaken when a job already holds it: the unique index
@@ -77,7 +78,8 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
             job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
                       status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
                       attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
-                      idempotency_key=idempotency_key, owner=owner, priority=priority.level,
+                      idempotency_key=idempotency_key, owner=owner, team=team,
+                      priority=priority.level,
                       preemptible=priority.preemptible, held=held and not rejected)
             session.add(job)
             session.flush()
@@ -90,16 +92,16 @@ def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queu
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
                 queue: str, owner: str | None = None, priority: Priority = Priority(),
-                held: bool = False) -> list[int]:
+                held: bool = False, team: str | None = None) -> list[int]:
     """Many queued jobs in one transaction.
 
     On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
     cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
     with session_scope(url) as session:
         if session.get_bind().dialect.name == "postgresql":
-            return _copy_jobs(session, kind, params, requested, queue, owner, priority, held)
+            return _copy_jobs(session, kind, params, requested, queue, owner, priority, held, team)
         rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
-                    status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner,
+                    status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner, team=team,
                     priority=priority.level, preemptible=priority.preemptible, held=held)
                 for p in params]
         session.add_all(rows)
@@ -108,11 +110,13 @@ def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: st
 
 
 _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
-                 "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions", "held")
+                 "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions", "held",
+                 "team")
 
 
 def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
-               queue: str, owner: str | None, priority: Priority, held: bool) -> list[int]:
+               queue: str, owner: str | None, priority: Priority, held: bool,
+               team: str | None) -> list[int]:
     ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
                                     "FROM generate_series(1, :n)"), {"n": len(params)}))
     now = utcnow()
@@ -120,7 +124,7 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
     with raw.cursor() as cur, cur.copy(f"COPY jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
         for job_id, p in zip(ids, params, strict=True):
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
-                            now, owner, priority.level, priority.preemptible, 0, held))
+                            now, owner, priority.level, priority.preemptible, 0, held, team))
     return ids
 
 
@@ -134,7 +138,15 @@ def route_of(row: Row[*tuple[Any, ...]]) -> JobRoute:
             "started": row.attempts > 0}
 
 
+def charged() -> ColumnElement[int]:
+    """The attempts the limit counts: a job's claims less those that ended in a yield or a device
+    fault (the claim that resumes after either continues the same attempt)."""
+    return Job.attempts - Job.preemptions - Job.device_faults
+
+
 def exhausted_message(attempts: int, limit: int, worker: str | None) -> str:
+    """Why a job failed once `attempts` (its claims less its preemptions and device faults, as
+    the limit counts them: a resumption after a yield is no attempt) reached `limit`."""
     return (f"gave up after {attempts} attempts (limit {limit}): the worker died while "
             f"running this job each time (last on {worker})")
 
@@ -207,7 +219,7 @@ def take(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) ->
     with session_scope(url) as session:
         attempt = session.scalar(
             update(Job)
-            .where(Job.id == job_id, Job.attempts - Job.preemptions < max_attempts, claimable(cutoff))
+            .where(Job.id == job_id, charged() < max_attempts, claimable(cutoff))
             .values(**_taken_by(at, now))
             .returning(Job.attempts)
         )
@@ -226,10 +238,11 @@ def _fail_exhausted(session: Session, job_id: int, cutoff: datetime, max_attempt
     job = session.get(Job, job_id)
     if job is None:
         return False
-    message = exhausted_message(job.attempts, max_attempts, job.worker)
+    message = exhausted_message(job.attempts - job.preemptions - job.device_faults, max_attempts,
+                                job.worker)
     return bool(rowcount(session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.attempts - Job.preemptions >= max_attempts, claimable(cutoff))
+        .where(Job.id == job_id, charged() >= max_attempts, claimable(cutoff))
         .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
     )))
 
@@ -384,6 +397,38 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None,
 
 
 @db_retry
+def device_faulted(url: str, fence: Fence, limit: int) -> bool | None:
+    """The attempt `fence` stopped because its device failed: True, the job is queued again (the
+    attempt not counted, what it committed kept, `device_faults` one more); False, it already
+    had `limit` - 1 device faults and is left running for its caller to fail (a fault that
+    follows a job from device to device is the job's); None, it is no longer this attempt's."""
+    with session_scope(url) as session:
+        faults = session.scalar(select(Job.device_faults).where(*fence.holds()))
+        if faults is None:
+            return None
+        if faults + 1 >= limit:
+            return False
+        return bool(rowcount(session.execute(
+            update(Job).where(*fence.holds(), Job.device_faults == faults)
+            .values(status=JobStatus.QUEUED, heartbeat_at=None, device_faults=faults + 1)))) or None
+
+
+@db_retry
+def hand_back(url: str, ids: list[int], worker: str) -> list[tuple[int, str, str]]:
+    """Jobs a dynamic batch took (`claim_many`) whose device failed under the batch: queued again
+    as `device_faulted` queues a job (the attempt not counted, `device_faults` one more); each
+    one's (id, queue, priority) for its message."""
+    if not ids:
+        return []
+    with session_scope(url) as session:
+        rows = session.execute(
+            update(Job).where(Job.id.in_(ids), Job.worker == worker, Job.status == JobStatus.RUNNING)
+            .values(status=JobStatus.QUEUED, heartbeat_at=None, device_faults=Job.device_faults + 1)
+            .returning(Job.id, Job.queue, Job.priority))
+        return sorted((job_id, queue, priority) for job_id, queue, priority in rows)
+
+
+@db_retry
 def clear_heartbeat(url: str, job_id: int, stale_before: datetime | None = None) -> bool:
     """A running job taken for dead: the next delivery may claim it at once.
 
@@ -415,9 +460,11 @@ def orphan(url: str, worker: str) -> list[int]:
 
 @db_retry
 def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, Any]],
-            queue: str | list[str], requested: str | list[str]) -> list[tuple[int, bool, str]]:
-    """Create the parent's chunk jobs once (on `queue`, or chunk i on queue[i]); return
-    (child id, still queued, its queue) for each chunk.
+            queue: str | list[str], requested: str | list[str],
+            held: bool = False) -> list[tuple[int, bool, str]]:
+    """Create the parent's chunk jobs once (on `queue`, or chunk i on queue[i]; `held` for the
+    admitter to release while admission is on, so its owner's quota counts each); return
+    (child id, to be published now: queued and not held, its queue) for each chunk.
 
     Run again after a redelivery it creates nothing new, so chunks are never doubled.
     """
@@ -431,14 +478,15 @@ def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, An
                 existing[index] = Job(kind=kind, params=params, requested_device=asked[index],
                                       queue=queues[index], status=JobStatus.QUEUED, progress=0.0,
                                       attempts=0, parent_id=parent_id, chunk_index=index,
-                                      owner=parent.owner, priority=parent.priority,
-                                      preemptible=parent.preemptible)
+                                      owner=parent.owner, team=parent.team,
+                                      priority=parent.priority,
+                                      preemptible=parent.preemptible, held=held)
                 session.add(existing[index])
         session.execute(update(Job).where(Job.id == parent_id)
                         .values(chunks=len(chunk_params), heartbeat_at=None))
         session.flush()
-        return [(existing[i].id, existing[i].status == JobStatus.QUEUED, existing[i].queue)
-                for i in range(len(chunk_params))]
+        return [(existing[i].id, existing[i].status == JobStatus.QUEUED and not existing[i].held,
+                 existing[i].queue) for i in range(len(chunk_params))]
 
 
 @db_retry

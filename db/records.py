@@ -7,10 +7,14 @@ added, never renamed or dropped; the few read only inside mxq (times as datetime
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NotRequired
+from typing import Any, Literal, NotRequired
 
 # pydantic (the API's answers) reads TypedDicts from typing_extensions only, on Python 3.11
 from typing_extensions import TypedDict
+
+# A device's health (`mxq.db.fleet.health`): its worker beats; its worker refused it (the device
+# failed its start check or faulted during a job) and does not beat; or neither (stopped).
+Health = Literal["healthy", "out", "offline"]
 
 
 class WorkerRecord(TypedDict):
@@ -28,6 +32,9 @@ class WorkerRecord(TypedDict):
     info: dict[str, Any] | None
     started_at: str | None  # when its process registered: a restart moves it
     engines: list[str]  # what its device runs: "mxnet", "onnx" (both when not said)
+    health: Health  # "healthy" (alive), "out" (refused and not alive), "offline"
+    out_reason: str | None  # why it is out (its worker's refusal); None unless out
+    out_since: str | None  # when it went out (ISO 8601, UTC); None unless out (or not recorded)
 
 
 class MetricPoint(TypedDict):
@@ -110,10 +117,14 @@ class JobRecord(TypedDict):
     output: str | None
     devices: list[str] | None
     owner: str | None  # who submitted it (mxq.users); None for a job from before users
+    team: str | None  # the team its results are shared with; None: its owner alone (and admins)
     priority: str  # high, normal or low (mxq.priorities)
     preemptible: bool  # may yield at a checkpoint to a waiting job of a higher level
     preemptions: int  # how often it did (each a `preempted` event naming the job)
+    device_faults: int  # how often its device failed mid-attempt (each a `device-fault` event)
     borrowed: bool  # admitted beyond its owner's quota onto an idle device: taken back first
+    pinned: bool  # its owner keeps its output whatever the retention policy says (`mxq pin`)
+    output_removed_at: str | None  # when the retention policy removed its output (`mxq gc`)
     # With `with_metrics` (one job's full view):
     metrics: NotRequired[list[MetricPoint]]
     events: NotRequired[list[EventRecord]]
@@ -142,6 +153,9 @@ class ModelRecord(TypedDict):
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
     outputs: str  # "logits" (mxq applies a softmax) or "probabilities" (the model ends in one)
     variants: dict[str, dict[str, Any]]  # lower-precision builds and their checks (`mxq models quantize`)
+    owner: str | None  # who may register and promote its versions, with `team`'s members;
+    team: str | None  # None: the admins alone (a model from before sharing)
+    removed_at: str | None  # when the retention policy removed its files (MXQ_KEEP_VERSIONS)
 
 
 class JobRow(TypedDict):
@@ -227,6 +241,7 @@ class ScheduleRecord(TypedDict):
     last_fire_at: str | None
     created_at: str | None
     owner: str | None  # who added it; the jobs its fires submit are theirs
+    team: str | None  # the team its fires' jobs are shared with
     priority: str  # the level of its fires' jobs (mxq.priorities)
     preemptible: bool | None  # whether they may yield (None: as their level says)
 

@@ -13,8 +13,9 @@ from mxq import engines
 from mxq.db.engine import session_scope
 from mxq.db.fence import Fence, Superseded, still_ours
 from mxq.db.records import ModelRecord
-from mxq.db.schema import Model, iso
-from mxq.errors import Conflict, NotFound
+from mxq.db.schema import Job, Model, iso
+from mxq.db.sharing.teams import check_team, rights_of
+from mxq.errors import Conflict, Forbidden, NotFound
 from mxq.preprocess import Preprocess
 
 
@@ -36,6 +37,9 @@ def model_record(m: Model) -> ModelRecord:
         "preprocess": Preprocess.from_dict(m.preprocess).as_dict(),
         "outputs": m.outputs or "logits",
         "variants": m.variants or {},
+        "owner": m.owner,
+        "team": m.team,
+        "removed_at": iso(m.removed_at),
     }
 
 
@@ -50,12 +54,69 @@ def next_version(url: str, name: str) -> int:
         return (session.scalar(select(func.max(Model.version)).where(Model.name == name)) or 0) + 1
 
 
+def ownership(url: str, name: str) -> tuple[str | None, str | None] | None:
+    """(owner, team) of model `name`: who may register and promote its versions; None for a
+    name no version has yet."""
+    with session_scope(url) as session:
+        latest = session.scalar(select(Model).where(Model.name == name)
+                                .order_by(Model.version.desc()).limit(1))
+        return None if latest is None else (latest.owner, latest.team)
+
+
+def share(url: str, name: str, owner: str | None, team: str | None,
+          no_team: bool = False) -> tuple[str | None, str | None]:
+    """Set model `name`'s owner (a current user) and team (an existing one) on every version;
+    what was not given stays. The new (owner, team)."""
+    resolve(url, name)  # 404 naming the models there are
+    if owner is not None and rights_of(url, owner).role is None:
+        raise NotFound(f"unknown user {owner!r}")
+    if team is not None:
+        check_team(url, team, "local:admin")
+    with session_scope(url) as session:
+        values: dict[str, Any] = {}
+        if owner is not None:
+            values["owner"] = owner
+        if team is not None or no_team:
+            values["team"] = team
+        session.execute(update(Model).where(Model.name == name).values(**values))
+    owned = ownership(url, name)
+    assert owned is not None
+    return owned
+
+
+def check_registrant(url: str, name: str, registrant: str) -> None:
+    """Forbidden unless `registrant` (a stored owner) may add a version of model `name` now: a
+    new name is anyone's who may submit; an existing one its owner's, its team's and admins'."""
+    owned = ownership(url, name)
+    if owned is not None and not rights_of(url, registrant).may_manage_model(*owned):
+        raise Forbidden(f"{registrant!r} may not register or promote versions of model {name!r}, "
+                        f"which {owned[0] or 'the admins'} own{'s' if owned[0] else ''}"
+                        f"{f' with team {owned[1]!r}' if owned[1] else ''}")
+
+
+def _registrant(url: str, record: dict[str, Any], fence: Fence | None) -> dict[str, Any]:
+    """The record with its owner and team: an existing model's own, else (a new name) the
+    training job's, or what the record says (the CLI's local owner). A training's registrant
+    is checked again here, not only at submit: its rights may have changed since."""
+    if fence is not None:
+        with session_scope(url) as session:
+            job = session.get(Job, fence.job_id)
+            who = (job.owner, job.team) if job is not None else (None, None)
+        if who[0] is not None:
+            check_registrant(url, record["name"], who[0])
+        record = {**record, "owner": who[0], "team": who[1]}
+    owned = ownership(url, record["name"])
+    return record if owned is None else {**record, "owner": owned[0], "team": owned[1]}
+
+
 def add_model(url: str, record: dict[str, Any], fence: Fence | None = None) -> ModelRecord:
     """Insert a version (the record names it); a clash with a concurrent add is an error.
 
     A training's version (`fence` given) is added only while the job is that attempt's
-    (`Superseded` otherwise), and once per job: a later attempt of a training that registered
-    already gets that version back, never a second one."""
+    (`Superseded` otherwise), once per job (a later attempt of a training that registered
+    already gets that version back, never a second one), and only while the job's owner may
+    register versions of that model (`check_registrant`)."""
+    record = _registrant(url, record, fence)
     try:
         with session_scope(url) as session:
             if fence is not None:
@@ -82,12 +143,17 @@ def resolve(url: str, name: str, version: int | None = None) -> ModelRecord:
             known = sorted(set(session.scalars(select(Model.name))))
             raise ModelNotFound(f"unknown model {name!r}; known models: "
                                 f"{', '.join(known) or 'none (add one with `mxq models add`)'}")
+        kept = [m for m in versions if m.removed_at is None]
         if version is None:
-            promoted = [m for m in versions if m.promoted]
-            return model_record(promoted[-1] if promoted else versions[-1])
+            promoted = [m for m in kept if m.promoted]
+            return model_record(promoted[-1] if promoted else (kept or versions)[-1])
         for m in versions:
-            if m.version == version:
+            if m.version == version and m.removed_at is None:
                 return model_record(m)
+            if m.version == version:
+                raise ModelNotFound(f"model {name!r} version {version} was removed by the "
+                                    f"retention policy on {iso(m.removed_at)} (MXQ_KEEP_VERSIONS); "
+                                    f"versions kept: {', '.join(str(k.version) for k in kept)}")
         raise ModelNotFound(f"model {name!r} has no version {version}; versions: "
                             f"{', '.join(str(m.version) for m in versions)}")
 
@@ -101,6 +167,8 @@ def list_models(url: str, name: str | None = None) -> list[ModelRecord]:
 
 
 def promote(url: str, name: str, version: int) -> ModelRecord:
+    """Make `version` the one inference uses by default (who may is checked by the caller:
+    the API's route, a schedule's fire by its owner's rights)."""
     resolve(url, name, version)  # raises with the versions that exist
     with session_scope(url) as session:
         session.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))

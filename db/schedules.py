@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from mxq import promotion
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import DueSchedule, FirePolicy, FireRecord, ScheduleDetail, ScheduleRecord, StoredSchedule
-from mxq.db.registry import list_models, promote
+from mxq.db.registry import list_models, ownership, promote
 from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
+from mxq.db.sharing.teams import rights_of
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
 from mxq.status import FINISHED
@@ -40,7 +41,8 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
             "promote": sched.promote, "metric": sched.metric, "min_gain": sched.min_gain,
             "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
-            "owner": sched.owner, "priority": sched.priority, "preemptible": sched.preemptible}
+            "owner": sched.owner, "team": sched.team, "priority": sched.priority,
+            "preemptible": sched.preemptible}
 
 
 def add(url: str, values: dict[str, Any]) -> ScheduleRecord:
@@ -227,6 +229,19 @@ def fire_of(url: str, fire_id: int) -> FirePolicy:
                 "min_gain": float(fire.policy["min_gain"]), "removed": fire.schedule_id is None}
 
 
+def _may_not_promote(url: str, fire_id: int, name: str) -> str | None:
+    """Why the fire's owner may not promote model `name` now (its rights are checked when the
+    schedule is added and again here: a role or a team may have changed since); None if it may."""
+    with session_scope(url) as session:
+        fire = session.get(Fire, fire_id)
+        owner = fire.owner if fire is not None else None
+    owned = ownership(url, name)
+    if owner is None or owned is None or rights_of(url, owner).may_manage_model(*owned):
+        return None
+    return (f"the schedule's owner {owner!r} may not promote model {name!r} (its owner "
+            f"{owned[0] or 'the admins'}{f', team {owned[1]}' if owned[1] else ''} and admins may)")
+
+
 def decide_promotion(url: str, fire_id: int, name: str, version: int,
                      metrics: dict[str, Any]) -> dict[str, Any]:
     """Compare the new version with the promoted one by the schedule's policy; promote or keep."""
@@ -236,6 +251,8 @@ def decide_promotion(url: str, fire_id: int, name: str, version: int,
     current = next((m for m in list_models(url, name) if m["promoted"]), None)
     old = current["metrics"].get(policy.metric) if current else None
     decision = promotion.decide(policy, new, old, has_current=current is not None)
+    if decision.promoted and (refused := _may_not_promote(url, fire_id, name)) is not None:
+        decision = promotion.Decision(False, refused)
     if decision.promoted:
         promote(url, name, version)
     record = promotion.decision_record(decision, policy, version, new,

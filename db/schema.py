@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -95,6 +96,9 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     # Who submitted it (mxq.users): a user's name, `local:<login>`; None before migration 0018.
     owner: Mapped[str | None] = mapped_column(String(128))
+    # The team it was shared with (migration 0023): its members read its results; None: its
+    # owner alone (and admins).
+    team: Mapped[str | None] = mapped_column(String(64))
     # Which job a worker takes first (mxq.priorities: high, normal, low), and whether this one
     # may be made to yield to a waiting job of a higher level (migration 0019).
     priority: Mapped[str] = mapped_column(String(8), default="normal")
@@ -102,6 +106,9 @@ class Job(Base):
     # Preemption: how often it yielded (not counted as attempts), the waiting job it was asked to
     # yield to (cleared when it does), and every job it yielded to (never twice to the same).
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    # How often an attempt stopped on a device fault (a CUDA error, a lost provider) and the job
+    # went back to its queue: not counted as attempts either (migration 0025).
+    device_faults: Mapped[int] = mapped_column(Integer, default=0)
     preempt_for: Mapped[int | None]
     preempted_by: Mapped[list[int] | None] = mapped_column(JSON)
     # Fair shares (migration 0020): a queued job not yet handed to the broker; the admitter
@@ -110,12 +117,17 @@ class Job(Base):
     # Admitted beyond its owner's quota onto an idle device (MXQ_QUOTA_BORROWING): preemptible,
     # and the first taken back.
     borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Retention (migration 0024): a pinned job's output is never removed by the policy; when
+    # the policy removed an output (MXQ_KEEP_OUTPUT_DAYS), the record stays and says when.
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    output_removed_at: Mapped[datetime | None]
 
     __table_args__ = (
         Index("ix_jobs_owner_submitted", "owner", "submitted_at"),
+        Index("ix_jobs_status_finished", "status", "finished_at"),  # retention's look
         Index("ix_jobs_held", "held", "status"),  # the admitter's look: the few held ones
         Index("ix_jobs_parent", "parent_id"),
-        Index("ux_jobs_idempotency_key", "idempotency_key", unique=True),
+        Index("ux_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
         Index("ix_jobs_status_submitted", "status", "submitted_at"),
         Index("ix_jobs_kind_submitted", "kind", "submitted_at"),
         Index("ix_jobs_device_submitted", "device", "submitted_at"),
@@ -203,6 +215,13 @@ class Model(Base):
     # Lower-precision builds of the ONNX export and how they agree with it (`mxq models
     # quantize`): {"int8": {"file", "sha256", "agreement", "max_diff", "accuracy", ...}}.
     variants: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # Who may register and promote its versions (migration 0023): its owner (a user's name),
+    # the members of `team`, admins; a model without an owner is the admins' alone.
+    owner: Mapped[str | None] = mapped_column(String(128))
+    team: Mapped[str | None] = mapped_column(String(64))
+    # When the retention policy removed this unpromoted version's files (MXQ_KEEP_VERSIONS);
+    # the row stays, so the history still names it (migration 0024).
+    removed_at: Mapped[datetime | None]
 
     __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),
                       NEVER_REUSE_IDS)
@@ -275,6 +294,7 @@ class Schedule(Base):
     owner: Mapped[str | None] = mapped_column(String(128))  # who added it; its fires' jobs are theirs
     priority: Mapped[str] = mapped_column(String(8), default="normal")  # its fires' jobs'
     preemptible: Mapped[bool | None] = mapped_column(Boolean)  # its fires' jobs' (None: by priority)
+    team: Mapped[str | None] = mapped_column(String(64))  # its fires' jobs are shared with it
 
     __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"), NEVER_REUSE_IDS)
 
@@ -323,3 +343,39 @@ class User(Base):
     # devices are contended, and at most this many devices at once (None: no quota).
     share: Mapped[float] = mapped_column(Float, default=1.0)
     max_devices: Mapped[int | None]
+    # Removed (migration 0023): the row stays, without a token, so that its name is never given
+    # to another user and what it owned stays its own.
+    removed_at: Mapped[datetime | None]
+
+
+class Team(Base):
+    """A team (mxq.users): what is shared with it is read by its members."""
+
+    __tablename__ = "teams"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TeamMember(Base):
+    """One user in one team; a user belongs to several."""
+
+    __tablename__ = "team_members"
+
+    team: Mapped[str] = mapped_column(ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True)
+    user: Mapped[str] = mapped_column(ForeignKey("users.name", ondelete="CASCADE"), primary_key=True)
+
+    __table_args__ = (Index("ix_team_members_user", "user"),)
+
+
+class LoginSession(Base):
+    """A dashboard login: a token exchanged for a cookie. Only the cookie's SHA-256 is kept, with
+    the CSRF token its writes must carry."""
+
+    __tablename__ = "sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(ForeignKey("users.name", ondelete="CASCADE"))
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]

@@ -1,12 +1,18 @@
 """The frame every job runs in: claim it in SQL, run its body, record the outcome, then ack.
 
 Bodies raise `JobInputError` for bad input: the job fails with that message and the worker goes
-on. Any other exception also fails the job, with its type and message, never the worker.
+on. Any other exception also fails the job, with its type and message, never the worker; except
+a device fault (`mxq.errors.device_fault`: a CUDA error, a lost provider), which is the device's:
+the job goes back to its queue without using an attempt, and the worker takes its device out
+(`take_out`) until the launcher's probe finds it healthy again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from mxq.db import events, jobs
+from mxq.db import fleet as beats
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
 from mxq.db.records import JobRow
@@ -21,15 +28,22 @@ from mxq.db.retry import DatabaseUnreachable, db_retry
 from mxq.db.schema import utcnow
 from mxq.db.sharing import preemption
 from mxq.device import Device
-from mxq.errors import UserError, first_line, typed_line
+from mxq.errors import UserError, device_fault, first_line, reason, typed_line
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
 from mxq.workers.fleet import heartbeat, leases
+from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.jobs import admit
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+# A job whose device failed under it this many times fails: a fault that follows a job from
+# device to device is the job's own (a kernel its model makes fail), and each one takes a device
+# out until its probe.
+MAX_DEVICE_FAULTS = 2
+DEVICE_FAULT = "device fault"  # the state of a delivery whose device failed under it
 
 
 class JobInputError(UserError):
@@ -168,6 +182,11 @@ Body = Callable[[JobContext], Outcome | FanOut]
 Admit = Callable[[JobContext], list[str] | None]
 DEFER_SECONDS = 1.0  # a deferred message waits this long before going back to its queue
 
+# Held by a device worker process while it runs a delivery (`job_task`): what its heartbeat
+# thread frees while the device is leased (tasks.inference.device_memory) is
+# freed only when no job uses it. The fleet benchmark's simulated workers run `run_job` without it.
+DELIVERY = threading.Lock()
+
 
 def placement() -> Placement:
     """Where this worker process runs: its worker name, node and device."""
@@ -187,6 +206,7 @@ class Worker:
     at: Placement
     settings: Settings
     heartbeat: heartbeat.Heartbeat | None
+    faults: list[str] = field(default_factory=list)  # its device failed under a job: why
 
 
 def this_worker() -> Worker:
@@ -293,6 +313,8 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
         log.warning("%s; this attempt (%s) stopped, its writes refused", exc, fence.attempt)
         return "lost"
     except Exception as exc:
+        if device_fault(exc):
+            return _device_failed(w, job, fence, exc)
         log.exception("job %s failed", job.id)
         return _outcome(jobs.fail(s.database, job.id, _unexpected(job, exc), fence=fence),
                         "failed", job)
@@ -328,6 +350,36 @@ def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> str:
     return "preempted"
 
 
+def _device_failed(w: Worker, job: JobContext, fence: Fence, exc: Exception) -> str:
+    """The device failed under the job: queue the job again to resume on a healthy device (no
+    attempt used; its `MAX_DEVICE_FAULTS`th fails it), and mark this worker's device out."""
+    s = w.settings
+    why = f"device fault on {', '.join(job.devices)} during job {job.id}: {reason(exc)}"
+    log.error("%s", why)
+    w.faults.append(why)
+    requeued = jobs.device_faulted(s.database, fence, MAX_DEVICE_FAULTS)
+    if requeued is None:
+        return _outcome(False, DEVICE_FAULT, job)
+    if not requeued:
+        failed = jobs.fail(s.database, job.id, f"{why} (its {MAX_DEVICE_FAULTS}th device fault: one "
+                           "that follows a job from device to device is the job's own)", fence=fence)
+        return _outcome(failed, "failed", job)
+    events.record(s.database, job.id, events.DEVICE_FAULT, f"{why}; queued again to resume on a "
+                  "healthy device, no attempt used", attempt=fence.attempt, devices=job.devices)
+    publish(s, job.id, job.kind, job.queue, patient=True, turn=Turn(job.priority, started=True))
+    return DEVICE_FAULT
+
+
+def take_out(w: Worker, why: str) -> None:
+    """Stop this worker process after its device failed mid-job: its row says why (`mxq devices`),
+    and it exits as a worker that refused its device, so the launcher starts it again (its start
+    check probing the device) only after MXQ_REPROBE_SECONDS. A CUDA error leaves the process's
+    context unusable: only a new process can tell whether the device healed."""
+    beats.refuse(w.settings.database, w.at.worker, why)
+    print(f"{REFUSAL_PREFIX}{why}", file=sys.stderr, flush=True)
+    os._exit(REFUSED_EXIT)
+
+
 def _record(s: Settings, job: JobContext, fence: Fence, outcome: Outcome | FanOut) -> str:
     if isinstance(outcome, FanOut):
         return _fan_out(s, job, outcome)
@@ -344,9 +396,13 @@ def _outcome(recorded: bool, state: str, job: JobContext) -> str:
 
 
 def _fan_out(s: Settings, job: JobContext, split: FanOut) -> str:
-    """Create the chunk jobs (once, even on redelivery) and publish those not yet started."""
+    """Create the chunk jobs (once, even on redelivery) and publish those not yet started; while
+    admission is on (a quota or a share), hold them for the admitter instead (which runs as
+    this job's frame ends), so that its owner's quota counts every chunk (two ran at once
+    under a quota of one)."""
+    held = admit.holding(s)
     children = jobs.fan_out(job.url, job.id, job.kind, split.chunks, split.queues or job.queue,
-                            split.requested or job.requested)
+                            split.requested or job.requested, held)
     for child_id, queued, queue in children:
         if queued:
             publish(s, child_id, job.kind, queue, patient=True, turn=Turn(job.priority))
@@ -365,8 +421,12 @@ def job_task(kind: str, admit: Admit | None = None,
     def register(body: Body) -> Body:
         def _task(job_id: int) -> str:
             started = time.monotonic()
-            state = run_job(int(job_id), body, admit, release)
+            worker = this_worker()
+            with DELIVERY:
+                state = run_job(int(job_id), body, admit, release, worker)
             log.info("job %s %s in %.2fs", job_id, state, time.monotonic() - started)
+            if worker.faults:
+                take_out(worker, worker.faults[-1])
             return state
         app.task(name=f"mxq.{kind}")(_task)  # Celery has no types: called, not a decorator
         return body

@@ -30,8 +30,10 @@ class Api:
     proc: subprocess.Popen
     log: Path
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60)
+    def client(self, token: bool = True) -> httpx.Client:
+        """A client of the API; with its token (reads need one too) unless `token` is False."""
+        headers = self.auth if token and self.token else {}
+        return httpx.Client(base_url=self.url, timeout=60, headers=headers)
 
     @property
     def auth(self) -> dict[str, str]:

@@ -112,6 +112,15 @@ def test_chunks_that_all_succeeded_sum_samples_over_the_wall_clock_span() -> Non
     assert values["samples"] == 200 and values["seconds"] == 20.0 and values["samples_per_sec"] == 10.0
 
 
+def test_a_split_inference_names_the_output_its_chunks_wrote() -> None:
+    """The parent's record names the one file its chunks merged into (it said null)."""
+    shared = {"output": "s3://team-data/out/ab12/job-7.parquet"}
+    values = parts.settle("infer", [PartRow(8, 0, result=shared), PartRow(9, 1, result=shared)], T0)
+    assert values["result"] == {**shared, "chunks": 2}
+    apart = [PartRow(8, 0, result=shared), PartRow(9, 1, result={"output": "elsewhere"})]
+    assert "result" not in parts.settle("infer", apart, T0)
+
+
 def test_naive_datetimes_are_read_as_utc() -> None:
     naive = PartRow(1, 0, started_at=T0.replace(tzinfo=None), finished_at=None)
     assert parts.settle("infer", [naive], T0 + timedelta(seconds=4))["seconds"] == 4.0
@@ -387,3 +396,53 @@ def test_a_job_out_of_host_memory_says_so_and_where() -> None:
     job.devices = ["cpu:0", "cpu:1"]
     assert _unexpected(job, MemoryError()) == "out of host memory on cpu:0, cpu:1"
     assert _unexpected(job, KeyError("samples")) == "KeyError: 'samples'"
+
+
+@pytest.mark.parametrize(("cell", "written"), [
+    ("=1+1", "'=1+1"), ('=HYPERLINK("http://x","y")', '\'=HYPERLINK("http://x","y")'),
+    ("+x", "'+x"), ("-x", "'-x"), ("@x", "'@x"), ("\tx", "'\tx"), ("\rx", "'\rx"),
+    ("-0.5", "'-0.5"),  # text that looks like a number is still text
+    ("mlp64", "mlp64"), ("a=b", "a=b"), ("", ""), (-0.5, -0.5), (-3, -3), (0, 0), (None, None),
+])
+def test_a_csv_cell_that_a_spreadsheet_would_run_is_written_as_text(cell: object, written: object) -> None:
+    """OWASP's rule for CSV injection: a string starting with =, +, -, @, a tab or a carriage
+    return gets a leading quote; a number, even a negative one, stays a number."""
+    from mxq.names import csv_cell
+
+    got = csv_cell(cell)
+    assert got == written and type(got) is type(written)
+
+
+def test_who_reads_and_manages_what_another_owns() -> None:
+    """mxq.users: results are read by their owner, their team's members and admins; a model's
+    versions are managed by its owner and team (role submit) and admins; nobody's is admins'."""
+    from mxq.users import Role, may_manage_model, may_read
+
+    ml = frozenset({"ml"})
+    assert may_read(Role.READ, "alice", frozenset(), "alice", None)
+    assert may_read(Role.READ, "carol", ml, "alice", "ml")
+    assert not may_read(Role.SUBMIT, "bob", frozenset({"ops"}), "alice", "ml")
+    assert not may_read(Role.SUBMIT, "bob", ml, "alice", None)
+    assert not may_read(Role.SUBMIT, "bob", frozenset(), None, None)  # from before users
+    assert may_read(Role.ADMIN, "root", frozenset(), "alice", None)
+    assert may_manage_model(Role.SUBMIT, "carol", ml, "alice", "ml")
+    assert not may_manage_model(Role.READ, "carol", ml, "alice", "ml")  # reads, never promotes
+    assert not may_manage_model(Role.SUBMIT, "bob", frozenset(), "alice", "ml")
+    assert not may_manage_model(Role.SUBMIT, "alice", ml, None, None)  # the admins' model
+    assert may_manage_model(Role.ADMIN, "root", frozenset(), None, None)
+
+
+def test_a_device_fault_is_the_cuda_stacks_error_but_not_running_out_of_memory() -> None:
+    """A fault sends the job elsewhere and takes the device out; running out of memory is the
+    job's own (a batch halved), and taken for a fault it took out device after device."""
+    from mxq.errors import DeviceFault, device_fault
+
+    assert device_fault(RuntimeError("Check failed: e == cudaSuccess (700 vs. 0) : CUDA: an "
+                                     "illegal memory access was encountered"))
+    assert device_fault(RuntimeError("[ONNXRuntimeError] : 1 : FAIL : CUDNN failure 4: "
+                                     "CUDNN_STATUS_INTERNAL_ERROR"))
+    assert device_fault(DeviceFault("the session has no CUDA provider"))
+    for memory in ("cudaMalloc retry failed: out of memory", "CUDA: out of memory",
+                   "CUDNN_STATUS_ALLOC_FAILED", "CUDA failure 2: out of memory"):
+        assert not device_fault(RuntimeError(memory)), memory
+    assert not device_fault(ValueError("params file does not match symbol"))

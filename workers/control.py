@@ -1,6 +1,6 @@
 """The Celery tasks of the control queue, which only the schedule process consumes: the tick
-that fires due schedules and the reconciler's pass, each run by Celery beat, and the fires the
-API hands over (run-now)."""
+that fires due schedules, the reconciler's pass and the retention policy, each run by Celery
+beat, and the fires the API hands over (run-now)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import asdict
 from mxq.db import schedules
 from mxq.workers.broker.app import app
 from mxq.workers.repair.reconcile import reconcile
+from mxq.workers.repair.retention import collect
 from mxq.workers.schedules.fires import submit_fire, tick
 from mxq.workers.settings import get_settings
 
@@ -21,6 +22,12 @@ def tick_task() -> list[int]:
 @app.task(name="mxq.reconcile")  # type: ignore[untyped-decorator]
 def reconcile_task() -> dict[str, list[int]]:
     return asdict(reconcile(get_settings()))
+
+
+@app.task(name="mxq.retention")  # type: ignore[untyped-decorator]
+def retention_task() -> int:
+    """The retention policy in the schedule process's home: how many things it removed."""
+    return len(collect(get_settings()))
 
 
 @app.task(name="mxq.fire")  # type: ignore[untyped-decorator]

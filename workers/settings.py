@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mxq.errors import UserError
@@ -82,6 +82,10 @@ BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 # hung Redis (paused, a frozen VM) must not hang `mxq infer` or `POST /api/v1/jobs`. A job whose
 # message is not out by then stays queued and the reconciler publishes it.
 DEFAULT_BROKER_TIMEOUT_SECONDS = 5.0
+# Each call to the object store (a HEAD, a ranged GET, a PUT) gives up after about this long, its
+# retries included: 3 tries of 15 s each. A frozen S3 server must not hang a submit or a job for
+# minutes (60 s and 6 tries measured 6 minutes for a submit); a shorter bound fails sooner.
+DEFAULT_S3_TIMEOUT_SECONDS = 45.0
 
 # Upper bounds of the numeric settings: each far above any sensible value, so only a typo or a
 # hostile value (inf, 1e308, a 400-digit count) meets them, before any timer or sum overflows.
@@ -127,9 +131,21 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=60, le=int(30 * DAY))
     heartbeat_seconds: float = Field(DEFAULT_HEARTBEAT_SECONDS, gt=0, le=HOUR)
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, le=100)
+    reprobe_seconds: float = Field(60.0, gt=0, le=HOUR, description="A device whose worker refused it "
+                                   "or whose device failed mid-job is probed again (its worker started, "
+                                   "its start check run) after this long, twice as long after each "
+                                   "refusal in a row, up to 30 minutes.")
     tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, le=DAY, description="Schedule tick period.")
     reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0, le=DAY,
                                      description="How often the reconciler runs.")
+    keep_output_days: int | None = Field(
+        None, ge=1, le=36500, description="Remove the outputs (files in this home, SQL rows) of "
+        "inference jobs finished more than this many days ago, except pinned ones (`mxq pin`); "
+        "unset = keep every output.")
+    keep_versions: int | None = Field(
+        None, ge=1, le=10000, description="Keep each model's newest this many versions; remove "
+        "the files of older unpromoted ones (never a promoted one, nor one a queued or running "
+        "job names); unset = keep every version.")
     reconcile_look_seconds: float = Field(
         DEFAULT_RECONCILE_LOOK_SECONDS, gt=0, le=60,
         description="Seconds between the reconciler's two looks at the broker."
@@ -161,7 +177,10 @@ class Settings(BaseSettings):
     api_port: int = Field(8470, ge=1, le=65535)
     api_hosts: str | None = Field(None, description="More names (comma-separated) the API serves "
                                   "as Host, beside loopback and MXQ_API_HOST.")
-    api_token: SecretStr | None = Field(None, description="Bearer token that API writes need.")
+    api_token: SecretStr | None = Field(None, description="The token of the user `admin` (the "
+                                        "API's first token, before users had their own).")
+    metrics_token: SecretStr | None = Field(None, description="Bearer token Prometheus sends to "
+                                            "scrape /metrics (besides an admin's token).")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1, le=2**50,
                                  description="Largest inference input (file or folder) accepted.")
     s3_allowed: str | None = Field(
@@ -175,6 +194,11 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(
         None, description="Endpoint of an S3-compatible server (MinIO, Ceph, R2: "
         "http://HOST:9000); unset = AWS's own.")
+    s3_timeout_seconds: float = Field(
+        DEFAULT_S3_TIMEOUT_SECONDS, gt=0, le=HOUR,
+        description="Longest each object-store call waits, its retries included (up to 3 tries "
+        "of a third of it each, at most 5 s of each to connect); past it the call fails: a 503 "
+        "from the API, exit 2 from the CLI, a retry of the job.")
     stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, le=30 * DAY, description="A running job that "
                                  "reports no progress this long is failed by the reconciler.")
     cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, le=DAY, description="A running "
@@ -209,6 +233,8 @@ class Settings(BaseSettings):
                                  "may ask: size, batch and repeat beyond it are refused at submit.")
     # Set by the launcher for each worker process it starts, never by hand.
     device: str | None = Field(None, description="The device a worker process is pinned to.")
+    device_model: str | None = Field(None, description="Its GPU's model (name and compute "
+                                     "capability): engine and precision figures are kept per model.")
     mxnet_unusable: str | None = Field(
         None, description="Why MXNet cannot run this worker's GPU (set by the launcher): the worker "
         "serves inference with ONNX Runtime only and refuses training.")
@@ -247,6 +273,15 @@ class Settings(BaseSettings):
         return None if value is None else _check_url(value, "MXQ_BROKER_URL", BROKER_SCHEMES,
                                                      "redis://HOST:6379/0; unset it for the "
                                                      "embedded Redis")
+
+    @field_validator("home")
+    @classmethod
+    def _home_is_a_folder(cls, value: Path) -> Path:
+        """A home that names a file (a typo, a path swapped with a file's) would fail at the first
+        folder made in it, with a traceback: refused here, in one line."""
+        if value.exists() and not value.is_dir():
+            raise ValueError("it is a file, not a folder: name a folder (made when missing)")
+        return value
 
     @model_validator(mode="after")
     def _home_has_a_socket(self) -> Settings:
@@ -298,14 +333,22 @@ class Settings(BaseSettings):
     def s3_allowed_prefixes(self) -> Allowed:
         return Allowed.parse(self.s3_allowed)
 
-    @field_validator("api_token")
+    @field_validator("metrics_token", mode="before")
     @classmethod
-    def _token_is_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+    def _empty_metrics_token_is_none(cls, value: object) -> object:
+        """An empty MXQ_METRICS_TOKEN (compose passes it through, empty when the operator set
+        none) is no token: /metrics then answers admins only."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("api_token", "metrics_token")
+    @classmethod
+    def _token_is_long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         """A set token that is empty or short would open the API beyond loopback to anyone who
         guesses it: refused, so no process starts with it (unset means no token, loopback only)."""
         if value is not None and len(value.get_secret_value().strip()) < MIN_TOKEN_CHARS:
             raise ValueError(
-                f"MXQ_API_TOKEN has {len(value.get_secret_value().strip())} characters; at least "
+                f"MXQ_{str(info.field_name).upper()} has {len(value.get_secret_value().strip())} "
+                f"characters; at least "
                 f"{MIN_TOKEN_CHARS} are needed (e.g. `openssl rand -hex 24`), or leave it unset to "
                 "serve on loopback only, where writes need no token"
             )
@@ -498,21 +541,43 @@ def without_password(url: str) -> tuple[str, bool]:
     return urlunsplit(parts._replace(netloc=user + host)), True
 
 
-def record_stack(settings: Settings) -> None:
-    """At `mxq up` / `mxq worker`: the data root, broker and database the stack runs with (its
-    URLs without their password), for every process and command with this home to use; keys
-    written by others are kept."""
+# Settings the whole stack shares, recorded by `mxq up` / `mxq worker` and reused by every
+# process of the home that leaves them unset (a `mxq down; mxq up` without MXQ_DATA_ROOT moved
+# the data root to the default, and the next job failed).
+RECORDED_VALUES = (("s3_allowed", "MXQ_S3_ALLOWED"), ("s3_endpoint_url", "MXQ_S3_ENDPOINT_URL"),
+                   ("s3_model_store", "MXQ_S3_MODEL_STORE"))
+
+
+def record_stack(settings: Settings) -> list[str]:
+    """At `mxq up` / `mxq worker`: the data root, object storage settings, broker and database
+    the stack runs with (its URLs without their password), for every process and command with
+    this home to use; keys written by others are kept. A value given anew that differs from the
+    recorded one wins, and is announced: the notes, one line each."""
     path = settings.home_path / STACK_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     record = dict(recorded_stack(settings.home_path) or {})
+    notes = _changed(record, "data_root", "MXQ_DATA_ROOT", str(settings.own_data_root))
     record["data_root"] = str(settings.own_data_root)
+    for field, env in RECORDED_VALUES:
+        notes += _changed(record, field, env, getattr(settings, field))
+        record[field] = getattr(settings, field)
     record.update(api_host=settings.api_host, api_port=settings.api_port)  # for mxq.client.Client()
-    for _, key, _ in RECORDED_URLS:
+    for _, key, env in RECORDED_URLS:  # compared and announced without their password
         url, secret = without_password(getattr(settings, key))
+        notes += _changed(record, key, env, url)
         record.update({key: url, f"{key}_password": secret})
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
+    return notes
+
+
+def _changed(record: dict[str, object], key: str, env: str, now: str | None) -> list[str]:
+    was = record.get(key)
+    if key not in record or was == now:
+        return []
+    return [f"{env}={now or '(unset)'} replaces the stack's {key} {was or '(unset)'} (recorded in "
+            f"{STACK_RECORD})"]
 
 
 def recorded_stack(home: Path) -> dict[str, object] | None:
@@ -550,7 +615,7 @@ def with_recorded_stack(settings: Settings, own: bool = False) -> Settings:
     if record is None:
         return settings
     where = settings.home_path / STACK_RECORD
-    updates: dict[str, str] = {}
+    updates: dict[str, object] = _recorded_values(settings, record)
     for field, key, env in RECORDED_URLS:
         recorded = record.get(key)
         if not isinstance(recorded, str):
@@ -568,6 +633,17 @@ def with_recorded_stack(settings: Settings, own: bool = False) -> Settings:
                 f"this home's stack runs with {key} {recorded} (recorded in {where}) but {env} "
                 f"says {without_password(given)[0]}; unset it or use another MXQ_HOME")
     return settings.model_copy(update=updates) if updates else settings
+
+
+def _recorded_values(settings: Settings, record: dict[str, object]) -> dict[str, object]:
+    """The shared values (data root, object storage) this process leaves unset: the stack's."""
+    found: dict[str, object] = {}
+    if settings.data_root is None and isinstance(record.get("data_root"), str):
+        found["data_root"] = Path(str(record["data_root"]))
+    for field, _ in RECORDED_VALUES:
+        if getattr(settings, field) is None and isinstance(record.get(field), str):
+            found[field] = record[field]
+    return found
 
 
 @lru_cache(maxsize=1)

@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from mxq.db.outputs import parquet, predictions
 from mxq.db.records import JobRecord, PredictionRow
 from mxq.db.stack import stack_id
-from mxq.errors import Unavailable
+from mxq.errors import NotFound, Unavailable, first_line
+from mxq.names import csv_cell
 from mxq.objects import ObjectURLError, job_output
 from mxq.status import JobStatus
 
@@ -22,6 +25,32 @@ PAGE_ROWS = 50_000  # rows read at a time by an export
 
 class OutputMissing(Unavailable):
     """A job's output file is not where its record says (removed, or on another machine)."""
+
+
+class OutputRemoved(NotFound):
+    """The retention policy removed a job's output (MXQ_KEEP_OUTPUT_DAYS); its record stays."""
+
+
+def _kept(record: JobRecord) -> None:
+    if record.get("output_removed_at"):
+        raise OutputRemoved(f"job {record['id']}'s output was removed by the retention policy on "
+                            f"{record['output_removed_at']} (MXQ_KEEP_OUTPUT_DAYS; `mxq pin` keeps "
+                            "a job's output); its record stays")
+
+
+class OutputDamaged(Unavailable):
+    """A job's output file is there but cannot be read: cut short, or not what it should be."""
+
+
+@contextmanager
+def _readable(record: JobRecord) -> Iterator[None]:
+    """A job's output file that the Parquet or NumPy reader refuses (cut short, overwritten) as
+    one line naming the job and the file's problem, not a traceback or a plain-text 500."""
+    try:
+        yield
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise OutputDamaged(f"job {record['id']}'s output cannot be read: {first_line(exc, 200)} "
+                            "(cut short or damaged? running the job again writes it anew)") from None
 
 
 def output_file(home: Path, stack: str, job_id: int, suffix: str) -> Path:
@@ -44,13 +73,16 @@ def _missing(record: JobRecord, path: Path) -> OutputMissing:
                          "the machine that wrote it)")
 
 
-def _in_a_bucket(record: JobRecord, suffix: str) -> None:
-    """A job whose output went to a bucket, which this layer does not read: where it is."""
+def _in_a_bucket(url: str, record: JobRecord, suffix: str) -> None:
+    """A job whose output went to a bucket, which this layer does not read: where it is (as its
+    result names it, else where this stack's job of that id writes it)."""
     prefix = (record.get("params") or {}).get("output_to")
     if not prefix:
         return
+    shown = (record.get("result") or {}).get("output")
     try:
-        where = job_output(prefix, record["id"], suffix)
+        where = shown if isinstance(shown, str) else job_output(prefix, stack_id(url), record["id"],
+                                                                 suffix)
     except ObjectURLError:  # a job refused at submit for this very value: it wrote nothing
         return
     raise OutputMissing(f"job {record['id']}'s predictions are in the bucket, {where}: read them "
@@ -64,7 +96,7 @@ def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     params = record.get("params") or {}
     if params.get("output") != "parquet":
         return None
-    _in_a_bucket(record, ".parquet")
+    _in_a_bucket(url, record, ".parquet")
     path = recorded_output(home, url, record, ".parquet")
     if path.exists():
         return [path]
@@ -79,7 +111,7 @@ def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | 
     """An npy-only job's probabilities (memory-mapped); None for other outputs."""
     if (record.get("params") or {}).get("output") != "npy":
         return None
-    _in_a_bucket(record, ".npy")
+    _in_a_bucket(url, record, ".npy")
     path = recorded_output(home, url, record, ".npy")
     if path.exists():
         probs: NDArray[np.float32] = np.load(path, mmap_mode="r")
@@ -115,23 +147,27 @@ def _array_rows(probs: NDArray[np.float32], record: JobRecord, limit: int | None
 def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
          offset: int = 0) -> list[PredictionRow]:
     """Rows `offset` onwards, at most `limit`, ordered by index."""
+    _kept(record)
     files = _files_of(url, home, record)
-    if files is not None:
-        return list(parquet.read_rows_of(files, limit, offset))
-    probs = _array_of(url, home, record)
-    if probs is not None:
-        return _array_rows(probs, record, limit, offset)
+    with _readable(record):
+        if files is not None:
+            return list(parquet.read_rows_of(files, limit, offset))
+        probs = _array_of(url, home, record)
+        if probs is not None:
+            return _array_rows(probs, record, limit, offset)
     return predictions.read(url, record["id"], limit, offset)
 
 
 def count(url: str, home: Path, record: JobRecord) -> int:
+    _kept(record)
     files = _files_of(url, home, record)
-    if files is not None:
-        return sum(parquet.rows_in(f) for f in files)
-    probs = _array_of(url, home, record)
-    if probs is not None:
-        stored = _stored(probs, record)
-        return len(probs) if stored is None else len(stored)
+    with _readable(record):
+        if files is not None:
+            return sum(parquet.rows_in(f) for f in files)
+        probs = _array_of(url, home, record)
+        if probs is not None:
+            stored = _stored(probs, record)
+            return len(probs) if stored is None else len(stored)
     return predictions.count(url, record["id"])
 
 
@@ -163,10 +199,11 @@ def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: in
 
 def prediction_csv(rows: list[PredictionRow]) -> Iterator[list[Any]]:
     """The predictions' CSV, the same from the CLI and the API: `index,predicted_class,score`,
-    then `top_1,top_score_1,…` when top-k was stored; the header first."""
+    then `top_1,top_score_1,…` when top-k was stored; the header first. Every stored value goes
+    through `csv_cell`, as every CSV mxq writes (the score is a number's own text)."""
     k = max((len(r["top_k"] or []) for r in rows), default=0)
     yield ["index", "predicted_class", "score",
            *[f"{h}_{i}" for i in range(1, k + 1) for h in ("top", "top_score")]]
     for r in rows:
-        pairs = [v for pair in (r["top_k"] or []) for v in pair]
-        yield [r["index"], r["predicted_class"], f"{r['score']:.6g}", *pairs]
+        pairs = [csv_cell(v) for pair in (r["top_k"] or []) for v in pair]
+        yield [csv_cell(r["index"]), csv_cell(r["predicted_class"]), f"{r['score']:.6g}", *pairs]

@@ -16,7 +16,7 @@ from mxq.db.records import FirePolicy, JobRecord, MetricPoint
 from mxq.db.schedules import ScheduleNotFound, fire_of
 from mxq.db.schema import Job, JobMetric, as_utc, iso
 from mxq.errors import NotFound
-from mxq.priorities import LEVELS
+from mxq.priorities import LEVELS, attempts
 from mxq.status import FINISHED, JobStatus
 
 
@@ -47,7 +47,7 @@ def job_record(job: Job) -> JobRecord:
         "device": job.device,
         "node": job.node,
         "worker": job.worker,
-        "attempts": job.attempts,
+        "attempts": shown_attempts(job),
         "progress": job.progress,
         "samples": job.samples,
         "seconds": job.seconds,
@@ -66,11 +66,24 @@ def job_record(job: Job) -> JobRecord:
         "output": (job.result or {}).get("output"),
         "devices": job.devices,
         "owner": job.owner,
+        "team": job.team,
         "priority": job.priority,
         "preemptible": job.preemptible,
         "preemptions": job.preemptions,
+        "device_faults": job.device_faults,
         "borrowed": job.borrowed,
+        "pinned": job.pinned,
+        "output_removed_at": iso(job.output_removed_at),
     }
+
+
+def shown_attempts(job: Job) -> int:
+    """Its attempts as users see them (`mxq.priorities.attempts`): a job that yielded waits to
+    resume while it is queued again after a claim, or was cancelled there (no cancel request
+    reached a running attempt)."""
+    waiting = job.status == JobStatus.QUEUED or (job.status == JobStatus.CANCELLED
+                                                 and job.cancel_requested_at is None)
+    return attempts(job.attempts, job.preemptions + job.device_faults, waiting)
 
 
 def metrics(url: str, job_id: int, points: int | None = None) -> list[MetricPoint]:
@@ -159,10 +172,11 @@ def list_jobs(url: str, f: JobFilter) -> list[JobRecord]:
         return [job_record(j) for j in session.scalars(q.limit(f.limit).offset(f.offset))]
 
 
-def job_by_key(url: str, key: str) -> JobRecord | None:
-    """The job a submit with this idempotency key made, if any."""
+def job_by_key(url: str, key: str, owner: str) -> JobRecord | None:
+    """The job `owner`'s submit with this idempotency key made, if any (keys are per owner)."""
     with session_scope(url) as session:
-        job = session.scalars(select(Job).where(Job.idempotency_key == key)).first()
+        job = session.scalars(select(Job).where(Job.idempotency_key == key,
+                                                Job.owner == owner)).first()
         return job_record(job) if job else None
 
 

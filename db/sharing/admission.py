@@ -19,22 +19,32 @@ from mxq.db.records import JobRoute
 from mxq.db.reports.queue import NEXT_FIRST
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, User, as_utc, utcnow
-from mxq.shares import Held, Share, Usage
+from mxq.shares import Held, Share, Usage, devices_needed
 from mxq.status import JobStatus
 
 NO_OWNER = "-"  # jobs from before owners
 
 
 def _needs(job: Job) -> int:
-    return int(job.params.get("devices") or 1) if job.kind == "train" else 1
+    return devices_needed(job.kind, job.params)
 
 
 @db_retry
 def active(url: str) -> bool:
-    """Whether any user has a share other than 1 or a quota: only then are jobs held."""
+    """Whether any current user has a share other than 1 or a quota: only then are jobs held."""
     with session_scope(url) as session:
         return bool(session.scalar(select(func.count()).select_from(User).where(
-            or_(User.share != 1.0, User.max_devices.is_not(None)))))
+            or_(User.share != 1.0, User.max_devices.is_not(None)), User.removed_at.is_(None))))
+
+
+@db_retry
+def share_of(url: str, owner: str) -> Share:
+    """One owner's share and quota (weight 1 and none for an owner that is no current user)."""
+    with session_scope(url) as session:
+        row = session.get(User, owner)
+        if row is None or row.removed_at is not None:
+            return Share()
+        return Share(row.share, row.max_devices)
 
 
 @db_retry

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mxq import tokens
 from mxq.db.engine import session_scope
-from mxq.db.schema import User, iso
+from mxq.db.schema import LoginSession, TeamMember, User, iso, utcnow
 from mxq.errors import Conflict, NotFound
 from mxq.shares import Share
 from mxq.users import TOKEN_ADMIN, Role
@@ -45,11 +45,18 @@ def _record(row: User) -> UserRecord:
 
 
 def _get(session: Session, name: str) -> User:
+    """A current user's row (NotFound for a name no user has, or a removed user's)."""
     row = session.get(User, name)
-    if row is None:
-        known = ", ".join(session.scalars(select(User.name).order_by(User.name))) or "none"
+    if row is None or row.removed_at is not None:
+        known = ", ".join(session.scalars(select(User.name).where(User.removed_at.is_(None))
+                                          .order_by(User.name))) or "none"
         raise NotFound(f"unknown user {name!r}; users: {known}")
     return row
+
+
+def _retired(name: str, row: User) -> Conflict:
+    return Conflict(f"user {name!r} was removed on {iso(row.removed_at)}; what it owned stays its "
+                    "own, so its name is not given to anyone again: choose another name")
 
 
 def add(url: str, name: str, role: Role, share: Share = Share()) -> str:
@@ -58,6 +65,8 @@ def add(url: str, name: str, role: Role, share: Share = Share()) -> str:
     token_id, token, token_hash = tokens.issue()
     try:
         with session_scope(url) as session:
+            if (old := session.get(User, name)) is not None and old.removed_at is not None:
+                raise _retired(name, old)
             session.add(User(name=name, role=role.value, token_id=token_id, token_hash=token_hash,
                              share=share.weight, max_devices=share.max_devices))
     except IntegrityError:
@@ -68,7 +77,8 @@ def add(url: str, name: str, role: Role, share: Share = Share()) -> str:
 
 def list_users(url: str) -> list[UserRecord]:
     with session_scope(url) as session:
-        return [_record(u) for u in session.scalars(select(User).order_by(User.name))]
+        return [_record(u) for u in session.scalars(select(User).where(User.removed_at.is_(None))
+                                                    .order_by(User.name))]
 
 
 def set_user(url: str, name: str, role: Role | None = None, new_token: bool = False,
@@ -93,9 +103,14 @@ def set_user(url: str, name: str, role: Role | None = None, new_token: bool = Fa
 
 
 def remove(url: str, name: str) -> None:
-    """Remove a user: its token stops working; what it owns keeps its name as owner."""
+    """Remove a user: its token and its dashboard sessions stop working, it leaves its teams.
+    The row stays, marked removed: what it owns keeps its name as owner, and no user added
+    later under that name may act as its owner."""
     with session_scope(url) as session:
-        session.delete(_get(session, name))
+        row = _get(session, name)
+        row.removed_at, row.token_id, row.token_hash = utcnow(), None, None
+        session.execute(delete(TeamMember).where(TeamMember.user == name))
+        session.execute(delete(LoginSession).where(LoginSession.user == name))
 
 
 def by_token_id(url: str, token_id: str) -> TokenUser | None:
@@ -110,7 +125,17 @@ def token_admin_role(url: str) -> Role | None:
     """The role of the user MXQ_API_TOKEN is the token of (`admin`, unless changed or removed)."""
     with session_scope(url) as session:
         row = session.get(User, TOKEN_ADMIN)
-        return Role(row.role) if row is not None and row.token_id is None else None
+        if row is None or row.removed_at is not None or row.token_id is not None:
+            return None
+        return Role(row.role)
+
+
+def role_of(url: str, name: str) -> Role | None:
+    """A current user's role; None for a name no current user has (a removed user's, a
+    `local:` owner's)."""
+    with session_scope(url) as session:
+        row = session.get(User, name)
+        return Role(row.role) if row is not None and row.removed_at is None else None
 
 
 def with_tokens(url: str) -> int:

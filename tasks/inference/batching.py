@@ -26,6 +26,7 @@ from mxq.db.records import ModelRecord
 from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.runner import JobContext, JobInputError, placement
 from mxq.workers.broker import messages
+from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues
 from mxq.workers.hardware.devices import engines_for
 from mxq.workers.jobs.jobspecs import InferParams
@@ -172,3 +173,12 @@ def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float3
     # Messages published after the claim (a submit still under way) are dropped too.
     messages.drop_waiting(get_settings().broker, _queues(job), [m.id for m in members[1:]])
     return outcomes[members[0].id]
+
+
+def hand_back(job: JobContext, members: list[Member]) -> None:
+    """The device failed under a merged batch: every member but the lead (which the job frame
+    sends back as a device fault) is queued again without using an attempt, to run elsewhere;
+    before, they stayed running on a worker that left, until the reconciler charged them one."""
+    s, worker = get_settings(), placement().worker
+    for job_id, queue, priority in jobs.hand_back(job.url, [m.id for m in members[1:]], worker):
+        publish(s, job_id, job.kind, queue, patient=True, turn=Turn(priority, started=True))

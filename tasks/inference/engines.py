@@ -1,10 +1,10 @@
 """The two inference engines behind one interface, and which one a job gets.
 
 MXNet runs the stored model; ONNX Runtime runs its ONNX export (`tasks.onnx_export`). For
-`--engine auto` the first job of a model version on a kind of device measures both engines on a
-few batches of its own batch size on that worker's device and stores their samples/s
-(`registry.record_engine_speeds`); every later job of that version on that kind reads the choice
-(`mxq.engines.choose`).
+`--engine auto` the first job of a model version on a kind of device (on a GPU, a GPU model:
+`mxq.engines.figures_key`) measures both engines on a few batches of its own batch size on that worker's
+device and stores their samples/s (`registry.record_engine_speeds`); every later job of that
+version there reads the choice (`mxq.engines.choose`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mxq import engines as rule
 from mxq.db import registry
 from mxq.db.records import ModelRecord
 from mxq.device import Device
-from mxq.errors import first_line
+from mxq.errors import device_fault, first_line
 from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.model_store.locations import local_file
 from mxq.tasks.runner import JobContext, JobInputError
@@ -200,6 +200,10 @@ def _rates(built: dict[str, Engine], sample: Batch) -> dict[str, float]:
     return best
 
 
+def _figures_key(job: JobContext) -> str:
+    return rule.figures_key(job.parsed_device.kind, get_settings().device_model)
+
+
 def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[str]) -> dict[str, float]:
     """The samples/s of each engine (or precision) in `which` on this worker, on a seeded batch
     of the model's input shape, stored beside the figures measured before."""
@@ -213,10 +217,11 @@ def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[s
             return mxnet_engine(model, job.parsed_device, "")
         return onnx_engine(model, kind, "", "fp32" if name == "onnx" else name)
 
-    speeds = {**((model.get("engines") or {}).get(kind) or {}),
+    key = _figures_key(job)
+    speeds = {**((model.get("engines") or {}).get(key) or {}),
               **_rates({name: build(name) for name in which}, batch)}
-    registry.record_engine_speeds(job.url, model["name"], model["version"], kind, speeds)
-    model["engines"] = {**(model.get("engines") or {}), kind: speeds}
+    registry.record_engine_speeds(job.url, model["name"], model["version"], key, speeds)
+    model["engines"] = {**(model.get("engines") or {}), key: speeds}
     return speeds
 
 
@@ -227,13 +232,15 @@ def _fp32_choice(job: JobContext, model: ModelRecord, asked: str, batch_size: in
     kind, mxnet_unusable = job.parsed_device.kind, get_settings().mxnet_unusable
     if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
         return None, None, missing
-    speeds = (model.get("engines") or {}).get(kind)
+    speeds = (model.get("engines") or {}).get(_figures_key(job))
     if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
         try:
             speeds = _measure(job, model, batch_size, ["mxnet", "onnx"])
         except StoreChanged:
             raise
         except Exception as exc:  # one engine could not run here: MXNet serves (or says why not)
+            if device_fault(exc):  # no engine runs on a failed device: the device is out
+                raise
             return None, None, f"not measured: {first_line(exc)}"
     try:
         return rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable), speeds, None
@@ -252,7 +259,10 @@ def _precision(job: JobContext, model: ModelRecord, asked: str, p: Precision, fp
     other by every later job. (Measured again alone, ONNX Runtime's figure from a slow moment
     fell below MXNet's older one, and LeNet's later jobs ran MXNet's float32, int8 judged
     slower than MXNet's figure from another moment.)"""
-    variants = model["variants"]
+    variants, left_out = rule.variants_for(job.parsed_device.kind, model["variants"])
+    if left_out and p.asked in model["variants"] and p.asked not in variants:
+        raise JobInputError(f"--precision {p.asked} on {job.device}: {left_out}; use --precision "
+                            "fp16 or auto there, or run it on a CPU device")
     which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
     if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
         mxnet_unusable = get_settings().mxnet_unusable
@@ -262,11 +272,16 @@ def _precision(job: JobContext, model: ModelRecord, asked: str, p: Precision, fp
         except StoreChanged:
             raise
         except Exception as exc:  # a variant could not run here: full precision serves
+            if device_fault(exc):
+                raise
             return fp32, rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: "
                                                       f"{first_line(exc)}")
         if both:
             fp32 = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
-    return fp32, rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
+    chosen = rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
+    if left_out and chosen.reason != "asked":
+        chosen = rule.PrecisionChoice("fp32", f"{chosen.reason}; {left_out}")
+    return fp32, chosen
 
 
 @dataclass(frozen=True)
@@ -299,3 +314,33 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
         engine = mxnet_engine(model, device, fp32.reason)
     engine.precision_reason = chosen.reason
     return engine
+
+
+# The job's own first samples a variant is checked on against float32 before it serves the job.
+CHECK_SAMPLES = 256
+
+
+def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Batch, asked: str,
+           precision: Precision) -> Engine:
+    """`engine` once its variant agrees with float32 on `first` (the input's first samples) as
+    the job's bound asks; else the float32 engine, saying why. A variant's figure comes from
+    held-out samples of its calibration file, which may not be like the job's input (a constant
+    file gave "100.00 %", and 1,609 of 1,797 real predictions then differed). Asked by name, a
+    variant serves whatever it measures, and the job's record says what it measured."""
+    if engine.precision == "fp32":
+        return engine
+    full = onnx_engine(model, job.parsed_device.kind, "", "fp32")
+    ours, theirs = engine.forward(first), full.forward(first)
+    agreement = float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())
+    variant = model["variants"][engine.precision]
+    bound = precision.min_agreement if precision.min_agreement is not None else variant.get("bound")
+    seen = (f"{engine.precision} agreed with float32 on {agreement:.2%} of this input's first "
+            f"{len(first)} samples")
+    if precision.asked == engine.precision or bound is None or agreement >= float(bound):
+        engine.precision_reason = f"{engine.precision_reason}; {seen}"
+        return engine
+    fallback = pick(job, model, asked, len(first), Precision("fp32"))
+    fallback.precision_reason = (f"{seen}, below the bound {float(bound):.2%} (its figure, "
+                                 f"{float(variant['agreement']):.2%}, is of held-out samples of "
+                                 f"{variant['calibration']['source']}): full precision serves")
+    return fallback

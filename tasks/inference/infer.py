@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,10 +29,12 @@ from numpy.typing import NDArray
 
 from mxq.db import events, jobs, registry
 from mxq.db.records import ModelRecord
+from mxq.errors import device_fault
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference import batching, engines
 from mxq.tasks.inference.inputs import InputError, InputSource, open_input
+from mxq.tasks.inference.inputs.source import Fetch
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.runner import (
@@ -50,7 +53,7 @@ from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError
 from mxq.workers.paths import PathError
 from mxq.workers.settings import get_settings
 from mxq.workers.storage.client import StorageError
-from mxq.workers.storage.locate import locate
+from mxq.workers.storage.locate import identity, locate
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
@@ -82,12 +85,54 @@ def _params(job: JobContext) -> InferParams:
 
 
 def _open(p: InferParams, model: ModelRecord) -> InputSource:
+    """The job's input as it was submitted (`p.input_identity`): an object read only at the
+    ETag it had (If-Match on every range), a file whose size, mtime and inode are checked again
+    after every read and after the model computed it (`_unchanged`), a folder's or a prefix's
+    images as listed at submit, each read checked against its listing (`inputs.images`); a
+    change fails the job, naming it, before anything of the new bytes is stored."""
     try:
         path = locate(get_settings(), p.input)
-        return open_input(path, tuple(model["input_shape"]), p.key,
-                          Preprocess.from_dict(model["preprocess"]), columns=p.columns)
+        folder = isinstance(path, Path) and path.is_dir()
+        if not folder:  # a folder's identity (a listing and a stat per image) is taken once, below
+            _same_input(p, identity(path))
+        source = open_input(path, tuple(model["input_shape"]), p.key,
+                            Preprocess.from_dict(model["preprocess"]), columns=p.columns)
+        if folder:  # the listing the reads are held to: submit's
+            _same_input(p, identity(path))
     except (PathError, ObjectURLError, StorageError, InputError) as exc:
         raise JobInputError(str(exc)) from None
+    if isinstance(path, Path) and not folder and p.input_identity is not None:
+        source.fetch = _pinned(p, path, source.fetch)
+    source.model = f"{model['name']}:{model['version']}"
+    return source
+
+
+def _same_input(p: InferParams, now: str | None) -> None:
+    if p.input_identity is not None and now != p.input_identity:
+        raise InputError(f"input {p.input} changed since the job was submitted (then: "
+                         f"{p.input_identity}; now: {now or 'gone'}): submit the job again to "
+                         "score the new contents")
+
+
+def _pinned(p: InferParams, path: Path, fetch: Fetch) -> Fetch:
+    """`fetch`, checking after each read that the file is still the one submitted: a file
+    rewritten in place under a mapped read changes the bytes already read, not only later ones."""
+    def checked(start: int, stop: int) -> Any:
+        samples = fetch(start, stop)
+        _same_input(p, identity(path))  # (an InputError: the read's caller fails the job with it)
+        return samples
+    return checked
+
+
+def _unchanged(p: InferParams, source: InputSource) -> None:
+    """Fail the job if its local input is no longer the one submitted. Checked once the model has
+    read a batch: a mapped .npy's fetch is a view of the file, so a rewrite after the fetch's own
+    check (during the last batch too) would otherwise reach the predictions of a job that succeeds."""
+    if isinstance(source.path, Path) and not source.path.is_dir() and p.input_identity is not None:
+        try:  # (a folder's images are copied as they are read, each checked then)
+            _same_input(p, identity(source.path))
+        except InputError as exc:
+            raise JobInputError(str(exc)) from None
 
 
 def _chunks(p: InferParams, count: int) -> list[dict[str, Any]]:
@@ -118,6 +163,9 @@ def infer(job: JobContext) -> Outcome | FanOut:
                             f"{p.input}")
     fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
     engine = engines.pick(job, model, p.engine, fit.size, _precision(p))
+    if engine.precision != "fp32":  # every chunk checks the same samples, and decides alike
+        first = _read(p, source, 0, source.count, lambda _: engines.CHECK_SAMPLES)
+        engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
     begin = out.resume()
@@ -142,17 +190,27 @@ def infer(job: JobContext) -> Outcome | FanOut:
 
 
 def _read_all(p: InferParams, source: InputSource) -> NDArray[np.float32]:
-    """A small input whole, read and checked as one batch."""
-    return next(_batches(p, source, 0, source.count, lambda _: source.count))[1]
+    """A small input whole, read and checked as one batch: copied, then the file checked again
+    (a mapped .npy's read is a view, read by the model only after the fetch's own check)."""
+    x = np.array(next(_batches(p, source, 0, source.count, lambda _: source.count))[1])
+    _unchanged(p, source)
+    return x
 
 
 def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource) -> Outcome:
     """A small job, run in one batch with the queued small jobs of the same model (batching)."""
     engine = engines.pick(job, model, p.engine, source.count, _precision(p))
     members = [batching.Member(job.id, p, _read_all(p, source))]
+    first = members[0].x[:engines.CHECK_SAMPLES]
+    engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
-    probs, fit, lead_error = _predict_members(job, p, engine, members)
+    try:
+        probs, fit, lead_error = _predict_members(job, p, engine, members)
+    except Exception as exc:
+        if device_fault(exc):
+            batching.hand_back(job, members)
+        raise
     parts = np.split(probs, np.cumsum([len(m.x) for m in members])[:-1])
     seconds = time.perf_counter() - began
     samples, share, result = batching.finish(job, members, parts, seconds, {
@@ -239,9 +297,9 @@ def _read(p: InferParams, source: InputSource, first: int, stop: int,
     while True:
         try:
             x = source.read(first, min(first + size(source.sample_shape), stop))
-            _check_finite(p, first, x)
+            _check_finite(p, source, first, x)
             return x
-        except InputError as exc:
+        except (InputError, StorageError) as exc:  # (an object replaced mid-read: ObjectChanged)
             raise JobInputError(str(exc)) from None
         except MemoryError:
             if waited >= READ_OOM_SECONDS:
@@ -251,13 +309,16 @@ def _read(p: InferParams, source: InputSource, first: int, stop: int,
             waited += READ_RETRY_SECONDS
 
 
-def _check_finite(p: InferParams, first: int, x: NDArray[np.float32]) -> None:
+def _check_finite(p: InferParams, source: InputSource, first: int, x: NDArray[np.float32]) -> None:
     """Refuse a read holding NaN, inf or -inf, naming the first such sample: one `isfinite`
     pass (`engines.first_non_finite`, as for the outputs; row sums cost five times as much and
-    weighed a tenth of a small model's job); only a failing read is searched."""
+    weighed a tenth of a small model's job); only a failing read is searched. `x` is
+    preprocessed: a sample finite as stored blames the version's preprocessing, not the input."""
     if (bad := engines.first_non_finite(x)) is None:
         return
     row, found = bad
+    if (overflow := source.overflow(first + row, found)) is not None:
+        raise JobInputError(overflow)
     why = "--reject-nan is set" if p.reject_nan else \
         "mxq scores finite inputs only: fix or drop that sample"
     raise JobInputError(f"input {p.input} has {found} in sample {first + row} ({why})")
@@ -358,9 +419,11 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
                 job.check_preempted(first - out.start)
             last = first + len(x)
             try:
-                out.add(first, fit.predict(engine, x))
+                probs = fit.predict(engine, x)
             except engines.NonFiniteOutput as exc:
                 raise JobInputError(exc.describe(first + exc.row, x[exc.row])) from None
+            _unchanged(p, source)  # before the output takes them: `x` may be a view of the file
+            out.add(first, probs)
             now = time.perf_counter()
             if now - since >= FLUSH_SECONDS or last - mark >= most or last == out.stop:
                 writer.submit(out.take(step, last - mark, now - since, last))

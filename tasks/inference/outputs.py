@@ -24,7 +24,8 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -49,6 +50,7 @@ from mxq.tasks.inference.pipeline import at_idle_priority
 from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import get_settings
+from mxq.workers.storage.client import ObjectTaken
 
 T = TypeVar("T")
 
@@ -248,7 +250,8 @@ class JobOutputs:
             self._files(self.npy.write, flush.probs)
         part = None
         if self.parts is not None and flush.tables:
-            part = self._files(self.parts.write_part, flush.tables, fence.tag)
+            with _only_own():
+                part = self._files(self.parts.write_part, flush.tables, fence.tag)
         verdict = predictions.commit(self.job.url, fence, flush.rows, flush.last)
         if verdict is RunCheck.LOST:
             if part is not None and self.parts is not None:
@@ -277,7 +280,8 @@ class JobOutputs:
         if self.npy is not None:
             _npy_layout(self.npy.path, self.count, self.classes)
         if self.parts is not None:
-            self._finish_parts(self.parts)
+            with _only_own():
+                self._finish_parts(self.parts)
 
     def _finish_parts(self, parts: PartStore) -> None:
         if not parts.covers(self.start, self.stop):
@@ -301,11 +305,22 @@ class JobOutputs:
             self.parts.remove_all()
 
 
+@contextmanager
+def _only_own() -> Iterator[None]:
+    """Another writer's object at one of the job's keys (a write refused, a part not the job's)
+    fails the job in one line naming it."""
+    try:
+        yield
+    except ObjectTaken as exc:
+        raise JobFailed(f"output {exc}") from None
+
+
 def _bucket_parts(output_to: str, owner: int, classes: int | None) -> BucketParts:
     """The job's parts and merged object in a bucket: `.parquet`, or with `classes` an `.npy`
     of probabilities."""
     settings = get_settings()
-    final = job_output(output_to, owner, ".parquet" if classes is None else ".npy")
+    final = job_output(output_to, stack_id(settings.database), owner,
+                       ".parquet" if classes is None else ".npy")
     return BucketParts(settings, final, settings.home_path / "tmp", classes)
 
 

@@ -5,7 +5,12 @@ the chunks of one job on nodes with no shared folder write one output.
 In a bucket, each flush is one part object written by a single PUT (complete or absent) before
 the job commits its position; a later attempt deletes the parts past the committed position. The
 last chunk merges the parts in order, one at a time, into a local temporary file and uploads it
-as `job-ID.parquet` (multipart: the object appears whole, or not at all), then deletes the parts.
+as `STACK/job-ID.parquet` (multipart: the object appears whole, or not at all), then deletes the
+parts it listed, by their exact keys.
+Every object is written conditionally (If-None-Match: *) with metadata naming the job
+(`BucketParts.writer`): an object already at a key is accepted only as this job's own earlier
+write, and a merge reads, and a clean-up deletes, only objects the job wrote; another writer's
+object at one of the job's keys fails the job naming it (`s3.ObjectTaken`), and stays.
 The merge holds a Redis lock, since chunks on several nodes may finish together; a merge killed
 mid-upload leaves an unfinished multipart upload, which the next merge aborts. An `.npy` output
 in a bucket keeps its parts the same way (each a Parquet table of `index` and `probabilities`)
@@ -93,7 +98,8 @@ class LocalParts:
 
 @dataclass(frozen=True)
 class BucketParts:
-    """Parts under `PREFIX/job-ID.parquet.parts/` in a bucket, merged into `PREFIX/job-ID.parquet`."""
+    """Parts under `PREFIX/STACK/job-ID.parquet.parts/` in a bucket, merged into
+    `PREFIX/STACK/job-ID.parquet`."""
 
     settings: Settings
     final: ObjectURL
@@ -104,13 +110,27 @@ class BucketParts:
     def shown(self) -> str:
         return str(self.final)
 
+    @property
+    def writer(self) -> str:
+        """The job its objects' metadata names (`STACK/job-ID`, from the final key): every write
+        is conditional (If-None-Match: *), and an object there already is this job's only when it
+        names the job (an earlier attempt's, a merge done before a crash); another writer's is
+        never replaced, merged or deleted (`s3.ObjectTaken`)."""
+        key = PurePosixPath(self.final.key)
+        return f"{key.parent.name}/{key.name.split('.')[0]}"
+
     def _prefix(self) -> ObjectURL:
         return ObjectURL(self.final.bucket, self.final.key + ".parts/")
 
     def _parts(self) -> list[Part]:
-        """The part objects, as `mxq.db.outputs.parquet` names parts (their key in place of a path)."""
+        """The part objects, as `mxq.db.outputs.parquet` names parts (their key in place of a
+        path): only those directly under the parts prefix and named as parts are, so a merge or a
+        clean-up never takes (or deletes) another job's objects written deeper under it."""
         found = []
+        prefix = self._prefix().key
         for key, _, _ in s3.listed(self.settings, self._prefix()):
+            if "/" in key[len(prefix):]:
+                continue
             part = parquet.part_of(Path(PurePosixPath(key).name))
             if part is not None:
                 found.append((*part[:3], Path(key)))
@@ -124,18 +144,20 @@ class BucketParts:
         buf = io.BytesIO()
         parquet.write_part_table(table, buf)
         key = self._prefix().key + name
-        s3.put(self.settings, ObjectURL(self.final.bucket, key), buf.getvalue())
+        s3.create(self.settings, ObjectURL(self.final.bucket, key), buf.getvalue(), self.writer)
         return key
 
     def remove_part(self, part: str) -> None:
-        s3.delete(self.settings, self.final, [part])
+        s3.delete(self.settings, self.final, [part])  # the one this attempt just wrote
+
+    def _delete_own(self, keys: list[str]) -> None:
+        s3.delete(self.settings, self.final, s3.owned(self.settings, self.final, keys, self.writer))
 
     def drop_parts(self, start: int, stop: int) -> None:
-        s3.delete(self.settings, self.final,
-                  [str(key) for first, _, _, key in self._parts() if start <= first < stop])
+        self._delete_own([str(key) for first, _, _, key in self._parts() if start <= first < stop])
 
     def covers(self, start: int, stop: int) -> bool:
-        if s3.exists(self.settings, self.final):
+        if s3.own(self.settings, self.final, self.writer):
             return True
         return parquet.chain_end(self._parts(), start) >= stop
 
@@ -144,13 +166,16 @@ class BucketParts:
                                                         timeout=MERGE_LOCK_SECONDS)
         with lock:
             found = self._parts()  # listed once: what is merged, and what is deleted after
-            if not s3.exists(self.settings, self.final):  # (else a merge died before deleting)
+            read: list[str] = []  # parts the merge read, each checked as this job's
+            if not s3.own(self.settings, self.final, self.writer):  # (else merged before a crash)
                 parts, held = parquet.tiling(found)
                 if held != count:
                     return False
                 s3.abort_uploads(self.settings, self.final)  # a merge that died mid-upload
                 self._merge(parts)
-            s3.delete(self.settings, self.final, [str(p[3]) for p in found])
+                read = [str(p[3]) for p in parts]
+            s3.delete(self.settings, self.final, read)
+            self._delete_own([str(p[3]) for p in found if str(p[3]) not in read])
         return True
 
     def _merge(self, parts: list[Part]) -> None:
@@ -163,11 +188,12 @@ class BucketParts:
                 parquet.write_tables(chain([first], tables), Path(tmp.name), first.schema)
             else:
                 parquet.write_tables([], Path(tmp.name), parquet.schema(0))
-            s3.upload(self.settings, tmp.name, self.final)
+            s3.create_from(self.settings, tmp.name, self.final, self.writer)
 
     def _read(self, key: str) -> pa.Table:
-        """A part whole (one flush), from one GET."""
-        return pq.read_table(io.BytesIO(s3.get(self.settings, ObjectURL(self.final.bucket, key))))
+        """A part whole (one flush), from one GET: only one this job wrote."""
+        part = ObjectURL(self.final.bucket, key)
+        return pq.read_table(io.BytesIO(s3.get(self.settings, part, writer=self.writer)))
 
     def rows_in(self) -> int:
         final = RemoteObject.at(self.settings, self.final)
@@ -180,7 +206,7 @@ class BucketParts:
         return parquet.missing(self._parts(), count)
 
     def remove_all(self) -> None:
-        s3.delete(self.settings, self.final, [str(p[3]) for p in self._parts()])
+        self._delete_own([str(p[3]) for p in self._parts()])
         s3.abort_uploads(self.settings, self.final)
 
 

@@ -19,21 +19,11 @@ import os
 from pathlib import Path
 
 from mxq.db.records import ModelRecord
-from mxq.db.stack import stack_id
-from mxq.names import check_name
-from mxq.objects import ObjectURL, parse
 from mxq.workers.settings import Settings
 from mxq.workers.storage import client as s3
+from mxq.workers.storage.versions import store_dir, store_object
 
-
-def store_dir(home: Path, url: str, name: str, version: int) -> Path:
-    """This node's folder of a version."""
-    return home / "models" / stack_id(url) / check_name(name) / str(version)
-
-
-def _object(store: str, url: str, name: str, version: int, filename: str) -> ObjectURL:
-    prefix = parse(store, "MXQ_S3_MODEL_STORE")
-    return ObjectURL(prefix.bucket, f"{prefix.key}/{stack_id(url)}/{name}/{version}/{filename}")
+__all__ = ["local_file", "publish", "store_dir"]
 
 
 def publish(settings: Settings, url: str, name: str, version: int, files: list[Path]) -> None:
@@ -41,7 +31,7 @@ def publish(settings: Settings, url: str, name: str, version: int, files: list[P
     if settings.s3_model_store is None:
         return
     for path in files:
-        s3.upload(settings, str(path), _object(settings.s3_model_store, url, name, version, path.name))
+        s3.upload(settings, str(path), store_object(settings.s3_model_store, url, name, version, path.name))
 
 
 def local_file(settings: Settings, model: ModelRecord, recorded: str) -> Path:
@@ -59,7 +49,7 @@ def local_file(settings: Settings, model: ModelRecord, recorded: str) -> Path:
         copy.parent.mkdir(parents=True, exist_ok=True)
         tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
         try:
-            s3.download(settings, _object(settings.s3_model_store, url, model["name"],
+            s3.download(settings, store_object(settings.s3_model_store, url, model["name"],
                                           model["version"], path.name), str(tmp))
             os.replace(tmp, copy)
         finally:

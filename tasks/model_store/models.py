@@ -33,7 +33,7 @@ from mxq.tasks.model_store import onnx_export
 from mxq.tasks.model_store.checksums import sha256, verify
 from mxq.tasks.model_store.locations import local_file, publish, store_dir
 from mxq.tasks.model_store.zoo import build
-from mxq.tasks.runtimes.mx import gluon, mx
+from mxq.tasks.runtimes.mx import DeviceFault, device_fault, gluon, mx
 from mxq.workers.settings import get_settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
@@ -271,6 +271,8 @@ def _open(symbol_file: Path, params_file: Path, ctx: mx.Context) -> gluon.Symbol
     except ModelError:
         raise
     except Exception as exc:  # MXNetError, AssertionError, ValueError from a mismatched pair
+        if device_fault(exc):  # the device's, not the files': a faulty GPU is no user's mismatch
+            raise DeviceFault(f"the device ({ctx}) failed while loading the model: {reason(exc)}") from None
         raise ModelError(f"params file {params_file.name} does not match symbol "
                          f"{symbol_file.name}: {reason(exc)}") from None
     dtype = _weights_dtype(net)
@@ -405,6 +407,13 @@ def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return net, False
+
+
+def forget_all() -> int:
+    """Drop every loaded net (a worker whose device is leased to a training); how many."""
+    count = len(_cache)
+    _cache.clear()
+    return count
 
 
 def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) -> None:

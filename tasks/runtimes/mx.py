@@ -10,6 +10,7 @@ one thing of an MXNet object, a Protocol says which (`probe._Pending`).
 
 from __future__ import annotations
 
+from mxq.errors import DeviceFault, device_fault
 from mxq.tasks.runtimes.cuda import load_cuda_libraries
 
 load_cuda_libraries()
@@ -24,4 +25,4 @@ except OSError as exc:
 
 autograd, gluon, nd = mx.autograd, mx.gluon, mx.nd
 
-__all__ = ["autograd", "gluon", "mx", "nd"]
+__all__ = ["DeviceFault", "autograd", "device_fault", "gluon", "mx", "nd"]

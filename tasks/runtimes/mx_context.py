@@ -13,6 +13,7 @@ import sys
 from celery import signals
 
 from mxq.device import Device
+from mxq.errors import reason
 from mxq.tasks.runtimes.mx import mx
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.settings import get_settings
@@ -38,13 +39,21 @@ def memory(device: Device) -> dict[str, float]:
 
 
 def check_visible(device: Device) -> str | None:
-    """Cross-check with MXNet: a GPU worker must see exactly one GPU."""
+    """Before a GPU worker takes work: MXNet sees exactly one GPU, and a real operation runs on
+    it (allocate, a small matmul, copy back). Any error refuses this device alone, named with the
+    error: a GPU that only counted as present once passed, then failed every job it took."""
     if not device.is_gpu:
         return None
-    seen = mx.context.num_gpus()
-    if seen != 1:
-        return (f"worker for {device} sees {seen} GPUs through MXNet (expected 1): check "
-                "CUDA_VISIBLE_DEVICES and that the GPU build of MXNet (mxnet-cu112) is installed")
+    try:
+        seen = mx.context.num_gpus()
+        if seen != 1:
+            return (f"worker for {device} sees {seen} GPUs through MXNet (expected 1): check "
+                    "CUDA_VISIBLE_DEVICES and that the GPU build of MXNet (mxnet-cu112) is installed")
+        a = mx.nd.ones((8, 8), ctx=mx.gpu(0))
+        if float(mx.nd.dot(a, a).sum().asscalar()) != 512.0:
+            return f"worker for {device}: a matmul on the GPU gave a wrong result"
+    except Exception as exc:  # MXNetError, a CUDA error: the device's, whatever its type
+        return f"worker for {device}: the GPU failed its start check ({reason(exc)})"
     return None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.errors import first_line
+from mxq.errors import DeviceFault, first_line
 
 CACHE_SIZE = 2  # sessions kept per worker process, as for MXNet models (tasks.models)
 _sessions: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
@@ -67,10 +67,28 @@ def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
     options.log_severity_level = 3  # errors only: its warnings are about graph rewrites
     # Idle pool threads sleep instead of spinning: the job's reader and writer threads share the cores.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    _sessions[key] = ort.InferenceSession(str(path), options, providers=[PROVIDERS[kind]])
+    made = ort.InferenceSession(str(path), options, providers=[PROVIDERS[kind]])
+    check_providers(made, kind)
+    _sessions[key] = made
     while len(_sessions) > CACHE_SIZE:
         _sessions.popitem(last=False)
     return _sessions[key], False
+
+
+class ProviderFallback(DeviceFault):
+    """ONNX Runtime gave a session without the provider of the device it was asked for: the
+    device's fault (CUDA cannot start there), never the model's."""
+
+
+def check_providers(sess: Any, kind: str) -> None:
+    """Refuse a session whose first provider is not `kind`'s: asked for the CUDA provider and
+    unable to start CUDA, ONNX Runtime falls back to the CPU with a warning, and a job recorded
+    on a GPU computed on the CPU in silence."""
+    given = list(sess.get_providers())
+    if not given or given[0] != PROVIDERS[kind]:
+        raise ProviderFallback(f"ONNX Runtime gave a session with providers {given} for a {kind} "
+                               f"device, not {PROVIDERS[kind]} first: CUDA cannot start on this "
+                               "device, and it would compute on the CPU; the job stops instead")
 
 
 def forget(path: Path, kind: str = "cpu") -> None:
@@ -81,6 +99,13 @@ def forget(path: Path, kind: str = "cpu") -> None:
     1 MiB."""
     for key in [k for k in _sessions if k[0] == str(path) and k[2] == kind]:
         del _sessions[key]
+
+
+def forget_all() -> int:
+    """Drop every cached session (a worker whose device is leased to a training); how many."""
+    count = len(_sessions)
+    _sessions.clear()
+    return count
 
 
 def run(sess: Any, x: NDArray[np.float32]) -> NDArray[np.float32]:

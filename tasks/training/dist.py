@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from mxq.db import peers
-from mxq.db.fleet import list_workers
+from mxq.db.fleet import gpu_model, list_workers
 from mxq.db.outputs.epochs import set_devices
 from mxq.db.records import WorkerRecord
 from mxq.db.schema import utcnow
@@ -66,19 +66,26 @@ SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's IPv4 address
 def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]:
     """N (node, device) pairs: this node and device first, then the nodes with most idle devices.
 
-    JobInputError: fewer than N nodes have K devices of this kind at all. LookupError: they do,
-    but fewer are live now (the job waits, as for devices)."""
+    Every node's devices are of this device's kind and GPU model (`own`'s row): the whole
+    training steps at the pace of its slowest GPU. JobInputError: fewer than N nodes have K
+    such devices at all. LookupError: they do, but fewer are live now (the job waits, as for
+    devices)."""
     kind = Device.parse(own).kind
     by_node = _workers_by_node(s, kind)
+    mine = next((w for w in by_node.get(s.node, []) if w["device"] == own), None)
+    model = gpu_model(mine) if mine is not None else None
+    if mine is not None:
+        by_node = {n: [w for w in ws if gpu_model(w) == model] for n, ws in by_node.items()}
+    label = model or kind
     big_enough = sum(len(ws) >= p.devices for ws in by_node.values())
     if big_enough < p.nodes:
         have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
-        raise JobInputError(f"{p.nodes} nodes with {p.devices} {kind} devices each asked but only "
-                            f"{big_enough} have that many; {kind} devices per node: {have}")
+        raise JobInputError(f"{p.nodes} nodes with {p.devices} {label} devices each asked but only "
+                            f"{big_enough} have that many; {label} devices per node: {have}")
     live, idle = _live_and_idle(s, by_node)
     ready = [n for n in live if len(live[n]) >= p.devices]
     if s.node not in ready or len(ready) < p.nodes:
-        raise LookupError(f"{p.nodes} nodes with {p.devices} live {kind} devices wanted, "
+        raise LookupError(f"{p.nodes} nodes with {p.devices} live {label} devices wanted, "
                           f"{len(ready)} now ({', '.join(sorted(ready)) or 'none'})")
     others = sorted((n for n in ready if n != s.node), key=lambda n: (-len(idle[n]), n))
     return [(s.node, own), *((node, min(idle[node] or live[node], key=Device.parse))

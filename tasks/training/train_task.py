@@ -1,10 +1,11 @@
 """`train`: a K-device data-parallel training job.
 
-The worker that takes the job leads it: it leases K devices of its node (its own first, the rest
-closest in topology on GPUs), waits until their workers are idle, then runs the training in a
-child process pinned to exactly those devices (`python -m mxq.tasks.training.train_child JOB DEVICES`),
-renewing the leases while the child runs. The child checkpoints every epoch and resumes from
-the last one when the job is delivered again after a crash.
+The worker that takes the job leads it: it leases K devices of its node (its own first; on GPUs
+the rest of its GPU model, closest in topology, then least loaded), waits until their workers are
+idle, then runs the training in a child process pinned to exactly those devices
+(`python -m mxq.tasks.training.train_child JOB DEVICES`), renewing the leases while the child
+runs. The child checkpoints every epoch and resumes from the last one when the job is delivered
+again after a crash.
 
 With `nodes` N > 1 the job is split into one such training per node, joined by MXNet's dist_sync
 kvstore: see tasks/training/dist.py.
@@ -20,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from mxq.db.fence import Fence
-from mxq.db.fleet import list_workers
+from mxq.db.fleet import describe_groups, gpu_model, list_workers, model_groups
 from mxq.db.outputs import epochs as epoch_rows
+from mxq.db.records import WorkerRecord
 from mxq.device import Device
+from mxq.errors import DeviceFault, device_fault
+from mxq.tasks.inference import device_memory
 from mxq.tasks.runner import (
     FanOut,
     JobCancelled,
@@ -35,6 +39,7 @@ from mxq.tasks.runner import (
     job_task,
 )
 from mxq.tasks.training import child_report, dist
+from mxq.workers.broker.queues import pool_queues
 from mxq.workers.fleet import leases
 from mxq.workers.hardware.pinning import cpu_cores
 from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
@@ -58,38 +63,75 @@ def lease_ttl(s: Settings) -> float:
     return s.heartbeat_seconds * LEASE_TTL_FACTOR
 
 
-def choose_devices(s: Settings, p: TrainParams, own: str) -> list[str]:
-    """This worker's device plus K-1 free live devices of the same kind on this node (GPUs:
-    the closest in the topology)."""
+def choose_devices(s: Settings, p: TrainParams, own: str, movable: bool = False) -> list[str]:
+    """This worker's device plus K-1 free live devices of the same kind on this node. On GPUs
+    they are of `own`'s GPU model (data parallel steps at the pace of its slowest device: an A100
+    beside an L4 would wait for it every step), the closest in the topology, then the least
+    loaded (not running a job), then the lowest indexes. A device list the user gave is taken
+    as it is, models mixed or not: that is their choice. `movable`: the job came from a pool, so
+    another worker may lead it (see `model_mates`)."""
     if p.device_list:
         return list(p.device_list)
     me = Device.parse(own)
-    free = _free_devices(s, p, own, me.kind)
+    free = _free_devices(s, p, own, me.kind, movable)
     if me.is_gpu and p.devices > 1:
         from mxq.workers.hardware.topology import closest, read_topology
 
-        picked = closest(read_topology(s.nvidia_smi),
-                         [*(Device.parse(d).index for d in free), me.index], p.devices, must=me.index)
+        index = {w["device"]: Device.parse(w["device"]).index for w in free}
+        picked = closest(read_topology(s.nvidia_smi), [*index.values(), me.index], p.devices,
+                         must=me.index,
+                         load={index[w["device"]]: int(w["current_job"] is not None) for w in free})
         return [own, *(f"gpu:{i}" for i in picked if f"gpu:{i}" != own)]
-    return [own, *sorted(free, key=Device.parse)[:p.devices - 1]]
+    return [own, *sorted((w["device"] for w in free), key=Device.parse)[:p.devices - 1]]
 
 
-def _free_devices(s: Settings, p: TrainParams, own: str, kind: str) -> list[str]:
-    """The live, unleased devices of `own`'s kind on this node besides `own` that run MXNet (an
-    H200 beside A100s serves inference only). JobInputError: the node has fewer than K such
-    devices at all; LookupError: fewer are free now (wait)."""
+def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
+                  movable: bool) -> list[WorkerRecord]:
+    """The live, unleased devices of `own`'s kind (GPUs: of its model) on this node besides
+    `own` that run MXNet (an H200 beside A100s serves inference only). JobInputError: the node
+    has fewer than K such devices at all; LookupError: fewer are free now (wait)."""
     known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
              if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
     if len(known) < p.devices:  # waiting would never end: fail with what there is
         raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
                             f"{kind} devices that run MXNet "
                             f"({', '.join(w['device'] for w in known) or 'none'})")
+    if kind == "gpu":
+        known = model_mates(known, own, p.devices, movable, s.node)
     live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
     held = leases.holders(s.broker, s.node, [w["device"] for w in live])
-    free = [w["device"] for w in live if held.get(w["device"]) is None and w["device"] != own]
+    free = [w for w in live if held.get(w["device"]) is None and w["device"] != own]
     if len(free) + 1 < p.devices:
         raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
     return free
+
+
+def model_mates(known: list[WorkerRecord], own: str, k: int, movable: bool,
+                node: str) -> list[WorkerRecord]:
+    """Of `known` (a node's GPU workers that run MXNet), those of `own`'s GPU model: a training
+    never mixes models on its own. Fewer than `k` of them: LookupError (the job goes back to its
+    pool, for a worker of a model the node has `k` of) when the job is `movable` and such a
+    model exists; else JobInputError (it could never run here)."""
+    mine = next((w for w in known if w["device"] == own), None)
+    model = gpu_model(mine) if mine is not None else None
+    mates = [w for w in known if gpu_model(w) == model]
+    if len(mates) >= k:
+        return mates
+    groups = model_groups(known)
+    able = [m for m, devices in groups.items() if len(devices) >= k]
+    name = f"{own} ({model or 'model unknown'})"
+    if movable and able:
+        beside = sum(w["device"] != own for w in mates)
+        raise LookupError(f"{k} devices of one GPU model wanted: {name} has {beside} of its "
+                          f"model beside it; {' or '.join(able)} devices can take the job")
+    why = ("a training never mixes GPU models (each step would wait for the slowest) unless "
+           "--device lists them")
+    if movable:
+        raise JobInputError(f"{k} devices asked but node {node} has no {k} GPUs of one model that "
+                            f"run MXNet ({describe_groups(groups)}): {why}")
+    instead = f"; --device auto:gpu runs it on {' or '.join(able)} devices" if able else ""
+    raise JobInputError(f"{k} devices asked on {name} but node {node} has {len(mates)} of that "
+                        f"model that run MXNet ({describe_groups(groups)}): {why}{instead}")
 
 
 def admit(job: JobContext) -> list[str] | None:
@@ -103,13 +145,19 @@ def admit(job: JobContext) -> list[str] | None:
         if p.nodes > 1 and p.dist is None:
             dist.choose_nodes(s, p, job.device)
             return [job.device]
-        devices = choose_devices(s, p, job.device)
+        devices = choose_devices(s, p, job.device, _movable(job))
     except JobInputError:
         return [job.device]  # claim it; the body fails it with the message (choose_devices again)
     except LookupError:
         return None
     ok = leases.acquire(s.broker, s.node, devices, job.id, lease_ttl(s))
     return devices if ok else None
+
+
+def _movable(job: JobContext) -> bool:
+    """The job came from a pool of its kind, not from its device's own queue: another worker
+    may lead it."""
+    return job.queue in pool_queues(job.parsed_device.kind)
 
 
 def release(job: JobContext) -> None:
@@ -162,6 +210,7 @@ def train(job: JobContext) -> Outcome | FanOut:
     _check_runnable(s, job, p)
     epoch_rows.set_devices(job.url, job.id, job.devices)
     _wait_idle(s, job)
+    device_memory.give_back(job.parsed_device)  # the child trains on this worker's device too
     env, cores = child_env(s, job.devices)
     if p.dist is not None:
         env.update(dist.worker_env(s, p))
@@ -181,7 +230,7 @@ def _check_runnable(s: Settings, job: JobContext, p: TrainParams) -> None:
         raise JobInputError("--dtype float16 needs GPUs: MXNet 1.9.1 has no fast float16 kernels "
                             "on the CPU; use --dtype float32 on CPU devices")
     if len(job.devices) != p.devices:
-        choose_devices(s, p, job.device)  # raises the reason admit could not lease them
+        choose_devices(s, p, job.device, _movable(job))  # raises why admit could not lease them
     if p.dist is not None:
         dist.check_first_run(s, job, p)
 
@@ -243,4 +292,6 @@ def _outcome(returncode: int, out: Path) -> Outcome:
         raise JobLost(error or "the job was handed to another attempt")
     if returncode == CHILD_INPUT_ERROR:
         raise JobInputError(error or "training input error")
+    if error is not None and device_fault(RuntimeError(error)):
+        raise DeviceFault(error)  # the device's (a CUDA error in the child): resumed elsewhere
     raise JobFailed(error or f"training process exited with {returncode}")

@@ -32,7 +32,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def client(workers: Stack) -> Iterator[TestClient]:
     s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN)})
     app.dependency_overrides[routes.settings] = lambda: s
-    yield TestClient(app, base_url="http://127.0.0.1")
+    yield TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000), headers=AUTH)
     app.dependency_overrides.clear()
 
 
@@ -229,7 +229,8 @@ def test_every_error_is_a_problem_document(client: TestClient) -> None:
     answers = {"no job": client.get("/api/v1/jobs/987654"),
                "no route": client.get("/api/v1/nothing-here"),
                "bad query": client.get("/api/v1/jobs", params={"limit": 0}),
-               "no token": client.post("/api/v1/jobs", json={"kind": "probe"}),
+               "no token": TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
+               .post("/api/v1/jobs", json={"kind": "probe"}),
                "wrong method": client.options("/api/v1/schedules/nightly")}
     for what, r in answers.items():
         assert r.headers["content-type"] == "application/problem+json", what

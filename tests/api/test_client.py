@@ -19,7 +19,9 @@ from mxq.client import api as client_api
 from mxq.db.engine import session_scope
 from mxq.db.outputs import predictions
 from mxq.db.schema import Job as JobRow
-from mxq.errors import Conflict, JobRejected, NotFound, Unauthorized, UserError
+from mxq.db.sharing import users
+from mxq.errors import Conflict, Forbidden, JobRejected, NotFound, Unauthorized, UserError
+from mxq.users import Role
 from tests.api_server import Api, start_api
 from tests.conftest import ROOT, Stack
 
@@ -46,6 +48,9 @@ def test_infer_wait_and_read_the_predictions(workers: Stack, api: Api) -> None:
         table = job.predictions("arrow")
         assert table.num_rows == 2500 and table.column_names == ["index", "predicted_class", "score",
                                                                  "top_k"]
+        frame = job.predictions("pandas")  # the `pandas` extra's pin, beside numpy 1.23.5
+        assert list(frame.columns) == table.column_names and len(frame) == 2500
+        assert frame["predicted_class"].tolist() == got["predicted_class"].tolist()
         assert job.id in [j.id for j in client.jobs(status="succeeded", since="1h", limit=1000)]
 
 
@@ -190,3 +195,54 @@ def test_jobs_pages_by_id_while_jobs_are_submitted(stack: Stack, bare_api: Api,
     with bare_api.client() as http:
         page = http.get("/api/v1/jobs", params={"before_id": ids[4], "limit": 3}).json()
     assert [j["id"] for j in page["items"]] == ids[5:8]
+
+
+def test_a_wrong_token_is_unauthorized_and_a_read_users_submit_forbidden(stack: Stack,
+                                                                         bare_api: Api) -> None:
+    """401 and 403 are different errors, so that a script can tell a missing token from a
+    missing right (Forbidden is an Unauthorized: catch it first)."""
+    name = f"reader-{uuid.uuid4().hex[:8]}"
+    reader = users.add(stack.settings.database, name, Role.READ)
+    try:
+        with Client(bare_api.url, token="not-the-token-at-all") as wrong:
+            with pytest.raises(Unauthorized) as unknown:
+                _offline_probe(wrong)
+            assert not isinstance(unknown.value, Forbidden)
+        with Client(bare_api.url, token=reader) as client, pytest.raises(Forbidden, match="role read"):
+            _offline_probe(client)
+    finally:
+        users.remove(stack.settings.database, name)
+
+
+def test_predictions_follow_their_owner_and_team(workers: Stack, api: Api) -> None:
+    """Through the client: alice's job shared with team ml is read by carol (ml, role read) and
+    refused to bob (Forbidden), who sees its row without its result; no token, Unauthorized."""
+    from mxq.db.sharing import teams
+
+    url, run = workers.settings.database, uuid.uuid4().hex[:6]
+    names = {who: f"{who}-c{run}" for who in ("alice", "bob", "carol")}
+    made = {who: users.add(url, name, Role.READ if who == "carol" else Role.SUBMIT)
+            for who, name in names.items()}
+    team = f"ml-c{run}"
+    teams.add_team(url, team)
+    for who in ("alice", "carol"):
+        teams.set_member(url, team, names[who])
+    try:
+        np.save(workers.home / "data" / "shared.npy", np.ones((30, 64), np.float32))
+        with Client(api.url, token=made["alice"]) as alice:
+            job = alice.infer("mlp64", "shared.npy", team=team).wait(timeout=300)
+            assert job.status == "succeeded" and job.record["team"] == team
+        with Client(api.url, token=made["carol"]) as carol:
+            assert len(carol.job(job.id).predictions("numpy")) == 30
+        with Client(api.url, token=made["bob"]) as bob:
+            seen = bob.job(job.id)
+            assert seen.status == "succeeded" and seen.record["result"] is None
+            with pytest.raises(Forbidden, match=names["alice"]):
+                seen.predictions("numpy")
+        with Client(api.url) as anonymous, pytest.raises(Unauthorized) as refused:
+            anonymous.jobs(limit=1)
+        assert not isinstance(refused.value, Forbidden)
+    finally:
+        for name in names.values():
+            users.remove(url, name)
+        teams.remove_team(url, team)

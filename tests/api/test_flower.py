@@ -1,5 +1,6 @@
-"""Flower (the `flower` extra), started against a running stack with the settings it needs, finds
-mxq's device workers in `/api/workers` and mxq's jobs in `/api/tasks`."""
+"""Flower (the `flower` extra), started against a running stack with the settings it needs, as
+compose starts it (FLOWER_BASIC_AUTH), refuses a request without its credentials and, with them,
+finds mxq's device workers in `/api/workers` and mxq's jobs in `/api/tasks`."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from tests.conftest import NODE, ROOT, Stack, free_port, wait_until
 pytestmark = pytest.mark.slow
 
 
+AUTH = ("ops", "flower-secret")
+
+
 def _get(url: str) -> Any:  # the JSON answer, or None
     try:
-        answer = httpx.get(url, timeout=10)
+        answer = httpx.get(url, timeout=10, auth=AUTH)
         return answer.json() if answer.status_code == 200 else None
     except (httpx.TransportError, ValueError):
         return None
@@ -34,13 +38,16 @@ def test_flower_sees_the_workers_and_the_jobs(workers: Stack, tmp_path: Path) ->
             [sys.executable, "-m", "celery", "-A", "mxq.workers", "flower", "--address=127.0.0.1",
              f"--port={port}", f"--db={tmp_path / 'flower.db'}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env=workers.environ(FLOWER_UNAUTHENTICATED_API="true"))
+            env=workers.environ(FLOWER_BASIC_AUTH=":".join(AUTH)))
     url = f"http://127.0.0.1:{port}"
     try:
         names = {f"cpu0@{NODE}", f"cpu1@{NODE}"}
         seen = wait_until(lambda: _get(f"{url}/api/workers?refresh=1"), 120, "Flower to list the workers",
                           until=lambda w: isinstance(w, dict) and names <= set(w), interval=1.0)
         assert names <= set(seen), log.read_text()
+        for path in ("/api/workers", "/api/tasks", "/"):  # the credentials are what opened them
+            assert httpx.get(url + path, timeout=10).status_code == 401, path
+            assert httpx.get(url + path, timeout=10, auth=("ops", "wrong")).status_code == 401, path
         job_id = submit(workers.settings, "probe", {"size": 32, "batch": 1, "repeat": 1}, "cpu:1")
         assert workers.wait(job_id)["status"] == "succeeded"
         tasks = wait_until(lambda: _get(f"{url}/api/tasks"), 60, f"Flower to show job {job_id}",

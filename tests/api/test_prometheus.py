@@ -22,6 +22,7 @@ from tests.conftest import ROOT, Stack, free_port, missing, wait_until
 
 pytestmark = pytest.mark.slow
 
+SCRAPE_TOKEN = "prometheus-scrape-token-5678"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "mxq.json"
 
 
@@ -32,7 +33,8 @@ def dashboard_expressions() -> list[str]:
 
 @pytest.fixture
 def api(workers: Stack, mlp: dict) -> Iterator[Api]:
-    yield from start_api(workers, "prometheus-token-1234", "api-prometheus")
+    yield from start_api(workers, "prometheus-token-1234", "api-prometheus",
+                         MXQ_METRICS_TOKEN=SCRAPE_TOKEN)
 
 
 @pytest.fixture
@@ -43,7 +45,9 @@ def prometheus(api: Api, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     target = api.url.removeprefix("http://")
     config = tmp_path / "prometheus.yml"
+    # As docs/sharing.md configures it: /metrics answers its scrape token (an admin's too).
     config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: mxq\n"
+                      f"    authorization: {{type: Bearer, credentials: {SCRAPE_TOKEN}}}\n"
                       f"    static_configs:\n      - targets: ['{target}']\n")
     proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
@@ -97,7 +101,8 @@ def test_promtool_accepts_the_exposition(workers: Stack, api: Api) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         missing("Debian's prometheus (promtool) is not installed")
-    text = httpx.get(f"{api.url}/metrics", timeout=30).text
+    text = httpx.get(f"{api.url}/metrics", timeout=30,
+                     headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"}).text
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
                            timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr

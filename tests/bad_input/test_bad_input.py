@@ -390,6 +390,7 @@ def test_bad_job_request_through_the_real_program_and_server(workers: Stack, ser
 # what the detail says). The first case of each kind also goes to the real server.
 BIG_BODY = json.dumps({"kind": "probe", "pad": "x" * (2 << 20)})
 NEEDS_TOKEN = "Authorization: Bearer <token>"
+READ = {"headers": AUTH}  # reads need the token too
 HttpCase = tuple[str, str, dict[str, Any], int, str]
 HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
     "token": {
@@ -402,6 +403,8 @@ HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
         "missing token on a write": ("POST", "/api/v1/jobs", {"json": {"kind": "probe"}}, 401, NEEDS_TOKEN),
         "missing token on a cancel": ("POST", "/api/v1/jobs/1/cancel", {}, 401, NEEDS_TOKEN),
         "missing token on a delete": ("DELETE", "/api/v1/schedules/x", {}, 401, NEEDS_TOKEN),
+        "missing token on a read": ("GET", "/api/v1/jobs", {}, 401, NEEDS_TOKEN),
+        "missing token on predictions": ("GET", "/api/v1/jobs/1/predictions", {}, 401, NEEDS_TOKEN),
     },
     "body": {
         "oversized body": ("POST", "/api/v1/jobs", {"content": BIG_BODY, "headers": {**AUTH, **JSON}}, 413,
@@ -427,20 +430,22 @@ HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
                               422, "version=0: Input should be greater than or equal to 1"),
     },
     "query": {
-        "page limit 0": ("GET", "/api/v1/jobs?limit=0", {}, 422,
+        "page limit 0": ("GET", "/api/v1/jobs?limit=0", READ, 422,
                          "limit='0': Input should be greater than or equal to 1"),
-        "unknown status filter": ("GET", "/api/v1/jobs?status=bogus", {}, 422,
+        "NUL in a filter": ("GET", "/api/v1/jobs?user=a%00b&kind=x", READ, 422,
+                            "user='a\\x00b': String should match pattern"),  # a 500 on PostgreSQL
+        "unknown status filter": ("GET", "/api/v1/jobs?status=bogus", READ, 422,
                                   "status='bogus': Input should be 'queued', 'running', 'succeeded', "
                                   "'failed' or 'cancelled'"),
     },
     "edge values": {  # numbers past what a column holds, or past any date
-        "job id of 2**63": ("GET", f"/api/v1/jobs/{2**63}", {}, 422,
+        "job id of 2**63": ("GET", f"/api/v1/jobs/{2**63}", READ, 422,
                             f"job_id='{2**63}': Input should be less than or equal to 2147483647"),
         "cancel id of 10**23": ("POST", f"/api/v1/jobs/{10**23}/cancel", {"headers": AUTH}, 422,
                                 "Input should be less than or equal to 2147483647"),
-        "offset of 2**63": ("GET", f"/api/v1/jobs?offset={2**63}", {}, 422,
+        "offset of 2**63": ("GET", f"/api/v1/jobs?offset={2**63}", READ, 422,
                             f"offset='{2**63}': Input should be less than or equal to 2147483647"),
-        "predictions offset of 2**63": ("GET", f"/api/v1/jobs/1/predictions?offset={2**63}", {}, 422,
+        "predictions offset of 2**63": ("GET", f"/api/v1/jobs/1/predictions?offset={2**63}", READ, 422,
                                         "Input should be less than or equal to 2147483647"),
         "promote version 2**63": ("POST", "/api/v1/models/mlp64/promote",
                                   {"json": {"version": 2**63}, "headers": AUTH}, 422,
@@ -453,14 +458,21 @@ HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
                                                                  b'"input": "ok.npy", "batch_size": 1e400}',
                                                       "headers": {**AUTH, **JSON}}, 422,
                              "infer.batch_size.constrained-int=inf: Input should be a valid integer"),
-        "since 99999999999h": ("GET", "/api/v1/jobs?since=99999999999h", {}, 422,
+        "since 99999999999h": ("GET", "/api/v1/jobs?since=99999999999h", READ, 422,
                                "since '99999999999h': use an age such as 30m"),
-        "since 999999999d": ("GET", "/api/v1/jobs?since=999999999d", {}, 422,
+        "since 999999999d": ("GET", "/api/v1/jobs?since=999999999d", READ, 422,
                              "since '999999999d' reaches before the year 1"),
         "cron that never comes": ("POST", "/api/v1/schedules", {
             "json": {"name": "never", "cron": "0 0 30 2 *", "dataset": "d.npz", "model": "never",
                      "arch": "mlp"}, "headers": AUTH}, 422,
             "cron expression '0 0 30 2 *' names no date that ever comes (such as February 30)"),
+        "cron wider than its column": ("POST", "/api/v1/schedules", {
+            "json": {"name": "wide", "cron": ",".join(map(str, range(60))) + " * * * *",
+                     "dataset": "d.npz", "model": "wide", "arch": "mlp"}, "headers": AUTH}, 422,
+            "String should have at most 128 characters"),
+        "a field of half a megabyte": ("POST", "/api/v1/jobs", {
+            "json": {"kind": "probe", "size": "9" * 500_000}, "headers": AUTH}, 422,
+            "… (500002 characters): Input should be a valid integer"),  # not echoed whole
         "a boolean given as 0": ("POST", "/api/v1/jobs", {"json": {"kind": "probe", "allow_offline": 0},
                                                          "headers": AUTH}, 422,
                                  "probe.allow_offline=0: Input should be a valid boolean"),
@@ -473,12 +485,13 @@ HTTP_CASE_KINDS: dict[str, dict[str, HttpCase]] = {
                                     "Method Not Allowed"),
     },
     "not found": {
-        "unknown job": ("GET", "/api/v1/jobs/987654", {}, 404, "no job 987654"),
-        "predictions of an unknown job": ("GET", "/api/v1/jobs/987654/predictions", {}, 404, "no job 987654"),
+        "unknown job": ("GET", "/api/v1/jobs/987654", READ, 404, "no job 987654"),
+        "predictions of an unknown job": ("GET", "/api/v1/jobs/987654/predictions", READ, 404,
+                                          "no job 987654"),
         "cancel an unknown job": ("POST", "/api/v1/jobs/987654/cancel", {"headers": AUTH}, 404,
                                   "no job 987654"),
-        "unknown model": ("GET", "/api/v1/models/nope", {}, 404, "unknown model 'nope'"),
-        "unknown schedule": ("GET", "/api/v1/schedules/nope", {}, 404, "nope"),
+        "unknown model": ("GET", "/api/v1/models/nope", READ, 404, "unknown model 'nope'"),
+        "unknown schedule": ("GET", "/api/v1/schedules/nope", READ, 404, "nope"),
     },
 }
 # Without a token the API serves loopback only, and a browser is the adversary: a page of another
@@ -538,7 +551,7 @@ def open_client(workers: Stack, client: TestClient) -> Iterator[TestClient]:
     corpus = app.dependency_overrides[routes.settings]
     app.dependency_overrides[routes.settings] = lambda: s
     try:
-        with TestClient(app, base_url="http://127.0.0.1") as test_client:
+        with TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000)) as test_client:
             yield test_client
     finally:
         app.dependency_overrides[routes.settings] = corpus
@@ -562,7 +575,7 @@ def test_bad_http_request_without_a_token(workers: Stack, open_client: TestClien
 def test_bad_http_request_without_a_token_to_the_real_server(workers: Stack, pids: dict[str, int],
                                                              case: str) -> None:
     for server in start_api(workers, None, "api-no-token"):
-        with server.client() as real:
+        with server.client(token=False) as real:
             _check_http_case(workers, pids, real, case)
         assert server.proc.poll() is None
 
@@ -570,7 +583,7 @@ def test_bad_http_request_without_a_token_to_the_real_server(workers: Stack, pid
 @pytest.mark.parametrize("case", HTTP_ROUND_TRIPS, ids=case_id)
 def test_bad_http_request_to_the_real_server(workers: Stack, server: Api, pids: dict[str, int],
                                              case: str) -> None:
-    with server.client() as real:
+    with server.client(token=False) as real:
         _check_http_case(workers, pids, real, case)
     assert server.proc.poll() is None
 
@@ -799,8 +812,8 @@ def test_bad_message(workers: Stack, pids: dict[str, int], case: str) -> None:
 
 
 def test_a_normal_job_still_succeeds(workers: Stack, client: TestClient, pids: dict[str, int]) -> None:
-    """After the corpus: the same workers run a job from the CLI and one from the API, and reads
-    need no token."""
+    """After the corpus: the same workers run a job from the CLI and one from the API; reads
+    need the token as writes do."""
     before = counts(workers)
     for device in DEVICES:
         record = workers.mxq_json("infer", "mlp64", ok_input(workers), "--device", device, "--wait")
@@ -808,7 +821,8 @@ def test_a_normal_job_still_succeeds(workers: Stack, client: TestClient, pids: d
     r = client.post("/api/v1/jobs", json={"kind": "infer", "model": "mlp64", "input": "ok.npy"}, headers=AUTH)
     assert r.status_code == 201, r.text
     assert workers.wait(r.json()["id"])["status"] == "succeeded"
-    assert client.get("/api/v1/jobs").status_code == 200
+    assert client.get("/api/v1/jobs").status_code == 401
+    assert client.get("/api/v1/jobs", headers=AUTH).status_code == 200
     after = counts(workers)
     assert after == {**before, "jobs_not_failed": before["jobs_not_failed"] + 3}, (before, after)
     still_standing(workers, pids)

@@ -131,6 +131,8 @@ SETTING_CASES: dict[str, SettingCase] = {
     "max cpu devices 5000":
         case("MXQ_MAX_CPU_DEVICES", "5000",
              "MXQ_MAX_CPU_DEVICES=5000: Input should be less than or equal to 1024"),
+    "home that is a file":
+        case("MXQ_HOME", "/etc/passwd", "MXQ_HOME=/etc/passwd: it is a file, not a folder"),
     # Refused at the API's start too (`mxq api`), before it serves anything
     "api start with a bad broker":
         case("MXQ_BROKER_URL", "ftp://x",

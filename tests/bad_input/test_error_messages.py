@@ -28,7 +28,7 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
     upgrade(s.database)
     app.dependency_overrides[routes.settings] = lambda: s
     try:
-        with TestClient(app, base_url="http://127.0.0.1") as client:
+        with TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000)) as client:
             yield client
     finally:
         app.dependency_overrides.clear()

@@ -129,3 +129,20 @@ def _caught(call: Callable[[], None]) -> BaseException | None:
     except BaseException as exc:  # handed to the test's thread
         return exc
     return None
+
+
+def test_a_rejected_submit_keeps_a_huge_value_cut(stack: Stack) -> None:
+    """A 300,000-character input path is refused and recorded as a failed job whose row keeps
+    its first 1,024 characters and its length, not the whole string (nor a whole-path error)."""
+    from mxq.db.reports.history import require_job
+    from mxq.errors import JobRejected
+    from mxq.workers.jobs.submit import STORED_CHARS, submit_request
+
+    huge = "a" * 300_000
+    with pytest.raises(JobRejected) as refused:
+        submit_request(stack.settings, "infer", {"model": "mlp64", "input": huge}, "cpu:0",
+                       allow_offline=True)
+    record = require_job(stack.settings.database, refused.value.job_id)
+    assert record["status"] == "failed"
+    assert record["params"]["input"] == f"{huge[:STORED_CHARS]}… (300000 characters)"
+    assert record["error"] is not None and len(record["error"]) < STORED_CHARS + 100

@@ -1,5 +1,5 @@
 """Supervision faults on a real `mxq up --detach` stack (issue 28, findings 4-7): a stranger's
-PID in launcher.pid, a second stack on the same API port, the embedded Redis SIGKILLed, the
+PID in launcher-NODE.pid, a second stack on the same API port, the embedded Redis SIGKILLed, the
 launcher SIGKILLed and then `mxq up` and `mxq down`."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_supervision_survives_strangers_clashes_and_deaths(sup: Stack, tmp_path:
 def _scenario(stack: Stack, home: Path, port: int, tmp_path: Path,
               stranger: subprocess.Popen) -> None:
     api = f"http://127.0.0.1:{port}"
-    (home / "launcher.pid").write_text(str(stranger.pid))  # finding 5: a PID that is not ours
+    (home / f"launcher-{NODE}.pid").write_text(str(stranger.pid))  # finding 5: a PID that is not ours
     seen: list[procs.Proc | None] = []
     try:
         up = stack.mxq_process("up", "--detach", timeout=240)
@@ -91,7 +91,7 @@ def _scenario(stack: Stack, home: Path, port: int, tmp_path: Path,
         assert "MXQ_API_PORT" in clash.stderr and len(clash.stderr.strip().splitlines()) == 1
         assert not EmbeddedRedis(tmp_path / "other").running()
 
-        launcher = procs.read(home / "launcher.pid")
+        launcher = procs.read(home / f"launcher-{NODE}.pid")
         assert launcher is not None and procs.matches(launcher)
         if stack.name == "embedded":
             _embedded_redis_dies(home, api, launcher)

@@ -264,7 +264,7 @@ from fastapi.testclient import TestClient
 from mxq.workers.broker.app import app as celery_app
 from mxq.api.app import app
 celery_app.loader.import_default_modules()  # what `celery -A mxq.workers worker` imports at start
-client = TestClient(app, base_url="http://127.0.0.1")
+client = TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
 assert client.get("/api/v1/jobs").status_code == 200 and client.get("/metrics").status_code == 200
 print(sorted(t for t in celery_app.tasks if t.startswith("mxq.")), "mxnet" in sys.modules)
 """
@@ -279,11 +279,12 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
     upgrade(f"sqlite:///{tmp_path / 'mxq.db'}")
     control = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=120)
-    assert control.stdout.strip() == "['mxq.fire', 'mxq.reconcile', 'mxq.tick'] False", control.stderr
+    tasks = "['mxq.fire', 'mxq.reconcile', 'mxq.retention', 'mxq.tick'] False"
+    assert control.stdout.strip() == tasks, control.stderr
     device = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env={**env, "MXQ_DEVICE": "cpu:0"},
                             capture_output=True, text=True, timeout=120)
     assert device.stdout.strip() == ("['mxq.fire', 'mxq.infer', 'mxq.probe', 'mxq.reconcile', "
-                                     "'mxq.register', 'mxq.tick', 'mxq.train'] "
+                                     "'mxq.register', 'mxq.retention', 'mxq.tick', 'mxq.train'] "
                                      "True"), device.stderr
 
 
@@ -369,3 +370,65 @@ def test_a_cuda_visible_devices_naming_no_gpu_here_is_one_line(tmp_path: Path, v
     code, err, _ = _visible_plan(tmp_path, visible)
     assert code != 0 and said in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and len(err) < 600
+
+
+LOST_ONE = (f"cat '{SMI / 'a100-l40s-h200.csv'}' | head -3\n"
+            "echo 'Unable to determine the device handle for GPU 0000:3B:00.0: Unknown Error'\n"
+            "exit 15")
+
+
+@pytest.mark.parametrize("expect_gpus", [False, True])
+def test_a_lost_gpu_leaves_the_others_listed_running(tmp_path: Path, expect_gpus: bool,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """nvidia-smi prints the healthy rows, then the lost GPU's error, and exits non-zero: the
+    listed GPUs start (it was "nvidia-smi failed on a host with GPUs" for every GPU of the node,
+    and a restart loop under compose), and the warning names the failure."""
+    listed = parse_nvidia_smi((SMI / "a100-l40s-h200.csv").read_text())[:2]
+    found = discover(str(_script(tmp_path, LOST_ONE)), 2, expect_gpus=expect_gpus)
+    assert [(g.label, g.uuid) for g in found] == [(g.label, g.uuid) for g in listed]
+    (record,) = [r for r in caplog.records if "after listing" in r.getMessage()]
+    assert "exited with 15" in record.getMessage() and "0000:3B:00.0: Unknown Error" in record.getMessage()
+
+
+def test_only_the_old_drivers_error_asks_again_without_compute_cap(tmp_path: Path) -> None:
+    """Any failure whose output mentioned compute_cap (the header it printed before failing) was
+    retried with the old fields, and the error then named the retried command and its output."""
+    exe = _script(tmp_path, 'case "$*" in *compute_cap*) echo "index, uuid, name, compute_cap"; '
+                            'echo "NVML: GPU is lost" >&2; exit 15;; '
+                            "esac\necho 'asked without compute_cap' >&2; exit 99")
+    with pytest.raises(DeviceError) as failed:
+        discover(str(exe), 2, expect_gpus=True)
+    assert "exited with 15: NVML: GPU is lost" in str(failed.value)
+    assert "compute_cap" in str(failed.value)  # the command that failed, as it was run
+
+
+def test_engine_figures_are_kept_per_gpu_model(tmp_path: Path) -> None:
+    """An A100 and an L40S in one host: each worker is told its GPU's model, and a version's
+    figures measured on each decide for that model only (they were keyed "gpu": the first GPU
+    model measured decided for every other)."""
+    from mxq.engines import choose, figures_key
+
+    gpus = parse_nvidia_smi((SMI / "a100-l40s-h200.csv").read_text())
+    specs, _ = plan(Settings(node="box1", home=tmp_path), gpus, "mxnet-cu112")
+    models = [s.env["MXQ_DEVICE_MODEL"] for s in specs]
+    assert models == ["NVIDIA A100-SXM4-80GB (8.0)", "NVIDIA L40S (8.9)"]
+    keys = [figures_key("gpu", m) for m in models]
+    assert keys == ["gpu:NVIDIA A100-SXM4-80GB (8.0)", "gpu:NVIDIA L40S (8.9)"]
+    assert figures_key("cpu", None) == "cpu" and figures_key("gpu", None) == "gpu"
+    agrees = {"file": "m.onnx", "max_diff": 1e-6, "argmax_agreement": 1.0}
+    engines = {keys[0]: {"mxnet": 900.0, "onnx": 300.0}, keys[1]: {"mxnet": 200.0, "onnx": 800.0}}
+    assert [choose("auto", agrees, engines[k]).engine for k in keys] == ["mxnet", "onnx"]
+
+
+def test_a_gpu_whose_memory_another_process_holds_is_refused_naming_it(tmp_path: Path) -> None:
+    """memory.used was parsed and never looked at: a GPU a stranger's process held got a
+    worker, which then ran out of memory at every job."""
+    from dataclasses import replace
+
+    gpus = parse_nvidia_smi((SMI / "a100-l40s-h200.csv").read_text())[:2]
+    held = [gpus[0], replace(gpus[1], memory_used_mib=30000)]
+    specs, refused = plan(Settings(node="box1", home=tmp_path), held, "mxnet-cu112")
+    assert [s.name for s in specs] == ["gpu0@box1"]  # 4 MiB in use: an idle GPU
+    assert refused == ["gpu:1 (NVIDIA L40S): 30000 MiB of its 46068 MiB are in use by other processes "
+                       "(more than 50%); see `nvidia-smi` for which, and start mxq on it once they "
+                       "end (or hide it with CUDA_VISIBLE_DEVICES)"]

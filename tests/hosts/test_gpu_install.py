@@ -123,7 +123,8 @@ def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, s
     for d in devices.values():
         assert d["alive"] is False
         assert "sees 0 GPUs through MXNet (expected 1)" in d["refused"], d
-    launcher = json.loads((home / "launcher.pid").read_text())["pid"]  # its identity record
+        assert d["health"] == "out" and d["out_reason"] == d["refused"] and d["out_since"], d
+    launcher = json.loads((home / f"launcher-{NODE}.pid").read_text())["pid"]  # its identity record
     schedule, api = _pids_of(f"-n schedule@{NODE}", home), _pids_of("-m mxq.cli api", home)
     assert schedule and api
     url = f"http://127.0.0.1:{env['MXQ_API_PORT']}/api/v1/devices"
@@ -155,9 +156,8 @@ def test_a_process_without_the_driver_registers_through_a_worker(up: dict[str, s
     env = up
     cpu_node = {**env, "MXQ_NODE": "cpubox", "MXQ_NVIDIA_SMI": "/nonexistent/nvidia-smi",
                 "MXQ_CPU_DEVICES": "1"}
-    # One home holds one launcher.pid: the second node's launcher records itself over gpubox's,
-    # whose record is put back once it is gone, so that `mxq down` (the fixture) ends gpubox's.
-    gpubox = (Path(env["MXQ_HOME"]) / "launcher.pid").read_text()
+    # A second node's launcher in the same home, as a host without the driver runs one: it keeps
+    # its own record (launcher-cpubox.pid), and the fixture's `mxq down` ends both.
     launcher = subprocess.Popen([str(GPU_PYTHON), "-m", "mxq.cli", "worker"], cwd=ROOT, env=cpu_node,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -174,4 +174,3 @@ def test_a_process_without_the_driver_registers_through_a_worker(up: dict[str, s
     finally:
         launcher.terminate()
         launcher.wait(timeout=60)
-        (Path(env["MXQ_HOME"]) / "launcher.pid").write_text(gpubox)

@@ -110,3 +110,31 @@ def test_up_detached_fails_naming_each_refusal_when_no_worker_starts(env: dict[s
         assert "`mxq down` stops them" in line
     finally:
         assert _run(env, "-m", "mxq.cli", "down").returncode == 0
+
+
+FALLS_BACK = """
+import sys, pathlib
+from onnx import TensorProto, helper, save
+from mxq.tasks.runtimes import onnx_runtime
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+path = pathlib.Path(sys.argv[1])
+save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+print(onnx_runtime.session(path, "cpu")[0].get_providers())
+try:
+    onnx_runtime.session(path, "gpu")
+    print("served")
+except onnx_runtime.ProviderFallback as exc:
+    print(exc)
+"""
+
+
+def test_a_gpu_session_that_falls_back_to_the_cpu_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    """onnxruntime-gpu on a host where CUDA cannot start gives a session asked for the CUDA
+    provider with only the CPU one (and a warning): it once served a job recorded on gpu:3."""
+    proc = _run(env, "-c", FALLS_BACK, str(tmp_path / "identity.onnx"))
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "['CPUExecutionProvider']", proc.stderr
+    assert lines[-1].startswith("ONNX Runtime gave a session with providers ['CPUExecutionProvider'] "
+                                "for a gpu device, not CUDAExecutionProvider first"), proc.stdout

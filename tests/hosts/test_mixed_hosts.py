@@ -105,14 +105,28 @@ def test_a_training_named_onto_the_h200_is_refused_at_submit(mixed: Stack) -> No
         submit(s, "train", {**TRAIN, "device_list": ["gpu:0", "gpu:2"]}, "gpu:0")
     assert "device gpu:2 (NVIDIA H200, compute capability 9.0)" in str(listed.value)
     assert "a training needs MXNet; devices that can: gpu:0, gpu:1" in str(listed.value)
-    with pytest.raises(JobRejected, match="3 devices asked but node .* has 2 that run MXNet"):
-        submit(s, "train", {**TRAIN, "devices": 3}, "auto:gpu")
+    for k in (2, 3):  # the A100 and the L40S train, but never together unless listed
+        with pytest.raises(JobRejected, match=rf"{k} devices asked but node .* has 1 alike \(one kind, "
+                                              r"one GPU model\) that run MXNet \(NVIDIA A100-SXM4-80GB: "
+                                              r"gpu:0; NVIDIA L40S: gpu:1\)"):
+            submit(s, "train", {**TRAIN, "devices": k}, "auto:gpu")
 
 
 def test_a_multi_device_training_leases_only_gpus_mxnet_runs(mixed: Stack, tmp_path: Path) -> None:
+    """The H200 (ONNX Runtime only) never counts. Its A100 and L40S are the node's two GPUs that
+    train, but of two models: a 2-device training no longer pairs them (it took gpu:0 and gpu:1,
+    so the A100 waited for the L40S every step). Trainings never mix GPU models unless the
+    user's --device lists them (issue 45, item 6; tests/hosts/test_one_model_training.py): here
+    it fails, as neither model has two GPUs, naming each model's devices."""
     s = mixed.settings.model_copy(update={"nvidia_smi": str(tmp_path / "absent")})
     two = TrainParams(**{**TRAIN, "devices": 2})
-    assert choose_devices(s, two, "gpu:0") == ["gpu:0", "gpu:1"]
+    for movable in (False, True):
+        with pytest.raises(JobInputError, match=r"that run MXNet \(NVIDIA A100-SXM4-80GB: "
+                                                r"gpu:0; NVIDIA L40S: gpu:1\): a training never "
+                                                r"mixes GPU models .* unless --device lists them$"):
+            choose_devices(s, two, "gpu:0", movable)
+    listed = TrainParams(**{**TRAIN, "device_list": ["gpu:0", "gpu:1"]})
+    assert choose_devices(s, listed, "gpu:0") == ["gpu:0", "gpu:1"]  # named: the user's choice
     with pytest.raises(JobInputError, match=r"3 devices asked but node \S+ has 2 gpu devices that "
                                             r"run MXNet \(gpu:0, gpu:1\)"):
         choose_devices(s, TrainParams(**{**TRAIN, "devices": 3}), "gpu:0")
@@ -149,3 +163,32 @@ def test_a_device_list_a_worker_would_refuse_is_refused_at_submit(isolated: Stac
         submit(isolated.settings, "train", {**TRAIN, "device_list": listed}, "auto",
                allow_offline=True)
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("driver", "refused_words", "warned_words"), [
+    ("550.54.15", None, "driver 550.54.15 runs the gpu-onnx extra's CUDA 12.9 libraries (R525+) "
+                        "but not the code NVRTC 12.9 compiles at run time (R575+)"),
+    ("470.223.02", "driver 470.223.02 is older than R525, which the gpu-onnx extra's CUDA 12 "
+                   "libraries need", None),
+    ("575.57.08", None, None),
+])
+def test_the_gpu_onnx_driver_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  caplog: pytest.LogCaptureFixture, driver: str,
+                                  refused_words: str | None, warned_words: str | None) -> None:
+    """An H200 served by ONNX Runtime on driver 550 said nothing, though NVRTC 12.9's code needs
+    R575; below R525 its libraries cannot run at all: refused, naming the driver."""
+    from dataclasses import replace
+
+    from mxq.workers.hardware import devices
+
+    monkeypatch.setattr(launcher, "onnx_runs_gpus", lambda: True)
+    monkeypatch.setattr(devices, "onnx_runs_gpus", lambda: True)
+    gpus = parse_nvidia_smi((FIXTURES / "nvidia-smi" / "a100-l40s-h200.csv").read_text())
+    h200 = replace(gpus[2], driver_version=driver)
+    specs, refused = launcher.plan(Settings(node="box1", home=tmp_path), [h200], "mxnet-cu112")
+    if refused_words:
+        assert specs == [] and len(refused) == 1 and refused_words in refused[0], refused
+    else:
+        assert [s.engines for s in specs] == [("onnx",)] and refused == []
+    warned = [r.getMessage() for r in caplog.records if "NVRTC 12.9" in r.getMessage()]
+    assert (warned_words in warned[0]) if warned_words else warned == [], warned

@@ -107,11 +107,11 @@ def test_the_readme_is_short_and_its_links_resolve() -> None:
 
 def test_every_setting_is_on_the_settings_page() -> None:
     """The settings table moved from the README to docs/settings.md: every `MXQ_*` setting a user
-    sets is there (the two the launcher sets for each worker it starts are not for users)."""
+    sets is there (the three the launcher sets for each worker it starts are not for users)."""
     from mxq.workers.settings import Settings
 
     page = (DOCS / "settings.md").read_text()
-    set_by_the_launcher = {"device", "mxnet_unusable"}
+    set_by_the_launcher = {"device", "device_model", "mxnet_unusable"}
     names = [field.validation_alias if isinstance(field.validation_alias, str) else f"MXQ_{name.upper()}"
              for name, field in Settings.model_fields.items() if name not in set_by_the_launcher]
     assert [n for n in names if f"`{n}`" not in page] == []

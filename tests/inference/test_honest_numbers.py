@@ -21,6 +21,7 @@ from mxq.db.registry import list_models
 from mxq.device import Device
 from mxq.preprocess import FLOAT32_TINY, INPUT_BOUND, Preprocess, PreprocessError
 from mxq.tasks.inference import engines, infer
+from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.model_store.models import ModelError, add_builtin, add_exported
 from mxq.tasks.runner import JobInputError
 from mxq.workers.settings import Settings
@@ -197,10 +198,11 @@ def test_a_non_finite_input_fails_with_or_without_reject_nan(reject_nan: bool) -
     x = np.zeros((6, 4), np.float32)
     x[4, 2] = -np.inf
     why = "--reject-nan is set" if reject_nan else "mxq scores finite inputs only"
+    source = InputSource(Path("x.npy"), 106, (4,), lambda a, b: np.zeros((b - a, 4)))
     with pytest.raises(JobInputError, match=rf"^input x.npy has -inf in sample 104 \({why}"):
-        infer._check_finite(p, 100, x)  # type: ignore[arg-type]
+        infer._check_finite(p, source, 100, x)  # type: ignore[arg-type]
     huge = np.full((2, 4), 3e38, np.float32)  # its float32 row sums overflow, yet it is finite
-    infer._check_finite(p, 0, huge)  # type: ignore[arg-type]
+    infer._check_finite(p, source, 0, huge)  # type: ignore[arg-type]
 
 
 def test_json_output_is_valid_json_with_null_for_non_finite(capsys: pytest.CaptureFixture[str]) -> None:
@@ -226,3 +228,26 @@ def test_a_nan_input_fails_the_job_on_both_engines_to_the_database(workers: Stac
         assert job["status"] == "failed", job
         assert job["error"].endswith("/nan-honest.npy has NaN in sample 17 (mxq scores finite "
                                      "inputs only: fix or drop that sample)"), job["error"]
+
+
+def test_preprocessing_that_overflows_a_finite_sample_is_blamed_not_the_input(workers: Stack) -> None:
+    """A --std the range check allows (inputs up to INPUT_BOUND stay finite) turns a finite
+    1e10 into inf: the error names the version's preprocessing, not the input ("has inf in sample
+    300" before); a sample that is itself inf still names the input."""
+    proc = workers.mxq("models", "add", "tiny-std", "--arch", "mlp", "--input-shape", "64",
+                       "--classes", "10", "--std", "1e-30")
+    assert proc.returncode == 0, proc.stderr
+    x = np.random.default_rng(4).standard_normal((400, 64)).astype(np.float32)
+    x[300, 3] = 1e10
+    save_npy(workers, "tiny-std.npy", x)
+    job = infer_and_wait(workers, "tiny-std", "tiny-std.npy", "--output", "db")
+    assert job["status"] == "failed", job
+    assert job["error"].startswith("model tiny-std:1's preprocessing (x*1 /1e-30 NCHW) turns "
+                                   "sample 300 of input "), job["error"]
+    assert job["error"].split("tiny-std.npy ", 1)[1].startswith(
+        "into inf; the sample itself is finite"), job["error"]
+    x[300, 3] = np.inf
+    save_npy(workers, "tiny-std-inf.npy", x)
+    job = infer_and_wait(workers, "tiny-std", "tiny-std-inf.npy", "--output", "db")
+    assert job["error"].endswith("/tiny-std-inf.npy has inf in sample 300 (mxq scores finite "
+                                 "inputs only: fix or drop that sample)"), job["error"]

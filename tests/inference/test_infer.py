@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mxq.db.outputs import predictions
+from mxq.workers.fleet import leases
 from mxq.workers.jobs.submit import submit
 from tests.conftest import NODE, Stack, wait_until
 from tests.support.inference import committed_position, infer_and_wait, predict_directly, save_npy
@@ -65,6 +66,47 @@ def test_same_model_twice_is_loaded_once(workers: Stack, mlp: dict) -> None:
     second = infer_and_wait(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
     assert second["result"]["model_cache"] == "hit"
     assert first["status"] == second["status"] == "succeeded"
+
+
+def test_a_worker_gives_back_its_memory_while_its_device_is_leased(workers: Stack, mlp: dict) -> None:
+    """An idle worker whose device a training leases drops its cached models (and, on a GPU,
+    MXNet's pool) for the training child: it kept them, gigabytes of a leased GPU (issue 45)."""
+    save_npy(workers, "tiny.npy", np.ones((10, 64), np.float32))
+    infer_and_wait(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
+    assert infer_and_wait(workers, "mlp64", "tiny.npy", "--device", "cpu:1")["result"]["model_cache"] == "hit"
+    s, training, log = workers.settings, 10**9, workers.home / "logs" / f"cpu1-{NODE}.log"
+    assert leases.acquire(s.broker, NODE, ["cpu:1"], training, ttl=60)
+    try:
+        wait_until(lambda: f"cpu:1 is leased by job {training}: gave back its memory" in log.read_text(),
+                   30, "the leased worker to give back its memory", interval=0.2)
+    finally:
+        leases.release(s.broker, NODE, ["cpu:1"], training)
+    after = infer_and_wait(workers, "mlp64", "tiny.npy", "--device", "cpu:1")
+    assert after["status"] == "succeeded" and after["result"]["model_cache"] == "miss"
+
+
+def test_nothing_is_given_back_under_a_running_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heartbeat thread frees caches only while the worker's main thread runs no delivery,
+    and once per lease."""
+    from types import SimpleNamespace
+
+    from mxq.tasks.inference import device_memory
+    from mxq.tasks.runner import DELIVERY
+    from mxq.tasks.runtimes import onnx_runtime
+
+    settings = SimpleNamespace(device="cpu:1", broker="redis://unused", node=NODE)
+    monkeypatch.setattr(device_memory, "get_settings", lambda: settings)
+    monkeypatch.setattr(leases, "holders", lambda *_: {"cpu:1": 7})
+    monkeypatch.setattr(device_memory, "_given_to", [None])
+    monkeypatch.setattr(onnx_runtime, "_sessions", {("in-use", 0, "cpu"): object()})
+    with DELIVERY:
+        device_memory.give_back_while_leased()
+    assert len(onnx_runtime._sessions) == 1  # a job was using it
+    device_memory.give_back_while_leased()
+    assert not onnx_runtime._sessions and device_memory._given_to == [7]
+    onnx_runtime._sessions[("loaded-since", 0, "cpu")] = object()
+    device_memory.give_back_while_leased()  # the same lease: given back once
+    assert len(onnx_runtime._sessions) == 1
 
 
 @pytest.mark.both_legs  # chunks claimed and their parent settled in SQL

@@ -404,3 +404,26 @@ def test_a_csv_saved_with_a_bom_keeps_its_first_row(tmp_path: Path) -> None:
     src = open_input(path, (3,))
     assert src.count == count_samples(path) == 2
     assert src.read(0, 2).tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+@pytest.mark.parametrize("layout", ["columns", "list", "fixed list", "null list"])
+def test_a_parquet_null_names_its_row(tmp_path: Path, layout: str) -> None:
+    """The row of the first null, not the start of its row group ("near row 0" for row 99)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: list[list[float | None] | None] = [[1.0, 2.0] for _ in range(150)]
+    if layout == "null list":
+        rows[99] = None
+    else:
+        rows[99] = [1.0, None]
+    if layout == "columns":
+        table = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows]})  # type: ignore[index]
+    else:
+        kind = pa.list_(pa.float64(), 2) if layout == "fixed list" else pa.list_(pa.float64())
+        table = pa.table({"x": pa.array(rows, kind)})
+    path = tmp_path / "nulls.parquet"
+    pq.write_table(table, path, row_group_size=40)  # row 99 is the 20th of the third row group
+    source = open_input(path, (2,))
+    with pytest.raises(InputError, match=r"null (value|row)(: row| in row) 99$"):
+        source.read(0, 150)

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
+from mxq.api import routes
+from mxq.api.app import app
 from mxq.db.outputs import parquet, results
 from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
@@ -81,3 +84,43 @@ def test_a_stray_pool_delivery_runs_only_on_the_device_asked(workers: Stack) -> 
         assert workers.job(job_id)["status"] == "queued"
     done = workers.wait(job_id, timeout=300)
     assert done["status"] == "succeeded" and done["device"] == "cpu:0", json.dumps(done)
+
+
+# An output file cut short on disk (issue 44, item 10): `mxq results` says what is wrong with
+# it in one line, the API in a problem document (it was a traceback and a plain-text 500); and
+# any bug of the API is still a problem document, with no traceback.
+@pytest.mark.parametrize("output", ["parquet", "npy"])
+def test_a_truncated_output_is_named_not_a_traceback(workers: Stack, mlp: dict, output: str) -> None:
+    np.save(workers.home / "data" / f"damaged-{output}.npy", np.ones((300, 64), np.float32))
+    job = workers.mxq_json("infer", "mlp64", f"damaged-{output}.npy", "--output", output, "--wait")
+    assert job["status"] == "succeeded", job["error"]
+    with open(job["output"], "r+b") as f:  # cut short, as a full disk or a bad copy leaves it
+        f.truncate(100)
+    shown = workers.mxq("results", str(job["id"]))
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+    assert f"job {job['id']}'s output cannot be read" in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1, shown.stderr
+    app.dependency_overrides[routes.settings] = lambda: workers.settings
+    try:
+        client = TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
+        answer = client.get(f"/api/v1/jobs/{job['id']}/predictions")
+    finally:
+        app.dependency_overrides.clear()
+    assert answer.status_code == 503 and answer.headers["content-type"] == "application/problem+json"
+    assert f"job {job['id']}'s output cannot be read" in answer.json()["detail"]
+
+
+def test_a_bug_is_still_a_problem_document(workers: Stack) -> None:
+    def broken() -> None:
+        raise RuntimeError("secret internals /etc/shadow")
+
+    app.dependency_overrides[routes.settings] = broken
+    try:
+        client = TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000),
+                            raise_server_exceptions=False)
+        answer = client.get("/api/v1/models")
+    finally:
+        app.dependency_overrides.clear()
+    assert answer.status_code == 500 and answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["detail"] == "internal error (RuntimeError); the API's log has the details"
+    assert "shadow" not in answer.text

@@ -3,6 +3,8 @@ order, each exactly once, and a queued job that is held is never published by th
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -62,4 +64,30 @@ def test_a_quota_holds_jobs_whatever_the_room(isolated: Stack) -> None:
     with session_scope(s.database) as session:  # the broker gives it room again: still one at once
         session.execute(update(Job).where(Job.id == held[0]).values(status="running"))
     assert admit.admit(s) == []
+    assert admit.reasons(s)[held[1]] == "waiting: quota 1 device, 1 in use"
+
+
+def test_concurrent_passes_release_no_more_than_the_quota(isolated: Stack,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four passes at once (at a job's end, at a submit, in the reconciler): each has read the
+    owner's use and the broker's room before any releases, were they not one at a time; one
+    job goes, not four."""
+    s = isolated.settings
+    users.add(s.database, "race", Role.SUBMIT, Share(1.0, max_devices=1))
+    held = [_job(isolated, "race") for _ in range(4)]
+    meet = threading.Barrier(4)
+    read = admit._Broker.read
+
+    def read_then_meet(settings: Any, queues: set[str]) -> Any:
+        room = read(settings, queues)
+        try:  # unserialized, all four get here with the same stale view before any release
+            meet.wait(timeout=2)
+        except threading.BrokenBarrierError:
+            pass  # serialized: the others wait for the lock, not here
+        return room
+
+    monkeypatch.setattr(admit._Broker, "read", staticmethod(read_then_meet))
+    with ThreadPoolExecutor(4) as pool:
+        released = [i for ids in pool.map(lambda _: admit.admit(s), range(4)) for i in ids]
+    assert released == held[:1]
     assert admit.reasons(s)[held[1]] == "waiting: quota 1 device, 1 in use"

@@ -11,6 +11,7 @@ from mxq.db.engine import session_scope
 from mxq.db.fence import Fence
 from mxq.db.jobs import Placement
 from mxq.db.outputs import predictions
+from mxq.db.reports.history import require_job
 from mxq.db.schema import Job
 from mxq.db.sharing import preemption
 from mxq.priorities import Priority
@@ -53,6 +54,35 @@ def test_an_asked_attempt_hears_it_yields_and_is_claimed_again_without_using_an_
     again = jobs.take(url, low, A, 1, TTL)
     assert isinstance(again, Fence) and again.attempt == 2  # a new fence, the attempt not counted
     assert jobs.run_check(url, again) is jobs.RunCheck.GO_ON
+
+
+def _yield_once(url: str, low: int, high: int) -> None:
+    fence = jobs.take(url, low, A, 1, TTL)
+    assert isinstance(fence, Fence)
+    assert preemption.ask_to_yield(url, low, high) and preemption.yielded(url, fence, high)
+
+
+def test_a_yield_and_its_resumption_are_one_attempt_in_the_record(stack: Stack) -> None:
+    url = stack.settings.database
+    low, high, cancelled = _job(stack, "low"), _job(stack, "high"), _job(stack, "low")
+    _yield_once(url, low, high)
+    assert (require_job(url, low)["attempts"], require_job(url, low)["preemptions"]) == (1, 1)
+    assert isinstance(jobs.take(url, low, A, 1, TTL), Fence)  # resumed: the same attempt
+    assert (require_job(url, low)["attempts"], require_job(url, low)["preemptions"]) == (1, 1)
+    _yield_once(url, cancelled, high)
+    jobs.cancel(url, cancelled)  # while it waited to resume
+    assert require_job(url, cancelled)["attempts"] == 1
+
+
+def test_a_job_that_dies_after_a_resumption_gave_up_after_its_attempts_less_its_yields(
+        stack: Stack) -> None:
+    url = stack.settings.database
+    low, high = _job(stack, "low"), _job(stack, "high")
+    _yield_once(url, low, high)
+    assert isinstance(jobs.take(url, low, A, 1, TTL), Fence)
+    assert jobs.clear_heartbeat(url, low)  # its worker died
+    assert jobs.take(url, low, A, 1, TTL) is jobs.Claim.EXHAUSTED
+    assert (require_job(url, low)["error"] or "").startswith("gave up after 1 attempts (limit 1)")
 
 
 def test_a_request_whose_job_no_longer_waits_is_dropped(stack: Stack) -> None:

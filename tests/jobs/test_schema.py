@@ -40,6 +40,19 @@ def test_migrate_on_an_empty_database_says_what_it_applied(tmp_path: Path) -> No
     assert f"is at the newest schema ({shipped[-1]}): nothing to apply" in again.stdout
 
 
+def test_a_database_a_newer_mxq_migrated_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A revision this mxq does not ship: one line naming it and the newest known, exit 2."""
+    env = {"MXQ_HOME": str(tmp_path / "var")}
+    assert run_cli(["migrate"], env).returncode == 0
+    url = f"sqlite:///{tmp_path / 'var' / 'mxq.db'}"
+    with get_engine(url).begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099_future'"))
+    refused = run_cli(["migrate"], env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "'0099_future', which this mxq does not know" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
 def test_a_version_taken_by_a_concurrent_add_is_a_conflict(isolated: Stack) -> None:
     url = isolated.settings.database
     record = {"name": "raced", "version": 1, "arch": "mlp", "input_shape": [4], "classes": 2,

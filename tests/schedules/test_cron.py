@@ -48,13 +48,17 @@ def test_due_collapses_missed_fires() -> None:
     assert latest == datetime(2026, 1, 4, 3, tzinfo=UTC) and missed == 3
 
 
+LONG_CRON = ",".join(map(str, range(60))) + " * * * *"  # every minute, spelled out: 177 characters
+
+
 @pytest.mark.parametrize("cron, tz, needle", [
     ("0 25 * * *", "UTC", "invalid cron expression '0 25 * * *'"),
     ("every day", "UTC", "invalid cron expression"),
     ("0 0 3 * * *", "UTC", "invalid cron expression '0 0 3 * * *': expected five fields (minute hour "
      "day-of-month month day-of-week), got 6"),  # croniter alone takes a seconds field
     ("0 3 * * *", "Mars/Olympus", "unknown time zone 'Mars/Olympus'"),
-])
+    (LONG_CRON, "UTC", f"cron expression of {len(LONG_CRON)} characters: at most 128"),  # valid,
+])  # but wider than the column: a 500 on PostgreSQL
 def test_bad_cron_or_zone(cron: str, tz: str, needle: str) -> None:
     with pytest.raises(CronError, match=re.escape(needle)):
         check(cron, tz)

@@ -128,6 +128,16 @@ def test_bad_schedules_are_refused(isolated: Stack, args: list[str], needle: str
     assert schedules.list_schedules(isolated.settings.database) == []
 
 
+def test_a_schedule_name_with_control_characters_is_refused(isolated: Stack) -> None:
+    """A name of any characters was stored (Schemathesis stored one with a newline and a NUL,
+    which its later calls then could not name in a URL): names follow mxq's one rule."""
+    fresh_dataset(isolated)
+    proc = isolated.mxq("schedule", "add", "night\nly", "--cron", "0 3 * * *", "--arch", "mlp",
+                        "--dataset", "fresh/*.npz", "--model", "m")
+    assert proc.returncode == 2 and "schedule name 'night\\nly' is not allowed" in proc.stderr, proc.stderr
+    assert schedules.list_schedules(isolated.settings.database) == []
+
+
 def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> None:
     url = isolated.settings.database
     fresh_dataset(isolated)
@@ -171,3 +181,13 @@ def test_a_clock_jump_forward_and_back_fires_once_then_on_its_times(isolated: St
     assert sorted((f["fire_time"], f["missed"]) for f in fires) == [
         ("2026-03-27T12:05:00+00:00", 0), ("2026-03-27T12:15:00+00:00", 0),
         ("2026-03-28T12:05:00+00:00", 287), ("2026-03-28T12:10:00+00:00", 0)]
+
+
+def test_a_schedule_trains_on_the_built_in_digits(isolated: Stack) -> None:
+    """`--dataset digits`, as `mxq train` takes it: added, and its fire submits a training on it
+    (every fire failed "matches no file" while the schedule was accepted)."""
+    add_retraining(isolated, "digits", "0 3 1 1 *", dataset="digits")
+    run_now(isolated.settings, "digits", T0 + timedelta(minutes=1))
+    fire = schedules.fires(isolated.settings.database, "digits")[0]
+    assert fire["error"] is None and fire["job_id"] is not None, fire
+    assert require_job(isolated.settings.database, fire["job_id"])["params"]["dataset"] == "digits"

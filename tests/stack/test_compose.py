@@ -162,13 +162,17 @@ def test_the_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(c
     assert set(services) == INFRA | MXQ_SERVICES | {"prometheus", "grafana", "flower"}
     flower = services["flower"]
     assert flower["command"][:2] == ["celery", "--broker=redis://redis:6379/0"]  # mxq's broker
-    assert flower["environment"]["FLOWER_UNAUTHENTICATED_API"] == "true"
+    assert "FLOWER_UNAUTHENTICATED_API" not in flower["environment"]  # private: basic auth
+    assert "FLOWER_BASIC_AUTH" in flower["environment"]
     mounts = {(m["source"], m["target"]) for name in ("prometheus", "grafana")
               for m in services[name]["volumes"] if m["type"] == "bind"}
     assert (str(ROOT / "deploy" / "prometheus.yml"), "/etc/prometheus/prometheus.yml") in mounts
     assert (str(ROOT / "deploy" / "grafana" / "dashboards"), "/var/lib/grafana/dashboards") in mounts
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["scrape_configs"][0]
     assert scrape["static_configs"][0]["targets"] == ["api:8470"]  # the api service, its port
+    # /metrics needs a token: Prometheus reads MXQ_METRICS_TOKEN from the file compose mounts.
+    token_file = scrape["authorization"]["credentials_file"]
+    assert [c["target"] for c in services["prometheus"]["configs"]] == [token_file]
     source = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/mxq.json").read_text())
     uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
@@ -189,6 +193,17 @@ def test_commands_are_mxq_commands(services: dict) -> None:
     for name in MXQ_SERVICES:
         assert services[name]["command"] == [name], name
         assert services[name]["command"][0] in known, name
+
+
+def test_an_onnx_only_node_builds_its_image_with_the_gpu_onnx_extra(compose: Compose) -> None:
+    """An H200-only node restart-looped: the image carried only the `gpu` extra (MXNet, which
+    cannot run Hopper). MXQ_EXTRA picks the image's extra, `gpu` unless set."""
+    default = _config(compose, _filled_env())["services"]
+    onnx = _config(compose, _filled_env(MXQ_EXTRA="gpu-onnx"))["services"]
+    for name in MXQ_SERVICES:
+        assert default[name]["build"]["args"]["MXQ_EXTRA"] == "gpu"
+        assert onnx[name]["build"]["args"]["MXQ_EXTRA"] == "gpu-onnx"
+    assert re.search(r"^ARG MXQ_EXTRA=gpu$", (ROOT / "Dockerfile").read_text(), re.M)
 
 
 def test_every_mxq_service_builds_from_the_dockerfile_with_the_env_image_tag(services: dict) -> None:
@@ -363,8 +378,8 @@ def test_compose_refuses_to_start_without_a_secret(compose: Compose, secret: str
 def test_no_secret_in_the_compose_file(raw: dict) -> None:
     for name, svc in raw["services"].items():
         for key, value in svc.get("environment", {}).items():
-            if SECRET_NAME.search(key):
-                assert re.fullmatch(rf"\$\{{{key}:\?[^}}]+\}}", value), (name, key, value)
+            if SECRET_NAME.search(key):  # from .env: required, or optional with no default
+                assert re.fullmatch(rf"\$\{{{key}(:\?[^}}]+|:-)\}}", value), (name, key, value)
     # A password in a URL must be a required variable too.
     credentials = re.findall(r'://([^:/@\s"]+):([^@"]+)@', json.dumps(raw))
     assert credentials, "the database URL carries the password"
@@ -481,8 +496,10 @@ def test_dockerfile_sets_what_the_container_toolkit_and_mxq_read() -> None:
 def test_dockerfile_installs_the_gpu_extra_and_every_package() -> None:
     build_stage = _dockerfile()[0]
     runs = " ".join(_all(build_stage, "RUN"))
-    assert re.search(r"pip install[^&]*'\.\[gpu\]'", runs), runs
-    assert "optional-dependencies']['gpu']" in runs  # the wheels, from pyproject.toml first
+    assert re.search(r'pip install[^&]*"\.\[\$\{MXQ_EXTRA\}\]"', runs), runs
+    assert "optional-dependencies'][sys.argv[1]]" in runs  # the wheels, from pyproject.toml first
+    assert "gpu|gpu-onnx) ;;" in runs  # any other extra fails the build, saying which are allowed
+    assert "MXQ_EXTRA" in _all(build_stage, "ARG")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     folders = set(project["tool"]["setuptools"]["package-dir"].values())  # core/, db/, workers/, ...
     copies = [rest.split()[0] for rest in _all(build_stage, "COPY")]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mxq.workers.paths import PathError, confine
-from mxq.workers.settings import STACK_RECORD, Settings, record_stack
+from mxq.workers.settings import STACK_RECORD, Settings, record_stack, with_recorded_stack
 from tests.conftest import Stack
 
 
@@ -48,6 +48,26 @@ def test_the_recorded_root_wins_over_the_shell(tmp_path: Path) -> None:
     assert "restart the stack with MXQ_DATA_ROOT=FOLDER" in message
 
 
+def test_a_restart_without_the_setting_keeps_the_stacks_and_a_new_one_is_announced(
+        tmp_path: Path) -> None:
+    """`mxq down; mxq up` without MXQ_DATA_ROOT (or the S3 settings) keeps what the stack was
+    started with (it moved to the default, and the next job failed); a value given anew wins,
+    in one line. Every process of the home that leaves them unset uses the recorded ones."""
+    home, first, second = tmp_path / "state", tmp_path / "first", tmp_path / "second"
+    assert record_stack(Settings(home=home, data_root=first, s3_allowed="team-data/in",
+                                 s3_endpoint_url="http://127.0.0.1:9")) == []
+    again = with_recorded_stack(Settings(home=home), own=True)  # `mxq up` with neither set
+    assert (again.data_root, again.s3_allowed, again.s3_endpoint_url) == (
+        first, "team-data/in", "http://127.0.0.1:9")
+    assert record_stack(again) == []
+    assert json.loads((home / STACK_RECORD).read_text())["data_root"] == str(first.resolve())
+    moved = with_recorded_stack(Settings(home=home, data_root=second), own=True)
+    notes = record_stack(moved)
+    assert notes == [f"MXQ_DATA_ROOT={second.resolve()} replaces the stack's data_root "
+                     f"{first.resolve()} (recorded in {STACK_RECORD})"]
+    assert with_recorded_stack(Settings(home=home)).inputs_root == second.resolve()
+
+
 def test_a_shell_with_another_root_submits_inside_the_stacks(workers: Stack, mlp: dict,
                                                              tmp_path: Path) -> None:
     inside = workers.home / "data" / "root-inside.npy"
@@ -63,3 +83,24 @@ def test_a_shell_with_another_root_submits_inside_the_stacks(workers: Stack, mlp
     assert refused.returncode == 1  # refused: recorded as a failed job
     assert f"lies outside the data root {workers.home / 'data'}" in refused.stderr
     assert "recorded by `mxq up`" in refused.stderr
+
+
+def test_another_broker_or_database_given_anew_is_announced_without_its_password(
+        tmp_path: Path) -> None:
+    """`mxq up` given a broker or database other than the recorded one moves the stack there, and
+    says so in one line each, as for the data root (it was used without a word); the URLs are
+    shown as stack.json keeps them, without their password."""
+    home, db = tmp_path / "state", f"sqlite:///{tmp_path / 'first.db'}"
+    first = Settings(home=home, database_url=db)
+    assert record_stack(first) == []
+    assert record_stack(with_recorded_stack(Settings(home=home), own=True)) == []  # neither given
+    moved = with_recorded_stack(Settings(home=home, broker_url="redis://:hidden@127.0.0.1:6379/3",
+                                         database_url="postgresql://mxq:secret@db.example:5432/mxq"),
+                                own=True)
+    notes = record_stack(moved)
+    assert notes == [
+        f"MXQ_BROKER_URL=redis://127.0.0.1:6379/3 replaces the stack's broker {first.broker} "
+        f"(recorded in {STACK_RECORD})",
+        f"MXQ_DATABASE_URL=postgresql://mxq@db.example:5432/mxq replaces the stack's database {db} "
+        f"(recorded in {STACK_RECORD})"]
+    assert "hidden" not in str(notes) and "secret" not in str(notes)

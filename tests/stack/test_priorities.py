@@ -88,6 +88,7 @@ def _preempted(stack: Stack, job_id: int) -> list[EventRecord]:
             if e["kind"] == events.PREEMPTED]
 
 
+@pytest.mark.slow  # about 30 s of real preemption: make test-all (CI)
 def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once(
         workers: Stack, lenet: str) -> None:
     x = np.random.default_rng(5).standard_normal((LONG_SAMPLES, 1, 28, 28), dtype=np.float32)
@@ -106,6 +107,8 @@ def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once
     assert (done["status"], urgent["status"]) == ("succeeded", "succeeded")
     [yielded] = _preempted(workers, low)
     assert (yielded["data"] or {}).get("to") == high and done["preemptions"] == 1
+    listed = [j for j in workers.mxq_json("jobs", "--limit", "1000") if j["id"] == low]
+    assert (done["attempts"], [j["attempts"] for j in listed]) == (1, [1])  # a yield is no attempt
     assert urgent["finished_at"] is not None and done["finished_at"] is not None
     assert urgent["finished_at"] < done["finished_at"]
     kinds = [e["kind"] for e in events.list_events(workers.settings.database, low)]

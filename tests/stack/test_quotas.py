@@ -4,6 +4,7 @@ than allowed, however many devices are idle."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -13,11 +14,12 @@ import pytest
 from mxq.db.sharing import users
 from mxq.shares import Share
 from mxq.users import Role
-from mxq.workers.jobs.submit import submit
+from mxq.workers.jobs.submit import BeyondQuota, submit
 from tests.conftest import Stack, wait_until
 from tests.support.inference import committed_position, save_npy
 
 USER = "quota-carol"
+_runs = itertools.count(1)
 # Each of the two one-sample-a-batch jobs lasts about 9 s here: with 30,000 samples (2.2-2.4 s since
 # reads hold many batches) one CI run saw the borrowed job yield 0.5 s before its end.
 BORROW_SAMPLES = 120_000
@@ -37,9 +39,10 @@ def lenet(workers: Stack) -> str:
 @pytest.fixture
 def capped(workers: Stack) -> Iterator[str]:
     """A user allowed one device at once; removed after (then no job of the stack is held)."""
-    users.add(workers.settings.database, USER, Role.SUBMIT, Share(1.0, max_devices=1))
-    yield USER
-    users.remove(workers.settings.database, USER)
+    name = f"{USER}-{next(_runs)}"  # a removed user's name is retired: a new one each time
+    users.add(workers.settings.database, name, Role.SUBMIT, Share(1.0, max_devices=1))
+    yield name
+    users.remove(workers.settings.database, name)
 
 
 def _span(stack: Stack, job_id: int) -> tuple[datetime, datetime]:
@@ -87,3 +90,27 @@ def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Sta
     done = {i: workers.wait(i, timeout=180) for i in (mine, lent)}
     assert all(j["status"] == "succeeded" for j in done.values())
     assert (done[mine]["preemptions"], done[lent]["preemptions"]) == (0, 1)  # the borrowed one yielded
+
+
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
+def test_a_chunked_job_runs_its_chunks_one_at_a_time_under_a_quota_of_one(workers: Stack,
+                                                                          lenet: str,
+                                                                          capped: str) -> None:
+    """Its chunks are held and admitted like any job of its owner (two ran at once, on the two
+    devices, under a quota of one)."""
+    params = {"model": lenet, "input": "quota.npy", "batch_size": 128, "chunk_size": 10_000}
+    parent = submit(workers.settings, "infer", params, "auto", owner=capped)
+    assert workers.wait(parent, timeout=300)["status"] == "succeeded"
+    chunks = [j["id"] for j in workers.mxq_json("jobs", "--limit", "1000")
+              if j.get("parent_id") == parent]
+    assert len(chunks) == 3, chunks
+    spans = sorted(_span(workers, job_id) for job_id in chunks)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert end <= start  # one at a time, although a second device was idle
+
+
+def test_a_job_its_quota_can_never_admit_is_refused_at_submit(workers: Stack, capped: str) -> None:
+    """A 2-device training of a 1-device user: refused now, not held for ever."""
+    with pytest.raises(BeyondQuota, match="needs 2 devices at once and its owner's quota is 1"):
+        submit(workers.settings, "train", {"arch": "mlp", "dataset": "digits", "name": "beyond",
+                                           "devices": 2}, "auto", owner=capped)

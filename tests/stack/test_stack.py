@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 
 from mxq.workers.launch import groups
 from mxq.workers.launch.embedded import EmbeddedRedis
-from tests.conftest import Stack, free_port, wait_until
+from tests.conftest import ROOT, Stack, free_port, wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -59,8 +61,8 @@ def test_up_probe_every_device_down(tmp_path: Path) -> None:
         api = _get_json(f"http://127.0.0.1:{port}/api/v1/devices")  # `mxq up` serves the API too
         assert [d["device"] for d in api] == ["cpu:0", "cpu:1"]
         again = stack.mxq_process("up", "--detach")
-        assert again.returncode == 2 and "already up" in again.stderr
-        launcher = json.loads((home / "launcher.pid").read_text())["pid"]
+        assert again.returncode == 2 and "already up for node upnode" in again.stderr
+        launcher = json.loads((home / "launcher-upnode.pid").read_text())["pid"]
     finally:
         down = stack.mxq_process("down", timeout=120)
     assert down.returncode == 0 and "embedded Redis" in down.stdout
@@ -82,7 +84,7 @@ def test_down_ends_every_process_even_after_the_launcher_died(tmp_path: Path) ->
         assert up.returncode == 0, up.stderr
         recorded = groups.recorded(home, "downnode")
         assert len(recorded) == 3  # cpu:0's worker, the schedule worker (with beat), the API
-        launcher = json.loads((home / "launcher.pid").read_text())["pid"]
+        launcher = json.loads((home / "launcher-downnode.pid").read_text())["pid"]
         os.kill(launcher, signal.SIGKILL)  # it can no longer stop anything
         wait_until(lambda: _alive(launcher), 30, "the launcher to die", until=lambda alive: not alive)
         before = {g: groups.members(g) for g in recorded}
@@ -94,3 +96,43 @@ def test_down_ends_every_process_even_after_the_launcher_died(tmp_path: Path) ->
     left = {g: groups.members(g) for g in recorded}
     assert not any(left.values()), (left, down.stdout)  # down says what it ignored as stale
     assert not groups.groups_file(home, "downnode").exists()
+
+
+@pytest.mark.slow
+def test_a_second_launcher_in_one_home_keeps_its_own_record(tmp_path: Path) -> None:
+    """`mxq up` for one node, then `mxq worker` for another in the same home: the second once
+    wrote over the first's record, `mxq down` stopped only it, and the first launcher lived on,
+    restarting its workers, schedule process and API. Each node's launcher has its own record;
+    a second launcher of the same node is refused; down ends both; up starts one set again."""
+    home = tmp_path / "var"
+    stack = Stack("up", home, {"MXQ_HOME": str(home), "MXQ_NODE": "first", "MXQ_CPU_DEVICES": "1",
+                               "MXQ_NVIDIA_SMI": str(tmp_path / "absent"), "MXQ_API_PORT": str(free_port())})
+    up = stack.mxq_process("up", "--detach", timeout=240)
+    second = None
+    try:
+        assert up.returncode == 0, up.stderr
+        twin = stack.mxq_process("worker", timeout=120)  # the same node: refused at once
+        assert twin.returncode == 2 and "already up for node first" in twin.stderr, twin.stderr
+        assert len(twin.stderr.strip().splitlines()) == 1
+        second = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT,
+                                  env=stack.environ(MXQ_NODE="second"), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        wait_until(lambda: stack.mxq_json("devices"), 180, "the second node's worker to beat",
+                   until=lambda ds: any(d["node"] == "second" and d["alive"] for d in ds), interval=1)
+        launchers = [json.loads((home / f"launcher-{node}.pid").read_text())["pid"]
+                     for node in ("first", "second")]
+        assert second.pid in launchers
+    finally:
+        down = stack.mxq_process("down", timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.count("workers (launcher pid") == 2, down.stdout
+    assert second is not None and second.wait(timeout=30) == 0
+    assert not any(_alive(pid) for pid in launchers)
+    assert not any(d["alive"] for d in stack.mxq_json("devices"))
+    again = stack.mxq_process("up", "--detach", timeout=240)
+    try:
+        assert again.returncode == 0, again.stderr
+        alive = [(d["node"], d["device"]) for d in stack.mxq_json("devices") if d["alive"]]
+        assert alive == [("first", "cpu:0")]  # one set, not a duplicate beside a survivor
+    finally:
+        assert stack.mxq_process("down", timeout=120).returncode == 0

@@ -5,6 +5,7 @@ stack's broker and database."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -23,10 +25,10 @@ from fastapi.testclient import TestClient
 from mxq.api import routes
 from mxq.api.app import app
 from mxq.db.migrate import upgrade
-from mxq.workers.launch import groups, procs, sqlite_lock
+from mxq.workers.launch import groups, procs, sqlite_lock, stack
 from mxq.workers.launch.embedded import EmbeddedRedis
-from mxq.workers.launch.launcher import Launcher, WorkerSpec
-from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight
+from mxq.workers.launch.launcher import Child, Launcher, WorkerSpec
+from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight, run_launcher
 from mxq.workers.settings import (
     STACK_RECORD,
     Settings,
@@ -83,6 +85,70 @@ def test_down_and_up_never_signal_a_stranger_named_by_launcher_pid(
     pidfile.write_text(str(stranger.pid))
     said = preflight(s)  # not "already up"
     assert any("stale" in line for line in said) and stranger.poll() is None
+
+
+def test_each_node_keeps_its_own_launcher_record_and_down_ends_every_live_one(
+        tmp_path: Path, stranger: subprocess.Popen) -> None:
+    """Two launchers in one home (issue 44, item 3; sleepers stand in for them, recorded with
+    their true identity): a launcher of another node does not block this one, a live one of
+    this node refuses a second (`mxq up` and `mxq worker` alike), `mxq down` ends both, and a
+    record of a node whose process is not on this machine (a shared home) is left alone."""
+    s = _settings(tmp_path)
+    other = _sleeper()
+    try:
+        for node, proc in (("n3b", other), (s.node, stranger)):
+            found = procs.identify(proc.pid)
+            assert found is not None
+            if node == s.node:
+                assert preflight(s) == []  # another node's launcher is no reason to refuse
+            procs.write(launcher_pidfile(s, node), found)
+        with pytest.raises(StackError, match=f"already up for node {s.node} in {tmp_path}"):
+            preflight(s)
+        with pytest.raises(StackError, match="give another launcher its own MXQ_NODE"):
+            run_launcher(s, [])
+        elsewhere = launcher_pidfile(s, "elsewhere")
+        elsewhere.write_text(procs.Proc(other.pid, 1, "python -m mxq.cli worker").to_json())
+        stopped, notes = down(s)
+        assert other.wait(timeout=30) == -signal.SIGTERM == stranger.wait(timeout=30)
+        assert sorted(stopped) == sorted(f"workers (launcher pid {p.pid})" for p in (other, stranger))
+        assert notes == [] and elsewhere.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_two_starts_of_one_node_at_once_leave_exactly_one_launcher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking for a live launcher of the node and writing the record are one step (issue 44,
+    item 3): here each start lets the other run between its check and its write, as two
+    `mxq worker`s of one node started together can; exactly one claims the node."""
+    s = _settings(tmp_path)
+    both_checked = threading.Barrier(2, timeout=0.5)  # broken when the other cannot check meanwhile
+    check = stack.check_node_free
+
+    def slow_check(settings: Settings) -> list[str]:
+        notes = check(settings)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_checked.wait()
+        return notes
+
+    monkeypatch.setattr(stack, "check_node_free", slow_check)
+    outcomes: list[str] = []
+
+    def start() -> None:
+        try:
+            stack.claim_node(s, procs.me())
+            outcomes.append("claimed")
+        except StackError as exc:
+            outcomes.append("refused" if "already up for node" in str(exc) else str(exc))
+
+    starts = [threading.Thread(target=start) for _ in range(2)]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join(timeout=30)
+    assert sorted(outcomes) == ["claimed", "refused"]
+    assert procs.read(launcher_pidfile(s)) == procs.me()
 
 
 def test_up_ends_what_a_dead_launcher_left_and_leaves_strangers(tmp_path: Path,
@@ -189,6 +255,7 @@ def test_a_child_stopped_holding_the_sqlite_write_lock_is_killed_and_restarted(t
             if c.proc is not None:
                 os.killpg(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
+        EmbeddedRedis(settings.home_path).stop()  # the launcher's watch started it: never left behind
 
 
 def test_a_stale_redis_record_is_not_signalled(tmp_path: Path, stranger: subprocess.Popen) -> None:
@@ -212,7 +279,7 @@ def broker_down(tmp_path: Path) -> Iterator[Settings]:
 
 
 def test_health_and_metrics_say_the_broker_is_down(broker_down: Settings) -> None:
-    client = TestClient(app, base_url="http://127.0.0.1")
+    client = TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
     health = client.get("/api/v1/devices")
     assert health.status_code == 503, health.text
     assert health.json()["detail"].startswith("broker unreachable at redis+socket://")
@@ -233,7 +300,7 @@ def test_health_says_the_database_is_down(tmp_path: Path) -> None:
     redis.start()
     app.dependency_overrides[routes.settings] = lambda: s
     try:
-        client = TestClient(app, base_url="http://127.0.0.1")
+        client = TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
         health = client.get("/api/v1/devices")
         assert health.status_code == 503 and "database" in health.json()["detail"]
         metrics = client.get("/metrics").text
@@ -305,3 +372,46 @@ def test_every_child_the_launcher_starts_is_recorded_as_itself(tmp_path: Path) -
             child.proc.kill()
             child.proc.wait()
     assert not wrong, wrong
+
+
+
+REFUSES_ONCE = """
+import pathlib, sys, time
+marker = pathlib.Path(sys.argv[1])
+if not marker.exists():
+    marker.write_text("refused once")
+    print("%s the device failed its start check", flush=True)
+    sys.exit(%d)
+time.sleep(120)
+"""
+
+
+def test_a_refused_device_is_probed_again_and_its_worker_starts_when_it_heals(tmp_path: Path) -> None:
+    """A worker that refused its device was never started again: the jobs queued to that device
+    waited forever. The launcher now starts it again after a backoff; here the stand-in worker
+    refuses once (its device "fails its start check"), then runs."""
+    from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+    s = _settings(tmp_path, broker_url="redis://127.0.0.1:1/0", reprobe_seconds=0.5)
+    script = REFUSES_ONCE % (REFUSAL_PREFIX, REFUSED_EXIT)
+    worker = WorkerSpec(None, "flaky@supnode", ["q"], [sys.executable, "-c", script,
+                                                       str(tmp_path / "marker")], dict(os.environ))
+    sleeps = [sys.executable, "-c", "import time; time.sleep(120)"]
+    sleeper = WorkerSpec(None, "other@supnode", ["q2"], sleeps, dict(os.environ))
+    launcher = Launcher(s, [worker, sleeper])
+    flaky = launcher.children[0]
+    try:
+        for child in launcher.children:
+            launcher._start(child)
+        def watched() -> Child:
+            launcher._watch()
+            return flaky
+
+        wait_until(watched, 30, "the first start to refuse", until=lambda c: c.refused)
+        assert flaky.proc is None and flaky.refusals == 1
+        wait_until(watched, 30, "the device to be probed again", until=lambda c: c.proc is not None)
+        started = flaky.proc
+        assert started is not None and started.poll() is None and not flaky.refused  # it healed
+        launcher._watch()
+        assert flaky.proc is started and flaky.refusals == 1
+    finally:
+        launcher._stop_all()

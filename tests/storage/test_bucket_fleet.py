@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxq.db import events
+from mxq.db.stack import stack_id
 from tests.conftest import Stack, _stack, wait_until
 from tests.support.inference import committed_position
 from tests.support.s3 import BUCKET, S3Server
@@ -95,10 +96,11 @@ def test_two_nodes_share_a_bucket_and_no_folder(fleet: tuple[Stack, dict[str, An
     assert nodes == set(NODES), nodes  # the chunks ran on both nodes
     # Node B fetched what its engine serves (the ONNX export or the params) from the bucket.
     assert {p.name for p in _model_files(stack, "nodeB")} & {"model.onnx", "model-0000.params"}
-    table = _object_rows(s3, f"in/fleet-out/job-{job['id']}.parquet")
+    final = f"in/fleet-out/{stack_id(stack.settings.database)}/job-{job['id']}.parquet"
+    table = _object_rows(s3, final)
     assert table.column("index").to_pylist() == list(range(60_000))
     assert np.array_equal(table.column("predicted_class").to_numpy(), expected)
-    parts = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"in/fleet-out/job-{job['id']}.parquet.")
+    parts = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"{final}.")
     assert parts.get("KeyCount", 0) == 0  # merged: no part object is left
 
 
@@ -122,7 +124,7 @@ def test_a_node_killed_mid_read_and_upload_leaves_one_whole_output(
     assert done["status"] == "succeeded", done["error"]
     assert done["attempts"] >= 2
     assert any(e["kind"] == events.RESUMED for e in events.list_events(stack.settings.database, job_id))
-    table = _object_rows(s3, f"in/fleet-out/job-{job_id}.parquet")
+    table = _object_rows(s3, f"in/fleet-out/{stack_id(stack.settings.database)}/job-{job_id}.parquet")
     index = table.column("index").to_numpy()
     assert len(index) == 300_000 and np.array_equal(index, np.arange(300_000))  # none lost, none twice
     uploads = s3.client().list_multipart_uploads(Bucket=BUCKET, Prefix="in/fleet-out/").get("Uploads", [])

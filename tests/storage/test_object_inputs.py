@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from mxq.db.engine import get_engine
+from mxq.db.stack import stack_id
 from mxq.objects import ObjectURLError
 from mxq.tasks.inference.inputs import InputError, count_samples, open_input
 from mxq.workers.storage.client import StorageError
@@ -198,8 +199,9 @@ def test_a_chunked_job_writes_one_object_to_the_bucket(workers: Stack, mlp: dict
                          f"s3://mxq-tests/in/{output}-results/", "--chunk-size", "4000",
                          "--batch-size", "500")
     assert job["status"] == "succeeded", job["error"]
-    final = f"in/{output}-results/job-{job['id']}.{output}"
+    final = f"in/{output}-results/{stack_id(workers.settings.database)}/job-{job['id']}.{output}"
     assert _keys(s3, f"in/{output}-results/") == [final]  # the parts are gone once merged
+    assert job["output"] == f"s3://{BUCKET}/{final}"  # the parent names its chunks' one object
     body = io.BytesIO(s3.client().get_object(Bucket=BUCKET, Key=final)["Body"].read())
     if output == "npy":
         np.testing.assert_array_equal(np.load(body), expected)

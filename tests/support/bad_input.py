@@ -130,7 +130,7 @@ def client(workers: Stack) -> Iterator[TestClient]:
     s = workers.settings.model_copy(update={"api_token": SecretStr(TOKEN),
                                             "max_input_bytes": API_MAX_INPUT_BYTES})
     app.dependency_overrides[routes.settings] = lambda: s
-    with TestClient(app, base_url="http://127.0.0.1") as test_client:
+    with TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000)) as test_client:
         yield test_client
     app.dependency_overrides.clear()
 
@@ -191,7 +191,7 @@ def run_api_case(client: httpx.Client, stack: Stack, case: JobCase,
     if case.ends == ON_WORKER:
         assert r.status_code == 201, answer
         job_id = answer["id"]
-        done = wait_until(lambda: client.get(f"/api/v1/jobs/{job_id}").json(), 120,
+        done = wait_until(lambda: client.get(f"/api/v1/jobs/{job_id}", headers=AUTH).json(), 120,
                           f"job {job_id} to finish", until=lambda j: j["status"] in FINAL)
         assert case.needle in done["error"], done["error"]
         return stack.job(job_id)

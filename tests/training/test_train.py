@@ -277,3 +277,22 @@ def test_a_training_report_reads_back_as_the_child_wrote_it(tmp_path: Path) -> N
     assert cancelled.value.samples is None
     with pytest.raises(JobLost, match="handed to another attempt"):
         _outcome(CHILD_LOST, out)
+
+
+def test_a_training_child_that_died_of_a_device_fault_is_the_devices_not_the_jobs(tmp_path: Path) -> None:
+    """The child's CUDA error was a failed training (JobFailed, no retry); it is a device fault:
+    the job resumes from its checkpoint elsewhere (`mxq.tasks.runner`). Its own errors stay its."""
+    from mxq.errors import DeviceFault
+    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.training import child_report
+    from mxq.tasks.training.train_task import _outcome
+
+    out = tmp_path / "job-6.n-2.json"
+    child_report.write(out, child_report.Refused(
+        error="MXNetError: Check failed: e == cudaSuccess (700 vs. 0) : CUDA: an illegal memory access"))
+    with pytest.raises(DeviceFault, match="illegal memory access"):
+        _outcome(1, out)
+    for own in ("ValueError: the loss is NaN", "MXNetError: cudaMalloc retry failed: out of memory"):
+        child_report.write(out, child_report.Refused(error=own))
+        with pytest.raises(JobFailed, match=own):
+            _outcome(1, out)

@@ -14,7 +14,7 @@ import pytest
 
 from mxq.db import schedules
 from mxq.db.records import FireRecord
-from mxq.db.registry import list_models
+from mxq.db.registry import list_models, record_engine_speeds
 from mxq.tasks.training import datasets
 from mxq.workers.schedules.fires import add_schedule, tick
 from tests.conftest import Stack, wait_until
@@ -46,6 +46,27 @@ def test_a_trained_lenet_runs_int8_where_it_measured_faster(workers: Stack) -> N
     else:  # the faster variant, and faster than the full-precision engine
         assert ran == faster and speeds[ran] > min(speeds["mxnet"], speeds["onnx"]), why
     assert model["variants"]["int8"]["agreement"] == built["agreement"]
+    _a_variant_that_lies_does_not_serve(workers)
+
+
+def _a_variant_that_lies_does_not_serve(workers: Stack) -> None:
+    """Re-quantized on faint noise (distinct samples, a twentieth of the digits' range), the
+    int8 variant agrees with float32 on held-out noise and not on digits: `auto` within its
+    figure checks it on the job's first samples and serves float32, saying why."""
+    noise = np.random.default_rng(1).random((600, 1, 8, 8), dtype=np.float32) * 0.8
+    np.save(workers.home / "data" / "faint.npy", noise)
+    lying = workers.mxq_json("models", "quantize", "digits-int8", "--calibration", "faint.npy")
+    bound = np.floor(lying["agreement"] * 1e4) / 1e4  # met on its held-out samples
+    version = workers.mxq_json("models", "digits-int8")[0]["version"]
+    record_engine_speeds(workers.settings.database, "digits-int8", version, "cpu",
+                         {"mxnet": 100.0, "onnx": 200.0, "int8": 9000.0, "fp16": 1.0})  # int8 first
+    job = workers.mxq_json("infer", "digits-int8", "digits-many.npy", "--precision", "auto",
+                           "--min-agreement", f"{bound:.4f}", "--wait")
+    assert job["status"] == "succeeded", job["error"]
+    reason = job["result"]["precision_reason"]
+    assert (lying["agreement"], job["result"]["precision"]) == (1.0, "fp32"), reason
+    assert reason.startswith("int8 agreed with float32 on ") and f"below the bound {bound:.2%}" in reason
+    assert "is of held-out samples of faint.npy): full precision serves" in reason
 
 
 def _drop(stack: Stack, folder: str, name: str, shuffle_labels: bool = False) -> str:

@@ -22,10 +22,13 @@ from mxq.workers.settings import Settings, get_settings
 CONTROL_TASK_MODULES = ["mxq.workers.control"]
 DEVICE_TASK_MODULES = ["mxq.tasks.runtimes.mx_context", "mxq.tasks.runtimes.probe",
                        "mxq.tasks.inference.infer", "mxq.tasks.training.train_task",
-                       "mxq.tasks.model_store.register", *CONTROL_TASK_MODULES]
-ONNX_TASK_MODULES = ["mxq.tasks.runtimes.onnx_worker", "mxq.tasks.inference.infer", *CONTROL_TASK_MODULES]
+                       "mxq.tasks.model_store.register", "mxq.tasks.inference.device_memory",
+                       *CONTROL_TASK_MODULES]
+ONNX_TASK_MODULES = ["mxq.tasks.runtimes.onnx_worker", "mxq.tasks.inference.infer",
+                     "mxq.tasks.inference.device_memory", *CONTROL_TASK_MODULES]
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
+RETENTION_SECONDS = 3600  # how often the schedule process applies the retention policy
 
 
 def task_modules(settings: Settings) -> list[str]:
@@ -60,6 +63,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "mxq-reconcile": {"task": "mxq.reconcile", "schedule": settings.reconcile_seconds,
                               "options": {"queue": CONTROL_QUEUE,
                                           "expires": settings.reconcile_seconds}},
+            "mxq-retention": {"task": "mxq.retention", "schedule": RETENTION_SECONDS,
+                              "options": {"queue": CONTROL_QUEUE, "expires": RETENTION_SECONDS}},
         },
     )
 

@@ -144,10 +144,10 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
     job = jobs.job_row(settings.database, job_id)
     if job is None:
         return None
-    attempts, worker = job["attempts"], job["worker"]
+    attempts, worker = job["attempts"] - job["preemptions"], job["worker"]  # as the limit counts
     if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
         return None
-    if attempts - job["preemptions"] >= settings.max_attempts:
+    if attempts >= settings.max_attempts:
         jobs.fail(settings.database, job_id,
                   jobs.exhausted_message(attempts, settings.max_attempts, worker))
         log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)

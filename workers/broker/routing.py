@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxq.db.fleet import kinds, list_workers
+from mxq.db.fleet import kinds, list_workers, out_note
 from mxq.db.records import WorkerRecord
 from mxq.device import KINDS, Device
 from mxq.errors import UserError
@@ -50,6 +50,11 @@ def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False,
         have = ", ".join(sorted(mine)) or "none (no worker has started on it yet)"
         raise RoutingError(f"device {spec} is not known on node {settings.node}; "
                            f"known devices: {have}")
+    if worker is not None and worker["health"] == "out" and not allow_offline:
+        raise RoutingError(f"device {spec} on node {settings.node} is "
+                           f"{out_note(worker['out_reason'], worker['out_since'])}; pass "
+                           "--allow-offline to queue the job until it passes its check again "
+                           f"(probed every MXQ_REPROBE_SECONDS, doubling), or --device auto:{spec.kind}")
     if worker is not None and not worker["alive"] and not allow_offline:
         raise RoutingError(f"device {spec} on node {settings.node} has no live worker; "
                            "start workers with `mxq up` (or `mxq worker`), or pass "

@@ -3,7 +3,9 @@
 A device queue with queued jobs but no worker (jobs sent with `--allow-offline` to a device that
 never started, or whose worker row is gone) gets a row of its own, `offline: true`, so that work
 waiting for nobody shows in `mxq devices`, the API and `/metrics`. Every row says how long its
-oldest queued job has waited (`oldest_wait_seconds`)."""
+oldest queued job has waited (`oldest_wait_seconds`), and its device's `health` ("healthy",
+"out": its worker refused it, with `out_reason` and `out_since`, or "offline":
+`mxq.db.fleet.health`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import redis
 
+from mxq.db.fleet import health
 from mxq.db.reports.history import device_rates, device_records, oldest_queued
 from mxq.db.schema import utcnow
 from mxq.workers.broker.queues import worker_name
@@ -39,8 +42,16 @@ def device_table(s: Settings) -> list[dict[str, Any]]:
     now = utcnow()
     rows = [{**r, "leased_by": held.get((r["node"], r["device"])),
              "samples_per_sec": rates.get((r["node"], r["device"])), "offline": False,
-             "oldest_wait_seconds": _age(waiting.get(r["queue"]), now)} for r in records]
+             "oldest_wait_seconds": _age(waiting.get(r["queue"]), now),
+             **_health(r)} for r in records]
     return rows + offline_rows(waiting, {r["queue"] for r in records}, now)
+
+
+def _health(record: dict[str, Any]) -> dict[str, Any]:
+    """`health`, `out_reason`, `out_since` of a device record (its worker's info, `refused` and
+    `refused_at`, is spread into it)."""
+    state, reason, since = health(record["alive"], record)
+    return {"health": state, "out_reason": reason, "out_since": since}
 
 
 def _age(entry: tuple[int, datetime] | None, now: datetime) -> float | None:
@@ -63,5 +74,6 @@ def offline_rows(waiting: dict[str, tuple[int, datetime]], served: set[str],
             "queued": entry[0], "running": 0, "current_job": None, "last_heartbeat": None,
             "heartbeat_age": None, "pid": None, "started_at": None, "leased_by": None,
             "samples_per_sec": None, "oldest_wait_seconds": _age(entry, now), "engines": [],
+            "health": "offline", "out_reason": None, "out_since": None,
         })
     return rows

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from mxq.db import fleet
 from mxq.device import Device
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 
 # The exit status of a worker that left a job taken from it (the launcher restarts it).
 STUCK_EXIT = 75
+
+# Called at each beat while the worker runs no job: the task layer adds what an idle worker does
+# on its own (tasks.inference.device_memory gives back device memory while its device is leased).
+on_idle: list[Callable[[], None]] = []
 
 
 class Heartbeat:
@@ -42,6 +47,8 @@ class Heartbeat:
 
     def beat(self) -> None:
         job = self.current_job
+        if job is None:
+            self._idle()
         if fleet.beat(self.url, self.name, job) or job is None:
             self._lost = None
             return
@@ -52,6 +59,15 @@ class Heartbeat:
                       "not come back from it in %.0f s (MXQ_CANCEL_GRACE_SECONDS): exiting so "
                       "that the launcher starts a fresh worker", job, job, self.stuck_after)
             os._exit(STUCK_EXIT)
+
+    @staticmethod
+    def _idle() -> None:
+        """The idle hooks; one that fails (the broker away) must not cost the beat."""
+        for hook in on_idle:
+            try:
+                hook()
+            except Exception as exc:
+                log.warning("idle hook %s failed: %s", getattr(hook, "__name__", hook), exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

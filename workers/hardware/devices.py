@@ -24,6 +24,7 @@ QUERY_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.
                 "driver_version", "mig.mode.current")
 # Drivers older than R510 do not know `compute_cap`: they are asked again without it.
 LEGACY_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
+LEGACY_ERROR = 'Field "compute_cap" is not a valid field to query'  # what such a driver says
 REQUIRED_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used")
 NVIDIA_SMI_TIMEOUT = 20
 # Where a GPU host's driver shows its first device; when it exists, a failing nvidia-smi is an error.
@@ -62,6 +63,14 @@ class DiscoveredDevice:
     @property
     def label(self) -> str:
         return f"{self.kind}:{self.index}"
+
+    @property
+    def model(self) -> str:
+        """What engine and precision figures are kept per: a GPU's name and compute capability
+        (an L4's measurements never decide for an H200), `cpu` for a CPU device."""
+        if self.kind != "gpu":
+            return self.kind
+        return f"{self.name} ({self.compute_cap})" if self.compute_cap else self.name
 
     @property
     def driver_major(self) -> int | None:
@@ -109,25 +118,37 @@ def _row(cells: dict[str, str], line: int) -> DiscoveredDevice:
     )
 
 
-def parse_nvidia_smi(text: str) -> list[DiscoveredDevice]:
+def parse_nvidia_smi(text: str, lenient: bool = False) -> list[DiscoveredDevice]:
     """Parse `nvidia-smi --query-gpu=<fields> --format=csv` (header line with units, cells with
-    units); the fields may come in any order, those beyond REQUIRED_FIELDS may be missing."""
+    units); the fields may come in any order, those beyond REQUIRED_FIELDS may be missing.
+    `lenient`: what an nvidia-smi that failed part-way printed: lines before the header and
+    rows that cannot be used (an error where a GPU's row would be) are skipped."""
     rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
-    if not rows:
+    start = next((i for i, r in enumerate(rows) if set(REQUIRED_FIELDS) <= set(_fields(r))),
+                 None) if lenient else 0
+    if not rows or start is None:
         return []
-    header = [h.split(" [")[0].strip() for h in rows[0]]
+    header = _fields(rows[start])
     if not set(REQUIRED_FIELDS) <= set(header):
         raise DeviceError(f"unexpected nvidia-smi header {rows[0]!r}; expected fields "
                           f"{list(QUERY_FIELDS)}")
     gpus = []
-    for line, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
-        if len(row) != len(header):
-            raise DeviceError(f"nvidia-smi line {line} has {len(row)} fields, its header {len(header)}: "
-                              f"{', '.join(row)!r}")
-        gpus.append(_row(dict(zip(header, row, strict=True)), line))
+    for line, row in enumerate(rows[start + 1:], start=start + 2):
+        try:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DeviceError(f"nvidia-smi line {line} has {len(row)} fields, its header "
+                                  f"{len(header)}: {', '.join(row)!r}")
+            gpus.append(_row(dict(zip(header, row, strict=True)), line))
+        except DeviceError:
+            if not lenient:
+                raise
     return sorted(gpus, key=lambda d: d.index)
+
+
+def _fields(row: list[str]) -> list[str]:
+    return [h.split(" [")[0].strip() for h in row]
 
 
 def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
@@ -136,6 +157,14 @@ def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(command, TIMED_OUT, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
+
+
+def _besides_rows(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """`proc` with only what its output says besides the GPUs' rows and their header (the
+    error of the GPU it could not list), for the message of a partial failure."""
+    said = [ln for ln in proc.stdout.splitlines()
+            if ln.strip() and not ln.split(",")[0].strip().isdigit() and not ln.startswith("index")]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "\n".join(said), proc.stderr)
 
 
 def _failure(proc: subprocess.CompletedProcess[str]) -> str:
@@ -147,8 +176,11 @@ def _failure(proc: subprocess.CompletedProcess[str]) -> str:
 def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[DiscoveredDevice]:
     """The GPUs of this host; none when nvidia-smi is absent (a CPU-only host).
 
-    An nvidia-smi that fails or hangs is an error where GPUs are expected (MXQ_EXPECT_GPUS, or
-    /dev/nvidia0 exists), else a warning before the host runs CPU devices."""
+    An nvidia-smi that fails after listing some GPUs (one fell off the bus: the others' rows,
+    then an error, a non-zero exit) gives those it listed, with a warning naming the failure: a
+    lost GPU takes itself out, not the node. One that fails or hangs listing none is an error
+    where GPUs are expected (MXQ_EXPECT_GPUS, or /dev/nvidia0 exists), else a warning before the
+    host runs CPU devices."""
     exe = shutil.which(nvidia_smi)
     expected = expect_gpus or DEV_NVIDIA0.exists()
     if exe is None:
@@ -157,10 +189,15 @@ def query_gpus(nvidia_smi: str, expect_gpus: bool = False) -> list[DiscoveredDev
                               "program: install the NVIDIA driver or set MXQ_NVIDIA_SMI")
         return []
     proc = _run(exe, QUERY_FIELDS)
-    if proc.returncode != 0 and "compute_cap" in (proc.stderr + proc.stdout):
-        proc = _run(exe, LEGACY_FIELDS)  # a driver older than R510
+    if proc.returncode != 0 and LEGACY_ERROR in (proc.stderr + proc.stdout):
+        proc = _run(exe, LEGACY_FIELDS)  # a driver older than R510, and only that
     if proc.returncode == 0:
         return parse_nvidia_smi(proc.stdout)
+    if listed := parse_nvidia_smi(proc.stdout, lenient=True):
+        log.warning("mxq: %s after listing %s: those start; a GPU it did not list (fallen off the "
+                    "bus, in need of a reset) is left out until nvidia-smi lists it again",
+                    _failure(_besides_rows(proc)), ", ".join(f"{g.label} ({g.name})" for g in listed))
+        return listed
     if expected:
         raise DeviceError(f"nvidia-smi failed on a host with GPUs: {_failure(proc)}; fix the driver, "
                           "or unset MXQ_EXPECT_GPUS to run CPU devices")
@@ -294,6 +331,43 @@ def incompatibility(gpu: DiscoveredDevice, build: str | None) -> str | None:
             f"(each runs on GPUs of its major version at an equal or higher minor) and {ptx} the "
             f"driver could compile for sm_{sm}: MXNet trains on GPUs of compute capability "
             f"{kernels.span()}; ONNX Runtime (the gpu-onnx extra) can serve inference on this one")
+
+
+# A GPU whose memory is more than half in use when its worker would start is held by
+# another process (a stranger's training): its worker would run out of memory at every job.
+BUSY_MEMORY_SHARE = 0.5
+
+
+def memory_busy(gpu: DiscoveredDevice) -> str | None:
+    """Why `gpu` is refused for memory another process holds, or None (figures unknown: start)."""
+    used, total = gpu.memory_used_mib, gpu.memory_total_mib
+    if gpu.kind != "gpu" or used is None or not total or used <= BUSY_MEMORY_SHARE * total:
+        return None
+    return (f"{gpu.label} ({gpu.name}): {used} MiB of its {total} MiB are in use by other "
+            f"processes (more than {BUSY_MEMORY_SHARE:.0%}); see `nvidia-smi` for which, and "
+            "start mxq on it once they end (or hide it with CUDA_VISIBLE_DEVICES)")
+
+
+# The gpu-onnx extra's CUDA 12.9 wheels: their libraries run on R525 and newer (CUDA 12's
+# minor-version compatibility), the PTX NVRTC 12.9 emits at run time only on R575 and newer.
+ONNX_MIN_DRIVER, ONNX_NVRTC_DRIVER = 525, 575
+
+
+def onnx_driver_gate(gpu: DiscoveredDevice) -> tuple[str | None, str | None]:
+    """For a GPU ONNX Runtime (gpu-onnx) would serve: why its driver refuses it, else a warning
+    when the driver runs the libraries but not what NVRTC 12.9 compiles; (None, None) when fine
+    or the driver does not say."""
+    major = gpu.driver_major
+    if major is None or major >= ONNX_NVRTC_DRIVER:
+        return None, None
+    if major < ONNX_MIN_DRIVER:
+        return (f"{gpu.label} ({gpu.name}): driver {gpu.driver_version} is older than R{ONNX_MIN_DRIVER}, "
+                "which the gpu-onnx extra's CUDA 12 libraries need; upgrade the driver (R"
+                f"{ONNX_NVRTC_DRIVER}+) to serve it with ONNX Runtime"), None
+    return None, (f"{gpu.label} ({gpu.name}): driver {gpu.driver_version} runs the gpu-onnx extra's "
+                  f"CUDA 12.9 libraries (R{ONNX_MIN_DRIVER}+) but not the code NVRTC 12.9 compiles at "
+                  f"run time (R{ONNX_NVRTC_DRIVER}+): an ONNX Runtime operator that compiles a kernel "
+                  f"fails there; upgrade the driver to R{ONNX_NVRTC_DRIVER} or newer")
 
 
 def fusion_off(gpu: DiscoveredDevice) -> bool:

@@ -58,16 +58,18 @@ def rank(link: str) -> int:
 
 
 def closest(links: dict[tuple[int, int], str], candidates: list[int], k: int,
-            must: int | None = None) -> list[int]:
-    """The k candidates whose worst pair link is best (ties: best sum); `must` is always in."""
+            must: int | None = None, load: dict[int, int] | None = None) -> list[int]:
+    """The k candidates whose worst pair link is best (ties: best sum, then the least `load` in
+    all, e.g. 1 for a GPU running a job; then the lowest indexes); `must` is always in."""
+    load = load or {}
     if k > len(candidates):
         raise ValueError(f"{k} GPUs wanted but only {len(candidates)} free")
     pool = sorted(c for c in candidates if c != must)  # ties (no topology) go to the lowest indexes
-    best: tuple[tuple[int, int], list[int]] | None = None
+    best: tuple[tuple[int, int, int], list[int]] | None = None
     for combo in itertools.combinations(pool, k - (must is not None)):
         chosen = sorted([*combo, *([must] if must is not None else [])])
         scores = [rank(links.get((a, b), "SYS")) for a, b in itertools.combinations(chosen, 2)]
-        key = (max(scores, default=0), sum(scores))
+        key = (max(scores, default=0), sum(scores), sum(load.get(c, 0) for c in chosen))
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else []

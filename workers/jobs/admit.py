@@ -14,16 +14,25 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from redis.exceptions import LockError
+
 from mxq.db.fleet import list_workers
 from mxq.db.schema import utcnow
 from mxq.db.sharing import admission, preemption
 from mxq.priorities import HIGH
 from mxq.shares import Held, Share, Usage, next_held, over_quota, quota_reason
+from mxq.workers.broker import redis_client
 from mxq.workers.broker.publish import republish
 from mxq.workers.jobs.preempt import capable
 from mxq.workers.settings import Settings
 
 log = logging.getLogger(__name__)
+# One admitter at a time: its lock in the broker, freed after LOCK_SECONDS by a pass that died
+# holding it; a pass waits WAIT_SECONDS for it (the pass after the holder's sees what was held
+# meanwhile), then leaves admitting to the reconciler.
+LOCK = "mxq:admission"
+LOCK_SECONDS = 60.0
+WAIT_SECONDS = 15.0
 LOOK = 500  # held jobs considered per pass (the first ones, in the order workers take them)
 WINDOW_SECONDS = 3600.0  # the recent use fair shares compare
 
@@ -64,7 +73,25 @@ def _recent_usage(url: str) -> Usage:
 
 
 def admit(settings: Settings) -> list[int]:
-    """Release the held jobs that may go now, in fair order; their ids."""
+    """Release the held jobs that may go now, in fair order; their ids. One pass at a time over
+    the whole stack (a lock in the broker): two passes that each read the owners' use before
+    the other released a job would each release one for an owner one below its quota."""
+    lock = redis_client.client(settings.broker).lock(LOCK, timeout=LOCK_SECONDS,
+                                                     blocking_timeout=WAIT_SECONDS)
+    if not lock.acquire():
+        log.warning("admission: another pass held the lock %ss; the reconciler will admit",
+                    WAIT_SECONDS)
+        return []
+    try:
+        return _admit(settings)
+    finally:
+        try:
+            lock.release()
+        except LockError:  # held past LOCK_SECONDS: it expired, and may be another pass's now
+            log.warning("admission: a pass outlasted its lock (%ss)", LOCK_SECONDS)
+
+
+def _admit(settings: Settings) -> list[int]:
     url = settings.database
     held = admission.held(url, LOOK)
     if not held:

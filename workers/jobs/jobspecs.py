@@ -20,7 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from mxq.device import Device
 from mxq.errors import UserError
-from mxq.names import MAX_ID, NAME_PATTERN
+from mxq.names import MAX_ID, NAME_PATTERN, shown
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -123,7 +123,8 @@ class InferRequest(BaseModel):
     output_to: str | None = Field(
         None, min_length=1, max_length=1100, description="Where a Parquet or npy output goes "
         "instead of $MXQ_HOME/outputs: s3://BUCKET/PREFIX inside MXQ_S3_ALLOWED; the job writes "
-        "PREFIX/job-ID.parquet or .npy (its parts under PREFIX/job-ID.*.parts/ while it runs).")
+        "PREFIX/STACK/job-ID.parquet or .npy (STACK: the stack's id; its parts under "
+        "PREFIX/STACK/job-ID.*.parts/ while it runs); a prefix inside another job's output is refused.")
 
     @field_validator("batch_size", mode="before")
     @classmethod
@@ -149,6 +150,9 @@ class InferParams(InferRequest):
 
     start: int | None = Field(None, ge=0)
     stop: int | None = Field(None, ge=1)
+    # What the input was when the job was submitted (`locate.identity`): every attempt and chunk
+    # reads those bytes or fails, never a mix of two versions.
+    input_identity: str | None = Field(None, max_length=256)
 
     @model_validator(mode="after")
     def _range(self) -> InferParams:
@@ -158,6 +162,8 @@ class InferParams(InferRequest):
 
 
 ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/model_store/zoo.py builds them)
+# Datasets a training names instead of a file (tasks/training/datasets.BUILTIN loads them).
+BUILTIN_DATASETS = ("digits",)
 MAX_EPOCHS = DEFAULT_MAX_EPOCHS
 MAX_DEVICES = 64
 MAX_NODES = 64
@@ -319,7 +325,7 @@ def _problem(e: Any) -> str:
     own fields and values, so it is shown alone, not after the whole parameter dict."""
     if not e["loc"]:
         return str(e["msg"]).removeprefix("Value error, ")
-    return f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+    return f"{'.'.join(map(str, e['loc']))}={shown(e.get('input'))}: {e['msg']}"
 
 
 def validate(kind: str, params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:

@@ -21,27 +21,30 @@ from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
 
 from mxq.db.engine import ping, safe_url
-from mxq.db.fleet import list_workers
+from mxq.db.fleet import describe_groups, device_model, list_workers, model_groups
 from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
 from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
-from mxq.db.registry import resolve
+from mxq.db.registry import check_registrant, resolve
 from mxq.db.reports.history import job_by_key
+from mxq.db.sharing import admission
+from mxq.db.sharing.teams import check_team
 from mxq.device import Device
 from mxq.engines import VARIANTS, disagreement, needed, precision_problem
-from mxq.errors import Conflict, JobRejected
-from mxq.objects import ObjectURLError
+from mxq.errors import Conflict, JobRejected, UserError
+from mxq.objects import ObjectURLError, check_output_prefix
 from mxq.priorities import Priority
+from mxq.shares import Share, beyond_quota, devices_needed
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.publish import BrokerTimeout, SubmitError, Turn, publish, task_name, within
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
 from mxq.workers.jobs import admit, preempt
-from mxq.workers.jobs.jobspecs import SPECS, ParamsError, validate
+from mxq.workers.jobs.jobspecs import BUILTIN_DATASETS, SPECS, ParamsError, validate
 from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
-from mxq.workers.storage.locate import allowed_url, locate, size_of
+from mxq.workers.storage.locate import allowed_url, identity, locate, size_of
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +106,20 @@ def check_broker(settings: Settings) -> None:
         raise SubmitError(f"broker unreachable at {maybe_sanitize_url(settings.broker)}: {exc}") from exc
 
 
+# The most of one rejected string a failed job's row keeps: a path of a megabyte is refused,
+# not stored whole in the history.
+STORED_CHARS = 1024
+
+
 def _storable(value: Any) -> Any:
     """Rejected parameters as JSON can hold them: NaN and infinities become their text, NUL
-    characters (which PostgreSQL cannot store) their escape."""
+    characters (which PostgreSQL cannot store) their escape, a string past STORED_CHARS its
+    beginning and its length."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, str):
+        if len(value) > STORED_CHARS:
+            value = f"{value[:STORED_CHARS]}… ({len(value)} characters)"
         return value.replace("\x00", "\\x00")
     if isinstance(value, dict):
         return {_storable(k): _storable(v) for k, v in value.items()}
@@ -144,7 +155,7 @@ def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -
                                      params.get("engine", "auto"))) is not None:
         raise ParamsError(problem)
     return {**params, "model": name, "model_version": model["version"], "input": str(path),
-            "output_to": _output_to(settings, params)}
+            "input_identity": identity(path), "output_to": _output_to(settings, params)}
 
 
 def _output_to(settings: Settings, params: dict[str, Any]) -> str | None:
@@ -155,14 +166,14 @@ def _output_to(settings: Settings, params: dict[str, Any]) -> str | None:
     if params["output"] not in ("parquet", "npy"):
         raise ParamsError(f"output_to {where[:120]!r} takes --output parquet or npy, not "
                           f"{params['output']}: SQL rows are stored in the database")
-    url = allowed_url(settings, where, "output_to")
+    url = check_output_prefix(allowed_url(settings, where, "output_to"))
     return str(url).rstrip("/")
 
 
 def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
     """Pin the dataset path, and refuse more devices than the node has."""
     dataset = params["dataset"]
-    if dataset != "digits":
+    if dataset not in BUILTIN_DATASETS:
         dataset = str(locate(settings, dataset, "dataset"))
     if params.get("min_agreement") is not None and params.get("calibration") is None:
         raise ParamsError("--min-agreement goes with --calibration (the variant it allows)")
@@ -179,7 +190,7 @@ def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) 
 
 def check_calibration(settings: Settings, where: str | None) -> None:
     """A training's calibration sample, confined and present now rather than after training."""
-    if where is not None and where != "digits":
+    if where is not None and where not in BUILTIN_DATASETS:
         locate(settings, where, "calibration file")
 
 
@@ -189,12 +200,16 @@ def _check_one_node(settings: Settings, params: dict[str, Any]) -> None:
     kind = Device.parse(params["device_list"][0]).kind if params["device_list"] else None
     workers = [w for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
                if kind is None or Device.parse(w["device"]).kind == kind]
-    have = sorted(w["device"] for w in workers if "mxnet" in w["engines"])
-    most = max(Counter(Device.parse(d).kind for d in have).values(), default=0)
-    if have and params["devices"] > most:
+    trainers = [w for w in workers if "mxnet" in w["engines"]]
+    have = sorted(w["device"] for w in trainers)
+    # Unless --device lists them, a training's devices are of one kind and one GPU model.
+    most = max(Counter(device_model(w) for w in trainers).values(), default=0)
+    if have and params["devices"] > most and not params["device_list"]:
+        groups = describe_groups(model_groups(trainers))
         raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
-                          f"that run MXNet ({', '.join(have) or 'none'}); a training job runs on "
-                          "one node")
+                          f"alike (one kind, one GPU model) that run MXNet ({groups}); "
+                          "a training job runs on one node and never mixes GPU models unless "
+                          "--device lists them")
     for device in params["device_list"] or []:
         if device not in have:
             raise ParamsError(_not_trainable(settings, device, workers, have))
@@ -212,16 +227,17 @@ def _not_trainable(settings: Settings, device: str, workers: list[WorkerRecord],
 
 
 def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
-    """Refuse more nodes than have K devices of one kind (no worker known yet: it waits)."""
+    """Refuse more nodes than have K devices of one kind and GPU model (no worker known yet: it
+    waits)."""
     if not known:
         return
     per_node: dict[tuple[str, str], int] = {}
     for w in (w for w in known if "mxnet" in w["engines"]):
-        key = (w["node"], Device.parse(w["device"]).kind)
+        key = (w["node"], device_model(w))
         per_node[key] = per_node.get(key, 0) + 1
     fit = {node for (node, _), n in per_node.items() if n >= params["devices"]}
     if len(fit) < params["nodes"]:
-        have = ", ".join(f"{node} ({n} {kind})" for (node, kind), n in sorted(per_node.items()))
+        have = ", ".join(f"{node} ({n} {model})" for (node, model), n in sorted(per_node.items()))
         raise ParamsError(f"{params['nodes']} nodes with {params['devices']} devices each asked "
                           f"but {len(fit)} nodes have that many; known: {have}")
 
@@ -274,21 +290,35 @@ def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: 
     return where
 
 
-def _same_request(record: JobRecord, kind: str, params: dict[str, Any], where: Route) -> bool:
-    """The stored job is what these (prepared) parameters would make: kind, device, parameters
-    as JSON stores them."""
-    return (record["kind"] == kind and record["requested_device"] == where.requested
-            and record["params"] == json.loads(json.dumps(params)))
+@dataclass(frozen=True)
+class Request:
+    """What a submit asks for, beside its parameters: compared whole when a key is replayed."""
+
+    kind: str
+    owner: str
+    priority: Priority
+    team: str | None
 
 
-def _replay(settings: Settings, key: str, kind: str, params: dict[str, Any],
+def _same_request(record: JobRecord, asked: Request, params: dict[str, Any], where: Route) -> bool:
+    """The stored job is what this request (its parameters prepared) would make: kind, device,
+    parameters as JSON stores them, priority, preemptibility and team."""
+    return (record["kind"] == asked.kind and record["requested_device"] == where.requested
+            and record["params"] == json.loads(json.dumps(params))
+            and record["priority"] == asked.priority.level
+            and record["preemptible"] == asked.priority.preemptible
+            and record["team"] == asked.team)
+
+
+def _replay(settings: Settings, key: str, asked: Request, params: dict[str, Any],
             where: Route) -> Submitted | None:
-    """The earlier job made with `key`, when it is this request's; IdempotencyConflict when it is
-    another request's; None when the key is new."""
-    record = job_by_key(settings.database, key)
+    """The earlier job its owner made with `key`, when it is this request's; IdempotencyConflict
+    when it is another request's; None when the key is new to this owner (keys are per owner:
+    another user's key finds nothing of theirs)."""
+    record = job_by_key(settings.database, key, asked.owner)
     if record is None:
         return None
-    if not _same_request(record, kind, params, where):
+    if not _same_request(record, asked, params, where):
         raise IdempotencyConflict(
             f"idempotency key {key!r} was used by job {record['id']} with other parameters; "
             "a retry must send the same request, a new job needs a new key")
@@ -333,11 +363,33 @@ def _ask_preemption(settings: Settings, priority: Priority, ids: list[int]) -> N
         log.warning("preemption not asked at submit; the reconciler will", exc_info=True)
 
 
+class BeyondQuota(UserError):
+    """A job that needs more devices at once than its owner's quota allows: it could never run."""
+
+
+def _check_quota(kind: str, params: dict[str, Any], owner: str, share: Share) -> None:
+    """Refuse at submit a job its owner's quota can never admit (it would be held for ever)."""
+    why = beyond_quota(devices_needed(kind, params), share)
+    if why is not None:
+        raise BeyondQuota(f"{kind} job of {owner!r} refused: {why}")
+
+
+def _shared(settings: Settings, kind: str, params: dict[str, Any], owner: str,
+            team: str | None) -> str | None:
+    """The team a job is shared with, checked (it exists, its owner is a member); a training
+    only by an owner who may register versions of its model (Forbidden otherwise)."""
+    checked = check_team(settings.database, team, owner)
+    if kind == "train" and isinstance(params.get("name"), str):
+        check_registrant(settings.database, params["name"], owner)
+    return checked
+
+
 def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
                    allow_offline: bool = False, idempotency_key: str | None = None,
-                   owner: str | None = None, priority: Priority = Priority()) -> Submitted:
-    """Queue one job, owned by `owner` (default: `local:<login>`, this machine's user), at
-    `priority`; what happened (`Submitted`).
+                   owner: str | None = None, priority: Priority = Priority(),
+                   team: str | None = None) -> Submitted:
+    """Queue one job, owned by `owner` (default: `local:<login>`, this machine's user) and
+    shared with `team`, at `priority`; what happened (`Submitted`).
 
     Device and database problems, and a broker that refuses connections, write nothing; wrong
     parameters or inputs are recorded as a failed job (so the history says why) and raise
@@ -345,6 +397,8 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     """
     key = check_key(idempotency_key)
     owner = owner or local_owner()
+    team = _shared(settings, kind, params, owner, team)
+    asked = Request(kind, owner, priority, team)
     where = _checked_route(settings, kind, device, allow_offline)
     models: Models = {}
     try:
@@ -352,7 +406,8 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     except REJECTED as exc:
         raise _reject(settings, kind, params, where, exc, owner, priority) from exc
     where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
-    if key is not None and (earlier := _replay(settings, key, kind, params, where)) is not None:
+    _check_quota(kind, params, owner, admission.share_of(settings.database, owner))
+    if key is not None and (earlier := _replay(settings, key, asked, params, where)) is not None:
         return earlier  # before the broker is asked: a retry answers even while it hangs
     try:
         check_broker(settings)
@@ -362,10 +417,11 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     held = admit.holding(settings)
     try:
         job_id = create_job(settings.database, kind, params, where.requested, where.queue,
-                            idempotency_key=key, owner=owner, priority=priority, held=held)
+                            idempotency_key=key, owner=owner, priority=priority, held=held,
+                            team=team)
     except IdempotencyKeyTaken:  # a submit with the same key won the race
         assert key is not None
-        earlier = _replay(settings, key, kind, params, where)
+        earlier = _replay(settings, key, asked, params, where)
         if earlier is None:
             raise
         return earlier
@@ -383,20 +439,24 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
 
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
            allow_offline: bool = False, owner: str | None = None,
-           priority: Priority = Priority()) -> int:
+           priority: Priority = Priority(), team: str | None = None) -> int:
     """Queue one job and return its id (`submit_request`, for callers that need only the id:
     a job not published yet is queued all the same, and the reconciler publishes it)."""
     return submit_request(settings, kind, params, device, allow_offline, owner=owner,
-                          priority=priority).job_id
+                          priority=priority, team=team).job_id
 
 
 def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
                 allow_offline: bool = False, owner: str | None = None,
-                priority: Priority = Priority()) -> list[int]:
+                priority: Priority = Priority(), team: str | None = None) -> list[int]:
     """Queue many jobs of one kind at once: one check, one transaction, pipelined publishes.
 
     All or nothing: if any parameters are wrong, nothing is written and the error names which.
     """
+    owner = owner or local_owner()
+    team = check_team(settings.database, team, owner)
+    for name in {p["name"] for p in params if isinstance(p.get("name"), str)} if kind == "train" else ():
+        check_registrant(settings.database, name, owner)
     where = _reachable_route(settings, kind, device, allow_offline)
     checked: list[dict[str, Any]] = []
     models: Models = {}
@@ -406,10 +466,13 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
         except REJECTED as exc:
             raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
                               "queued") from exc
+    share = admission.share_of(settings.database, owner)  # read once: a submit may hold 100,000
+    for p in checked:
+        _check_quota(kind, p, owner, share)
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
     held = admit.holding(settings)
     ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
-                      owner or local_owner(), priority, held)
+                      owner, priority, held, team)
     if held:
         if released := admit.admit(settings):
             _ask_preemption(settings, priority, released)

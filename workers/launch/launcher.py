@@ -2,7 +2,9 @@
 
 Each child is pinned before it imports MXNet: `CUDA_VISIBLE_DEVICES=<i>` for a GPU, CPU-core
 affinity and thread limits for a CPU device, and the host memory cap `MXQ_WORKER_MEMORY_MB` when
-set. A child that crashes is restarted (with backoff) and the jobs it held are requeued; SIGTERM
+set. A child that crashes is restarted (with backoff) and the jobs it held are requeued; one that
+refused its device, or whose device failed mid-job, is started again later (MXQ_REPROBE_SECONDS,
+doubling), so a device that heals comes back; SIGTERM
 or Ctrl-C stops all children cleanly. With the embedded broker, the launcher also restarts the
 embedded Redis when it dies (it runs daemonized, outside the launcher's groups, so that it
 outlives a restart of the stack's processes).
@@ -29,6 +31,8 @@ from mxq.workers.hardware.devices import (
     engines_for,
     fusion_off,
     incompatibility,
+    memory_busy,
+    onnx_driver_gate,
     onnx_runs_gpus,
 )
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
@@ -42,6 +46,10 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0  # warm shutdown waits for the running job; then it is killed
 MAX_BACKOFF_SECONDS = 30.0
+# A worker that refused its device is started again after MXQ_REPROBE_SECONDS, twice as long
+# after each refusal up to REPROBE_MAX_SECONDS: a GPU that heals (reset, driver reloaded) comes
+# back, and the jobs queued to it run, with no one restarting the node.
+REPROBE_MAX_SECONDS = 1800.0
 
 
 @dataclass
@@ -66,6 +74,7 @@ def worker_env(settings: Settings, device: DiscoveredDevice, cores: list[int],
     if device.kind == "gpu":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's numbering
         env["CUDA_VISIBLE_DEVICES"] = str(device.visible_index)
+        env["MXQ_DEVICE_MODEL"] = device.model  # figures are kept per GPU model
         if mxnet_unusable:
             env["MXQ_MXNET_UNUSABLE"] = mxnet_unusable
         elif fusion_off(device):
@@ -116,14 +125,20 @@ def plan(settings: Settings, devices: list[DiscoveredDevice], build: str | None)
         return [], [f"every GPU of this host: {problem}" for problem in broken]
     onnx: tuple[str, str | None] | None = None  # asked once, for the first GPU MXNet cannot run
     for device in devices:
+        if busy := memory_busy(device):
+            refused.append(busy)
+            continue
         python, engines = sys.executable, engines_for(device.kind)
         mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
         if mxnet_unusable:
             onnx = onnx or onnx_python(settings)
             python, cannot = onnx
-            if device.mig or cannot:
-                refused.append(mxnet_unusable if device.mig else f"{mxnet_unusable}; {cannot}")
+            too_old, warning = onnx_driver_gate(device)
+            if device.mig or cannot or too_old:
+                refused.append(mxnet_unusable if device.mig else f"{mxnet_unusable}; {cannot or too_old}")
                 continue
+            if warning:
+                log.warning("%s", warning)
             engines = ("onnx",)
             log.warning("%s; it serves inference with ONNX Runtime (%s) and refuses training",
                         mxnet_unusable, python)
@@ -196,6 +211,7 @@ class Child:
     crashes: int = 0
     restart_at: float = 0.0
     refused: bool = False
+    refusals: int = 0  # in a row: how long until its device is probed again
     stopped_holding_since: float | None = None  # when it was first seen stopped with the lock
 
 
@@ -240,12 +256,16 @@ class Launcher:
         name = child.spec.name
         recovered = self._recover(child)
         if code == REFUSED_EXIT:
-            child.refused = True
+            child.refused, child.refusals = True, child.refusals + 1
             reason = self._refusal(child)
             if child.spec.device is not None:
                 beats.refuse(self.settings.database, name, reason)
-            log.error("%s refused to start: %s; not restarting it", name, reason)
+            first = self.settings.reprobe_seconds
+            delay = min(max(REPROBE_MAX_SECONDS, first), first * 2 ** (child.refusals - 1))
+            child.restart_at = time.monotonic() + delay
+            log.error("%s refused to start: %s; probing its device again in %.0fs", name, reason, delay)
             return
+        child.refusals = 0
         child.crashes += 1
         delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (child.crashes - 1))
         child.restart_at = time.monotonic() + delay
@@ -260,7 +280,8 @@ class Launcher:
         return said[-1].strip() if said else f"see {path}"
 
     def run(self) -> int:
-        """Supervise until stopped; 0 on a clean stop, 1 when every worker refused."""
+        """Supervise until stopped; 0 on a clean stop, 1 when every worker refused (a node
+        with no worker at all stops; one with some probes the refused devices again)."""
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         self._register()
@@ -279,8 +300,10 @@ class Launcher:
         self._watch_broker(now)
         self._end_stopped_writer(now)
         for child in self.children:
-            if child.refused:
+            if child.refused and now < child.restart_at:
                 continue
+            if child.refused:  # probed again: it starts, or refuses for longer
+                child.refused = False
             if child.proc is None:
                 if now >= child.restart_at:
                     self._start(child)

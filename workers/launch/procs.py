@@ -2,7 +2,7 @@
 
 A PID alone names whatever process holds that number now: after a crash or a reboot it may be
 a stranger (a shell, another user's server), and signalling it kills the wrong thing. Every
-record mxq keeps of a process it started (`launcher.pid`, the launcher's groups file, the
+record mxq keeps of a process it started (`launcher-NODE.pid`, the launcher's groups file, the
 embedded Redis) holds a `Proc`; `matches` checks it against /proc before any signal, and a
 record that does not match is stale: ignored, never signalled.
 """

@@ -30,7 +30,14 @@ def zone(tz: str) -> ZoneInfo:
                         "Europe/Berlin") from None
 
 
+# The longest cron expression a schedule keeps (the width of `schedules.cron`): a longer one,
+# valid to croniter, was a 500 on PostgreSQL.
+MAX_CRON_CHARS = 128
+
 def check(cron: str, tz: str) -> None:
+    if len(cron) > MAX_CRON_CHARS:
+        raise CronError(f"cron expression of {len(cron)} characters: at most {MAX_CRON_CHARS} are "
+                        "allowed (five fields, e.g. '0 3 * * *')")
     # croniter also takes a sixth (seconds) field and a seventh (year): only five are allowed.
     fields = len(cron.split())
     if fields != 5 or not croniter.is_valid(cron):

@@ -20,8 +20,11 @@ from typing import Any
 
 from mxq.db import schedules
 from mxq.db.records import ScheduleRecord, StoredSchedule
+from mxq.db.registry import check_registrant
 from mxq.db.schema import utcnow
+from mxq.db.sharing.teams import check_team
 from mxq.errors import JobRejected, MxqError
+from mxq.names import check_name
 from mxq.priorities import Priority
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
@@ -46,7 +49,8 @@ def submit_fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int 
         params = {**sched["spec"], "dataset": str(dataset), "fire_id": fire_id}
         route = params["device_list"][0] if params.get("device_list") else "auto"
         job_id = submit(settings, "train", params, route, allow_offline=True, owner=sched["owner"],
-                        priority=Priority.of(sched["priority"], sched["preemptible"]))
+                        priority=Priority.of(sched["priority"], sched["preemptible"]),
+                        team=sched["team"])
         schedules.settle_fire(settings.database, fire_id, job_id=job_id)
         return job_id
     except JobRejected as exc:
@@ -137,19 +141,25 @@ def request_fire(settings: Settings, name: str, now: datetime | None = None) -> 
 def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str,
                  spec: dict[str, Any], promote: str, metric: str, min_gain: float,
                  now: datetime | None = None, owner: str | None = None,
-                 priority: Priority = Priority()) -> ScheduleRecord:
+                 priority: Priority = Priority(), team: str | None = None) -> ScheduleRecord:
     """Check everything a fire will need, then store the schedule with its first fire time,
-    owned by `owner` (default `local:<login>`); its fires' jobs run at `priority`."""
+    owned by `owner` (default `local:<login>`) and shared with `team`; its fires' jobs run at
+    `priority`. Its owner must be allowed to register (and so promote) versions of the model it
+    trains, now and again at every fire."""
+    owner = owner or local_owner()
+    check_name(name, "schedule name")  # shown, listed and put in URLs: no control characters
+    team = check_team(settings.database, team, owner)
     check(cron, tz)
     if promote not in POLICIES:
         raise ParamsError(f"--promote {promote!r}: expected one of {', '.join(POLICIES)}")
     validate("train", {**spec, "dataset": dataset})  # the training options, checked now, not at 3 am
+    check_registrant(settings.database, spec["name"], owner)
     check_source(settings, dataset)
     check_calibration(settings, spec.get("calibration"))
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
         "metric": metric, "min_gain": min_gain, "enabled": True,
-        "next_fire_at": next_after(cron, tz, now or utcnow()), "owner": owner or local_owner(),
+        "next_fire_at": next_after(cron, tz, now or utcnow()), "owner": owner, "team": team,
         "priority": priority.level, "preemptible": priority.preemptible})
 
 

@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from mxq.objects import ObjectURL, is_object_url
+from mxq.workers.jobs.jobspecs import BUILTIN_DATASETS
 from mxq.workers.paths import PathError, inside_root, within
 from mxq.workers.settings import Settings
 from mxq.workers.storage import client as s3
@@ -111,6 +112,8 @@ def check_source(settings: Settings, source: str) -> None:
     """Refuse, when a schedule is added, a source whose fixed leading folders lie outside the
     data root (`/etc/*`, `/usr/**/*.py`), or a bucket source outside MXQ_S3_ALLOWED: nothing
     outside them is ever listed."""
+    if source in BUILTIN_DATASETS:
+        return
     if is_object_url(source):
         _bucket_prefix(settings, source)
         return
@@ -121,7 +124,10 @@ def check_source(settings: Settings, source: str) -> None:
 def newest_file(settings: Settings, source: str) -> Path | str:
     """The file a fire trains on: `source` itself, the newest file of that folder, or the newest
     match of that glob; inside the data root, or PathError saying why not. A bucket source's
-    newest object, as its s3:// URL."""
+    newest object, as its s3:// URL; a built-in dataset (`digits`) as its name, as `mxq train`
+    takes it."""
+    if source in BUILTIN_DATASETS:
+        return source
     if is_object_url(source):
         return _newest_object(settings, source)
     root, origin = settings.inputs_root_and_origin()

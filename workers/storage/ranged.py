@@ -13,10 +13,11 @@ from __future__ import annotations
 import io
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from mxq.objects import ObjectURL
-from mxq.workers.storage.client import StorageError, listed, read_range, size_of
+from mxq.workers.storage.client import ObjectChanged, StorageError, head, read_range, versions
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -27,6 +28,7 @@ BLOCK_BYTES = 8 << 20
 AHEAD = 2
 HEADER_BLOCK_BYTES = 64 << 10  # a header or a footer: one small GET, nothing ahead
 MAX_PREFIX_OBJECTS = 1_000_000  # a folder of images in a bucket is listed at most this far
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")  # what of a folder or a prefix of images is read
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,11 @@ class RemoteObject:
     settings: Settings
     url: ObjectURL
     size: int
+    etag: str | None = None  # the version opened: every ranged read asks for it (If-Match)
 
     @classmethod
     def at(cls, settings: Settings, url: ObjectURL) -> RemoteObject:
-        return cls(settings, url, size_of(settings, url))
+        return cls(settings, url, *head(settings, url))
 
     def __str__(self) -> str:
         return str(self.url)
@@ -55,18 +58,18 @@ class RemoteObject:
 
 @dataclass(frozen=True)
 class RemotePrefix:
-    """The objects directly under a prefix (`s3://b/scans/`), listed once: a folder of images in
-    a bucket. Its text is its URL."""
+    """The objects directly under a prefix (`s3://b/scans/`), listed once with the version of
+    each (its ETag), the only one a read takes (If-Match): a folder of images in a bucket. Its
+    text is its URL."""
 
     settings: Settings
     url: ObjectURL
-    objects: tuple[tuple[str, int], ...]  # (key, size), by key
+    objects: tuple[tuple[str, int, str], ...]  # (key, size, ETag), by key
 
     @classmethod
     def at(cls, settings: Settings, url: ObjectURL) -> RemotePrefix:
-        found = listed(settings, url, MAX_PREFIX_OBJECTS)
-        direct = sorted((key, size) for key, _, size in found if "/" not in key[len(url.key):])
-        return cls(settings, url, tuple(direct))
+        found = versions(settings, url, MAX_PREFIX_OBJECTS)
+        return cls(settings, url, tuple(sorted(o for o in found if "/" not in o[0][len(url.key):])))
 
     def __str__(self) -> str:
         return str(self.url)
@@ -77,11 +80,22 @@ class RemotePrefix:
 
     @property
     def size(self) -> int:
-        return sum(size for _, size in self.objects)
+        return sum(size for _, size, _ in self.objects)
 
-    def read(self, key: str, size: int) -> bytes:
-        """One object whole (an image: its header is checked before it is decoded)."""
-        return bytes(read_range(self.settings, ObjectURL(self.url.bucket, key), 0, size))
+    @property
+    def images(self) -> list[tuple[str, int, str]]:
+        """The objects that are images (by their keys' suffixes), as listed."""
+        return [o for o in self.objects if PurePosixPath(o[0]).suffix.lower() in IMAGE_SUFFIXES]
+
+    def read(self, key: str, size: int, etag: str) -> bytes:
+        """One object whole (an image: its header is checked before it is decoded), the version
+        listed: ObjectChanged, naming it, where it was replaced since."""
+        url = ObjectURL(self.url.bucket, key)
+        try:
+            return bytes(read_range(self.settings, url, 0, size, etag=etag))
+        except ObjectChanged:
+            raise ObjectChanged(f"input {url} changed since the job listed {self} (then ETag "
+                                f"{etag}): submit the job again to score the new contents") from None
 
 
 class ObjectReader(io.RawIOBase):
@@ -128,7 +142,7 @@ class ObjectReader(io.RawIOBase):
     def _fetch(self, index: int, into: bytearray) -> memoryview:
         start = index * self.block
         return read_range(self.obj.settings, self.obj.url, start, min(start + self.block, self.obj.size),
-                          into)
+                          into, self.obj.etag)
 
     def _buffer(self) -> bytearray:
         return self.spare.pop() if self.spare else bytearray(self.block)

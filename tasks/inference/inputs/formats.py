@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 from mxq.tasks.inference.inputs.files import InputError, Location, RemotePrefix
+from mxq.workers.storage.ranged import IMAGE_SUFFIXES as IMAGE_SUFFIXES  # (beside RemotePrefix)
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED = (".npy, .npz, .csv, .parquet, a folder of images (.png, .jpg, .jpeg), .rec with a "
              "sibling .idx")
 SUPPORTED_REMOTE = ".npy, .npz, .csv, .parquet and a prefix of images (s3://BUCKET/FOLDER/)"

@@ -104,11 +104,13 @@ def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | No
     if width is None:
         for name in columns:
             if table.column(name).null_count:
-                raise InputError(f"input {path} column {name!r} has a null value near row {first_row}")
+                raise InputError(f"input {path} column {name!r} has a null value in row "
+                                 f"{first_row + _first_null(table.column(name))}")
         return np.stack([table.column(n).to_numpy() for n in columns], axis=1)
     lists = table.column(columns[0]).combine_chunks()
     if lists.null_count:
-        raise InputError(f"input {path} column {columns[0]!r} has a null row near row {first_row}")
+        raise InputError(f"input {path} column {columns[0]!r} has a null row: row "
+                         f"{first_row + _first_null(lists)}")
     if not pa.types.is_fixed_size_list(lists.type):
         lengths = np.diff(np.asarray(lists.offsets))
         if (lengths != width).any():
@@ -117,9 +119,17 @@ def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | No
                              f"{int(lengths[row - first_row])} values, the first row {width}: "
                              "every sample must have one shape")
     values = lists.flatten()
-    if values.null_count:
-        raise InputError(f"input {path} column {columns[0]!r} has a null value near row {first_row}")
+    if values.null_count:  # the row holding the first null value
+        at = _first_null(values)
+        row = (at // width if pa.types.is_fixed_size_list(lists.type) else
+               int(np.searchsorted(np.asarray(lists.offsets), at, side="right")) - 1)
+        raise InputError(f"input {path} column {columns[0]!r} has a null value in row {first_row + row}")
     return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(table.num_rows, width)
+
+
+def _first_null(values: pa.Array | pa.ChunkedArray) -> int:
+    """The index of the first null of `values` (which has one)."""
+    return int(np.argmax(np.asarray(values.is_null().to_numpy(zero_copy_only=False))))
 
 
 def _row_groups(groups: _Groups, width: int | None) -> Fetch:

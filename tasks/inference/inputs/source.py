@@ -36,6 +36,7 @@ class InputSource:
     sample_shape: tuple[int, ...]  # shape of one sample as the model sees it
     fetch: Fetch = field(repr=False)  # raw samples [start, stop)
     preprocess: Preprocess = field(default_factory=Preprocess)  # the model's input scaling
+    model: str = "the model"  # whose preprocessing it applies (`name:version`), for errors
 
     def read(self, start: int, stop: int) -> NDArray[np.float32]:
         """Samples [start, stop) as the model takes them: float32 (stop-start, *sample_shape),
@@ -47,6 +48,16 @@ class InputSource:
             self._check_float32_range(raw, start)
         batch = raw.astype(np.float32, copy=False)
         return self.preprocess.apply(batch.reshape((stop - start, *self.sample_shape)))
+
+    def overflow(self, index: int, found: str) -> str | None:
+        """Why sample `index` read as `found` (NaN or an infinity) when it is finite as stored:
+        the version's preprocessing made it so, and that, not the input, is what to fix. None
+        when the sample itself is not finite (fetched again: only a failing read asks)."""
+        if self.preprocess.identity or not np.isfinite(np.asarray(self.fetch(index, index + 1))).all():
+            return None
+        return (f"model {self.model}'s preprocessing ({self.preprocess.describe()}) turns sample "
+                f"{index} of input {self.path} into {found}; the sample itself is finite (register "
+                "the version again with a --scale, --mean or --std that keeps it finite in float32)")
 
     def _check_float32_range(self, raw: NDArray[Any], start: int) -> None:
         """A finite float64 beyond float32's range would become inf without a word."""
