@@ -35,6 +35,7 @@ from mxq.db import events
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.fence import RunCheck as RunCheck  # re-exported: what a running attempt does next
+from mxq.db.outputs import predictions
 from mxq.db.outputs.epochs import merge_parts
 from mxq.db.records import JobRoute, JobRow
 from mxq.db.retry import db_retry
@@ -276,23 +277,47 @@ def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
 
 
 @db_retry
-def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]], lead: int,
-                 at: Placement) -> None:
-    """One transaction for a dynamic batch: a throughput point for every job (id -> samples,
-    seconds, result), and every job but the lead (which its own task finishes) succeeded."""
+def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]], fence: Fence,
+                 at: Placement, rows: list[predictions.Row] | None = None) -> set[int]:
+    """One transaction for a dynamic batch: of the jobs `outcomes` names (id -> samples, seconds,
+    result), those still this batch's (the lead, `fence`'s job, while its attempt holds it; the
+    others while running on `at`'s worker) get their rows (`rows`, replacing any stored before:
+    a redelivered lead's), a throughput point, and, all but the lead (which its own task
+    finishes), success. A job taken over meanwhile keeps what its new attempt writes. Returns
+    the jobs finished so."""
     now = utcnow()
     with session_scope(url) as session:
-        session.query(JobMetric).filter(JobMetric.job_id.in_(outcomes), JobMetric.step == 0).delete()
+        ours = _still_batched(session, set(outcomes), fence, at)
+        if not ours:
+            return ours
+        if rows is not None:
+            predictions.clear(session, sorted(ours))
+            predictions.add(session, [r for r in rows if r[0] in ours])
+        session.query(JobMetric).filter(JobMetric.job_id.in_(ours), JobMetric.step == 0).delete()
         session.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
-                                            for i, (n, sec, _) in outcomes.items()])
+                                            for i, (n, sec, _) in outcomes.items() if i in ours])
         done = [{"job_id": job_id, **_succeeded(samples, seconds, result, now)}
-                for job_id, (samples, seconds, result) in outcomes.items() if job_id != lead]
+                for job_id, (samples, seconds, result) in outcomes.items()
+                if job_id != fence.job_id and job_id in ours]
         if done:  # one executemany, not a statement per job
             table = Job.__table__
             assert isinstance(table, Table)
             session.execute(update(table).where(table.c.id == bindparam("job_id"),
                                                 table.c.worker == at.worker,
                                                 table.c.status == JobStatus.RUNNING), done)
+        return ours
+
+
+def _still_batched(session: Session, ids: set[int], fence: Fence, at: Placement) -> set[int]:
+    """Of `ids`, the jobs the batch still holds, their rows locked for the transaction."""
+    lead = {fence.job_id} & ids
+    ours = {fence.job_id} if lead and still_ours(session, fence) else set()
+    others = ids - lead
+    if others:
+        ours |= set(session.scalars(select(Job.id).where(
+            Job.id.in_(others), Job.worker == at.worker, Job.status == JobStatus.RUNNING)
+            .with_for_update()))
+    return ours
 
 
 def stuck(url: str, no_progress_before: datetime, cancel_before: datetime) -> tuple[list[int], list[int]]:

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.db import jobs
-from mxq.db.outputs import predictions
+from mxq.db.fence import Fence
 from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
 from mxq.tasks.inference.inputs import InputSource
@@ -160,19 +160,24 @@ def _open(params: dict[str, Any], model: ModelRecord,
 
 def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float32]], seconds: float,
            result: dict[str, Any], rows_of: RowsOf) -> tuple[int, float, dict[str, Any]]:
-    """Store every member's rows in one write and finish each with its share of the time;
-    return the lead's (first member's) outcome, which its own task records."""
+    """Store the rows of every member the batch still holds and finish each with its share of
+    the time, in one transaction (`jobs.finish_batch`); return the lead's (first member's)
+    outcome, which its own task records."""
     total = float(sum(len(m.x) for m in members))
     rows = [r for m, pr in zip(members, probs, strict=True) for r in rows_of(m.id, 0, pr, m.p.top_k)]
-    predictions.replace_range(job.url, job.id, 0, len(members[0].x))  # a redelivered lead's
-    predictions.write(job.url, rows)
     outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
                        {**result, "input": m.p.input, "range": [0, len(m.x)],
                         "batch_size": m.p.batch_size}) for m in members}
-    jobs.finish_batch(job.url, outcomes, members[0].id, placement())
+    jobs.finish_batch(job.url, outcomes, lead_fence(job), placement(), rows)
     # Messages published after the claim (a submit still under way) are dropped too.
     messages.drop_waiting(get_settings().broker, _queues(job), [m.id for m in members[1:]])
     return outcomes[members[0].id]
+
+
+def lead_fence(job: JobContext) -> Fence:
+    """The attempt the batch runs in: its lead's."""
+    assert job.fence is not None  # a batch runs inside its lead's claimed attempt
+    return job.fence
 
 
 def hand_back(job: JobContext, members: list[Member]) -> None:

@@ -220,7 +220,8 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
         "batch_lead": job.id}, rows)
     if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
-        jobs.finish_batch(job.url, {members[0].id: (samples, share, result)}, job.id, where_we_run())
+        jobs.finish_batch(job.url, {members[0].id: (samples, share, result)},
+                          batching.lead_fence(job), where_we_run())
         raise JobInputError(lead_error)
     return Outcome(samples=samples, seconds=share, result=result)
 

@@ -212,10 +212,14 @@ class JobOutputs:
 
     def resume(self) -> int:
         """The first sample this attempt computes: right after the last one an earlier attempt
-        committed (recorded as a `resumed` event), else `start`. What lies beyond it is cleared."""
+        committed (recorded as a `resumed` event), else `start`. What lies beyond it is cleared,
+        only while this attempt holds the job (JobLost otherwise)."""
         done = self.job.committed
         begin = done if done is not None and self.start < done <= self.stop else self.start
-        predictions.replace_range(self.job.url, self.owner, begin, self.stop)
+        fence = self.job.fence
+        assert fence is not None  # outputs exist only for a claimed attempt
+        if not predictions.replace_range(self.job.url, fence, self.owner, begin, self.stop):
+            raise self._lost(fence)  # a successor's rows and parts are its own
         if self.parts is not None:
             self.parts.drop_parts(begin, self.stop)
         if begin > self.start:

@@ -114,11 +114,41 @@ def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) ->
     assert [(m["device"], m["samples"]) for m in history.metrics(url, job_id)] == [("cpu:0", 100)]
     assert predictions.commit(url, second, [row], 1) is jobs.RunCheck.GO_ON
     assert predictions.count(url, job_id) == 1
+    # The first attempt's resume came late (behind a locked database): it clears nothing.
+    assert not predictions.replace_range(url, first, job_id, 0, 1)
+    assert predictions.count(url, job_id) == 1
+    assert predictions.replace_range(url, second, job_id, 1, 2)  # beyond its committed row
     assert jobs.run_check(url, second) is jobs.RunCheck.GO_ON
     assert registry.add_model(url, model, second)["version"] == 1
     again = registry.add_model(url, {**model, "version": 2}, second)  # one version per training
     assert again["version"] == 1 and len(registry.list_models(url, model["name"])) == 1
     assert jobs.succeed(url, second, 1, 1.0, {})
+
+
+def test_a_batch_finishes_only_the_members_it_still_holds(stack: Stack) -> None:
+    """A dynamic batch on A merged job `taken` whose heartbeat went stale meanwhile, and B ran
+    it again: A's finish stores the rows of the jobs it holds, and leaves `taken`'s to B."""
+    url = stack.settings.database
+    lead, kept, taken = _new(stack), _new(stack), _new(stack)
+    fence = jobs.take(url, lead, A, 3, TTL)
+    assert isinstance(fence, Fence)
+    assert jobs.claim_many(url, [kept, taken], A) == [kept, taken]
+    _silence(url, taken)
+    again = jobs.take(url, taken, B, 3, TTL)
+    assert isinstance(again, Fence)
+    assert predictions.commit(url, again, [(taken, 0, 7, 0.9, None)], 1) is jobs.RunCheck.GO_ON
+    rows: list[predictions.Row] = [(i, 0, 1, 0.5, None) for i in (lead, kept, taken)]
+    outcome = (1, 0.1, {"output": "db"})
+    assert jobs.finish_batch(url, {i: outcome for i in (lead, kept, taken)}, fence, A,
+                             rows) == {lead, kept}
+    assert [r["predicted_class"] for r in predictions.read(url, taken)] == [7]
+    assert [r["predicted_class"] for r in predictions.read(url, kept)] == [1]
+    assert (_status(stack, kept).status, _status(stack, taken).status) == ("succeeded", "running")
+    assert _status(stack, lead).status == "running"  # its own task finishes it
+    _silence(url, lead)
+    assert isinstance(jobs.take(url, lead, B, 3, TTL), Fence)
+    assert jobs.finish_batch(url, {lead: outcome}, fence, A, rows) == set()  # not the lead's any more
+    assert [r["predicted_class"] for r in predictions.read(url, lead)] == [1]
 
 
 def test_status_only_moves_forward(stack: Stack) -> None:
