@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+import psycopg
 from sqlalchemy import (
     ColumnElement,
     Row,
@@ -67,65 +68,68 @@ class IdempotencyKeyTaken(Conflict):
 
 
 def create_job(url: str, kind: str, params: dict[str, Any], requested: str, queue: str,
-               rejected: str | None = None, idempotency_key: str | None = None,
-               owner: str | None = None, priority: Priority = Priority(), held: bool = False,
+               rejected: str | None = None, owner: str | None = None,
+               priority: Priority = Priority(), held: bool = False,
                team: str | None = None) -> int:
-    """A queued job, or (with `rejected`) one that failed at submit for that reason.
-
-    With `idempotency_key`, IdempotencyKeyTaken when a job already holds it: the unique index
-    decides between two submits racing with one key, so only one job is ever made."""
-    try:
-        with session_scope(url) as session:
-            job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
-                      status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
-                      attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
-                      idempotency_key=idempotency_key, owner=owner, team=team,
-                      priority=priority.level,
-                      preemptible=priority.preemptible, held=held and not rejected)
-            session.add(job)
-            session.flush()
-            return job.id
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-        raise IdempotencyKeyTaken(f"idempotency key {idempotency_key!r} is already taken") from None
+    """A queued job, or (with `rejected`) one that failed at submit for that reason (a submit
+    queues its jobs with `create_jobs`)."""
+    with session_scope(url) as session:
+        job = Job(kind=kind, params=params, requested_device=requested, queue=queue,
+                  status=JobStatus.FAILED if rejected else JobStatus.QUEUED, progress=0.0,
+                  attempts=0, error=rejected, finished_at=utcnow() if rejected else None,
+                  owner=owner, team=team, priority=priority.level,
+                  preemptible=priority.preemptible, held=held and not rejected)
+        session.add(job)
+        session.flush()
+        return job.id
 
 
 def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: str,
                 queue: str, owner: str | None = None, priority: Priority = Priority(),
-                held: bool = False, team: str | None = None) -> list[int]:
-    """Many queued jobs in one transaction.
+                held: bool = False, team: str | None = None,
+                keys: list[str] | None = None) -> list[int]:
+    """Queued jobs in one transaction, job i carrying idempotency key `keys[i]` when given
+    (IdempotencyKeyTaken when one is taken: the unique index decides between two submits racing
+    with one key, so only one set of jobs is ever made).
 
     On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
     cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
-    with session_scope(url) as session:
-        if session.get_bind().dialect.name == "postgresql":
-            return _copy_jobs(session, kind, params, requested, queue, owner, priority, held, team)
-        rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
-                    status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner, team=team,
-                    priority=priority.level, preemptible=priority.preemptible, held=held)
-                for p in params]
-        session.add_all(rows)
-        session.flush()
-        return [r.id for r in rows]
+    named: list[str | None] = list(keys) if keys is not None else [None] * len(params)
+    try:
+        with session_scope(url) as session:
+            if session.get_bind().dialect.name == "postgresql":
+                return _copy_jobs(session, kind, params, requested, queue, owner, priority, held,
+                                  team, named)
+            rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
+                        status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner, team=team,
+                        priority=priority.level, preemptible=priority.preemptible, held=held,
+                        idempotency_key=key)
+                    for p, key in zip(params, named, strict=True)]
+            session.add_all(rows)
+            session.flush()
+            return [r.id for r in rows]
+    except (IntegrityError, psycopg.errors.UniqueViolation):
+        if keys is None:
+            raise
+        raise IdempotencyKeyTaken(f"idempotency key {keys[0]!r} is already taken") from None
 
 
 _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
                  "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions", "held",
-                 "team")
+                 "team", "idempotency_key")
 
 
 def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
                queue: str, owner: str | None, priority: Priority, held: bool,
-               team: str | None) -> list[int]:
+               team: str | None, keys: list[str | None]) -> list[int]:
     ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
                                     "FROM generate_series(1, :n)"), {"n": len(params)}))
     now = utcnow()
     raw = cast(Any, session.connection().connection)  # the driver's (psycopg) connection
     with raw.cursor() as cur, cur.copy(f"COPY jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
-        for job_id, p in zip(ids, params, strict=True):
+        for job_id, p, key in zip(ids, params, keys, strict=True):
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
-                            now, owner, priority.level, priority.preemptible, 0, held, team))
+                            now, owner, priority.level, priority.preemptible, 0, held, team, key))
     return ids
 
 

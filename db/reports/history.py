@@ -172,12 +172,12 @@ def list_jobs(url: str, f: JobFilter) -> list[JobRecord]:
         return [job_record(j) for j in session.scalars(q.limit(f.limit).offset(f.offset))]
 
 
-def job_by_key(url: str, key: str, owner: str) -> JobRecord | None:
-    """The job `owner`'s submit with this idempotency key made, if any (keys are per owner)."""
+def jobs_by_keys(url: str, keys: list[str], owner: str) -> list[JobRecord]:
+    """The jobs `owner`'s submits made with these idempotency keys, in id order (keys are per
+    owner)."""
     with session_scope(url) as session:
-        job = session.scalars(select(Job).where(Job.idempotency_key == key,
-                                                Job.owner == owner)).first()
-        return job_record(job) if job else None
+        return [job_record(job) for job in session.scalars(
+            select(Job).where(Job.idempotency_key.in_(keys), Job.owner == owner).order_by(Job.id))]
 
 
 def count_jobs(url: str, f: JobFilter, at_most: int | None = None) -> int:

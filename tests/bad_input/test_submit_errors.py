@@ -63,26 +63,6 @@ def test_an_empty_or_short_token_is_refused_at_start(stack: Stack, token: str) -
     assert token.strip() == "" or token not in line  # the token itself is never printed
 
 
-def test_submit_many_is_all_or_nothing(isolated: Stack) -> None:
-    from mxq.workers.broker.messages import in_broker
-    from mxq.workers.jobs.jobspecs import ParamsError
-    from mxq.workers.jobs.submit import submit_many
-
-    good = {"size": 16, "batch": 1, "repeat": 1}
-    try:
-        submit_many(isolated.settings, "probe", [good, good, {**good, "size": 1}], "cpu:0",
-                    allow_offline=True)
-        raise AssertionError("a bad item was accepted")
-    except ParamsError as exc:
-        assert "job 2 of 3" in str(exc) and "size=1" in str(exc) and "nothing was queued" in str(exc)
-    assert list_jobs(isolated.settings.database, JobFilter(limit=10)) == []
-    ids = submit_many(isolated.settings, "probe", [good] * 3, "cpu:0", allow_offline=True)
-    assert [j["status"] for j in list_jobs(isolated.settings.database, JobFilter(limit=10))] == \
-        ["queued"] * 3
-    queue = isolated.job(ids[0])["queue"]
-    assert queue is not None and in_broker(isolated.settings.broker, {queue})[0] == set(ids)
-
-
 def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """The patient publish (workers, the reconciler) retried every error but TypeError and

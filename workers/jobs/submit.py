@@ -1,10 +1,12 @@
-"""Submit a job: validate, write its row, publish a JSON message that carries only the job id.
+"""Submit jobs: validate, write their rows, publish JSON messages that carry only job ids.
 
-The row comes first, so a worker always finds it. A broker that refuses connections is found
-before anything is written; one that does not answer within MXQ_BROKER_TIMEOUT_SECONDS (paused,
-frozen) leaves the row `queued` without its message, the answer says so (`published` false),
-and the reconciler publishes it once the broker answers. An idempotency key makes a retry of
-the same submit return the first job instead of a second one.
+One path (`submit_jobs`) for one job and for many: a single submit is a batch of one, and both
+answer alike. The rows come first, so a worker always finds its job. A broker that refuses
+connections is found before anything is written; one that does not answer within
+MXQ_BROKER_TIMEOUT_SECONDS (paused, frozen) leaves the rows `queued` without their messages,
+the answer says so (`published` false), and the reconciler publishes them once the broker
+answers. Wrong parameters are recorded as a failed job. An idempotency key makes a retry of the
+same submit return the first jobs instead of new ones.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mxq.db.fleet import describe_groups, device_model, list_workers, model_grou
 from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
 from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
 from mxq.db.registry import check_registrant, resolve
-from mxq.db.reports.history import job_by_key
+from mxq.db.reports.history import jobs_by_keys
 from mxq.db.sharing import admission
 from mxq.db.sharing.teams import check_team
 from mxq.device import Device
@@ -50,7 +52,8 @@ log = logging.getLogger(__name__)
 
 # An idempotency key comes from outside (a header, a flag): bounded, one line, no spaces; a UUID,
 # a ULID or a base64 digest fits (the column holds 128 characters).
-IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:+/=-]{1,128}$"
+MAX_KEY_CHARS = 128
+IDEMPOTENCY_KEY_PATTERN = rf"^[A-Za-z0-9._:+/=-]{{1,{MAX_KEY_CHARS}}}$"
 PUBLISH_BATCH = 1000  # kombu's publish batch: submit_many's deadline is per batch
 JOBS_IN_WORDS = {"train": "a training", "probe": "a probe", "register": "a model's registration"}
 
@@ -283,13 +286,6 @@ def _engine_route(settings: Settings, device: str, allow_offline: bool, need: Ne
     return route(settings, parse_device(device), allow_offline, need)
 
 
-def _reachable_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
-    """`_checked_route`, and the broker checked too."""
-    where = _checked_route(settings, kind, device, allow_offline)
-    check_broker(settings)
-    return where
-
-
 @dataclass(frozen=True)
 class Request:
     """What a submit asks for, beside its parameters: compared whole when a key is replayed."""
@@ -310,47 +306,63 @@ def _same_request(record: JobRecord, asked: Request, params: dict[str, Any], whe
             and record["team"] == asked.team)
 
 
-def _replay(settings: Settings, key: str, asked: Request, params: dict[str, Any],
-            where: Route) -> Submitted | None:
-    """The earlier job its owner made with `key`, when it is this request's; IdempotencyConflict
-    when it is another request's; None when the key is new to this owner (keys are per owner:
-    another user's key finds nothing of theirs)."""
-    record = job_by_key(settings.database, key, asked.owner)
-    if record is None:
+def _keys(key: str | None, count: int) -> list[str] | None:
+    """Each job's idempotency key: the key itself for the first (or only) job, `KEY#i` for job i
+    of a batch after it (`#` is not allowed in a key, so no user's key is ever one of these)."""
+    if key is None:
         return None
-    if not _same_request(record, asked, params, where):
+    keys = [key] + [f"{key}#{i}" for i in range(1, count)]
+    if len(keys[-1]) > MAX_KEY_CHARS:
+        raise ParamsError(f"idempotency key of {len(key)} characters is too long for a batch of "
+                          f"{count} jobs: at most {MAX_KEY_CHARS - len(keys[-1]) + len(key)}")
+    return keys
+
+
+def _replay(settings: Settings, keys: list[str], asked: Request, params: list[dict[str, Any]],
+            where: Route) -> list[Submitted] | None:
+    """The earlier jobs their owner made with these keys, when they are this request's;
+    IdempotencyConflict when they are another request's (one more job or one fewer included);
+    None when the key is new to this owner (keys are per owner: another user's key finds nothing
+    of theirs)."""
+    key = keys[0]
+    records = jobs_by_keys(settings.database, [*keys, f"{key}#{len(keys)}"], asked.owner)
+    if not records:
+        return None
+    if len(records) != len(params) or not all(
+            _same_request(r, asked, p, where) for r, p in zip(records, params, strict=True)):
         raise IdempotencyConflict(
-            f"idempotency key {key!r} was used by job {record['id']} with other parameters; "
+            f"idempotency key {key!r} was used by job {records[0]['id']} with other parameters; "
             "a retry must send the same request, a new job needs a new key")
-    return Submitted(record["id"], None, replayed=True,
-                     note=f"a replay: job {record['id']} was submitted with idempotency key "
-                          f"{key!r} before; nothing new was queued")
+    ids = ", ".join(str(r["id"]) for r in records)
+    return [Submitted(r["id"], None, replayed=True,
+                      note=f"a replay: job {ids} was submitted with idempotency key {key!r} "
+                           "before; nothing new was queued") for r in records]
 
 
-def _admitted(settings: Settings, job_id: int, priority: Priority) -> Submitted:
-    """A held job, released now when its owner's quota and share allow it."""
-    if job_id in admit.admit(settings):
-        _ask_preemption(settings, priority, [job_id])
-        return Submitted(job_id, True)
-    return Submitted(job_id, False, note=(
-        f"job {job_id} is queued and held: its owner's quota or fair share admits it later "
-        f"(`mxq job {job_id}` says why)"))
+def _admitted(settings: Settings, ids: list[int], priority: Priority) -> list[Submitted]:
+    """Held jobs, released now when their owner's quota and share allow it."""
+    released = admit.admit(settings)
+    if taken := [i for i in ids if i in released]:
+        _ask_preemption(settings, priority, taken)
+    return [Submitted(i, True) if i in released else Submitted(i, False, note=(
+        f"job {i} is queued and held: its owner's quota or fair share admits it later "
+        f"(`mxq job {i}` says why)")) for i in ids]
 
 
-def _unpublished(job_id: int, exc: SubmitError) -> Submitted:
-    return Submitted(job_id, False, note=(
-        f"job {job_id} is queued but not published yet ({exc}); the reconciler publishes it "
-        "once the broker answers"))
+def _unpublished(ids: list[int], exc: SubmitError) -> list[Submitted]:
+    return [Submitted(i, False, note=(
+        f"job {i} is queued but not published yet ({exc}); the reconciler publishes it "
+        "once the broker answers")) for i in ids]
 
 
 def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
-            exc: Exception, owner: str, priority: Priority) -> JobRejected:
+            exc: Exception, asked: Request, which: str = "") -> JobRejected:
     """Record a request that cannot run as a failed job (carrying no idempotency key: a retry
-    is rejected again, on its own row)."""
+    is rejected again, on its own row); `which` names it within a batch."""
     reason = _storable(str(exc).strip('"'))
     job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
-                        reason, owner=owner, priority=priority)
-    return JobRejected(job_id, reason)
+                        reason, owner=asked.owner, priority=asked.priority, team=asked.team)
+    return JobRejected(job_id, f"{which}{reason}")
 
 
 def _ask_preemption(settings: Settings, priority: Priority, ids: list[int]) -> None:
@@ -374,73 +386,120 @@ def _check_quota(kind: str, params: dict[str, Any], owner: str, share: Share) ->
         raise BeyondQuota(f"{kind} job of {owner!r} refused: {why}")
 
 
-def _shared(settings: Settings, kind: str, params: dict[str, Any], owner: str,
+def _shared(settings: Settings, kind: str, params: list[dict[str, Any]], owner: str,
             team: str | None) -> str | None:
-    """The team a job is shared with, checked (it exists, its owner is a member); a training
+    """The team jobs are shared with, checked (it exists, its owner is a member); a training
     only by an owner who may register versions of its model (Forbidden otherwise)."""
     checked = check_team(settings.database, team, owner)
-    if kind == "train" and isinstance(params.get("name"), str):
-        check_registrant(settings.database, params["name"], owner)
+    if kind == "train":
+        for name in sorted({p["name"] for p in params if isinstance(p.get("name"), str)}):
+            check_registrant(settings.database, name, owner)
     return checked
+
+
+def _prepare_all(settings: Settings, asked: Request, params: list[dict[str, Any]], where: Route,
+                 models: Models) -> list[dict[str, Any]]:
+    """Every job's parameters prepared (`_prepare`); the first wrong one is recorded as a failed
+    job and raised (JobRejected), and nothing else is queued."""
+    checked: list[dict[str, Any]] = []
+    for i, p in enumerate(params):
+        try:
+            checked.append(_prepare(settings, asked.kind, p, models))
+        except REJECTED as exc:
+            which = f"job {i} of {len(params)} (nothing else was queued): " if len(params) > 1 else ""
+            raise _reject(settings, asked.kind, p, where, exc, asked, which) from exc
+    return checked
+
+
+def _broker_late(settings: Settings) -> BrokerTimeout | None:
+    """The broker checked before anything is written: SubmitError when it refuses; its
+    BrokerTimeout when it does not answer in time (the jobs are then stored, not published)."""
+    try:
+        check_broker(settings)
+    except BrokerTimeout as exc:
+        return exc
+    return None
+
+
+def _publish(settings: Settings, kind: str, queue: str, ids: list[int], turn: Turn) -> None:
+    """Each job's message, within MXQ_BROKER_TIMEOUT_SECONDS per publish batch; SubmitError
+    when the broker refuses or does not answer (the jobs stay queued for the reconciler)."""
+    if len(ids) == 1:
+        publish(settings, ids[0], kind, queue, turn=turn)
+        return
+    try:
+        within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
+               f"the publish of {len(ids)} jobs", settings.broker,
+               lambda: _send_many(settings, kind, queue, ids, turn))
+    except SubmitError:
+        raise
+    except Exception as exc:  # kombu raises several unrelated types here
+        raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}") from exc
+
+
+def submit_jobs(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
+                allow_offline: bool = False, idempotency_key: str | None = None,
+                owner: str | None = None, priority: Priority = Priority(),
+                team: str | None = None) -> list[Submitted]:
+    """Queue jobs of one kind, owned by `owner` (default: `local:<login>`, this machine's user)
+    and shared with `team`, at `priority`; what happened to each (`Submitted`). The one submit
+    path: one job is a batch of one, and every answer is the same whatever the batch's size.
+
+    Device and database problems, and a broker that refuses connections, write nothing; wrong
+    parameters or inputs are recorded as a failed job (so the history says why) and raise
+    JobRejected, and nothing else is queued. A broker that does not answer in time leaves the
+    jobs queued, not published (the reconciler publishes them). An idempotency key makes a
+    retry of the same request return its jobs (`_keys`), even while the broker hangs.
+    """
+    if not params:
+        raise ParamsError("no jobs to submit: give at least one")
+    key, owner = check_key(idempotency_key), owner or local_owner()
+    asked = Request(kind, owner, priority, _shared(settings, kind, params, owner, team))
+    where = _checked_route(settings, kind, device, allow_offline)
+    models: Models = {}
+    checked = _prepare_all(settings, asked, params, where, models)
+    share = admission.share_of(settings.database, owner)  # read once: a submit may hold 100,000
+    for p in checked:
+        _check_quota(kind, p, owner, share)
+    where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
+    keys = _keys(key, len(checked))
+    if keys is not None and (earlier := _replay(settings, keys, asked, checked, where)) is not None:
+        return earlier  # before the broker is asked: a retry answers even while it hangs
+    late, held = _broker_late(settings), admit.holding(settings)
+    try:
+        ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
+                          owner, priority, held, asked.team, keys)
+    except IdempotencyKeyTaken:  # a submit with the same key won the race
+        assert keys is not None
+        if (earlier := _replay(settings, keys, asked, checked, where)) is None:
+            raise
+        return earlier
+    if late is not None:
+        return _unpublished(ids, late)
+    if held:
+        return _admitted(settings, ids, priority)
+    try:
+        _publish(settings, kind, where.queue, ids, Turn(priority.level))
+    except SubmitError as exc:
+        return _unpublished(ids, exc)
+    _ask_preemption(settings, priority, ids)
+    return [Submitted(i, True) for i in ids]
 
 
 def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
                    allow_offline: bool = False, idempotency_key: str | None = None,
                    owner: str | None = None, priority: Priority = Priority(),
                    team: str | None = None) -> Submitted:
-    """Queue one job, owned by `owner` (default: `local:<login>`, this machine's user) and
-    shared with `team`, at `priority`; what happened (`Submitted`).
-
-    Device and database problems, and a broker that refuses connections, write nothing; wrong
-    parameters or inputs are recorded as a failed job (so the history says why) and raise
-    JobRejected. A broker that does not answer in time leaves the job queued, not published.
-    """
-    key = check_key(idempotency_key)
-    owner = owner or local_owner()
-    team = _shared(settings, kind, params, owner, team)
-    asked = Request(kind, owner, priority, team)
-    where = _checked_route(settings, kind, device, allow_offline)
-    models: Models = {}
-    try:
-        params = _prepare(settings, kind, params, models)
-    except REJECTED as exc:
-        raise _reject(settings, kind, params, where, exc, owner, priority) from exc
-    where = _engine_route(settings, device, allow_offline, _need(kind, params, models), where)
-    _check_quota(kind, params, owner, admission.share_of(settings.database, owner))
-    if key is not None and (earlier := _replay(settings, key, asked, params, where)) is not None:
-        return earlier  # before the broker is asked: a retry answers even while it hangs
-    try:
-        check_broker(settings)
-        late: BrokerTimeout | None = None
-    except BrokerTimeout as exc:
-        late = exc
-    held = admit.holding(settings)
-    try:
-        job_id = create_job(settings.database, kind, params, where.requested, where.queue,
-                            idempotency_key=key, owner=owner, priority=priority, held=held,
-                            team=team)
-    except IdempotencyKeyTaken:  # a submit with the same key won the race
-        assert key is not None
-        earlier = _replay(settings, key, asked, params, where)
-        if earlier is None:
-            raise
-        return earlier
-    if late is not None:
-        return _unpublished(job_id, late)
-    if held:
-        return _admitted(settings, job_id, priority)
-    try:
-        publish(settings, job_id, kind, where.queue, turn=Turn(priority.level))
-    except SubmitError as exc:
-        return _unpublished(job_id, exc)
-    _ask_preemption(settings, priority, [job_id])
-    return Submitted(job_id, True)
+    """Queue one job (`submit_jobs` with one): what happened to it."""
+    [done] = submit_jobs(settings, kind, [params], device, allow_offline, idempotency_key, owner,
+                         priority, team)
+    return done
 
 
 def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
            allow_offline: bool = False, owner: str | None = None,
            priority: Priority = Priority(), team: str | None = None) -> int:
-    """Queue one job and return its id (`submit_request`, for callers that need only the id:
+    """Queue one job and return its id (`submit_jobs`, for callers that need only the id:
     a job not published yet is queued all the same, and the reconciler publishes it)."""
     return submit_request(settings, kind, params, device, allow_offline, owner=owner,
                           priority=priority, team=team).job_id
@@ -449,43 +508,10 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
 def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
                 allow_offline: bool = False, owner: str | None = None,
                 priority: Priority = Priority(), team: str | None = None) -> list[int]:
-    """Queue many jobs of one kind at once: one check, one transaction, pipelined publishes.
-
-    All or nothing: if any parameters are wrong, nothing is written and the error names which.
-    """
-    owner = owner or local_owner()
-    team = check_team(settings.database, team, owner)
-    for name in {p["name"] for p in params if isinstance(p.get("name"), str)} if kind == "train" else ():
-        check_registrant(settings.database, name, owner)
-    where = _reachable_route(settings, kind, device, allow_offline)
-    checked: list[dict[str, Any]] = []
-    models: Models = {}
-    for i, p in enumerate(params):
-        try:
-            checked.append(_prepare(settings, kind, p, models))
-        except REJECTED as exc:
-            raise ParamsError(f"job {i} of {len(params)}: {str(exc).strip(chr(34))}; nothing was "
-                              "queued") from exc
-    share = admission.share_of(settings.database, owner)  # read once: a submit may hold 100,000
-    for p in checked:
-        _check_quota(kind, p, owner, share)
-    where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
-    held = admit.holding(settings)
-    ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
-                      owner, priority, held, team)
-    if held:
-        if released := admit.admit(settings):
-            _ask_preemption(settings, priority, released)
-        return ids
-    try:
-        within(settings.broker_timeout_seconds * -(-len(ids) // PUBLISH_BATCH),
-               f"the publish of {len(ids)} jobs", settings.broker,
-               lambda: _send_many(settings, kind, where.queue, ids, Turn(priority.level)))
-    except Exception as exc:
-        raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}; "
-                          "the reconciler publishes the jobs already recorded") from exc
-    _ask_preemption(settings, priority, ids)
-    return ids
+    """Queue many jobs of one kind and return their ids (`submit_jobs`: one check, one
+    transaction, pipelined publishes)."""
+    return [done.job_id for done in submit_jobs(settings, kind, params, device, allow_offline,
+                                                owner=owner, priority=priority, team=team)]
 
 
 def _common_need(kind: str, checked: list[dict[str, Any]], models: Models) -> Need:
