@@ -46,8 +46,9 @@ from mxq.priorities import Priority
 from mxq.status import FINISHED, JobStatus
 
 
-class Claim(enum.Enum):
-    """What a worker should do with a delivered job message."""
+class Claim(enum.StrEnum):
+    """What a worker should do with a delivered job message (its value is what the delivery
+    logs and returns when it does not run the job)."""
 
     RUN = "run"  # claimed: run it
     DUPLICATE = "duplicate"  # another live worker is running it: drop this delivery

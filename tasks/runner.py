@@ -9,6 +9,7 @@ the job goes back to its queue without using an attempt, and the worker takes it
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import sys
@@ -43,7 +44,21 @@ log = logging.getLogger(__name__)
 # device to device is the job's own (a kernel its model makes fail), and each one takes a device
 # out until its probe.
 MAX_DEVICE_FAULTS = 2
-DEVICE_FAULT = "device fault"  # the state of a delivery whose device failed under it
+
+
+class Delivery(enum.StrEnum):
+    """What one delivery of a job did that ran or handed it on (the task's return value, logged;
+    a delivery that does not run its job returns its `Claim`)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"  # yielded at a checkpoint: queued again to resume
+    LOST = "lost"  # the job was no longer this attempt's when it wrote
+    DEFERRED = "deferred"  # its devices were busy: its message goes back to its queue
+    REDIRECTED = "redirected"  # it reached the wrong device: sent to its own queue
+    SPLIT = "split"  # fanned out into chunk jobs
+    DEVICE_FAULT = "device fault"  # the device failed under it: queued again elsewhere
 
 
 class JobInputError(UserError):
@@ -233,12 +248,12 @@ def context_of(row: JobRow, device: str, url: str) -> JobContext:
                       priority=row["priority"], started=row["attempts"] > 0)
 
 
-def _defer(s: Settings, job: JobContext, why: str) -> str:
+def _defer(s: Settings, job: JobContext, why: str) -> Delivery:
     """Hand the message back to its queue for later (the job stays queued, no attempt used)."""
     log.info("job %s deferred: %s", job.id, why)
     time.sleep(DEFER_SECONDS)
     publish(s, job.id, job.kind, job.queue, patient=True, turn=_turn(job))
-    return "deferred"
+    return Delivery.DEFERRED
 
 
 def _turn(job: JobContext) -> Turn:
@@ -246,14 +261,16 @@ def _turn(job: JobContext) -> Turn:
 
 
 def run_job(job_id: int, body: Body, admit: Admit | None = None,
-            release: Callable[[JobContext], None] | None = None, worker: Worker | None = None) -> str:
-    """Run one delivery of a job on `worker` (default: this process's device worker)."""
+            release: Callable[[JobContext], None] | None = None,
+            worker: Worker | None = None) -> Delivery | Claim:
+    """Run one delivery of a job on `worker` (default: this process's device worker): what it
+    did, or the claim's verdict when it did not run the job."""
     w = worker or this_worker()
     s, at = w.settings, w.at
     job = _context(s, job_id, at.device)
     if isinstance(job, Claim):  # e.g. a late message of a job a dynamic batch took
-        log.info("job %s not run here: %s", job_id, job.value)
-        return job.value
+        log.info("job %s not run here: %s", job_id, job)
+        return job
     job.worker = at.worker
     if (elsewhere := _meant_for_another(at.node, job.parsed_device, job.queue)) is not None:
         return _redirect(s, job, elsewhere)
@@ -269,8 +286,8 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     if not isinstance(verdict, Fence):
         if release is not None and verdict is not Claim.DUPLICATE:  # a live duplicate keeps them
             release(job)
-        log.warning("job %s not run here: %s", job_id, verdict.value)
-        return verdict.value
+        log.warning("job %s not run here: %s", job_id, verdict)
+        return verdict
     job.fence = verdict
     try:
         return _run(w, job, body)
@@ -288,14 +305,14 @@ def _meant_for_another(node: str, device: Device, queue: str) -> str | None:
     return queue
 
 
-def _redirect(s: Settings, job: JobContext, queue: str) -> str:
+def _redirect(s: Settings, job: JobContext, queue: str) -> Delivery:
     """Send a delivery that reached the wrong device to the job's own queue (no attempt used)."""
     log.warning("job %s not run here: it was asked for queue %s", job.id, queue)
     publish(s, job.id, job.kind, queue, patient=True, turn=_turn(job))
-    return "redirected"
+    return Delivery.REDIRECTED
 
 
-def _run(w: Worker, job: JobContext, body: Body) -> str:
+def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
     s, hb = w.settings, w.heartbeat
     fence = job.fence
     assert fence is not None  # set by the claim
@@ -304,20 +321,20 @@ def _run(w: Worker, job: JobContext, body: Body) -> str:
     try:
         return _record(s, job, fence, body(job))
     except (JobInputError, JobFailed) as exc:
-        return _outcome(jobs.fail(s.database, job.id, str(exc), fence=fence), "failed", job)
+        return _outcome(jobs.fail(s.database, job.id, str(exc), fence=fence), Delivery.FAILED, job)
     except JobCancelled as exc:
-        return _outcome(jobs.mark_cancelled(s.database, fence, exc.samples), "cancelled", job)
+        return _outcome(jobs.mark_cancelled(s.database, fence, exc.samples), Delivery.CANCELLED, job)
     except JobPreempted as exc:
         return _yield(s, job, fence, exc.to)
     except JobLost as exc:
         log.warning("%s; this attempt (%s) stopped, its writes refused", exc, fence.attempt)
-        return "lost"
+        return Delivery.LOST
     except Exception as exc:
         if device_fault(exc):
             return _device_failed(w, job, fence, exc)
         log.exception("job %s failed", job.id)
         return _outcome(jobs.fail(s.database, job.id, _unexpected(job, exc), fence=fence),
-                        "failed", job)
+                        Delivery.FAILED, job)
     finally:
         if hb is not None:
             hb.current_job = None
@@ -338,19 +355,19 @@ def _unexpected(job: JobContext, exc: Exception) -> str:
     return typed_line(exc)
 
 
-def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> str:
+def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> Delivery:
     """Queue the job again after it stopped for job `to` (a `preempted` event names it); it
     resumes from what it committed, ahead of the jobs of its level that never started."""
     if not preemption.yielded(s.database, fence, to):
-        return _outcome(False, "preempted", job)
+        return _outcome(False, Delivery.PREEMPTED, job)
     events.record(s.database, job.id, events.PREEMPTED, f"yielded {', '.join(job.devices)} to job "
                   f"{to} at a checkpoint; queued again to resume there", to=to,
                   attempt=fence.attempt, devices=job.devices)
     publish(s, job.id, job.kind, job.queue, patient=True, turn=Turn(job.priority, started=True))
-    return "preempted"
+    return Delivery.PREEMPTED
 
 
-def _device_failed(w: Worker, job: JobContext, fence: Fence, exc: Exception) -> str:
+def _device_failed(w: Worker, job: JobContext, fence: Fence, exc: Exception) -> Delivery:
     """The device failed under the job: queue the job again to resume on a healthy device (no
     attempt used; its `MAX_DEVICE_FAULTS`th fails it), and mark this worker's device out."""
     s = w.settings
@@ -359,15 +376,15 @@ def _device_failed(w: Worker, job: JobContext, fence: Fence, exc: Exception) -> 
     w.faults.append(why)
     requeued = jobs.device_faulted(s.database, fence, MAX_DEVICE_FAULTS)
     if requeued is None:
-        return _outcome(False, DEVICE_FAULT, job)
+        return _outcome(False, Delivery.DEVICE_FAULT, job)
     if not requeued:
         failed = jobs.fail(s.database, job.id, f"{why} (its {MAX_DEVICE_FAULTS}th device fault: one "
                            "that follows a job from device to device is the job's own)", fence=fence)
-        return _outcome(failed, "failed", job)
+        return _outcome(failed, Delivery.FAILED, job)
     events.record(s.database, job.id, events.DEVICE_FAULT, f"{why}; queued again to resume on a "
                   "healthy device, no attempt used", attempt=fence.attempt, devices=job.devices)
     publish(s, job.id, job.kind, job.queue, patient=True, turn=Turn(job.priority, started=True))
-    return DEVICE_FAULT
+    return Delivery.DEVICE_FAULT
 
 
 def take_out(w: Worker, why: str) -> None:
@@ -380,22 +397,22 @@ def take_out(w: Worker, why: str) -> None:
     os._exit(REFUSED_EXIT)
 
 
-def _record(s: Settings, job: JobContext, fence: Fence, outcome: Outcome | FanOut) -> str:
+def _record(s: Settings, job: JobContext, fence: Fence, outcome: Outcome | FanOut) -> Delivery:
     if isinstance(outcome, FanOut):
         return _fan_out(s, job, outcome)
     done = jobs.succeed(s.database, fence, outcome.samples, outcome.seconds, outcome.result)
-    return _outcome(done, "succeeded", job)
+    return _outcome(done, Delivery.SUCCEEDED, job)
 
 
-def _outcome(recorded: bool, state: str, job: JobContext) -> str:
-    """`state`, or "lost" when the job was no longer this attempt's when its outcome came."""
+def _outcome(recorded: bool, state: Delivery, job: JobContext) -> Delivery:
+    """`state`, or LOST when the job was no longer this attempt's when its outcome came."""
     if recorded:
         return state
     log.warning("job %s: outcome %s refused: the job is no longer this attempt's", job.id, state)
-    return "lost"
+    return Delivery.LOST
 
 
-def _fan_out(s: Settings, job: JobContext, split: FanOut) -> str:
+def _fan_out(s: Settings, job: JobContext, split: FanOut) -> Delivery:
     """Create the chunk jobs (once, even on redelivery) and publish those not yet started; while
     admission is on (a quota or a share), hold them for the admitter instead (which runs as
     this job's frame ends), so that its owner's quota counts every chunk (two ran at once
@@ -408,7 +425,7 @@ def _fan_out(s: Settings, job: JobContext, split: FanOut) -> str:
             publish(s, child_id, job.kind, queue, patient=True, turn=Turn(job.priority))
     log.info("job %s split into %s chunks on %s", job.id, len(children),
              ",".join(sorted({queue for _, _, queue in children})))
-    return "split"
+    return Delivery.SPLIT
 
 
 def job_task(kind: str, admit: Admit | None = None,
@@ -419,7 +436,7 @@ def job_task(kind: str, admit: Admit | None = None,
     the job), `release` after the job or a refused claim.
     """
     def register(body: Body) -> Body:
-        def _task(job_id: int) -> str:
+        def _task(job_id: int) -> Delivery | Claim:
             started = time.monotonic()
             worker = this_worker()
             with DELIVERY:
