@@ -244,7 +244,7 @@ def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict
     from mxq.tasks.model_store.models import load, probabilities
     from mxq.tasks.runtimes.mx import mx
 
-    net, _ = load(model, mx.cpu())
+    net, _ = load(s, model, mx.cpu())
     data = np.load(path, mmap_mode="r")
     agreed, diff = 0, 0.0
     for first in range(0, len(data), AGREEMENT_ROWS):
@@ -271,7 +271,7 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
         x, training = _trained(s, arch, shape, epochs)
         model = resolve(s.database, arch)
     else:
-        model = add_builtin(s.database, s.home_path, arch, arch, shape, 10)
+        model = add_builtin(s, arch, arch, shape, 10)
     cores = worker_cores(s, "cpu:0")
     samples = _sized(s, arch, shape, batch, cores, scale)
     path = (make_input(s.home_path / f"{arch}.npy", samples, shape) if x is None else

@@ -32,8 +32,9 @@ def bare_loop(model: ModelRecord, path: str, batch: int) -> float:
     """Samples/s of the plain loop a user would write: read a batch, forward, softmax, to numpy."""
     from mxq.tasks.model_store.models import load
     from mxq.tasks.runtimes.mx import mx
+    from mxq.workers.settings import get_settings
 
-    net, _ = load(model, mx.cpu(0))
+    net, _ = load(get_settings(), model, mx.cpu(0))
     data = np.load(path, mmap_mode="r")
     net(mx.nd.array(data[:batch])).wait_to_read()  # warm-up, as the worker's first batch
     start = time.perf_counter()
@@ -52,7 +53,7 @@ def pinned_bare(s: Settings, path: Path, batch: int, cores: list[int]) -> float:
 def register(s: Settings, arch: str, shape: tuple[int, ...], classes: int = 10) -> ModelRecord:
     from mxq.tasks.model_store.models import add_builtin
 
-    return add_builtin(s.database, s.home_path, MODEL, arch, shape, classes)
+    return add_builtin(s, MODEL, arch, shape, classes)
 
 
 def make_input(path: Path, samples: int, shape: tuple[int, ...], seed: int = 0) -> Path:

@@ -87,7 +87,7 @@ def main() -> None:
         try:
             from mxq.tasks.model_store.models import add_builtin
 
-            add_builtin(settings.database, settings.home_path, "bench", args.arch, shape, 10)
+            add_builtin(settings, "bench", args.arch, shape, 10)
             path = home / "input.npy"
             rng = np.random.default_rng(0)
             np.save(path, rng.normal(size=(args.samples, *shape)).astype(np.float32))

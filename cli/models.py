@@ -137,7 +137,7 @@ def add(name: str,
             record = register_on_a_worker(request, reason(exc))
         else:
             s = get_settings()
-            record = add_version(s.database, s.home_path, request)
+            record = add_version(s, request)
     if owner is not None or team is not None:
         record = _shared(record, owner, team)
     if json_:

@@ -122,12 +122,13 @@ class JobContext:
     kind: str
     params: dict[str, Any]
     device: str  # "cpu:1"
-    url: str
+    settings: Settings  # the worker's, passed in: a job body reads no process-wide settings
     queue: str
     requested: str
     parent_id: int | None
     devices: list[str] = field(default_factory=list)  # all it holds; [device] for one-device jobs
     worker: str = ""  # the worker that claimed it
+    node: str = ""  # that worker's node ("": its settings' node)
     fence: Fence | None = None  # this attempt's, from the claim: every write it makes carries it
     # Inference: where earlier attempts stopped storing results (read with the row: a worker
     # still writing then is fenced off by the claim, and what it adds is cleared on resume).
@@ -143,6 +144,16 @@ class JobContext:
 
     def __post_init__(self) -> None:
         self.parsed_device = Device.parse(self.device)
+
+    @property
+    def url(self) -> str:
+        """The job database's URL."""
+        return self.settings.database
+
+    @property
+    def at(self) -> Placement:
+        """Where this attempt runs: the worker that claimed it, its node, its device."""
+        return Placement(worker=self.worker, node=self.node or self.settings.node, device=self.device)
 
     def progress(self, fraction: float) -> None:
         """Report progress (written at most every PROGRESS_SECONDS: tiny jobs skip it); the write
@@ -203,9 +214,8 @@ DEFER_SECONDS = 1.0  # a deferred message waits this long before going back to i
 DELIVERY = threading.Lock()
 
 
-def placement() -> Placement:
-    """Where this worker process runs: its worker name, node and device."""
-    s = get_settings()
+def placement(s: Settings) -> Placement:
+    """Where a worker process of settings `s` runs: its worker name, node and device."""
     device = s.device or "cpu:0"
     spec = Device.parse(device)
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
@@ -225,7 +235,9 @@ class Worker:
 
 
 def this_worker() -> Worker:
-    return Worker(placement(), get_settings(), heartbeat.current)
+    """This device worker process, as its settings (read here, at its edge) place it."""
+    s = get_settings()
+    return Worker(placement(s), s, heartbeat.current)
 
 
 @db_retry
@@ -237,13 +249,13 @@ def _context(s: Settings, job_id: int, device: str) -> JobContext | Claim:
     cutoff = utcnow() - timedelta(seconds=s.heartbeat_ttl)
     if (verdict := jobs.unclaimable(row["status"], row["heartbeat_at"], cutoff)) is not None:
         return verdict
-    return context_of(row, device, s.database)
+    return context_of(row, device, s)
 
 
-def context_of(row: JobRow, device: str, url: str) -> JobContext:
+def context_of(row: JobRow, device: str, settings: Settings) -> JobContext:
     """The frame of `row`'s job on `device` alone, before its claim; the training child makes
     the same frame, then gives it the devices and the fence its leader claimed with."""
-    return JobContext(row["id"], row["kind"], row["params"], device, url, row["queue"],
+    return JobContext(row["id"], row["kind"], row["params"], device, settings, row["queue"],
                       row["requested_device"], row["parent_id"], [device], committed=row["committed"],
                       priority=row["priority"], started=row["attempts"] > 0)
 
@@ -271,7 +283,7 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     if isinstance(job, Claim):  # e.g. a late message of a job a dynamic batch took
         log.info("job %s not run here: %s", job_id, job)
         return job
-    job.worker = at.worker
+    job.worker, job.node = at.worker, at.node
     if (elsewhere := _meant_for_another(at.node, job.parsed_device, job.queue)) is not None:
         return _redirect(s, job, elsewhere)
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)

@@ -387,8 +387,9 @@ def test_a_job_out_of_host_memory_says_so_and_where() -> None:
     """Python raises a bare MemoryError wherever an allocation fails (a 1 MiB read, say): the
     failed job names it and its devices, not a class name alone."""
     from mxq.tasks.runner import JobContext, _unexpected
+    from mxq.workers.settings import Settings
 
-    job = JobContext(7, "infer", {}, "cpu:0", "sqlite://", "q", "cpu:0", None)
+    job = JobContext(7, "infer", {}, "cpu:0", Settings(database_url="sqlite://"), "q", "cpu:0", None)
     assert _unexpected(job, MemoryError()) == "out of host memory on cpu:0"
     numpy_said = MemoryError("Unable to allocate 8.00 MiB for an array with shape (8192, 256)")
     assert _unexpected(job, numpy_said) == ("out of host memory on cpu:0: Unable to allocate 8.00 "

@@ -1,7 +1,9 @@
 """All of mxq's settings, read once from `MXQ_*` environment variables.
 
 Every default is a named value here with a line saying why, so there is one place to look.
-No other module reads `os.environ`.
+Read at the edges (a worker's, a training child's or the API's start, the CLI) and passed in:
+the modules that read `os.environ` besides this one start processes with it or are the start of
+one (tests/house/test_settings_edges.py lists them).
 """
 
 from __future__ import annotations

@@ -24,13 +24,13 @@ from mxq.db.fence import Fence
 from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
 from mxq.tasks.inference.inputs import InputSource
-from mxq.tasks.runner import JobContext, JobInputError, placement
+from mxq.tasks.runner import JobContext, JobInputError
 from mxq.workers.broker import messages
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues
 from mxq.workers.hardware.devices import engines_for
 from mxq.workers.jobs.jobspecs import InferParams
-from mxq.workers.settings import Settings, get_settings
+from mxq.workers.settings import Settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
 CANDIDATES = 2  # look at this many queued jobs per free sample slot (others may not match)
@@ -41,7 +41,7 @@ GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many
 # What the infer task hands in, so that this module needs no part of it: a job's input opened
 # and checked, that input read whole, and a batch's prediction rows (owner job, first sample's
 # index, probabilities, top k).
-OpenInput = Callable[[InferParams, ModelRecord], InputSource]
+OpenInput = Callable[[Settings, InferParams, ModelRecord], InputSource]
 ReadAll = Callable[[InferParams, InputSource], NDArray[np.float32]]
 RowsOf = Callable[[int, int, NDArray[np.float32], int], list[Row]]
 Candidate = tuple[int, dict[str, Any]]  # a queued job's id and parameters
@@ -64,8 +64,8 @@ def mergeable(p: InferParams, count: int, settings: Settings) -> bool:
 
 def _queues(job: JobContext) -> list[str]:
     """The queues this worker consumes: its device's and its kind's pools for its engines."""
-    spec, s = job.parsed_device, get_settings()
-    return [device_queue(s.node, spec.kind, spec.index),
+    spec, s = job.parsed_device, job.settings
+    return [device_queue(job.at.node, spec.kind, spec.index),
             *pool_queues(spec.kind, engines_for(spec.kind, s.mxnet_unusable))]
 
 
@@ -92,10 +92,10 @@ def gather(job: JobContext, model: ModelRecord, open_input: OpenInput, read: Rea
     Each one's input is opened and checked as its own job would; one that is wrong is claimed
     and failed on its own with its message, and the others go on.
     """
-    s = get_settings()
+    s = job.settings
     members: list[Member] = []
     deadline = time.monotonic() + s.batch_wait_ms / 1000
-    at, seen = placement(), {job.id}
+    at, seen = job.at, {job.id}
     while samples < s.merge_samples:
         found = _candidates(job, model, s.merge_samples - samples, seen)
         seen.update(i for i, _ in found)
@@ -123,10 +123,10 @@ def _take(job: JobContext, model: ModelRecord, found: list[Candidate],
           open_input: OpenInput, read: ReadAll, at: jobs.Placement, members: list[Member]) -> int:
     """Open `found`, claim the mergeable ones still queued, add them to `members`; the samples
     added."""
-    s = get_settings()
+    s = job.settings
     opened = {}
     for job_id, params in found:
-        item = _open(params, model, open_input)
+        item = _open(s, params, model, open_input)
         if isinstance(item, str) or mergeable(item[0], item[1].count, s):
             opened[job_id] = item
     claimed = jobs.claim_many(job.url, list(opened), at)
@@ -146,12 +146,12 @@ def _take(job: JobContext, model: ModelRecord, found: list[Candidate],
     return added
 
 
-def _open(params: dict[str, Any], model: ModelRecord,
+def _open(s: Settings, params: dict[str, Any], model: ModelRecord,
           open_input: OpenInput) -> tuple[InferParams, InputSource] | str:
     """A candidate's parameters and input, or why its job fails."""
     try:
         p = InferParams(**params)
-        return p, open_input(p, model)
+        return p, open_input(s, p, model)
     except JobInputError as exc:
         return str(exc)
     except Exception as exc:  # a broken input fails its own job, never the batch
@@ -168,9 +168,9 @@ def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float3
     outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
                        {**result, "input": m.p.input, "range": [0, len(m.x)],
                         "batch_size": m.p.batch_size}) for m in members}
-    jobs.finish_batch(job.url, outcomes, lead_fence(job), placement(), rows)
+    jobs.finish_batch(job.url, outcomes, lead_fence(job), job.at, rows)
     # Messages published after the claim (a submit still under way) are dropped too.
-    messages.drop_waiting(get_settings().broker, _queues(job), [m.id for m in members[1:]])
+    messages.drop_waiting(job.settings.broker, _queues(job), [m.id for m in members[1:]])
     return outcomes[members[0].id]
 
 
@@ -184,6 +184,6 @@ def hand_back(job: JobContext, members: list[Member]) -> None:
     """The device failed under a merged batch: every member but the lead (which the job frame
     sends back as a device fault) is queued again without using an attempt, to run elsewhere;
     before, they stayed running on a worker that left, until the reconciler charged them one."""
-    s, worker = get_settings(), placement().worker
+    s, worker = job.settings, job.worker
     for job_id, queue, priority in jobs.hand_back(job.url, [m.id for m in members[1:]], worker):
         publish(s, job_id, job.kind, queue, patient=True, turn=Turn(priority, started=True))

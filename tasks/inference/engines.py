@@ -26,7 +26,7 @@ from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.model_store.locations import local_file
 from mxq.tasks.runner import JobContext, JobInputError
 from mxq.tasks.runtimes import onnx_runtime
-from mxq.workers.settings import get_settings
+from mxq.workers.settings import Settings
 
 # A batch as the engines take it (preprocessed float32 inputs) and give it (class probabilities).
 Batch = NDArray[np.float32]
@@ -124,7 +124,7 @@ def _checked(model: ModelRecord, forward: Callable[[Batch], Batch]
     return run
 
 
-def mxnet_engine(model: ModelRecord, device: Device, reason: str) -> Engine:
+def mxnet_engine(settings: Settings, model: ModelRecord, device: Device, reason: str) -> Engine:
     """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
     Each new batch size is checked by shape inference before it runs: running a symbol that
     fixes its batch can corrupt memory and crash the worker."""
@@ -133,7 +133,7 @@ def mxnet_engine(model: ModelRecord, device: Device, reason: str) -> Engine:
 
     ctx = context(device)
     try:
-        net, cached = load(model, ctx)
+        net, cached = load(settings, model, ctx)
     except ChangedFile as exc:
         raise StoreChanged(str(exc)) from None
     except ModelError as exc:
@@ -153,8 +153,10 @@ def mxnet_engine(model: ModelRecord, device: Device, reason: str) -> Engine:
     return Engine("mxnet", _checked(model, forward), lambda: _release(net), cached, reason)
 
 
-def onnx_engine(model: ModelRecord, kind: str, reason: str, precision: str = "fp32") -> Engine:
-    """ONNX Runtime on the version's export, or on its `precision` variant."""
+def onnx_engine(settings: Settings, model: ModelRecord, kind: str, reason: str,
+                precision: str = "fp32") -> Engine:
+    """ONNX Runtime on the version's export, or on its `precision` variant (its file in the
+    home of `settings`, fetched from the store when missing)."""
     onnx = model.get("onnx") or {}
     if not onnx.get("file"):
         raise JobInputError(f"model {model['name']}:{model['version']} has no ONNX export "
@@ -166,7 +168,7 @@ def onnx_engine(model: ModelRecord, kind: str, reason: str, precision: str = "fp
     if not built:
         raise JobInputError(rule.no_variant(_label(model)))
     what = "ONNX file" if precision == "fp32" else f"{precision} variant"
-    path = local_file(get_settings(), model, built["file"])
+    path = local_file(settings, model, built["file"])
     if not path.is_file():
         raise JobInputError(f"{what} {path} of {_label(model)} is missing")
     try:
@@ -201,7 +203,7 @@ def _rates(built: dict[str, Engine], sample: Batch) -> dict[str, float]:
 
 
 def _figures_key(job: JobContext) -> str:
-    return rule.figures_key(job.parsed_device.kind, get_settings().device_model)
+    return rule.figures_key(job.parsed_device.kind, job.settings.device_model)
 
 
 def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[str]) -> dict[str, float]:
@@ -214,8 +216,8 @@ def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[s
 
     def build(name: str) -> Engine:
         if name == "mxnet":
-            return mxnet_engine(model, job.parsed_device, "")
-        return onnx_engine(model, kind, "", "fp32" if name == "onnx" else name)
+            return mxnet_engine(job.settings, model, job.parsed_device, "")
+        return onnx_engine(job.settings, model, kind, "", "fp32" if name == "onnx" else name)
 
     key = _figures_key(job)
     speeds = {**((model.get("engines") or {}).get(key) or {}),
@@ -229,7 +231,7 @@ def _fp32_choice(job: JobContext, model: ModelRecord, asked: str, batch_size: in
                  ) -> tuple[rule.Choice | None, dict[str, float] | None, str | None]:
     """The full-precision engine for `asked` (measuring both first, for `auto`, when no figures
     exist), the speeds known, or (None, None, why) when MXNet must serve unmeasured."""
-    kind, mxnet_unusable = job.parsed_device.kind, get_settings().mxnet_unusable
+    kind, mxnet_unusable = job.parsed_device.kind, job.settings.mxnet_unusable
     if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
         return None, None, missing
     speeds = (model.get("engines") or {}).get(_figures_key(job))
@@ -265,7 +267,7 @@ def _precision(job: JobContext, model: ModelRecord, asked: str, p: Precision, fp
                             "fp16 or auto there, or run it on a CPU device")
     which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
     if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
-        mxnet_unusable = get_settings().mxnet_unusable
+        mxnet_unusable = job.settings.mxnet_unusable
         both = mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), None)
         try:
             speeds = _measure(job, model, batch_size, [*which, *(rule.RUNTIMES if both else [fp32.engine])])
@@ -301,17 +303,18 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
     fp32, speeds, unmeasured = _fp32_choice(job, model, asked, batch_size)
     if fp32 is None:
         assert unmeasured is not None
-        return mxnet_engine(model, device, unmeasured)
+        return mxnet_engine(job.settings, model, device, unmeasured)
     chosen = rule.PrecisionChoice("fp32", "--engine mxnet asked: variants run on ONNX Runtime")
     if not (asked == "mxnet" and precision.asked not in rule.VARIANTS):
         fp32, chosen = _precision(job, model, asked, precision, fp32, speeds, batch_size)
     if chosen.precision != "fp32":
-        engine = onnx_engine(model, device.kind, fp32.reason if fp32.engine == "onnx" else
-                             f"the {chosen.precision} variant runs on ONNX Runtime", chosen.precision)
+        why = fp32.reason if fp32.engine == "onnx" else \
+            f"the {chosen.precision} variant runs on ONNX Runtime"
+        engine = onnx_engine(job.settings, model, device.kind, why, chosen.precision)
     elif fp32.engine == "onnx":
-        engine = onnx_engine(model, device.kind, fp32.reason)
+        engine = onnx_engine(job.settings, model, device.kind, fp32.reason)
     else:
-        engine = mxnet_engine(model, device, fp32.reason)
+        engine = mxnet_engine(job.settings, model, device, fp32.reason)
     engine.precision_reason = chosen.reason
     return engine
 
@@ -329,7 +332,7 @@ def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Batch, as
     variant serves whatever it measures, and the job's record says what it measured."""
     if engine.precision == "fp32":
         return engine
-    full = onnx_engine(model, job.parsed_device.kind, "", "fp32")
+    full = onnx_engine(job.settings, model, job.parsed_device.kind, "", "fp32")
     ours, theirs = engine.forward(first), full.forward(first)
     agreement = float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())
     variant = model["variants"][engine.precision]

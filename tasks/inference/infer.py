@@ -33,7 +33,7 @@ from mxq.errors import device_fault
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess
 from mxq.tasks.inference import batching, engines
-from mxq.tasks.inference.inputs import InputError, InputSource, open_input
+from mxq.tasks.inference.inputs import InputError, InputSource, Limits, open_input
 from mxq.tasks.inference.inputs.source import Fetch
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
@@ -47,11 +47,10 @@ from mxq.tasks.runner import (
     Outcome,
     job_task,
 )
-from mxq.tasks.runner import placement as where_we_run
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
 from mxq.workers.paths import PathError
-from mxq.workers.settings import get_settings
+from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
 from mxq.workers.storage.locate import identity, locate
 
@@ -84,19 +83,19 @@ def _params(job: JobContext) -> InferParams:
         raise JobInputError(str(exc)) from None
 
 
-def _open(p: InferParams, model: ModelRecord) -> InputSource:
+def _open(s: Settings, p: InferParams, model: ModelRecord) -> InputSource:
     """The job's input as it was submitted (`p.input_identity`): an object read only at the
     ETag it had (If-Match on every range), a file whose size, mtime and inode are checked again
     after every read and after the model computed it (`_unchanged`), a folder's or a prefix's
     images as listed at submit, each read checked against its listing (`inputs.images`); a
     change fails the job, naming it, before anything of the new bytes is stored."""
     try:
-        path = locate(get_settings(), p.input)
+        path = locate(s, p.input)
         folder = isinstance(path, Path) and path.is_dir()
         if not folder:  # a folder's identity (a listing and a stat per image) is taken once, below
             _same_input(p, identity(path))
         source = open_input(path, tuple(model["input_shape"]), p.key,
-                            Preprocess.from_dict(model["preprocess"]), columns=p.columns)
+                            Preprocess.from_dict(model["preprocess"]), Limits.of(s), p.columns)
         if folder:  # the listing the reads are held to: submit's
             _same_input(p, identity(path))
     except (PathError, ObjectURLError, StorageError, InputError) as exc:
@@ -144,7 +143,7 @@ def _chunks(p: InferParams, count: int) -> list[dict[str, Any]]:
 @job_task("infer")
 def infer(job: JobContext) -> Outcome | FanOut:
     p = _params(job)
-    settings = get_settings()
+    settings = job.settings
     try:
         model = registry.resolve(job.url, p.model, p.model_version)
     except LookupError as exc:
@@ -152,7 +151,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
     if p.top_k > model["classes"]:
         raise JobInputError(f"top-k {p.top_k} exceeds the {model['classes']} classes of "
                             f"{model['name']}:{model['version']}")
-    source = _open(p, model)
+    source = _open(settings, p, model)
     if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
         return FanOut(_chunks(p, source.count))
     if job.parent_id is None and batching.mergeable(p, source.count, settings):
@@ -221,7 +220,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "batch_lead": job.id}, rows)
     if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
         jobs.finish_batch(job.url, {members[0].id: (samples, share, result)},
-                          batching.lead_fence(job), where_we_run())
+                          batching.lead_fence(job), job.at)
         raise JobInputError(lead_error)
     return Outcome(samples=samples, seconds=share, result=result)
 
@@ -234,7 +233,7 @@ def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
     lead_error = None
     while True:
         x = np.concatenate([m.x for m in members])
-        asked = _start_batch(p, len(x), get_settings().max_batch_size)
+        asked = _start_batch(p, len(x), job.settings.max_batch_size)
         # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
         fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
         try:
@@ -247,7 +246,7 @@ def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
             if bad.id == job.id:
                 lead_error = message
             else:
-                jobs.fail(job.url, bad.id, message, worker=where_we_run().worker)
+                jobs.fail(job.url, bad.id, message, worker=job.worker)
             members.remove(bad)
             if not members:
                 raise JobInputError(message) from None

@@ -49,14 +49,15 @@ from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore, 
 from mxq.tasks.inference.pipeline import at_idle_priority
 from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
-from mxq.workers.settings import get_settings
+from mxq.workers.settings import Settings
 from mxq.workers.storage.client import ObjectTaken
 
 T = TypeVar("T")
 
 
-def output_path(url: str, job_id: int, suffix: str = ".npy") -> Path:
-    return output_file(get_settings().home_path, stack_id(url), job_id, suffix)
+def output_path(settings: Settings, job_id: int, suffix: str = ".npy") -> Path:
+    """Where a job's output file lies in this home (under its stack's id)."""
+    return output_file(settings.home_path, stack_id(settings.database), job_id, suffix)
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,10 @@ class NpyOutput:
             os.close(fd)
 
 
-def _output_npy(url: str, job_id: int, rows: int, classes: int) -> NpyOutput:
+def _output_npy(settings: Settings, job_id: int, rows: int, classes: int) -> NpyOutput:
     """The job's output file, created once (under a lock: chunks share it); JobFailed when an
     existing one is not the (rows, classes) float32 array this job writes."""
-    path = output_path(url, job_id)
+    path = output_path(settings, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -189,12 +190,12 @@ class JobOutputs:
     def __post_init__(self) -> None:
         """Decided once per job, not per batch: which outputs this job keeps."""
         if self.p.output_to is not None:  # parquet or npy, kept in a bucket
-            self.parts = _bucket_parts(self.p.output_to, self.owner,
+            self.parts = _bucket_parts(self.job.settings, self.p.output_to, self.owner,
                                        self.classes if self.p.output == "npy" else None)
         elif self.p.output in ("npy", "both"):
-            self.npy = _output_npy(self.job.url, self.owner, self.count, self.classes)
+            self.npy = _output_npy(self.job.settings, self.owner, self.count, self.classes)
         elif self.p.output == "parquet":
-            self.parts = LocalParts(output_path(self.job.url, self.owner, ".parquet"))
+            self.parts = LocalParts(output_path(self.job.settings, self.owner, ".parquet"))
         self.rows_wanted = self.p.output in ("db", "both")
 
     @property
@@ -319,10 +320,10 @@ def _only_own() -> Iterator[None]:
         raise JobFailed(f"output {exc}") from None
 
 
-def _bucket_parts(output_to: str, owner: int, classes: int | None) -> BucketParts:
+def _bucket_parts(settings: Settings, output_to: str, owner: int,
+                  classes: int | None) -> BucketParts:
     """The job's parts and merged object in a bucket: `.parquet`, or with `classes` an `.npy`
     of probabilities."""
-    settings = get_settings()
     final = job_output(output_to, stack_id(settings.database), owner,
                        ".parquet" if classes is None else ".npy")
     return BucketParts(settings, final, settings.home_path / "tmp", classes)

@@ -34,7 +34,7 @@ from mxq.tasks.model_store.checksums import sha256, verify
 from mxq.tasks.model_store.locations import local_file, publish, store_dir
 from mxq.tasks.model_store.zoo import build
 from mxq.tasks.runtimes.mx import DeviceFault, device_fault, gluon, mx
-from mxq.workers.settings import get_settings
+from mxq.workers.settings import Settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
 PREFIX = "model"
@@ -78,10 +78,11 @@ def _new_folder(folder: Path, name: str, version: int) -> Path:
     return folder
 
 
-def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any],
+def _register(settings: Settings, name: str, write: Any, fields: dict[str, Any],
               preprocess: Preprocess | None = None, fence: Fence | None = None) -> ModelRecord:
     """Write the files of the next version with `write(folder)` and its ONNX export (ending in
     a softmax only for logits), then its row; undo files on failure."""
+    url, home = settings.database, settings.home_path
     outputs = fields.setdefault("outputs", "logits")
     preprocess = preprocess or Preprocess()
     preprocess.check(tuple(fields["input_shape"]))
@@ -95,7 +96,7 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
             lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x, outputs),
             softmax=outputs == "logits")
         onnx["symbol_sha256"] = sha256(symbol)  # beside the export's own: no column of its own
-        publish(get_settings(), url, name, version,
+        publish(settings, url, name, version,
                 [symbol, params, *([Path(onnx["file"])] if onnx.get("file") else [])])
         added = registry.add_model(url, {
             **fields, "name": name, "version": version, "params_file": str(params),
@@ -110,7 +111,7 @@ def _register(url: str, home: Path, name: str, write: Any, fields: dict[str, Any
         raise
 
 
-def add_builtin(url: str, home: Path, name: str, arch: str, input_shape: tuple[int, ...],
+def add_builtin(settings: Settings, name: str, arch: str, input_shape: tuple[int, ...],
                 classes: int, seed: int = 0, source: str = "builtin",
                 preprocess: Preprocess | None = None) -> ModelRecord:
     """A built-in architecture with random (seeded) weights."""
@@ -119,7 +120,7 @@ def add_builtin(url: str, home: Path, name: str, arch: str, input_shape: tuple[i
     net.initialize(mx.init.Xavier())
     net.hybridize()
     net(mx.nd.zeros((1, *input_shape)))
-    return _register(url, home, name, lambda folder: net.export(str(folder / PREFIX), 0), {
+    return _register(settings, name, lambda folder: net.export(str(folder / PREFIX), 0), {
         "arch": arch, "input_shape": list(input_shape), "classes": classes, "source": source},
         preprocess)
 
@@ -325,18 +326,18 @@ def _check_one_output(name: str, sym: mx.sym.Symbol) -> None:
                          "one, of shape (batch, classes): export a net whose forward returns one array")
 
 
-def add_version(url: str, home: Path, r: Mapping[str, Any]) -> ModelRecord:
+def add_version(settings: Settings, r: Mapping[str, Any]) -> ModelRecord:
     """A version as `mxq models add` asks for it (the fields of `RegisterParams`): a built-in
     architecture with seeded weights, or the exported `symbol` and `params` files."""
     prep, shape = Preprocess.from_dict(r["preprocess"]), r["input_shape"]
     if r["arch"]:
-        return add_builtin(url, home, r["name"], r["arch"], tuple(shape), r["classes"], r["seed"],
+        return add_builtin(settings, r["name"], r["arch"], tuple(shape), r["classes"], r["seed"],
                            preprocess=prep)
-    return add_exported(url, home, r["name"], Path(r["symbol"]), Path(r["params"]),
+    return add_exported(settings, r["name"], Path(r["symbol"]), Path(r["params"]),
                         tuple(shape) if shape else None, prep, outputs=r["outputs"])
 
 
-def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
+def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
                  input_shape: tuple[int, ...] | None, preprocess: Preprocess | None = None,
                  max_batch: int | None = None, outputs: str = "auto") -> ModelRecord:
     """A user's `net.export()` output, checked by shape inference at the largest batch a job
@@ -362,7 +363,7 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
     net = _open(symbol, params, mx.cpu())  # loads, runs nothing
     _check_one_output(name, net.mxq_symbol)
     prove_batches(name, net.mxq_symbol, net.mxq_data, shape,
-                  max_batch or get_settings().max_batch_size)
+                  max_batch or settings.max_batch_size)
     try:
         out = net(mx.nd.zeros((1, *shape), dtype=input_dtype(net)))
         out.wait_to_read()  # MXNet runs asynchronously: its errors surface when the result is read
@@ -377,20 +378,19 @@ def add_exported(url: str, home: Path, name: str, symbol: Path, params: Path,
         shutil.copyfile(symbol, folder / f"{PREFIX}-symbol.json")
         shutil.copyfile(params, folder / f"{PREFIX}-0000.params")
 
-    return _register(url, home, name, write, {"arch": "symbol", "input_shape": list(shape),
+    return _register(settings, name, write, {"arch": "symbol", "input_shape": list(shape),
                                               "classes": int(out.shape[1]),
                                               "source": f"import:{symbol.name}", "outputs": kind},
                      preprocess)
 
 
-def load(model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
+def load(settings: Settings, model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:
     """The loaded, hybridized model and whether it came from this process's cache."""
     key = (model["name"], model["version"], model["checksum"], str(ctx))
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], True
     label = f"{model['name']}:{model['version']}"
-    settings = get_settings()
     params = local_file(settings, model, model["params_file"])
     if not params.is_file():
         raise ModelError(f"params file {params} of {label} is missing")
@@ -424,11 +424,11 @@ def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) 
     net.export(str(prefix), 0)
 
 
-def add_trained(url: str, home: Path, name: str, net: gluon.HybridBlock, arch: str,
+def add_trained(settings: Settings, name: str, net: gluon.HybridBlock, arch: str,
                 input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
                 job_id: int, preprocess: Preprocess, fence: Fence | None = None) -> ModelRecord:
     """A new version of `name` from a finished training job, with its validation metrics; with
     the attempt's `fence`, registered only while the job is that attempt's, and once per job."""
-    return _register(url, home, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
+    return _register(settings, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
         "arch": arch, "input_shape": list(input_shape), "classes": classes,
         "source": f"train:job-{job_id}", "metrics": metrics}, preprocess, fence)

@@ -21,7 +21,6 @@ from mxq.tasks.model_store.models import ModelError, add_version
 from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
 from mxq.workers.jobs.jobspecs import ParamsError, RegisterParams
 from mxq.workers.paths import PathError, staging_dir, within
-from mxq.workers.settings import get_settings
 
 
 def staged(home: Path, value: str) -> Path:
@@ -37,7 +36,7 @@ def staged(home: Path, value: str) -> Path:
 
 @job_task("register")
 def register(job: JobContext) -> Outcome:
-    s = get_settings()
+    s = job.settings
     try:
         p = RegisterParams(**job.params)
     except (ValidationError, ParamsError) as exc:
@@ -47,7 +46,7 @@ def register(job: JobContext) -> Outcome:
     if p.symbol is not None and p.params is not None:
         request["symbol"], request["params"] = staged(s.home_path, p.symbol), staged(s.home_path, p.params)
     try:
-        record = add_version(s.database, s.home_path, request)
+        record = add_version(s, request)
     except (ModelError, PreprocessError) as exc:
         raise JobInputError(str(exc)) from None
     finally:

@@ -44,7 +44,7 @@ def _refuse_unusable_gpu(**_: object) -> None:
 
 
 def _refuse(job: JobContext, what: str) -> Outcome:
-    raise JobInputError(f"{job.device} cannot run {what}: {get_settings().mxnet_unusable}; this "
+    raise JobInputError(f"{job.device} cannot run {what}: {job.settings.mxnet_unusable}; this "
                         "device serves inference only (ONNX Runtime)")
 
 

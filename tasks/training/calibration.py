@@ -16,7 +16,7 @@ import numpy as np
 
 from mxq.db.records import ModelRecord
 from mxq.preprocess import Preprocess
-from mxq.tasks.inference.inputs import open_input
+from mxq.tasks.inference.inputs import Limits, open_input
 from mxq.tasks.inference.inputs.files import Location, open_binary
 from mxq.tasks.model_store.variants import MAX_HELD_OUT, Calibration, calibration_from
 from mxq.tasks.training import datasets
@@ -48,9 +48,10 @@ def load(settings: Settings, text: str, model: ModelRecord, key: str | None = No
         return calibration_from(ds.x, ds.y, text, model)
     path = locate(settings, text, "calibration file")
     if _labeled(path):
-        ds = datasets.load(path, label_column=LABEL_COLUMN)
+        ds = datasets.load(path, label_column=LABEL_COLUMN, limits=Limits.of(settings))
         return calibration_from(ds.x, ds.y, text, model)
     # Raw values (calibration_from scales them), images decoded in the version's layout.
     layout = Preprocess.from_dict(model.get("preprocess")).layout
-    source = open_input(path, tuple(model["input_shape"]), key, Preprocess(layout=layout))
+    source = open_input(path, tuple(model["input_shape"]), key, Preprocess(layout=layout),
+                        limits=Limits.of(settings))
     return calibration_from(source.read(0, min(source.count, MAX_SAMPLES)), None, text, model)

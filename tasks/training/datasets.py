@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.preprocess import Preprocess
-from mxq.tasks.inference.inputs import IMAGE_SUFFIXES, InputError, open_input
+from mxq.tasks.inference.inputs import IMAGE_SUFFIXES, InputError, Limits, open_input
 from mxq.tasks.inference.inputs.files import Location, open_binary
 
 BUILTIN = ("digits",)
@@ -95,23 +95,23 @@ def _csv(path: Location, label_column: str) -> Dataset:
     return Dataset(np.delete(table, at, axis=1).astype(np.float32), labels, classes, str(path))
 
 
-def _images(path: Path, shape: tuple[int, ...]) -> Dataset:
+def _images(path: Path, shape: tuple[int, ...], limits: Limits) -> Dataset:
     classes = sorted(p for p in path.iterdir() if p.is_dir())
     if len(classes) < 2:
         raise InputError(f"dataset {path} needs one subfolder per class (at least 2)")
     xs, ys = [], []
     for label, folder in enumerate(classes):
         if any(f.suffix.lower() in IMAGE_SUFFIXES for f in folder.iterdir()):
-            source = open_input(folder, shape)
+            source = open_input(folder, shape, limits=limits)
             xs.append(source.read(0, source.count))
             ys.append(np.full(source.count, label, np.int32))
     return Dataset(np.concatenate(xs), np.concatenate(ys), len(classes), str(path))
 
 
-def _recordio(path: Path, shape: tuple[int, ...]) -> Dataset:
+def _recordio(path: Path, shape: tuple[int, ...], limits: Limits) -> Dataset:
     from mxq.tasks.runtimes.mx import mx
 
-    source = open_input(path, shape)
+    source = open_input(path, shape, limits=limits)
     reader = mx.recordio.MXIndexedRecordIO(str(path.with_suffix(".idx")), str(path), "r")
     try:
         y = np.array([mx.recordio.unpack(reader.read_idx(k))[0].label for k in reader.keys])
@@ -122,9 +122,10 @@ def _recordio(path: Path, shape: tuple[int, ...]) -> Dataset:
 
 
 def load(path: Location | str, image_shape: tuple[int, ...] | None = None,
-         label_column: str = "label") -> Dataset:
+         label_column: str = "label", limits: Limits | None = None) -> Dataset:
     """The dataset at `path` (already confined to the data root, or an object of an allowed
-    bucket) or a built-in one by name."""
+    bucket) or a built-in one by name; images decoded within `limits` (a job's: `Limits.of`)."""
+    limits = limits or Limits()
     if str(path) in BUILTIN:
         return digits()
     path = Path(path) if isinstance(path, str) else path
@@ -137,9 +138,9 @@ def load(path: Location | str, image_shape: tuple[int, ...] | None = None,
         raise InputError(f"dataset {path}: from object storage mxq trains on .npz (X, y) and .csv "
                          "with a label column; image folders and RecordIO are read from local disk")
     if path.is_dir():
-        return _images(path, image_shape or (3, 32, 32))
+        return _images(path, image_shape or (3, 32, 32), limits)
     if suffix == ".rec":
-        return _recordio(path, image_shape or (3, 32, 32))
+        return _recordio(path, image_shape or (3, 32, 32), limits)
     raise InputError(f"dataset {path} has an unsupported format; supported: digits, .npz with X and y, "
                      ".csv with a label column, an image folder with one subfolder per class, .rec + .idx")
 

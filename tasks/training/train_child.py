@@ -30,7 +30,7 @@ from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.errors import MxqError, first_line, typed_line
 from mxq.objects import ObjectURLError
-from mxq.tasks.inference.inputs import InputError
+from mxq.tasks.inference.inputs import InputError, Limits
 from mxq.tasks.model_store.models import add_trained
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
@@ -58,26 +58,25 @@ class BadInput(Exception):
     """A dataset or architecture problem, reported as the job's error."""
 
 
-def load_data(p: TrainParams, url: str) -> tuple[datasets.Dataset, datasets.Dataset | None]:
-    s = get_settings()
+def load_data(s: Settings, p: TrainParams) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     try:
         path = p.dataset if p.dataset in datasets.BUILTIN else locate(s, p.dataset, "dataset")
         shape = tuple(p.input_shape) if p.input_shape else None
-        ds = datasets.load(path, shape, p.label_column)
+        ds = datasets.load(path, shape, p.label_column, Limits.of(s))
         check_shape(p.arch, ds.sample_shape)
     except (InputError, PathError, ObjectURLError, StorageError, ArchError) as exc:
         raise BadInput(str(exc)) from None
-    known = registry.list_models(url, p.name)
+    known = registry.list_models(s.database, p.name)
     if known and ds.classes > known[-1]["classes"]:
         raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
                        f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
     return datasets.split(ds.for_training(), p.val_fraction, p.seed)
 
 
-def checkpoint_dir(url: str, fence: Fence) -> Path:
+def checkpoint_dir(s: Settings, fence: Fence) -> Path:
     """This attempt's checkpoints: under the stack's id (another database, other folders) and
     the attempt's tag (a paused attempt never overwrites the files a later one resumes from)."""
-    return get_settings().home_path / "checkpoints" / stack_id(url) / f"job-{fence.job_id}" / fence.tag
+    return s.home_path / "checkpoints" / stack_id(s.database) / f"job-{fence.job_id}" / fence.tag
 
 
 def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]) -> int:
@@ -107,7 +106,7 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
     owner = p.dist.parent if p.dist is not None else fence.job_id
     try:
-        model = add_trained(s.database, s.home_path, p.name, net, p.arch, train.sample_shape,
+        model = add_trained(s, p.name, net, p.arch, train.sample_shape,
                             train.classes, metrics, owner, train.preprocess, fence)
     except Superseded as exc:
         raise JobLost(str(exc)) from None
@@ -166,12 +165,12 @@ def _record_throughput(url: str, fence: Fence, r: EpochResult) -> None:
                           f"epoch {r['epoch']}'s throughput not recorded")
 
 
-def _frame(url: str, fence: Fence, devices: list[str]) -> JobContext | None:
+def _frame(s: Settings, fence: Fence, devices: list[str]) -> JobContext | None:
     """The job frame this attempt reports through, as the leader's would: fenced, on `devices`."""
-    row = jobs.job_row(url, fence.job_id)
+    row = jobs.job_row(s.database, fence.job_id)
     if row is None:
         return None
-    job = context_of(row, devices[0], url)
+    job = context_of(row, devices[0], s)
     job.devices, job.worker, job.fence = devices, fence.worker, fence
     return job
 
@@ -232,7 +231,7 @@ def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams,
     if kv is not None:
         share_initial_weights(net, trainer, ctxs, train.sample_shape, p.dtype)
     done = resume(job.url, fence.job_id, net, trainer, ctxs) if kv is None else 0  # parts never resume
-    folder = checkpoint_dir(job.url, fence)
+    folder = checkpoint_dir(job.settings, fence)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
     return Training(job, fence, p, net, trainer, ctxs, labels, rank, workers, folder, done,
@@ -263,13 +262,13 @@ def main(fence: Fence, devices: list[str]) -> int:
     """Train the job's remaining epochs on `devices` as attempt `fence`; the exit status, with
     the report it leaves in the run file (`child_report`), says how it ended."""
     s = get_settings()
-    job = _frame(s.database, fence, devices)
+    job = _frame(s, fence, devices)
     if job is None:
         return CHILD_INPUT_ERROR
     p = TrainParams(**job.params)
     out = run_file(s, fence)
     try:
-        train, val = load_data(p, s.database)
+        train, val = load_data(s, p)
     except BadInput as exc:
         child_report.write(out, Refused(error=str(exc)))
         return CHILD_INPUT_ERROR

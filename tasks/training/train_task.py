@@ -43,7 +43,7 @@ from mxq.workers.broker.queues import pool_queues
 from mxq.workers.fleet import leases
 from mxq.workers.hardware.pinning import cpu_cores
 from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
-from mxq.workers.settings import Settings, get_settings
+from mxq.workers.settings import Settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
 CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
@@ -139,7 +139,7 @@ def admit(job: JobContext) -> list[str] | None:
 
     A multi-node job's leader leases nothing (it only splits the job): it waits until N nodes
     are live."""
-    s = get_settings()
+    s = job.settings
     try:
         p = params(job.params)
         if p.nodes > 1 and p.dist is None:
@@ -161,7 +161,7 @@ def _movable(job: JobContext) -> bool:
 
 
 def release(job: JobContext) -> None:
-    s = get_settings()
+    s = job.settings
     leases.release(s.broker, s.node, job.devices, job.id)
 
 
@@ -203,7 +203,7 @@ def ready_file(s: Settings, job_id: int) -> Path:
 
 @job_task("train", admit=admit, release=release)
 def train(job: JobContext) -> Outcome | FanOut:
-    s = get_settings()
+    s = job.settings
     p = params(job.params)
     if p.nodes > 1 and p.dist is None:
         return dist.split(s, job, p)

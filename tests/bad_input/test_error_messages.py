@@ -74,12 +74,13 @@ def _two_headed(folder: Path) -> tuple[Path, Path]:
 def test_a_model_with_several_outputs_is_refused_at_registration(tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
     from mxq.tasks.model_store.models import ModelError, add_exported
+    from mxq.workers.settings import Settings
 
     url = f"sqlite:///{tmp_path / 'mxq.db'}"
     upgrade(url)
     symbol, params = _two_headed(tmp_path)
     with pytest.raises(ModelError) as refused:
-        add_exported(url, tmp_path, "two", symbol, params, (8,))
+        add_exported(Settings(home=tmp_path, database_url=url), "two", symbol, params, (8,))
     assert str(refused.value) == (
         "model two has 2 outputs (a_output, b_output); mxq needs exactly one, of shape "
         "(batch, classes): export a net whose forward returns one array")
@@ -138,24 +139,20 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_disk_fails_an_npy_job_at_creation_naming_the_disk(
-        small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        small_disk: Path, tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
     from mxq.tasks.inference.outputs import _output_npy, output_path
     from mxq.tasks.runner import JobFailed
-    from mxq.workers.settings import get_settings
+    from mxq.workers.settings import Settings
 
-    monkeypatch.setenv("MXQ_HOME", str(small_disk))
-    get_settings.cache_clear()
     url = f"sqlite:///{tmp_path / 'mxq.db'}"
     upgrade(url)
-    try:
-        small = _output_npy(url, 1, 100, 10)  # 4 kB fits
-        assert np.load(small.path).shape == (100, 10)
-        with pytest.raises(JobFailed) as full:
-            _output_npy(url, 2, 100_000, 10)  # 4 MB does not
-        path = output_path(url, 2)
-    finally:
-        get_settings.cache_clear()
+    s = Settings(home=small_disk, database_url=url)
+    small = _output_npy(s, 1, 100, 10)  # 4 kB fits
+    assert np.load(small.path).shape == (100, 10)
+    with pytest.raises(JobFailed) as full:
+        _output_npy(s, 2, 100_000, 10)  # 4 MB does not
+    path = output_path(s, 2)
     assert str(full.value) == f"no space left on {small_disk} for job-2.npy (4000128 bytes)"
     assert not path.exists()  # nothing half-made left behind
 

@@ -55,8 +55,8 @@ def _node(stack: Stack, tmp_path: Path, *models: dict[str, str], busy: tuple[int
     return s.model_copy(update={"nvidia_smi": str(smi)})
 
 
-def _job(device: str, queue: str, job_id: int = 1) -> JobContext:
-    return JobContext(job_id, "train", {**TRAIN, "devices": 2}, device, "", queue, "auto:gpu", None)
+def _job(s: Settings, device: str, queue: str, job_id: int = 1) -> JobContext:
+    return JobContext(job_id, "train", {**TRAIN, "devices": 2}, device, s, queue, "auto:gpu", None)
 
 
 def test_an_a100_pairs_with_the_other_a100_not_the_l4_before_it(isolated: Stack,
@@ -67,32 +67,29 @@ def test_an_a100_pairs_with_the_other_a100_not_the_l4_before_it(isolated: Stack,
     assert choose_devices(s, TWO, "gpu:2") == ["gpu:2", "gpu:1"]
 
 
-def test_the_l4_hands_a_pool_training_to_the_a100s(isolated: Stack, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_l4_hands_a_pool_training_to_the_a100s(isolated: Stack, tmp_path: Path) -> None:
     """The L4 that took a 2-device training from the pool has no second L4: its admit defers the
     job (it goes back to the pool) rather than leasing the L4 and an A100; an A100 that takes it
     leases both A100s."""
     s = _node(isolated, tmp_path, L4, A100, A100)
-    monkeypatch.setattr(train_task, "get_settings", lambda: s)
     with pytest.raises(LookupError, match=r"^2 devices of one GPU model wanted: gpu:0 \(NVIDIA "
                                           r"L4\) has 0 of its model beside it; NVIDIA "
                                           r"A100-SXM4-80GB devices can take the job$"):
         choose_devices(s, TWO, "gpu:0", movable=True)
-    assert train_task.admit(_job("gpu:0", "pool.gpu.mxnet")) is None
+    assert train_task.admit(_job(s, "gpu:0", "pool.gpu.mxnet")) is None
     assert not any(leases.holders(s.broker, NODE, ["gpu:0", "gpu:1", "gpu:2"]).values())
     try:
-        assert train_task.admit(_job("gpu:1", "pool.gpu.mxnet")) == ["gpu:1", "gpu:2"]
+        assert train_task.admit(_job(s, "gpu:1", "pool.gpu.mxnet")) == ["gpu:1", "gpu:2"]
         assert leases.holders(s.broker, NODE, ["gpu:1", "gpu:2"]) == {"gpu:1": 1, "gpu:2": 1}
     finally:
         leases.release(s.broker, NODE, ["gpu:1", "gpu:2"], 1)
 
 
-def test_a_training_pinned_to_the_l4_fails_naming_the_models(isolated: Stack, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_training_pinned_to_the_l4_fails_naming_the_models(isolated: Stack,
+                                                             tmp_path: Path) -> None:
     """Sent to the L4's own queue (a multi-node part, or the API's device), no other worker may
     lead it: waiting would never end, so it is claimed and fails with why."""
     s = _node(isolated, tmp_path, L4, A100, A100)
-    monkeypatch.setattr(train_task, "get_settings", lambda: s)
     with pytest.raises(JobInputError) as failed:
         choose_devices(s, TWO, "gpu:0")
     assert str(failed.value) == (
@@ -100,7 +97,7 @@ def test_a_training_pinned_to_the_l4_fails_naming_the_models(isolated: Stack, tm
         "(NVIDIA L4: gpu:0; NVIDIA A100-SXM4-80GB: gpu:1, gpu:2): a training never mixes GPU "
         "models (each step would wait for the slowest) unless --device lists them; --device "
         "auto:gpu runs it on NVIDIA A100-SXM4-80GB devices")
-    assert train_task.admit(_job("gpu:0", f"{NODE}.gpu.0")) == ["gpu:0"]  # claimed, to fail
+    assert train_task.admit(_job(s, "gpu:0", f"{NODE}.gpu.0")) == ["gpu:0"]  # claimed, to fail
     assert not any(leases.holders(s.broker, NODE, ["gpu:0", "gpu:1", "gpu:2"]).values())
 
 

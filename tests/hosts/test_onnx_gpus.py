@@ -100,9 +100,10 @@ REFUSE = """
 from types import SimpleNamespace
 from mxq.tasks.runtimes import onnx_worker
 from mxq.tasks.runner import JobInputError
+from mxq.workers.settings import get_settings
 for body in (onnx_worker.train, onnx_worker.probe):
     try:
-        body(SimpleNamespace(device="gpu:2"))
+        body(SimpleNamespace(device="gpu:2", settings=get_settings()))
     except JobInputError as exc:
         print(exc)
 """

@@ -32,7 +32,7 @@ def store(tmp_path: Path) -> Settings:
                                              ("resnet18_v1", (3, 32, 32))])
 def test_each_builtin_architecture_is_exported_and_agrees(store: Settings, arch: str,
                                                           shape: tuple[int, ...]) -> None:
-    model = add_builtin(store.database, store.home_path, arch, arch, shape, 10, seed=3)
+    model = add_builtin(store, arch, arch, shape, 10, seed=3)
     onnx = model["onnx"]
     assert onnx is not None
     assert Path(onnx["file"]).is_file() and Path(onnx["file"]).parent == Path(model["params_file"]).parent
@@ -57,7 +57,7 @@ def _user_model(folder: Path, layers: list, width: int = 12) -> tuple[Path, Path
 
 def test_a_users_exported_model_is_exported_too(store: Settings, tmp_path: Path) -> None:
     symbol, params = _user_model(tmp_path, [mx.gluon.nn.Dense(16, activation="tanh"), mx.gluon.nn.Dense(5)])
-    model = add_exported(store.database, store.home_path, "user", symbol, params, (12,))
+    model = add_exported(store, "user", symbol, params, (12,))
     assert model["onnx"] is not None
     assert model["onnx"]["file"] and model["onnx"]["argmax_agreement"] == 1.0
     assert model["onnx"]["max_diff"] <= MAX_DIFF
@@ -76,7 +76,7 @@ def _refused_symbol(folder: Path) -> tuple[Path, Path]:
 def test_a_model_the_exporter_refuses_is_registered_with_the_reason(store: Settings,
                                                                     tmp_path: Path) -> None:
     symbol, params = _refused_symbol(tmp_path)
-    model = add_exported(store.database, store.home_path, "odd", symbol, params, (8,))
+    model = add_exported(store, "odd", symbol, params, (8,))
     assert model["onnx"] is not None
     assert model["onnx"]["file"] is None
     assert "cannot convert" in model["onnx"]["error"] and "erfinv" in model["onnx"]["error"]
@@ -122,7 +122,7 @@ def test_a_forgotten_onnx_session_goes_with_its_last_job(tmp_path: Path,
 
 def test_onnx_runtime_threads_follow_the_workers_cores(tmp_path: Path, store: Settings,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    model = add_builtin(store.database, store.home_path, "m", "mlp", (8,), 3)
+    model = add_builtin(store, "m", "mlp", (8,), 3)
     assert model["onnx"] is not None
     monkeypatch.setattr(onnx_runtime, "_sessions", type(onnx_runtime._sessions)())
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what pinning sets for a 3-core slice
@@ -160,7 +160,7 @@ def _add(stack: Stack, name: str) -> dict:
 def _direct(stack: Stack, name: str, x: np.ndarray) -> np.ndarray:
     from mxq.tasks.model_store.models import load
 
-    net, _ = load(registry.resolve(stack.settings.database, name), mx.cpu())
+    net, _ = load(stack.settings, registry.resolve(stack.settings.database, name), mx.cpu())
     return mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
 
 

@@ -69,16 +69,16 @@ PROBABILITY_TAILS = {  # how a user's net may end in a softmax, and how mxq tell
 def test_a_model_that_outputs_probabilities_is_scored_as_it_is_on_both_engines(
         store: Settings, tmp_path: Path, tail: str) -> None:
     symbol, params, net = _export(tmp_path, "probs", *PROBABILITY_TAILS[tail])
-    model = add_exported(store.database, store.home_path, "probs", symbol, params, (12,))
+    model = add_exported(store, "probs", symbol, params, (12,))
     assert model["outputs"] == "probabilities"
     assert list_models(store.database, "probs")[0]["outputs"] == "probabilities"
     x = np.random.default_rng(1).standard_normal((32, 12)).astype(np.float32)
     own = net(mx.nd.array(x)).asnumpy()
     assert own.max() > 0.99  # a class the model gives probability ~1.0 (0.232 before the fix)
-    ours = engines.mxnet_engine(model, Device("cpu", 0), "").forward(x)
+    ours = engines.mxnet_engine(store, model, Device("cpu", 0), "").forward(x)
     np.testing.assert_allclose(ours, own, atol=1e-6)
     assert model["onnx"] is not None and model["onnx"]["file"], model["onnx"]
-    np.testing.assert_allclose(engines.onnx_engine(model, "cpu", "").forward(x), own, atol=1e-5)
+    np.testing.assert_allclose(engines.onnx_engine(store, model, "cpu", "").forward(x), own, atol=1e-5)
 
 
 def test_logits_and_log_softmax_get_one_softmax(store: Settings, tmp_path: Path) -> None:
@@ -86,25 +86,25 @@ def test_logits_and_log_softmax_get_one_softmax(store: Settings, tmp_path: Path)
     x = np.random.default_rng(2).standard_normal((8, 12)).astype(np.float32)
     for name, tail in (("plain", []), ("logsm", [_lambda(lambda F, x: F.log_softmax(x))])):
         symbol, params, net = _export(tmp_path, name, *tail)
-        model = add_exported(store.database, store.home_path, name, symbol, params, (12,))
+        model = add_exported(store, name, symbol, params, (12,))
         assert model["outputs"] == "logits"
         expected = mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
-        np.testing.assert_allclose(engines.mxnet_engine(model, Device("cpu", 0), "").forward(x), expected,
-                                   atol=1e-6)
-    assert add_builtin(store.database, store.home_path, "b", "mlp", (12,), 3)["outputs"] == "logits"
+        served = engines.mxnet_engine(store, model, Device("cpu", 0), "").forward(x)
+        np.testing.assert_allclose(served, expected, atol=1e-6)
+    assert add_builtin(store, "b", "mlp", (12,), 3)["outputs"] == "logits"
 
 
 def test_a_stated_output_kind_the_model_contradicts_is_refused(store: Settings, tmp_path: Path) -> None:
     symbol, params, _ = _export(tmp_path, "probs", *PROBABILITY_TAILS["last op softmax"])
     with pytest.raises(ModelError, match=r"^--outputs logits: the model outputs probabilities "
                                          r"\(its last op is softmax\).*allowed: --outputs probabilities"):
-        add_exported(store.database, store.home_path, "p", symbol, params, (12,), outputs="logits")
+        add_exported(store, "p", symbol, params, (12,), outputs="logits")
     symbol, params, _ = _export(tmp_path, "plain")
     with pytest.raises(ModelError, match=r"^--outputs probabilities: the model's outputs on 3 random "
                                          r"samples are not probabilities \(row sums .*allowed"):
-        add_exported(store.database, store.home_path, "q", symbol, params, (12,),
+        add_exported(store, "q", symbol, params, (12,),
                      outputs="probabilities")
-    stated = add_exported(store.database, store.home_path, "r", symbol, params, (12,), outputs="logits")
+    stated = add_exported(store, "r", symbol, params, (12,), outputs="logits")
     assert stated["outputs"] == "logits"
     assert list_models(store.database) == [stated]  # the refused ones left no version
 

@@ -68,7 +68,7 @@ def _images(stack: Stack, name: str, pixels: np.ndarray) -> str:
 
 def _plain(stack: Stack, model: str, x: np.ndarray) -> np.ndarray:
     """Plain MXNet over an already scaled input."""
-    net, _ = load(resolve(stack.settings.database, model), mx.cpu())
+    net, _ = load(stack.settings, resolve(stack.settings.database, model), mx.cpu())
     return mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
 
 

@@ -2,12 +2,10 @@
 bounded by bytes, by the rows a flush holds and by the compute time of the last batch, so that
 a fast small model hands over many batches at a time and a slow model's cancel or preemption
 never waits behind a long read; a read that runs out of host memory is tried again. And the
-.npy's flush (`outputs.NpyOutput`) lets other threads run."""
+.npy's flush (`outputs.NpyOutput`) places every value at its sample's offset."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +34,14 @@ def test_a_read_is_whole_batches_bounded_by_bytes_rows_and_time() -> None:
     assert read_size(100_000, (4,), 0.0001) == 100_000
 
 
-def test_writing_the_npy_lets_other_threads_run(tmp_path: Path) -> None:
-    """The .npy's flush (`NpyOutput.write`: pwrite at the results' offsets, then fdatasync) runs
-    on the writer thread while the compute thread goes on: a thread counting meanwhile keeps at
-    least half its pace while 64 MiB are written and made durable (`mmap.flush`, which held the
-    GIL through its msync, left it a fifth), and every value lands at its sample's offset."""
+def test_the_npy_flush_places_every_value_at_its_samples_offset(tmp_path: Path) -> None:
+    """The .npy's flush (`NpyOutput.write`: pwrite at the results' offsets, then fdatasync; the
+    writer thread's syscalls release the GIL, where `mmap.flush` held it through its msync)
+    writes each part where its samples belong, whatever the order of the parts. (A counting
+    thread kept more than half its pace through a 64 MiB write, a fifth with `mmap.flush`: a
+    timing, which a test on a loaded machine cannot assert; issue 46.)"""
     path = tmp_path / "out.npy"
-    classes, samples = 16, 1 << 20
+    classes, samples = 16, 1 << 16
     np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(samples, classes)).flush()
     with path.open("rb") as f:
         np.lib.format.read_magic(f)
@@ -50,25 +49,7 @@ def test_writing_the_npy_lets_other_threads_run(tmp_path: Path) -> None:
         out = NpyOutput(path, classes, f.tell())
     values = np.arange(samples * classes, dtype=np.float32).reshape(samples, classes)
     half = samples // 2  # written second half first: offsets, not order, place them
-    parts = [(half, values[half:]), (0, values[:half])]
-    counted, stop = [0], threading.Event()
-
-    def count() -> None:
-        while not stop.is_set():
-            counted[0] += 1
-
-    counter = threading.Thread(target=count)
-    counter.start()
-    time.sleep(0.02)  # under way
-    before, started = counted[0], time.perf_counter()
-    time.sleep(0.05)  # the main thread idle: the counter's own pace
-    pace = (counted[0] - before) / (time.perf_counter() - started)
-    before, started = counted[0], time.perf_counter()
-    out.write(parts)
-    during = (counted[0] - before) / (time.perf_counter() - started)
-    stop.set()
-    counter.join()
-    assert during >= pace / 2, f"the counter ran {during:.0f}/s during the write, {pace:.0f}/s alone"
+    out.write([(half, values[half:]), (0, values[:half])])
     assert np.array_equal(np.load(path), values)
 
 

@@ -30,7 +30,7 @@ def predict_directly(stack: Stack, model: str, x: NDArray[Any]) -> NDArray[np.fl
     from mxq.db.registry import resolve
     from mxq.tasks.model_store.models import load
 
-    net, _ = load(resolve(stack.settings.database, model), mx.cpu())
+    net, _ = load(stack.settings, resolve(stack.settings.database, model), mx.cpu())
     probabilities: NDArray[np.float32] = mx.nd.softmax(net(mx.nd.array(x))).asnumpy()
     return probabilities
 

@@ -272,12 +272,12 @@ def _split_job(url: str) -> tuple[int, list[int]]:
     return parent, [i for i, _, _ in made]
 
 
-def _context(url: str, job_id: int, node: str) -> JobContext:
+def _context(s: Settings, job_id: int, node: str) -> JobContext:
     from mxq.tasks.runner import JobContext
 
-    record = _job(url, job_id)
+    record = _job(s.database, job_id)
     assert record["queue"] is not None
-    return JobContext(job_id, "train", record["params"], "cpu:0", url, record["queue"], "cpu:0",
+    return JobContext(job_id, "train", record["params"], "cpu:0", s, record["queue"], "cpu:0",
                       record["parent_id"], ["cpu:0"], f"cpu0@{node}")
 
 
@@ -306,7 +306,7 @@ def _run_parts(s: Settings, ids: list[int]) -> list[tuple[JobContext, TrainParam
     for job_id, node in zip(ids, "ab", strict=True):
         assert jobs.claim(s.database, job_id, Placement(f"cpu0@{node}", node, "cpu:0"), 3, 60) \
             is jobs.Claim.RUN
-        ctx = _context(s.database, job_id, node)
+        ctx = _context(s, job_id, node)
         contexts.append((ctx, TrainParams(**ctx.params)))
     return contexts
 
@@ -342,7 +342,7 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db: Settings) -> None:
 
     parent, ids = _split_job(db.database)
     assert jobs.claim(db.database, ids[0], Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
-    ctx = _context(db.database, ids[0], "a")
+    ctx = _context(db, ids[0], "a")
     p = TrainParams(**ctx.params)
     assert _check_peers(db, ctx, p, joined=False, waited=0.5) is None  # part 1 may still come
     assert _check_peers(db, ctx, p, joined=True, waited=5) is None  # joined: no start-up limit

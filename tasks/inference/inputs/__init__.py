@@ -47,12 +47,13 @@ def open_input(path: Location, input_shape: tuple[int, ...], key: str | None = N
                columns: list[str] | None = None) -> InputSource:
     """Open an already-resolved input (a local path, or an object of the store) for a model
     whose single-sample input shape is `input_shape` and which takes its input scaled by
-    `preprocess` (images in its layout), within `limits` (default: the process settings');
+    `preprocess` (images in its layout), within `limits` (a job passes its settings':
+    `Limits.of`; by default the default settings');
     `key` names an .npz's array, `columns` a Parquet file's."""
     input_shape = tuple(input_shape)
     preprocess = preprocess or Preprocess()
     samples = _samples(path, input_shape, Choice(key, columns), preprocess.layout,
-                       limits or Limits.of_process())
+                       limits or Limits())
     if samples.count == 0:
         raise InputError(f"input {path} holds no samples")
     _check_shape(path, samples.shape, input_shape)

@@ -11,6 +11,7 @@ import numpy as np
 
 from mxq.tasks.inference.image_headers import ImageHeaderError, image_size
 from mxq.tasks.inference.inputs.files import InputError, Location
+from mxq.workers.settings import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_INPUT_BYTES, Settings
 
 
 @dataclass(frozen=True)
@@ -18,14 +19,12 @@ class Limits:
     """What an input may decode to, whatever its size on disk (an .npz of 995 KB can hold
     1 GiB, a PNG of 875 KB 900 MB of pixels): array bytes and image pixels."""
 
-    max_bytes: int  # MXQ_MAX_INPUT_BYTES
-    max_pixels: int  # MXQ_MAX_IMAGE_PIXELS
+    max_bytes: int = DEFAULT_MAX_INPUT_BYTES  # MXQ_MAX_INPUT_BYTES
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # MXQ_MAX_IMAGE_PIXELS
 
     @classmethod
-    def of_process(cls) -> Limits:
-        from mxq.workers.settings import get_settings
-
-        s = get_settings()
+    def of(cls, s: Settings) -> Limits:
+        """The limits a worker's settings set (a job passes its own: `JobContext.settings`)."""
         return cls(s.max_input_bytes, s.max_image_pixels)
 
     def check_bytes(self, path: Location, what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
