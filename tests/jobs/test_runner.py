@@ -5,9 +5,12 @@ from running)."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from mxq.db import jobs
+from mxq.db.engine import session_scope
 from mxq.db.jobs import Claim, Placement
+from mxq.db.schema import Job
 from mxq.errors import DeviceFault
 from mxq.tasks.runner import Delivery, FanOut, JobContext, JobInputError, Outcome, Worker, run_job
 from mxq.workers.broker.messages import in_broker
@@ -97,3 +100,26 @@ def test_a_fan_out_makes_its_chunks_once(isolated: Stack) -> None:
     chunks = jobs.chunk_statuses(isolated.settings.database, job_id, but=-1)
     assert sorted(chunks) == ["queued", "queued"]
     assert isolated.job(job_id)["status"] == "running"  # until its chunks end
+    # A redelivery of the parent (its heartbeat is cleared once split) makes no chunk twice.
+    assert run_job(job_id, lambda _job: split, worker=_worker(isolated)) is Delivery.SPLIT
+    assert len(jobs.chunk_statuses(isolated.settings.database, job_id, but=-1)) == 2
+
+
+def test_a_parent_settles_when_its_last_chunk_ends(isolated: Stack) -> None:
+    """The frame's last step after every delivery settles the parent of a chunk: succeeded once
+    every chunk did, with the samples of all."""
+    w, job_id = _worker(isolated), _job(isolated)
+    split = FanOut([{"size": 4, "start": 0, "stop": 2}, {"size": 4, "start": 2, "stop": 4}],
+                   queues=[OWN, OWN])
+    assert run_job(job_id, lambda _job: split, worker=w) is Delivery.SPLIT
+    with session_scope(isolated.settings.database) as session:
+        first, second = session.scalars(select(Job.id).where(Job.parent_id == job_id).order_by(Job.id))
+
+    def body(job: JobContext) -> Outcome:
+        return Outcome(samples=job.params["stop"] - job.params["start"], seconds=1.0)
+
+    assert run_job(first, body, worker=w) is Delivery.SUCCEEDED
+    assert isolated.job(job_id)["status"] == "running"
+    assert run_job(second, body, worker=w) is Delivery.SUCCEEDED
+    parent = isolated.job(job_id)
+    assert (parent["status"], parent["samples"]) == ("succeeded", 4)
