@@ -15,13 +15,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 
 from mxq.errors import UserError
 
-HIGH, NORMAL, LOW = "high", "normal", "low"
+
+class Level(StrEnum):
+    """A job's priority level (stored and sent as its name)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+HIGH, NORMAL, LOW = Level.HIGH, Level.NORMAL, Level.LOW
 LEVELS = (HIGH, NORMAL, LOW)  # first taken first
 DEFAULT = NORMAL
-RANK = {HIGH: 2, NORMAL: 1, LOW: 0}
+RANK: dict[str, int] = {HIGH: 2, NORMAL: 1, LOW: 0}  # by name: rows and messages carry it as text
 # How often one job may be made to yield before it is left to run to its end.
 MAX_PREEMPTIONS = 3
 
@@ -30,21 +40,21 @@ class PriorityError(UserError):
     """A priority that is not one of the levels."""
 
 
-def parse(text: str | None) -> str:
+def parse(text: str | None) -> Level:
     """The level `text` names (None: the default), or a one-line PriorityError."""
     if text is None:
         return DEFAULT
     level = text.strip().lower()
     if level not in RANK:
         raise PriorityError(f"priority {text[:40]!r} is not allowed: use high, normal or low")
-    return level
+    return Level(level)
 
 
 @dataclass(frozen=True)
 class Priority:
     """A job's level and whether it may be made to yield to a waiting job of a higher level."""
 
-    level: str = DEFAULT
+    level: Level = DEFAULT
     preemptible: bool = False
 
     @classmethod

@@ -189,7 +189,8 @@ def job_row(url: str, job_id: int) -> JobRow | None:
                 "queue": job.queue, "requested_device": job.requested_device,
                 "parent_id": job.parent_id, "heartbeat_at": job.heartbeat_at,
                 "committed": job.committed, "attempts": job.attempts, "worker": job.worker,
-                "priority": job.priority, "preemptions": job.preemptions}
+                "priority": job.priority, "preemptions": job.preemptions,
+                "device_faults": job.device_faults}
 
 
 def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:

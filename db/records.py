@@ -175,6 +175,7 @@ class JobRow(TypedDict):
     worker: str | None  # the last attempt's
     priority: str  # its level (mxq.priorities)
     preemptions: int  # attempts that yielded to another job (not counted against the limit)
+    device_faults: int  # attempts its device failed under (not counted against the limit either)
 
 
 class QueuedJob(TypedDict):

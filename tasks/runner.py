@@ -30,6 +30,7 @@ from mxq.db.schema import utcnow
 from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.errors import UserError, device_fault, first_line, reason, typed_line
+from mxq.priorities import NORMAL, Level
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
@@ -133,7 +134,7 @@ class JobContext:
     # Inference: where earlier attempts stopped storing results (read with the row: a worker
     # still writing then is fenced off by the claim, and what it adds is cleared on resume).
     committed: int | None = None
-    priority: str = "normal"  # its level (mxq.priorities): the turn it is published again at
+    priority: Level = NORMAL  # its level: the turn it is published again at
     started: bool = False  # an earlier attempt ran: published again ahead of its level's new jobs
     _checked_at: float = field(default_factory=time.monotonic)
     _progress_at: float = field(default_factory=time.monotonic)
@@ -257,7 +258,7 @@ def context_of(row: JobRow, device: str, settings: Settings) -> JobContext:
     the same frame, then gives it the devices and the fence its leader claimed with."""
     return JobContext(row["id"], row["kind"], row["params"], device, settings, row["queue"],
                       row["requested_device"], row["parent_id"], [device], committed=row["committed"],
-                      priority=row["priority"], started=row["attempts"] > 0)
+                      priority=Level(row["priority"]), started=row["attempts"] > 0)
 
 
 def _defer(s: Settings, job: JobContext, why: str) -> Delivery:

@@ -23,6 +23,7 @@ from mxq.db import jobs
 from mxq.db.fence import Fence
 from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
+from mxq.priorities import Level
 from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.runner import JobContext, JobInputError
 from mxq.workers.broker import messages
@@ -186,4 +187,4 @@ def hand_back(job: JobContext, members: list[Member]) -> None:
     before, they stayed running on a worker that left, until the reconciler charged them one."""
     s, worker = job.settings, job.worker
     for job_id, queue, priority in jobs.hand_back(job.url, [m.id for m in members[1:]], worker):
-        publish(s, job_id, job.kind, queue, patient=True, turn=Turn(priority, started=True))
+        publish(s, job_id, job.kind, queue, patient=True, turn=Turn(Level(priority), started=True))

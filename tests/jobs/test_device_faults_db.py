@@ -37,10 +37,31 @@ def test_a_device_fault_requeues_without_an_attempt_until_the_last_one(stack: St
     assert require_job(url, job)["status"] == "running"  # left for the job frame to fail
 
 
+def test_a_dead_workers_job_after_a_device_fault_is_requeued_as_the_limit_counts(
+        stack: Stack) -> None:
+    """The requeue of a job whose worker died counts its attempts as the claim does (less its
+    yields and device faults): it failed one attempt early after a device fault."""
+    from datetime import timedelta
+
+    from mxq.db.schema import utcnow
+    from mxq.workers.broker.publish import requeue
+
+    s = stack.settings.model_copy(update={"max_attempts": 2})
+    job = jobs.create_job(s.database, "infer", {}, "auto", "pool.gpu")
+    fence = jobs.take(s.database, job, A, s.max_attempts, TTL)
+    assert isinstance(fence, Fence) and jobs.device_faulted(s.database, fence, MAX_DEVICE_FAULTS)
+    assert isinstance(jobs.take(s.database, job, A, s.max_attempts, TTL), Fence)  # its worker dies
+    assert requeue(s, job, "infer", "pool.gpu", "its worker died", utcnow() + timedelta(seconds=1))
+    record = require_job(s.database, job)  # published again, free for the next claim
+    assert (record["status"], record["error"], record["attempts"]) == ("running", None, 1)
+    assert isinstance(jobs.take(s.database, job, A, s.max_attempts, TTL), Fence)
+
+
 def test_a_merged_batchs_members_go_back_without_an_attempt(stack: Stack) -> None:
     url = stack.settings.database
     members = [jobs.create_job(url, "infer", {}, "cpu:0", f"q.{i}",
-                               priority=Priority("high" if i else "normal")) for i in range(3)]
+                               priority=Priority.of("high" if i else "normal", False))
+               for i in range(3)]
     assert jobs.claim_many(url, members, A) == members
     assert jobs.hand_back(url, members[1:], "another-worker") == []  # not that worker's
     assert jobs.hand_back(url, members[1:], A.worker) == [(members[1], "q.1", "high"),

@@ -93,7 +93,7 @@ class Turn:
     whether an attempt of it ran before (preempted, or its worker died): such a job goes ahead of
     the jobs of its level that never started, since it started before them."""
 
-    level: str = priorities.DEFAULT
+    level: priorities.Level = priorities.DEFAULT
     started: bool = False
 
     @property
@@ -133,7 +133,7 @@ def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: boo
 def republish(settings: Settings, job_id: int, route: JobRoute) -> None:
     """Publish a job again as SQL routes it (its queue, and its turn there), patiently."""
     publish(settings, job_id, route["kind"], route["queue"], patient=True,
-            turn=Turn(route["priority"], route["started"]))
+            turn=Turn(priorities.Level(route["priority"]), route["started"]))
 
 
 def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
@@ -144,7 +144,9 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
     job = jobs.job_row(settings.database, job_id)
     if job is None:
         return None
-    attempts, worker = job["attempts"] - job["preemptions"], job["worker"]  # as the limit counts
+    # As the limit counts (`jobs.charged`): a yield or a device fault uses no attempt.
+    attempts = job["attempts"] - job["preemptions"] - job["device_faults"]
+    worker = job["worker"]
     if not jobs.clear_heartbeat(settings.database, job_id, stale_before):
         return None
     if attempts >= settings.max_attempts:
@@ -152,7 +154,8 @@ def requeue(settings: Settings, job_id: int, kind: str, queue: str, why: str,
                   jobs.exhausted_message(attempts, settings.max_attempts, worker))
         log.error("job %s failed: %s on all %s attempts", job_id, why, attempts)
         return False
-    publish(settings, job_id, kind, queue, patient=True, turn=Turn(job["priority"], started=True))
+    turn = Turn(priorities.Level(job["priority"]), started=True)
+    publish(settings, job_id, kind, queue, patient=True, turn=turn)
     events.record(settings.database, job_id, events.REQUEUED, f"requeued to {queue}: {why}",
                   attempts=attempts, worker=worker)
     return True
