@@ -3,7 +3,7 @@ takes a tenth of a second to import, which `mxq --help` and a usage error should
 
 Every command gets the broker and database of its home's stack (`$MXQ_HOME/stack.json`) where
 the shell sets none, and is refused in one line where the shell sets others
-(`workers.settings.with_recorded_stack`)."""
+(`workers.stack_record.with_recorded_stack`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def get_settings(own: bool = False, node: str | None = None) -> Settings:
     MXQ_NODE (`mxq worker --node`)."""
     from mxq.workers.settings import Settings as Loaded
     from mxq.workers.settings import get_settings as load
-    from mxq.workers.settings import with_recorded_stack
+    from mxq.workers.stack_record import with_recorded_stack
 
     if not own and node is None:
         return load()

@@ -38,7 +38,7 @@ PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470  # mxq's own defaults (MXQ_API_HOST, MXQ_API_PORT)
-STACK_RECORD = "stack.json"  # what `mxq up` records in $MXQ_HOME (workers/settings.record_stack)
+STACK_RECORD = "stack.json"  # what `mxq up` records in $MXQ_HOME (workers/stack_record.record_stack)
 WILDCARDS = ("0.0.0.0", "::", "")  # an API bound to every interface is reached on loopback
 FIRST_BEFORE_ID = 2**31 - 1  # `before_id` of a walk's first page: above every id (mxq.names.MAX_ID)
 

@@ -255,7 +255,7 @@ def test_schedule_show_titles_its_table_with_the_schedule(isolated: Stack) -> No
 def test_the_client_without_a_url_finds_the_stack_as_the_cli_does(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from mxq.client.api import Client, stack_url
-    from mxq.workers.settings import record_stack
+    from mxq.workers.stack_record import record_stack
 
     home = tmp_path / "home"
     for key in ("MXQ_API_HOST", "MXQ_API_PORT", "MXQ_API_TOKEN"):

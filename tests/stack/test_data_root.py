@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mxq.workers.paths import PathError, confine
-from mxq.workers.settings import STACK_RECORD, Settings, record_stack, with_recorded_stack
+from mxq.workers.settings import Settings
+from mxq.workers.stack_record import STACK_RECORD, record_stack, with_recorded_stack
 from tests.conftest import Stack
 
 

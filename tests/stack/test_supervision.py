@@ -29,13 +29,8 @@ from mxq.workers.launch import groups, procs, sqlite_lock, stack
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.launch.launcher import Child, Launcher, WorkerSpec
 from mxq.workers.launch.stack import StackError, down, launcher_pidfile, preflight, run_launcher
-from mxq.workers.settings import (
-    STACK_RECORD,
-    Settings,
-    StackMismatch,
-    record_stack,
-    with_recorded_stack,
-)
+from mxq.workers.settings import Settings
+from mxq.workers.stack_record import STACK_RECORD, StackMismatch, record_stack, with_recorded_stack
 from tests.conftest import free_port, run_cli, wait_until
 
 

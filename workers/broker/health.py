@@ -12,7 +12,8 @@ from redis.retry import Retry
 
 from mxq.errors import first_line
 from mxq.workers.broker.redis_client import connect
-from mxq.workers.settings import Settings, without_password
+from mxq.workers.settings import Settings
+from mxq.workers.stack_record import without_password
 
 # A broker that does not answer a PING this fast is reported down: a paused Redis must not hang
 # the health check that is meant to notice it.

@@ -35,7 +35,8 @@ from mxq.workers.launch.launcher import (
     plan,
     schedule_spec,
 )
-from mxq.workers.settings import Settings, record_stack
+from mxq.workers.settings import Settings
+from mxq.workers.stack_record import record_stack
 
 log = logging.getLogger(__name__)
 UP_TIMEOUT_SECONDS = 180.0
