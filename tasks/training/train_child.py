@@ -258,10 +258,9 @@ def _train(s: Settings, t: Training, train: datasets.Dataset, val: datasets.Data
     return Trained(samples=t.samples * len(results), seconds=seconds, result=result)
 
 
-def main(fence: Fence, devices: list[str]) -> int:
+def main(s: Settings, fence: Fence, devices: list[str]) -> int:
     """Train the job's remaining epochs on `devices` as attempt `fence`; the exit status, with
     the report it leaves in the run file (`child_report`), says how it ended."""
-    s = get_settings()
     job = _frame(s, fence, devices)
     if job is None:
         return CHILD_INPUT_ERROR
@@ -292,24 +291,25 @@ def _trained(s: Settings, t: Training, fence: Fence) -> int:
     return t.samples * (len(epoch_rows.list_epochs(s.database, fence.job_id)) - t.done)
 
 
-def report_crash(fence: Fence, exc: BaseException) -> None:
+def report_crash(s: Settings, fence: Fence, exc: BaseException) -> None:
     """Tell the leader, through the run file, why the child died (one line): an expected failure
     (a database unreachable past its retry window, say) as its own words, anything else with its
     type, instead of "training process exited with 1"."""
     error = first_line(exc, 500) if isinstance(exc, MxqError) else typed_line(exc)
-    child_report.write(run_file(get_settings(), fence), Refused(error=error))
+    child_report.write(run_file(s, fence), Refused(error=error))
 
 
 if __name__ == "__main__":
     job, devs = int(sys.argv[1]), sys.argv[2].split(",")
     fence = Fence(job, sys.argv[4], int(sys.argv[3]))
+    settings = get_settings()  # the child's edge: read once, passed down
     # A dist_sync worker's kvstore waits at exit for every other worker: leaving after an error
     # must skip it (os._exit), or the process would hang there (its peers may never come).
     try:
-        code = main(fence, devs)
+        code = main(settings, fence, devs)
     except BaseException as exc:  # reported to the leader through the run file
         traceback.print_exc()
-        report_crash(fence, exc)
+        report_crash(settings, fence, exc)
         code = 1
     if code != 0 and os.environ.get("DMLC_ROLE") == "worker":
         sys.stdout.flush()

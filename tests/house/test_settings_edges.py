@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 # hooks of the worker process itself (its heartbeat's idle beat), never a job body.
 SETTINGS_EDGES = {
     "tasks/runner.py": {"this_worker"},  # a device worker's frame, made per delivery
-    "tasks/training/train_child.py": {"main", "report_crash"},  # the child's start and last word
+    "tasks/training/train_child.py": {"<module>"},  # the child's start (`__main__`)
     "tasks/runtimes/onnx_worker.py": {"_refuse_unusable_gpu"},  # Celery's worker_init
     "tasks/runtimes/mx_context.py": {"_refuse_unusable_device"},  # Celery's worker_init
     "tasks/inference/device_memory.py": {"give_back_while_leased"},  # the heartbeat's idle beat

@@ -218,7 +218,7 @@ def test_a_training_child_that_dies_tells_its_leader_why(tmp_path: Path,
         for exc, said in ((DatabaseUnreachable("database unreachable at db:5432 for 120 s: refused\nmore"),
                            "database unreachable at db:5432 for 120 s: refused"),
                           (KeyError("w"), "KeyError: 'w'")):
-            report_crash(fence, exc)
+            report_crash(get_settings(), fence, exc)
             with pytest.raises(JobFailed) as failed:
                 _outcome(1, out)
             assert str(failed.value) == said
