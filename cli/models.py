@@ -17,6 +17,7 @@ from mxq.names import MAX_ID
 
 if TYPE_CHECKING:
     from mxq.db.records import ModelRecord
+    from mxq.workers.jobs.jobspecs import RegisterParams
 
 
 class _NameMeansShow(TyperGroup):
@@ -113,6 +114,7 @@ def add(name: str,
     A new model may be given an owner and a team at once (`mxq models share` changes them)."""
     from mxq.names import check_name
     from mxq.preprocess import Preprocess
+    from mxq.workers.jobs.jobspecs import RegisterParams, validated
 
     check_name(name)  # refused before MXNet is even loaded, as bad preprocessing is
     prep = Preprocess.parse(scale, mean, std, layout)
@@ -128,9 +130,11 @@ def add(name: str,
     elif not (symbol and params and not arch):
         raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
     with fetched_files(symbol, params) as (symbol_file, params_file):
-        request = {"name": name, "arch": arch, "symbol": symbol_file, "params": params_file,
-                   "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
-                   "preprocess": prep.as_dict(), "outputs": outputs}
+        request = validated(RegisterParams, {
+            "name": name, "arch": arch, "symbol": None if symbol_file is None else str(symbol_file),
+            "params": None if params_file is None else str(params_file),
+            "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
+            "preprocess": prep.as_dict(), "outputs": outputs})
         try:
             from mxq.tasks.model_store.models import add_version  # loads MXNet: only for this command
         except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
@@ -195,26 +199,27 @@ def fetched_files(*given: str | None) -> Iterator[list[Path | None]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def register_on_a_worker(r: dict[str, Any], why: str) -> Any:
+def register_on_a_worker(r: RegisterParams, why: str) -> Any:
     """Registration by a worker whose device MXNet runs (the `register` job), for a process that
     cannot load MXNet (`why`): the files staged under $MXQ_HOME/staging, the job awaited."""
     import shutil
     import uuid
 
     from mxq.db.reports.history import require_job
+    from mxq.workers.jobs.jobspecs import stored
     from mxq.workers.jobs.submit import submit
     from mxq.workers.paths import staging_dir
 
     s = get_settings()
     folder = staging_dir(s.home_path) / uuid.uuid4().hex
-    if r["symbol"]:
+    if r.symbol is not None and r.params is not None:
         folder.mkdir(parents=True)
-        r = {**r, **{k: str(shutil.copyfile(r[k], folder / Path(r[k]).name))
-                     for k in ("symbol", "params")}}
+        r = r.model_copy(update={k: str(shutil.copyfile(path, folder / Path(path).name))
+                                 for k, path in (("symbol", r.symbol), ("params", r.params))})
     render.err.print(f"mxq: this process cannot load MXNet ({why}); a worker whose device runs "
                      "it registers the model", markup=False, soft_wrap=True)
     try:
-        job_id = submit(s, "register", {k: v for k, v in r.items() if v is not None})
+        job_id = submit(s, "register", stored(r))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

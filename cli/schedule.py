@@ -31,6 +31,7 @@ def add(name: str,
         metric: Annotated[str, typer.Option(help="Metric compared for if-better.")] = "val_accuracy",
         min_gain: Annotated[float, typer.Option(help="How much better the new one must be.")] = 0.0,
         devices: int = 1, device: Annotated[str | None, typer.Option(help="gpu:0,gpu:1")] = None,
+        nodes: Annotated[int, typer.Option(help="Train on N nodes (dist_sync), --devices K each.")] = 1,
         epochs: int = 10, batch_size: int = 64, lr: float = 0.1, optimizer: str = "sgd",
         dtype: str = "float32", val_fraction: float = 0.2, seed: int = 0, label_column: str = "label",
         input_shape: str | None = None,
@@ -44,7 +45,7 @@ def add(name: str,
     promoted version (its variants are rebuilt)."""
     from mxq.workers.schedules.fires import add_schedule
 
-    spec = {"arch": arch, "name": model, "devices": devices,
+    spec = {"arch": arch, "name": model, "devices": devices, "nodes": nodes,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,

@@ -11,9 +11,8 @@ device-seconds approach its share of the weights; then the oldest job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from mxq.priorities import RANK
 
@@ -55,9 +54,11 @@ class Usage:
         self.devices[job.owner] = self.devices.get(job.owner, 0) + job.needs
 
 
-def devices_needed(kind: str, params: dict[str, Any]) -> int:
-    """The devices a job holds at once on its node: a training's `devices`, else one."""
-    return int(params.get("devices") or 1) if kind == "train" else 1
+def devices_needed(kind: str, params: Mapping[str, object]) -> int:
+    """The devices a job holds at once on its node: a training's `devices`, else one (read from
+    its parameters as stored, where admission reads them too)."""
+    devices = params.get("devices")
+    return devices if kind == "train" and isinstance(devices, int) and devices > 0 else 1
 
 
 def beyond_quota(needs: int, share: Share) -> str | None:

@@ -15,10 +15,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 from mxq.db import events, jobs
 from mxq.db import fleet as beats
@@ -31,12 +30,17 @@ from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.errors import UserError, device_fault, first_line, reason, typed_line
 from mxq.priorities import NORMAL, Level
+from mxq.tasks.hooks.admission import AdmitNext
+from mxq.tasks.hooks.current_job import CurrentJob
+from mxq.tasks.hooks.hook import Hook, Run
+from mxq.tasks.hooks.parent import SettleParent
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
 from mxq.workers.fleet import heartbeat, leases
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.jobs import admit
+from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, Raw, stored, validated
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -104,15 +108,15 @@ PROGRESS_SECONDS = 2.0
 class Outcome:
     samples: int
     seconds: float  # compute time, queue time apart
-    result: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, object] = field(default_factory=dict)  # stored as JSON with the job
 
 
 @dataclass
 class FanOut:
-    """The job is split: one chunk job per params dict, run wherever the parent was routed (or,
+    """The job is split: one chunk job per parameters, run wherever the parent was routed (or,
     with `queues`, chunk i on queues[i], asking for device requested[i])."""
 
-    chunks: list[dict[str, Any]]
+    chunks: Sequence[JobParams]
     queues: list[str] | None = None
     requested: list[str] | None = None
 
@@ -121,7 +125,7 @@ class FanOut:
 class JobContext:
     id: int
     kind: str
-    params: dict[str, Any]
+    stored: Raw  # its parameters as SQL holds them: a body reads them typed, with `params`
     device: str  # "cpu:1"
     settings: Settings  # the worker's, passed in: a job body reads no process-wide settings
     queue: str
@@ -145,6 +149,14 @@ class JobContext:
 
     def __post_init__(self) -> None:
         self.parsed_device = Device.parse(self.device)
+
+    def params(self, spec: type[P]) -> P:
+        """The job's parameters as `spec` (its kind's), checked again here against this worker's
+        limits; JobInputError (the job fails with it) when they do not fit."""
+        try:
+            return validated(spec, self.stored, self.settings)
+        except ParamsError as exc:
+            raise JobInputError(str(exc)) from None
 
     @property
     def url(self) -> str:
@@ -222,6 +234,10 @@ def placement(s: Settings) -> Placement:
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 
+# What runs around every run of a job, outside its body (`tasks/hooks/`).
+HOOKS: tuple[Hook, ...] = (CurrentJob(), SettleParent(), AdmitNext())
+
+
 @dataclass(frozen=True)
 class Worker:
     """Who runs a job: where, with which settings, beating with which heartbeat.
@@ -233,6 +249,7 @@ class Worker:
     settings: Settings
     heartbeat: heartbeat.Heartbeat | None
     faults: list[str] = field(default_factory=list)  # its device failed under a job: why
+    hooks: tuple[Hook, ...] = HOOKS  # around each run
 
 
 def this_worker() -> Worker:
@@ -326,11 +343,33 @@ def _redirect(s: Settings, job: JobContext, queue: str) -> Delivery:
 
 
 def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
-    s, hb = w.settings, w.heartbeat
-    fence = job.fence
+    """Run the claimed job's body between its worker's hooks, and record its outcome."""
+    run = Run(job.id, job.parent_id, w.settings, w.heartbeat)
+    for hook in w.hooks:
+        hook.before(run)
+    try:
+        return _outcome_of(w, job, body)
+    finally:
+        _after(w.hooks, run)
+
+
+def _after(hooks: tuple[Hook, ...], run: Run) -> None:
+    """Every hook's `after`, in reverse order, each even when one before it raised; the first
+    exception is raised once all ran."""
+    first: Exception | None = None
+    for hook in reversed(hooks):
+        try:
+            hook.after(run)
+        except Exception as exc:
+            log.exception("job %s: hook %s failed after its run", run.job_id, type(hook).__name__)
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def _outcome_of(w: Worker, job: JobContext, body: Body) -> Delivery:
+    s, fence = w.settings, job.fence
     assert fence is not None  # set by the claim
-    if hb is not None:
-        hb.current_job = job.id
     try:
         return _record(s, job, fence, body(job))
     except (JobInputError, JobFailed) as exc:
@@ -348,12 +387,6 @@ def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
         log.exception("job %s failed", job.id)
         return _outcome(jobs.fail(s.database, job.id, _unexpected(job, exc), fence=fence),
                         Delivery.FAILED, job)
-    finally:
-        if hb is not None:
-            hb.current_job = None
-        if job.parent_id is not None:
-            jobs.settle_parent(s.database, job.parent_id)
-        admit.admit_quietly(s)  # its device is free: the next held job may go
 
 
 def _unexpected(job: JobContext, exc: Exception) -> str:
@@ -431,8 +464,8 @@ def _fan_out(s: Settings, job: JobContext, split: FanOut) -> Delivery:
     this job's frame ends), so that its owner's quota counts every chunk (two ran at once
     under a quota of one)."""
     held = admit.holding(s)
-    children = jobs.fan_out(job.url, job.id, job.kind, split.chunks, split.queues or job.queue,
-                            split.requested or job.requested, held)
+    children = jobs.fan_out(job.url, job.id, job.kind, [stored(c) for c in split.chunks],
+                            split.queues or job.queue, split.requested or job.requested, held)
     for child_id, queued, queue in children:
         if queued:
             publish(s, child_id, job.kind, queue, patient=True, turn=Turn(job.priority))

@@ -39,6 +39,7 @@ from kombu import Exchange, Queue
 from mxq.db import engine, fleet, jobs
 from mxq.db.fleet import list_workers
 from mxq.db.jobs import Placement
+from mxq.shares import devices_needed
 from mxq.tasks.runner import JobContext, Outcome, Worker, run_job
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
@@ -196,7 +197,7 @@ class SimDevice(threading.Thread):
 
     def _admit(self, job: JobContext) -> list[str] | None:
         """A training's devices: this one and the next free ones of its node, leased in order."""
-        wanted = int(job.params.get("devices", 1))
+        wanted = devices_needed(job.kind, job.stored)
         mine = sorted(w["device"] for w in list_workers(self.s.database, self.s.heartbeat_ttl, self.node)
                       if w["alive"])
         free = [d for d, holder in leases.holders(self.s.broker, self.node, mine).items()

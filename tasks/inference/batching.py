@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,7 +30,7 @@ from mxq.workers.broker import messages
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues
 from mxq.workers.hardware.devices import engines_for
-from mxq.workers.jobs.jobspecs import InferParams
+from mxq.workers.jobs.jobspecs import InferParams, ParamsError, Raw, validated
 from mxq.workers.settings import Settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
@@ -45,7 +45,7 @@ GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many
 OpenInput = Callable[[Settings, InferParams, ModelRecord], InputSource]
 ReadAll = Callable[[InferParams, InputSource], NDArray[np.float32]]
 RowsOf = Callable[[int, int, NDArray[np.float32], int], list[Row]]
-Candidate = tuple[int, dict[str, Any]]  # a queued job's id and parameters
+Candidate = tuple[int, Raw]  # a queued job's id and parameters as stored
 T = TypeVar("T")
 
 
@@ -80,7 +80,7 @@ def _candidates(job: JobContext, model: ModelRecord, room: int,
     mergeable is decided once its input is open)."""
     found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)),
                               level=job.priority)
-    asks = {k: job.params.get(k) for k in ASKS}
+    asks = {k: job.stored.get(k) for k in ASKS}
     return [(i, params) for i, params in found if i not in taken
             and params.get("model") == model["name"] and params.get("model_version") == model["version"]
             and {k: params.get(k) for k in ASKS} == asks]
@@ -147,20 +147,20 @@ def _take(job: JobContext, model: ModelRecord, found: list[Candidate],
     return added
 
 
-def _open(s: Settings, params: dict[str, Any], model: ModelRecord,
+def _open(s: Settings, params: Raw, model: ModelRecord,
           open_input: OpenInput) -> tuple[InferParams, InputSource] | str:
     """A candidate's parameters and input, or why its job fails."""
     try:
-        p = InferParams(**params)
+        p = validated(InferParams, params, s)
         return p, open_input(s, p, model)
-    except JobInputError as exc:
+    except (JobInputError, ParamsError) as exc:
         return str(exc)
     except Exception as exc:  # a broken input fails its own job, never the batch
         return f"{type(exc).__name__}: {exc}"
 
 
 def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float32]], seconds: float,
-           result: dict[str, Any], rows_of: RowsOf) -> tuple[int, float, dict[str, Any]]:
+           result: dict[str, object], rows_of: RowsOf) -> tuple[int, float, dict[str, object]]:
     """Store the rows of every member the batch still holds and finish each with its share of
     the time, in one transaction (`jobs.finish_batch`); return the lead's (first member's)
     outcome, which its own task records."""

@@ -48,7 +48,7 @@ from mxq.tasks.runner import (
     job_task,
 )
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
-from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams, ParamsError, validate
+from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams
 from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
@@ -74,13 +74,6 @@ def flush_rows(held: bool, classes: int, samples: int) -> int:
     if held:
         return FLUSH_ROWS
     return max(FLUSH_ROWS, min(FLUSH_BYTES // (4 * classes), samples // 10))
-
-
-def _params(job: JobContext) -> InferParams:
-    try:
-        return InferParams(**validate("infer", job.params))
-    except ParamsError as exc:
-        raise JobInputError(str(exc)) from None
 
 
 def _open(s: Settings, p: InferParams, model: ModelRecord) -> InputSource:
@@ -134,15 +127,16 @@ def _unchanged(p: InferParams, source: InputSource) -> None:
             raise JobInputError(str(exc)) from None
 
 
-def _chunks(p: InferParams, count: int) -> list[dict[str, Any]]:
+def _chunks(p: InferParams, count: int) -> list[InferParams]:
+    """The job's chunks: its request over [start, stop) each (a chunk splits no further)."""
     size = p.chunk_size or count
-    base = p.model_dump(exclude={"chunk_size"})
-    return [{**base, "start": a, "stop": min(a + size, count)} for a in range(0, count, size)]
+    return [p.model_copy(update={"chunk_size": None, "start": a, "stop": min(a + size, count)})
+            for a in range(0, count, size)]
 
 
 @job_task("infer")
 def infer(job: JobContext) -> Outcome | FanOut:
-    p = _params(job)
+    p = job.params(InferParams)
     settings = job.settings
     try:
         model = registry.resolve(job.url, p.model, p.model_version)

@@ -17,7 +17,6 @@ import struct
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from mxq.tasks.model_store.checksums import sha256, verify
 from mxq.tasks.model_store.locations import local_file, publish, store_dir
 from mxq.tasks.model_store.zoo import build
 from mxq.tasks.runtimes.mx import DeviceFault, device_fault, gluon, mx
+from mxq.workers.jobs.jobspecs import RegisterParams
 from mxq.workers.settings import Settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
@@ -326,15 +326,15 @@ def _check_one_output(name: str, sym: mx.sym.Symbol) -> None:
                          "one, of shape (batch, classes): export a net whose forward returns one array")
 
 
-def add_version(settings: Settings, r: Mapping[str, Any]) -> ModelRecord:
-    """A version as `mxq models add` asks for it (the fields of `RegisterParams`): a built-in
-    architecture with seeded weights, or the exported `symbol` and `params` files."""
-    prep, shape = Preprocess.from_dict(r["preprocess"]), r["input_shape"]
-    if r["arch"]:
-        return add_builtin(settings, r["name"], r["arch"], tuple(shape), r["classes"], r["seed"],
-                           preprocess=prep)
-    return add_exported(settings, r["name"], Path(r["symbol"]), Path(r["params"]),
-                        tuple(shape) if shape else None, prep, outputs=r["outputs"])
+def add_version(settings: Settings, r: RegisterParams) -> ModelRecord:
+    """A version as `mxq models add` asks for it: a built-in architecture with seeded weights,
+    or the exported `symbol` and `params` files (local paths)."""
+    prep, shape = Preprocess.from_dict(r.preprocess), r.input_shape
+    if r.arch is not None and shape:
+        return add_builtin(settings, r.name, r.arch, tuple(shape), r.classes, r.seed, preprocess=prep)
+    assert r.symbol is not None and r.params is not None  # RegisterParams holds one or the other
+    return add_exported(settings, r.name, Path(r.symbol), Path(r.params),
+                        tuple(shape) if shape else None, prep, outputs=r.outputs)
 
 
 def add_exported(settings: Settings, name: str, symbol: Path, params: Path,

@@ -14,12 +14,10 @@ import shutil
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from mxq.preprocess import PreprocessError
 from mxq.tasks.model_store.models import ModelError, add_version
 from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
-from mxq.workers.jobs.jobspecs import ParamsError, RegisterParams
+from mxq.workers.jobs.jobspecs import RegisterParams
 from mxq.workers.paths import PathError, staging_dir, within
 
 
@@ -37,19 +35,16 @@ def staged(home: Path, value: str) -> Path:
 @job_task("register")
 def register(job: JobContext) -> Outcome:
     s = job.settings
-    try:
-        p = RegisterParams(**job.params)
-    except (ValidationError, ParamsError) as exc:
-        raise JobInputError(f"invalid register parameters: {exc}") from None
+    p = job.params(RegisterParams)
     started = time.perf_counter()
-    request = p.model_dump()
     if p.symbol is not None and p.params is not None:
-        request["symbol"], request["params"] = staged(s.home_path, p.symbol), staged(s.home_path, p.params)
+        p = p.model_copy(update={"symbol": str(staged(s.home_path, p.symbol)),
+                                 "params": str(staged(s.home_path, p.params))})
     try:
-        record = add_version(s, request)
+        record = add_version(s, p)
     except (ModelError, PreprocessError) as exc:
         raise JobInputError(str(exc)) from None
     finally:
         if p.symbol is not None:
-            shutil.rmtree(Path(request["symbol"]).parent, ignore_errors=True)
+            shutil.rmtree(Path(p.symbol).parent, ignore_errors=True)
     return Outcome(samples=0, seconds=time.perf_counter() - started, result={"model": dict(record)})

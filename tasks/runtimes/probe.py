@@ -6,12 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from pydantic import ValidationError
-
-from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
+from mxq.tasks.runner import JobContext, Outcome, job_task
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.runtimes.mx_context import context, memory  # also checks the device at worker start
-from mxq.workers.jobs.jobspecs import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ParamsError, validate
+from mxq.workers.jobs.jobspecs import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ProbeParams
 
 
 class _Pending(Protocol):
@@ -33,12 +31,9 @@ def _timed(fn: Callable[[], _Pending], repeat: int, job: JobContext, done: int, 
 
 @job_task("probe")
 def probe(job: JobContext) -> Outcome:
-    try:
-        p = validate("probe", job.params)
-    except (ParamsError, ValidationError) as exc:
-        raise JobInputError(str(exc)) from None
+    p = job.params(ProbeParams)
     ctx = context(job.parsed_device)
-    n, batch, repeat = p["size"], p["batch"], p["repeat"]
+    n, batch, repeat = p.size, p.batch, p.repeat
     a = mx.nd.random.uniform(shape=(n, n), ctx=ctx)
     b = mx.nd.random.uniform(shape=(n, n), ctx=ctx)
     x = mx.nd.random.uniform(shape=(batch, *CONV_SHAPE), ctx=ctx)

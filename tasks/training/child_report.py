@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -28,7 +28,7 @@ class Trained(_Report):
 
     samples: int  # this worker trained on, over every epoch this attempt ran
     seconds: float  # compute time of those epochs
-    result: dict[str, Any]  # the job's result, free-form JSON stored as it is (model, version, metrics)
+    result: dict[str, object]  # the job's result, free-form JSON stored as it is (model, version, metrics)
 
 
 class Stopped(_Report):

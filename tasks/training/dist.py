@@ -170,9 +170,8 @@ def split(s: Settings, job: JobContext, p: TrainParams) -> FanOut:
         raise JobFailed(f"{exc}; submit the job again") from None
     env = {"DMLC_PS_ROOT_URI": s.address, "DMLC_PS_ROOT_PORT": str(free_port(s)),
            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(len(chosen))}
-    base = p.model_dump(exclude={"dist"})
-    parts = [{**base, "dist": {"parent": job.id, "index": i, "node": node, "host": i == 0,
-                               "env": env}} for i, (node, _) in enumerate(chosen)]
+    parts = [p.model_copy(update={"dist": DistRole(parent=job.id, index=i, node=node, host=i == 0,
+                                                   env=env)}) for i, (node, _) in enumerate(chosen)]
     queues = [device_queue(node, d.kind, d.index)
               for node, d in ((node, Device.parse(device)) for node, device in chosen)]
     set_devices(job.url, job.id, [f"{device}@{node}" for node, device in chosen])

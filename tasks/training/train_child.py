@@ -102,7 +102,7 @@ def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
 
 
 def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
-              metrics: dict[str, Any]) -> dict[str, Any]:
+              metrics: dict[str, float | None]) -> dict[str, object]:
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
     owner = p.dist.parent if p.dist is not None else fence.job_id
     try:
@@ -114,7 +114,7 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
                                                metrics)
-    done: dict[str, Any] = {"model_version": model["version"], "promotion": promotion}
+    done: dict[str, object] = {"model_version": model["version"], "promotion": promotion}
     if p.calibration is not None and (promotion is None or promotion["decision"] == "promoted"):
         built = _variants(s, p, model)
         done |= {"variant": built[0], "variants": built}
@@ -124,7 +124,7 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
 VARIANT_ERRORS = (MxqError, InputError, PathError, ObjectURLError, StorageError)
 
 
-def _variants(s: Settings, p: TrainParams, model: ModelRecord) -> list[dict[str, Any]]:
+def _variants(s: Settings, p: TrainParams, model: ModelRecord) -> list[dict[str, object]]:
     """The trained version's variants (`p.variants`), built from the job's calibration sample,
     each in brief; or why it could not be (the training succeeded: the version serves in float32)."""
     assert p.calibration is not None
@@ -136,7 +136,7 @@ def _variants(s: Settings, p: TrainParams, model: ModelRecord) -> list[dict[str,
 
 
 def _variant(s: Settings, p: TrainParams, model: ModelRecord, data: Calibration,
-             precision: str) -> dict[str, Any]:
+             precision: str) -> dict[str, object]:
     try:
         built = build_variant(s, model, precision, data, bound=p.min_agreement)["variants"][precision]
     except VARIANT_ERRORS as exc:
@@ -146,7 +146,7 @@ def _variant(s: Settings, p: TrainParams, model: ModelRecord, data: Calibration,
 
 
 def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
-                seconds: float) -> dict[str, Any]:
+                seconds: float) -> dict[str, object]:
     """A multi-node part's own samples/s, overall and per device (time-weighted over epochs)."""
     if not seconds:
         return {"samples_per_sec": None, "per_device": {}}
@@ -248,7 +248,7 @@ def _train(s: Settings, t: Training, train: datasets.Dataset, val: datasets.Data
     metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
                "train_loss": final["train_loss"], "epochs": p.epochs}
     seconds = sum(r["seconds"] for r in results)
-    result: dict[str, Any] = {"model": p.name, "resumed_from_epoch": t.done, "devices": t.labels,
+    result: dict[str, object] = {"model": p.name, "resumed_from_epoch": t.done, "devices": t.labels,
                               **metrics}
     if t.rank == 0:
         result.update(_register(s, p, t.fence, t.net, train, metrics))
@@ -264,7 +264,7 @@ def main(s: Settings, fence: Fence, devices: list[str]) -> int:
     job = _frame(s, fence, devices)
     if job is None:
         return CHILD_INPUT_ERROR
-    p = TrainParams(**job.params)
+    p = job.params(TrainParams)
     out = run_file(s, fence)
     try:
         train, val = load_data(s, p)

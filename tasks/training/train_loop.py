@@ -37,7 +37,7 @@ def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
     """With a `dist_sync` kvstore the servers only sum gradients and each worker steps its own
     optimizer on the same sums (update_on_kvstore=False): the weights stay equal, the batch size
     may change between steps, and the optimizer states can be checkpointed like on one node."""
-    opts: dict[str, Any] = {"learning_rate": p.lr}
+    opts: dict[str, object] = {"learning_rate": p.lr}
     if p.optimizer in ("sgd", "nag"):
         opts["momentum"] = 0.9
     if p.dtype == "float16":

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from mxq.db.fence import Fence
 from mxq.db.fleet import describe_groups, gpu_model, list_workers, model_groups
@@ -42,7 +41,7 @@ from mxq.tasks.training import child_report, dist
 from mxq.workers.broker.queues import pool_queues
 from mxq.workers.fleet import leases
 from mxq.workers.hardware.pinning import cpu_cores
-from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
+from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.settings import Settings
 
 CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is in the run file)
@@ -50,13 +49,6 @@ CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cance
 CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
 CHILD_PREEMPTED = 6  # the child stopped at an epoch's checkpoint to yield to a waiting job
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
-
-
-def params(job_params: dict[str, Any]) -> TrainParams:
-    try:
-        return TrainParams(**validate("train", job_params))
-    except ParamsError as exc:
-        raise JobInputError(str(exc)) from None
 
 
 def lease_ttl(s: Settings) -> float:
@@ -141,7 +133,7 @@ def admit(job: JobContext) -> list[str] | None:
     are live."""
     s = job.settings
     try:
-        p = params(job.params)
+        p = job.params(TrainParams)
         if p.nodes > 1 and p.dist is None:
             dist.choose_nodes(s, p, job.device)
             return [job.device]
@@ -204,7 +196,7 @@ def ready_file(s: Settings, job_id: int) -> Path:
 @job_task("train", admit=admit, release=release)
 def train(job: JobContext) -> Outcome | FanOut:
     s = job.settings
-    p = params(job.params)
+    p = job.params(TrainParams)
     if p.nodes > 1 and p.dist is None:
         return dist.split(s, job, p)
     _check_runnable(s, job, p)

@@ -17,7 +17,7 @@ from mxq.db.reports.history import require_job
 from mxq.errors import JobRejected
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.hardware.devices import discover
-from mxq.workers.jobs.jobspecs import ParamsError, probe_flops, validate
+from mxq.workers.jobs.jobspecs import ParamsError, ProbeParams, probe_flops, validate, validated
 from mxq.workers.schedules.fires import run_now, tick
 from mxq.workers.settings import DEFAULT_MAX_PROBE_GFLOP, Settings, usable_cores
 from tests.conftest import NODE, Stack, run_cli
@@ -36,14 +36,14 @@ def test_cpu_devices_are_bounded_by_the_cores_unless_raised() -> None:
 
 def test_probes_are_bounded_by_a_flop_budget() -> None:
     assert probe_flops(1024, 32, 5) / 1e9 < DEFAULT_MAX_PROBE_GFLOP  # the default probe fits
-    assert validate("probe", {}, Settings(max_probe_gflop=DEFAULT_MAX_PROBE_GFLOP))["size"] == 1024
+    assert validated(ProbeParams, {}, Settings(max_probe_gflop=DEFAULT_MAX_PROBE_GFLOP)).size == 1024
     with pytest.raises(ParamsError, match=r"size=16384, batch=32, repeat=10000 is 87,970,859 "
                                           r"GFLOP of work; at most 100 GFLOP \(MXQ_MAX_PROBE_GFLOP\)"):
         validate("probe", {"size": 16384, "repeat": 10000}, Settings(max_probe_gflop=100))
     big = {"size": 4096, "repeat": 1}  # 275 GFLOP: refused by default, allowed when raised
     with pytest.raises(ParamsError, match="275 GFLOP"):
         validate("probe", big, Settings(max_probe_gflop=100))
-    assert validate("probe", big, Settings(max_probe_gflop=300))["size"] == 4096
+    assert validated(ProbeParams, big, Settings(max_probe_gflop=300)).size == 4096
 
 
 def test_a_probe_over_the_budget_is_refused_at_submit(isolated: Stack) -> None:

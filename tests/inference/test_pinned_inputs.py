@@ -49,10 +49,9 @@ def in_stack(workers: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]
 
 def _prepared(stack: Stack, mlp: dict, where: str) -> tuple[InferParams, Any]:
     """The job's parameters as submit stores them, and the model record."""
-    params = _resolve_infer(stack.settings, {"model": "mlp64", "input": where, "model_version": None,
-                                             "output": "db"}, {})
-    assert params["input_identity"] is not None
-    return InferParams(**params), mlp
+    params = _resolve_infer(stack.settings, InferParams(model="mlp64", input=where), {})
+    assert params.input_identity is not None
+    return params, mlp
 
 
 def test_a_file_rewritten_before_or_during_the_read_fails_the_job(in_stack: Stack, mlp: dict) -> None:

@@ -4,17 +4,29 @@ from running)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from sqlalchemy import select
 
 from mxq.db import jobs
 from mxq.db.engine import session_scope
+from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
 from mxq.db.schema import Job
+from mxq.db.sharing import users
 from mxq.errors import DeviceFault
+from mxq.shares import Share
+from mxq.tasks.hooks.admission import AdmitNext
+from mxq.tasks.hooks.current_job import CurrentJob
+from mxq.tasks.hooks.hook import Run
+from mxq.tasks.hooks.parent import SettleParent
 from mxq.tasks.runner import Delivery, FanOut, JobContext, JobInputError, Outcome, Worker, run_job
+from mxq.users import Role
 from mxq.workers.broker.messages import in_broker
 from mxq.workers.broker.queues import device_queue
+from mxq.workers.fleet.heartbeat import Heartbeat
+from mxq.workers.jobs.jobspecs import InferParams, ProbeParams, stored
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs
@@ -28,8 +40,12 @@ def _worker(stack: Stack) -> Worker:
     return Worker(AT, stack.settings, heartbeat=None)
 
 
-def _job(stack: Stack, queue: str = OWN) -> int:
-    return jobs.create_job(stack.settings.database, "probe", {"size": 4}, "cpu:0", queue)
+def _job(stack: Stack, queue: str = OWN, params: dict[str, object] | None = None) -> int:
+    return jobs.create_job(stack.settings.database, "probe", params or {"size": 16}, "cpu:0", queue)
+
+
+def _chunk(start: int, stop: int) -> InferParams:
+    return InferParams(model="m", input="x.npy", start=start, stop=stop)
 
 
 def test_an_outcome_succeeds_once(isolated: Stack) -> None:
@@ -38,13 +54,14 @@ def test_an_outcome_succeeds_once(isolated: Stack) -> None:
 
     def body(job: JobContext) -> Outcome:
         seen.append(job)
+        assert job.params(ProbeParams).size == 16  # typed, its defaults filled in
         return Outcome(samples=10, seconds=2.0, result={"x": 1})
 
     assert run_job(job_id, body, worker=w) is Delivery.SUCCEEDED
     record = isolated.job(job_id)
     assert (record["status"], record["samples"], record["samples_per_sec"], record["result"]) == \
         ("succeeded", 10, 5.0, {"x": 1})
-    assert seen[0].params == {"size": 4} and seen[0].fence is not None and seen[0].fence.attempt == 1
+    assert seen[0].stored == {"size": 16} and seen[0].fence is not None and seen[0].fence.attempt == 1
     assert run_job(job_id, body, worker=w) is Claim.FINISHED  # a second delivery runs nothing
     assert len(seen) == 1
     assert run_job(10**9, body, worker=w) is Claim.MISSING
@@ -64,6 +81,21 @@ def test_a_failing_body_fails_its_job_and_says_why(isolated: Stack, error: Excep
     assert run_job(job_id, body, worker=_worker(isolated)) is Delivery.FAILED
     record = isolated.job(job_id)
     assert record["status"] == "failed" and record["error"] is not None and recorded in record["error"]
+
+
+def test_stored_parameters_that_no_longer_fit_fail_the_job_with_one_line(isolated: Stack) -> None:
+    """A body reads its parameters typed, checked again against this worker's limits: a stored
+    job they refuse (a limit lowered since its submit, a row written by hand) fails, saying which
+    field, which value and what is allowed; the worker goes on."""
+    job_id = _job(isolated, params={"size": 16, "repeat": 0})
+
+    def body(job: JobContext) -> Outcome:
+        job.params(ProbeParams)
+        raise AssertionError("unreachable: the parameters are refused")
+
+    assert run_job(job_id, body, worker=_worker(isolated)) is Delivery.FAILED
+    assert isolated.job(job_id)["error"] == ("invalid probe parameters: repeat=0: Input should be "
+                                             "greater than or equal to 1")
 
 
 def test_a_device_fault_queues_the_job_again_and_marks_the_worker(isolated: Stack) -> None:
@@ -95,7 +127,7 @@ def test_a_delivery_for_another_device_is_sent_to_its_queue(isolated: Stack) -> 
 
 def test_a_fan_out_makes_its_chunks_once(isolated: Stack) -> None:
     job_id = _job(isolated)
-    split = FanOut([{"size": 4, "start": 0, "stop": 2}, {"size": 4, "start": 2, "stop": 4}])
+    split = FanOut([_chunk(0, 2), _chunk(2, 4)])
     assert run_job(job_id, lambda _job: split, worker=_worker(isolated)) is Delivery.SPLIT
     chunks = jobs.chunk_statuses(isolated.settings.database, job_id, but=-1)
     assert sorted(chunks) == ["queued", "queued"]
@@ -109,17 +141,97 @@ def test_a_parent_settles_when_its_last_chunk_ends(isolated: Stack) -> None:
     """The frame's last step after every delivery settles the parent of a chunk: succeeded once
     every chunk did, with the samples of all."""
     w, job_id = _worker(isolated), _job(isolated)
-    split = FanOut([{"size": 4, "start": 0, "stop": 2}, {"size": 4, "start": 2, "stop": 4}],
-                   queues=[OWN, OWN])
+    split = FanOut([_chunk(0, 2), _chunk(2, 4)], queues=[OWN, OWN])
     assert run_job(job_id, lambda _job: split, worker=w) is Delivery.SPLIT
     with session_scope(isolated.settings.database) as session:
         first, second = session.scalars(select(Job.id).where(Job.parent_id == job_id).order_by(Job.id))
 
     def body(job: JobContext) -> Outcome:
-        return Outcome(samples=job.params["stop"] - job.params["start"], seconds=1.0)
+        chunk = job.params(InferParams)
+        assert chunk.start is not None and chunk.stop is not None
+        return Outcome(samples=chunk.stop - chunk.start, seconds=1.0)
 
     assert run_job(first, body, worker=w) is Delivery.SUCCEEDED
     assert isolated.job(job_id)["status"] == "running"
     assert run_job(second, body, worker=w) is Delivery.SUCCEEDED
     parent = isolated.job(job_id)
     assert (parent["status"], parent["samples"]) == ("succeeded", 4)
+
+
+@dataclass
+class Recorder:
+    """A hook that notes its calls (and, with `fail`, raises in `after`)."""
+
+    name: str
+    calls: list[str]
+    fail: bool = False
+
+    def before(self, run: Run) -> None:
+        self.calls.append(f"{self.name}.before {run.job_id}")
+
+    def after(self, run: Run) -> None:
+        self.calls.append(f"{self.name}.after {run.job_id}")
+        if self.fail:
+            raise RuntimeError(f"{self.name} broke")
+
+
+def test_hooks_run_around_the_body_and_every_after_runs(isolated: Stack) -> None:
+    """`before` in order once the job is claimed, `after` in reverse once its outcome is recorded,
+    each `after` even when one raised (that error then reaches the caller); a delivery the
+    claim refuses runs none."""
+    calls: list[str] = []
+    hooks = (Recorder("a", calls), Recorder("b", calls, fail=True), Recorder("c", calls))
+    w = Worker(AT, isolated.settings, heartbeat=None, hooks=hooks)
+    job_id = _job(isolated)
+
+    def body(job: JobContext) -> Outcome:
+        calls.append("body")
+        return Outcome(1, 1.0)
+
+    with pytest.raises(RuntimeError, match="b broke"):
+        run_job(job_id, body, worker=w)
+    assert calls == [f"a.before {job_id}", f"b.before {job_id}", f"c.before {job_id}", "body",
+                     f"c.after {job_id}", f"b.after {job_id}", f"a.after {job_id}"]
+    assert isolated.job(job_id)["status"] == "succeeded"  # recorded before the hooks' after
+    calls.clear()
+    assert run_job(job_id, body, worker=w) is Claim.FINISHED and calls == []
+
+
+def test_the_current_job_hook_names_the_job_to_the_heartbeat_while_it_runs(isolated: Stack) -> None:
+    beat = Heartbeat(isolated.settings.database, AT.worker, 60.0)
+    run = Run(7, None, isolated.settings, beat)
+    CurrentJob().before(run)
+    assert beat.current_job == 7
+    CurrentJob().after(run)
+    assert beat.current_job is None
+    CurrentJob().before(Run(8, None, isolated.settings, None))  # a simulated worker has none
+
+
+def test_the_parent_hook_settles_a_parent_once_its_last_chunk_ended(isolated: Stack) -> None:
+    s = isolated.settings
+    parent = _job(isolated)
+    assert isinstance(jobs.take(s.database, parent, AT, 3, 60), Fence)
+    [(first, _, _), (second, _, _)] = jobs.fan_out(
+        s.database, parent, "infer", [stored(_chunk(0, 2)), stored(_chunk(2, 4))], OWN, "cpu:0", False)
+    for chunk in (first, second):
+        fence = jobs.take(s.database, chunk, AT, 3, 60)
+        assert isinstance(fence, Fence) and jobs.succeed(s.database, fence, 2, 1.0, {})
+        SettleParent().after(Run(chunk, parent, s, None))
+        if chunk == first:  # one chunk still to end
+            assert isolated.job(parent)["status"] == "running"
+    assert (isolated.job(parent)["status"], isolated.job(parent)["samples"]) == ("succeeded", 4)
+    SettleParent().after(Run(parent, None, s, None))  # a job without a parent: nothing to settle
+
+
+def test_the_admission_hook_releases_a_held_job_when_a_run_ends(isolated: Stack) -> None:
+    s = isolated.settings
+    users.add(s.database, "q", Role.SUBMIT, Share(1.0, max_devices=1))
+    running = jobs.create_job(s.database, "probe", {}, "cpu:0", OWN, owner="q")
+    held = jobs.create_job(s.database, "probe", {}, "cpu:0", OWN, owner="q", held=True)
+    fence = jobs.take(s.database, running, AT, 3, 60)
+    assert isinstance(fence, Fence)
+    AdmitNext().after(Run(running, None, s, None))
+    assert held not in in_broker(s.broker, {OWN})[0]  # its owner's one device is in use
+    assert jobs.succeed(s.database, fence, 1, 1.0, {})
+    AdmitNext().after(Run(running, None, s, None))
+    assert held in in_broker(s.broker, {OWN})[0]  # released: published to its queue

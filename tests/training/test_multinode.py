@@ -258,9 +258,9 @@ TRAIN = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
 def _split_job(url: str) -> tuple[int, list[int]]:
     from mxq.db import jobs
     from mxq.db.jobs import Placement
-    from mxq.workers.jobs.jobspecs import validate
+    from mxq.workers.jobs.jobspecs import stored, validate
 
-    params = validate("train", TRAIN)
+    params = stored(validate("train", TRAIN))
     parent = jobs.create_job(url, "train", params, "auto", "pool.cpu")
     assert jobs.claim(url, parent, Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
     env = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1", "DMLC_NUM_SERVER": "1",
@@ -307,7 +307,7 @@ def _run_parts(s: Settings, ids: list[int]) -> list[tuple[JobContext, TrainParam
         assert jobs.claim(s.database, job_id, Placement(f"cpu0@{node}", node, "cpu:0"), 3, 60) \
             is jobs.Claim.RUN
         ctx = _context(s, job_id, node)
-        contexts.append((ctx, TrainParams(**ctx.params)))
+        contexts.append((ctx, ctx.params(TrainParams)))
     return contexts
 
 
@@ -343,7 +343,7 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db: Settings) -> None:
     parent, ids = _split_job(db.database)
     assert jobs.claim(db.database, ids[0], Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
     ctx = _context(db, ids[0], "a")
-    p = TrainParams(**ctx.params)
+    p = ctx.params(TrainParams)
     assert _check_peers(db, ctx, p, joined=False, waited=0.5) is None  # part 1 may still come
     assert _check_peers(db, ctx, p, joined=True, waited=5) is None  # joined: no start-up limit
     verdict = _check_peers(db, ctx, p, joined=False, waited=5)
@@ -401,8 +401,11 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db: Settings)
 
 
 def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
-    from mxq.workers.jobs.jobspecs import ParamsError, validate
+    from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate, validated
     from mxq.workers.jobs.submit import _check_nodes
+
+    def asked(nodes: int, devices: int) -> TrainParams:
+        return TrainParams.model_validate({**TRAIN, "nodes": nodes, "devices": devices})
 
     both = ["mxnet", "onnx"]
     # the fields of a worker's record that _check_nodes reads
@@ -410,11 +413,11 @@ def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
              {"node": "a", "device": "cpu:1", "engines": both},
              {"node": "b", "device": "cpu:0", "engines": both},
              {"node": "c", "device": "gpu:0", "engines": ["onnx"]}])  # (an H200 trains nothing)
-    _check_nodes(known, {"nodes": 2, "devices": 1})
+    _check_nodes(known, asked(2, 1))
     with pytest.raises(ParamsError, match="3 nodes with 1 devices each asked but 2 nodes have"):
-        _check_nodes(known, {"nodes": 3, "devices": 1})
+        _check_nodes(known, asked(3, 1))
     with pytest.raises(ParamsError, match="2 nodes with 2 devices each asked but 1 nodes have"):
-        _check_nodes(known, {"nodes": 2, "devices": 2})
+        _check_nodes(known, asked(2, 2))
     with pytest.raises(ParamsError, match="names devices of one node, not of --nodes 2: use --devices K"):
         validate("train", {**TRAIN, "device_list": ["cpu:0"]})
-    assert validate("train", {k: v for k, v in TRAIN.items() if k != "nodes"})["nodes"] == 1
+    assert validated(TrainParams, {k: v for k, v in TRAIN.items() if k != "nodes"}).nodes == 1

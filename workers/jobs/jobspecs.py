@@ -5,7 +5,8 @@ One pydantic model per kind: the error names the field, the value and what is al
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -291,7 +292,7 @@ class RegisterParams(BaseModel):
     input_shape: list[Annotated[int, Field(ge=1, le=2**20)]] | None = Field(None, max_length=8)
     classes: int = Field(10, ge=1, le=2**20)
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    preprocess: dict[str, Any] | None = None
+    preprocess: dict[str, object] | None = None
     outputs: Literal["auto", "logits", "probabilities"] = "auto"
 
     @model_validator(mode="after")
@@ -302,8 +303,13 @@ class RegisterParams(BaseModel):
         return self
 
 
-SPECS: dict[str, type[BaseModel]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams,
+# A job's parameters, typed: what `validate` returns and every step after it passes on, from the
+# submit to the task body. They become JSON once, where they are stored (SQL) and read back from it.
+JobParams = ProbeParams | InferParams | TrainParams | RegisterParams
+SPECS: dict[str, type[JobParams]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams,
                                      "register": RegisterParams}
+# Parameters before validation: a request's JSON, a CLI's options, a stored row.
+Raw = Mapping[str, object]
 
 
 class ParamsError(UserError):
@@ -328,13 +334,22 @@ def _problem(e: Any) -> str:
     return f"{'.'.join(map(str, e['loc']))}={shown(e.get('input'))}: {e['msg']}"
 
 
-def validate(kind: str, params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
-    """The parameters with defaults filled in, or ParamsError saying what is wrong.
-
-    Size limits come from `settings` (default: the process settings)."""
+def validate(kind: str, params: Raw, settings: Settings | None = None) -> JobParams:
+    """The typed parameters of a job of `kind`, defaults filled in, or ParamsError saying what
+    is wrong. Size limits come from `settings` (default: the process settings)."""
     spec = SPECS.get(kind)
     if spec is None:
         raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}")
+    return validated(spec, params, settings)
+
+
+P = TypeVar("P", bound=BaseModel)  # one kind's parameters (a SPECS entry)
+
+
+def validated(spec: type[P], params: Raw, settings: Settings | None = None) -> P:
+    """`params` as a `spec`, or ParamsError naming each wrong field, its value and what is
+    allowed (checked at submit, and again where a worker reads a stored job)."""
+    kind = next(k for k, v in SPECS.items() if v is spec)
     for key, value in params.items():  # PostgreSQL cannot store NUL, and no path or name has one
         if _has_nul(key) or _has_nul(value):
             where = f"{key}={value!r}".replace("\x00", "\\x00")
@@ -342,7 +357,12 @@ def validate(kind: str, params: dict[str, Any], settings: Settings | None = None
     limits = {"max_batch_size": settings.max_batch_size, "max_epochs": settings.max_epochs,
               "max_probe_gflop": settings.max_probe_gflop} if settings is not None else None
     try:
-        return spec.model_validate(params, context=limits).model_dump()
+        return spec.model_validate(params, context=limits)
     except ValidationError as exc:
         problems = "; ".join(map(_problem, exc.errors()))
         raise ParamsError(f"invalid {kind} parameters: {problems}") from None
+
+
+def stored(params: JobParams) -> dict[str, object]:
+    """The parameters as SQL stores them (JSON): the one place a typed job becomes a dict."""
+    return params.model_dump(mode="json")

@@ -11,11 +11,11 @@ same submit return the first jobs instead of new ones.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,17 @@ from mxq.workers.broker.publish import BrokerTimeout, SubmitError, Turn, publish
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
 from mxq.workers.jobs import admit, preempt
-from mxq.workers.jobs.jobspecs import BUILTIN_DATASETS, SPECS, ParamsError, validate
+from mxq.workers.jobs.jobspecs import (
+    BUILTIN_DATASETS,
+    SPECS,
+    InferParams,
+    JobParams,
+    ParamsError,
+    Raw,
+    TrainParams,
+    stored,
+    validate,
+)
 from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
@@ -137,58 +147,57 @@ REJECTED = (ParamsError, PathError, ObjectURLError, StorageError, LookupError)
 Models = dict[tuple[str, int | None], ModelRecord]  # resolved once per submit_many
 
 
-def _resolve_infer(settings: Settings, params: dict[str, Any], models: Models) -> dict[str, Any]:
+def _resolve_infer(settings: Settings, p: InferParams, models: Models) -> InferParams:
     """Pin the model version and the input path the job will use, within the input size limit."""
-    name, _, version = params["model"].partition(":")
+    name, _, version = p.model.partition(":")
     if version and not version.isdigit():
-        raise ParamsError(f"model version {version!r} in {params['model']!r} must be a number, "
+        raise ParamsError(f"model version {version!r} in {p.model!r} must be a number, "
                           "as in NAME:3")
-    key = (name, int(version) if version else params["model_version"])
+    key = (name, int(version) if version else p.model_version)
     if key not in models:
         models[key] = resolve(settings.database, *key)
     model = models[key]
     models.setdefault((name, model["version"]), model)  # as the prepared job names it
-    path = locate(settings, params["input"])
+    path = locate(settings, p.input)
     size = size_of(path)
     if size > settings.max_input_bytes:
-        raise PathError(f"input {params['input']} holds {size} bytes, more than the "
+        raise PathError(f"input {p.input} holds {size} bytes, more than the "
                         f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
-    if (problem := precision_problem(params.get("precision"), params.get("min_agreement"),
-                                     model["variants"], f"{name}:{model['version']}",
-                                     params.get("engine", "auto"))) is not None:
+    if (problem := precision_problem(p.precision, p.min_agreement, model["variants"],
+                                     f"{name}:{model['version']}", p.engine)) is not None:
         raise ParamsError(problem)
-    return {**params, "model": name, "model_version": model["version"], "input": str(path),
-            "input_identity": identity(path), "output_to": _output_to(settings, params)}
+    return p.model_copy(update={"model": name, "model_version": model["version"], "input": str(path),
+                                "input_identity": identity(path), "output_to": _output_to(settings, p)})
 
 
-def _output_to(settings: Settings, params: dict[str, Any]) -> str | None:
+def _output_to(settings: Settings, p: InferParams) -> str | None:
     """The bucket prefix a Parquet output goes to, checked like an input (MXQ_S3_ALLOWED)."""
-    where = params.get("output_to")
+    where = p.output_to
     if where is None:
         return None
-    if params["output"] not in ("parquet", "npy"):
+    if p.output not in ("parquet", "npy"):
         raise ParamsError(f"output_to {where[:120]!r} takes --output parquet or npy, not "
-                          f"{params['output']}: SQL rows are stored in the database")
+                          f"{p.output}: SQL rows are stored in the database")
     url = check_output_prefix(allowed_url(settings, where, "output_to"))
     return str(url).rstrip("/")
 
 
-def _resolve_train(settings: Settings, params: dict[str, Any], _models: Models) -> dict[str, Any]:
+def _resolve_train(settings: Settings, p: TrainParams) -> TrainParams:
     """Pin the dataset path, and refuse more devices than the node has."""
-    dataset = params["dataset"]
+    dataset = p.dataset
     if dataset not in BUILTIN_DATASETS:
         dataset = str(locate(settings, dataset, "dataset"))
-    if params.get("min_agreement") is not None and params.get("calibration") is None:
+    if p.min_agreement is not None and p.calibration is None:
         raise ParamsError("--min-agreement goes with --calibration (the variant it allows)")
-    check_calibration(settings, params.get("calibration"))
-    if params.get("dist") is not None:
+    check_calibration(settings, p.calibration)
+    if p.dist is not None:
         raise ParamsError("dist is set by a multi-node job's leader for its parts; "
                           "ask for nodes with --nodes N")
-    if params["nodes"] > 1:
-        _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), params)
-        return {**params, "dataset": dataset}
-    _check_one_node(settings, params)
-    return {**params, "dataset": dataset}
+    if p.nodes > 1:
+        _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), p)
+    else:
+        _check_one_node(settings, p)
+    return p.model_copy(update={"dataset": dataset})
 
 
 def check_calibration(settings: Settings, where: str | None) -> None:
@@ -197,23 +206,23 @@ def check_calibration(settings: Settings, where: str | None) -> None:
         locate(settings, where, "calibration file")
 
 
-def _check_one_node(settings: Settings, params: dict[str, Any]) -> None:
+def _check_one_node(settings: Settings, p: TrainParams) -> None:
     """Refuse more devices than this node has of the kind, or a listed device it does not have
     (no worker known yet: the job waits for them)."""
-    kind = Device.parse(params["device_list"][0]).kind if params["device_list"] else None
+    kind = Device.parse(p.device_list[0]).kind if p.device_list else None
     workers = [w for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
                if kind is None or Device.parse(w["device"]).kind == kind]
     trainers = [w for w in workers if "mxnet" in w["engines"]]
     have = sorted(w["device"] for w in trainers)
     # Unless --device lists them, a training's devices are of one kind and one GPU model.
     most = max(Counter(device_model(w) for w in trainers).values(), default=0)
-    if have and params["devices"] > most and not params["device_list"]:
+    if have and p.devices > most and not p.device_list:
         groups = describe_groups(model_groups(trainers))
-        raise ParamsError(f"{params['devices']} devices asked but node {settings.node} has {most} "
+        raise ParamsError(f"{p.devices} devices asked but node {settings.node} has {most} "
                           f"alike (one kind, one GPU model) that run MXNet ({groups}); "
                           "a training job runs on one node and never mixes GPU models unless "
                           "--device lists them")
-    for device in params["device_list"] or []:
+    for device in p.device_list or []:
         if device not in have:
             raise ParamsError(_not_trainable(settings, device, workers, have))
 
@@ -229,7 +238,7 @@ def _not_trainable(settings: Settings, device: str, workers: list[WorkerRecord],
             f"training needs MXNet; devices that can: {', '.join(have) or 'none on this node'}")
 
 
-def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
+def _check_nodes(known: list[WorkerRecord], p: TrainParams) -> None:
     """Refuse more nodes than have K devices of one kind and GPU model (no worker known yet: it
     waits)."""
     if not known:
@@ -238,20 +247,21 @@ def _check_nodes(known: list[WorkerRecord], params: dict[str, Any]) -> None:
     for w in (w for w in known if "mxnet" in w["engines"]):
         key = (w["node"], device_model(w))
         per_node[key] = per_node.get(key, 0) + 1
-    fit = {node for (node, _), n in per_node.items() if n >= params["devices"]}
-    if len(fit) < params["nodes"]:
+    fit = {node for (node, _), n in per_node.items() if n >= p.devices}
+    if len(fit) < p.nodes:
         have = ", ".join(f"{node} ({n} {model})" for (node, model), n in sorted(per_node.items()))
-        raise ParamsError(f"{params['nodes']} nodes with {params['devices']} devices each asked "
+        raise ParamsError(f"{p.nodes} nodes with {p.devices} devices each asked "
                           f"but {len(fit)} nodes have that many; known: {have}")
 
 
-PREPARE = {"infer": _resolve_infer, "train": _resolve_train}
-
-
-def _prepare(settings: Settings, kind: str, params: dict[str, Any], models: Models) -> dict[str, Any]:
+def _prepare(settings: Settings, kind: str, params: Raw, models: Models) -> JobParams:
     """Validated parameters, with what the job will use pinned (model version, paths)."""
-    params = validate(kind, params, settings)
-    return PREPARE[kind](settings, params, models) if kind in PREPARE else params
+    p = validate(kind, params, settings)
+    if isinstance(p, InferParams):
+        return _resolve_infer(settings, p, models)
+    if isinstance(p, TrainParams):
+        return _resolve_train(settings, p)
+    return p
 
 
 def _checked_route(settings: Settings, kind: str, device: str, allow_offline: bool) -> Route:
@@ -263,18 +273,17 @@ def _checked_route(settings: Settings, kind: str, device: str, allow_offline: bo
     return route(settings, spec, allow_offline)
 
 
-def _need(kind: str, params: dict[str, Any], models: Models) -> Need:
+def _need(kind: str, p: JobParams, models: Models) -> Need:
     """The engine the prepared job cannot run without (`mxq.engines.needed`), in words."""
-    if kind != "infer":
+    if not isinstance(p, InferParams):
         return Need(needed(kind), JOBS_IN_WORDS[kind])
-    asked, model = params.get("engine", "auto"), models[(params["model"], params["model_version"])]
-    precision = params.get("precision")
+    asked, model, precision = p.engine, models[(p.model, p.model_version)], p.precision
     engine = needed(kind, asked, model.get("onnx"), precision)
     if precision in VARIANTS and asked != engine:
         return Need(engine, f"inference with --precision {precision} (ONNX Runtime)")
     if engine is None or asked == engine:
         return Need(engine, f"inference with --engine {asked}")
-    return Need(engine, f"inference of {params['model']}:{params['model_version']} "
+    return Need(engine, f"inference of {p.model}:{p.model_version} "
                         f"({disagreement(model.get('onnx'))})")
 
 
@@ -296,11 +305,11 @@ class Request:
     team: str | None
 
 
-def _same_request(record: JobRecord, asked: Request, params: dict[str, Any], where: Route) -> bool:
+def _same_request(record: JobRecord, asked: Request, params: Raw, where: Route) -> bool:
     """The stored job is what this request (its parameters prepared) would make: kind, device,
     parameters as JSON stores them, priority, preemptibility and team."""
     return (record["kind"] == asked.kind and record["requested_device"] == where.requested
-            and record["params"] == json.loads(json.dumps(params))
+            and record["params"] == params
             and record["priority"] == asked.priority.level
             and record["preemptible"] == asked.priority.preemptible
             and record["team"] == asked.team)
@@ -318,7 +327,7 @@ def _keys(key: str | None, count: int) -> list[str] | None:
     return keys
 
 
-def _replay(settings: Settings, keys: list[str], asked: Request, params: list[dict[str, Any]],
+def _replay(settings: Settings, keys: list[str], asked: Request, params: Sequence[Raw],
             where: Route) -> list[Submitted] | None:
     """The earlier jobs their owner made with these keys, when they are this request's;
     IdempotencyConflict when they are another request's (one more job or one fewer included);
@@ -355,12 +364,12 @@ def _unpublished(ids: list[int], exc: SubmitError) -> list[Submitted]:
         "once the broker answers")) for i in ids]
 
 
-def _reject(settings: Settings, kind: str, params: dict[str, Any], where: Route,
+def _reject(settings: Settings, kind: str, params: Raw, where: Route,
             exc: Exception, asked: Request, which: str = "") -> JobRejected:
     """Record a request that cannot run as a failed job (carrying no idempotency key: a retry
     is rejected again, on its own row); `which` names it within a batch."""
     reason = _storable(str(exc).strip('"'))
-    job_id = create_job(settings.database, kind, _storable(params), where.requested, where.queue,
+    job_id = create_job(settings.database, kind, _storable(dict(params)), where.requested, where.queue,
                         reason, owner=asked.owner, priority=asked.priority, team=asked.team)
     return JobRejected(job_id, f"{which}{reason}")
 
@@ -379,29 +388,29 @@ class BeyondQuota(UserError):
     """A job that needs more devices at once than its owner's quota allows: it could never run."""
 
 
-def _check_quota(kind: str, params: dict[str, Any], owner: str, share: Share) -> None:
+def _check_quota(kind: str, params: Raw, owner: str, share: Share) -> None:
     """Refuse at submit a job its owner's quota can never admit (it would be held for ever)."""
     why = beyond_quota(devices_needed(kind, params), share)
     if why is not None:
         raise BeyondQuota(f"{kind} job of {owner!r} refused: {why}")
 
 
-def _shared(settings: Settings, kind: str, params: list[dict[str, Any]], owner: str,
+def _shared(settings: Settings, kind: str, params: Sequence[Raw], owner: str,
             team: str | None) -> str | None:
     """The team jobs are shared with, checked (it exists, its owner is a member); a training
     only by an owner who may register versions of its model (Forbidden otherwise)."""
     checked = check_team(settings.database, team, owner)
     if kind == "train":
-        for name in sorted({p["name"] for p in params if isinstance(p.get("name"), str)}):
+        for name in sorted({n for p in params if isinstance(n := p.get("name"), str)}):
             check_registrant(settings.database, name, owner)
     return checked
 
 
-def _prepare_all(settings: Settings, asked: Request, params: list[dict[str, Any]], where: Route,
-                 models: Models) -> list[dict[str, Any]]:
+def _prepare_all(settings: Settings, asked: Request, params: Sequence[Raw], where: Route,
+                 models: Models) -> list[JobParams]:
     """Every job's parameters prepared (`_prepare`); the first wrong one is recorded as a failed
     job and raised (JobRejected), and nothing else is queued."""
-    checked: list[dict[str, Any]] = []
+    checked: list[JobParams] = []
     for i, p in enumerate(params):
         try:
             checked.append(_prepare(settings, asked.kind, p, models))
@@ -437,7 +446,7 @@ def _publish(settings: Settings, kind: str, queue: str, ids: list[int], turn: Tu
         raise SubmitError(f"could not publish to {maybe_sanitize_url(settings.broker)}: {exc}") from exc
 
 
-def submit_jobs(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
+def submit_jobs(settings: Settings, kind: str, params: Sequence[Raw], device: str = "auto",
                 allow_offline: bool = False, idempotency_key: str | None = None,
                 owner: str | None = None, priority: Priority = Priority(),
                 team: str | None = None) -> list[Submitted]:
@@ -458,20 +467,21 @@ def submit_jobs(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     where = _checked_route(settings, kind, device, allow_offline)
     models: Models = {}
     checked = _prepare_all(settings, asked, params, where, models)
+    rows = [stored(p) for p in checked]  # the one place the typed jobs become JSON
     share = admission.share_of(settings.database, owner)  # read once: a submit may hold 100,000
-    for p in checked:
-        _check_quota(kind, p, owner, share)
+    for row in rows:
+        _check_quota(kind, row, owner, share)
     where = _engine_route(settings, device, allow_offline, _common_need(kind, checked, models), where)
     keys = _keys(key, len(checked))
-    if keys is not None and (earlier := _replay(settings, keys, asked, checked, where)) is not None:
+    if keys is not None and (earlier := _replay(settings, keys, asked, rows, where)) is not None:
         return earlier  # before the broker is asked: a retry answers even while it hangs
     late, held = _broker_late(settings), admit.holding(settings)
     try:
-        ids = create_jobs(settings.database, kind, checked, where.requested, where.queue,
+        ids = create_jobs(settings.database, kind, rows, where.requested, where.queue,
                           owner, priority, held, asked.team, keys)
     except IdempotencyKeyTaken:  # a submit with the same key won the race
         assert keys is not None
-        if (earlier := _replay(settings, keys, asked, checked, where)) is None:
+        if (earlier := _replay(settings, keys, asked, rows, where)) is None:
             raise
         return earlier
     if late is not None:
@@ -486,7 +496,7 @@ def submit_jobs(settings: Settings, kind: str, params: list[dict[str, Any]], dev
     return [Submitted(i, True) for i in ids]
 
 
-def submit_request(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
+def submit_request(settings: Settings, kind: str, params: Raw, device: str = "auto",
                    allow_offline: bool = False, idempotency_key: str | None = None,
                    owner: str | None = None, priority: Priority = Priority(),
                    team: str | None = None) -> Submitted:
@@ -496,7 +506,7 @@ def submit_request(settings: Settings, kind: str, params: dict[str, Any], device
     return done
 
 
-def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = "auto",
+def submit(settings: Settings, kind: str, params: Raw, device: str = "auto",
            allow_offline: bool = False, owner: str | None = None,
            priority: Priority = Priority(), team: str | None = None) -> int:
     """Queue one job and return its id (`submit_jobs`, for callers that need only the id:
@@ -505,7 +515,7 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], device: str = 
                           priority=priority, team=team).job_id
 
 
-def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], device: str = "auto",
+def submit_many(settings: Settings, kind: str, params: Sequence[Raw], device: str = "auto",
                 allow_offline: bool = False, owner: str | None = None,
                 priority: Priority = Priority(), team: str | None = None) -> list[int]:
     """Queue many jobs of one kind and return their ids (`submit_jobs`: one check, one
@@ -514,7 +524,7 @@ def submit_many(settings: Settings, kind: str, params: list[dict[str, Any]], dev
                                                 owner=owner, priority=priority, team=team)]
 
 
-def _common_need(kind: str, checked: list[dict[str, Any]], models: Models) -> Need:
+def _common_need(kind: str, checked: list[JobParams], models: Models) -> Need:
     """The one engine every job of a submit_many needs (one queue serves them all)."""
     needs = {n.engine: n for n in (_need(kind, p, models) for p in checked)}
     engines = set(needs) - {None}

@@ -1,0 +1,2 @@
+"""What runs around every job's run, outside its body (as dramatiq's middleware does): each
+concern a hook of its own module, and the runner calls them in order (`runner.HOOKS`)."""

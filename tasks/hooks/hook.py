@@ -1,0 +1,32 @@
+"""A hook around a job's run: what it sees of the run, and the two calls it answers.
+
+The runner calls every hook's `before` once the job is claimed, and every hook's `after` once the
+run ended however it ended (its outcome recorded, or an exception on its way out), in reverse
+order; one `after` that raises does not keep the others from running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from mxq.workers.fleet.heartbeat import Heartbeat
+from mxq.workers.settings import Settings
+
+
+@dataclass(frozen=True)
+class Run:
+    """One claimed run of a job, as the hooks around it see it."""
+
+    job_id: int
+    parent_id: int | None  # the job it is a chunk (or a node's part) of
+    settings: Settings  # its worker's
+    heartbeat: Heartbeat | None  # its worker process's (None: a simulated worker)
+
+
+class Hook(Protocol):
+    def before(self, run: Run) -> None:
+        """Called once the job is claimed, before its body runs."""
+
+    def after(self, run: Run) -> None:
+        """Called once the run ended, whatever its outcome."""
