@@ -243,6 +243,7 @@ def test_every_error_is_a_problem_document(client: TestClient) -> None:
     assert answers["wrong method"].headers["allow"] == "DELETE, GET, HEAD"
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_run_now_hands_the_fire_to_the_schedule_process(client: TestClient, workers: Stack) -> None:
     """The API never walks a dataset glob itself: the schedule process (`mxq scheduler`, the
     `mxq.fire` task) resolves the fire's dataset and submits its training."""

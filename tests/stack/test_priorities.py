@@ -50,6 +50,7 @@ def lenet(workers: Stack) -> str:
     return "lenet28"
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Stack, mlp: dict,
                                                                    lenet: str) -> None:
     rng = np.random.default_rng(3)

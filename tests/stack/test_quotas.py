@@ -71,6 +71,7 @@ def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stac
     assert workers.wait(other)["status"] == "succeeded"  # a user without a quota is not held back
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Stack, mlp: dict,
                                                                     lenet: str, capped: str) -> None:
     s = workers.settings.model_copy(update={"quota_borrowing": True})  # MXQ_QUOTA_BORROWING=1

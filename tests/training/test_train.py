@@ -129,6 +129,7 @@ def test_killed_training_worker_resumes_from_its_checkpoint(workers: Stack) -> N
     assert all(d["alive"] and d["leased_by"] is None for d in devices)
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_promote_chooses_the_version_infer_uses(workers: Stack) -> None:
     for seed in ("1", "2"):
         code, job = _train(workers, "mlp", "digits", "--name", "promoted", "--epochs", "2",
