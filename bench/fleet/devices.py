@@ -135,7 +135,7 @@ class SimDevice(threading.Thread):
     def _consume(self) -> None:
         names = [self.queue, *pool_queues(KIND)]
         queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
-        with app_for(self.s.broker).connection_for_read() as conn:
+        with app_for(self.s).connection_for_read() as conn:
             conn.ensure_connection(max_retries=1)
             with conn.Consumer(queues, callbacks=[self._on_message], accept=["json"],
                                prefetch_count=1):

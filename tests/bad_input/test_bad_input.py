@@ -733,13 +733,13 @@ def _pickled(stack: Stack) -> None:
 def _unknown_task(stack: Stack) -> None:
     from mxq.workers.broker.app import app_for
 
-    app_for(stack.settings.broker).send_task("mxq.dance", args=[1], queue=f"{NODE}.cpu.0")
+    app_for(stack.settings).send_task("mxq.dance", args=[1], queue=f"{NODE}.cpu.0")
 
 
 def _no_such_job(stack: Stack) -> None:
     from mxq.workers.broker.app import app_for
 
-    app_for(stack.settings.broker).send_task("mxq.probe", args=[987654], queue=f"{NODE}.cpu.0",
+    app_for(stack.settings).send_task("mxq.probe", args=[987654], queue=f"{NODE}.cpu.0",
                                              task_id="no-such-job-987654")
 
 

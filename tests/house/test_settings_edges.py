@@ -1,6 +1,8 @@
 """Settings are read at the edges and passed in (issue 46): a job body gets its worker's settings
 in its frame (`JobContext.settings`), never from the process-wide `get_settings()`, and only the
-modules that start processes or are themselves a process's start read `os.environ`.
+modules that start processes or are themselves a process's start read `os.environ`; workers/
+reads the process's settings only where its processes start (a publisher's included: it takes
+the settings it publishes with).
 
 Each rule is an AST walk over the source, with the list of its allowed places; a self-check
 shows each walk finds what it forbids.
@@ -65,6 +67,38 @@ def test_no_job_body_reads_the_process_settings() -> None:
              for path, tree in _sources("tasks").items()
              if (callers := _calls_of(tree, "get_settings")) - SETTINGS_EDGES.get(path, set())}
     assert not wrong, f"get_settings() called below the edges (pass JobContext.settings): {wrong}"
+
+
+# Where workers/ may read the process's settings: the starts of its processes (the Celery app's
+# config, a device worker's heartbeat at worker_ready, the control worker's tasks), and a job
+# request validated without limits given (the API's schema, in the API process: submit validates
+# again with the settings passed in).
+WORKERS_EDGES = {
+    "workers/broker/app.py": {"<module>"},  # the process-wide app's config, read when first used
+    "workers/fleet/heartbeat.py": {"start"},  # worker_ready
+    "workers/control.py": {"tick_task", "reconcile_task", "retention_task", "fire_task"},  # its tasks
+    "workers/jobs/jobspecs.py": {"_at_most", "_within_budget"},  # no limits in the context
+}
+
+
+def test_workers_read_the_process_settings_only_at_their_starts() -> None:
+    wrong = {path: sorted(callers - WORKERS_EDGES.get(path, set()))
+             for path, tree in _sources("workers").items() if path != "workers/settings.py"
+             if (callers := _calls_of(tree, "get_settings")) - WORKERS_EDGES.get(path, set())}
+    assert not wrong, f"get_settings() called below the edges (pass the settings in): {wrong}"
+
+
+def test_a_publisher_times_out_as_its_settings_say() -> None:
+    """A submit's publish gives up after its own settings' MXQ_BROKER_TIMEOUT_SECONDS, not the
+    process's (the publishing app read the process's settings before)."""
+    from mxq.workers.broker.app import app_for
+    from mxq.workers.settings import Settings
+
+    quick = Settings(broker_url="redis://127.0.0.1:1/0", broker_timeout_seconds=0.5)
+    patient = quick.model_copy(update={"broker_timeout_seconds": 7.0})
+    assert app_for(quick).conf.broker_transport_options["socket_timeout"] == 0.5
+    assert app_for(patient).conf.broker_transport_options["socket_timeout"] == 7.0
+    assert app_for(quick).conf.broker_url.endswith("127.0.0.1:1/0")
 
 
 def test_only_the_edges_read_the_environment() -> None:

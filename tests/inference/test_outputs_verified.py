@@ -6,7 +6,6 @@ one device never runs on another."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from mxq.api.app import app
 from mxq.db.outputs import parquet, results
 from mxq.db.outputs.results import output_file
 from mxq.db.stack import stack_id
+from mxq.workers.broker.messages import in_broker
 from mxq.workers.broker.publish import publish
 from mxq.workers.broker.queues import pool_queue
 from mxq.workers.jobs.submit import submit
@@ -78,8 +78,10 @@ def test_a_stray_pool_delivery_runs_only_on_the_device_asked(workers: Stack) -> 
     wait_until(lambda: workers.job(busy)["status"], 120, "cpu:0 busy", until=lambda v: v == "running",
                interval=0.05)
     job_id = submit(s, "probe", {"size": 32, "batch": 1, "repeat": 1}, "cpu:0")
-    publish(s, job_id, "probe", pool_queue("cpu"))  # the stray copy: cpu:1 is idle
-    time.sleep(1)
+    pool = pool_queue("cpu")
+    publish(s, job_id, "probe", pool)  # the stray copy: cpu:1 is idle
+    wait_until(lambda: in_broker(s.broker, {pool}), 120, "cpu:1 to hand the stray copy on",
+               until=lambda seen: job_id not in seen[0] and job_id not in seen[1], interval=0.05)
     if workers.job(busy)["status"] == "running":  # cpu:0 still busy: cpu:1 sent the copy back
         assert workers.job(job_id)["status"] == "queued"
     done = workers.wait(job_id, timeout=300)

@@ -154,7 +154,7 @@ def _scheduler(s: Stack, made: dict) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "mxq.cli", "scheduler"], cwd=ROOT, env=s.environ(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        control = app_for(s.settings.broker).control
+        control = app_for(s.settings).control
         wait_until(lambda: control.ping(destination=[name], timeout=1.0), 120, f"{name} to answer a ping",
                    until=lambda answers: proc.poll() is None and any(name in a for a in answers))
     finally:

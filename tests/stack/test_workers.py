@@ -208,7 +208,7 @@ def test_a_pickled_message_is_refused_and_the_worker_goes_on(workers: Stack) -> 
     assert ok["status"] == "succeeded" and ok["device"] == "cpu:0"
     log = (workers.home / "logs" / f"cpu0-{NODE}.log").read_text()
     assert "ContentDisallowed: Refusing to deserialize untrusted content of type pickle" in log
-    conf = app_for(s.broker).conf
+    conf = app_for(s).conf
     assert conf.accept_content == ["json"] and conf.task_serializer == "json"
     assert conf.broker_transport_options["visibility_timeout"] == s.visibility_timeout
     assert conf.task_acks_late and conf.task_reject_on_worker_lost

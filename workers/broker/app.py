@@ -84,11 +84,19 @@ def publisher_transport_options(settings: Settings) -> dict[str, Any]:
             "socket_timeout": seconds, "socket_connect_timeout": seconds}
 
 
+def app_for(settings: Settings) -> Celery:
+    """A publishing app for the broker of `settings` (tests and tools talk to several stacks in
+    one process), whose broker calls time out after its MXQ_BROKER_TIMEOUT_SECONDS: one per
+    broker and timeouts, made once."""
+    return _publisher(settings.broker, settings.broker_timeout_seconds, settings.visibility_timeout)
+
+
 @lru_cache(maxsize=4)
-def app_for(broker: str) -> Celery:
-    """A publishing app for `broker` (tests and tools talk to several stacks in one process),
-    whose broker calls time out after MXQ_BROKER_TIMEOUT_SECONDS."""
-    settings = get_settings().model_copy(update={"broker_url": broker})
+def _publisher(broker: str, timeout: float, visibility_timeout: int) -> Celery:
+    # A publisher's config is made of these three alone (the rest are defaults it never uses:
+    # it runs no task and no beat), so nothing here reads the process's settings.
+    settings = Settings.model_construct(broker_url=broker, broker_timeout_seconds=timeout,
+                                        visibility_timeout=visibility_timeout)
     app = make_app(settings)
     app.conf.broker_transport_options = publisher_transport_options(settings)
     return app

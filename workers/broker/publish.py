@@ -102,9 +102,9 @@ class Turn:
         return 2 * priorities.LEVELS.index(self.level) + (0 if self.started else 1)
 
 
-def _send(broker: str, job_id: int, kind: str, queue: str, turn: Turn,
+def _send(settings: Settings, job_id: int, kind: str, queue: str, turn: Turn,
           retry_policy: dict[str, float] | None = None) -> None:
-    app_for(broker).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
+    app_for(settings).send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",
                               retry=True, retry_policy=retry_policy, priority=turn.broker_priority)
 
 
@@ -119,10 +119,10 @@ def publish(settings: Settings, job_id: int, kind: str, queue: str, patient: boo
     queued for the reconciler to publish."""
     try:
         if patient:
-            _send(settings.broker, job_id, kind, queue, turn, PATIENT_RETRY_POLICY)
+            _send(settings, job_id, kind, queue, turn, PATIENT_RETRY_POLICY)
         else:
             within(settings.broker_timeout_seconds, f"the publish of job {job_id}", settings.broker,
-                   lambda: _send(settings.broker, job_id, kind, queue, turn))
+                   lambda: _send(settings, job_id, kind, queue, turn))
     except BrokerTimeout:
         raise
     except Exception as exc:

@@ -14,7 +14,7 @@ def cancel_job(settings: Settings, job_id: int) -> CancelOutcome:
         raise JobNotFound(f"no job {job_id}")
     if outcome is CancelOutcome.CANCELLED:
         # The claim would drop it anyway; revoking spares the worker the delivery.
-        app_for(settings.broker).control.revoke(f"job-{job_id}")
+        app_for(settings).control.revoke(f"job-{job_id}")
     return outcome
 
 

@@ -536,7 +536,7 @@ def _common_need(kind: str, checked: list[JobParams], models: Models) -> Need:
 
 def _send_many(settings: Settings, kind: str, queue: str, ids: list[int], turn: Turn) -> None:
     """One pipelined round trip per 1,000 messages (kombu's publish batch) instead of one each."""
-    app = app_for(settings.broker)
+    app = app_for(settings)
     with app.producer_or_acquire() as producer, producer.batch():
         for job_id in ids:
             app.send_task(task_name(kind), args=[job_id], queue=queue, task_id=f"job-{job_id}",

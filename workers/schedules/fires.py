@@ -130,7 +130,7 @@ def request_fire(settings: Settings, name: str, now: datetime | None = None) -> 
     sched = schedules.get(settings.database, name)
     fire_id = schedules.record_manual(settings.database, sched["id"], now or utcnow())
     try:
-        app_for(settings.broker).send_task("mxq.fire", args=[fire_id], queue=CONTROL_QUEUE,
+        app_for(settings).send_task("mxq.fire", args=[fire_id], queue=CONTROL_QUEUE,
                                            task_id=f"fire-{fire_id}")
     except Exception as exc:  # kombu raises several unrelated types; the reconciler catches up
         log.warning("fire %s of %s not handed over (%s); the reconciler will submit it", fire_id,
