@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test test-all test-gpu-install lint docs down clean browser prometheus compose
+.PHONY: venv demo test test-fast test-all test-gpu-install lint docs down clean browser prometheus compose
 
 venv: $(VENV)/.installed
 
@@ -21,7 +21,12 @@ demo: venv
 	$(MXQ) devices
 	@echo "The stack is still up: '$(MXQ) down' stops it."
 
-test: venv compose lint
+# The lint runs beside the fast tier (make -j2: mypy takes a core while the tests mostly wait on
+# their workers), which saves its half minute; its few lines land among the tests' dots.
+test: venv compose
+	@$(MAKE) --no-print-directory -j2 lint test-fast
+
+test-fast: venv
 	$(BIN)/pytest -m "not slow and not gpu_install" --legs embedded
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
