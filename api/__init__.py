@@ -1,1 +1,4 @@
-"""HTTP API and dashboard: FastAPI over the same functions the CLI calls."""
+"""HTTP API and dashboard: FastAPI over the same functions the CLI calls.
+
+Imports (of mxq): core, db, workers.
+"""

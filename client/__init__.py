@@ -1,7 +1,10 @@
 """`mxq.client`: a Python client of mxq's HTTP API, for notebooks and pipeline code.
 
 `Client` and `Job` are loaded on first use (PEP 562), so that importing `mxq.client.progress`
-(the CLI does, at its start) does not load httpx."""
+(the CLI does, at its start) does not load httpx.
+
+Imports (of mxq): core.
+"""
 
 from __future__ import annotations
 

@@ -1,1 +1,4 @@
-"""Job records in SQL: schema, engine, migrations and history queries. Imports SQLAlchemy only."""
+"""Job records in SQL: schema, engine, migrations and history queries. Imports SQLAlchemy only.
+
+Imports (of mxq): core.
+"""

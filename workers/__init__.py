@@ -5,4 +5,6 @@ launcher, process groups, `mxq up`/`down`), `schedules`, `jobs` (specs, submit, 
 
 Importing it, or any of its modules, starts nothing. `celery -A mxq.workers` loads
 `mxq.workers.celery`, which connects the heartbeat to the worker's signals.
+
+Imports (of mxq): core, db.
 """

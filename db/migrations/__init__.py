@@ -1,2 +1,5 @@
 """The schema's history for Alembic: env.py connects, versions/ holds one revision per change
-(db/migrate.py runs them)."""
+(db/migrate.py runs them).
+
+Imports (of mxq): db.
+"""

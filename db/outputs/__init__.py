@@ -1,2 +1,5 @@
 """What jobs produced: predictions as SQL rows or Parquet files, a job's results wherever stored, and training
-epochs."""
+epochs.
+
+Imports (of mxq): core, db.
+"""

@@ -1,1 +1,4 @@
-"""Reads for people and scripts: job history and its JSON record."""
+"""Reads for people and scripts: job history and its JSON record.
+
+Imports (of mxq): core, db.
+"""

@@ -1,5 +1,6 @@
 """The house rules of the source tree: a folder is small enough to read as one concept, and says
-what it holds.
+what it holds and what of mxq it imports (a line `Imports (of mxq): core, db, workers.settings.`
+in its docstring, checked against its modules' imports, lazy ones included).
 
 A folder of more than 15 modules is a sign that it holds several concepts (workers/ held 34 before
 it was split by concept). Alembic's revisions (db/migrations/versions) are exempt: they are a
@@ -9,6 +10,7 @@ history, read one at a time, never a concept.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -51,6 +53,67 @@ def test_a_package_says_what_it_holds(folder: Path) -> None:
     init = folder / "__init__.py"
     assert init.is_file(), f"{folder.relative_to(ROOT)} has no __init__.py"
     assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(ROOT)} has no docstring"
+
+
+# The Python package of each top-level folder (pyproject.toml's package-dir).
+PACKAGES = {"core": "mxq", "db": "mxq.db", "workers": "mxq.workers", "tasks": "mxq.tasks",
+            "api": "mxq.api", "cli": "mxq.cli", "client": "mxq.client"}
+CORE = {p.stem for p in (ROOT / "core").glob("*.py")} - {"__init__"}
+
+
+def _short(name: str) -> str:
+    """`mxq.workers.jobs.submit` as a docstring names it (`workers.jobs.submit`); core's modules
+    (`mxq.errors`) are `core`."""
+    rest = name.split(".")[1:]
+    return "core" if not rest or rest[0] in CORE else ".".join(rest)
+
+
+def _imported(folder: Path) -> set[str]:
+    """What the folder's own modules import of mxq outside the folder (its subfolders are its own)."""
+    rel = folder.relative_to(ROOT)
+    me = _short(".".join([PACKAGES[rel.parts[0]], *rel.parts[1:]]))
+    found = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            found |= {_short(n) for n in names if n == "mxq" or n.startswith("mxq.")}
+    return {n for n in found if n != me and not n.startswith(f"{me}.") and not (me == "core" == n)}
+
+
+def _declared(folder: Path) -> list[str] | None:
+    return _listed(ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or "")
+
+
+def _listed(doc: str) -> list[str] | None:
+    """The names of an `Imports (of mxq): a, b (why), c.` sentence; [] for `none ...`; None
+    without one."""
+    line = re.sub(r"\s*\([^)]*\)", "", " ".join(doc.split()).partition("Imports (of mxq): ")[2])
+    if not line:
+        return None
+    if line.startswith("none"):
+        return []
+    return [d.strip() for d in line.split(". ")[0].rstrip(".").split(",")]
+
+
+@pytest.mark.parametrize("folder", [ROOT / f for f in PACKAGES] + sorted(
+    f for f in _folders() if f.relative_to(ROOT).parts[0] in PACKAGES and f.parent != ROOT),
+    ids=lambda f: str(f.relative_to(ROOT)))
+def test_a_package_says_what_of_mxq_it_imports(folder: Path) -> None:
+    declared = _declared(folder)
+    assert declared is not None, f"{folder.relative_to(ROOT)}/__init__.py does not say what of mxq " \
+                                 "it imports (`Imports (of mxq): core, db.`)"
+    beyond = sorted(n for n in _imported(folder)
+                    if not any(n == d or n.startswith(f"{d}.") for d in declared))
+    assert not beyond, f"{folder.relative_to(ROOT)} imports {beyond}, beyond what its docstring " \
+                       f"says: {declared}"
+
+
+def test_the_imports_sentence_is_read_as_written() -> None:
+    assert _listed("Jobs.\n\nImports (of mxq): core, db (its\nrecords), workers.settings.") == \
+        ["core", "db", "workers.settings"]
+    assert _listed("Imports (of mxq): none of mxq's layers (they import it).") == []
+    assert _listed("No such sentence.") is None
 
 
 def test_the_rules_see_a_crowded_folder(tmp_path: Path) -> None:

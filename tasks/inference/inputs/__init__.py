@@ -8,6 +8,8 @@ behind `open_input` and `count_samples`; what they share is in `files` (the erro
 batch at a time, so a large .npy file is memory-mapped and never loaded whole. mxnet is imported
 only when an image is decoded: the CLI process validates inputs with `inside_root` and
 `count_samples` and must stay light.
+
+Imports (of mxq): core, workers, tasks.inference, tasks.runtimes.
 """
 
 from __future__ import annotations
