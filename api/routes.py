@@ -263,7 +263,8 @@ def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(
     spec = {**req.model_dump(include=set(TrainOptions.model_fields)), "name": req.model}
     return add_schedule(s, req.name, req.cron, req.tz, req.dataset, spec, req.promote, req.metric,
                         req.min_gain, owner=who.name,
-                        priority=Priority.of(req.priority, req.preemptible), team=req.team)
+                        priority=Priority.of(req.priority, req.preemptible), team=req.team,
+                        min_metric=req.min_metric)
 
 
 def _schedule(s: Settings, name: str) -> ScheduleDetail:

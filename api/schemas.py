@@ -146,6 +146,9 @@ class ScheduleRequest(TrainOptions, Turn, Shared):
     promote: Literal["always", "if-better", "never"] = "if-better"
     metric: str = Field("val_accuracy", min_length=1, max_length=64)
     min_gain: float = Field(0.0, allow_inf_nan=False, description="How much better it must be.")
+    min_metric: float | None = Field(None, allow_inf_nan=False, description="The promotion floor: "
+                                     "a version whose metric is below it is registered and never "
+                                     "promoted, whatever the policy.")
 
 
 class PromoteRequest(JsonBody):

@@ -30,6 +30,7 @@ def add(name: str,
         promote: Annotated[str, typer.Option(help="always, if-better or never")] = "if-better",
         metric: Annotated[str, typer.Option(help="Metric compared for if-better.")] = "val_accuracy",
         min_gain: Annotated[float, typer.Option(help="How much better the new one must be.")] = 0.0,
+        min_metric: Annotated[float | None, typer.Option(help="The promotion floor: a version whose --metric is below it is registered and never promoted, whatever --promote says.")] = None,  # noqa: E501
         devices: int = 1, device: Annotated[str | None, typer.Option(help="gpu:0,gpu:1")] = None,
         nodes: Annotated[int, typer.Option(help="Train on N nodes (dist_sync), --devices K each.")] = 1,
         epochs: int = 10, batch_size: int = 64, lr: float = 0.1, optimizer: str = "sgd",
@@ -53,7 +54,8 @@ def add(name: str,
             "calibration": calibration, "min_agreement": min_agreement,
             "variants": parse_variants(variants)}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
-                          priority=Priority.of(priority, preemptible), team=team)
+                          priority=Priority.of(priority, preemptible), team=team,
+                          min_metric=min_metric)
     if json_:
         render.print_json(record)
     else:

@@ -15,6 +15,7 @@ class PromotionPolicy:
     promote: str  # "if-better" (by `metric`, by at least `min_gain`), "always" or "never"
     metric: str
     min_gain: float
+    min_metric: float | None = None  # the floor: below it never promoted, whatever `promote` says
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,12 @@ def decide(policy: PromotionPolicy, new: float | None, current: float | None,
            has_current: bool) -> Decision:
     """`new` is the new version's metric, `current` the promoted version's (None when it has
     none, or when `has_current` is False: no version is promoted)."""
-    metric, gain = policy.metric, policy.min_gain
+    metric, gain, floor = policy.metric, policy.min_gain, policy.min_metric
     if policy.promote == "never":
         return Decision(False, "policy is never")
+    if floor is not None and (new is None or new < floor):
+        shown = "none" if new is None else f"{new:.4f}"
+        return Decision(False, f"{metric} {shown} is below the floor {floor} (--min-metric)")
     if policy.promote == "always":
         return Decision(True, "policy is always")
     if new is None:

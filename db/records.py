@@ -84,6 +84,7 @@ class FirePolicy(TypedDict):
     promote: str
     metric: str
     min_gain: float
+    min_metric: float | None  # the promotion floor (None: none)
     removed: bool  # the schedule was removed since; the fire and its job are history
 
 
@@ -237,6 +238,7 @@ class ScheduleRecord(TypedDict):
     promote: str
     metric: str
     min_gain: float
+    min_metric: float | None  # the promotion floor: below it a version is kept, never promoted
     enabled: bool
     next_fire_at: str | None
     last_fire_at: str | None

@@ -39,7 +39,7 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
     return {"name": sched.name, "cron": sched.cron, "tz": sched.tz, "spec": sched.spec,
             "dataset": sched.dataset,
             "promote": sched.promote, "metric": sched.metric, "min_gain": sched.min_gain,
-            "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
+            "min_metric": sched.min_metric, "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
             "owner": sched.owner, "team": sched.team, "priority": sched.priority,
             "preemptible": sched.preemptible}
@@ -111,7 +111,8 @@ def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: i
         raise ScheduleNotFound(f"no schedule {schedule_id} to fire (removed meanwhile)")
     fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=manual,
                 schedule_name=sched.name, policy={"promote": sched.promote, "metric": sched.metric,
-                                                  "min_gain": sched.min_gain}, owner=sched.owner)
+                                                  "min_gain": sched.min_gain,
+                                                  "min_metric": sched.min_metric}, owner=sched.owner)
     session.add(fire)
     session.flush()
     return fire
@@ -226,7 +227,9 @@ def fire_of(url: str, fire_id: int) -> FirePolicy:
             raise ScheduleNotFound(f"no fire {fire_id} of a schedule")
         return {"schedule": str(fire.schedule_name), "fire_time": iso(fire.fire_time),
                 "promote": fire.policy["promote"], "metric": fire.policy["metric"],
-                "min_gain": float(fire.policy["min_gain"]), "removed": fire.schedule_id is None}
+                "min_gain": float(fire.policy["min_gain"]),
+                "min_metric": fire.policy.get("min_metric"),  # none before migration 0026
+                "removed": fire.schedule_id is None}
 
 
 def _may_not_promote(url: str, fire_id: int, name: str) -> str | None:
@@ -246,7 +249,8 @@ def decide_promotion(url: str, fire_id: int, name: str, version: int,
                      metrics: dict[str, Any]) -> dict[str, Any]:
     """Compare the new version with the promoted one by the schedule's policy; promote or keep."""
     stored = fire_of(url, fire_id)
-    policy = PromotionPolicy(stored["promote"], stored["metric"], stored["min_gain"])
+    policy = PromotionPolicy(stored["promote"], stored["metric"], stored["min_gain"],
+                             stored["min_metric"])
     new = metrics.get(policy.metric)
     current = next((m for m in list_models(url, name) if m["promoted"]), None)
     old = current["metrics"].get(policy.metric) if current else None

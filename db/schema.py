@@ -287,6 +287,7 @@ class Schedule(Base):
     promote: Mapped[str] = mapped_column(String(16))  # always | if-better | never
     metric: Mapped[str] = mapped_column(String(64))
     min_gain: Mapped[float] = mapped_column(Float, default=0.0)
+    min_metric: Mapped[float | None] = mapped_column(Float)  # the promotion floor (migration 0026)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     next_fire_at: Mapped[datetime]
     last_fire_at: Mapped[datetime | None]
@@ -310,7 +311,7 @@ class Fire(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
     schedule_name: Mapped[str | None] = mapped_column(String(128))
-    # {"promote", "metric", "min_gain"} as the schedule had them when it fired.
+    # {"promote", "metric", "min_gain", "min_metric"} as the schedule had them when it fired.
     policy: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     fire_time: Mapped[datetime]
     fired_at: Mapped[datetime] = mapped_column(default=utcnow)

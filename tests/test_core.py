@@ -61,6 +61,24 @@ def test_promotion_by_policy(policy: str, new: float | None, old: float | None, 
     assert (record["new_version"], record["promoted_version"]) == (7, 6 if has_old else None)
 
 
+@pytest.mark.parametrize(("policy", "new", "old", "has_old", "promoted", "reason"), [
+    ("if-better", 0.084, None, False, False, "val_accuracy 0.0840 is below the floor 0.9 (--min-metric)"),
+    ("always", 0.5, 0.99, True, False, "val_accuracy 0.5000 is below the floor 0.9 (--min-metric)"),
+    ("if-better", None, None, False, False, "val_accuracy none is below the floor 0.9 (--min-metric)"),
+    ("never", 0.99, None, False, False, "policy is never"),
+    ("if-better", 0.95, None, False, True, "no promoted version to compare with"),
+    ("always", 0.9, 0.99, True, True, "policy is always"),  # at the floor is not below it
+])
+def test_a_promotion_floor_keeps_a_version_below_it_whatever_the_policy(
+        policy: str, new: float | None, old: float | None, has_old: bool, promoted: bool,
+        reason: str) -> None:
+    """A retraining fed the wrong data (val_accuracy 0.084) was promoted by `if-better` when no
+    version was promoted yet; with a floor it is registered and kept."""
+    decision = promotion.decide(PromotionPolicy(policy, "val_accuracy", 0.0, min_metric=0.9), new,
+                                old, has_current=has_old)
+    assert (decision.promoted, decision.reason) == (promoted, reason)
+
+
 def epoch_row(train_loss: float, train_accuracy: float, val_accuracy: float | None, seconds: float,
              samples_per_sec: float, per_device: dict[str, Any] | None,
              checkpoint: str | None = None) -> epochs.EpochFigures:

@@ -81,6 +81,7 @@ def _resident_bytes(name: str) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps")
+@pytest.mark.slow  # a resident-memory measurement over 6 s of reads: make test-all (CI) runs it
 def test_mapped_npy_stays_out_of_resident_memory(tmp_path: Path) -> None:
     """A worker's memory must not grow with its input: the pages behind the reads are dropped,
     and the pages the kernel maps back around a fault (about 2 % of the file was left resident

@@ -77,7 +77,7 @@ def test_0009_keeps_fires_and_fills_in_their_schedule(tmp_path: Path) -> None:
     upgrade(url)  # the code reads today's schema: 0009's fill-in survives what came after
     assert schedules.fire_of(url, 7) == {"schedule": "nightly", "fire_time": "2026-01-01T03:00:00+00:00",
                                          "promote": "never", "metric": "val_accuracy", "min_gain": 0.5,
-                                         "removed": False}
+                                         "min_metric": None, "removed": False}
     schedules.remove(url, "nightly")
     assert schedules.fire_of(url, 7)["removed"] is True
 

@@ -12,9 +12,10 @@ import pytest
 
 from mxq.db import registry, schedules
 from mxq.db.reports.history import require_job
-from mxq.workers.schedules.fires import run_now, tick
+from mxq.workers.jobs.jobspecs import ParamsError
+from mxq.workers.schedules.fires import add_schedule, run_now, tick
 from tests.conftest import Stack
-from tests.support.schedules import T0, add_retraining, fresh_dataset
+from tests.support.schedules import RETRAINING, T0, add_retraining, fresh_dataset
 
 pytestmark = pytest.mark.both_legs
 
@@ -149,7 +150,7 @@ def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> N
     described = require_job(url, job_id, with_metrics=True)  # crashed before: the fire went with it
     assert described["schedule"] == {"schedule": "gone", "fire_time": T0.isoformat(),
                                      "promote": "if-better", "metric": "val_accuracy",
-                                     "min_gain": 0.0, "removed": True}
+                                     "min_gain": 0.0, "min_metric": None, "removed": True}
     shown = isolated.mxq("job", str(job_id), "--json")
     assert shown.returncode == 0, shown.stderr
     # A fire still training when its schedule goes decides by the policy it was fired with.
@@ -162,6 +163,33 @@ def test_removing_a_schedule_keeps_the_history_of_its_jobs(isolated: Stack) -> N
     assert schedules.fires(url, "newer") == []
     fired_by = require_job(url, job_id, with_metrics=True)["schedule"]
     assert fired_by is not None and fired_by["schedule"] == "gone"
+
+
+def test_a_fire_below_the_promotion_floor_registers_and_is_not_promoted(isolated: Stack) -> None:
+    """`--min-metric`: a retraining fed the wrong data ended at val_accuracy 0.084 and `if-better`
+    promoted it, nothing being promoted yet; below the floor it is kept, and says why. A fire
+    above the floor is promoted as the policy says."""
+    s, url = isolated.settings, isolated.settings.database
+    fresh_dataset(isolated)
+    record = add_schedule(s, "floored", "0 3 * * *", "UTC", "fresh/*.npz",
+                          {**RETRAINING, "name": "floored"}, "if-better", "val_accuracy", 0.0,
+                          now=T0, min_metric=0.5)
+    assert record["min_metric"] == 0.5 and schedules.get(url, "floored")["min_metric"] == 0.5
+    for version in (1, 2):
+        registry.add_model(url, {"name": "floored", "version": version, "arch": "mlp",
+                                 "input_shape": [4], "classes": 3, "params_file": "p",
+                                 "symbol_file": "s", "checksum": "0" * 64, "source": "test"})
+    low = run_now(s, "floored", T0)
+    kept = schedules.decide_promotion(url, low, "floored", 1, {"val_accuracy": 0.084})
+    assert (kept["decision"], kept["reason"]) == (
+        "kept", "val_accuracy 0.0840 is below the floor 0.5 (--min-metric)")
+    assert not any(m["promoted"] for m in registry.list_models(url, "floored"))  # registered, kept
+    high = run_now(s, "floored", T0 + timedelta(minutes=1))
+    assert schedules.decide_promotion(url, high, "floored", 2, {"val_accuracy": 0.9})["decision"] == \
+        "promoted"
+    with pytest.raises(ParamsError, match="--min-metric nan: give a finite number"):
+        add_schedule(s, "nan-floor", "0 3 * * *", "UTC", "fresh/*.npz", dict(RETRAINING),
+                     "if-better", "val_accuracy", 0.0, now=T0, min_metric=float("nan"))
 
 
 def test_a_clock_jump_forward_and_back_fires_once_then_on_its_times(isolated: Stack) -> None:

@@ -48,6 +48,7 @@ def _where(removed: dict[str, Any]) -> set[str]:
     return {r["where"] for r in removed["removed"]}
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_gc_removes_what_nothing_reads_again_and_old_outputs_but_a_pinned_one(
         workers: Stack, mlp: dict) -> None:
     home, url = workers.home, workers.settings.database

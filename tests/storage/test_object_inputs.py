@@ -234,6 +234,7 @@ def _digits_npz(n: int) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_a_schedule_trains_on_the_newest_object_of_a_bucket_prefix(workers: Stack, s3: S3Server) -> None:
     import time
 

@@ -78,6 +78,7 @@ def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) 
     assert accuracy >= 0.9
 
 
+@pytest.mark.slow  # long real-process work (seconds of real jobs): make test-all (CI) runs it
 def test_training_without_validation_registers_a_servable_model(workers: Stack) -> None:
     """No validation pass means the net never ran outside the training graph: the export must
     still find its compiled graph."""

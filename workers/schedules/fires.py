@@ -15,6 +15,7 @@ manual run (`mxq schedule run`, the API's run-now) is asked for by a person and 
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime
 from typing import Any
 
@@ -141,24 +142,29 @@ def request_fire(settings: Settings, name: str, now: datetime | None = None) -> 
 def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str,
                  spec: dict[str, Any], promote: str, metric: str, min_gain: float,
                  now: datetime | None = None, owner: str | None = None,
-                 priority: Priority = Priority(), team: str | None = None) -> ScheduleRecord:
+                 priority: Priority = Priority(), team: str | None = None,
+                 min_metric: float | None = None) -> ScheduleRecord:
     """Check everything a fire will need, then store the schedule with its first fire time,
     owned by `owner` (default `local:<login>`) and shared with `team`; its fires' jobs run at
     `priority`. Its owner must be allowed to register (and so promote) versions of the model it
-    trains, now and again at every fire."""
+    trains, now and again at every fire. With `min_metric`, a version whose `metric` is below it
+    (or missing) is registered and never promoted."""
     owner = owner or local_owner()
     check_name(name, "schedule name")  # shown, listed and put in URLs: no control characters
     team = check_team(settings.database, team, owner)
     check(cron, tz)
     if promote not in POLICIES:
         raise ParamsError(f"--promote {promote!r}: expected one of {', '.join(POLICIES)}")
+    for option, value in (("--min-gain", min_gain), ("--min-metric", min_metric)):
+        if value is not None and not math.isfinite(value):
+            raise ParamsError(f"{option} {value}: give a finite number")
     validate("train", {**spec, "dataset": dataset})  # the training options, checked now, not at 3 am
     check_registrant(settings.database, spec["name"], owner)
     check_source(settings, dataset)
     check_calibration(settings, spec.get("calibration"))
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
-        "metric": metric, "min_gain": min_gain, "enabled": True,
+        "metric": metric, "min_gain": min_gain, "min_metric": min_metric, "enabled": True,
         "next_fire_at": next_after(cron, tz, now or utcnow()), "owner": owner, "team": team,
         "priority": priority.level, "preemptible": priority.preemptible})
 
