@@ -234,8 +234,10 @@ def placement(s: Settings) -> Placement:
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 
-# What runs around every run of a job, outside its body (`tasks/hooks/`).
-HOOKS: tuple[Hook, ...] = (CurrentJob(), SettleParent(), AdmitNext())
+# What runs around every run of a job, outside its body (`tasks/hooks/`). Their `after`s run in
+# reverse: the heartbeat lets go of the job, then its parent is settled, then admission counts
+# what is free (a parent still running would count against its owner's quota).
+HOOKS: tuple[Hook, ...] = (AdmitNext(), SettleParent(), CurrentJob())
 
 
 @dataclass(frozen=True)
