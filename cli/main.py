@@ -365,6 +365,11 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           nodes: Annotated[int, typer.Option("--nodes", help="Train on N nodes (dist_sync), K devices each.")] = 1,  # noqa: E501
           epochs: int = 10, batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 64,
           lr: float = 0.1, optimizer: Annotated[str, typer.Option(help="sgd, adam or nag")] = "sgd",
+          momentum: Annotated[float | None, typer.Option(help="sgd and nag: the momentum (unset: 0.9).")] = None,  # noqa: E501
+          weight_decay: Annotated[float, typer.Option(help="L2 weight decay.")] = 0.0,
+          lr_schedule: Annotated[str, typer.Option(help="constant, step (times --lr-factor every --lr-step epochs) or cosine (down to 0 over the epochs).")] = "constant",  # noqa: E501
+          lr_step: Annotated[int | None, typer.Option(help="step: epochs between steps (unset: a third of the epochs).")] = None,  # noqa: E501
+          lr_factor: Annotated[float, typer.Option(help="step: the learning rate's factor at each step.")] = 0.1,  # noqa: E501
           dtype: Annotated[str, typer.Option(help="float32 or float16 (GPUs)")] = "float32",
           val_fraction: float = 0.2, seed: int = 0,
           label_column: Annotated[str, typer.Option(help="CSV column holding the label.")] = "label",
@@ -380,7 +385,9 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
     route, device_list = _train_devices(device)
     params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
               "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-              "optimizer": optimizer, "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
+              "optimizer": optimizer, "momentum": momentum, "weight_decay": weight_decay,
+              "lr_schedule": lr_schedule, "lr_step": lr_step, "lr_factor": lr_factor,
+              "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
               "calibration": calibration, "min_agreement": min_agreement,

@@ -6,6 +6,7 @@ and stepping by the global batch size."""
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,9 +38,9 @@ def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
     """With a `dist_sync` kvstore the servers only sum gradients and each worker steps its own
     optimizer on the same sums (update_on_kvstore=False): the weights stay equal, the batch size
     may change between steps, and the optimizer states can be checkpointed like on one node."""
-    opts: dict[str, object] = {"learning_rate": p.lr}
+    opts: dict[str, object] = {"learning_rate": lr_at(p, 1), "wd": p.weight_decay}
     if p.optimizer in ("sgd", "nag"):
-        opts["momentum"] = 0.9
+        opts["momentum"] = 0.9 if p.momentum is None else p.momentum
     if p.dtype == "float16":
         opts["multi_precision"] = True
     if kvstore is not None:
@@ -47,6 +48,17 @@ def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
                              update_on_kvstore=False)
     return gluon.Trainer(net.collect_params(), p.optimizer, opts,
                          kvstore="device" if on_gpu else "local")
+
+
+def lr_at(p: TrainParams, epoch: int) -> float:
+    """The learning rate of epoch `epoch` (from 1) by the job's schedule: a function of the epoch
+    alone, so a training resumed at any epoch goes on exactly where it was."""
+    if p.lr_schedule == "step":
+        every = p.lr_step or max(1, p.epochs // 3)
+        return float(p.lr * p.lr_factor ** ((epoch - 1) // every))
+    if p.lr_schedule == "cosine":
+        return float(p.lr * 0.5 * (1 + math.cos(math.pi * (epoch - 1) / p.epochs)))
+    return p.lr
 
 
 def share_initial_weights(net: gluon.HybridBlock, trainer: gluon.Trainer, ctxs: list[mx.Context],
@@ -155,6 +167,7 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
     share = np.array_split(np.arange(local), len(ctxs))  # samples each device gets per step
     step = train_step(net)
     for epoch in range(start_epoch, p.epochs + 1):
+        trainer.set_learning_rate(lr_at(p, epoch))
         loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
                                           functools.partial(on_batch, epoch), rank, workers)
         val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None

@@ -13,8 +13,8 @@ import pytest
 
 from mxq.db.outputs import predictions
 from mxq.tasks.training import datasets
-from mxq.tasks.training.train_loop import fit, make_net, make_trainer
-from mxq.workers.jobs.jobspecs import TrainParams
+from mxq.tasks.training.train_loop import fit, lr_at, make_net, make_trainer
+from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
 from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
 from tests.support.workers import pid_of, wait_alive
@@ -45,6 +45,45 @@ def test_data_parallel_equals_one_device() -> None:
     assert any(not np.allclose(a, b) for a, b in zip(single, start, strict=True))  # it did train
     for a, b in zip(single, double, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("options", "rates"), [
+    ({}, [0.1, 0.1, 0.1, 0.1, 0.1, 0.1]),
+    ({"lr_schedule": "step", "lr_step": 2, "lr_factor": 0.5}, [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]),
+    ({"lr_schedule": "step"}, [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]),  # a step every third of 6
+    ({"lr_schedule": "cosine"}, [0.1, 0.0933, 0.075, 0.05, 0.025, 0.0067]),
+])
+def test_the_learning_rate_by_epoch(options: dict, rates: list[float]) -> None:
+    """A function of the epoch alone: a training resumed at epoch 4 goes on at epoch 4's rate."""
+    p = TrainParams(arch="mlp", dataset="digits", name="x", epochs=6, lr=0.1, **options)
+    assert [round(lr_at(p, e), 4) for e in range(1, 7)] == rates
+
+
+def test_the_optimizer_options_reach_the_trainer_epoch_by_epoch() -> None:
+    train, _ = datasets.split(datasets.digits().for_training(), 0.2, 0)
+    p = TrainParams(arch="mlp", dataset="digits", name="x", epochs=3, batch_size=256, lr=0.2,
+                    momentum=0.5, weight_decay=1e-4, lr_schedule="cosine")
+    ctxs = [mx.cpu()]
+    net = make_net(p, train.classes, train.sample_shape, ctxs)
+    trainer = make_trainer(p, net, False)
+    seen: list[float] = []
+    fit(p, train, None, ctxs, ["cpu:0"], net, trainer, on_epoch=lambda _: seen.append(trainer.learning_rate))
+    assert seen == [lr_at(p, e) for e in (1, 2, 3)] and seen[0] > seen[1] > seen[2]
+    assert (trainer._optimizer.momentum, trainer._optimizer.wd) == (0.5, 1e-4)
+    with pytest.raises(ParamsError, match="--momentum 0.9 goes with --optimizer sgd or nag, not adam"):
+        validate("train", {"arch": "mlp", "dataset": "digits", "name": "x", "optimizer": "adam",
+                           "momentum": 0.9})
+
+
+def test_the_optimizer_options_are_recorded_on_the_job(workers: Stack) -> None:
+    code, job = _train(workers, "mlp", "digits", "--name", "tuned", "--epochs", "2", "--momentum",
+                       "0.8", "--weight-decay", "0.0001", "--lr-schedule", "step", "--lr-step", "1",
+                       "--lr-factor", "0.5")
+    assert code == 0 and job["status"] == "succeeded", job
+    asked = {k: job["params"][k] for k in ("momentum", "weight_decay", "lr_schedule", "lr_step",
+                                           "lr_factor")}
+    assert asked == {"momentum": 0.8, "weight_decay": 0.0001, "lr_schedule": "step", "lr_step": 1,
+                     "lr_factor": 0.5}
 
 
 def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) -> None:

@@ -211,6 +211,16 @@ class TrainOptions(BaseModel):
     batch_size: int = Field(64, ge=1)
     lr: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)
     optimizer: Literal["sgd", "adam", "nag"] = "sgd"
+    momentum: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False, description="sgd and "
+                                   "nag: the momentum (unset: 0.9).")
+    weight_decay: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="L2 weight decay.")
+    lr_schedule: Literal["constant", "step", "cosine"] = Field(
+        "constant", description="The learning rate by epoch: constant, step (times lr_factor every "
+        "lr_step epochs) or cosine (from lr down to 0 over the epochs).")
+    lr_step: int | None = Field(None, ge=1, description="step: epochs between two steps (unset: a "
+                                "third of the epochs, at least 1).")
+    lr_factor: float = Field(0.1, gt=0, le=1, allow_inf_nan=False, description="step: the "
+                             "learning rate's factor at each step.")
     dtype: Literal["float32", "float16"] = "float32"
     val_fraction: float = Field(0.2, ge=0, lt=1)
     seed: int = 0
@@ -255,6 +265,9 @@ class TrainOptions(BaseModel):
                 raise ValueError(f"--device {','.join(self.device_list)} names devices of one "
                                  f"node, not of --nodes {self.nodes}: use --devices K (K devices "
                                  "on each node)")
+        if self.momentum is not None and self.optimizer == "adam":
+            raise ValueError(f"--momentum {self.momentum} goes with --optimizer sgd or nag, not adam "
+                             "(whose moments are its own)")
         if self.nodes > 1 and self.batch_size < self.nodes * self.devices:
             raise ValueError(f"batch_size={self.batch_size} is smaller than the "
                              f"{self.nodes * self.devices} devices it is split over")
