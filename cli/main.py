@@ -18,7 +18,21 @@ from mxq.cli import schedule as schedule_cli
 from mxq.cli import teams as teams_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
+from mxq.cli.options import (
+    FromOpt,
+    LayoutOpt,
+    MeanOpt,
+    PreemptibleOpt,
+    PriorityOpt,
+    ReinitOpt,
+    ScaleOpt,
+    StdOpt,
+    TeamOpt,
+    VariantsOpt,
+    from_fields,
+    parse_variants,
+    preprocess_fields,
+)
 from mxq.cli.settings import get_settings
 from mxq.names import MAX_ID
 from mxq.priorities import Priority
@@ -357,9 +371,11 @@ def results(job_id: JobId,
 
 
 @app.command()
-def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")],
-          dataset: Annotated[str, typer.Argument(help="digits, .npz (X, y), .csv, image folder or .rec")],
-          name: Annotated[str, typer.Option("--name", help="Model name the result registers as.")],
+def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1 (none with --from)", metavar="[ARCH]")],  # noqa: E501
+          dataset: Annotated[str | None, typer.Argument(help="digits, .npz (X, y), .csv, image folder or .rec", show_default=False)] = None,  # noqa: E501
+          name: Annotated[str | None, typer.Option("--name", help="Model name the result registers as (default with --from: that model's).")] = None,  # noqa: E501
+          from_model: FromOpt = None, reinit: ReinitOpt = False,
+          scale: ScaleOpt = None, mean: MeanOpt = None, std: StdOpt = None, layout: LayoutOpt = None,
           devices: Annotated[int, typer.Option("--devices", help="K devices of one node.")] = 1,
           device: Annotated[str | None, typer.Option("--device", help="Exact devices (gpu:0,gpu:1), or any of a kind (auto:gpu).")] = None,  # noqa: E501
           nodes: Annotated[int, typer.Option("--nodes", help="Train on N nodes (dist_sync), K devices each.")] = 1,  # noqa: E501
@@ -381,9 +397,13 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
           preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
-    """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
+    """Queue data-parallel training of ARCH (or, with --from, of a registered model's own graph) on
+    DATASET over K devices (of N nodes); registers a version of NAME."""
     route, device_list = _train_devices(device)
-    params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
+    source, data = _arch_and_dataset(arch, dataset, from_model)
+    params = {"arch": source, "dataset": data, "name": name or "", "devices": devices, "nodes": nodes,
+              **from_fields(from_model), "reinit": reinit,
+              **preprocess_fields(scale, mean, std, layout),
               "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "optimizer": optimizer, "momentum": momentum, "weight_decay": weight_decay,
               "lr_schedule": lr_schedule, "lr_step": lr_step, "lr_factor": lr_factor,
@@ -394,6 +414,19 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "variants": parse_variants(variants)}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team)
+
+
+def _arch_and_dataset(first: str, second: str | None, from_model: str | None) -> tuple[str | None, str]:
+    """`mxq train ARCH DATASET`, or `mxq train --from NAME DATASET` (no architecture)."""
+    if from_model is not None:
+        if second is not None:
+            raise typer.BadParameter(f"--from {from_model} trains that model's graph: give DATASET "
+                                     f"alone, not an architecture ({first!r}) too", param_hint="ARCH")
+        return None, first
+    if second is None:
+        raise typer.BadParameter("give ARCH and DATASET (mxq train lenet digits --name NAME), or "
+                                 "--from NAME and DATASET", param_hint="DATASET")
+    return first, second
 
 
 def _train_devices(device: str | None) -> tuple[str, list[str] | None]:

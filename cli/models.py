@@ -11,6 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from mxq.cli import render
+from mxq.cli.options import LayoutOpt, MeanOpt, ScaleOpt, StdOpt
 from mxq.cli.settings import get_settings
 from mxq.errors import UserError, reason
 from mxq.names import MAX_ID
@@ -100,10 +101,7 @@ def add(name: str,
         input_shape: Annotated[str | None, typer.Option(help="One sample's shape: 64 or 1,8,8.")] = None,
         classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
-        scale: Annotated[str | None, typer.Option(help="Multiply inputs by this first: 1/255 or 0.5.")] = None,  # noqa: E501
-        mean: Annotated[str | None, typer.Option(help="Then subtract: one value, or one per channel (R,G,B).")] = None,  # noqa: E501
-        std: Annotated[str | None, typer.Option(help="Then divide by: one value, or one per channel.")] = None,  # noqa: E501
-        layout: Annotated[str | None, typer.Option(help="NCHW (default) or NHWC: where the channels are.")] = None,  # noqa: E501
+        scale: ScaleOpt = None, mean: MeanOpt = None, std: StdOpt = None, layout: LayoutOpt = None,
         outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1), logits (mxq applies a softmax) or probabilities.")] = "auto",  # noqa: E501
         owner: Annotated[str | None, typer.Option(help="A new model's owner (a user): it registers and promotes its versions. Default: the admins alone.")] = None,  # noqa: E501
         team: Annotated[str | None, typer.Option(help="A new model's team: its members (role submit) register and promote its versions too.")] = None,  # noqa: E501

@@ -24,3 +24,40 @@ VariantsOpt = Annotated[str, typer.Option(
 def parse_variants(text: str) -> list[str]:
     """`int8,fp16` as a list, each once; the job's parameters check the names."""
     return list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+ScaleOpt = Annotated[str | None, typer.Option(
+    "--scale", help="Multiply inputs by this first: 1/255 or 0.5.")]
+MeanOpt = Annotated[str | None, typer.Option(
+    "--mean", help="Then subtract: one value, or one per channel (R,G,B).")]
+StdOpt = Annotated[str | None, typer.Option(
+    "--std", help="Then divide by: one value, or one per channel.")]
+LayoutOpt = Annotated[str | None, typer.Option(
+    "--layout", help="NCHW (default) or NHWC: where the channels are.")]
+FromOpt = Annotated[str | None, typer.Option(
+    "--from", help="Retrain a registered model's own graph, NAME or NAME:VERSION (default: its "
+    "promoted version), instead of an architecture.")]
+ReinitOpt = Annotated[bool, typer.Option(
+    "--reinit", help="With --from: train the graph from fresh weights.")]
+
+
+def preprocess_fields(scale: str | None, mean: str | None, std: str | None,
+                      layout: str | None) -> dict[str, object]:
+    """A training's --scale/--mean/--std/--layout as request fields (None where not given), read
+    as `mxq models add` reads them (1/255, 0.485,0.456,0.406)."""
+    from mxq.preprocess import Preprocess
+
+    prep = Preprocess.parse(scale, mean, std, layout)
+    return {"scale": None if scale is None else prep.scale,
+            "mean": None if prep.mean is None else list(prep.mean),
+            "std": None if prep.std is None else list(prep.std),
+            "layout": None if layout is None else prep.layout}
+
+
+def from_fields(source: str | None) -> dict[str, object]:
+    """`--from NAME[:VERSION]` as request fields (the job's parameters check the name)."""
+    if source is None:
+        return {"from_model": None, "from_version": None}
+    name, _, version = source.partition(":")
+    if version and not version.isdigit():
+        raise typer.BadParameter(f"{source!r}: expected NAME or NAME:VERSION (VERSION a number, "
+                                 "as in mycnn:3)", param_hint="--from")
+    return {"from_model": name, "from_version": int(version) if version else None}

@@ -8,7 +8,21 @@ import typer
 
 from mxq.cli import render
 from mxq.cli.models import parse_shape
-from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
+from mxq.cli.options import (
+    FromOpt,
+    LayoutOpt,
+    MeanOpt,
+    PreemptibleOpt,
+    PriorityOpt,
+    ReinitOpt,
+    ScaleOpt,
+    StdOpt,
+    TeamOpt,
+    VariantsOpt,
+    from_fields,
+    parse_variants,
+    preprocess_fields,
+)
 from mxq.cli.settings import get_settings
 from mxq.priorities import Priority
 
@@ -23,9 +37,11 @@ FIRE_COLUMNS = ["fire_time", "manual", "missed", "dataset_file", "job_id", "job_
 @app.command()
 def add(name: str,
         cron: Annotated[str, typer.Option(help="Five-field cron, e.g. '0 3 * * *'.")],
-        arch: Annotated[str, typer.Option(help="mlp, lenet or resnet18_v1")],
         dataset: Annotated[str, typer.Option(help="File, folder or glob: the newest match is used.")],
         model: Annotated[str, typer.Option(help="Model name the retraining registers.")],
+        arch: Annotated[str | None, typer.Option(help="mlp, lenet or resnet18_v1 (or --from).")] = None,
+        from_model: FromOpt = None, reinit: ReinitOpt = False,
+        scale: ScaleOpt = None, mean: MeanOpt = None, std: StdOpt = None, layout: LayoutOpt = None,
         tz: Annotated[str, typer.Option(help="IANA time zone of the cron times.")] = "UTC",
         promote: Annotated[str, typer.Option(help="always, if-better or never")] = "if-better",
         metric: Annotated[str, typer.Option(help="Metric compared for if-better.")] = "val_accuracy",
@@ -43,12 +59,14 @@ def add(name: str,
         variants: VariantsOpt = "int8",
         json_: JsonOpt = False, priority: PriorityOpt = "normal",
         preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
-    """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time; its
+    """Add a schedule that retrains MODEL (an architecture, or --from a registered model's graph:
+    its promoted version at each fire) from the newest DATASET file at every CRON time; its
     fires' trainings run at --priority; with --calibration, served precision follows the
     promoted version (its variants are rebuilt)."""
     from mxq.workers.schedules.fires import add_schedule
 
-    spec = {"arch": arch, "name": model, "devices": devices, "nodes": nodes,
+    spec = {"arch": arch, "name": model, **from_fields(from_model), "reinit": reinit,
+            **preprocess_fields(scale, mean, std, layout), "devices": devices, "nodes": nodes,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "momentum": momentum, "weight_decay": weight_decay, "lr_schedule": lr_schedule,

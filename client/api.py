@@ -175,6 +175,15 @@ class Client:
         return self.submit("train", wait, idempotency_key, arch=arch, dataset=dataset, name=name,
                            device=device, **options)
 
+    def retrain(self, model: str, dataset: str, name: str | None = None, version: int | None = None,
+                reinit: bool = False, device: str = "auto", wait: bool = False,
+                idempotency_key: str | None = None, **options: Any) -> Job:
+        """Data-parallel training of a registered model's own graph (`version`, else its promoted
+        one) on `dataset`, from its weights (or fresh ones: `reinit`), with its preprocessing;
+        registers the next version of `name` (default: `model`). `mxq train --from`."""
+        return self.submit("train", wait, idempotency_key, from_model=model, from_version=version,
+                           reinit=reinit, dataset=dataset, device=device, name=name or "", **options)
+
     def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
               **options: Any) -> Job:
         return self.submit("probe", wait, idempotency_key, device=device, **options)

@@ -289,6 +289,15 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     yield from _stack(request.param, tmp_path_factory.mktemp(request.param), 7)
 
 
+@pytest.fixture
+def store(tmp_path: Path) -> Settings:
+    """A migrated SQLite database and a model store of its own, no workers."""
+    (tmp_path / "home").mkdir()
+    s = Settings(home=tmp_path / "home")
+    upgrade(s.database)
+    return s
+
+
 @pytest.fixture(params=LEGS)
 def isolated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     """A broker + database pair of its own, with no workers: what it queues stays queued."""

@@ -17,6 +17,7 @@ import struct
 import time
 import warnings
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +391,17 @@ def load(settings: Settings, model: ModelRecord, ctx: mx.Context) -> tuple[gluon
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], True
+    net = _open(*_checked_files(settings, model), ctx)
+    net.hybridize(static_alloc=True)
+    _cache[key] = net
+    while len(_cache) > CACHE_SIZE:
+        _cache.popitem(last=False)
+    return net, False
+
+
+def _checked_files(settings: Settings, model: ModelRecord) -> tuple[Path, Path]:
+    """A version's symbol and params files, present here and as registered (ChangedFile when
+    one was swapped)."""
     label = f"{model['name']}:{model['version']}"
     params = local_file(settings, model, model["params_file"])
     if not params.is_file():
@@ -399,14 +411,19 @@ def load(settings: Settings, model: ModelRecord, ctx: mx.Context) -> tuple[gluon
     symbol = local_file(settings, model, model["symbol_file"])
     if not symbol.is_file():
         raise ModelError(f"symbol file {symbol} of {label} is missing")
-    verify(params, model["checksum"], "params file", label)  # ChangedFile when it was swapped
+    verify(params, model["checksum"], "params file", label)
     verify(symbol, (model.get("onnx") or {}).get("symbol_sha256"), "symbol file", label)
-    net = _open(symbol, params, ctx)
-    net.hybridize(static_alloc=True)
-    _cache[key] = net
-    while len(_cache) > CACHE_SIZE:
-        _cache.popitem(last=False)
-    return net, False
+    return symbol, params
+
+
+def trainable(settings: Settings, model: ModelRecord, ctxs: list[mx.Context],
+              dtype: str) -> gluon.SymbolBlock:
+    """A version's own graph with its weights on every training context, in `dtype`, its
+    parameters trainable: the start of a training --from it (never the cached serving net)."""
+    net = _open(*_checked_files(settings, model), ctxs[0])
+    net.collect_params().reset_ctx(ctxs)
+    net.cast(dtype)
+    return net
 
 
 def forget_all() -> int:
@@ -424,11 +441,24 @@ def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) 
     net.export(str(prefix), 0)
 
 
-def add_trained(settings: Settings, name: str, net: gluon.HybridBlock, arch: str,
-                input_shape: tuple[int, ...], classes: int, metrics: dict[str, Any],
-                job_id: int, preprocess: Preprocess, fence: Fence | None = None) -> ModelRecord:
+def add_trained(settings: Settings, name: str, net: gluon.HybridBlock, trained: TrainedVersion,
+                metrics: dict[str, Any], job_id: int, fence: Fence | None = None) -> ModelRecord:
     """A new version of `name` from a finished training job, with its validation metrics; with
     the attempt's `fence`, registered only while the job is that attempt's, and once per job."""
-    return _register(settings, name, lambda folder: _export(net, folder / PREFIX, input_shape), {
-        "arch": arch, "input_shape": list(input_shape), "classes": classes,
-        "source": f"train:job-{job_id}", "metrics": metrics}, preprocess, fence)
+    source = f"train:job-{job_id}" + (f" from {trained.start}" if trained.start else "")
+    return _register(settings, name, lambda folder: _export(net, folder / PREFIX, trained.input_shape), {
+        "arch": trained.arch, "input_shape": list(trained.input_shape), "classes": trained.classes,
+        "outputs": trained.outputs, "source": source, "metrics": metrics}, trained.preprocess, fence)
+
+
+@dataclass(frozen=True)
+class TrainedVersion:
+    """What a trained version is, beside its weights: what it was built as, what it takes and
+    gives, and how its inputs are scaled (a training --from a version keeps that version's)."""
+
+    arch: str
+    input_shape: tuple[int, ...]
+    classes: int
+    preprocess: Preprocess
+    outputs: str = "logits"
+    start: str | None = None  # NAME:VERSION, for a training --from that version

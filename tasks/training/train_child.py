@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +26,21 @@ from mxq.db import jobs, registry, schedules
 from mxq.db.fence import Fence, Superseded
 from mxq.db.outputs import epochs as epoch_rows
 from mxq.db.records import EpochResult, ModelRecord
+from mxq.db.registry import ModelNotFound
 from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.errors import MxqError, first_line, typed_line
 from mxq.objects import ObjectURLError
+from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
-from mxq.tasks.model_store.models import add_trained
+from mxq.tasks.model_store.models import TrainedVersion, add_trained, trainable
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
 from mxq.tasks.runner import JobCancelled, JobContext, JobLost, JobPreempted, context_of
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.training import calibration, child_report, datasets
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
-from mxq.tasks.training.train_loop import fit, make_net, make_trainer, share_initial_weights
+from mxq.tasks.training.train_loop import fit, make_net, make_trainer, share_initial_weights, source_net
 from mxq.tasks.training.train_task import (
     CHILD_CANCELLED,
     CHILD_INPUT_ERROR,
@@ -58,19 +60,70 @@ class BadInput(Exception):
     """A dataset or architecture problem, reported as the job's error."""
 
 
-def load_data(s: Settings, p: TrainParams) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+@dataclass
+class Data:
+    """A training's samples as its net sees them, and what the version it registers is."""
+
+    train: datasets.Dataset
+    val: datasets.Dataset | None
+    val_raw: datasets.Dataset | None  # as stored: a promoted version is judged on it with its own scaling
+    version: TrainedVersion
+    source: ModelRecord | None  # the version a training --from starts from
+
+
+def load_data(s: Settings, p: TrainParams) -> Data:
+    source = None if p.from_model is None else registry.resolve(s.database, p.from_model,
+                                                                 p.from_version)
     try:
         path = p.dataset if p.dataset in datasets.BUILTIN else locate(s, p.dataset, "dataset")
-        shape = tuple(p.input_shape) if p.input_shape else None
-        ds = datasets.load(path, shape, p.label_column, Limits.of(s))
-        check_shape(p.arch, ds.sample_shape)
-    except (InputError, PathError, ObjectURLError, StorageError, ArchError) as exc:
+        shape = p.input_shape or (source["input_shape"] if source else None)
+        ds = datasets.load(path, tuple(shape) if shape else None, p.label_column, Limits.of(s))
+        if source is None:
+            check_shape(p.arch or "", ds.sample_shape)
+        ds = replace(ds, preprocess=_preprocessing(s, p, ds, source))
+        ds.preprocess.check(ds.sample_shape)
+    except (InputError, PathError, ObjectURLError, StorageError, ArchError, PreprocessError) as exc:
         raise BadInput(str(exc)) from None
-    known = registry.list_models(s.database, p.name)
-    if known and ds.classes > known[-1]["classes"]:
-        raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
-                       f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
-    return datasets.split(ds.for_training(), p.val_fraction, p.seed)
+    version = _version(s, p, ds, source)
+    train, val = datasets.split(ds, p.val_fraction, p.seed)
+    return Data(train.for_training(), val and val.for_training(), val, version, source)
+
+
+def _version(s: Settings, p: TrainParams, ds: datasets.Dataset, source: ModelRecord | None) -> TrainedVersion:
+    """What the trained version will be: a built-in architecture's from the dataset, or the
+    same input shape, classes and outputs as the version a training --from starts from."""
+    if source is None:
+        known = registry.list_models(s.database, p.name)
+        if known and ds.classes > known[-1]["classes"]:
+            raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
+                           f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
+        return TrainedVersion(p.arch or "", ds.sample_shape, ds.classes, ds.preprocess)
+    label = f"{source['name']}:{source['version']}"
+    if ds.sample_shape != tuple(source["input_shape"]):
+        raise BadInput(f"dataset {p.dataset} has samples of shape {ds.sample_shape} but {label} "
+                       f"takes {tuple(source['input_shape'])}")
+    if ds.classes > source["classes"]:
+        raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but {label} has "
+                       f"{source['classes']} classes (0..{source['classes'] - 1})")
+    return TrainedVersion(source["arch"], ds.sample_shape, source["classes"], ds.preprocess,
+                   source["outputs"], label)
+
+
+def _preprocessing(s: Settings, p: TrainParams, ds: datasets.Dataset,
+                   source: ModelRecord | None) -> Preprocess:
+    """How the net sees its inputs: the options given; else as the version it starts from, or
+    the model's promoted (else newest) version, serves (a retraining must see its inputs as
+    serving does); else the dataset's own (digits: over 16)."""
+    given = p.preprocessing()
+    if given is not None:
+        return given
+    if source is not None:
+        return Preprocess.from_dict(source["preprocess"])
+    try:
+        stored = Preprocess.from_dict(registry.resolve(s.database, p.name)["preprocess"])
+    except ModelNotFound:
+        return ds.preprocess
+    return ds.preprocess if stored.identity else stored
 
 
 def checkpoint_dir(s: Settings, fence: Fence) -> Path:
@@ -101,13 +154,12 @@ def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
     return kv, kv.rank, kv.num_workers, [f"{d}@{s.node}" for d in devices]
 
 
-def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, train: Any,
+def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, data: Data,
               metrics: dict[str, float | None]) -> dict[str, object]:
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
     owner = p.dist.parent if p.dist is not None else fence.job_id
     try:
-        model = add_trained(s, p.name, net, p.arch, train.sample_shape,
-                            train.classes, metrics, owner, train.preprocess, fence)
+        model = add_trained(s, p.name, net, data.version, metrics, owner, fence)
     except Superseded as exc:
         raise JobLost(str(exc)) from None
     promotion = None
@@ -182,6 +234,7 @@ class Training:
     job: JobContext
     fence: Fence
     p: TrainParams
+    data: Data
     net: Any
     trainer: Any
     ctxs: list[Any]  # mx.Context, one per device
@@ -219,14 +272,17 @@ class Training:
             epoch_rows.merge_parts(url, self.p.dist.parent)  # the job's epoch, once every node has it
 
 
-def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams,
-             train: datasets.Dataset) -> Training:
+def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams, data: Data) -> Training:
     """Join the other nodes (a multi-node part), build the net and its trainer on the devices,
     and resume from an earlier attempt's last checkpoint (a single-node job only)."""
+    train = data.train
     kv, rank, workers, labels = _join(s, p, fence.job_id, job.devices)
     on_gpu = Device.parse(job.devices[0]).is_gpu
     ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(job.devices))]
-    net = make_net(p, train.classes, train.sample_shape, ctxs)
+    if data.source is None:
+        net = make_net(p, train.classes, train.sample_shape, ctxs)
+    else:  # its own graph, with its weights or fresh ones
+        net = source_net(trainable(s, data.source, ctxs, p.dtype), p)
     trainer = make_trainer(p, net, on_gpu, kv)
     if kv is not None:
         share_initial_weights(net, trainer, ctxs, train.sample_shape, p.dtype)
@@ -234,16 +290,16 @@ def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams,
     folder = checkpoint_dir(job.settings, fence)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
-    return Training(job, fence, p, net, trainer, ctxs, labels, rank, workers, folder, done,
+    return Training(job, fence, p, data, net, trainer, ctxs, labels, rank, workers, folder, done,
                     len(train.y) // workers)
 
 
-def _train(s: Settings, t: Training, train: datasets.Dataset, val: datasets.Dataset | None) -> Trained:
+def _train(s: Settings, t: Training) -> Trained:
     """The remaining epochs, then (rank 0: one registration per job, a multi-node job's parts
     share the weights) the trained version: the report of a success."""
     p = t.p
-    results = fit(p, train, val, t.ctxs, t.labels, t.net, t.trainer, t.done + 1, t.on_batch,
-                  t.on_epoch, t.rank, t.workers)
+    results = fit(p, t.data.train, t.data.val, t.ctxs, t.labels, t.net, t.trainer, t.done + 1,
+                  t.on_batch, t.on_epoch, t.rank, t.workers, t.data.version.outputs)
     final = epoch_rows.list_epochs(t.job.url, t.fence.job_id)[-1]
     metrics = {"val_accuracy": final["val_accuracy"], "train_accuracy": final["train_accuracy"],
                "train_loss": final["train_loss"], "epochs": p.epochs}
@@ -251,7 +307,7 @@ def _train(s: Settings, t: Training, train: datasets.Dataset, val: datasets.Data
     result: dict[str, object] = {"model": p.name, "resumed_from_epoch": t.done, "devices": t.labels,
                               **metrics}
     if t.rank == 0:
-        result.update(_register(s, p, t.fence, t.net, train, metrics))
+        result.update(_register(s, p, t.fence, t.net, t.data, metrics))
     if p.dist is not None:
         result.update(rank=t.rank, workers=t.workers, node=s.node,
                       **_part_rates(results, t.labels, t.samples * len(results), seconds))
@@ -267,13 +323,13 @@ def main(s: Settings, fence: Fence, devices: list[str]) -> int:
     p = job.params(TrainParams)
     out = run_file(s, fence)
     try:
-        train, val = load_data(s, p)
+        data = load_data(s, p)
     except BadInput as exc:
         child_report.write(out, Refused(error=str(exc)))
         return CHILD_INPUT_ERROR
-    t = _prepare(s, job, fence, p, train)
+    t = _prepare(s, job, fence, p, data)
     try:
-        child_report.write(out, _train(s, t, train, val))
+        child_report.write(out, _train(s, t))
     except JobCancelled:  # checkpoints of finished epochs stay
         child_report.write(out, Stopped(samples=_trained(s, t, fence)))
         return CHILD_CANCELLED

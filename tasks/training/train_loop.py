@@ -24,13 +24,45 @@ from mxq.workers.jobs.jobspecs import TrainParams
 def make_net(p: TrainParams, classes: int, shape: tuple[int, ...],
              ctxs: list[mx.Context]) -> gluon.HybridBlock:
     """The same initial weights on every context for a given seed, whatever the device count."""
-    net = build(p.arch, classes, shape)
+    net = build(p.arch or "", classes, shape)  # (a training --from has its own net: source_net)
     mx.random.seed(p.seed)
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if p.dtype == "float16":
         net.cast("float16")
     net.hybridize(static_alloc=True)
     return net
+
+
+def source_net(net: gluon.SymbolBlock, p: TrainParams) -> gluon.SymbolBlock:
+    """A registered version's graph as the training's net: its weights (fine-tuning), or fresh
+    ones for the same seed with `reinit`."""
+    if p.reinit:
+        reinitialize(net, p.seed)
+    net.hybridize(static_alloc=True)
+    return net
+
+
+# Parameters a re-initialization sets by the role their name ends in (MXNet's own initializers
+# name these roles; a BatchNorm's running statistics start at 0 and 1).
+RUNNING_MEAN, RUNNING_VAR = ("running_mean", "moving_mean"), ("running_var", "moving_var")
+LEARNED = ("weight", "bias", "gamma", "beta")
+
+
+def reinitialize(net: gluon.Block, seed: int) -> None:
+    """Fresh weights as a built-in architecture starts from (Xavier for weights, biases 0,
+    BatchNorm's scale 1); a parameter of no known role keeps its stored value."""
+    mx.random.seed(seed)
+    xavier = mx.init.Xavier()
+    for name, param in sorted(net.collect_params().items()):
+        shape = param.data(param.list_ctx()[0]).shape  # (a SymbolBlock's `param.shape` may be unset)
+        fresh = mx.nd.zeros(shape, dtype="float32")
+        if name.endswith(RUNNING_VAR):
+            fresh[:] = 1
+        elif name.endswith(LEARNED) and (len(shape) >= 2 or not name.endswith("weight")):
+            xavier(mx.init.InitDesc(name), fresh)
+        elif not name.endswith(RUNNING_MEAN):
+            continue
+        param.set_data(fresh.astype(param.dtype))
 
 
 def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
@@ -103,20 +135,23 @@ class TrainStep(gluon.HybridBlock):  # type: ignore[misc]  # MXNet has no types:
     batch, each an engine push; here they ride along the forward pass. Only the per-sample loss
     carries gradients."""
 
-    def __init__(self, net: gluon.HybridBlock, **kwargs: Any) -> None:
+    def __init__(self, net: gluon.HybridBlock, probabilities: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.net = net
-        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+        # A net that ends in a softmax (a registered version whose outputs are probabilities)
+        # is trained on the log of its outputs.
+        self.probabilities = probabilities
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss(from_logits=probabilities)
 
     def hybrid_forward(self, F: Any, x: Any, y: Any) -> tuple[Any, Any]:  # F: Gluon's name (nd or sym)
         out = self.net(x)
-        loss = self.loss(out, y)
+        loss = self.loss(F.log(F.maximum(F.cast(out, "float32"), 1e-12)) if self.probabilities else out, y)
         hits = F.sum(F.cast(F.argmax(out, axis=1), "float32") == F.cast(y, "float32"))
         return loss, F.BlockGrad(F.concat(F.sum(F.cast(loss, "float32")), hits, dim=0))
 
 
-def train_step(net: gluon.HybridBlock) -> TrainStep:
-    step = TrainStep(net)
+def train_step(net: gluon.HybridBlock, outputs: str = "logits") -> TrainStep:
+    step = TrainStep(net, probabilities=outputs == "probabilities")
     step.hybridize(static_alloc=True)
     return step
 
@@ -158,14 +193,15 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
         labels: list[str], net: gluon.HybridBlock, trainer: gluon.Trainer, start_epoch: int = 1,
         on_batch: Callable[[int, float], None] = lambda e, f: None,
         on_epoch: Callable[[EpochResult], None] = lambda r: None,
-        rank: int = 0, workers: int = 1) -> list[EpochResult]:
-    """Epochs start_epoch..p.epochs; `labels` name the contexts' devices for per-device figures.
+        rank: int = 0, workers: int = 1, outputs: str = "logits") -> list[EpochResult]:
+    """Epochs start_epoch..p.epochs; `labels` name the contexts' devices for per-device figures;
+    `outputs` says what the net gives (logits, or probabilities: it ends in a softmax).
 
     With a dist_sync trainer, `rank` of `workers` trains on its shard; the figures are its own."""
     results = []
     local = p.batch_size // workers
     share = np.array_split(np.arange(local), len(ctxs))  # samples each device gets per step
-    step = train_step(net)
+    step = train_step(net, outputs)
     for epoch in range(start_epoch, p.epochs + 1):
         trainer.set_learning_rate(lr_at(p, epoch))
         loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,

@@ -82,7 +82,8 @@ def test_the_walks_find_what_they_forbid() -> None:
 
 # Request fields a CLI command takes under another form: the version inside NAME:VERSION, the
 # device list inside --device, the schedule's model name inside its own NAME argument.
-CLI_FORMS = {"model_version": "MODEL as NAME:VERSION", "device_list": "--device gpu:0,gpu:1"}
+CLI_FORMS = {"model_version": "MODEL as NAME:VERSION", "device_list": "--device gpu:0,gpu:1",
+             "from_version": "--from NAME:VERSION"}
 
 
 @pytest.mark.parametrize(("command", "spec"), [

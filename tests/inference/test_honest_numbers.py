@@ -33,15 +33,6 @@ if TYPE_CHECKING:
     from mxq.tasks.runner import JobContext
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Settings:
-    """A migrated SQLite database and a model store of its own, no workers."""
-    (tmp_path / "home").mkdir()
-    s = Settings(home=tmp_path / "home")
-    upgrade(s.database)
-    return s
-
-
 def _export(folder: Path, name: str, *tail: mx.gluon.HybridBlock) -> tuple[Path, Path, Any]:
     """A user's 12-input, 5-class net ending in `tail`, exported: (symbol, params, net)."""
     net = mx.gluon.nn.HybridSequential()

@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 from mxq.device import Device
 from mxq.errors import UserError
 from mxq.names import MAX_ID, NAME_PATTERN, shown
+from mxq.preprocess import Preprocess, PreprocessError
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -168,6 +169,7 @@ BUILTIN_DATASETS = ("digits",)
 MAX_EPOCHS = DEFAULT_MAX_EPOCHS
 MAX_DEVICES = 64
 MAX_NODES = 64
+MAX_CHANNELS = 4096  # --mean/--std values: one, or one per channel
 
 
 class DistRole(BaseModel):
@@ -203,7 +205,26 @@ class TrainOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    arch: Literal["mlp", "lenet", "resnet18_v1"]
+    arch: Literal["mlp", "lenet", "resnet18_v1"] | None = Field(
+        None, description="A built-in architecture trained from scratch (or from_model).")
+    from_model: str | None = Field(
+        None, pattern=NAME_PATTERN, description="Retrain this registered model's own graph (its "
+        "promoted version, or from_version), with its weights (or re-initialized: reinit), its "
+        "input shape, classes, outputs and preprocessing; instead of arch.")
+    from_version: int | None = Field(None, ge=1, le=MAX_ID, description="from_model's version "
+                                     "(unset: its promoted one, pinned at submit).")
+    reinit: bool = Field(False, description="from_model: train its graph from fresh weights.")
+    scale: float | None = Field(None, gt=0, allow_inf_nan=False, description="Preprocessing, as "
+                                "`mxq models add --scale`: inputs times this (unset: the model's "
+                                "stored preprocessing, else the dataset's own).")
+    mean: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        None, min_length=1, max_length=MAX_CHANNELS, description="Preprocessing: subtracted "
+        "after the scale, one value or one per channel.")
+    std: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        None, min_length=1, max_length=MAX_CHANNELS, description="Preprocessing: divided by "
+        "last, one value or one per channel.")
+    layout: Literal["NCHW", "NHWC"] | None = Field(None, description="Preprocessing: where the "
+                                                   "channel axis is (unset: NCHW).")
     devices: int = Field(1, ge=1, le=MAX_DEVICES)
     device_list: list[str] | None = None
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes to train on (dist_sync).")
@@ -268,10 +289,40 @@ class TrainOptions(BaseModel):
         if self.momentum is not None and self.optimizer == "adam":
             raise ValueError(f"--momentum {self.momentum} goes with --optimizer sgd or nag, not adam "
                              "(whose moments are its own)")
+        self._one_source()
         if self.nodes > 1 and self.batch_size < self.nodes * self.devices:
             raise ValueError(f"batch_size={self.batch_size} is smaller than the "
                              f"{self.nodes * self.devices} devices it is split over")
         return self
+
+
+    def _one_source(self) -> None:
+        """An architecture, or a registered model's graph with the preprocessing it serves with."""
+        if (self.arch is None) == (self.from_model is None):
+            raise ValueError("give an architecture (mlp, lenet or resnet18_v1) or --from NAME "
+                             "(a registered model's graph), one of them")
+        if self.from_model is None and (self.from_version is not None or self.reinit):
+            raise ValueError("--reinit and a :VERSION go with --from NAME")
+        given = [f"--{k}" for k in ("scale", "mean", "std", "layout") if getattr(self, k) is not None]
+        if given and self.from_model is not None:
+            raise ValueError(f"{' '.join(given)}: --from {self.from_model} trains with the "
+                             "preprocessing its version serves with (see `mxq models "
+                             f"{self.from_model}`); give preprocessing with an architecture")
+        try:
+            self.preprocessing()
+        except PreprocessError as exc:
+            raise ValueError(str(exc)) from None
+
+    def preprocessing(self) -> Preprocess | None:
+        """The preprocessing the options give (None: none given)."""
+        if self.scale is None and self.mean is None and self.std is None and self.layout is None:
+            return None
+        prep = Preprocess(scale=1.0 if self.scale is None else self.scale,
+                          mean=None if self.mean is None else tuple(self.mean),
+                          std=None if self.std is None else tuple(self.std),
+                          layout=self.layout or "NCHW")
+        prep.check_range()
+        return prep
 
 
 class TrainRequest(TrainOptions):
@@ -280,7 +331,23 @@ class TrainRequest(TrainOptions):
     asks for (`mxq train`, the API)."""
 
     dataset: str = Field(min_length=1)
-    name: str = Field(pattern=NAME_PATTERN, description="The model name it registers.")
+    name: str = Field("", pattern=NAME_PATTERN, description="The model name it registers "
+                      "(unset: from_model's).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        """No name: a training --from NAME registers NAME's next version."""
+        if isinstance(data, dict) and not data.get("name"):
+            return {k: v for k, v in data.items() if k != "name"} | (
+                {"name": data["from_model"]} if data.get("from_model") else {})
+        return data
+
+    @model_validator(mode="after")
+    def _named(self) -> TrainRequest:
+        if not self.name:
+            raise ValueError("name the model the training registers (--name NAME)")
+        return self
 
 
 class TrainParams(TrainRequest):

@@ -197,7 +197,19 @@ def _resolve_train(settings: Settings, p: TrainParams) -> TrainParams:
         _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), p)
     else:
         _check_one_node(settings, p)
-    return p.model_copy(update={"dataset": dataset})
+    return p.model_copy(update={"dataset": dataset, **_pinned_source(settings, p)})
+
+
+def _pinned_source(settings: Settings, p: TrainParams) -> dict[str, object]:
+    """A training --from NAME: the version it starts from, pinned now (the promoted one when none
+    is named), so every attempt, and the version it registers, names the same graph."""
+    if p.from_model is None:
+        return {}
+    source = resolve(settings.database, p.from_model, p.from_version)
+    if source["symbol_file"] is None:
+        raise ParamsError(f"--from {p.from_model}:{source['version']}: the version has no MXNet "
+                          "graph to train (registered without a symbol file)")
+    return {"from_version": source["version"]}
 
 
 def check_calibration(settings: Settings, where: str | None) -> None:
@@ -401,7 +413,8 @@ def _shared(settings: Settings, kind: str, params: Sequence[Raw], owner: str,
     only by an owner who may register versions of its model (Forbidden otherwise)."""
     checked = check_team(settings.database, team, owner)
     if kind == "train":
-        for name in sorted({n for p in params if isinstance(n := p.get("name"), str)}):
+        # (a training --from NAME with no name registers a version of NAME)
+        for name in sorted({n for p in params if isinstance(n := p.get("name") or p.get("from_model"), str)}):
             check_registrant(settings.database, name, owner)
     return checked
 
