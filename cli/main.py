@@ -18,7 +18,15 @@ from mxq.cli import schedule as schedule_cli
 from mxq.cli import teams as teams_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
-from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
+from mxq.cli.options import (
+    PreemptibleOpt,
+    PriorityOpt,
+    TeamOpt,
+    TimeLimitOpt,
+    VariantsOpt,
+    parse_time_limit,
+    parse_variants,
+)
 from mxq.cli.settings import get_settings
 from mxq.names import MAX_ID
 from mxq.priorities import Priority
@@ -290,9 +298,11 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+          time_limit: TimeLimitOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
-    _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
+    _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat,
+                                 "time_limit": parse_time_limit(time_limit)}, device,
                        allow_offline, wait, json_, idempotency_key, (priority, preemptible),
                        team)
 
@@ -315,7 +325,8 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+          time_limit: TimeLimitOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
@@ -323,7 +334,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
               "min_agreement": min_agreement, "top_k": top_k, "chunk_size": chunk_size, "key": key,
               "reject_nan": reject_nan,
               "columns": None if columns is None else [c.strip() for c in columns.split(",")],
-              "output_to": output_to}
+              "output_to": output_to, "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team)
 
@@ -380,7 +391,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+          time_limit: TimeLimitOpt = None) -> None:
     """Queue data-parallel training of ARCH on DATASET over K devices (of N nodes); registers NAME."""
     route, device_list = _train_devices(device)
     params = {"arch": arch, "dataset": dataset, "name": name, "devices": devices, "nodes": nodes,
@@ -391,7 +403,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1")]
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
               "calibration": calibration, "min_agreement": min_agreement,
-              "variants": parse_variants(variants)}
+              "variants": parse_variants(variants), "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team)
 
