@@ -6,17 +6,9 @@ from typing import Annotated
 
 import typer
 
-from mxq.cli import render
+from mxq.cli import options, render
 from mxq.cli.models import parse_shape
-from mxq.cli.options import (
-    PreemptibleOpt,
-    PriorityOpt,
-    TeamOpt,
-    TimeLimitOpt,
-    VariantsOpt,
-    parse_time_limit,
-    parse_variants,
-)
+from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
 from mxq.cli.settings import get_settings
 from mxq.priorities import Priority
 
@@ -51,7 +43,7 @@ def add(name: str,
         variants: VariantsOpt = "int8",
         json_: JsonOpt = False, priority: PriorityOpt = "normal",
         preemptible: PreemptibleOpt = None, team: TeamOpt = None,
-        time_limit: TimeLimitOpt = None) -> None:
+        time_limit: options.TimeLimitOpt = None) -> None:
     """Add a schedule that retrains MODEL from the newest DATASET file at every CRON time; its
     fires' trainings run at --priority; with --calibration, served precision follows the
     promoted version (its variants are rebuilt)."""
@@ -65,7 +57,7 @@ def add(name: str,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
             "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None,
             "calibration": calibration, "min_agreement": min_agreement,
-            "variants": parse_variants(variants), "time_limit": parse_time_limit(time_limit)}
+            "variants": parse_variants(variants), "time_limit": options.parse_time_limit(time_limit)}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
                           priority=Priority.of(priority, preemptible), team=team,
                           min_metric=min_metric)

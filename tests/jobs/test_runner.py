@@ -204,7 +204,7 @@ def test_a_chunk_counts_its_time_limit_from_its_parents_first_start(isolated: St
     assert run_job(job_id, lambda _job: split, worker=w) is Delivery.SPLIT
     parent_start = _first_started(isolated, job_id, moved_back=timedelta(minutes=5))
     with session_scope(isolated.settings.database) as session:
-        chunk_id = session.scalar(select(Job.id).where(Job.parent_id == job_id))
+        chunk_id = session.scalars(select(Job.id).where(Job.parent_id == job_id)).one()
     seen: list[datetime | None] = []
 
     def body(job: JobContext) -> Outcome:
