@@ -28,8 +28,10 @@ from mxq.cli.options import (
     ScaleOpt,
     StdOpt,
     TeamOpt,
+    TimeLimitOpt,
     VariantsOpt,
     from_fields,
+    parse_time_limit,
     parse_variants,
     preprocess_fields,
 )
@@ -304,9 +306,11 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           allow_offline: Annotated[bool, typer.Option("--allow-offline", help="Queue even if the device has no live worker.")] = False,  # noqa: E501
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+          time_limit: TimeLimitOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
-    _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat}, device,
+    _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat,
+                                 "time_limit": parse_time_limit(time_limit)}, device,
                        allow_offline, wait, json_, idempotency_key, (priority, preemptible),
                        team)
 
@@ -329,7 +333,8 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+          time_limit: TimeLimitOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
@@ -337,7 +342,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
               "min_agreement": min_agreement, "top_k": top_k, "chunk_size": chunk_size, "key": key,
               "reject_nan": reject_nan,
               "columns": None if columns is None else [c.strip() for c in columns.split(",")],
-              "output_to": output_to}
+              "output_to": output_to, "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team)
 
@@ -396,7 +401,8 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1 (n
           allow_offline: Annotated[bool, typer.Option("--allow-offline")] = False,
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
-          preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+          preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+          time_limit: TimeLimitOpt = None) -> None:
     """Queue data-parallel training of ARCH (or, with --from, of a registered model's own graph) on
     DATASET over K devices (of N nodes); registers a version of NAME."""
     route, device_list = _train_devices(device)
@@ -411,7 +417,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1 (n
               "label_column": label_column,
               "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
               "calibration": calibration, "min_agreement": min_agreement,
-              "variants": parse_variants(variants)}
+              "variants": parse_variants(variants), "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team)
 

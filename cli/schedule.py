@@ -6,23 +6,9 @@ from typing import Annotated
 
 import typer
 
-from mxq.cli import render
+from mxq.cli import options, render
 from mxq.cli.models import parse_shape
-from mxq.cli.options import (
-    FromOpt,
-    LayoutOpt,
-    MeanOpt,
-    PreemptibleOpt,
-    PriorityOpt,
-    ReinitOpt,
-    ScaleOpt,
-    StdOpt,
-    TeamOpt,
-    VariantsOpt,
-    from_fields,
-    parse_variants,
-    preprocess_fields,
-)
+from mxq.cli.options import PreemptibleOpt, PriorityOpt, TeamOpt, VariantsOpt, parse_variants
 from mxq.cli.settings import get_settings
 from mxq.priorities import Priority
 
@@ -40,8 +26,9 @@ def add(name: str,
         dataset: Annotated[str, typer.Option(help="File, folder or glob: the newest match is used.")],
         model: Annotated[str, typer.Option(help="Model name the retraining registers.")],
         arch: Annotated[str | None, typer.Option(help="mlp, lenet or resnet18_v1 (or --from).")] = None,
-        from_model: FromOpt = None, reinit: ReinitOpt = False,
-        scale: ScaleOpt = None, mean: MeanOpt = None, std: StdOpt = None, layout: LayoutOpt = None,
+        from_model: options.FromOpt = None, reinit: options.ReinitOpt = False,
+        scale: options.ScaleOpt = None, mean: options.MeanOpt = None, std: options.StdOpt = None,
+        layout: options.LayoutOpt = None,
         tz: Annotated[str, typer.Option(help="IANA time zone of the cron times.")] = "UTC",
         promote: Annotated[str, typer.Option(help="always, if-better or never")] = "if-better",
         metric: Annotated[str, typer.Option(help="Metric compared for if-better.")] = "val_accuracy",
@@ -58,15 +45,16 @@ def add(name: str,
         min_agreement: Annotated[float | None, typer.Option(help="With --calibration: jobs with no --precision run the variant within this agreement.")] = None,  # noqa: E501
         variants: VariantsOpt = "int8",
         json_: JsonOpt = False, priority: PriorityOpt = "normal",
-        preemptible: PreemptibleOpt = None, team: TeamOpt = None) -> None:
+        preemptible: PreemptibleOpt = None, team: TeamOpt = None,
+        time_limit: options.TimeLimitOpt = None) -> None:
     """Add a schedule that retrains MODEL (an architecture, or --from a registered model's graph:
     its promoted version at each fire) from the newest DATASET file at every CRON time; its
     fires' trainings run at --priority; with --calibration, served precision follows the
     promoted version (its variants are rebuilt)."""
     from mxq.workers.schedules.fires import add_schedule
 
-    spec = {"arch": arch, "name": model, **from_fields(from_model), "reinit": reinit,
-            **preprocess_fields(scale, mean, std, layout), "devices": devices, "nodes": nodes,
+    spec = {"arch": arch, "name": model, **options.from_fields(from_model), "reinit": reinit,
+            **options.preprocess_fields(scale, mean, std, layout), "devices": devices, "nodes": nodes,
             "device_list": [d.strip() for d in device.split(",")] if device else None,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "optimizer": optimizer,
             "momentum": momentum, "weight_decay": weight_decay, "lr_schedule": lr_schedule,
@@ -74,7 +62,7 @@ def add(name: str,
             "dtype": dtype, "val_fraction": val_fraction, "seed": seed, "label_column": label_column,
             "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None,
             "calibration": calibration, "min_agreement": min_agreement,
-            "variants": parse_variants(variants)}
+            "variants": parse_variants(variants), "time_limit": options.parse_time_limit(time_limit)}
     record = add_schedule(get_settings(), name, cron, tz, dataset, spec, promote, metric, min_gain,
                           priority=Priority.of(priority, preemptible), team=team,
                           min_metric=min_metric)

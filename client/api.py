@@ -154,7 +154,9 @@ class Client:
         instead of queuing a second; the same key with other parameters raises Conflict (keys
         are the token's user's own). `team="ml"` shares the job's results with a team of the
         user's: its members read them, everyone else sees the job without its `result` and is
-        refused its predictions (Forbidden)."""
+        refused its predictions (Forbidden). `time_limit` (seconds, or a duration such as "90s",
+        "45m", "2h", "1h30m") bounds the job from its first start, across attempts: past it the
+        job stops at its next checkpoint, keeps what it committed and fails naming the limit."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         body = {"kind": kind, "priority": priority, **params}
         if preemptible is not None:

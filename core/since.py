@@ -1,5 +1,6 @@
-"""`--since` and `?since=`: an age (`45s`, `30m`, `2h`, `1d`) or an ISO date/time, as one
-instant. The CLI and the HTTP API read it the same way."""
+"""Times users write: `--since` and `?since=` (an age, `45s`, `30m`, `2h`, `1d`, or an ISO
+date/time, as one instant), and durations (`--time-limit 90s`, `1h30m`, plain seconds). The
+CLI and the HTTP API read them the same way."""
 
 from __future__ import annotations
 
@@ -10,10 +11,19 @@ from mxq.errors import UserError
 
 _AGO = re.compile(r"^(\d{1,9})([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+# A duration: whole seconds, or amounts of d, h, m, s in that order, each at most once (1h30m).
+DURATION_PATTERN = r"^(?:[0-9]{1,9}|(?:[0-9]{1,9}d)?(?:[0-9]{1,9}h)?(?:[0-9]{1,9}m)?(?:[0-9]{1,9}s)?)$"
+_DURATION = re.compile(DURATION_PATTERN)
+_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+DURATION_EXAMPLES = "a duration such as 90s, 45m, 2h or 1h30m (or whole seconds)"
 
 
 class SinceError(UserError):
     """A since that is neither an age nor an ISO time."""
+
+
+class DurationError(UserError):
+    """A duration that is not one (`5x`, `1.5h`, `30m2h`, empty)."""
 
 
 def parse_since(text: str, now: datetime) -> datetime:
@@ -29,3 +39,25 @@ def parse_since(text: str, now: datetime) -> datetime:
         raise SinceError(f"since {text!r}: use an age such as 30m, 2h, 1d or an ISO time such as "
                          "2026-11-30T08:00") from None
     return ts if ts.tzinfo else ts.replace(tzinfo=now.tzinfo)
+
+
+def parse_duration(text: str, name: str = "duration") -> int:
+    """The seconds `text` names: `90`, `90s`, `45m`, `2h`, `1h30m`, `1d12h`; DurationError naming
+    `name` (the option or field), the value and what is allowed when it is none."""
+    if not text or not _DURATION.fullmatch(text):  # exactly what the API's schema allows
+        raise DurationError(f"{name} {text!r}: expected {DURATION_EXAMPLES}")
+    if text.isdecimal():
+        return int(text)
+    return sum(int(amount) * _SECONDS[unit] for amount, unit in re.findall(r"(\d+)([dhms])", text))
+
+
+def format_duration(seconds: int) -> str:
+    """`seconds` as the shortest duration `parse_duration` reads back: 90 is `1m30s`, 7200 `2h`."""
+    if seconds <= 0:
+        return "0s"
+    parts, rest = [], seconds
+    for unit, size in _SECONDS.items():
+        if rest >= size:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(parts)

@@ -190,14 +190,22 @@ def job_row(url: str, job_id: int) -> JobRow | None:
                 "parent_id": job.parent_id, "heartbeat_at": job.heartbeat_at,
                 "committed": job.committed, "attempts": job.attempts, "worker": job.worker,
                 "priority": job.priority, "preemptions": job.preemptions,
-                "device_faults": job.device_faults}
+                "device_faults": job.device_faults, "clock_from": _clock_from(session, job)}
+
+
+def _clock_from(session: Session, job: Job) -> datetime | None:
+    """When the job's time limit counts from: its first attempt's start, or its parent's (a
+    chunk or a node's part shares its job's clock); None before any start."""
+    parent = session.get(Job, job.parent_id) if job.parent_id is not None else None
+    return as_utc((parent.first_started_at if parent is not None else None) or job.first_started_at)
 
 
 def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
     """The columns a claim sets: the job runs for `at` from `now`, one more attempt."""
     return dict(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
-                attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, progress_at=now,
-                error=None)
+                attempts=Job.attempts + 1, started_at=now,
+                first_started_at=func.coalesce(Job.first_started_at, now), heartbeat_at=now,
+                progress_at=now, error=None)
 
 
 def _succeeded(samples: int, seconds: float, result: dict[str, Any], now: datetime) -> dict[str, Any]:

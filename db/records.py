@@ -177,6 +177,7 @@ class JobRow(TypedDict):
     priority: str  # its level (mxq.priorities)
     preemptions: int  # attempts that yielded to another job (not counted against the limit)
     device_faults: int  # attempts its device failed under (not counted against the limit either)
+    clock_from: datetime | None  # its time limit counts from: its (or its parent's) first start
 
 
 class QueuedJob(TypedDict):

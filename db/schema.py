@@ -67,7 +67,10 @@ class Job(Base):
     device: Mapped[str | None] = mapped_column(String(32))
     worker: Mapped[str | None] = mapped_column(String(128))
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
-    started_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]  # the last attempt's start: each claim moves it
+    # The first attempt's start, kept by the claims after it (migration 0028): a job's
+    # --time-limit counts from here (a chunk's and a node's part's from their parent's).
+    first_started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     # Refreshed by the worker while it runs the job: a stale value means the worker is gone.
     heartbeat_at: Mapped[datetime | None]

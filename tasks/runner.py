@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from mxq.db import events, jobs
 from mxq.db import fleet as beats
@@ -30,6 +30,7 @@ from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.errors import UserError, device_fault, first_line, reason, typed_line
 from mxq.priorities import NORMAL, Level
+from mxq.since import format_duration
 from mxq.tasks.hooks.admission import AdmitNext
 from mxq.tasks.hooks.current_job import CurrentJob
 from mxq.tasks.hooks.hook import Hook, Run
@@ -68,6 +69,12 @@ class Delivery(enum.StrEnum):
 
 class JobInputError(UserError):
     """The job's parameters are wrong; the message says which and what is allowed."""
+
+
+class JobTimedOut(UserError):
+    """The job ran past its `time_limit` (counted from its first start, across attempts) and
+    stopped at a checkpoint, keeping what it committed: it fails with this one line, which names
+    the limit (`JobContext.check_time_limit`)."""
 
 
 class JobFailed(RuntimeError):
@@ -140,6 +147,9 @@ class JobContext:
     committed: int | None = None
     priority: Level = NORMAL  # its level: the turn it is published again at
     started: bool = False  # an earlier attempt ran: published again ahead of its level's new jobs
+    # When its time limit counts from: its first attempt's start (its parent's for a chunk or a
+    # node's part), as the row said before the claim; the claim sets it for a first attempt.
+    clock_from: datetime | None = None
     _checked_at: float = field(default_factory=time.monotonic)
     _progress_at: float = field(default_factory=time.monotonic)
     _verdict: jobs.RunCheck = jobs.RunCheck.GO_ON  # the last cancel check's
@@ -209,6 +219,17 @@ class JobContext:
             return
         raise JobPreempted(to, samples)
 
+    def ran(self) -> float:
+        """Seconds since the job's first start (its time limit's clock), 0 before its claim."""
+        return 0.0 if self.clock_from is None else (utcnow() - self.clock_from).total_seconds()
+
+    def check_time_limit(self, limit: int | None, stopped: str) -> None:
+        """At a checkpoint (everything computed is committed): raise JobTimedOut when the job has
+        run `limit` seconds or more since its first start, saying where it `stopped`."""
+        if limit is not None and (ran := self.ran()) >= limit:
+            raise JobTimedOut(f"time limit {format_duration(limit)} reached after {ran:.0f} s: "
+                              f"{stopped}")
+
     def check_cancelled(self, samples: int | None = None) -> None:
         """Raise JobCancelled if a cancel was requested, JobLost if the job is not ours any more
         (looked up at most every CANCEL_CHECK_SECONDS, unless a progress write just said)."""
@@ -277,7 +298,8 @@ def context_of(row: JobRow, device: str, settings: Settings) -> JobContext:
     the same frame, then gives it the devices and the fence its leader claimed with."""
     return JobContext(row["id"], row["kind"], row["params"], device, settings, row["queue"],
                       row["requested_device"], row["parent_id"], [device], committed=row["committed"],
-                      priority=Level(row["priority"]), started=row["attempts"] > 0)
+                      priority=Level(row["priority"]), started=row["attempts"] > 0,
+                      clock_from=row["clock_from"])
 
 
 def _defer(s: Settings, job: JobContext, why: str) -> Delivery:
@@ -321,6 +343,7 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
         log.warning("job %s not run here: %s", job_id, verdict)
         return verdict
     job.fence = verdict
+    job.clock_from = job.clock_from or utcnow()  # as the claim set it: this is its first start
     try:
         return _run(w, job, body)
     finally:
@@ -374,7 +397,7 @@ def _outcome_of(w: Worker, job: JobContext, body: Body) -> Delivery:
     assert fence is not None  # set by the claim
     try:
         return _record(s, job, fence, body(job))
-    except (JobInputError, JobFailed) as exc:
+    except (JobInputError, JobFailed, JobTimedOut) as exc:
         return _outcome(jobs.fail(s.database, job.id, str(exc), fence=fence), Delivery.FAILED, job)
     except JobCancelled as exc:
         return _outcome(jobs.mark_cancelled(s.database, fence, exc.samples), Delivery.CANCELLED, job)

@@ -16,7 +16,7 @@ import pytest
 from mxq import epochs, parts, priorities, promotion, shares
 from mxq.device import Device
 from mxq.promotion import PromotionPolicy
-from mxq.since import SinceError, parse_since
+from mxq.since import DurationError, SinceError, format_duration, parse_duration, parse_since
 from mxq.status import JobStatus
 
 if TYPE_CHECKING:
@@ -262,6 +262,19 @@ def test_since_is_an_age_or_an_iso_time() -> None:
     for bad in ("yesterday", "2x", "-1h", "999999999d"):
         with pytest.raises(SinceError, match=r"since .*"):
             parse_since(bad, now)
+
+
+def test_a_duration_is_whole_seconds_or_amounts_of_d_h_m_s() -> None:
+    assert [parse_duration(t) for t in ("90", "90s", "45m", "2h", "1h30m", "1d12h", "1h0m5s")] == \
+        [90, 90, 2700, 7200, 5400, 129600, 3605]
+    for bad in ("5x", "", "1.5h", "30m2h", "1h1h", "-5", "h", "90 s", " 90s", "2H", "90s\n", "١٢"):
+        with pytest.raises(DurationError) as caught:
+            parse_duration(bad, "--time-limit")
+        assert str(caught.value) == f"--time-limit {bad!r}: expected a duration such as 90s, 45m, " \
+            "2h or 1h30m (or whole seconds)"
+    assert [format_duration(s) for s in (90, 7200, 5400, 1, 86400 + 61)] == \
+        ["1m30s", "2h", "1h30m", "1s", "1d1m1s"]
+    assert all(parse_duration(format_duration(s)) == s for s in (1, 59, 61, 3599, 3601, 2592000))
 
 
 def test_an_error_says_what_happened_first_for_a_driver_and_last_for_mxnet() -> None:

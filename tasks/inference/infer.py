@@ -44,6 +44,7 @@ from mxq.tasks.runner import (
     JobInputError,
     JobLost,
     JobPreempted,
+    JobTimedOut,
     Outcome,
     job_task,
 )
@@ -168,7 +169,8 @@ def infer(job: JobContext) -> Outcome | FanOut:
         _stream(job, p, source, engine, out, begin, fit)
         out.finish()
     except Exception as exc:
-        if not isinstance(exc, JobLost | JobCancelled | JobPreempted):  # another's, kept, or resumed
+        # another's; kept (cancelled, or past its time limit); or resumed
+        if not isinstance(exc, JobLost | JobCancelled | JobTimedOut | JobPreempted):
             out.abandon()
         raise
     # Every sample the output holds, over the compute time of every attempt that stored them.
@@ -390,6 +392,13 @@ class _Fit:
                       worked=worked, device=self.job.device)
 
 
+def _stopped_at(first: int, out: JobOutputs) -> str:
+    """Where a job past its time limit stopped, all before it committed (kept)."""
+    whole = out.start == 0 and out.stop == out.count
+    of = f"{out.stop}" if whole else f"[{out.start}, {out.stop})"
+    return f"stopped at sample {first} of {of} (the predictions before it are kept)"
+
+
 def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
             out: JobOutputs, begin: int, fit: _Fit) -> None:
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
@@ -406,10 +415,12 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
             except JobCancelled:  # keep every result computed so far: hand the rest to the writer
                 writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
                 raise
-            if job.preempt_asked() and first > mark:  # a checkpoint now: flush, then yield
+            over = p.time_limit is not None and job.ran() >= p.time_limit
+            if (job.preempt_asked() or over) and first > mark:  # a checkpoint now: flush, then stop
                 writer.submit(out.take(step, first - mark, time.perf_counter() - since, first))
                 step, since, mark = step + 1, time.perf_counter(), first
-                writer.drain()  # stored and committed before the job yields
+                writer.drain()  # stored and committed before the job yields or stops
+                job.check_time_limit(p.time_limit, _stopped_at(first, out))
                 job.check_preempted(first - out.start)
             last = first + len(x)
             try:

@@ -19,13 +19,18 @@ class _Pending(Protocol):
     def wait_to_read(self) -> None: ...
 
 
-def _timed(fn: Callable[[], _Pending], repeat: int, job: JobContext, done: int, total: int) -> float:
+def _timed(fn: Callable[[], _Pending], repeat: int, job: JobContext, done: int, total: int,
+           limit: int | None) -> float:
+    """Seconds `repeat` rounds of `fn` took; rounds `done` + 1.. of `total`. Past the job's time
+    `limit` it stops after a round (its only checkpoints: a probe stores nothing until its end)."""
     fn().wait_to_read()  # warm-up: allocation and kernel selection are not throughput
     start = time.perf_counter()
     for i in range(repeat):
         job.check_cancelled()
         fn().wait_to_read()
         job.progress((done + i + 1) / total)
+        if done + i + 1 < total:
+            job.check_time_limit(limit, f"stopped after round {done + i + 1} of {total}")
     return time.perf_counter() - start
 
 
@@ -39,10 +44,10 @@ def probe(job: JobContext) -> Outcome:
     x = mx.nd.random.uniform(shape=(batch, *CONV_SHAPE), ctx=ctx)
     w = mx.nd.random.uniform(shape=(CONV_FILTERS, CONV_SHAPE[0], CONV_KERNEL, CONV_KERNEL), ctx=ctx)
     total = 2 * repeat
-    mm_seconds = _timed(lambda: mx.nd.dot(a, b), repeat, job, 0, total)
+    mm_seconds = _timed(lambda: mx.nd.dot(a, b), repeat, job, 0, total, p.time_limit)
     conv = lambda: mx.nd.Convolution(x, w, kernel=(CONV_KERNEL,) * 2, num_filter=CONV_FILTERS,  # noqa: E731
                                      no_bias=True, pad=(1, 1))
-    conv_seconds = _timed(conv, repeat, job, repeat, total)
+    conv_seconds = _timed(conv, repeat, job, repeat, total, p.time_limit)
     h, wd = CONV_SHAPE[1:]
     conv_flops = 2 * batch * CONV_FILTERS * h * wd * CONV_SHAPE[0] * CONV_KERNEL**2
     images = batch * repeat

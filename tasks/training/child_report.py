@@ -1,7 +1,7 @@
 """The training child's report to its leader: one JSON file per attempt (`train_task.run_file`),
 written by the child as it ends and read back by the leader, whose exit status says which of the
 shapes it is: `Trained` (exit 0), `Stopped` (a cancel), `Preempted` (it yielded at a checkpoint)
-or `Refused` (bad input, the job lost, a crash).
+or `Refused` (bad input, the job lost, past its time limit, a crash).
 
 A report read back is checked against its shape: one that does not fit (cut short, edited,
 written by another version of mxq) fails the job with one line naming the file and the field,
@@ -45,7 +45,7 @@ class Preempted(_Report):
 
 
 class Refused(_Report):
-    """The training ended without a model."""
+    """The training ended without a model (past its time limit: its finished epochs kept)."""
 
     error: str  # why, in one line
 

@@ -36,7 +36,14 @@ from mxq.tasks.inference.inputs import InputError, Limits
 from mxq.tasks.model_store.models import TrainedVersion, add_trained, trainable
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
-from mxq.tasks.runner import JobCancelled, JobContext, JobLost, JobPreempted, context_of
+from mxq.tasks.runner import (
+    JobCancelled,
+    JobContext,
+    JobLost,
+    JobPreempted,
+    JobTimedOut,
+    context_of,
+)
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.training import calibration, child_report, datasets
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
@@ -46,6 +53,7 @@ from mxq.tasks.training.train_task import (
     CHILD_INPUT_ERROR,
     CHILD_LOST,
     CHILD_PREEMPTED,
+    CHILD_TIMED_OUT,
     ready_file,
     run_file,
 )
@@ -266,10 +274,13 @@ class Training:
         if checkpoint:  # asked now, not at the next rate-limited check: a waiting job may be asking
             self.job.heard(jobs.run_check(url, fence))
         self.job.check_cancelled()
-        if checkpoint:
-            self.job.check_preempted()
         if self.p.dist is not None:
             epoch_rows.merge_parts(url, self.p.dist.parent)  # the job's epoch, once every node has it
+        if r["epoch"] < self.p.epochs:  # past its time limit: stop here, this epoch kept
+            self.job.check_time_limit(self.p.time_limit, f"stopped after epoch {r['epoch']} of "
+                                      f"{self.p.epochs} (its checkpoints are kept)")
+        if checkpoint:
+            self.job.check_preempted()
 
 
 def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams, data: Data) -> Training:
@@ -339,6 +350,9 @@ def main(s: Settings, fence: Fence, devices: list[str]) -> int:
     except JobLost as exc:
         child_report.write(out, Refused(error=str(exc)))
         return CHILD_LOST
+    except JobTimedOut as exc:  # as a cancel: the finished epochs' checkpoints stay
+        child_report.write(out, Refused(error=str(exc)))
+        return CHILD_TIMED_OUT
     return 0
 
 

@@ -34,6 +34,7 @@ from mxq.tasks.runner import (
     JobInputError,
     JobLost,
     JobPreempted,
+    JobTimedOut,
     Outcome,
     job_task,
 )
@@ -48,6 +49,7 @@ CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is i
 CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
 CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
 CHILD_PREEMPTED = 6  # the child stopped at an epoch's checkpoint to yield to a waiting job
+CHILD_TIMED_OUT = 7  # the child stopped at an epoch's checkpoint: the job ran past its time limit
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
 
 
@@ -284,6 +286,8 @@ def _outcome(returncode: int, out: Path) -> Outcome:
         raise JobLost(error or "the job was handed to another attempt")
     if returncode == CHILD_INPUT_ERROR:
         raise JobInputError(error or "training input error")
+    if returncode == CHILD_TIMED_OUT:
+        raise JobTimedOut(error or "time limit reached: the training stopped after an epoch")
     if error is not None and device_fault(RuntimeError(error)):
         raise DeviceFault(error)  # the device's (a CUDA error in the child): resumed elsewhere
     raise JobFailed(error or f"training process exited with {returncode}")

@@ -34,6 +34,7 @@ from tests.support.bad_input import (
     DEVICES,
     JSON,
     ON_WORKER,
+    REFUSED,
     REJECTED,
     ROWS,
     TOKEN,
@@ -302,6 +303,18 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                                    name="../../etc")),
         "probe size too small": by_schema(probe("size=1: Input should be greater than or equal to 16",
                                                 REJECTED, size=1)),
+        "time limit over 30 days": by_schema(probe(
+            "Input should be less than or equal to 2592000", REJECTED, time_limit="31d")),
+        "time limit not a duration": probe(
+            "'5x': expected a duration such as 90s, 45m, 2h or 1h30m (or whole seconds)",
+            time_limit="5x"),
+        "inference time limit with a fraction": infer(
+            needle="'1.5h': expected a duration such as 90s, 45m, 2h or 1h30m", ends=REFUSED,
+            time_limit="1.5h"),
+        "training time limit out of order": JobCase(
+            "train", lambda s: {"arch": "mlp", "dataset": "digits", "name": "faulty",
+                                "time_limit": "30m2h"},
+            "'30m2h': expected a duration such as 90s, 45m, 2h or 1h30m", REFUSED),
         "an internal field": by_schema(JobCase(
             "train", lambda s: {"arch": "mlp", "dataset": "digits", "name": "faulty", "fire_id": 1},
             "fire_id=1: Extra inputs are not permitted", REJECTED, channels=("api",))),
@@ -322,6 +335,10 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                                  dataset="../../*.npz"),
         "schedule epochs over the max": schedule("epochs=20000: Input should be less than or equal to 10000",
                                                  epochs=20000),
+        "schedule time limit 0": schedule("time_limit=0: Input should be greater than or equal to 1",
+                                          time_limit="0"),
+        "schedule time limit not a duration": schedule("'2 hours': expected a duration such as 90s",
+                                                       time_limit="2 hours"),
     },
     "models": {
         "unknown model name": JobCase("infer", lambda s: {"model": "nosuch", "input": ok_input(s)},

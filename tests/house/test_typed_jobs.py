@@ -15,7 +15,7 @@ import ast
 import pytest
 from pydantic import BaseModel
 
-from mxq.workers.jobs.jobspecs import InferRequest, TrainOptions, TrainRequest
+from mxq.workers.jobs.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
 from tests.conftest import ROOT
 from tests.house.test_settings_edges import _calls_of
 
@@ -87,7 +87,8 @@ CLI_FORMS = {"model_version": "MODEL as NAME:VERSION", "device_list": "--device 
 
 
 @pytest.mark.parametrize(("command", "spec"), [
-    (("infer",), InferRequest), (("train",), TrainRequest), (("schedule", "add"), TrainOptions)])
+    (("infer",), InferRequest), (("train",), TrainRequest), (("schedule", "add"), TrainOptions),
+    (("probe",), ProbeParams)])
 def test_the_cli_takes_every_field_of_the_request_the_api_validates(
         command: tuple[str, ...], spec: type[BaseModel]) -> None:
     """The CLI sends the same request the API's schema is made of (`jobspecs`): a field added to

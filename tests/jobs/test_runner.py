@@ -4,7 +4,9 @@ from running)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -13,7 +15,7 @@ from mxq.db import jobs
 from mxq.db.engine import session_scope
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
-from mxq.db.schema import Job
+from mxq.db.schema import Job, as_utc
 from mxq.db.sharing import users
 from mxq.errors import DeviceFault
 from mxq.shares import Share
@@ -156,6 +158,63 @@ def test_a_parent_settles_when_its_last_chunk_ends(isolated: Stack) -> None:
     assert run_job(second, body, worker=w) is Delivery.SUCCEEDED
     parent = isolated.job(job_id)
     assert (parent["status"], parent["samples"]) == ("succeeded", 4)
+
+
+def _first_started(stack: Stack, job_id: int, moved_back: timedelta | None = None) -> datetime:
+    """The job's first start (its time limit's clock), moved back by `moved_back` if given."""
+    with session_scope(stack.settings.database) as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.first_started_at is not None
+        if moved_back is not None:
+            job.first_started_at -= moved_back
+        return as_utc(job.first_started_at)
+
+
+def test_a_time_limit_counts_from_the_first_start_across_attempts(isolated: Stack) -> None:
+    """A later attempt keeps the first attempt's clock (a resumed job gets no fresh limit): past
+    its limit, its next checkpoint fails it with one line naming the limit."""
+    w, job_id = _worker(isolated), _job(isolated, params={"size": 16, "time_limit": 3600})
+    clocks: list[datetime | None] = []
+
+    def faulted(job: JobContext) -> Outcome:
+        clocks.append(job.clock_from)
+        job.check_time_limit(job.params(ProbeParams).time_limit, "unreachable: within its limit")
+        raise DeviceFault("CUDA error: an illegal memory access was encountered")
+
+    assert run_job(job_id, faulted, worker=w) is Delivery.DEVICE_FAULT  # queued again, no attempt
+    first = _first_started(isolated, job_id, moved_back=timedelta(hours=2))
+
+    def checkpoint(job: JobContext) -> Outcome:
+        clocks.append(job.clock_from)
+        job.check_time_limit(job.params(ProbeParams).time_limit, "stopped after round 1 of 10")
+        raise AssertionError("unreachable: past its limit")
+
+    assert run_job(job_id, checkpoint, worker=w) is Delivery.FAILED
+    record = isolated.job(job_id)
+    assert clocks[1] == first and clocks[0] is not None  # (the first, as the claim set it, or just after)
+    assert timedelta(hours=2) <= clocks[0] - first < timedelta(hours=2, seconds=30)
+    assert record["status"] == "failed", record
+    assert re.fullmatch(r"time limit 1h reached after 72\d\d s: stopped after round 1 of 10",
+                        record["error"] or ""), record["error"]
+
+
+def test_a_chunk_counts_its_time_limit_from_its_parents_first_start(isolated: Stack) -> None:
+    w, job_id = _worker(isolated), _job(isolated)
+    split = FanOut([_chunk(0, 2).model_copy(update={"time_limit": 60})], queues=[OWN])
+    assert run_job(job_id, lambda _job: split, worker=w) is Delivery.SPLIT
+    parent_start = _first_started(isolated, job_id, moved_back=timedelta(minutes=5))
+    with session_scope(isolated.settings.database) as session:
+        chunk_id = session.scalars(select(Job.id).where(Job.parent_id == job_id)).one()
+    seen: list[datetime | None] = []
+
+    def body(job: JobContext) -> Outcome:
+        seen.append(job.clock_from)
+        job.check_time_limit(job.params(InferParams).time_limit, "stopped at sample 1 of [0, 2)")
+        return Outcome(samples=2, seconds=1.0)
+
+    assert run_job(chunk_id, body, worker=w) is Delivery.FAILED
+    assert seen == [parent_start]
+    assert (isolated.job(chunk_id)["error"] or "").startswith("time limit 1m reached after 30")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -23,6 +24,7 @@ from mxq.device import Device
 from mxq.errors import UserError
 from mxq.names import MAX_ID, NAME_PATTERN, shown
 from mxq.preprocess import Preprocess, PreprocessError
+from mxq.since import DURATION_EXAMPLES, DURATION_PATTERN, DurationError, parse_duration
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -50,6 +52,35 @@ def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
     return value
 
 
+MAX_TIME_LIMIT = 30 * 86400  # a job's --time-limit: at most 30 days (30d)
+# What the API's schema says `time_limit` is: seconds, or a duration string the validator reads.
+_TIME_LIMIT_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TIME_LIMIT},
+                                {"type": "string", "pattern": DURATION_PATTERN}, {"type": "null"}]}
+
+
+class TimeLimited(BaseModel):
+    """What every job a user submits may carry: `time_limit`, the seconds it may run, counted
+    from its first start across its attempts (its parent's, for a chunk or a node's part). Past
+    it, the job stops at its next checkpoint, keeps what it committed, and fails naming the limit
+    (`mxq.tasks.runner.JobTimedOut`)."""
+
+    time_limit: Annotated[int | None, WithJsonSchema(_TIME_LIMIT_SCHEMA)] = Field(
+        None, ge=1, le=MAX_TIME_LIMIT, description="The most it may run, in seconds or as a "
+        "duration (90s, 45m, 2h, 1h30m), counted from its first start across attempts; past it "
+        "the job stops at its next checkpoint (a committed flush, an epoch's checkpoint), keeps "
+        "what it committed and fails naming the limit. Unset: no limit.")
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # seconds: pydantic's own checks name what is wrong with them
+        try:
+            return parse_duration(value)
+        except DurationError:
+            raise PydanticCustomError("duration", f"expected {DURATION_EXAMPLES}") from None
+
+
 # The probe's convolution: a batch of RGB 64x64 images through 16 3x3 filters, padded to size.
 CONV_SHAPE = (3, 64, 64)
 CONV_FILTERS, CONV_KERNEL = 16, 3
@@ -62,7 +93,7 @@ def probe_flops(size: int, batch: int, repeat: int) -> int:
     return (repeat + 1) * (2 * size**3 + conv)
 
 
-class ProbeParams(BaseModel):
+class ProbeParams(TimeLimited):
     """An environment check: matrix multiply and convolution throughput on one device.
 
     Its work is bounded by MXQ_MAX_PROBE_GFLOP, so one probe holds a device for seconds: the
@@ -87,7 +118,7 @@ class ProbeParams(BaseModel):
         return self
 
 
-class InferRequest(BaseModel):
+class InferRequest(TimeLimited):
     """Bulk inference of one model over one input: what a user asks for (`mxq infer`, the API)."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -199,7 +230,7 @@ def _named_device(entry: str) -> str:
     return str(spec)
 
 
-class TrainOptions(BaseModel):
+class TrainOptions(TimeLimited):
     """How to train (architecture, devices, epochs, optimizer, ...): what a training job and a
     retraining schedule share."""
 
