@@ -27,7 +27,8 @@ from mxq.status import FINISHED
 
 SOURCES = ("worker", "child", "mxq")  # its worker's log records, its training child's output, mxq's notes
 MAX_LINE = 2000  # characters a line keeps; the rest is cut, saying how much
-MIN_BYTES = 16 * 2**10  # the least bound (MXQ_JOB_LOG_BYTES): the latest line (MAX_LINE and a cut note) always fits
+# The least bound (MXQ_JOB_LOG_BYTES): half of it holds the latest line (MAX_LINE, a cut note).
+MIN_BYTES = 16 * 2**10
 MOST_READ = 10_000  # lines one read returns at most
 # Control characters but the tab (C0, DEL, C1), and the Unicode line and paragraph separators.
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
