@@ -241,6 +241,7 @@ class LogPage(TypedDict):
 
     items: list[LogLine]
     next: int
+    status: str  # the job's
     ended: bool
 
 

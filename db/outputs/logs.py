@@ -191,4 +191,5 @@ def read(url: str, job_id: int, after: int = 0, limit: int = 1000) -> LogPage:
                 JobLogLine.job_id == job_id, JobLogLine.source == "mxq",
                 JobLogLine.text == ended_note(attempts))) > 0
     done = record["status"] in FINISHED and closed and len(items) < limit
-    return {"items": items, "next": items[-1]["seq"] if items else after, "ended": done}
+    return {"items": items, "next": items[-1]["seq"] if items else after,
+            "status": record["status"], "ended": done}

@@ -34,7 +34,7 @@ def test_lines_are_numbered_and_read_after_a_number(stack: Stack) -> None:
     assert page["next"] == 3 and not page["ended"]  # queued: more may come
     later = logs.read(url, job, after=2)
     assert [x["text"] for x in later["items"]] == ["three"]
-    assert logs.read(url, job, after=3) == {"items": [], "next": 3, "ended": False}
+    assert logs.read(url, job, after=3) == {"items": [], "next": 3, "status": "queued", "ended": False}
 
 
 def test_a_line_is_cleaned_of_control_characters_and_cut() -> None:
@@ -102,4 +102,4 @@ def test_a_finished_jobs_log_ends_with_its_last_attempts_end(stack: Stack, statu
 def test_a_job_that_never_ran_has_an_ended_empty_log(stack: Stack) -> None:
     url, job = stack.settings.database, _new(stack)
     jobs.fail(url, job, "refused")
-    assert logs.read(url, job) == {"items": [], "next": 0, "ended": True}
+    assert logs.read(url, job) == {"items": [], "next": 0, "status": "failed", "ended": True}
