@@ -186,10 +186,10 @@ def read(url: str, job_id: int, after: int = 0, limit: int = 1000) -> LogPage:
         items: list[LogLine] = [{"seq": r.seq, "at": iso(r.at) or "", "source": r.source,
                                  "text": r.text} for r in rows]
         attempts = record["attempts"]
-        closed = attempts == 0 or session.scalar(
+        closed = attempts == 0 or (session.scalar(
             select(func.count()).select_from(JobLogLine).where(
                 JobLogLine.job_id == job_id, JobLogLine.source == "mxq",
-                JobLogLine.text == ended_note(attempts))) > 0
+                JobLogLine.text == ended_note(attempts))) or 0) > 0
     done = record["status"] in FINISHED and closed and len(items) < limit
     return {"items": items, "next": items[-1]["seq"] if items else after,
             "status": record["status"], "ended": done}
