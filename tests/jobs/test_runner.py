@@ -5,7 +5,6 @@ from running)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -238,7 +237,8 @@ def test_the_admission_hook_releases_a_held_job_when_a_run_ends(isolated: Stack)
     assert held in in_broker(s.broker, {OWN})[0]  # released: published to its queue
 
 
-def test_a_runs_log_holds_its_workers_records_between_its_attempts_notes(isolated: Stack) -> None:
+def test_a_runs_log_holds_its_workers_records_between_its_attempts_notes(
+        isolated: Stack, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     from mxq.db.outputs import logs
@@ -250,8 +250,8 @@ def test_a_runs_log_holds_its_workers_records_between_its_attempts_notes(isolate
         logging.getLogger("mxq.test").warning("inside job %s: bad\x00 \x1b[31mred", job.id)
         return Outcome(samples=1, seconds=1.0, result={})
 
-    with _logging_at_info():
-        assert run_job(job_id, body, worker=_worker(isolated)) is Delivery.SUCCEEDED
+    caplog.set_level(logging.INFO)  # as a worker logs (celery -l INFO)
+    assert run_job(job_id, body, worker=_worker(isolated)) is Delivery.SUCCEEDED
     page = logs.read(isolated.settings.database, job_id)
     assert [(x["source"], x["text"]) for x in page["items"]] == [
         ("mxq", logs.started_note(1, AT.worker, ["cpu:0"])),
@@ -273,18 +273,3 @@ def test_a_log_write_that_fails_never_fails_its_job(isolated: Stack,
                    worker=_worker(isolated)) is Delivery.SUCCEEDED
     assert isolated.job(job_id)["status"] == "succeeded"
 
-
-def _logging_at_info() -> Any:
-    import contextlib
-    import logging
-
-    @contextlib.contextmanager
-    def at_info() -> Any:
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(logging.INFO)
-        try:
-            yield
-        finally:
-            root.setLevel(level)
-    return at_info()
