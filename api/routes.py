@@ -23,6 +23,7 @@ from mxq.api.schemas import (
     JobPage,
     JobRecord,
     JobRequest,
+    LogPage,
     ModelRecord,
     PredictionPage,
     Problem,
@@ -35,7 +36,7 @@ from mxq.api.schemas import (
     SubmitAnswer,
 )
 from mxq.db import registry, schedules
-from mxq.db.outputs import results, retention
+from mxq.db.outputs import logs, results, retention
 from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
@@ -214,6 +215,20 @@ def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(results.prediction_csv(rows))
     return Response(out.getvalue(), media_type="text/csv")
+
+
+@router.get("/jobs/{job_id}/logs", response_model=LogPage, responses=problems(404))
+def job_logs(job_id: JobId, after: Annotated[int, Query(
+                 ge=0, le=MAX_ID, description="Only the lines numbered above this: pass the last "
+                 "page's `next` to read on (a dropped line's number is never reused).")] = 0,
+             limit: Annotated[int, Query(ge=1, le=logs.MOST_READ)] = 1000,
+             who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+    """What the job printed (its training child's stdout and stderr, its worker's log lines
+    while it ran, mxq's notes), numbered, after `after`: to the job's owner, its team's members
+    and admins (403 to anyone else). `ended`: the job finished and its last line is written."""
+    record = require_job(s.database, job_id)
+    who.check_read(record["owner"], record["team"], f"the log of job {job_id}")
+    return logs.read(s.database, job_id, after, limit)
 
 
 @router.get("/devices", response_model=list[DeviceRecord], responses=problems())

@@ -18,6 +18,7 @@ from typing_extensions import TypedDict
 from mxq.db.records import (
     FireRecord,
     JobRecord,
+    LogPage,
     ModelRecord,
     PredictionRow,
     QueueEntry,
@@ -230,6 +231,7 @@ class DeviceRecord(BaseModel):
         "When the device went out, ISO 8601 UTC (null unless out)"))
 
 
-__all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest", "QueueEntry",
+__all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest", "LogPage",
+           "QueueEntry",
            "ModelRecord", "PredictionPage", "PredictionRow", "Problem", "PromoteRequest", "ScheduleDetail",
            "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer"]

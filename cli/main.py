@@ -12,6 +12,7 @@ import typer
 
 from mxq.cli import demo as demo_cli
 from mxq.cli import gc as gc_cli
+from mxq.cli import logs as logs_cli
 from mxq.cli import models as models_cli
 from mxq.cli import render
 from mxq.cli import schedule as schedule_cli
@@ -77,6 +78,7 @@ app.command()(demo_cli.demo)
 app.command()(gc_cli.gc)
 app.command()(gc_cli.pin)
 app.command()(gc_cli.unpin)
+app.command()(logs_cli.logs)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 KeyOpt = Annotated[str | None, typer.Option(

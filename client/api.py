@@ -36,6 +36,7 @@ from mxq.status import FINISHED
 
 PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5
+LOG_PAGE = 10_000  # log lines fetched per request (the API's most)
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470  # mxq's own defaults (MXQ_API_HOST, MXQ_API_PORT)
 STACK_RECORD = "stack.json"  # what `mxq up` records in $MXQ_HOME (workers/stack_record.record_stack)
@@ -290,6 +291,20 @@ class Job:
             offset += len(page["items"])
             if not page["items"] or offset >= page["total"]:
                 return
+
+    def logs(self, follow: bool = False) -> Iterator[dict[str, Any]]:
+        """What the job printed, line by line (`seq`, `at`, `source`: worker, child or mxq,
+        `text`); with `follow`, each new line as it comes until the job ended, as `mxq logs
+        --follow`."""
+        from mxq.client.follow import lines
+
+        def read(after: int) -> dict[str, Any]:
+            page: dict[str, Any] = self.client.request("GET", f"/jobs/{self.id}/logs",
+                                                       params={"after": after, "limit": LOG_PAGE})
+            return page
+
+        for line in lines(read, follow):
+            yield dict(line)
 
     def predictions(self, format: Literal["numpy", "pandas", "arrow"] = "numpy") -> Any:
         """The predictions as a NumPy structured array (`index`, `predicted_class`, `score`), a

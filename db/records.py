@@ -228,6 +228,24 @@ class PredictionRow(TypedDict):
     top_k: list[tuple[int, float]] | None  # [class, probability] pairs, best first
 
 
+class LogLine(TypedDict):
+    """One line of a job's log (`db/outputs/logs.py`)."""
+
+    seq: int  # its number in the job's log, from 1 (a dropped line's number is never reused)
+    at: str  # when it was written (ISO 8601, UTC)
+    source: str  # worker (its worker's log records), child (its training child's output), mxq
+    text: str
+
+
+class LogPage(TypedDict):
+    """A job's log lines after a number: `next` to ask after, `ended` once nothing more will come."""
+
+    items: list[LogLine]
+    next: int
+    status: str  # the job's
+    ended: bool
+
+
 class ScheduleRecord(TypedDict):
     """One schedule (`mxq schedule list --json`, `GET /api/v1/schedules`)."""
 

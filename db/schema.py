@@ -169,6 +169,21 @@ class JobEvent(Base):
     __table_args__ = (Index("ix_job_events_job", "job_id", "id"), NEVER_REUSE_IDS)
 
 
+class JobLogLine(Base):
+    """One line a job printed: its training child's stdout or stderr (`child`), its worker's log
+    records while it ran (`worker`), or mxq's own note (`mxq`: an attempt's start and end, how
+    many lines were dropped). Numbered per job (`seq`); bounded per job (`db/outputs/logs.py`)."""
+
+    __tablename__ = "job_logs"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    source: Mapped[str] = mapped_column(String(8))
+    text: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(Integer)  # its UTF-8 bytes and its newline
+
+
 class WorkerBeat(Base):
     """The last heartbeat of the worker process pinned to one device."""
 

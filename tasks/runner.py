@@ -34,6 +34,7 @@ from mxq.since import format_duration
 from mxq.tasks.hooks.admission import AdmitNext
 from mxq.tasks.hooks.current_job import CurrentJob
 from mxq.tasks.hooks.hook import Hook, Run
+from mxq.tasks.hooks.job_log import JobLog
 from mxq.tasks.hooks.parent import SettleParent
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
@@ -257,8 +258,9 @@ def placement(s: Settings) -> Placement:
 
 # What runs around every run of a job, outside its body (`tasks/hooks/`). Their `after`s run in
 # reverse: the heartbeat lets go of the job, then its parent is settled, then admission counts
-# what is free (a parent still running would count against its owner's quota).
-HOOKS: tuple[Hook, ...] = (AdmitNext(), SettleParent(), CurrentJob())
+# what is free (a parent still running would count against its owner's quota), and the job's
+# log, recording from the first `before`, is flushed last with its attempt's end note.
+HOOKS: tuple[Hook, ...] = (JobLog(), AdmitNext(), SettleParent(), CurrentJob())
 
 
 @dataclass(frozen=True)
@@ -369,7 +371,9 @@ def _redirect(s: Settings, job: JobContext, queue: str) -> Delivery:
 
 def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
     """Run the claimed job's body between its worker's hooks, and record its outcome."""
-    run = Run(job.id, job.parent_id, w.settings, w.heartbeat)
+    assert job.fence is not None  # set by the claim
+    run = Run(job.id, job.parent_id, w.settings, w.heartbeat, job.fence.attempt, job.fence.worker,
+              tuple(job.devices or [job.device]))
     for hook in w.hooks:
         hook.before(run)
     try:

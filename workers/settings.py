@@ -59,6 +59,7 @@ DEFAULT_MAX_PROBE_GFLOP = 100
 # Inputs are memory-mapped a batch at a time, so this only stops a wrong path (a disk image, a
 # dump) from tying up a device for hours; raise it for genuinely larger inputs.
 DEFAULT_MAX_INPUT_BYTES = 64 * 2**30
+DEFAULT_JOB_LOG_BYTES = 256 * 2**10
 # Largest image, in pixels, judged from its header before decoding (an 8K frame is 33 million).
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 # A running job with no progress for this long is failed (its worker still beating: a read that
@@ -185,6 +186,9 @@ class Settings(BaseSettings):
                                             "scrape /metrics (besides an admin's token).")
     max_input_bytes: int = Field(DEFAULT_MAX_INPUT_BYTES, ge=1, le=2**50,
                                  description="Largest inference input (file or folder) accepted.")
+    job_log_bytes: int = Field(DEFAULT_JOB_LOG_BYTES, ge=16 * 2**10, le=2**30,
+                               description="Most a job's log keeps in SQL (its first and latest "
+                               "lines; a note says how many between were dropped).")
     s3_allowed: str | None = Field(
         None, description="Buckets and prefixes (comma-separated `bucket` or `bucket/prefix`) "
         "whose objects jobs may read as s3://bucket/key; unset = none. Credentials come from the "

@@ -22,6 +22,9 @@ class Run:
     parent_id: int | None  # the job it is a chunk (or a node's part) of
     settings: Settings  # its worker's
     heartbeat: Heartbeat | None  # its worker process's (None: a simulated worker)
+    attempt: int = 0  # its claim's (`Fence.attempt`)
+    worker: str = ""  # the worker that claimed it
+    devices: tuple[str, ...] = ()  # what it runs on (a training's leased devices)
 
 
 class Hook(Protocol):

@@ -17,6 +17,7 @@ batch only the job holding that sample fails.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +55,8 @@ from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
 from mxq.workers.storage.locate import identity, locate
+
+log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 1.0  # how often results are written and progress reported
 FLUSH_ROWS = 20000  # ... or after this many samples, whichever comes first
@@ -160,6 +163,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
     if engine.precision != "fp32":  # every chunk checks the same samples, and decides alike
         first = _read(p, source, 0, source.count, lambda _: engines.CHECK_SAMPLES)
         engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
+    _announce(job, model, engine, f"samples {start}..{stop} of {source.count}, batch {fit.size}")
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
     begin = out.resume()
@@ -175,6 +179,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
         raise
     # Every sample the output holds, over the compute time of every attempt that stored them.
     seconds = earlier + time.perf_counter() - began
+    log.info("job %s: %s samples stored (%s)", job.id, stop - start, out.shown)
     return Outcome(samples=stop - start, seconds=seconds, result={
         "model": model["name"], "model_version": model["version"],
         "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
@@ -182,6 +187,12 @@ def infer(job: JobContext) -> Outcome | FanOut:
         "resumed_from": begin if begin > start else None, "batch_size": p.batch_size,
         "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
     })
+
+
+def _announce(job: JobContext, model: ModelRecord, engine: engines.Engine, what: str) -> None:
+    """The job's first log line (`mxq logs`): what it runs, where, and why on that engine."""
+    log.info("job %s: %s:%s on %s with %s %s (%s; %s): %s", job.id, model["name"], model["version"],
+             job.device, engine.name, engine.precision, engine.reason, engine.precision_reason, what)
 
 
 def _read_all(p: InferParams, source: InputSource) -> NDArray[np.float32]:
@@ -198,6 +209,8 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     members = [batching.Member(job.id, p, _read_all(p, source))]
     first = members[0].x[:engines.CHECK_SAMPLES]
     engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
+    _announce(job, model, engine, f"{source.count} samples in one batch with the small jobs of "
+              "its model that wait")
     members += batching.gather(job, model, _open, _read_all, source.count)
     began = time.perf_counter()
     try:

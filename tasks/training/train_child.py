@@ -225,6 +225,14 @@ def _record_throughput(url: str, fence: Fence, r: EpochResult) -> None:
                           f"epoch {r['epoch']}'s throughput not recorded")
 
 
+def epoch_line(r: EpochResult, epochs: int) -> str:
+    """An epoch's summary as the child prints it: `epoch 2/5: loss 0.4810 train_accuracy 0.8532
+    val_accuracy 0.8410 (5321 samples/s)`."""
+    val = "-" if r["val_accuracy"] is None else f"{r['val_accuracy']:.4f}"
+    return (f"epoch {r['epoch']}/{epochs}: loss {r['train_loss']:.4f} train_accuracy "
+            f"{r['train_accuracy']:.4f} val_accuracy {val} ({r['samples_per_sec']:.0f} samples/s)")
+
+
 def _frame(s: Settings, fence: Fence, devices: list[str]) -> JobContext | None:
     """The job frame this attempt reports through, as the leader's would: fenced, on `devices`."""
     row = jobs.job_row(s.database, fence.job_id)
@@ -269,6 +277,7 @@ class Training:
             raise JobLost(f"job {fence.job_id} is no longer attempt {fence.attempt}'s: "
                           f"epoch {r['epoch']} not recorded")
         _record_throughput(url, fence, r)
+        print(epoch_line(r, self.p.epochs), flush=True)  # the job's log (`mxq logs`) shows it
         self.job.progress(r["epoch"] / self.p.epochs)
         checkpoint = self.p.dist is None and r["epoch"] < self.p.epochs  # where it may yield
         if checkpoint:  # asked now, not at the next rate-limited check: a waiting job may be asking

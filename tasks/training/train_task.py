@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from mxq.db.fence import Fence
 from mxq.db.fleet import describe_groups, gpu_model, list_workers, model_groups
@@ -25,6 +27,7 @@ from mxq.db.outputs import epochs as epoch_rows
 from mxq.db.records import WorkerRecord
 from mxq.device import Device
 from mxq.errors import DeviceFault, device_fault
+from mxq.tasks.hooks import job_log
 from mxq.tasks.inference import device_memory
 from mxq.tasks.runner import (
     FanOut,
@@ -50,6 +53,8 @@ CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cance
 CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
 CHILD_PREEMPTED = 6  # the child stopped at an epoch's checkpoint to yield to a waiting job
 CHILD_TIMED_OUT = 7  # the child stopped at an epoch's checkpoint: the job ran past its time limit
+RELAY_CHUNK = 65536  # the most of one line the relay reads at once (a longer one comes in pieces)
+RELAY_JOIN_SECONDS = 5.0  # how long the relay may take to drain the pipes after the child ended
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
 
 
@@ -235,6 +240,7 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
     renewing the leases; kill it when a lease is lost or the job must stop."""
     roles: list[dist.Role] = []
     child: subprocess.Popen[bytes] | None = None
+    relays: list[threading.Thread] = []
 
     def renew() -> None:
         if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
@@ -247,7 +253,9 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
         assert job.fence is not None
         child = subprocess.Popen([sys.executable, "-m", "mxq.tasks.training.train_child", str(job.id),
                                   ",".join(job.devices), str(job.fence.attempt), job.fence.worker],
-                                 env=env, preexec_fn=lambda: dist.die_with_parent(cores))
+                                 env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, preexec_fn=lambda: dist.die_with_parent(cores))
+        relays = _relays(child, job.id)
         if p.dist is not None:
             dist.watch(s, job, p, child, roles, ready, renew)
         while child.poll() is None:
@@ -256,10 +264,36 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
         return child.returncode
     finally:
         _kill(child)
+        for relay in relays:
+            relay.join(RELAY_JOIN_SECONDS)
         # after a clean end the scheduler and server stop by themselves; else they are killed
         clean = child is not None and child.returncode == 0
         dist.stop_roles(roles, dist.ROLE_EXIT_SECONDS if clean else 0)
         ready.unlink(missing_ok=True)
+
+
+def _relays(child: subprocess.Popen[bytes], job_id: int) -> list[threading.Thread]:
+    """Threads that hand the child's stdout and stderr to the job's log (`tasks/hooks/job_log.py`)
+    and echo them, as they come, to this worker's own (where the child's output went before)."""
+    assert child.stdout is not None and child.stderr is not None
+    threads = [threading.Thread(target=_relay, args=(stream, fd, job_id), daemon=True,
+                                name=f"job-{job_id}-child-{fd}")
+               for stream, fd in ((child.stdout, 1), (child.stderr, 2))]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _relay(stream: IO[bytes], fd: int, job_id: int) -> None:
+    recorder = job_log.recorder(job_id)
+    with stream:
+        for chunk in iter(lambda: stream.readline(RELAY_CHUNK), b""):
+            try:
+                os.write(fd, chunk)
+            except OSError:
+                pass  # the worker's own output is gone: the log still gets the line
+            if recorder is not None:
+                recorder.add("child", chunk.decode(errors="replace"))
 
 
 def _kill(child: subprocess.Popen[bytes] | None) -> None:

@@ -246,3 +246,15 @@ def test_predictions_follow_their_owner_and_team(workers: Stack, api: Api) -> No
         for name in names.values():
             users.remove(url, name)
         teams.remove_team(url, team)
+
+
+def test_a_jobs_log_followed_through_the_client(workers: Stack, api: Api) -> None:
+    np.save(workers.home / "data" / "client-log.npy", np.ones((500, 64), np.float32))
+    with Client(api.url, token=TOKEN) as client:
+        job = client.infer("mlp64", "client-log.npy", device="cpu:1")
+        lines = list(job.logs(follow=True))  # until the job ended and its last line is written
+        assert job.refresh().status == "succeeded"
+        assert lines[-1]["text"] == "[mxq] attempt 1 ended" and lines[-1]["source"] == "mxq"
+        assert any(x["source"] == "worker" and f"job {job.id}: mlp64:" in x["text"] for x in lines)
+        assert [x["seq"] for x in lines] == sorted({x["seq"] for x in lines})
+        assert list(job.logs()) == lines

@@ -82,6 +82,8 @@ def test_dashboard_lists_jobs_and_shows_a_throughput_chart(workers: Stack, mlp: 
     trained = _chromium(["--dump-dom", f"{api_url}#job={train}"], tmp_path / "p4").stdout
     assert "<dt>model</dt><dd>dash-train v1</dd>" in trained  # was "model —"
     assert _chart(trained).count("<polyline") == 2  # one line per device
+    log = trained[trained.index('id="job-log"'):]
+    assert "epoch 2/2: loss" in log[:log.index("</pre>")]  # the job's log, its child's epoch lines
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / f"dashboard-{workers.name}.png"
     shot.unlink(missing_ok=True)

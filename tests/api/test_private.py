@@ -295,3 +295,29 @@ def test_teams_through_the_cli_share_a_submit_with_their_members(team: Team, wor
     assert unknown.returncode == 2 and "no-such-team" in unknown.stderr.strip().splitlines()[-1]
     assert workers.mxq("teams", "rm", name).returncode == 0
     assert name not in {t["name"] for t in workers.mxq_json("teams", "ls", "--json")}
+
+
+def test_a_jobs_log_is_read_by_its_owner_team_and_admins(team: Team, workers: Stack,
+                                                         mlp: dict) -> None:
+    """An inference job's worker log lines (what it ran, where) are in its log, which reads as
+    its predictions do: 403 for another user, 404 for no job."""
+    np.save(workers.home / "data" / "logged.npy", np.ones((300, 64), np.float32))
+    submitted = team.client.post("/api/v1/jobs", headers=team.auth("alice"), json={
+        "kind": "infer", "model": "mlp64", "input": "logged.npy", "team": team.team})
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+    path = f"/api/v1/jobs/{job_id}/logs"
+    page = wait_until(lambda: team.client.get(path, headers=team.auth("alice")).json(), 120,
+                      f"job {job_id}'s log to end", until=lambda p: p["ended"])
+    assert page["status"] == "succeeded"
+    texts = [(line["source"], line["text"]) for line in page["items"]]
+    assert texts[0][0] == "mxq" and texts[0][1].startswith("[mxq] attempt 1 started on ")
+    assert any(source == "worker" and f"job {job_id}: mlp64:" in text for source, text in texts), texts
+    assert texts[-1] == ("mxq", "[mxq] attempt 1 ended")
+    for reader in ("carol", "admin"):
+        assert team.client.get(path, headers=team.auth(reader)).json()["items"] == page["items"]
+    later = team.client.get(path, params={"after": page["items"][0]["seq"]}, headers=team.auth("alice"))
+    assert later.json()["items"] == page["items"][1:]
+    refused = team.client.get(path, headers=team.auth("bob"))
+    assert refused.status_code == 403 and team.names["alice"] in refused.json()["detail"]
+    assert team.client.get("/api/v1/jobs/999999999/logs", headers=team.auth("admin")).status_code == 404

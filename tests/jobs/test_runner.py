@@ -294,3 +294,41 @@ def test_the_admission_hook_releases_a_held_job_when_a_run_ends(isolated: Stack)
     assert jobs.succeed(s.database, fence, 1, 1.0, {})
     AdmitNext().after(Run(running, None, s, None))
     assert held in in_broker(s.broker, {OWN})[0]  # released: published to its queue
+
+
+def test_a_runs_log_holds_its_workers_records_between_its_attempts_notes(
+        isolated: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from mxq.db.outputs import logs
+
+    job_id = _job(isolated)
+    logging.getLogger("mxq.test").info("before the run: not the job's")
+
+    def body(job: JobContext) -> Outcome:
+        logging.getLogger("mxq.test").warning("inside job %s: bad\x00 \x1b[31mred", job.id)
+        return Outcome(samples=1, seconds=1.0, result={})
+
+    caplog.set_level(logging.INFO)  # as a worker logs (celery -l INFO)
+    assert run_job(job_id, body, worker=_worker(isolated)) is Delivery.SUCCEEDED
+    page = logs.read(isolated.settings.database, job_id)
+    assert [(x["source"], x["text"]) for x in page["items"]] == [
+        ("mxq", logs.started_note(1, AT.worker, ["cpu:0"])),
+        ("worker", f"WARNING mxq.test: inside job {job_id}: bad [31mred"),
+        ("mxq", logs.ended_note(1))]
+    assert page["ended"]
+
+
+def test_a_log_write_that_fails_never_fails_its_job(isolated: Stack,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from mxq.db.outputs import logs
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("the log's table is gone")
+
+    monkeypatch.setattr(logs, "append", broken)
+    job_id = _job(isolated)
+    assert run_job(job_id, lambda job: Outcome(samples=1, seconds=1.0, result={}),
+                   worker=_worker(isolated)) is Delivery.SUCCEEDED
+    assert isolated.job(job_id)["status"] == "succeeded"
+

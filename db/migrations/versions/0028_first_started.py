@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0028"
-down_revision = "0026"  # 0027 is another branch's: whichever merges second chains after the other
+down_revision = "0027"
 branch_labels = None
 depends_on = None
 
