@@ -245,15 +245,23 @@ def _may_not_promote(url: str, fire_id: int, name: str) -> str | None:
             f"{owned[0] or 'the admins'}{f', team {owned[1]}' if owned[1] else ''} and admins may)")
 
 
-def decide_promotion(url: str, fire_id: int, name: str, version: int,
-                     metrics: dict[str, Any]) -> dict[str, Any]:
-    """Compare the new version with the promoted one by the schedule's policy; promote or keep."""
+def decide_promotion(url: str, fire_id: int, name: str, version: int, metrics: dict[str, Any],
+                     rejudged: tuple[int, dict[str, float]] | None = None) -> dict[str, Any]:
+    """Compare the new version with the promoted one by the schedule's policy; promote or keep.
+
+    `rejudged` is (version, metrics) of the promoted version measured again by the training on
+    its own validation split: both are then compared on the same held-out samples, not on figures
+    of different nights' data. The figure stored at its registration stands otherwise."""
     stored = fire_of(url, fire_id)
     policy = PromotionPolicy(stored["promote"], stored["metric"], stored["min_gain"],
                              stored["min_metric"])
     new = metrics.get(policy.metric)
     current = next((m for m in list_models(url, name) if m["promoted"]), None)
     old = current["metrics"].get(policy.metric) if current else None
+    again = rejudged[1].get(policy.metric) if current and rejudged and \
+        rejudged[0] == current["version"] else None
+    if again is not None:
+        old = again
     decision = promotion.decide(policy, new, old, has_current=current is not None)
     if decision.promoted and (refused := _may_not_promote(url, fire_id, name)) is not None:
         decision = promotion.Decision(False, refused)
@@ -261,5 +269,7 @@ def decide_promotion(url: str, fire_id: int, name: str, version: int,
         promote(url, name, version)
     record = promotion.decision_record(decision, policy, version, new,
                                        current["version"] if current else None, old)
+    if current is not None:
+        record["promoted_value_from"] = "this validation split" if again is not None else "its registration"
     settle_fire(url, fire_id, promotion=record)
     return record

@@ -33,7 +33,7 @@ from mxq.errors import MxqError, first_line, typed_line
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
-from mxq.tasks.model_store.models import TrainedVersion, add_trained, trainable
+from mxq.tasks.model_store.models import TrainedVersion, add_trained, load, probabilities, trainable
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
 from mxq.tasks.runner import (
@@ -163,7 +163,7 @@ def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
 
 
 def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, data: Data,
-              metrics: dict[str, float | None]) -> dict[str, object]:
+              metrics: dict[str, float | None], ctx: Any) -> dict[str, object]:
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
     owner = p.dist.parent if p.dist is not None else fence.job_id
     try:
@@ -173,12 +173,33 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, data: Data,
     promotion = None
     if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
         promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
-                                               metrics)
+                                               metrics, rejudge(s, p, data, ctx))
     done: dict[str, object] = {"model_version": model["version"], "promotion": promotion}
     if p.calibration is not None and (promotion is None or promotion["decision"] == "promoted"):
         built = _variants(s, p, model)
         done |= {"variant": built[0], "variants": built}
     return done
+
+
+def rejudge(s: Settings, p: TrainParams, data: Data, ctx: Any) -> tuple[int, dict[str, float]] | None:
+    """The promoted version of `p.name` and its val_accuracy on this training's validation split,
+    its inputs scaled as it serves them: what a fair `if-better` compares the new version with.
+    None (its registered figure stands) without a validation split, a promoted version, or one
+    that takes these samples."""
+    if data.val_raw is None:
+        return None
+    promoted = next((m for m in registry.list_models(s.database, p.name) if m["promoted"]), None)
+    if promoted is None or tuple(promoted["input_shape"]) != data.val_raw.sample_shape:
+        return None
+    try:
+        net, _ = load(s, promoted, ctx)
+    except MxqError as exc:  # its files gone or changed: it cannot be measured again
+        print(f"mxq: {promoted['name']}:{promoted['version']} not measured again: {exc}", file=sys.stderr)
+        return None
+    x = Preprocess.from_dict(promoted["preprocess"]).apply(data.val_raw.x)
+    hits = sum(int((probabilities(net, ctx, x[i:i + p.batch_size], promoted["outputs"]).argmax(axis=1)
+                    == data.val_raw.y[i:i + p.batch_size]).sum()) for i in range(0, len(x), p.batch_size))
+    return promoted["version"], {"val_accuracy": hits / len(x)}
 
 
 VARIANT_ERRORS = (MxqError, InputError, PathError, ObjectURLError, StorageError)
@@ -327,7 +348,7 @@ def _train(s: Settings, t: Training) -> Trained:
     result: dict[str, object] = {"model": p.name, "resumed_from_epoch": t.done, "devices": t.labels,
                               **metrics}
     if t.rank == 0:
-        result.update(_register(s, p, t.fence, t.net, t.data, metrics))
+        result.update(_register(s, p, t.fence, t.net, t.data, metrics, t.ctxs[0]))
     if p.dist is not None:
         result.update(rank=t.rank, workers=t.workers, node=s.node,
                       **_part_rates(results, t.labels, t.samples * len(results), seconds))

@@ -27,7 +27,11 @@ def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool =
         path.write_bytes(b"not a zip archive")
     else:
         d = datasets.digits().for_training()  # a file dataset is trained on as stored
-        y = np.random.default_rng(0).permutation(d.y) if shuffle_labels else d.y
+        y = d.y.copy()
+        if shuffle_labels:  # in the samples it trains on; its validation samples (seed 0) stay right
+            n_val = int(round(len(y) * 0.2))
+            train = np.random.default_rng(0).permutation(len(y))[:-n_val]
+            y[train] = np.random.default_rng(1).permutation(y[train])
         np.savez(path, X=d.x.reshape(len(d.y), -1), y=y)
     stamp = time.time() + len(list(folder.iterdir()))  # strictly newer than the files before it
     os.utime(path, (stamp, stamp))
@@ -63,7 +67,9 @@ def test_scheduled_retraining_promotes_only_a_better_model(workers: Stack) -> No
     assert (worse["dataset_file"] or "").endswith("day2.npz") and worse["job_status"] == "succeeded"
     decision = worse["promotion"]
     assert decision is not None and decision["decision"] == "kept"
-    assert decision["new_value"] < decision["promoted_value"] == promoted["new_value"]
+    # Both judged on day 2's held-out samples: version 1 is measured again there.
+    assert decision["promoted_value_from"] == "this validation split"
+    assert decision["new_value"] < 0.5 < decision["promoted_value"]
     assert "<" in decision["reason"]
 
     _drop(workers, "day3.npz", corrupt=True)  # a retraining that fails

@@ -187,6 +187,20 @@ def test_a_fire_below_the_promotion_floor_registers_and_is_not_promoted(isolated
     high = run_now(s, "floored", T0 + timedelta(minutes=1))
     assert schedules.decide_promotion(url, high, "floored", 2, {"val_accuracy": 0.9})["decision"] == \
         "promoted"
+    for version, figure in ((3, 0.95), (4, 0.8), (5, 0.8)):
+        registry.add_model(url, {"name": "floored", "version": version, "arch": "mlp",
+                                 "input_shape": [4], "classes": 3, "params_file": "p",
+                                 "symbol_file": "s", "checksum": "0" * 64, "source": "test",
+                                 "metrics": {"val_accuracy": figure}})
+    registry.promote(url, "floored", 3)  # registered at 0.95, on another night's data
+    stored = schedules.decide_promotion(url, run_now(s, "floored", T0 + timedelta(minutes=2)),
+                                        "floored", 4, {"val_accuracy": 0.8}, (2, {"val_accuracy": 0.7}))
+    assert (stored["decision"], stored["promoted_value"], stored["promoted_value_from"]) == (
+        "kept", 0.95, "its registration")  # measured again, but as another version: not used
+    fair = schedules.decide_promotion(url, run_now(s, "floored", T0 + timedelta(minutes=3)),
+                                      "floored", 5, {"val_accuracy": 0.8}, (3, {"val_accuracy": 0.7}))
+    assert (fair["decision"], fair["promoted_value"], fair["promoted_value_from"]) == (
+        "promoted", 0.7, "this validation split")  # 3 on this split: 0.7
     with pytest.raises(ParamsError, match="--min-metric nan: give a finite number"):
         add_schedule(s, "nan-floor", "0 3 * * *", "UTC", "fresh/*.npz", dict(RETRAINING),
                      "if-better", "val_accuracy", 0.0, now=T0, min_metric=float("nan"))

@@ -11,11 +11,13 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mxq.db import registry
 from mxq.db.outputs import predictions
 from mxq.db.records import ModelRecord
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store.models import TrainedVersion, add_exported, add_trained, trainable
 from mxq.tasks.training import datasets
+from mxq.tasks.training.train_child import load_data, rejudge
 from mxq.tasks.training.train_loop import fit, make_trainer, source_net
 from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
 from mxq.workers.settings import Settings
@@ -208,3 +210,21 @@ def test_a_retraining_sees_its_inputs_as_serving_does(workers: Stack) -> None:
     assert code == 0, queued  # queued: the dataset's channels are the worker's to check
     job = workers.wait(queued["id"])
     assert job["status"] == "failed" and "--mean has 2 values; the input (1, 8, 8)" in str(job["error"])
+
+
+def test_the_promoted_version_is_measured_again_on_the_trainings_validation_split(
+        store: Settings, tmp_path: Path) -> None:
+    """Fair `if-better`: the promoted version's registered figure (here a flattering 0.999)
+    gives way to its accuracy on the same held-out samples the new version was judged on, its
+    inputs scaled as it serves them."""
+    symbol, params = trained_and_exported(tmp_path, "fair")
+    source = add_exported(store, "fair", symbol, params, DIGITS, Preprocess(scale=1 / 16))
+    registry.promote(store.database, "fair", 1)
+    data = load_data(store, TrainParams(arch="lenet", dataset="digits", name="fair", seed=3))
+    assert data.val_raw is not None and data.val is not None
+    np.testing.assert_array_equal(data.val.x, data.val_raw.x / 16)  # the stored scaling, applied
+    version, metrics = rejudge(store, TrainParams(arch="lenet", dataset="digits", name="fair"),
+                               data, mx.cpu()) or (None, {})
+    by_hand = plain(source["symbol_file"], source["params_file"], data.val_raw.x / 16).argmax(axis=1)
+    assert version == 1 and metrics == {"val_accuracy": float(np.mean(by_hand == data.val_raw.y))}
+    assert rejudge(store, TrainParams(arch="lenet", dataset="digits", name="other"), data, mx.cpu()) is None
