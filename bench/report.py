@@ -73,7 +73,9 @@ ABOUT = {
     "transaction each) into the same migrated `predictions` table. Bare SQLite: the `sqlite3` "
     "module's `executemany` on a connection with the pragmas mxq's engine sets (WAL, foreign "
     "keys); bare PostgreSQL: psycopg's `COPY`. Alternating rounds; medians.",
-    "training": "LeNet on tiled scikit-learn digits, same global batch and epochs, through "
+    "training": "LeNet, and a user's own CNN (conv, BatchNorm, dropout: none of mxq's built-ins, "
+    "trained by mxq from its registered export with `mxq train --from`), on tiled scikit-learn "
+    "digits, same global batch and epochs, through "
     "`mxq train` and through the data-parallel loop of MXNet's multi-device guide "
     "(`split_and_load`, one `Trainer.step`), run with the cores and threads mxq gives the job, "
     "on 1 and 2 devices. Each side's figure is the median of its epochs' samples/s (the bare "
@@ -221,14 +223,20 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
                                   "predictions.write", w["mxq"], w["ratio"], case))
         return out
     if case == "training":
-        return [_check(f"samples/s, {k} device{'s' if k != '1' else ''}", "samples/s", "bare loop",
-                       d["bare"], "mxq train (job)", d["mxq"], d["ratio"], case)
-                for k, d in r["devices"].items()]
+        return [_check(f"samples/s, {name}, {k} device{'s' if k != '1' else ''}", "samples/s",
+                       "bare loop", d["bare"], how, d["mxq"], d["ratio"], case)
+                for name, how, rows in _training_cases(r) for k, d in rows.items()]
     if case == "memory":
         return [_check("worker peak RSS, 10x input vs 1x", "MiB", f"1x ({r['samples']:,} samples)",
                        r["peak_rss_1x_mib"], f"10x ({r['samples_10x']:,})", r["peak_rss_10x_mib"],
                        r["ratio"], case)]
     raise KeyError(case)
+
+
+def _training_cases(r: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """The training case's architectures: (name, how mxq trains it, its rows by device count)."""
+    return [("lenet", "mxq train (job)", r["devices"]),
+            ("user CNN", "mxq train --from (job)", r.get("user") or {})]
 
 
 def _objects_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -371,11 +379,12 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
                                  "predictions.write": [r[k]["mxq"] for k in keys]}, "rows/s")
             a.set_title(f"{r['rows']:,} rows in batches of {r['batch']:,}", fontsize=10)
         elif case == "training":
-            ks = list(r["devices"])
-            _grouped(a, [f"{k} device{'s' if k != '1' else ''}" for k in ks],
-                     {"bare loop": [r["devices"][k]["bare"] for k in ks],
-                      "mxq train": [r["devices"][k]["mxq"] for k in ks]}, "samples/s")
-            a.set_title(f"lenet, {r['samples']:,} samples x {r['epochs']} epochs", fontsize=10)
+            rows = [(f"{name}, {k} dev", d) for name, _, cases in _training_cases(r)
+                    for k, d in cases.items()]
+            _grouped(a, [label for label, _ in rows],
+                     {"bare loop": [d["bare"] for _, d in rows],
+                      "mxq train": [d["mxq"] for _, d in rows]}, "samples/s")
+            a.set_title(f"{r['samples']:,} samples x {r['epochs']} epochs", fontsize=10)
         elif case == "memory":
             _bars(a, ["1x input", "10x input"], [r["peak_rss_1x_mib"], r["peak_rss_10x_mib"]],
                   "peak RSS (MiB)")
@@ -538,11 +547,11 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
                 f"{figures(r[k]['bare_runs'])} rows/s"
                 for k, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
     if case == "training":
-        return [f"- {k} device(s): epochs mxq {figures(d['mxq_epochs'])}; bare "
+        return [f"- {name}, {k} device(s): epochs mxq {figures(d['mxq_epochs'])}; bare "
                 f"{figures(d['bare_epochs'])} samples/s; the whole job "
                 f"{d['mxq_job']:,.0f} (ratio {d['ratio_job']:.3f}); submit to done with start-up "
                 f"{d['mxq_end_to_end']:,.0f} (ratio {d['ratio_end_to_end']:.3f})"
-                for k, d in r["devices"].items()]
+                for name, _, rows in _training_cases(r) for k, d in rows.items()]
     if case == "memory":
         return [f"- input {r['input_mib']:,.0f} MiB at 1x, {10 * r['input_mib']:,.0f} MiB at 10x"]
     if case == "sharing":

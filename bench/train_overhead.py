@@ -1,5 +1,7 @@
 """`mxq train` against the bare data-parallel loop of MXNet's multi-device guide, same run:
-same data, architecture, global batch, epochs and devices (1 and 2). Prints the ratios.
+same data, architecture, global batch, epochs and devices (1 and 2). Prints the ratios. Two
+architectures: the built-in LeNet, and a user's own CNN (none of mxq's), which mxq trains from
+its registered, exported graph (`mxq train --from`) and the bare loop from its Gluon code.
 
 Each side's figure is the median of its epochs' samples/s (the bare loop runs before and after
 the job): an epoch of this size lasts about a second, and the median keeps one disturbed
@@ -22,13 +24,24 @@ import numpy as np
 from bench.stack import rate, run_pinned, running_stack, wait_job
 
 
-def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> list[float]:
+def user_cnn() -> Any:
+    """A user's own CNN for the digits, as a user writes it in Gluon (none of mxq's built-ins)."""
+    from mxq.tasks.runtimes.mx import gluon
+
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(16, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
+            gluon.nn.MaxPool2D(2), gluon.nn.Flatten(), gluon.nn.Dropout(0.2), gluon.nn.Dense(10))
+    return net
+
+
+def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int,
+              arch: str = "lenet") -> list[float]:
     """The guide's loop: split_and_load, record, backward per device, one Trainer step."""
     from mxq.tasks.model_store.zoo import build
     from mxq.tasks.runtimes.mx import autograd, gluon, mx
 
     ctxs = [mx.cpu(i) for i in range(k)]
-    net = build("lenet", 10, x.shape[1:])
+    net = build("lenet", 10, x.shape[1:]) if arch == "lenet" else user_cnn()
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     net.hybridize(static_alloc=True)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
@@ -52,14 +65,14 @@ def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int) -> 
     return rates
 
 
-def pinned_bare(copies: int, epochs: int, batch: int, k: int) -> list[float]:
+def pinned_bare(copies: int, epochs: int, batch: int, k: int, arch: str) -> list[float]:
     """The bare loop's epochs (samples/s) in a process with the cores and threads mxq gives a
     k-device job."""
     from mxq.workers.hardware.pinning import cpu_cores
 
     cores = sorted({c for i in range(k) for c in cpu_cores(i, 2)})
     out = run_pinned(["-m", "bench.train_overhead", "--bare", str(k), "--copies", str(copies),
-                      "--epochs", str(epochs), "--batch-size", str(batch)], cores)
+                      "--epochs", str(epochs), "--batch-size", str(batch), "--arch", arch], cores)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -71,39 +84,68 @@ def data(copies: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.tile(d.target, copies).astype(np.float32)
 
 
+def register_user_cnn(s: Any, shape: tuple[int, ...]) -> str:
+    """The user's CNN, exported by Gluon and registered as `mxq models add --symbol/--params`
+    does; what `mxq train --from` then trains."""
+    from mxq.tasks.model_store.models import add_exported
+    from mxq.tasks.runtimes.mx import mx
+
+    net = user_cnn()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, *shape)))
+    net.export(str(s.home_path / "usercnn"))
+    add_exported(s, "usercnn", s.home_path / "usercnn-symbol.json",
+                 s.home_path / "usercnn-0000.params", shape)
+    return "usercnn"
+
+
+def _compare(s: Any, arch: str, k: int, params: dict[str, Any], copies: int, epochs: int,
+             batch: int, samples: int) -> dict[str, Any]:
+    """One architecture on k devices: the bare loop before and after the job, the job."""
+    from mxq.db.outputs.epochs import list_epochs
+    from mxq.workers.jobs.submit import submit
+
+    bare_epochs = pinned_bare(copies, epochs, batch, k, arch)
+    t0 = time.perf_counter()
+    job = wait_job(s, submit(s, "train", {**params, "devices": k, "epochs": epochs,
+                                          "batch_size": batch, "val_fraction": 0.0}, "auto"))
+    wall = time.perf_counter() - t0
+    bare_epochs += pinned_bare(copies, epochs, batch, k, arch)
+    mxq_epochs = [e["samples_per_sec"] for e in list_epochs(s.database, job["id"])]
+    bare, mxq = statistics.median(bare_epochs), statistics.median(mxq_epochs)
+    row = {"bare": bare, "mxq": mxq, "ratio": mxq / bare, "bare_epochs": bare_epochs,
+           "mxq_epochs": mxq_epochs, "mxq_job": rate(job), "ratio_job": rate(job) / bare,
+           "mxq_end_to_end": samples * epochs / wall,
+           "ratio_end_to_end": samples * epochs / wall / bare}
+    print(f"  {arch}, {k} device(s), median epoch: bare {bare:10,.0f} samples/s | mxq train "
+          f"{mxq:10,.0f} samples/s, ratio {row['ratio']:.3f} | whole job {row['mxq_job']:10,.0f}"
+          f", ratio {row['ratio_job']:.3f} | end to end (submit..done, with start-up) "
+          f"{row['mxq_end_to_end']:10,.0f}, ratio {row['ratio_end_to_end']:.3f}")
+    return row
+
+
 def run(copies: int = 10, epochs: int = 5, batch: int = 128, root: Path | None = None,
         devices: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
-    """mxq train against the bare loop on each number of devices; samples/s and ratios."""
+    """mxq train against the bare loop on each number of devices, for LeNet (`devices`) and the
+    user's CNN (`user`); samples/s and ratios."""
     x, y = data(copies)
     result: dict[str, Any] = {"samples": len(y), "copies": copies, "epochs": epochs,
-                              "batch_size": batch, "devices": {}}
-    print(f"  lenet on digits x{copies} ({len(y):,} samples), {epochs} epochs, global batch {batch}")
+                              "batch_size": batch, "devices": {}, "user": {}}
+    print(f"  lenet and a user's CNN on digits x{copies} ({len(y):,} samples), {epochs} epochs, "
+          f"global batch {batch}")
     with running_stack(cpu_devices=2, root=root, prefix="training-") as s:
         np.savez(s.home_path / "train.npz", X=x, y=y.astype(np.int64))
-        from mxq.db.outputs.epochs import list_epochs
-        from mxq.workers.jobs.submit import submit
-
+        dataset = str(s.home_path / "train.npz")
         for k in devices:
-            bare_epochs = pinned_bare(copies, epochs, batch, k)
-            params = {"arch": "lenet", "dataset": str(s.home_path / "train.npz"), "name": f"b{k}",
-                      "devices": k, "epochs": epochs, "batch_size": batch, "val_fraction": 0.0}
-            t0 = time.perf_counter()
-            job = wait_job(s, submit(s, "train", params, "auto"))
-            wall = time.perf_counter() - t0
-            bare_epochs += pinned_bare(copies, epochs, batch, k)
-            mxq_epochs = [e["samples_per_sec"] for e in list_epochs(s.database, job["id"])]
-            bare, mxq = statistics.median(bare_epochs), statistics.median(mxq_epochs)
-            row = {"bare": bare, "mxq": mxq, "ratio": mxq / bare, "bare_epochs": bare_epochs,
-                   "mxq_epochs": mxq_epochs, "mxq_job": rate(job),
-                   "ratio_job": rate(job) / bare,
-                   "mxq_end_to_end": len(y) * epochs / wall,
-                   "ratio_end_to_end": len(y) * epochs / wall / bare}
-            result["devices"][str(k)] = row
-            print(f"  {k} device(s), median epoch: bare {bare:10,.0f} samples/s | mxq train "
-                  f"{mxq:10,.0f} samples/s, ratio {row['ratio']:.3f} | whole job {row['mxq_job']:10,.0f}"
-                  f", ratio {row['ratio_job']:.3f} | end to end (submit..done, with start-up) "
-                  f"{row['mxq_end_to_end']:10,.0f}, ratio {row['ratio_end_to_end']:.3f}")
-    result["ratio"] = min(r["ratio"] for r in result["devices"].values())
+            result["devices"][str(k)] = _compare(s, "lenet", k, {"arch": "lenet", "dataset": dataset,
+                                                 "name": f"b{k}"}, copies, epochs, batch, len(y))
+        source = register_user_cnn(s, x.shape[1:])
+        for k in devices:
+            result["user"][str(k)] = _compare(s, "user", k, {
+                "from_model": source, "reinit": True, "dataset": dataset, "name": f"u{k}"},
+                copies, epochs, batch, len(y))
+    result["ratio"] = min(r["ratio"] for case in ("devices", "user") for r in result[case].values())
     return result
 
 
@@ -113,10 +155,11 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the baseline only
+    ap.add_argument("--arch", default="lenet", help=argparse.SUPPRESS)  # the baseline's: lenet or user
     args = ap.parse_args()
     if args.bare:
         x, y = data(args.copies)
-        print(json.dumps(bare_loop(x, y, args.bare, args.epochs, args.batch_size)))
+        print(json.dumps(bare_loop(x, y, args.bare, args.epochs, args.batch_size, args.arch)))
         return
     run(args.copies, args.epochs, args.batch_size)
 
