@@ -258,3 +258,17 @@ def test_a_jobs_log_followed_through_the_client(workers: Stack, api: Api) -> Non
         assert any(x["source"] == "worker" and f"job {job.id}: mlp64:" in x["text"] for x in lines)
         assert [x["seq"] for x in lines] == sorted({x["seq"] for x in lines})
         assert list(job.logs()) == lines
+
+
+def test_retrain_submits_a_training_from_a_registered_version(stack: Stack, bare_api: Api) -> None:
+    """`client.retrain` is `mxq train --from`: the version pinned at submit, the name defaulted."""
+    added = stack.mxq("models", "add", "retrainable", "--arch", "mlp", "--input-shape", "64")
+    assert added.returncode == 0, added.stderr
+    with Client(bare_api.url, token=TOKEN) as client:
+        job = client.retrain("retrainable", "digits", device="cpu:7", allow_offline=True, reinit=True,
+                             epochs=1)
+        params = job.record["params"]
+        assert (params["from_model"], params["from_version"], params["name"], params["reinit"],
+                params["arch"]) == ("retrainable", 1, "retrainable", True, None)
+        with pytest.raises(JobRejected, match="unknown model 'nosuch'"):  # a failed job says why
+            client.retrain("nosuch", "digits", device="cpu:7", allow_offline=True)
