@@ -97,15 +97,16 @@ def test_a_nightly_retraining_of_a_users_model_from_a_bucket_survives_a_kill(wor
     --from it on raw pixels in a bucket: its worker killed mid-epoch, the job resumes from its
     last checkpoint, registers exactly one version, with the stored scaling, and the fire's
     promotion decision is recorded."""
-    symbol, params = trained_and_exported(workers.home / "data", "usercnn")
-    added = workers.mxq("models", "add", "usercnn", "--symbol", str(symbol), "--params", str(params),
+    # the user's usercnn, by another name: test_retrain.py's usercnn shares the session's stack
+    symbol, params = trained_and_exported(workers.home / "data", "nightlycnn")
+    added = workers.mxq("models", "add", "nightlycnn", "--symbol", str(symbol), "--params", str(params),
                         "--input-shape", "1,8,8", "--scale", "1/16")
     assert added.returncode == 0, added.stderr
     _put_digits("day1.npz", 400)
     newest = _put_digits("day2.npz", len(datasets.digits().y))  # newer, or as new and named later
-    added = workers.mxq("schedule", "add", "usercnn-nightly", "--from", "usercnn", "--model", "usercnn",
-                        "--dataset", "s3://mxq-tests/in/usercnn-nightly/*.npz", "--cron", "0 3 * * *",
-                        "--epochs", "12", "--promote", "if-better")
+    added = workers.mxq("schedule", "add", "usercnn-nightly", "--from", "nightlycnn", "--model",
+                        "nightlycnn", "--dataset", "s3://mxq-tests/in/usercnn-nightly/*.npz",
+                        "--cron", "0 3 * * *", "--epochs", "12", "--promote", "if-better")
     assert added.returncode == 0, added.stderr
     try:
         fire = workers.mxq_json("schedule", "run-now", "usercnn-nightly")
@@ -124,8 +125,8 @@ def test_a_nightly_retraining_of_a_users_model_from_a_bucket_survives_a_kill(wor
         assert result["resumed_from_epoch"] >= 1 and result["model_version"] == 2, result
         epochs = list_epochs(workers.settings.database, job_id)
         assert [e["epoch"] for e in epochs] == list(range(1, 13))
-        v1, v2 = list_models(workers.settings.database, "usercnn")  # exactly one version registered
-        assert v2["version"] == 2 and v2["source"] == f"train:job-{job_id} from usercnn:1"
+        v1, v2 = list_models(workers.settings.database, "nightlycnn")  # exactly one version registered
+        assert v2["version"] == 2 and v2["source"] == f"train:job-{job_id} from nightlycnn:1"
         assert v2["preprocess"]["scale"] == v1["preprocess"]["scale"] == 1 / 16
         assert v2["metrics"]["val_accuracy"] >= 0.9, v2["metrics"]  # raw pixels would not reach it
         shown = workers.mxq_json("schedule", "show", "usercnn-nightly")
