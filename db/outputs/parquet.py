@@ -231,8 +231,9 @@ def rows_in(final: Path) -> int:
 
 
 def kept_parts(final: Path) -> list[Path]:
-    """The part files of a job that stopped before its merge (cancelled), in sample order, none
-    overlapping another (the later attempt's where two start at one sample)."""
+    """The part files of a job that stopped before its merge (cancelled, or past its time limit),
+    in sample order, none overlapping another (the later attempt's where two start at one
+    sample)."""
     kept, end = [], 0
     for first, last, _, path in sorted(_latest(part_list(final)).values()):
         if first >= end:

@@ -90,9 +90,11 @@ def _in_a_bucket(url: str, record: JobRecord, suffix: str) -> None:
 
 
 def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
-    """The Parquet files holding a job's rows: its merged file, or for a job cancelled before
-    its merge the parts it kept; None for a job whose rows are elsewhere (SQL, npy). A job that
-    succeeded without its file raises OutputMissing: never 0 rows in silence."""
+    """The Parquet files holding a job's rows: its merged file, or for a job that ended before
+    its merge the parts it kept (cancelled, or failed: past its time limit it keeps what it
+    committed, as its SQL or npy rows stay; any other failure removed them); None for a job
+    whose rows are elsewhere (SQL, npy). A job that succeeded without its file raises
+    OutputMissing: never 0 rows in silence."""
     params = record.get("params") or {}
     if params.get("output") != "parquet":
         return None
@@ -100,7 +102,7 @@ def _files_of(url: str, home: Path, record: JobRecord) -> list[Path] | None:
     path = recorded_output(home, url, record, ".parquet")
     if path.exists():
         return [path]
-    if record.get("status") == JobStatus.CANCELLED:
+    if record.get("status") in (JobStatus.CANCELLED, JobStatus.FAILED):
         return parquet.kept_parts(path)
     if record.get("status") == JobStatus.SUCCEEDED:
         raise _missing(record, path)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mxq.db.outputs import parquet, predictions
+from mxq.db.outputs import parquet, predictions, results
 from mxq.db.outputs.results import recorded_output
 from mxq.db.records import PredictionRow
 from mxq.db.stack import stack_id
@@ -142,6 +142,19 @@ def test_a_missing_part_is_named(tmp_path: Path) -> None:
     gone.unlink()
     assert not parquet.covers(final, 0, 300) and parquet.covers(final, 200, 300)
     assert parquet.missing(parquet.part_list(final), 300) == "samples [100, 200)"
+
+
+@pytest.mark.parametrize("status", ["cancelled", "failed"])
+def test_a_job_stopped_before_its_merge_reads_the_parts_it_kept(tmp_path: Path, status: str) -> None:
+    """Cancelled, or failed past its time limit (which keeps what it committed): its rows are
+    its parts', as a cancelled job's are (any other failure removed its parts: none to read)."""
+    final = tmp_path / "job-1.parquet"
+    _part(final, 0, 100)
+    _part(final, 100, 150)
+    record = cast("JobRecord", {"id": 1, "status": status, "params": {"output": "parquet"},
+                                "result": {"output": str(final)}})
+    assert [r["index"] for r in results.read("sqlite://", tmp_path, record)] == list(range(150))
+    assert results.count("sqlite://", tmp_path, record) == 150
 
 
 @pytest.mark.parametrize("top_k", [0, 3])

@@ -1,9 +1,12 @@
 """A schedule fires through real workers: it trains on the newest file of a folder, promotes a
-better model, keeps the promoted one against a worse or failed retraining, all recorded in SQL."""
+better model, keeps the promoted one against a worse or failed retraining, all recorded in SQL;
+and it retrains a user's own model from a bucket glob through a kill of its worker."""
 
 from __future__ import annotations
 
+import io
 import os
+import signal
 import time
 from datetime import datetime, timedelta
 
@@ -11,11 +14,15 @@ import numpy as np
 import pytest
 
 from mxq.db import schedules
+from mxq.db.outputs.epochs import list_epochs
 from mxq.db.records import FireRecord
 from mxq.db.registry import list_models
 from mxq.tasks.training import datasets
 from mxq.workers.schedules.fires import add_schedule, tick
 from tests.conftest import Stack, wait_until
+from tests.support.s3 import S3Server
+from tests.support.workers import pid_of, wait_alive
+from tests.training.test_retrain import trained_and_exported
 
 
 def _drop(stack: Stack, name: str, shuffle_labels: bool = False, corrupt: bool = False) -> None:
@@ -81,3 +88,61 @@ def test_scheduled_retraining_promotes_only_a_better_model(workers: Stack) -> No
     shown = workers.mxq_json("schedule", "show", "nightly")
     assert [f["job_status"] for f in shown["fires"]] == ["succeeded", "succeeded", "failed"]
     assert {"fire_time", "dataset_file", "job_id", "job_status", "promotion"} <= set(shown["fires"][0])
+
+
+def _put_digits(name: str, n: int) -> str:
+    """Raw digits pixels (0..16), the first `n` samples, as an .npz object (X, y) in the bucket."""
+    digits, buf = datasets.digits(), io.BytesIO()
+    np.savez(buf, X=digits.x[:n], y=digits.y[:n])
+    return S3Server.shared().put(f"in/usercnn-nightly/{name}", buf.getvalue())
+
+
+@pytest.mark.slow  # long real-process work: make test-all (CI) runs it
+def test_a_nightly_retraining_of_a_users_model_from_a_bucket_survives_a_kill(workers: Stack) -> None:
+    """A user's own CNN, registered from its files with --scale 1/16, retrained by a schedule
+    --from it on raw pixels in a bucket: its worker killed mid-epoch, the job resumes from its
+    last checkpoint, registers exactly one version, with the stored scaling, and the fire's
+    promotion decision is recorded."""
+    # the user's usercnn, by another name: test_retrain.py's usercnn shares the session's stack
+    symbol, params = trained_and_exported(workers.home / "data", "nightlycnn")
+    added = workers.mxq("models", "add", "nightlycnn", "--symbol", str(symbol), "--params", str(params),
+                        "--input-shape", "1,8,8", "--scale", "1/16")
+    assert added.returncode == 0, added.stderr
+    _put_digits("day1.npz", 400)
+    newest = _put_digits("day2.npz", len(datasets.digits().y))  # newer, or as new and named later
+    added = workers.mxq("schedule", "add", "usercnn-nightly", "--from", "nightlycnn", "--model",
+                        "nightlycnn", "--dataset", "s3://mxq-tests/in/usercnn-nightly/*.npz",
+                        "--cron", "0 3 * * *", "--epochs", "12", "--promote", "if-better")
+    assert added.returncode == 0, added.stderr
+    try:
+        fire = workers.mxq_json("schedule", "run-now", "usercnn-nightly")
+        assert fire["error"] is None and fire["dataset_file"] == newest, fire
+        job_id = fire["job_id"]
+        wait_until(lambda: list_epochs(workers.settings.database, job_id), 300,
+                   f"job {job_id} to record its first epoch", interval=0.05)
+        leader = workers.job(job_id)["worker"]
+        pid = pid_of(workers, leader)
+        os.kill(pid, signal.SIGKILL)  # mid-epoch: the next epoch has begun
+        wait_alive(workers, leader, pid)
+        done = workers.wait(job_id, timeout=600)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempts"] == 2 and (done["params"] or {})["from_version"] == 1
+        result = done["result"] or {}
+        assert result["resumed_from_epoch"] >= 1 and result["model_version"] == 2, result
+        epochs = list_epochs(workers.settings.database, job_id)
+        assert [e["epoch"] for e in epochs] == list(range(1, 13))
+        v1, v2 = list_models(workers.settings.database, "nightlycnn")  # exactly one version registered
+        assert v2["version"] == 2 and v2["source"] == f"train:job-{job_id} from nightlycnn:1"
+        assert v2["preprocess"]["scale"] == v1["preprocess"]["scale"] == 1 / 16
+        assert v2["metrics"]["val_accuracy"] >= 0.9, v2["metrics"]  # raw pixels would not reach it
+        shown = workers.mxq_json("schedule", "show", "usercnn-nightly")
+        (fired,) = shown["fires"]
+        decision = fired["promotion"]
+        assert fired["job_status"] == "succeeded" and decision == result["promotion"], fired
+        assert decision["new_version"] == 2 and decision["promoted_version"] in (None, 1), decision
+        old = decision["promoted_value"]  # none: v1 was added, never promoted, and has no metrics
+        assert decision["decision"] == ("promoted" if old is None or v2["metrics"]["val_accuracy"] >= old
+                                        else "kept"), decision
+        assert v2["promoted"] == (decision["decision"] == "promoted")
+    finally:
+        workers.mxq("schedule", "rm", "usercnn-nightly")
