@@ -183,6 +183,14 @@ def submitter(who: Annotated[Caller, Depends(caller)]) -> Caller:
     return who
 
 
+def admin(who: Annotated[Caller, Depends(caller)]) -> Caller:
+    """A caller with role admin (403 for the others): registering code that workers run."""
+    if who.role is not Role.ADMIN:
+        raise Forbidden(f"user {who.name!r} has role {who.role}; registering an architecture's code "
+                        "(which workers import and run) needs role admin")
+    return who
+
+
 def reader(who: Annotated[Caller, Depends(caller)]) -> Caller:
     """Any user: every read needs one (what it may read of others' is checked per route)."""
     return who

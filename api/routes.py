@@ -14,10 +14,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
 
-from mxq.api.auth import Caller, reader, submitter
+from mxq.api.auth import Caller, admin, reader, submitter
 from mxq.api.auth import settings as settings  # re-exported: tests override routes.settings
 from mxq.api.schemas import (
     SINCE_AGE_PATTERN,
+    ArchRecord,
+    ArchRequest,
     CancelAnswer,
     DeviceRecord,
     JobPage,
@@ -45,6 +47,7 @@ from mxq.priorities import Priority
 from mxq.since import parse_since
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.fleet.device_table import device_table
+from mxq.workers.jobs.archs import queue_trial
 from mxq.workers.jobs.cancel import cancel_job
 from mxq.workers.jobs.jobspecs import TrainOptions
 from mxq.workers.jobs.queue_view import queue_view
@@ -79,6 +82,7 @@ def _visible(who: Caller, record: Any) -> Any:
 
 Reader = Annotated[Caller, Depends(reader)]
 Submitter = Annotated[Caller, Depends(submitter)]
+Admin = Annotated[Caller, Depends(admin)]
 READ_ERRORS = (401, 403)  # (403: a dashboard session's write without its CSRF token, others' results)
 WRITE_ERRORS = (401, 403, 413, 415)  # (403, 415: api/guard.py)
 # The job list counts matches this far past its page: a total of millions (every job, every
@@ -262,6 +266,32 @@ def promote(name: Name, req: PromoteRequest, who: Submitter, s: Settings = Depen
     registry.resolve(s.database, name)  # 404, naming the models there are
     registry.check_registrant(s.database, name, who.name)  # the rule a training's registration meets
     return registry.promote(s.database, name, req.version)
+
+
+@router.get("/archs", response_model=list[ArchRecord], responses=problems())
+def archs(_: Reader, s: Settings = Depends(settings)) -> Any:
+    """Every version of every registered architecture (`mxq arch ls`): a training of NAME uses
+    its newest."""
+    return registry.list_archs(s.database)
+
+
+@router.post("/archs", status_code=202, response_model=JobRecord, responses=problems(*WRITE_ERRORS))
+def add_arch(req: ArchRequest, who: Admin, s: Settings = Depends(settings)) -> Any:
+    """Register an architecture's code (admins only): its trial is queued as an `arch` job (the
+    answer), which a device worker runs in a child process; once it succeeds, its `result.arch`
+    is the registered version and a training may name it. A refused trial fails the job with its
+    one-line reason (`error`), and nothing is registered. Needs device workers running."""
+    job_id = queue_trial(s, req.name, req.code.encode(), req.file_name, req.factory, req.classes,
+                         req.input_shape, who.name)
+    return require_job(s.database, job_id)
+
+
+@router.delete("/archs/{name}", status_code=204, responses=problems(404, *WRITE_ERRORS))
+def delete_arch(name: Name, _: Admin, s: Settings = Depends(settings)) -> Response:
+    """Forget architecture NAME, every version (admins only); trainings already submitted keep
+    the code they pinned."""
+    registry.remove_arch(s.database, name)
+    return Response(status_code=204)
 
 
 @router.get("/schedules", response_model=list[ScheduleRecord], responses=problems())

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
 from mxq.db.records import (
+    ArchRecord,
     FireRecord,
     JobRecord,
     LogPage,
@@ -27,7 +28,16 @@ from mxq.db.records import (
 )
 from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.status import JobStatus
-from mxq.workers.jobs.jobspecs import InferRequest, ProbeParams, TrainOptions, TrainRequest
+from mxq.workers.jobs.archs import FILE_NAME
+from mxq.workers.jobs.jobspecs import (
+    FACTORY_PATTERN,
+    MAX_ARCH_BYTES,
+    MAX_ARCH_NAME,
+    InferRequest,
+    ProbeParams,
+    TrainOptions,
+    TrainRequest,
+)
 from mxq.workers.schedules.cron import MAX_CRON_CHARS
 
 Status = JobStatus  # a job's status as the API takes it (`?status=`): one of mxq.status's values
@@ -158,6 +168,24 @@ class PromoteRequest(JsonBody):
     version: int = Field(ge=1, le=MAX_ID)
 
 
+class ArchRequest(JsonBody):
+    """Your own architecture's code to register (`mxq arch add`): its trial runs as an `arch` job
+    on a device worker, which registers NAME's next version once the output is (N, classes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_ARCH_NAME, description="The name a "
+                      "training takes as its arch; not a built-in's.")
+    code: str = Field(min_length=1, max_length=MAX_ARCH_BYTES, description="The Python file's text.")
+    file_name: str = Field(pattern=FILE_NAME.pattern, description="Its name, such as my_net.py.")
+    factory: str = Field(pattern=FACTORY_PATTERN, description="The function that builds the net: "
+                         "FUNC(classes: int, input_shape: tuple[int, ...]) -> gluon.HybridBlock.")
+    classes: int = Field(10, ge=2, le=2**20, description="Classes for the trial forward.")
+    input_shape: list[Annotated[int, Field(ge=1, le=2**16)]] = Field(
+        min_length=1, max_length=8, description="One sample's shape for the trial forward, e.g. "
+        "[1, 8, 8].")
+
+
 class Problem(BaseModel):
     """Every error answer (RFC 9457, `application/problem+json`): `detail` is the one-line
     message naming what, which value and what is allowed."""
@@ -231,7 +259,8 @@ class DeviceRecord(BaseModel):
         "When the device went out, ISO 8601 UTC (null unless out)"))
 
 
-__all__ = ["CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord", "JobRequest", "LogPage",
+__all__ = ["ArchRecord", "ArchRequest", "CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord",
+           "JobRequest", "LogPage",
            "QueueEntry",
            "ModelRecord", "PredictionPage", "PredictionRow", "Problem", "PromoteRequest", "ScheduleDetail",
            "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer"]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from mxq.cli import archs as archs_cli
 from mxq.cli import demo as demo_cli
 from mxq.cli import gc as gc_cli
 from mxq.cli import logs as logs_cli
@@ -57,6 +58,7 @@ app.add_typer(models_cli.app, name="models")
 app.add_typer(schedule_cli.app, name="schedule")
 app.add_typer(users_cli.app, name="users")
 app.add_typer(teams_cli.app, name="teams")
+app.add_typer(archs_cli.app, name="arch")
 
 
 def _print_version(asked: bool) -> None:
@@ -378,7 +380,7 @@ def results(job_id: JobId,
 
 
 @app.command()
-def train(arch: Annotated[str, typer.Argument(help="mlp, lenet or resnet18_v1 (none with --from)", metavar="[ARCH]")],  # noqa: E501
+def train(arch: Annotated[str, typer.Argument(help="mlp, lenet, resnet18_v1 or one of `mxq arch ls` (none with --from)", metavar="[ARCH]")],  # noqa: E501
           dataset: Annotated[str | None, typer.Argument(help="digits, .npz (X, y), .csv, image folder or .rec", show_default=False)] = None,  # noqa: E501
           name: Annotated[str | None, typer.Option("--name", help="Model name the result registers as (default with --from: that model's).")] = None,  # noqa: E501
           from_model: FromOpt = None, reinit: ReinitOpt = False,

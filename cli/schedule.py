@@ -25,7 +25,7 @@ def add(name: str,
         cron: Annotated[str, typer.Option(help="Five-field cron, e.g. '0 3 * * *'.")],
         dataset: Annotated[str, typer.Option(help="File, folder or glob: the newest match is used.")],
         model: Annotated[str, typer.Option(help="Model name the retraining registers.")],
-        arch: Annotated[str | None, typer.Option(help="mlp, lenet or resnet18_v1 (or --from).")] = None,
+        arch: Annotated[str | None, typer.Option(help="mlp, lenet, resnet18_v1 or one of `mxq arch ls` (or --from).")] = None,  # noqa: E501
         from_model: options.FromOpt = None, reinit: options.ReinitOpt = False,
         scale: options.ScaleOpt = None, mean: options.MeanOpt = None, std: options.StdOpt = None,
         layout: options.LayoutOpt = None,

@@ -187,6 +187,23 @@ class Client:
         return self.submit("train", wait, idempotency_key, from_model=model, from_version=version,
                            reinit=reinit, dataset=dataset, device=device, name=name or "", **options)
 
+    def add_arch(self, name: str, path: str | Path, factory: str, input_shape: list[int],
+                 classes: int = 10, wait: bool = False) -> Job:
+        """Register the Python file at `path` as architecture `name` (`mxq arch add`; the token
+        must be an admin's): the `arch` job that tries it on a device worker. Once it succeeded,
+        its `result["arch"]` is the registered version and `train(name, …)` trains it; a refused
+        trial fails it with its one-line `error`."""
+        file = Path(path)
+        record = self.request("POST", "/archs", json={
+            "name": name, "code": file.read_text(), "file_name": file.name, "factory": factory,
+            "classes": classes, "input_shape": list(input_shape)})
+        job = Job(self, record)
+        return job.wait() if wait else job
+
+    def archs(self) -> list[dict[str, Any]]:
+        """Every registered architecture's versions (`mxq arch ls`)."""
+        return list(self.request("GET", "/archs"))
+
     def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
               **options: Any) -> Job:
         return self.submit("probe", wait, idempotency_key, device=device, **options)

@@ -159,6 +159,20 @@ class ModelRecord(TypedDict):
     removed_at: str | None  # when the retention policy removed its files (MXQ_KEEP_VERSIONS)
 
 
+class ArchRecord(TypedDict):
+    """One version of an architecture's code (`mxq arch ls --json`, `GET /archs`)."""
+
+    name: str
+    version: int
+    sha256: str  # the file's checksum: where it is stored, and what a training pins
+    factory: str  # the function of the file that builds the net
+    file_name: str
+    classes: int  # what the trial forward at registration built it for
+    input_shape: list[int]
+    added_by: str | None
+    added_at: str | None
+
+
 class JobRow(TypedDict):
     """A job as a worker reads it before it claims a delivery, the training child before it
     trains and a requeue before it publishes (`mxq.db.jobs.job_row`); inside mxq only."""

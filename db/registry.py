@@ -1,19 +1,20 @@
-"""The model registry: named, versioned models and which version is promoted."""
+"""The model registry: named, versioned models and which version is promoted; the
+architectures' code users registered (`archs`: `mxq arch add`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mxq import engines
-from mxq.db.engine import session_scope
+from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, Superseded, still_ours
-from mxq.db.records import ModelRecord
-from mxq.db.schema import Job, Model, iso
+from mxq.db.records import ArchRecord, ModelRecord
+from mxq.db.schema import Arch, Job, Model, iso
 from mxq.db.sharing.teams import check_team, rights_of
 from mxq.errors import Conflict, Forbidden, NotFound
 from mxq.preprocess import Preprocess
@@ -205,3 +206,56 @@ def record_variant(url: str, name: str, version: int, precision: str,
                          for kind, speeds in (model.engines or {}).items()}
         session.flush()
         return model_record(model)
+
+
+class ArchNotFound(NotFound):
+    """No architecture of that name registered (`mxq arch ls`)."""
+
+
+def arch_record(a: Arch) -> ArchRecord:
+    return {"name": a.name, "version": a.version, "sha256": a.sha256, "factory": a.factory,
+            "file_name": a.file_name, "classes": a.classes, "input_shape": list(a.input_shape),
+            "added_by": a.added_by, "added_at": iso(a.added_at)}
+
+
+def add_arch(url: str, record: dict[str, Any]) -> ArchRecord:
+    """The next version of an architecture's name (its first: 1); the same code and factory as
+    its newest version is that version, not another."""
+    with session_scope(url) as session:
+        newest = session.scalars(select(Arch).where(Arch.name == record["name"])
+                                 .order_by(Arch.version.desc())).first()
+        if newest is not None and (newest.sha256, newest.factory) == (record["sha256"],
+                                                                      record["factory"]):
+            return arch_record(newest)
+        arch = Arch(**record, version=1 if newest is None else newest.version + 1)
+        session.add(arch)
+        try:
+            session.flush()
+        except IntegrityError:
+            raise Conflict(f"arch {record['name']} was added concurrently; add it again") from None
+        return arch_record(arch)
+
+
+def list_archs(url: str, name: str | None = None) -> list[ArchRecord]:
+    """Every version of every registered architecture (of `name`), by name and version."""
+    with session_scope(url) as session:
+        query = select(Arch).order_by(Arch.name, Arch.version)
+        if name is not None:
+            query = query.where(Arch.name == name)
+        return [arch_record(a) for a in session.scalars(query)]
+
+
+def find_arch(url: str, name: str) -> ArchRecord | None:
+    """The newest version of architecture `name`: the one a training of it pins."""
+    versions = list_archs(url, name)
+    return versions[-1] if versions else None
+
+
+def remove_arch(url: str, name: str) -> int:
+    """Forget every version of architecture `name` (the stored files stay: a training that
+    pinned one still reads it); how many were removed, ArchNotFound for none."""
+    with session_scope(url) as session:
+        removed = rowcount(session.execute(delete(Arch).where(Arch.name == name)))
+    if not removed:
+        raise ArchNotFound(f"no architecture {name!r} is registered (see `mxq arch ls`)")
+    return removed

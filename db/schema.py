@@ -245,6 +245,29 @@ class Model(Base):
                       NEVER_REUSE_IDS)
 
 
+class Arch(Base):
+    """One version of an architecture's code (`mxq arch add`, migration 0029): its file, stored
+    by content (`$MXQ_HOME/models/STACK/.archs/SHA256.py`, and the bucket store), and the
+    factory that builds its net; a training of NAME pins the newest version's checksum."""
+
+    __tablename__ = "archs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int]
+    sha256: Mapped[str] = mapped_column(String(64))
+    factory: Mapped[str] = mapped_column(String(128))
+    file_name: Mapped[str] = mapped_column(String(256))
+    # What the trial forward at registration built it for.
+    classes: Mapped[int]
+    input_shape: Mapped[list[int]] = mapped_column(JSON)
+    added_by: Mapped[str | None] = mapped_column(String(128))
+    added_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_archs_name_version"),
+                      NEVER_REUSE_IDS)
+
+
 class Prediction(Base):
     """One sample's result; keyed by (job, index) so a redelivered chunk cannot duplicate it."""
 

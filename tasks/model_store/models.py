@@ -445,7 +445,8 @@ def add_trained(settings: Settings, name: str, net: gluon.HybridBlock, trained: 
                 metrics: dict[str, Any], job_id: int, fence: Fence | None = None) -> ModelRecord:
     """A new version of `name` from a finished training job, with its validation metrics; with
     the attempt's `fence`, registered only while the job is that attempt's, and once per job."""
-    source = f"train:job-{job_id}" + (f" from {trained.start}" if trained.start else "")
+    source = (f"train:job-{job_id}" + (f" from {trained.start}" if trained.start else "")
+              + (f" arch {trained.code}" if trained.code else ""))
     return _register(settings, name, lambda folder: _export(net, folder / PREFIX, trained.input_shape), {
         "arch": trained.arch, "input_shape": list(trained.input_shape), "classes": trained.classes,
         "outputs": trained.outputs, "source": source, "metrics": metrics}, trained.preprocess, fence)
@@ -462,3 +463,4 @@ class TrainedVersion:
     preprocess: Preprocess
     outputs: str = "logits"
     start: str | None = None  # NAME:VERSION, for a training --from that version
+    code: str | None = None  # NAME@SHA256: the registered architecture's code it was built from

@@ -18,9 +18,10 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mxq.db import jobs, registry, schedules
 from mxq.db.fence import Fence, Superseded
@@ -33,7 +34,10 @@ from mxq.errors import MxqError, first_line, typed_line
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
+from mxq.tasks.model_store import user_code
+from mxq.tasks.model_store.locations import CodeMissing, arch_file
 from mxq.tasks.model_store.models import TrainedVersion, add_trained, load, probabilities, trainable
+from mxq.tasks.model_store.user_code import CodeError, check_output
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
 from mxq.tasks.runner import (
@@ -86,7 +90,7 @@ def load_data(s: Settings, p: TrainParams) -> Data:
         path = p.dataset if p.dataset in datasets.BUILTIN else locate(s, p.dataset, "dataset")
         shape = p.input_shape or (source["input_shape"] if source else None)
         ds = datasets.load(path, tuple(shape) if shape else None, p.label_column, Limits.of(s))
-        if source is None:
+        if source is None and p.arch_sha256 is None:  # (a registered architecture's: its trial)
             check_shape(p.arch or "", ds.sample_shape)
         ds = replace(ds, preprocess=_preprocessing(s, p, ds, source))
         ds.preprocess.check(ds.sample_shape)
@@ -105,7 +109,8 @@ def _version(s: Settings, p: TrainParams, ds: datasets.Dataset, source: ModelRec
         if known and ds.classes > known[-1]["classes"]:
             raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
                            f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
-        return TrainedVersion(p.arch or "", ds.sample_shape, ds.classes, ds.preprocess)
+        return TrainedVersion(p.arch or "", ds.sample_shape, ds.classes, ds.preprocess,
+                              code=f"{p.arch}@{p.arch_sha256}" if p.arch_sha256 else None)
     label = f"{source['name']}:{source['version']}"
     if ds.sample_shape != tuple(source["input_shape"]):
         raise BadInput(f"dataset {p.dataset} has samples of shape {ds.sample_shape} but {label} "
@@ -321,7 +326,10 @@ def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams, data: D
     on_gpu = Device.parse(job.devices[0]).is_gpu
     ctxs = [mx.gpu(i) if on_gpu else mx.cpu(i) for i in range(len(job.devices))]
     if data.source is None:
-        net = make_net(p, train.classes, train.sample_shape, ctxs)
+        net = make_net(p, train.classes, train.sample_shape, ctxs, _own_block(s, p, data))
+        if p.arch_sha256 is not None:  # its output checked as at its registration, on the devices
+            _checked(lambda: check_output(net, p.arch or "", data.version.classes,
+                                          train.sample_shape, ctxs[0], p.dtype))
     else:  # its own graph, with its weights or fresh ones
         net = source_net(trainable(s, data.source, ctxs, p.dtype), p)
     trainer = make_trainer(p, net, on_gpu, kv)
@@ -333,6 +341,28 @@ def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams, data: D
         folder.mkdir(parents=True, exist_ok=True)
     return Training(job, fence, p, data, net, trainer, ctxs, labels, rank, workers, folder, done,
                     len(train.y) // workers)
+
+
+def _own_block(s: Settings, p: TrainParams, data: Data) -> Any:
+    """A registered architecture's net, built in this child by its code as pinned at submit
+    (None: a built-in's)."""
+    if p.arch_sha256 is None or p.arch_factory is None:
+        return None
+    sha256, factory = p.arch_sha256, p.arch_factory
+    return _checked(lambda: user_code.build(arch_file(s, sha256), sha256, p.arch or "", factory,
+                                            f"{p.arch}@{sha256[:12]}", data.version.classes,
+                                            data.train.sample_shape))
+
+
+T = TypeVar("T")
+
+
+def _checked(step: Callable[[], T]) -> T:
+    """A step of a registered architecture's code, its problem the job's one line (BadInput)."""
+    try:
+        return step()
+    except (CodeError, CodeMissing, StorageError) as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _train(s: Settings, t: Training) -> Trained:
@@ -368,7 +398,11 @@ def main(s: Settings, fence: Fence, devices: list[str]) -> int:
     except BadInput as exc:
         child_report.write(out, Refused(error=str(exc)))
         return CHILD_INPUT_ERROR
-    t = _prepare(s, job, fence, p, data)
+    try:
+        t = _prepare(s, job, fence, p, data)
+    except BadInput as exc:  # a registered architecture's code that does not build or fit
+        child_report.write(out, Refused(error=str(exc)))
+        return CHILD_INPUT_ERROR
     try:
         child_report.write(out, _train(s, t))
     except JobCancelled:  # checkpoints of finished epochs stay

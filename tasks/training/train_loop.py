@@ -21,10 +21,12 @@ from mxq.tasks.training.datasets import Dataset
 from mxq.workers.jobs.jobspecs import TrainParams
 
 
-def make_net(p: TrainParams, classes: int, shape: tuple[int, ...],
-             ctxs: list[mx.Context]) -> gluon.HybridBlock:
-    """The same initial weights on every context for a given seed, whatever the device count."""
-    net = build(p.arch or "", classes, shape)  # (a training --from has its own net: source_net)
+def make_net(p: TrainParams, classes: int, shape: tuple[int, ...], ctxs: list[mx.Context],
+             block: gluon.HybridBlock | None = None) -> gluon.HybridBlock:
+    """The same initial weights on every context for a given seed, whatever the device count:
+    a built-in architecture's net, or `block` (a registered architecture's, built by its code)."""
+    # (a training --from has its own net: source_net)
+    net = build(p.arch or "", classes, shape) if block is None else block
     mx.random.seed(p.seed)
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if p.dtype == "float16":

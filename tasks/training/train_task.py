@@ -240,7 +240,7 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
     renewing the leases; kill it when a lease is lost or the job must stop."""
     roles: list[dist.Role] = []
     child: subprocess.Popen[bytes] | None = None
-    relays: list[threading.Thread] = []
+    threads: list[threading.Thread] = []
 
     def renew() -> None:
         if not leases.renew(s.broker, s.node, job.devices, job.id, lease_ttl(s)):
@@ -255,7 +255,7 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
                                   ",".join(job.devices), str(job.fence.attempt), job.fence.worker],
                                  env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, preexec_fn=lambda: dist.die_with_parent(cores))
-        relays = _relays(child, job.id)
+        threads = relays(child, job.id)
         if p.dist is not None:
             dist.watch(s, job, p, child, roles, ready, renew)
         while child.poll() is None:
@@ -264,7 +264,7 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
         return child.returncode
     finally:
         _kill(child)
-        for relay in relays:
+        for relay in threads:
             relay.join(RELAY_JOIN_SECONDS)
         # after a clean end the scheduler and server stop by themselves; else they are killed
         clean = child is not None and child.returncode == 0
@@ -272,7 +272,7 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
         ready.unlink(missing_ok=True)
 
 
-def _relays(child: subprocess.Popen[bytes], job_id: int) -> list[threading.Thread]:
+def relays(child: subprocess.Popen[bytes], job_id: int) -> list[threading.Thread]:
     """Threads that hand the child's stdout and stderr to the job's log (`tasks/hooks/job_log.py`)
     and echo them, as they come, to this worker's own (where the child's output went before)."""
     assert child.stdout is not None and child.stderr is not None

@@ -115,7 +115,8 @@ def test_the_trained_graph_registers_as_its_source_is(store: Settings, tmp_path:
 
 
 @pytest.mark.parametrize(("params", "error"), [
-    ({"dataset": "digits", "name": "x"}, "give an architecture (mlp, lenet or resnet18_v1) or --from NAME"),
+    ({"dataset": "digits", "name": "x"},
+     "give an architecture (mlp, lenet, resnet18_v1 or one of `mxq arch ls`) or --from NAME"),
     ({"arch": "mlp", "from_model": "own", "dataset": "digits"}, "one of them"),
     ({"arch": "mlp", "dataset": "digits"}, "name the model the training registers (--name NAME)"),
     ({"arch": "mlp", "dataset": "digits", "name": "x", "reinit": True},

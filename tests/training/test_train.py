@@ -211,7 +211,7 @@ def test_bad_training_input(workers: Stack) -> None:
     before = workers.mxq_json("models")
     cases = [
         (["lenet", "digits", "--name", "k", "--devices", "3"], "3 devices asked but node"),
-        (["vgg", "digits", "--name", "k"], "arch='vgg'"),
+        (["vgg", "digits", "--name", "k"], "unknown architecture 'vgg'; known: mlp, lenet, resnet18_v1"),
         (["lenet", "digits", "--name", "k", "--epochs", "0"], "epochs=0"),
         (["lenet", "digits", "--name", "k", "--epochs", "-2"], "epochs=-2"),
         (["lenet", "digits", "--name", "k", "--lr", "-1"], "lr=-1.0"),

@@ -22,7 +22,8 @@ from mxq.workers.settings import Settings, get_settings
 CONTROL_TASK_MODULES = ["mxq.workers.control"]
 DEVICE_TASK_MODULES = ["mxq.tasks.runtimes.mx_context", "mxq.tasks.runtimes.probe",
                        "mxq.tasks.inference.infer", "mxq.tasks.training.train_task",
-                       "mxq.tasks.model_store.register", "mxq.tasks.inference.device_memory",
+                       "mxq.tasks.model_store.register", "mxq.tasks.training.arch_job",
+                       "mxq.tasks.inference.device_memory",
                        *CONTROL_TASK_MODULES]
 ONNX_TASK_MODULES = ["mxq.tasks.runtimes.onnx_worker", "mxq.tasks.inference.infer",
                      "mxq.tasks.inference.device_memory", *CONTROL_TASK_MODULES]

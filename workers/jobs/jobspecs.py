@@ -195,6 +195,10 @@ class InferParams(InferRequest):
 
 
 ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/model_store/zoo.py builds them)
+MAX_ARCH_NAME = 64  # a registered architecture's name (it is a model version's `arch`)
+MAX_ARCH_BYTES = 1 << 20  # an architecture's Python file
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+FACTORY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # a Python function name
 # Datasets a training names instead of a file (tasks/training/datasets.BUILTIN loads them).
 BUILTIN_DATASETS = ("digits",)
 MAX_EPOCHS = DEFAULT_MAX_EPOCHS
@@ -236,8 +240,10 @@ class TrainOptions(TimeLimited):
 
     model_config = ConfigDict(extra="forbid")
 
-    arch: Literal["mlp", "lenet", "resnet18_v1"] | None = Field(
-        None, description="A built-in architecture trained from scratch (or from_model).")
+    arch: str | None = Field(
+        None, pattern=NAME_PATTERN, max_length=MAX_ARCH_NAME, description="An architecture "
+        "trained from scratch (or from_model): a built-in (mlp, lenet, resnet18_v1) or one "
+        "registered with `mxq arch add` (`GET /archs`), its newest version pinned at submit.")
     from_model: str | None = Field(
         None, pattern=NAME_PATTERN, description="Retrain this registered model's own graph (its "
         "promoted version, or from_version), with its weights (or re-initialized: reinit), its "
@@ -330,8 +336,8 @@ class TrainOptions(TimeLimited):
     def _one_source(self) -> None:
         """An architecture, or a registered model's graph with the preprocessing it serves with."""
         if (self.arch is None) == (self.from_model is None):
-            raise ValueError("give an architecture (mlp, lenet or resnet18_v1) or --from NAME "
-                             "(a registered model's graph), one of them")
+            raise ValueError("give an architecture (mlp, lenet, resnet18_v1 or one of `mxq arch "
+                             "ls`) or --from NAME (a registered model's graph), one of them")
         if self.from_model is None and (self.from_version is not None or self.reinit):
             raise ValueError("--reinit and a :VERSION go with --from NAME")
         given = [f"--{k}" for k in ("scale", "mean", "std", "layout") if getattr(self, k) is not None]
@@ -387,6 +393,41 @@ class TrainParams(TrainRequest):
 
     dist: DistRole | None = Field(None, description="Internal: this job is one node's part.")
     fire_id: int | None = Field(None, description="The schedule fire that started this job.")
+    # A registered architecture (not a built-in): the code version pinned at submit, which every
+    # attempt imports and the version it registers records (`arch NAME@SHA256`).
+    arch_sha256: str | None = Field(None, pattern=SHA256_PATTERN)
+    arch_factory: str | None = Field(None, pattern=FACTORY_PATTERN)
+
+    @model_validator(mode="after")
+    def _pinned_code(self) -> TrainParams:
+        if (self.arch_sha256 is None) != (self.arch_factory is None):
+            raise ValueError("arch_sha256 and arch_factory go together (pinned at submit)")
+        return self
+
+
+class ArchParams(BaseModel):
+    """The trial of an architecture's code before it is registered (`mxq arch add`, `POST
+    /archs`): a device worker imports the staged file in a child process of its own, builds the
+    net with the factory, forwards random samples and, when the output is (N, classes), stores
+    the file by its checksum and registers the next version of the name. Set by mxq, never by a
+    job request (the API's job schema has no such kind)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_ARCH_NAME)
+    file: str = Field(min_length=1, description="The staged file, under $MXQ_HOME/staging.")
+    file_name: str = Field(min_length=1, max_length=256, description="Its name as given.")
+    factory: str = Field(pattern=FACTORY_PATTERN)
+    classes: int = Field(10, ge=2, le=2**20)
+    input_shape: list[Annotated[int, Field(ge=1, le=2**16)]] = Field(min_length=1, max_length=8)
+    added_by: str | None = Field(None, max_length=128)
+
+    @field_validator("name")
+    @classmethod
+    def _not_builtin(cls, value: str) -> str:
+        if value in ARCHS:
+            raise ValueError(f"{value} is a built-in architecture: give your own a name of its own")
+        return value
 
 
 class RegisterParams(BaseModel):
@@ -416,9 +457,9 @@ class RegisterParams(BaseModel):
 
 # A job's parameters, typed: what `validate` returns and every step after it passes on, from the
 # submit to the task body. They become JSON once, where they are stored (SQL) and read back from it.
-JobParams = ProbeParams | InferParams | TrainParams | RegisterParams
+JobParams = ProbeParams | InferParams | TrainParams | RegisterParams | ArchParams
 SPECS: dict[str, type[JobParams]] = {"probe": ProbeParams, "infer": InferParams, "train": TrainParams,
-                                     "register": RegisterParams}
+                                     "register": RegisterParams, "arch": ArchParams}
 # Parameters before validation: a request's JSON, a CLI's options, a stored row.
 Raw = Mapping[str, object]
 

@@ -26,7 +26,7 @@ from mxq.db.engine import ping, safe_url
 from mxq.db.fleet import describe_groups, device_model, list_workers, model_groups
 from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
 from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
-from mxq.db.registry import check_registrant, resolve
+from mxq.db.registry import check_registrant, find_arch, list_archs, resolve
 from mxq.db.reports.history import jobs_by_keys
 from mxq.db.sharing import admission
 from mxq.db.sharing.teams import check_team
@@ -43,6 +43,7 @@ from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
 from mxq.workers.jobs import admit, preempt
 from mxq.workers.jobs.jobspecs import (
+    ARCHS,
     BUILTIN_DATASETS,
     SPECS,
     InferParams,
@@ -65,7 +66,8 @@ log = logging.getLogger(__name__)
 MAX_KEY_CHARS = 128
 IDEMPOTENCY_KEY_PATTERN = rf"^[A-Za-z0-9._:+/=-]{{1,{MAX_KEY_CHARS}}}$"
 PUBLISH_BATCH = 1000  # kombu's publish batch: submit_many's deadline is per batch
-JOBS_IN_WORDS = {"train": "a training", "probe": "a probe", "register": "a model's registration"}
+JOBS_IN_WORDS = {"train": "a training", "probe": "a probe", "register": "a model's registration",
+                 "arch": "an architecture's trial"}
 
 
 class IdempotencyConflict(Conflict):
@@ -197,7 +199,21 @@ def _resolve_train(settings: Settings, p: TrainParams) -> TrainParams:
         _check_nodes(list_workers(settings.database, settings.heartbeat_ttl), p)
     else:
         _check_one_node(settings, p)
-    return p.model_copy(update={"dataset": dataset, **_pinned_source(settings, p)})
+    return p.model_copy(update={"dataset": dataset, **_pinned_source(settings, p),
+                                **pinned_code(settings.database, p.arch)})
+
+
+def pinned_code(url: str, arch: str | None) -> dict[str, object]:
+    """A registered architecture's code, pinned now: its newest version's checksum and factory,
+    which every attempt imports and the version it trains records (a built-in: none)."""
+    if arch is None or arch in ARCHS:
+        return {"arch_sha256": None, "arch_factory": None}
+    code = find_arch(url, arch)
+    if code is None:
+        known = [*ARCHS, *sorted({a["name"] for a in list_archs(url)})]
+        raise ParamsError(f"unknown architecture {arch!r}; known: {', '.join(known)} "
+                          "(`mxq arch add` registers your own)")
+    return {"arch_sha256": code["sha256"], "arch_factory": code["factory"]}
 
 
 def _pinned_source(settings: Settings, p: TrainParams) -> dict[str, object]:

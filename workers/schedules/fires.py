@@ -31,7 +31,7 @@ from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import CONTROL_QUEUE
 from mxq.workers.jobs.jobspecs import ParamsError, validate
-from mxq.workers.jobs.submit import check_calibration, submit
+from mxq.workers.jobs.submit import check_calibration, pinned_code, submit
 from mxq.workers.schedules.cron import check, due, next_after
 from mxq.workers.schedules.sources import check_source, newest_file
 from mxq.workers.settings import Settings
@@ -162,6 +162,7 @@ def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str
     check_registrant(settings.database, spec["name"], owner)
     check_source(settings, dataset)
     check_calibration(settings, spec.get("calibration"))
+    pinned_code(settings.database, spec.get("arch"))  # a registered one known now (a fire pins its newest)
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
         "metric": metric, "min_gain": min_gain, "min_metric": min_metric, "enabled": True,
