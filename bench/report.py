@@ -74,7 +74,8 @@ ABOUT = {
     "module's `executemany` on a connection with the pragmas mxq's engine sets (WAL, foreign "
     "keys); bare PostgreSQL: psycopg's `COPY`. Alternating rounds; medians.",
     "training": "LeNet, and a user's own CNN (conv, BatchNorm, dropout: none of mxq's built-ins, "
-    "trained by mxq from its registered export with `mxq train --from`), on tiled scikit-learn "
+    "trained by mxq from its registered export with `mxq train --from` and from its code registered "
+    "by `mxq arch add`), on tiled scikit-learn "
     "digits, same global batch and epochs, through "
     "`mxq train` and through the data-parallel loop of MXNet's multi-device guide "
     "(`split_and_load`, one `Trainer.step`), run with the cores and threads mxq gives the job, "
@@ -236,7 +237,8 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
 def _training_cases(r: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """The training case's architectures: (name, how mxq trains it, its rows by device count)."""
     return [("lenet", "mxq train (job)", r["devices"]),
-            ("user CNN", "mxq train --from (job)", r.get("user") or {})]
+            ("user CNN", "mxq train --from (job)", r.get("user") or {}),
+            ("user CNN code", "mxq train, arch add (job)", r.get("user_code") or {})]
 
 
 def _objects_checks(r: dict[str, Any]) -> list[dict[str, Any]]:

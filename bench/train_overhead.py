@@ -1,7 +1,8 @@
 """`mxq train` against the bare data-parallel loop of MXNet's multi-device guide, same run:
 same data, architecture, global batch, epochs and devices (1 and 2). Prints the ratios. Two
 architectures: the built-in LeNet, and a user's own CNN (none of mxq's), which mxq trains from
-its registered, exported graph (`mxq train --from`) and the bare loop from its Gluon code.
+its registered, exported graph (`mxq train --from`) and from its registered code (`mxq arch add`),
+and the bare loop from the same Gluon code.
 
 Each side's figure is the median of its epochs' samples/s (the bare loop runs before and after
 the job): an epoch of this size lasts about a second, and the median keeps one disturbed
@@ -23,15 +24,25 @@ import numpy as np
 
 from bench.stack import rate, run_pinned, running_stack, wait_job
 
+# A user's own CNN for the digits (none of mxq's built-ins), as a user writes it in Gluon: the
+# file `mxq arch add` registers, and the net the bare loop and the registered export are built from.
+USER_CNN = """
+from mxnet import gluon
 
-def user_cnn() -> Any:
-    """A user's own CNN for the digits, as a user writes it in Gluon (none of mxq's built-ins)."""
-    from mxq.tasks.runtimes.mx import gluon
 
+def build(classes, input_shape):
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Conv2D(16, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
-            gluon.nn.MaxPool2D(2), gluon.nn.Flatten(), gluon.nn.Dropout(0.2), gluon.nn.Dense(10))
+            gluon.nn.MaxPool2D(2), gluon.nn.Flatten(), gluon.nn.Dropout(0.2), gluon.nn.Dense(classes))
     return net
+"""
+
+
+def user_cnn() -> Any:
+    """The user's CNN, built by its own factory (the file's code, run here as a user's script)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(USER_CNN, "usercnn.py", "exec"), namespace)  # our own constant, not input
+    return namespace["build"](10, (1, 8, 8))
 
 
 def bare_loop(x: np.ndarray, y: np.ndarray, k: int, epochs: int, batch: int,
@@ -100,6 +111,17 @@ def register_user_cnn(s: Any, shape: tuple[int, ...]) -> str:
     return "usercnn"
 
 
+def register_user_code(s: Any, shape: tuple[int, ...]) -> str:
+    """The user's CNN file registered as `mxq arch add usercode usercnn.py --factory build`
+    does (its trial runs as a job on a worker); what `mxq train usercode` then trains."""
+    from mxq.users import local_owner
+    from mxq.workers.jobs.archs import queue_trial
+
+    wait_job(s, queue_trial(s, "usercode", USER_CNN.encode(), "usercnn.py", "build", 10, list(shape),
+                            local_owner()))
+    return "usercode"
+
+
 def _compare(s: Any, arch: str, k: int, params: dict[str, Any], copies: int, epochs: int,
              batch: int, samples: int) -> dict[str, Any]:
     """One architecture on k devices: the bare loop before and after the job, the job."""
@@ -128,10 +150,10 @@ def _compare(s: Any, arch: str, k: int, params: dict[str, Any], copies: int, epo
 def run(copies: int = 10, epochs: int = 5, batch: int = 128, root: Path | None = None,
         devices: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
     """mxq train against the bare loop on each number of devices, for LeNet (`devices`) and the
-    user's CNN (`user`); samples/s and ratios."""
+    user's CNN from its export (`user`) and from its code (`user_code`); samples/s and ratios."""
     x, y = data(copies)
     result: dict[str, Any] = {"samples": len(y), "copies": copies, "epochs": epochs,
-                              "batch_size": batch, "devices": {}, "user": {}}
+                              "batch_size": batch, "devices": {}, "user": {}, "user_code": {}}
     print(f"  lenet and a user's CNN on digits x{copies} ({len(y):,} samples), {epochs} epochs, "
           f"global batch {batch}")
     with running_stack(cpu_devices=2, root=root, prefix="training-") as s:
@@ -141,11 +163,15 @@ def run(copies: int = 10, epochs: int = 5, batch: int = 128, root: Path | None =
             result["devices"][str(k)] = _compare(s, "lenet", k, {"arch": "lenet", "dataset": dataset,
                                                  "name": f"b{k}"}, copies, epochs, batch, len(y))
         source = register_user_cnn(s, x.shape[1:])
+        code = register_user_code(s, x.shape[1:])
         for k in devices:
             result["user"][str(k)] = _compare(s, "user", k, {
                 "from_model": source, "reinit": True, "dataset": dataset, "name": f"u{k}"},
                 copies, epochs, batch, len(y))
-    result["ratio"] = min(r["ratio"] for case in ("devices", "user") for r in result[case].values())
+            result["user_code"][str(k)] = _compare(s, "user", k, {
+                "arch": code, "dataset": dataset, "name": f"c{k}"}, copies, epochs, batch, len(y))
+    result["ratio"] = min(r["ratio"] for case in ("devices", "user", "user_code")
+                          for r in result[case].values())
     return result
 
 

@@ -88,16 +88,17 @@ def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_the_training_case_runs_lenet_and_a_users_cnn_against_the_bare_loop(tmp_path: Path) -> None:
-    """Both architectures on 1 and 2 devices, each against its own bare loop, in the report (the
-    figures themselves are not judged here)."""
+    """LeNet and the user's CNN (from its export and from its code) on 1 and 2 devices, each
+    against its own bare loop, in the report (the figures themselves are not judged here)."""
     out, case = _quick_case(tmp_path, "training")
     result = case["result"]
-    for rows in (result["devices"], result["user"]):
+    for rows in (result["devices"], result["user"], result["user_code"]):
         assert sorted(rows) == ["1", "2"]
         assert all(r["bare"] > 0 and r["mxq"] > 0 and len(r["mxq_epochs"]) == 1 for r in rows.values())
     assert [c["check"] for c in case["checks"]] == [
         "samples/s, lenet, 1 device", "samples/s, lenet, 2 devices",
-        "samples/s, user CNN, 1 device", "samples/s, user CNN, 2 devices"]
+        "samples/s, user CNN, 1 device", "samples/s, user CNN, 2 devices",
+        "samples/s, user CNN code, 1 device", "samples/s, user CNN code, 2 devices"]
     assert "mxq train --from (job)" in (out / "report.md").read_text()
 
 

@@ -283,7 +283,7 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
     assert control.stdout.strip() == tasks, control.stderr
     device = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env={**env, "MXQ_DEVICE": "cpu:0"},
                             capture_output=True, text=True, timeout=120)
-    assert device.stdout.strip() == ("['mxq.fire', 'mxq.infer', 'mxq.probe', 'mxq.reconcile', "
+    assert device.stdout.strip() == ("['mxq.arch', 'mxq.fire', 'mxq.infer', 'mxq.probe', 'mxq.reconcile', "
                                      "'mxq.register', 'mxq.retention', 'mxq.tick', 'mxq.train'] "
                                      "True"), device.stderr
 

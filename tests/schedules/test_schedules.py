@@ -116,7 +116,7 @@ def test_paused_schedules_do_not_fire(isolated: Stack) -> None:
 @pytest.mark.parametrize("args, needle", [
     (["--cron", "61 * * * *"], "invalid cron expression '61 * * * *'"),
     (["--cron", "0 3 * * *", "--tz", "Nowhere/City"], "unknown time zone 'Nowhere/City'"),
-    (["--cron", "0 3 * * *", "--arch", "vgg"], "arch='vgg'"),
+    (["--cron", "0 3 * * *", "--arch", "vgg"], "unknown architecture 'vgg'; known: mlp, lenet"),
     (["--cron", "0 3 * * *", "--promote", "sometimes"], "--promote 'sometimes'"),
 ])
 def test_bad_schedules_are_refused(isolated: Stack, args: list[str], needle: str) -> None:

@@ -97,7 +97,7 @@ def test_your_own_architecture_trains_by_name_as_a_plain_gluon_loop_does(workers
     stored = workers.home / "models"
     assert [p.read_text() for p in stored.glob(f"*/.archs/{sha256}.py")] == [MY_NET]
 
-    proc = workers.mxq("train", "mynet", "digits", "--name", "mine", "--devices", "2", "--epochs",
+    proc = workers.mxq("train", "mynet", "digits", "--name", "own-arch-digits", "--devices", "2", "--epochs",
                        str(EPOCHS), "--wait", "--json")
     job = json.loads(proc.stdout)
     assert proc.returncode == 0 and job["status"] == "succeeded", job.get("error") or proc.stderr
@@ -108,7 +108,7 @@ def test_your_own_architecture_trains_by_name_as_a_plain_gluon_loop_does(workers
     assert abs(val_accuracy - plain) <= 0.01, (val_accuracy, plain)
     assert val_accuracy >= 0.9
 
-    version = workers.mxq_json("models", "mine")[-1]
+    version = workers.mxq_json("models", "own-arch-digits")[-1]
     assert version["arch"] == "mynet"
     assert version["source"] == f"train:job-{job['id']} arch mynet@{sha256}"
     logs = workers.mxq("logs", str(job["id"]))
