@@ -141,6 +141,7 @@ def reset_live(url: str, rows: int) -> None:
     """Remove what an earlier fleet run added on top of the history."""
     with get_engine(url).begin() as conn:
         conn.execute(text("DELETE FROM job_events WHERE job_id > :r"), {"r": rows})
+        conn.execute(text("DELETE FROM job_logs WHERE job_id > :r"), {"r": rows})
         conn.execute(text("DELETE FROM job_metrics WHERE job_id > :r"), {"r": rows})
         conn.execute(text("DELETE FROM epochs WHERE job_id > :r"), {"r": rows})
         conn.execute(text("DELETE FROM jobs WHERE id > :r"), {"r": rows})
