@@ -197,17 +197,17 @@ def test_a_retraining_sees_its_inputs_as_serving_does(workers: Stack) -> None:
     which once gave val_accuracy 0.084) and serves correctly."""
     digits = datasets.digits()
     np.savez(workers.home / "data" / "raw-digits.npz", X=digits.x, y=digits.y)
-    code, first = _cli_json(workers, "train", "lenet", "raw-digits.npz", "--name", "scaled",
+    code, first = _cli_json(workers, "train", "lenet", "raw-digits.npz", "--name", "raw-then-scaled",
                             "--scale", "1/16", "--epochs", "3", "--wait")
     assert code == 0 and first["status"] == "succeeded", first
     assert first["params"]["scale"] == 1 / 16
-    code, second = _cli_json(workers, "train", "lenet", "raw-digits.npz", "--name", "scaled",
+    code, second = _cli_json(workers, "train", "lenet", "raw-digits.npz", "--name", "raw-then-scaled",
                              "--epochs", "3", "--seed", "1", "--wait")
     assert code == 0 and second["status"] == "succeeded", second
     assert second["params"]["scale"] is None and second["epochs"][-1]["val_accuracy"] >= 0.9
-    versions = workers.mxq_json("models", "scaled")
+    versions = workers.mxq_json("models", "raw-then-scaled")
     assert [v["preprocess"]["scale"] for v in versions] == [1 / 16, 1 / 16]
-    code, queued = _cli_json(workers, "train", "lenet", "digits", "--name", "x", "--mean", "1,2")
+    code, queued = _cli_json(workers, "train", "lenet", "digits", "--name", "mean-two", "--mean", "1,2")
     assert code == 0, queued  # queued: the dataset's channels are the worker's to check
     job = workers.wait(queued["id"])
     assert job["status"] == "failed" and "--mean has 2 values; the input (1, 8, 8)" in str(job["error"])
