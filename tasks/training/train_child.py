@@ -36,7 +36,7 @@ from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
 from mxq.tasks.model_store import user_code
 from mxq.tasks.model_store.locations import CodeMissing, arch_file
-from mxq.tasks.model_store.models import TrainedVersion, add_trained, load, probabilities, trainable
+from mxq.tasks.model_store.models import TrainedVersion, add_trained, input_dtype, load, trainable
 from mxq.tasks.model_store.user_code import CodeError, check_output
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
@@ -51,7 +51,14 @@ from mxq.tasks.runner import (
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.training import calibration, child_report, datasets
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
-from mxq.tasks.training.train_loop import fit, make_net, make_trainer, share_initial_weights, source_net
+from mxq.tasks.training.train_loop import (
+    accuracy,
+    fit,
+    make_net,
+    make_trainer,
+    share_initial_weights,
+    source_net,
+)
 from mxq.tasks.training.train_task import (
     CHILD_CANCELLED,
     CHILD_INPUT_ERROR,
@@ -201,10 +208,8 @@ def rejudge(s: Settings, p: TrainParams, data: Data, ctx: Any) -> tuple[int, dic
     except MxqError as exc:  # its files gone or changed: it cannot be measured again
         print(f"mxq: {promoted['name']}:{promoted['version']} not measured again: {exc}", file=sys.stderr)
         return None
-    x = Preprocess.from_dict(promoted["preprocess"]).apply(data.val_raw.x)
-    hits = sum(int((probabilities(net, ctx, x[i:i + p.batch_size], promoted["outputs"]).argmax(axis=1)
-                    == data.val_raw.y[i:i + p.batch_size]).sum()) for i in range(0, len(x), p.batch_size))
-    return promoted["version"], {"val_accuracy": hits / len(x)}
+    val = replace(data.val_raw, x=Preprocess.from_dict(promoted["preprocess"]).apply(data.val_raw.x))
+    return promoted["version"], {"val_accuracy": accuracy(net, val, ctx, p.batch_size, input_dtype(net))}
 
 
 VARIANT_ERRORS = (MxqError, InputError, PathError, ObjectURLError, StorageError)

@@ -110,7 +110,8 @@ def share_initial_weights(net: gluon.HybridBlock, trainer: gluon.Trainer, ctxs: 
     mx.nd.waitall()
 
 
-def _accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int, dtype: str) -> float:
+def accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int, dtype: str) -> float:
+    """The share of `data` whose largest output is its label (a softmax changes no argmax)."""
     hits = 0
     for i in range(0, len(data.y), batch):
         x = mx.nd.array(data.x[i:i + batch], ctx=ctx, dtype=dtype)
@@ -208,7 +209,7 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
         trainer.set_learning_rate(lr_at(p, epoch))
         loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
                                           functools.partial(on_batch, epoch), rank, workers)
-        val_acc = _accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
+        val_acc = accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
         rates = {label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)}
         result = EpochResult(epoch=epoch, train_loss=loss, train_accuracy=acc, val_accuracy=val_acc,
                              seconds=seconds, samples_per_sec=n / seconds, per_device=rates)
