@@ -328,7 +328,8 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           engine: Annotated[str, typer.Option(help="auto, mxnet or onnx (auto: the one measured faster for this model on this kind of device).")] = "auto",  # noqa: E501
           precision: Annotated[str | None, typer.Option(help="fp32, int8 or fp16 (the version's variant of that precision), or auto: the fastest variant whose agreement with float32 meets --min-agreement, only where it measured faster here; unset: as the version was quantized, else fp32.")] = None,  # noqa: E501
           min_agreement: Annotated[float | None, typer.Option(help="With --precision auto: the least argmax agreement with float32 (held-out calibration samples) a variant must have shown, e.g. 0.99.")] = None,  # noqa: E501
-          top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample.")] = 0,
+          top_k: Annotated[int, typer.Option(help="Also store the K best classes per sample (a multi-label model: keep its K best labels).")] = 0,  # noqa: E501
+          threshold: Annotated[float | None, typer.Option(help="A multi-label model: keep the labels whose probability is at least this (default 0.5 unless --top-k).")] = None,  # noqa: E501
           chunk_size: Annotated[int | None, typer.Option(help="Split into chunk jobs of N samples over devices.")] = None,  # noqa: E501
           key: Annotated[str | None, typer.Option(help="Array name inside an .npz input.")] = None,
           output_to: Annotated[str | None, typer.Option(help="s3://BUCKET/PREFIX (inside MXQ_S3_ALLOWED) that a --output parquet or npy job writes PREFIX/STACK/job-ID.parquet or .npy to (STACK: the stack id), instead of $MXQ_HOME/outputs.")] = None,  # noqa: E501
@@ -343,8 +344,8 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
               "output": output, "engine": engine, "precision": precision,
-              "min_agreement": min_agreement, "top_k": top_k, "chunk_size": chunk_size, "key": key,
-              "reject_nan": reject_nan,
+              "min_agreement": min_agreement, "top_k": top_k, "threshold": threshold,
+              "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan,
               "columns": None if columns is None else [c.strip() for c in columns.split(",")],
               "output_to": output_to, "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,

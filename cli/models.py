@@ -44,7 +44,9 @@ class OutputsError(UserError):
     """An --outputs that is not auto, logits or probabilities, or does not fit a built-in."""
 
 
-OUTPUTS = ("auto", "logits", "probabilities")  # --outputs (mxq.tasks.model_store.models.OUTPUTS, and auto)
+# --outputs: auto, and what a version may output (mxq.db.records.OUTPUT_KINDS, not imported here:
+# the CLI's modules stay light)
+OUTPUTS = ("auto", "logits", "probabilities", "multilabel", "regression", "embedding")
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -102,7 +104,7 @@ def add(name: str,
         classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
         scale: ScaleOpt = None, mean: MeanOpt = None, std: StdOpt = None, layout: LayoutOpt = None,
-        outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1), logits (mxq applies a softmax) or probabilities.")] = "auto",  # noqa: E501
+        outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1; an output of width 1 is regression), logits (mxq applies a softmax), probabilities, multilabel (independent label probabilities in [0, 1]), regression (values) or embedding (a vector per sample).")] = "auto",  # noqa: E501
         owner: Annotated[str | None, typer.Option(help="A new model's owner (a user): it registers and promotes its versions. Default: the admins alone.")] = None,  # noqa: E501
         team: Annotated[str | None, typer.Option(help="A new model's team: its members (role submit) register and promote its versions too.")] = None,  # noqa: E501
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
@@ -120,8 +122,8 @@ def add(name: str,
         raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}")
     shape = parse_shape(input_shape)
     if arch and not (symbol or params):
-        if outputs == "probabilities":
-            raise OutputsError("--outputs probabilities: a built-in architecture outputs logits; "
+        if outputs not in ("auto", "logits"):
+            raise OutputsError(f"--outputs {outputs}: a built-in architecture outputs logits; "
                                "allowed with --arch: auto or logits")
         if shape is None:
             raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
@@ -146,8 +148,14 @@ def add(name: str,
         render.print_json(record)
     else:
         render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
-                         f"{tuple(record['input_shape'])}, {record['classes']} classes, "
+                         f"{tuple(record['input_shape'])}, {_width(record)}, "
                          f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
+
+
+def _width(record: Any) -> str:
+    """What the version's output width is, in words: classes, labels or values."""
+    words = {"multilabel": "labels", "regression": "values", "embedding": "dimensions"}
+    return f"{record['classes']} {words.get(record['outputs'], 'classes')}"
 
 
 def _shared(record: Any, owner: str | None, team: str | None) -> Any:

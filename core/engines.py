@@ -33,8 +33,9 @@ def disagreement(onnx: dict[str, Any] | None) -> str | None:
     if not onnx or not onnx.get("file"):
         return f"no ONNX export ({(onnx or {}).get('error') or 'not exported'})"
     if onnx["argmax_agreement"] < 1.0 or onnx["max_diff"] > MAX_DIFF:
-        return (f"ONNX disagrees with MXNet (max diff {onnx['max_diff']:.2g}, argmax agreement "
-                f"{onnx['argmax_agreement']:.2%}; allowed {MAX_DIFF:g} and 100%)")
+        return (f"ONNX disagrees with MXNet (max diff {onnx['max_diff']:.2g}, "
+                f"{onnx.get('measure') or 'argmax agreement'} {onnx['argmax_agreement']:.2%}; "
+                f"allowed {MAX_DIFF:g} and 100%)")
     return None
 
 

@@ -133,6 +133,17 @@ class JobRecord(TypedDict):
     schedule: NotRequired[FirePolicy | None]  # training only
 
 
+# What a version's one output is (`ModelRecord.outputs`), a (batch, width) float32 array whose
+# width is the record's `classes`: class logits (mxq applies a softmax) or probabilities (the
+# model ends in one); independent label probabilities (multi-label, each in [0, 1]); regression
+# values; an embedding (any vector). Only the first two are a classifier's: argmax, scores, top-k.
+CLASSIFIER_OUTPUTS = ("logits", "probabilities")
+OUTPUT_KINDS = (*CLASSIFIER_OUTPUTS, "multilabel", "regression", "embedding")
+# Kinds whose values SQL rows cannot hold (a row keeps a class, a score and top-k pairs): their
+# jobs write .npy or Parquet.
+VALUE_OUTPUTS = ("regression", "embedding")
+
+
 class ModelRecord(TypedDict):
     """One version of a model in the store (`mxq models NAME --json`)."""
 
@@ -152,7 +163,7 @@ class ModelRecord(TypedDict):
     engines: dict[str, dict[str, float]]  # samples/s per device kind and engine
     auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
-    outputs: str  # "logits" (mxq applies a softmax) or "probabilities" (the model ends in one)
+    outputs: str  # one of OUTPUT_KINDS: what the (batch, classes) output holds, `classes` its width
     variants: dict[str, dict[str, Any]]  # lower-precision builds and their checks (`mxq models quantize`)
     owner: str | None  # who may register and promote its versions, with `team`'s members;
     team: str | None  # None: the admins alone (a model from before sharing)

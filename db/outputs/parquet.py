@@ -11,8 +11,12 @@ When every part of the job's samples is there (the last chunk of a chunked job t
 the parts are merged, in order and one at a time, into `job-ID.parquet`. Memory stays bounded by
 a part, never by the job.
 
-Columns: `index` (int64), `predicted_class` (int32), `score` (float32), and with top-k
-`top_k_classes` (list of int32) and `top_k_scores` (list of float32), best first.
+Columns of a classifier's predictions: `index` (int64), `predicted_class` (int32), `score`
+(float32), and with top-k `top_k_classes` (list of int32) and `top_k_scores` (list of float32),
+best first. Of any other output kind (`mxq.db.records.OUTPUT_KINDS`): `index` and `output`, the
+sample's values as a fixed-size list of float32 (one regression value: a float32), which pyarrow,
+DuckDB and pandas read as arrays; a multi-label model's also `labels` (list of int32), the labels
+kept, best first.
 """
 
 from __future__ import annotations
@@ -66,6 +70,34 @@ def from_probabilities(first: int, probs: NDArray[np.float32], top_k: int) -> pa
         columns += [_lists(r.order.astype(np.int32), pa.int32()),
                     _lists(r.best.astype(np.float32), pa.float32())]
     return pa.Table.from_arrays(columns, schema=schema(top_k))
+
+
+def value_schema(kind: str, width: int) -> pa.Schema:
+    """The columns of a job whose model outputs `kind` values, `width` per sample."""
+    value = pa.float32() if kind == "regression" and width == 1 else pa.list_(pa.float32(), width)
+    fields = [pa.field("index", pa.int64()), pa.field("output", value)]
+    if kind == "multilabel":
+        fields.append(pa.field("labels", pa.list_(pa.int32())))
+    return pa.schema(fields)
+
+
+def from_values(first: int, values: NDArray[np.float32], kind: str,
+                labels: list[list[tuple[int, float]]] | None = None) -> pa.Table:
+    """The rows of one batch of `kind` values (sample `first` onwards); `labels`: a multi-label
+    model's kept labels per sample (`predictions.kept_labels`)."""
+    table_schema = value_schema(kind, values.shape[1])
+    flat = np.ascontiguousarray(values, dtype=np.float32)
+    output = (pa.array(flat[:, 0]) if table_schema.field("output").type == pa.float32() else
+              pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), values.shape[1]))
+    columns: list[Any] = [np.arange(first, first + len(values), dtype=np.int64), output]
+    if kind == "multilabel":
+        columns.append(pa.array([[c for c, _ in kept] for kept in labels or []], pa.list_(pa.int32())))
+    return pa.Table.from_arrays(columns, schema=table_schema)
+
+
+def holds_values(path: Path) -> bool:
+    """Whether a job's file holds values (`output`), not a classifier's rows."""
+    return "output" in pq.read_schema(path).names
 
 
 def from_rows(rows: list[PredictionRow], top_k: int) -> pa.Table:

@@ -63,6 +63,20 @@ class Ranked:
         return cls(classes, scores, order, np.take_along_axis(probs, order, axis=1))
 
 
+def kept_labels(probs: NDArray[np.float32], threshold: float | None,
+                top_k: int) -> list[list[tuple[int, float]]]:
+    """A multi-label model's labels kept per sample, best first, as (label, probability): those
+    at or above `threshold`, at most `top_k` of them (0: no limit); with neither given, those at
+    or above 0.5."""
+    least = 0.5 if threshold is None and not top_k else (threshold or 0.0)
+    order = np.argsort(-probs, axis=1, kind="stable")
+    if top_k:
+        order = order[:, :top_k]
+    ranked = np.take_along_axis(probs, order, axis=1)
+    return [[(int(c), float(v)) for c, v in zip(o, r, strict=True) if v >= least]
+            for o, r in zip(order.tolist(), ranked.tolist(), strict=True)]
+
+
 @db_retry
 def write(url: str, rows: list[Row]) -> None:
     """Store rows in one bulk write (see `_insert`)."""

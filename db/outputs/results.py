@@ -1,5 +1,10 @@
 """A job's predictions wherever its output kind stored them: SQL rows, or its Parquet file
-(`--output parquet` keeps no rows in SQL). The CLI and the API read them through here."""
+(`--output parquet` keeps no rows in SQL). The CLI and the API read them through here.
+
+Rows are a classifier's (class, score, top-k) or a multi-label model's (its kept labels in
+top-k). A model that outputs other values (an embedding, regression values, a multi-label
+model's Parquet file with its values) is read from its file, where they are arrays: asked here,
+the job's rows are refused in one line saying where the file is (`ValuesOutput`)."""
 
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from mxq.db import registry
 from mxq.db.outputs import parquet, predictions
-from mxq.db.records import JobRecord, PredictionRow
+from mxq.db.records import CLASSIFIER_OUTPUTS, JobRecord, PredictionRow
 from mxq.db.stack import stack_id
-from mxq.errors import NotFound, Unavailable, first_line
+from mxq.errors import NotFound, Unavailable, UserError, first_line
 from mxq.names import csv_cell
 from mxq.objects import ObjectURLError, job_output
 from mxq.status import JobStatus
@@ -36,6 +42,33 @@ def _kept(record: JobRecord) -> None:
         raise OutputRemoved(f"job {record['id']}'s output was removed by the retention policy on "
                             f"{record['output_removed_at']} (MXQ_KEEP_OUTPUT_DAYS; `mxq pin` keeps "
                             "a job's output); its record stays")
+
+
+class ValuesOutput(UserError):
+    """A job whose output is values, not rows of classes: read from its file as arrays."""
+
+
+def _values_refused(record: JobRecord, where: Path, kind: str) -> ValuesOutput:
+    return ValuesOutput(f"job {record['id']}'s model outputs {kind} values, stored as arrays in "
+                        f"{where}: read them with NumPy, pyarrow, DuckDB or pandas (rows of classes "
+                        "and scores are a classifier's)")
+
+
+def _check_rows_file(record: JobRecord, files: list[Path]) -> None:
+    """A Parquet output of values (its `output` column) has no rows of classes to read here."""
+    if files and parquet.holds_values(files[0]):
+        raise _values_refused(record, files[0], "array")
+
+
+def _check_rows_array(url: str, record: JobRecord, path: Path) -> None:
+    """An npy output of a model that is no classifier or multi-label model holds values."""
+    params = record.get("params") or {}
+    try:
+        kind = registry.resolve(url, params["model"], params.get("model_version"))["outputs"]
+    except (LookupError, KeyError):
+        return  # the version is gone: its values are read as a classifier's were
+    if kind not in (*CLASSIFIER_OUTPUTS, "multilabel"):
+        raise _values_refused(record, path, kind)
 
 
 class OutputDamaged(Unavailable):
@@ -116,6 +149,7 @@ def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | 
     _in_a_bucket(url, record, ".npy")
     path = recorded_output(home, url, record, ".npy")
     if path.exists():
+        _check_rows_array(url, record, path)
         probs: NDArray[np.float32] = np.load(path, mmap_mode="r")
         return probs
     if record.get("status") == JobStatus.SUCCEEDED:
@@ -153,6 +187,7 @@ def read(url: str, home: Path, record: JobRecord, limit: int | None = None,
     files = _files_of(url, home, record)
     with _readable(record):
         if files is not None:
+            _check_rows_file(record, files)
             return list(parquet.read_rows_of(files, limit, offset))
         probs = _array_of(url, home, record)
         if probs is not None:

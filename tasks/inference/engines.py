@@ -19,9 +19,10 @@ from numpy.typing import NDArray
 
 from mxq import engines as rule
 from mxq.db import registry
-from mxq.db.records import ModelRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.device import Device
 from mxq.errors import device_fault, first_line
+from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.model_store.locations import local_file
 from mxq.tasks.runner import JobContext, JobInputError
@@ -334,11 +335,13 @@ def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Batch, as
         return engine
     full = onnx_engine(job.settings, model, job.parsed_device.kind, "", "fp32")
     ours, theirs = engine.forward(first), full.forward(first)
-    agreement = float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())
+    kind = model.get("outputs") or "logits"
+    agreement = output_kinds.agreement(kind, ours, theirs)
     variant = model["variants"][engine.precision]
     bound = precision.min_agreement if precision.min_agreement is not None else variant.get("bound")
     seen = (f"{engine.precision} agreed with float32 on {agreement:.2%} of this input's first "
-            f"{len(first)} samples")
+            f"{len(first)} samples" + ("" if kind in CLASSIFIER_OUTPUTS else
+                                       f" ({output_kinds.measure(kind)})"))
     if precision.asked == engine.precision or bound is None or agreement >= float(bound):
         engine.precision_reason = f"{engine.precision_reason}; {seen}"
         return engine

@@ -165,7 +165,8 @@ def infer(job: JobContext) -> Outcome | FanOut:
         engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
     _announce(job, model, engine, f"samples {start}..{stop} of {source.count}, batch {fit.size}")
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
-    out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop)
+    out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop,
+                     model.get("outputs") or "logits")
     begin = out.resume()
     earlier = jobs.earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()

@@ -41,6 +41,7 @@ from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
 from mxq.db.outputs.predictions import Ranked, Row
 from mxq.db.outputs.results import output_file
+from mxq.db.records import CLASSIFIER_OUTPUTS
 from mxq.db.stack import stack_id
 from mxq.objects import job_output
 from mxq.status import JobStatus
@@ -145,11 +146,15 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def rows(owner: int, first: int, probs: NDArray[np.float32], top_k: int) -> list[Row]:
-    """Prediction rows of one batch, built with vectorized NumPy and one zip."""
-    r = Ranked.of(probs, top_k)
+def rows(owner: int, first: int, probs: NDArray[np.float32], top_k: int,
+         labels: list[list[tuple[int, float]]] | None = None) -> list[Row]:
+    """Prediction rows of one batch, built with vectorized NumPy and one zip; with `labels` (a
+    multi-label model's kept labels), those in place of top-k."""
+    r = Ranked.of(probs, top_k if labels is None else 0)
     top: Iterable[str | None] = repeat(None)
-    if r.order is not None and r.best is not None:
+    if labels is not None:
+        top = (json.dumps(kept) for kept in labels)
+    elif r.order is not None and r.best is not None:
         top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(r.order.tolist(), r.best.tolist(),
                                                                          strict=True))
     return list(zip(repeat(owner), range(first, first + len(probs)), r.classes.tolist(),
@@ -180,6 +185,7 @@ class JobOutputs:
     classes: int
     start: int
     stop: int
+    kind: str = "logits"  # what the model outputs (mxq.db.records.OUTPUT_KINDS)
     npy: NpyOutput | None = field(default=None, init=False)  # npy, both
     parts: PartStore | None = field(default=None, init=False)  # parquet (disk or bucket), npy in a bucket
     rows_wanted: bool = field(default=False, init=False)  # db, both
@@ -234,11 +240,21 @@ class JobOutputs:
         """One read's results, held until the next flush writes them."""
         if self.npy is not None:
             self._probs.append((first, probs))
+        labels = (predictions.kept_labels(probs, self.p.threshold, self.p.top_k)
+                  if self.kind == "multilabel" and (self.rows_wanted or self.parts is not None) else None)
         if self.rows_wanted:
-            self._rows.extend(rows(self.owner, first, probs, self.p.top_k))
+            self._rows.extend(rows(self.owner, first, probs, self.p.top_k, labels))
         if self.parts is not None:
-            self._tables.append(probability_part(first, probs) if self.p.output == "npy" else
-                                parquet.from_probabilities(first, probs, self.p.top_k))
+            self._tables.append(self._table(first, probs, labels))
+
+    def _table(self, first: int, probs: NDArray[np.float32],
+               labels: list[list[tuple[int, float]]] | None) -> pa.Table:
+        """One read's results as a part's table: the npy's values, or Parquet's columns."""
+        if self.p.output == "npy":
+            return probability_part(first, probs)
+        if self.kind in CLASSIFIER_OUTPUTS:
+            return parquet.from_probabilities(first, probs, self.p.top_k)
+        return parquet.from_values(first, probs, self.kind, labels)
 
     def take(self, step: int, samples: int, seconds: float, last: int) -> Flush:
         flush = Flush(self._rows, self._tables, self._probs, step, samples, seconds, last)

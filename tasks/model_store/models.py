@@ -3,10 +3,12 @@
 Every version is stored in MXNet's export format (`model-symbol.json` + `model-0000.params`), so
 one loader (`SymbolBlock.imports`) serves built-in, imported and trained models alike.
 
-Each version also records what its output is (`outputs`): `logits`, which mxq turns into class
-probabilities with a softmax, or `probabilities` (the model ends in a softmax), used as they are.
-Built-in and trained versions output logits; an imported one is told by its symbol's last op or
-by a trial run (`detect_outputs`), or stated with `mxq models add --outputs`.
+Each version also records what its output is (`outputs`, `mxq.db.records.OUTPUT_KINDS`): `logits`,
+which mxq turns into class probabilities with a softmax, or `probabilities` (the model ends in a
+softmax), used as they are; or, for a model that is not a classifier, `multilabel`, `regression`
+or `embedding` values, stored as they come. Built-in and trained versions output logits; an
+imported one is told by its symbol's last op or by a trial run (`detect_outputs`), or stated
+with `mxq models add --outputs`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from numpy.typing import NDArray
 
 from mxq.db import registry
 from mxq.db.fence import Fence
-from mxq.db.records import ModelRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, OUTPUT_KINDS, ModelRecord
 from mxq.errors import UserError, reason
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export
@@ -46,7 +48,6 @@ FIXED_BATCH = ("the symbol fixes the batch size (e.g. a reshape to a constant sh
                "symbols whose batch dimension follows the input")
 # Loaded nets by (name, version, checksum, context).
 _cache: OrderedDict[tuple[str, int, str, str], gluon.SymbolBlock] = OrderedDict()
-OUTPUTS = ("logits", "probabilities")  # what a version's output is; `auto` detects it
 # A symbol whose last op is one of these outputs probabilities. (log_softmax outputs
 # log-probabilities: a softmax of them gives the probabilities back, so they count as logits.)
 SOFTMAX_OPS = {"softmax", "SoftmaxOutput", "SoftmaxActivation", "Softmax"}
@@ -95,7 +96,7 @@ def _register(settings: Settings, name: str, write: Any, fields: dict[str, Any],
         onnx = onnx_export.export(
             folder, symbol, params, tuple(fields["input_shape"]),
             lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x, outputs),
-            softmax=outputs == "logits")
+            kind=outputs)
         onnx["symbol_sha256"] = sha256(symbol)  # beside the export's own: no column of its own
         publish(settings, url, name, version,
                 [symbol, params, *([Path(onnx["file"])] if onnx.get("file") else [])])
@@ -204,9 +205,9 @@ def input_dtype(net: gluon.Block) -> str:
 
 def probabilities(net: gluon.Block, ctx: mx.Context, x: NDArray[Any],
                   outputs: str = "logits") -> NDArray[np.float32]:
-    """Class probabilities of one batch, in float32 whatever the net's dtype (a float16 net is
-    fed float16): a softmax of logits, a probabilities model's output as it is (a second
-    softmax would squash 1.0 to 0.23 over 10 classes); `asnumpy` waits for MXNet, so its
+    """One batch's outputs as jobs store them, in float32 whatever the net's dtype (a float16 net
+    is fed float16): a softmax of logits, any other kind's output as it is (a second softmax of
+    probabilities would squash 1.0 to 0.23 over 10 classes); `asnumpy` waits for MXNet, so its
     errors surface here."""
     out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net))).astype("float32", copy=False)
     probs: NDArray[np.float32] = (mx.nd.softmax(out) if outputs == "logits" else out).asnumpy()
@@ -234,12 +235,16 @@ def _look_like_probabilities(out: NDArray[np.float32]) -> bool:
 
 def detect_outputs(net: gluon.Block, symbol_file: Path, shape: tuple[int, ...],
                    stated: str = "auto") -> str:
-    """`logits` or `probabilities`, told by the symbol's last op (a softmax), else
-    a trial run on seeded random inputs whose rows all sum to 1. A stated kind the evidence
-    contradicts is refused (either way the scores would be wrong)."""
-    op = _last_op(symbol_file)
+    """What the version outputs. `auto`: `logits` or `probabilities`, told by the symbol's last
+    op (a softmax), else a trial run on seeded random inputs whose rows all sum to 1; an output
+    of width 1 is no classifier's: `regression`. A stated kind the evidence contradicts is
+    refused (the scores would be wrong); a stated kind that is no classifier is taken as said,
+    multi-label probabilities once the trial's values all lie in [0, 1]."""
     trial = np.random.default_rng(0).standard_normal((TRIAL_SAMPLES, *shape)).astype(np.float32)
     out = net(mx.nd.array(trial, dtype=input_dtype(net))).astype("float32").asnumpy()
+    if stated not in (*CLASSIFIER_OUTPUTS, "auto") or (stated == "auto" and out.shape[1] == 1):
+        return _value_kind(stated, out)
+    op = _last_op(symbol_file)
     if op in SOFTMAX_OPS:
         found = ("probabilities", f"its last op is {op}")
     elif _look_like_probabilities(out):
@@ -255,6 +260,17 @@ def detect_outputs(net: gluon.Block, symbol_file: Path, shape: tuple[int, ...],
     raise ModelError(f"--outputs logits: the model outputs probabilities ({found[1]}), and a "
                      "softmax of them would squash every score; allowed: --outputs probabilities "
                      "or auto")
+
+
+def _value_kind(stated: str, out: NDArray[np.float32]) -> str:
+    """A kind that is no classifier's (`auto` of a width-1 output: regression), once the trial
+    outputs fit it."""
+    kind = "regression" if stated == "auto" else stated
+    if kind == "multilabel" and not (np.isfinite(out).all() and (out >= 0).all() and (out <= 1).all()):
+        raise ModelError(f"--outputs multilabel: the model's outputs on {TRIAL_SAMPLES} random "
+                         f"samples lie in [{out.min():.4g}, {out.max():.4g}], not in [0, 1] (end the "
+                         "net in a sigmoid); allowed: --outputs regression or embedding for raw values")
+    return kind
 
 
 def _sums(out: NDArray[np.float32]) -> str:
@@ -343,10 +359,10 @@ def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
                  max_batch: int | None = None, outputs: str = "auto") -> ModelRecord:
     """A user's `net.export()` output, checked by shape inference at the largest batch a job
     may ask (`max_batch`, default MXQ_MAX_BATCH_SIZE) and small ones, then by loading it and
-    running one sample; `outputs` (`auto`, `logits`, `probabilities`) says or detects whether
-    it ends in a softmax (`detect_outputs`)."""
-    if outputs not in ("auto", *OUTPUTS):
-        raise ModelError(f"--outputs {outputs!r}: allowed: auto, {', '.join(OUTPUTS)}")
+    running one sample; `outputs` (`auto`, or one of OUTPUT_KINDS) says what it outputs, or has
+    it detected (`detect_outputs`)."""
+    if outputs not in ("auto", *OUTPUT_KINDS):
+        raise ModelError(f"--outputs {outputs!r}: allowed: auto, {', '.join(OUTPUT_KINDS)}")
     for f in (symbol, params):
         if not f.is_file():
             raise ModelError(f"{f} does not exist")
@@ -370,9 +386,7 @@ def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
         out.wait_to_read()  # MXNet runs asynchronously: its errors surface when the result is read
     except Exception as exc:
         raise ModelError(f"model does not run on input shape {shape}: {reason(exc)}") from None
-    if out.ndim != 2 or out.shape[0] != 1 or out.shape[1] < 2:
-        raise ModelError(f"model output has shape {out.shape} for one sample; mxq expects "
-                         "(batch, classes)")
+    _check_output_shape(out.shape, outputs)
     kind = detect_outputs(net, symbol, shape, outputs)
 
     def write(folder: Path) -> None:
@@ -383,6 +397,15 @@ def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
                                               "classes": int(out.shape[1]),
                                               "source": f"import:{symbol.name}", "outputs": kind},
                      preprocess)
+
+
+def _check_output_shape(shape: tuple[int, ...], outputs: str) -> None:
+    """One row per sample: (1, classes) for a classifier (at least 2), (1, width) otherwise."""
+    least = 2 if outputs in CLASSIFIER_OUTPUTS else 1
+    if len(shape) != 2 or shape[0] != 1 or shape[1] < least:
+        want = "(batch, classes), 2 classes or more" if least == 2 else "(batch, values)"
+        raise ModelError(f"model output has shape {shape} for one sample; mxq expects {want}"
+                         + ("" if least == 1 else ", or --outputs regression for one value"))
 
 
 def load(settings: Settings, model: ModelRecord, ctx: mx.Context) -> tuple[gluon.SymbolBlock, bool]:

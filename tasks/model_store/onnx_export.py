@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.errors import reason
+from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import sha256
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.tasks.runtimes.mx import mx
@@ -80,18 +81,21 @@ def _follows_batch(sess: Any, input_shape: tuple[int, ...]) -> None:
 
 def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...],
            mxnet_probs: Callable[[NDArray[np.float32]], NDArray[np.float32]],
-           softmax: bool = True) -> dict[str, Any]:
-    """Export to `folder/model.onnx` (ending in a softmax when `softmax`: the model outputs
-    logits) and compare with MXNet (`mxnet_probs`) on a seeded batch:
-    `{"file", "sha256", "max_diff", "argmax_agreement"}`, or `{"file": None, "error"}`. The
-    sha256 is verified before the file is served (tasks.engines)."""
+           kind: str = "logits") -> dict[str, Any]:
+    """Export to `folder/model.onnx` (ending in a softmax when the model outputs `kind`
+    logits, else in an Identity) and compare with MXNet (`mxnet_probs`, its outputs as jobs
+    store them) on a seeded batch: `{"file", "sha256", "max_diff", "argmax_agreement"}`, or
+    `{"file": None, "error"}`. `argmax_agreement` is the share of samples that agree as `kind`
+    judges it (`output_kinds`), and `max_diff` is relative to the largest value where values
+    exceed 1 (regression values, embeddings). The sha256 is verified before the file is served
+    (tasks.engines)."""
     if (missing := _missing()) is not None:
         return {"file": None, "error": missing}
     target = folder / ONNX_FILE
     try:
         mx.onnx.export_model(str(symbol), str(params), [(CHECK_BATCH, *input_shape)], [np.float32],
                              str(target), dynamic=True, dynamic_input_shapes=[(None, *input_shape)])
-        _clean(target, softmax)
+        _clean(target, kind == "logits")
         sample = np.random.default_rng(0).random((CHECK_BATCH, *input_shape), dtype=np.float32)
         sess = onnx_runtime.session(target)[0]
         _follows_batch(sess, input_shape)
@@ -103,6 +107,8 @@ def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...
         target.unlink(missing_ok=True)
         return {"file": None, "error": f"the ONNX exporter cannot convert it: {reason(exc)}"}
     theirs = mxnet_probs(sample)
+    largest = max(1.0, float(np.abs(theirs).max()))
     return {"file": str(target), "sha256": sha256(target),
-            "max_diff": float(np.abs(ours - theirs).max()),
-            "argmax_agreement": float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())}
+            "max_diff": float(np.abs(ours - theirs).max()) / largest,
+            "argmax_agreement": output_kinds.agreement(kind, ours, theirs),
+            "measure": output_kinds.measure(kind)}

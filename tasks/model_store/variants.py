@@ -30,9 +30,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.db import registry
-from mxq.db.records import ModelRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.errors import UserError, reason
 from mxq.preprocess import Preprocess
+from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import ChangedFile, sha256, verify
 from mxq.tasks.model_store.locations import local_file, publish
 from mxq.tasks.runtimes import onnx_runtime
@@ -133,15 +134,18 @@ def _probabilities(path: Path, x: NDArray[np.float32]) -> NDArray[np.float32]:
     return np.concatenate([run(x[i:i + CHECK_BATCH]) for i in range(0, len(x), CHECK_BATCH)])
 
 
-def compare(fp32: Path, variant: Path, held: Calibration, precision: str = "int8") -> dict[str, Any]:
-    """The variant against float32 on the held-out samples: argmax agreement, the largest
-    difference of a class probability, and with labels each precision's accuracy."""
+def compare(fp32: Path, variant: Path, held: Calibration, precision: str = "int8",
+            kind: str = "logits") -> dict[str, Any]:
+    """The variant against float32 on the held-out samples: their agreement as the version's
+    output `kind` judges it (`output_kinds`: argmax agreement for a classifier, cosine
+    similarity for an embedding, ...), the largest difference of an output value, and, for a
+    classifier checked on labels, each precision's accuracy."""
     ours, theirs = _probabilities(variant, held.x), _probabilities(fp32, held.x)
     figures: dict[str, Any] = {
-        "agreement": float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean()),
+        "agreement": output_kinds.agreement(kind, ours, theirs), "measure": output_kinds.measure(kind),
         "max_diff": float(np.abs(ours - theirs).max()), "held_out": len(held.x),
         "accuracy": None}
-    if held.y is not None:
+    if held.y is not None and kind in CLASSIFIER_OUTPUTS:
         figures["accuracy"] = {"fp32": float((theirs.argmax(axis=1) == held.y).mean()),
                                precision: float((ours.argmax(axis=1) == held.y).mean())}
     return figures
@@ -178,7 +182,7 @@ def build_variant(settings: Settings, model: ModelRecord, precision: str, data: 
             quantize_int8(fp32, building, calibrate)
         else:
             convert_fp16(fp32, building)
-        figures = compare(fp32, building, held, precision)
+        figures = compare(fp32, building, held, precision, model.get("outputs") or "logits")
         if not np.isfinite(figures["max_diff"]):
             raise VariantError("its outputs are not finite on the held-out samples")
     except Exception as exc:  # the tools raise many types for graphs they cannot convert
@@ -207,6 +211,8 @@ def calibration_from(x: NDArray[Any], y: NDArray[Any] | None, source: str,
             raise VariantError(f"--calibration {source}: a sample has shape {tuple(x.shape[1:])}; "
                                f"{model['name']}:{model['version']} takes {shape}")
         x = x.reshape((len(x), *shape))
+    if y is not None and model.get("outputs") not in (*CLASSIFIER_OUTPUTS, None):
+        y = None  # a dataset's class labels say nothing of an embedding's or regression's values
     if y is not None and len(y) and int(y.max()) >= model["classes"]:
         raise VariantError(f"--calibration {source}: label {int(y.max())} is beyond the "
                            f"{model['classes']} classes of {model['name']}:{model['version']}")

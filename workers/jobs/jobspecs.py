@@ -150,7 +150,11 @@ class InferRequest(TimeLimited):
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="With precision 'auto': the least "
         "argmax agreement with float32, on held-out calibration samples, a variant must have "
         "shown to serve (e.g. 0.99).")
-    top_k: int = Field(0, ge=0, le=MAX_TOP_K)
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="A classifier's k best classes; a "
+        "multi-label model's k best labels.")
+    threshold: float | None = Field(
+        None, gt=0.0, lt=1.0, allow_inf_nan=False, description="A multi-label model's labels "
+        "kept per sample: those whose probability is at least this (default 0.5 when top_k is 0).")
     reject_nan: bool = False
     chunk_size: int | None = Field(None, ge=1)
     output_to: str | None = Field(
@@ -445,7 +449,10 @@ class RegisterParams(BaseModel):
     classes: int = Field(10, ge=1, le=2**20)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     preprocess: dict[str, object] | None = None
-    outputs: Literal["auto", "logits", "probabilities"] = "auto"
+    outputs: Literal["auto", "logits", "probabilities", "multilabel", "regression",
+                     "embedding"] = Field("auto", description="What the model's output is "
+        "(mxq.db.records.OUTPUT_KINDS); auto tells logits from probabilities, and takes an output "
+        "of width 1 for regression.")
 
     @model_validator(mode="after")
     def _one_source(self) -> RegisterParams:

@@ -25,7 +25,7 @@ from kombu.utils.url import maybe_sanitize_url
 from mxq.db.engine import ping, safe_url
 from mxq.db.fleet import describe_groups, device_model, list_workers, model_groups
 from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
-from mxq.db.records import JobRecord, ModelRecord, WorkerRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, VALUE_OUTPUTS, JobRecord, ModelRecord, WorkerRecord
 from mxq.db.registry import check_registrant, find_arch, list_archs, resolve
 from mxq.db.reports.history import jobs_by_keys
 from mxq.db.sharing import admission
@@ -168,8 +168,25 @@ def _resolve_infer(settings: Settings, p: InferParams, models: Models) -> InferP
     if (problem := precision_problem(p.precision, p.min_agreement, model["variants"],
                                      f"{name}:{model['version']}", p.engine)) is not None:
         raise ParamsError(problem)
+    _check_output_kind(p, model, f"{name}:{model['version']}")
     return p.model_copy(update={"model": name, "model_version": model["version"], "input": str(path),
                                 "input_identity": identity(path), "output_to": _output_to(settings, p)})
+
+
+def _check_output_kind(p: InferParams, model: ModelRecord, label: str) -> None:
+    """What the job asks of its output fits what the version outputs: SQL rows and top-k are a
+    classifier's or a multi-label model's, a threshold a multi-label model's."""
+    kind = model.get("outputs") or "logits"
+    if kind in VALUE_OUTPUTS and p.output in ("db", "both"):
+        raise ParamsError(f"--output {p.output}: {label} outputs {kind} values ({model['classes']} "
+                          "per sample), which SQL rows (a class and a score) cannot hold; allowed: "
+                          "--output npy or parquet")
+    if kind in VALUE_OUTPUTS and p.top_k:
+        raise ParamsError(f"--top-k {p.top_k}: {label} outputs {kind} values, not classes; "
+                          "allowed: --top-k 0")
+    if p.threshold is not None and kind != "multilabel":
+        raise ParamsError(f"--threshold {p.threshold:g}: {label} outputs {kind}, not multi-label "
+                          "probabilities; allowed: no --threshold")
 
 
 def _output_to(settings: Settings, p: InferParams) -> str | None:
@@ -225,6 +242,10 @@ def _pinned_source(settings: Settings, p: TrainParams) -> dict[str, object]:
     if source["symbol_file"] is None:
         raise ParamsError(f"--from {p.from_model}:{source['version']}: the version has no MXNet "
                           "graph to train (registered without a symbol file)")
+    if source["outputs"] not in CLASSIFIER_OUTPUTS:
+        raise ParamsError(f"--from {p.from_model}:{source['version']}: the version outputs "
+                          f"{source['outputs']} values, and mxq trains classifiers only; allowed: "
+                          "a version whose outputs are logits or probabilities")
     return {"from_version": source["version"]}
 
 

@@ -1,0 +1,1 @@
+"""Tests of what a model outputs beyond classes: embeddings, regression values, multi-label tags."""
