@@ -162,12 +162,13 @@ def _kill_and_read(stack: FaultStack, pid: int, job_id: int, output: str) -> int
         os.kill(stack.launcher.pid, signal.SIGCONT)
 
 
-def _frozen_at_60_percent(stack: FaultStack, output: str) -> tuple[int, int]:
+def _frozen_at_60_percent(stack: FaultStack, output: str, model: str = "mlp64",
+                          **params: str) -> tuple[int, int]:
     """A new job for `output` and its worker's pid, the worker frozen once the job committed 60 %
     of its samples. A job that ends before the freeze (its last 40 % take about 0.1 s here) is
     submitted again, at most twice."""
     for _ in range(3):
-        job_id = stack.infer("mlp64", "resume.npy", output=output, batch_size=512)
+        job_id = stack.infer(model, "resume.npy", output=output, batch_size=512, **params)
         wait_until_committed = time.monotonic() + 300
         while committed_position(stack, job_id) < 0.6 * INFER_SAMPLES:
             assert time.monotonic() < wait_until_committed, stack.job(job_id)
@@ -214,6 +215,65 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
     report("SIGKILL at 60 %, resumed", {"backend": faulty.name, "samples": INFER_SAMPLES,
                                         "flush_rows": {o: flush_rows(o != "npy", 10, INFER_SAMPLES)
                                                        for o in figures}, **figures})
+
+
+def _exported(stack: FaultStack, name: str, *tail: object, outputs: str) -> np.ndarray:
+    """A user's net of 64 inputs ending in `tail`, registered as `name` with `--outputs`; its
+    outputs on the stack's resume.npy, run by plain MXNet."""
+    import mxnet as mx
+
+    mx.random.seed(5)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(32, activation="tanh"), *tail)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, FEATURES)))
+    net.export(str(stack.home / name))
+    proc = stack.mxq("models", "add", name, "--symbol", str(stack.home / f"{name}-symbol.json"),
+                     "--params", str(stack.home / f"{name}-0000.params"), "--input-shape",
+                     str(FEATURES), "--outputs", outputs)
+    assert proc.returncode == 0, proc.stderr
+    values: np.ndarray = net(mx.nd.array(np.load(stack.home / "data" / "resume.npy"))).asnumpy()
+    return values
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_at_60_percent_resumes_models_that_are_not_classifiers(faulty: FaultStack) -> None:
+    """An embedding to .npy and Parquet, multi-label tags to SQL rows and Parquet: one SIGKILL at
+    about 60 % each, and every sample's values are stored once, equal to plain MXNet's."""
+    import mxnet as mx
+
+    faulty.samples("resume.npy", INFER_SAMPLES, seed=4)
+    embedding = _exported(faulty, "killemb", outputs="embedding")
+    tags = _exported(faulty, "killtags", mx.gluon.nn.Dense(6), mx.gluon.nn.Activation("sigmoid"),
+                     outputs="multilabel")
+    for model, output, reference in [("killemb", "npy", embedding), ("killemb", "parquet", embedding),
+                                     ("killtags", "db", tags), ("killtags", "parquet", tags)]:
+        job_id, pid = _frozen_at_60_percent(faulty, output, model, engine="mxnet")
+        at_kill = committed_position(faulty, job_id)
+        _kill_and_read(faulty, pid, job_id, "db")
+        job = faulty.wait_all([job_id], 300)[job_id]
+        assert job["status"] == "succeeded", job["error"]
+        assert job["attempts"] == 2 and (job["result"] or {})["resumed_from"] >= at_kill
+        _check_values(faulty, job, output, reference)
+
+
+def _check_values(stack: FaultStack, job: JobRecord, output: str, reference: np.ndarray) -> None:
+    """Every sample's values (or labels kept at 0.5) stored once, equal to plain MXNet's."""
+    labels = [[int(c) for c in np.argsort(-r, kind="stable") if r[c] >= 0.5] for r in reference]
+    if output == "npy":
+        np.testing.assert_allclose(np.load(str(job["output"])), reference, rtol=1e-5, atol=1e-6)
+    elif output == "db":
+        index, stored = stack.predicted(job["id"])
+        assert np.array_equal(index, np.arange(INFER_SAMPLES))
+        assert np.array_equal(stored, reference.argmax(axis=1))
+    else:
+        table = pq.read_table(str(job["output"]))
+        assert table.column("index").to_pylist() == list(range(INFER_SAMPLES))
+        stored = np.stack(table.column("output").to_numpy(zero_copy_only=False))
+        np.testing.assert_allclose(stored, reference, rtol=1e-5, atol=1e-6)
+        if "labels" in table.column_names:
+            assert table.column("labels").to_pylist() == labels
 
 
 def _check_predictions(stack: FaultStack, job: JobRecord, output: str, reference: np.ndarray) -> None:
