@@ -44,6 +44,10 @@ from mxq.workers.settings import Settings
 
 IMPORTED_FILE = "imported.onnx"  # the user's file as given, beside the served model.onnx
 BATCH = "batch"  # the name of the dynamic batch dimension
+# The standard opset given to a graph of ai.onnx.ml ops alone (skl2onnx writes some), for the
+# Softmax or Identity appended: 11 runs in IR version 6 and up, and its Softmax over axis 1 of
+# (batch, classes) is the one of later opsets.
+DEFAULT_OPSET = 11
 PASS_OPS = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"}  # looked through
 
 
@@ -147,12 +151,16 @@ def _rename_output(model: Any, out: Any) -> None:
     out.name = new
 
 
-def _session(model: Any) -> Any:
+def _session(model: Any, path: Path) -> Any:
+    """An ONNX Runtime session (CPU) on the graph in memory, or ModelError naming the file."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # an op or type ONNX Runtime does not run
+        raise ModelError(f"ONNX Runtime cannot load {path.name}: {reason(exc)}") from None
 
 
 def _trial(sess: Any, path: Path, shape: tuple[int, ...]) -> NDArray[np.float32]:
@@ -210,7 +218,7 @@ def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:
     return probs
 
 
-def _served(folder: Path, model: Any, kind: str, shape: tuple[int, ...]) -> dict[str, Any]:
+def _served(folder: Path, path: Path, model: Any, kind: str, shape: tuple[int, ...]) -> dict[str, Any]:
     """Write the graph jobs run (`model.onnx`, ending in probabilities) and compare it with the
     user's graph run by hand (a softmax applied for logits): the `onnx` record of the version."""
     import onnx
@@ -218,10 +226,17 @@ def _served(folder: Path, model: Any, kind: str, shape: tuple[int, ...]) -> dict
     from mxq.tasks.runtimes import onnx_runtime
 
     target = folder / onnx_export.ONNX_FILE
-    onnx.save(model, str(target))
-    onnx_export.clean(target, softmax=kind == "logits")
+    if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):  # ai.onnx.ml ops alone
+        model.opset_import.append(onnx.helper.make_opsetid("", DEFAULT_OPSET))
+    try:
+        onnx.save(model, str(target))
+        onnx_export.clean(target, softmax=kind == "logits")
+    except Exception as exc:  # the checker refuses the graph with its final op (an opset it lacks)
+        last = "Softmax" if kind == "logits" else "Identity"
+        raise ModelError(f"{path.name}: mxq cannot end its graph in a {last} to serve it: "
+                         f"{reason(exc)}") from None
     sample = np.random.default_rng(0).random((onnx_export.CHECK_BATCH, *shape), dtype=np.float32)
-    sess = _session(model)
+    sess = _session(model, path)
     theirs = np.asarray(sess.run(None, {sess.get_inputs()[0].name: sample})[0], dtype=np.float32)
     theirs = _softmax(theirs) if kind == "logits" else theirs
     ours = onnx_runtime.run(onnx_runtime.session(target)[0], sample)
@@ -247,7 +262,7 @@ def add_onnx(settings: Settings, name: str, path: Path, input_shape: tuple[int, 
     _dynamic_batch(model, data, out)
     if out.name == onnx_export.OUTPUT:
         _rename_output(model, out)
-    trial = _trial(_session(model), path, shape)
+    trial = _trial(_session(model, path), path, shape)
     kind = detect(model, out, trial, outputs)
     preprocess = preprocess or Preprocess()
     preprocess.check(shape)
@@ -265,7 +280,7 @@ def _store(settings: Settings, name: str, path: Path, model: Any, fields: dict[s
     try:
         kept = folder / IMPORTED_FILE
         shutil.copyfile(path, kept)
-        onnx = _served(folder, model, fields["outputs"], tuple(fields["input_shape"]))
+        onnx = _served(folder, path, model, fields["outputs"], tuple(fields["input_shape"]))
         publish(settings, url, name, version, [kept, Path(onnx["file"])])
         added = registry.add_model(url, {**fields, "name": name, "version": version,
                                          "params_file": str(kept), "symbol_file": None,

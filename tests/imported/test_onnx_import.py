@@ -159,6 +159,31 @@ def _rank_one(path: Path) -> Path:
     return path
 
 
+def _one_node(path: Path, node: onnx.NodeProto | list[onnx.NodeProto], opsets: dict[str, int],
+              outputs: list[onnx.ValueInfoProto] | None = None) -> Path:
+    graph = helper.make_graph(node if isinstance(node, list) else [node], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _unknown_op(path: Path) -> Path:
+    return _one_node(path, helper.make_node("Frobnicate", ["x"], ["y"], domain="my.ops"),
+                     {"": 17, "my.ops": 1})
+
+
+def _label_and_probabilities(path: Path) -> Path:
+    """As skl2onnx writes a classifier: its label and its probabilities."""
+    nodes = [helper.make_node("ArgMax", ["x"], ["label"], axis=1),
+             helper.make_node("Softmax", ["x"], ["probabilities"], axis=1)]
+    return _one_node(path, nodes, {"": 17},
+                     [helper.make_tensor_value_info("label", TensorProto.INT64, ["N", 1]),
+                      helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 4])])
+
+
 def _not_onnx(path: Path) -> Path:
     path.write_bytes(b"\x00not an onnx model at all\xff" * 10)
     return path
@@ -170,7 +195,10 @@ def _not_onnx(path: Path) -> Path:
     (_rank_one, "bad.onnx: output y has rank 1; mxq needs (batch, classes)"),
     (lambda p: mlp(p, batch=4), "bad.onnx: input x fixes the batch to 4"),
     (lambda p: mlp(p, out_shape=["N", 10, 1]), "bad.onnx: output scores has rank 3"),
-], ids=["not-onnx", "two-inputs", "rank-1-output", "fixed-batch", "rank-3-output"])
+    (_unknown_op, "ONNX Runtime cannot load bad.onnx: "),
+    (_label_and_probabilities, "bad.onnx has 2 outputs (label, probabilities); mxq needs exactly one"),
+], ids=["not-onnx", "two-inputs", "rank-1-output", "fixed-batch", "rank-3-output", "unknown-op",
+        "two-outputs"])
 def test_a_file_mxq_cannot_serve_is_refused_in_one_line(store: Settings, tmp_path: Path, make: Any,
                                                         words: str) -> None:
     with pytest.raises(ModelError) as refused:
@@ -235,3 +263,14 @@ def test_the_engine_rules_send_a_plain_onnx_version_to_onnx_runtime() -> None:
                                                      "Runtime only; use --engine onnx or auto")
     assert engine_problem("auto", plain, "m:2") is None
     assert engine_problem("mxnet", {"file": "x"}, "m:1") is None
+
+
+def test_a_graph_of_ai_onnx_ml_ops_alone_gets_the_softmax_it_is_served_with(store: Settings,
+                                                                           tmp_path: Path) -> None:
+    path = _one_node(tmp_path / "ml.onnx", helper.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml",
+                                                            norm="L1"), {"ai.onnx.ml": 1})
+    record = add_onnx(store, "mlonly", path, None)
+    assert (record["outputs"], record["classes"]) == ("logits", 4) and record["onnx"] is not None
+    x = np.random.default_rng(6).standard_normal((5, 4)).astype(np.float32)
+    served = ort.InferenceSession(record["onnx"]["file"], providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(served.run(None, {"x": x})[0], by_hand(path, x, logits=True), atol=1e-6)
