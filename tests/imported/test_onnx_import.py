@@ -274,3 +274,14 @@ def test_a_graph_of_ai_onnx_ml_ops_alone_gets_the_softmax_it_is_served_with(stor
     x = np.random.default_rng(6).standard_normal((5, 4)).astype(np.float32)
     served = ort.InferenceSession(record["onnx"]["file"], providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(served.run(None, {"x": x})[0], by_hand(path, x, logits=True), atol=1e-6)
+
+
+def test_its_int8_variant_serves_a_job_through_the_cli(workers: Stack, tmp_path: Path) -> None:
+    _added(workers, "onnximp-int8", mlp(tmp_path / "q.onnx"))
+    x = np.random.default_rng(8).standard_normal((300, 64)).astype(np.float32)
+    np.save(workers.home / "data" / "onnximp-int8.npy", x)
+    built = workers.mxq("models", "quantize", "onnximp-int8", "--calibration", "onnximp-int8.npy")
+    assert built.returncode == 0, built.stderr
+    job = workers.mxq_json("infer", "onnximp-int8", "onnximp-int8.npy", "--precision", "int8", "--wait")
+    assert job["status"] == "succeeded", job["error"]
+    assert (job["result"]["engine"], job["result"]["precision"]) == ("onnx", "int8")
