@@ -78,7 +78,7 @@ def _the_input(model: Any, path: Path) -> Any:
     weights = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in weights]
     if len(inputs) != 1:
-        raise ModelError(f"{path.name} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
+        raise ModelError(f"{path.name} has {len(inputs)} inputs ({_names(inputs)}); "
                          "mxq serves models with exactly one input")
     data = inputs[0]
     if data.type.tensor_type.elem_type != TensorProto.FLOAT:
@@ -91,9 +91,9 @@ def sample_shape(data: Any, path: Path, given: tuple[int, ...] | None) -> tuple[
     """One sample's shape: the input's dimensions after the batch (dynamic or 1), or `given`
     (--input-shape) where the graph leaves some open; a `given` the graph contradicts is refused."""
     dims = _dims(data)
-    if not data.type.tensor_type.HasField("shape") or len(dims) < 2:
-        raise ModelError(f"{path.name}: input {data.name} has no (batch, ...) shape recorded; "
-                         "allowed: an input of rank 2 or more whose first dimension is the batch")
+    if len(dims) < 2:  # (onnx.checker requires a graph input's shape to be recorded)
+        raise ModelError(f"{path.name}: input {data.name} has rank {len(dims)}; allowed: an input "
+                         "of rank 2 or more whose first dimension is the batch")
     if dims[0] not in (None, 1):
         raise ModelError(f"{path.name}: input {data.name} fixes the batch to {dims[0]}; allowed: "
                          "a dynamic batch dimension (or 1)")
@@ -103,10 +103,15 @@ def sample_shape(data: Any, path: Path, given: tuple[int, ...] | None) -> tuple[
             raise ModelError(f"{path.name}: input {data.name} has open dimensions "
                              f"{_shown(graph)} after the batch; pass --input-shape (one sample)")
         return tuple(int(d) for d in graph if d is not None)
-    if len(given) != len(graph) or any(g is not None and g != v for g, v in zip(graph, given, strict=False)):
+    if len(given) != len(graph) or any(g is not None and g != v for g, v in zip(graph, given, strict=True)):
         raise ModelError(f"--input-shape {','.join(map(str, given))}: {path.name} takes one sample of "
                          f"shape {_shown(graph)}; allowed: that shape (? is yours to give)")
     return given
+
+
+def _names(values: list[Any]) -> str:
+    """The first few values' names, for a one-line error."""
+    return ", ".join(v.name for v in values[:5]) + (", ..." if len(values) > 5 else "") or "none"
 
 
 def _shown(dims: list[int | None]) -> str:
@@ -117,7 +122,7 @@ def _the_output(model: Any, path: Path) -> Any:
     """The graph's one output, a tensor of rank 2 where the graph records its rank."""
     outputs = list(model.graph.output)
     if len(outputs) != 1:
-        raise ModelError(f"{path.name} has {len(outputs)} outputs ({', '.join(o.name for o in outputs)}); "
+        raise ModelError(f"{path.name} has {len(outputs)} outputs ({_names(outputs)}); "
                          "mxq needs exactly one, of shape (batch, classes)")
     out = outputs[0]
     if not out.type.HasField("tensor_type"):
