@@ -100,6 +100,7 @@ def add(name: str,
         arch: Annotated[str | None, typer.Option(help="Built-in: mlp, lenet, resnet18_v1.")] = None,
         symbol: Annotated[str | None, typer.Option(help="NAME-symbol.json from net.export(): a path, or s3://BUCKET/KEY inside MXQ_S3_ALLOWED.")] = None,  # noqa: E501
         params: Annotated[str | None, typer.Option(help="NAME-0000.params from net.export(): a path, or s3://BUCKET/KEY inside MXQ_S3_ALLOWED.")] = None,  # noqa: E501
+        onnx: Annotated[str | None, typer.Option(help="A plain ONNX file made elsewhere (torch.onnx.export, skl2onnx): a path, or s3://BUCKET/KEY inside MXQ_S3_ALLOWED; served by ONNX Runtime only.")] = None,  # noqa: E501
         input_shape: Annotated[str | None, typer.Option(help="One sample's shape: 64 or 1,8,8.")] = None,
         classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
@@ -108,7 +109,8 @@ def add(name: str,
         owner: Annotated[str | None, typer.Option(help="A new model's owner (a user): it registers and promotes its versions. Default: the admins alone.")] = None,  # noqa: E501
         team: Annotated[str | None, typer.Option(help="A new model's team: its members (role submit) register and promote its versions too.")] = None,  # noqa: E501
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Add a version of NAME: a built-in architecture (--arch) or an exported model (--symbol/--params).
+    """Add a version of NAME: a built-in architecture (--arch), an exported model (--symbol/--params)
+    or a plain ONNX file (--onnx).
 
     The worker feeds it (x * scale - mean) / std; with none given, inputs as they are stored.
     A new model may be given an owner and a team at once (`mxq models share` changes them)."""
@@ -121,18 +123,23 @@ def add(name: str,
     if outputs not in OUTPUTS:
         raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}")
     shape = parse_shape(input_shape)
-    if arch and not (symbol or params):
+    if onnx is not None:
+        if arch or symbol or params:
+            raise ShapeError("--onnx goes alone: give one of --arch, --symbol/--params or --onnx")
+    elif arch and not (symbol or params):
         if outputs not in ("auto", "logits"):
             raise OutputsError(f"--outputs {outputs}: a built-in architecture outputs logits; "
                                "allowed with --arch: auto or logits")
         if shape is None:
             raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
     elif not (symbol and params and not arch):
-        raise ShapeError("give either --arch (with --input-shape, --classes) or both --symbol and --params")
-    with fetched_files(symbol, params) as (symbol_file, params_file):
+        raise ShapeError("give either --arch (with --input-shape, --classes), both --symbol and "
+                         "--params, or --onnx")
+    with fetched_files(symbol, params, onnx) as (symbol_file, params_file, onnx_file):
         request = validated(RegisterParams, {
             "name": name, "arch": arch, "symbol": None if symbol_file is None else str(symbol_file),
             "params": None if params_file is None else str(params_file),
+            "onnx": None if onnx_file is None else str(onnx_file),
             "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
             "preprocess": prep.as_dict(), "outputs": outputs})
         try:
@@ -218,10 +225,11 @@ def register_on_a_worker(r: RegisterParams, why: str) -> Any:
 
     s = get_settings()
     folder = staging_dir(s.home_path) / uuid.uuid4().hex
-    if r.symbol is not None and r.params is not None:
+    files = [(k, path) for k in ("symbol", "params", "onnx") if (path := getattr(r, k)) is not None]
+    if files:
         folder.mkdir(parents=True)
         r = r.model_copy(update={k: str(shutil.copyfile(path, folder / Path(path).name))
-                                 for k, path in (("symbol", r.symbol), ("params", r.params))})
+                                 for k, path in files})
     render.err.print(f"mxq: this process cannot load MXNet ({why}); a worker whose device runs "
                      "it registers the model", markup=False, soft_wrap=True)
     try:

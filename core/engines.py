@@ -28,6 +28,23 @@ def figures_key(kind: str, device_model: str | None) -> str:
     return f"{kind}:{device_model}" if kind == "gpu" and device_model else kind
 
 
+def plain_onnx(onnx: dict[str, Any] | None) -> bool:
+    """A version registered from a plain ONNX file (`mxq models add --onnx`): it has no MXNet
+    graph, so ONNX Runtime alone serves it, whatever a job asks."""
+    return bool(onnx and onnx.get("imported"))
+
+
+def onnx_only(model: str) -> str:
+    """The one-line refusal of MXNet for a plain ONNX version `model` (NAME:VERSION)."""
+    return (f"model {model} is a plain ONNX file: it runs on ONNX Runtime only; use --engine onnx "
+            "or auto")
+
+
+def engine_problem(asked: str, onnx: dict[str, Any] | None, model: str) -> str | None:
+    """Why a job of `model` cannot run on the engine it asked for (refused at submit), else None."""
+    return onnx_only(model) if asked == "mxnet" and plain_onnx(onnx) else None
+
+
 def disagreement(onnx: dict[str, Any] | None) -> str | None:
     """Why the ONNX export may not serve `auto` (none, or it disagrees), else None."""
     if not onnx or not onnx.get("file"):
@@ -41,7 +58,7 @@ def disagreement(onnx: dict[str, Any] | None) -> str | None:
 
 def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None) -> bool:
     """`auto` with an agreeing export and no speeds measured yet on this kind of device."""
-    return asked == "auto" and disagreement(onnx) is None and not speeds
+    return asked == "auto" and disagreement(onnx) is None and not speeds and not plain_onnx(onnx)
 
 
 # The engines a device worker may have (`workers/hardware/devices.engines_for`); a job that needs one goes
@@ -57,7 +74,7 @@ def needed(kind: str, asked: str | None = None, onnx: dict[str, Any] | None = No
     either."""
     if kind != "infer":
         return "mxnet"
-    if precision in VARIANTS:
+    if precision in VARIANTS or plain_onnx(onnx):
         return "onnx"
     if asked in RUNTIMES:
         return asked
@@ -72,7 +89,13 @@ def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | N
            mxnet_unusable: str | None = None) -> Choice:
     """The engine for a job that asked `asked`: an explicit engine as asked; `auto` the faster
     measured one (MXNet on a tie), MXNet where the export is missing or disagrees. On a device
-    MXNet cannot run (`mxnet_unusable` says why) only ONNX: NoEngine when it cannot serve."""
+    MXNet cannot run (`mxnet_unusable` says why), or for a plain ONNX version, only ONNX: NoEngine
+    when it cannot serve."""
+    if plain_onnx(onnx):
+        if asked == "mxnet":
+            raise NoEngine("--engine mxnet: the version is a plain ONNX file, which runs on ONNX "
+                           "Runtime only; use --engine onnx or auto")
+        return Choice("onnx", "asked" if asked == "onnx" else "a plain ONNX file: ONNX Runtime only")
     if mxnet_unusable is not None:
         return _onnx_only(asked, onnx, mxnet_unusable)
     if asked in ("mxnet", "onnx"):

@@ -164,6 +164,8 @@ def onnx_engine(settings: Settings, model: ModelRecord, kind: str, reason: str,
                             f"({onnx.get('error') or 'it was registered before mxq exported models'})"
                             "; use --engine mxnet or auto")
     if (missing := onnx_runtime.unavailable(kind)) is not None:
+        if rule.plain_onnx(onnx):  # nothing else runs it: another worker must
+            raise JobInputError(f"{rule.onnx_only(_label(model))}: {missing} on this worker")
         raise JobInputError(f"--engine onnx: {missing} on this worker; use --engine mxnet or auto")
     built = onnx if precision == "fp32" else model["variants"].get(precision)
     if not built:
@@ -233,7 +235,8 @@ def _fp32_choice(job: JobContext, model: ModelRecord, asked: str, batch_size: in
     """The full-precision engine for `asked` (measuring both first, for `auto`, when no figures
     exist), the speeds known, or (None, None, why) when MXNet must serve unmeasured."""
     kind, mxnet_unusable = job.parsed_device.kind, job.settings.mxnet_unusable
-    if asked == "auto" and mxnet_unusable is None and (missing := onnx_runtime.unavailable(kind)):
+    if asked == "auto" and mxnet_unusable is None and not rule.plain_onnx(model.get("onnx")) \
+            and (missing := onnx_runtime.unavailable(kind)):
         return None, None, missing
     speeds = (model.get("engines") or {}).get(_figures_key(job))
     if mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), speeds):
@@ -299,8 +302,10 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
          precision: Precision = Precision()) -> Engine:
     """The engine and precision this job runs in (measuring first, for `auto`, what has no
     figures on this kind of device, on batches of `batch_size`). A worker whose GPU MXNet cannot
-    run serves ONNX only."""
+    run serves ONNX only, as does every worker a plain ONNX version (no MXNet graph)."""
     device = job.parsed_device
+    if (problem := rule.engine_problem(asked, model.get("onnx"), _label(model))) is not None:
+        raise JobInputError(problem)
     fp32, speeds, unmeasured = _fp32_choice(job, model, asked, batch_size)
     if fp32 is None:
         assert unmeasured is not None

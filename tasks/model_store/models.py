@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from mxq.db import registry
 from mxq.db.fence import Fence
 from mxq.db.records import CLASSIFIER_OUTPUTS, OUTPUT_KINDS, ModelRecord
+from mxq.engines import onnx_only, plain_onnx
 from mxq.errors import UserError, reason
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export
@@ -243,7 +244,7 @@ def detect_outputs(net: gluon.Block, symbol_file: Path, shape: tuple[int, ...],
     trial = np.random.default_rng(0).standard_normal((TRIAL_SAMPLES, *shape)).astype(np.float32)
     out = net(mx.nd.array(trial, dtype=input_dtype(net))).astype("float32").asnumpy()
     if stated not in (*CLASSIFIER_OUTPUTS, "auto") or (stated == "auto" and out.shape[1] == 1):
-        return _value_kind(stated, out)
+        return value_kind(stated, out)
     op = _last_op(symbol_file)
     if op in SOFTMAX_OPS:
         found = ("probabilities", f"its last op is {op}")
@@ -262,7 +263,7 @@ def detect_outputs(net: gluon.Block, symbol_file: Path, shape: tuple[int, ...],
                      "or auto")
 
 
-def _value_kind(stated: str, out: NDArray[np.float32]) -> str:
+def value_kind(stated: str, out: NDArray[np.float32]) -> str:
     """A kind that is no classifier's (`auto` of a width-1 output: regression), once the trial
     outputs fit it."""
     kind = "regression" if stated == "auto" else stated
@@ -345,8 +346,12 @@ def _check_one_output(name: str, sym: mx.sym.Symbol) -> None:
 
 def add_version(settings: Settings, r: RegisterParams) -> ModelRecord:
     """A version as `mxq models add` asks for it: a built-in architecture with seeded weights,
-    or the exported `symbol` and `params` files (local paths)."""
+    the exported `symbol` and `params` files, or a plain ONNX file (local paths)."""
     prep, shape = Preprocess.from_dict(r.preprocess), r.input_shape
+    if r.onnx is not None:
+        from mxq.tasks.model_store.onnx_import import add_onnx  # it imports this module
+
+        return add_onnx(settings, r.name, Path(r.onnx), tuple(shape) if shape else None, prep, r.outputs)
     if r.arch is not None and shape:
         return add_builtin(settings, r.name, r.arch, tuple(shape), r.classes, r.seed, preprocess=prep)
     assert r.symbol is not None and r.params is not None  # RegisterParams holds one or the other
@@ -430,7 +435,8 @@ def _checked_files(settings: Settings, model: ModelRecord) -> tuple[Path, Path]:
     if not params.is_file():
         raise ModelError(f"params file {params} of {label} is missing")
     if model["symbol_file"] is None:
-        raise ModelError(f"{label} has no symbol file recorded")
+        raise ModelError(onnx_only(label) if plain_onnx(model["onnx"])
+                         else f"{label} has no symbol file recorded")
     symbol = local_file(settings, model, model["symbol_file"])
     if not symbol.is_file():
         raise ModelError(f"symbol file {symbol} of {label} is missing")

@@ -32,7 +32,7 @@ SECOND_BATCH = 3
 OUTPUT = "probabilities"
 
 
-def _missing() -> str | None:
+def missing() -> str | None:
     """Why this install cannot export and check (the exporter needs `onnx`, the check ONNX
     Runtime on the CPU), else None."""
     try:
@@ -42,7 +42,7 @@ def _missing() -> str | None:
     return onnx_runtime.unavailable("cpu")
 
 
-def _clean(path: Path, softmax: bool = True) -> None:
+def clean(path: Path, softmax: bool = True) -> None:
     """Initializers out of the graph inputs; a softmax over the classes (or, for a model that
     outputs probabilities already, an Identity) as the one output, named OUTPUT."""
     import onnx
@@ -89,13 +89,13 @@ def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...
     judges it (`output_kinds`), and `max_diff` is relative to the largest value where values
     exceed 1 (regression values, embeddings). The sha256 is verified before the file is served
     (tasks.engines)."""
-    if (missing := _missing()) is not None:
-        return {"file": None, "error": missing}
+    if (why := missing()) is not None:
+        return {"file": None, "error": why}
     target = folder / ONNX_FILE
     try:
         mx.onnx.export_model(str(symbol), str(params), [(CHECK_BATCH, *input_shape)], [np.float32],
                              str(target), dynamic=True, dynamic_input_shapes=[(None, *input_shape)])
-        _clean(target, kind == "logits")
+        clean(target, kind == "logits")
         sample = np.random.default_rng(0).random((CHECK_BATCH, *input_shape), dtype=np.float32)
         sess = onnx_runtime.session(target)[0]
         _follows_batch(sess, input_shape)

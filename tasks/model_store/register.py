@@ -37,14 +37,13 @@ def register(job: JobContext) -> Outcome:
     s = job.settings
     p = job.params(RegisterParams)
     started = time.perf_counter()
-    if p.symbol is not None and p.params is not None:
-        p = p.model_copy(update={"symbol": str(staged(s.home_path, p.symbol)),
-                                 "params": str(staged(s.home_path, p.params))})
+    files = {k: v for k in ("symbol", "params", "onnx") if (v := getattr(p, k)) is not None}
+    p = p.model_copy(update={k: str(staged(s.home_path, v)) for k, v in files.items()})
     try:
         record = add_version(s, p)
     except (ModelError, PreprocessError) as exc:
         raise JobInputError(str(exc)) from None
     finally:
-        if p.symbol is not None:
-            shutil.rmtree(Path(p.symbol).parent, ignore_errors=True)
+        for k in files:
+            shutil.rmtree(Path(getattr(p, k)).parent, ignore_errors=True)
     return Outcome(samples=0, seconds=time.perf_counter() - started, result={"model": dict(record)})

@@ -445,6 +445,7 @@ class RegisterParams(BaseModel):
     arch: Literal["mlp", "lenet", "resnet18_v1"] | None = None
     symbol: str | None = Field(None, description="A staged NAME-symbol.json.")
     params: str | None = Field(None, description="A staged NAME-0000.params.")
+    onnx: str | None = Field(None, description="A staged plain ONNX file (mxq models add --onnx).")
     input_shape: list[Annotated[int, Field(ge=1, le=2**20)]] | None = Field(None, max_length=8)
     classes: int = Field(10, ge=1, le=2**20)
     seed: int = Field(0, ge=0, le=2**32 - 1)
@@ -456,9 +457,11 @@ class RegisterParams(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> RegisterParams:
-        if (self.arch is None) == (self.symbol is None or self.params is None) or \
+        exported = self.symbol is not None or self.params is not None
+        sources = (self.arch is not None) + exported + (self.onnx is not None)
+        if sources != 1 or (exported and (self.symbol is None or self.params is None)) or \
                 (self.arch is not None and not self.input_shape):
-            raise ValueError("give either arch (with input_shape) or both symbol and params")
+            raise ValueError("give one of arch (with input_shape), both symbol and params, or onnx")
         return self
 
 

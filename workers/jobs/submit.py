@@ -31,7 +31,7 @@ from mxq.db.reports.history import jobs_by_keys
 from mxq.db.sharing import admission
 from mxq.db.sharing.teams import check_team
 from mxq.device import Device
-from mxq.engines import VARIANTS, disagreement, needed, precision_problem
+from mxq.engines import VARIANTS, disagreement, engine_problem, needed, plain_onnx, precision_problem
 from mxq.errors import Conflict, JobRejected, UserError
 from mxq.objects import ObjectURLError, check_output_prefix
 from mxq.priorities import Priority
@@ -169,6 +169,8 @@ def _resolve_infer(settings: Settings, p: InferParams, models: Models) -> InferP
                                      f"{name}:{model['version']}", p.engine)) is not None:
         raise ParamsError(problem)
     _check_output_kind(p, model, f"{name}:{model['version']}")
+    if (problem := engine_problem(p.engine, model.get("onnx"), f"{name}:{model['version']}")) is not None:
+        raise ParamsError(problem)
     return p.model_copy(update={"model": name, "model_version": model["version"], "input": str(path),
                                 "input_identity": identity(path), "output_to": _output_to(settings, p)})
 
@@ -240,8 +242,10 @@ def _pinned_source(settings: Settings, p: TrainParams) -> dict[str, object]:
         return {}
     source = resolve(settings.database, p.from_model, p.from_version)
     if source["symbol_file"] is None:
+        how = "a plain ONNX file" if plain_onnx(source["onnx"]) else "registered without a symbol file"
         raise ParamsError(f"--from {p.from_model}:{source['version']}: the version has no MXNet "
-                          "graph to train (registered without a symbol file)")
+                          f"graph to train ({how}); allowed: a version added with --arch or "
+                          "--symbol/--params, or trained by mxq")
     if source["outputs"] not in CLASSIFIER_OUTPUTS:
         raise ParamsError(f"--from {p.from_model}:{source['version']}: the version outputs "
                           f"{source['outputs']} values, and mxq trains classifiers only; allowed: "
