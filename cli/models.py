@@ -105,7 +105,7 @@ def add(name: str,
         classes: Annotated[int, typer.Option(help="Output classes of a built-in architecture.")] = 10,
         seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
         scale: ScaleOpt = None, mean: MeanOpt = None, std: StdOpt = None, layout: LayoutOpt = None,
-        outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1; an output of width 1 is regression), logits (mxq applies a softmax), probabilities, multilabel (independent label probabilities in [0, 1]), regression (values) or embedding (a vector per sample).")] = "auto",  # noqa: E501
+        outputs: Annotated[str, typer.Option(help="What an exported model outputs: auto (detect: a last softmax op, or rows summing to 1; an output of width 1 is regression), logits (mxq applies a softmax), probabilities, multilabel (independent label probabilities in [0, 1]), regression (values) or embedding (a vector per sample); a model with several outputs names each in order: NAME=KIND,NAME=KIND.")] = "auto",  # noqa: E501
         owner: Annotated[str | None, typer.Option(help="A new model's owner (a user): it registers and promotes its versions. Default: the admins alone.")] = None,  # noqa: E501
         team: Annotated[str | None, typer.Option(help="A new model's team: its members (role submit) register and promote its versions too.")] = None,  # noqa: E501
         json_: Annotated[bool, typer.Option("--json")] = False) -> None:
@@ -120,8 +120,9 @@ def add(name: str,
 
     check_name(name)  # refused before MXNet is even loaded, as bad preprocessing is
     prep = Preprocess.parse(scale, mean, std, layout)
-    if outputs not in OUTPUTS:
-        raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}")
+    if outputs not in OUTPUTS and "=" not in outputs:
+        raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}, or NAME=KIND,… "
+                           "for a model with several outputs")
     shape = parse_shape(input_shape)
     if onnx is not None:
         if arch or symbol or params:
@@ -162,6 +163,8 @@ def add(name: str,
 def _width(record: Any) -> str:
     """What the version's output width is, in words: classes, labels or values."""
     words = {"multilabel": "labels", "regression": "values", "embedding": "dimensions"}
+    if record.get("heads"):
+        return "outputs " + ", ".join(f"{h['name']} ({h['width']} {h['kind']})" for h in record["heads"])
     return f"{record['classes']} {words.get(record['outputs'], 'classes')}"
 
 

@@ -76,7 +76,9 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
         if kind == "train":
             values.update(train_summary(parts))
         elif (output := shared_output(parts)) is not None:
-            values.update(result={"output": output, "chunks": len(parts)})
+            files = (parts[0].result or {}).get("output_files")  # a model's several outputs'
+            values.update(result={"output": output, "chunks": len(parts),
+                                  **({"output_files": files} if files else {})})
     return values
 
 

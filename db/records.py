@@ -142,6 +142,17 @@ OUTPUT_KINDS = (*CLASSIFIER_OUTPUTS, "multilabel", "regression", "embedding")
 # Kinds whose values SQL rows cannot hold (a row keeps a class, a score and top-k pairs): their
 # jobs write .npy or Parquet.
 VALUE_OUTPUTS = ("regression", "embedding")
+# A version with several outputs (`ModelRecord.heads`) records `outputs` as this.
+HEADS = "heads"
+
+
+class Head(TypedDict):
+    """One of a version's several outputs: its name (a file's and a column's), its kind (one
+    of OUTPUT_KINDS) and its width; a job's row holds every output's side by side, in order."""
+
+    name: str
+    kind: str
+    width: int
 
 
 class ModelRecord(TypedDict):
@@ -165,6 +176,7 @@ class ModelRecord(TypedDict):
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
     outputs: str  # one of OUTPUT_KINDS: what the (batch, classes) output holds, `classes` its width
     variants: dict[str, dict[str, Any]]  # lower-precision builds and their checks (`mxq models quantize`)
+    heads: NotRequired[list[Head] | None]  # several outputs, in order (`outputs` is then HEADS); None: one
     owner: str | None  # who may register and promote its versions, with `team`'s members;
     team: str | None  # None: the admins alone (a model from before sharing)
     removed_at: str | None  # when the retention policy removed its files (MXQ_KEEP_VERSIONS)

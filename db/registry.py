@@ -4,7 +4,7 @@ architectures' code users registered (`archs`: `mxq arch add`)."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from mxq import engines
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, Superseded, still_ours
-from mxq.db.records import ArchRecord, ModelRecord
+from mxq.db.records import ArchRecord, Head, ModelRecord
 from mxq.db.schema import Arch, Job, Model, iso
 from mxq.db.sharing.teams import check_team, rights_of
 from mxq.errors import Conflict, Forbidden, NotFound
@@ -38,6 +38,7 @@ def model_record(m: Model) -> ModelRecord:
         "preprocess": Preprocess.from_dict(m.preprocess).as_dict(),
         "outputs": m.outputs or "logits",
         "variants": m.variants or {},
+        "heads": cast(list[Head] | None, m.heads),
         "owner": m.owner,
         "team": m.team,
         "removed_at": iso(m.removed_at),

@@ -233,6 +233,9 @@ class Model(Base):
     # Lower-precision builds of the ONNX export and how they agree with it (`mxq models
     # quantize`): {"int8": {"file", "sha256", "agreement", "max_diff", "accuracy", ...}}.
     variants: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    # Several outputs (migration 0030): [{"name", "kind", "width"}, ...] in order; `outputs` is
+    # then "heads" and `classes` the widths' sum. NULL for one output.
+    heads: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # Who may register and promote its versions (migration 0023): its owner (a user's name),
     # the members of `team`, admins; a model without an owner is the admins' alone.
     owner: Mapped[str | None] = mapped_column(String(128))

@@ -16,7 +16,9 @@ Columns of a classifier's predictions: `index` (int64), `predicted_class` (int32
 best first. Of any other output kind (`mxq.db.records.OUTPUT_KINDS`): `index` and `output`, the
 sample's values as a fixed-size list of float32 (one regression value: a float32), which pyarrow,
 DuckDB and pandas read as arrays; a multi-label model's also `labels` (list of int32), the labels
-kept, best first.
+kept, best first. Of a model with several outputs: `index`, then per output NAME its values, and
+NAME_class, NAME_score (and top-k lists) for a classifier output, NAME_labels for a multi-label
+one (`from_heads`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from mxq.db.outputs.predictions import Ranked
-from mxq.db.records import PredictionRow
+from mxq.db.outputs.predictions import Ranked, kept_labels
+from mxq.db.records import CLASSIFIER_OUTPUTS, Head, PredictionRow
 
 ROW_GROUP_ROWS = 65_536  # rows per row group of a merged or exported file (about 1 MiB)
 COMPRESSION = "zstd"
@@ -86,9 +88,7 @@ def from_values(first: int, values: NDArray[np.float32], kind: str,
     """The rows of one batch of `kind` values (sample `first` onwards); `labels`: a multi-label
     model's kept labels per sample (`predictions.kept_labels`)."""
     table_schema = value_schema(kind, values.shape[1])
-    flat = np.ascontiguousarray(values, dtype=np.float32)
-    output = (pa.array(flat[:, 0]) if table_schema.field("output").type == pa.float32() else
-              pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), values.shape[1]))
+    output = _values_column(values, table_schema.field("output").type == pa.float32())
     columns: list[Any] = [np.arange(first, first + len(values), dtype=np.int64), output]
     if kind == "multilabel":
         columns.append(pa.array([[c for c, _ in kept] for kept in labels or []], pa.list_(pa.int32())))
@@ -96,8 +96,42 @@ def from_values(first: int, values: NDArray[np.float32], kind: str,
 
 
 def holds_values(path: Path) -> bool:
-    """Whether a job's file holds values (`output`), not a classifier's rows."""
-    return "output" in pq.read_schema(path).names
+    """Whether a job's file holds values (`output`, or several outputs' columns), not a
+    classifier's rows."""
+    return "predicted_class" not in pq.read_schema(path).names
+
+
+def _values_column(values: NDArray[np.float32], scalar: bool) -> pa.Array:
+    """(n, width) float32 values as one float32 per row (`scalar`), or fixed-size lists."""
+    flat = np.ascontiguousarray(values, dtype=np.float32)
+    if scalar:
+        return pa.array(flat[:, 0])
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), values.shape[1])
+
+
+def from_heads(first: int, values: NDArray[np.float32], heads: list[Head], top_k: int,
+               threshold: float | None) -> pa.Table:
+    """The rows of one batch of a model with several outputs (`values`: each output's columns
+    side by side, in the order of `heads`): `index`, then per output NAME its values (a
+    classifier's probabilities), and NAME_class and NAME_score (with top-k NAME_top_k_classes
+    and NAME_top_k_scores) for a classifier, NAME_labels for multi-label."""
+    columns: dict[str, Any] = {"index": pa.array(np.arange(first, first + len(values), dtype=np.int64))}
+    at = 0
+    for head in heads:
+        part, at = values[:, at:at + head["width"]], at + head["width"]
+        name, kind = head["name"], head["kind"]
+        columns[name] = _values_column(part, kind == "regression" and head["width"] == 1)
+        if kind in CLASSIFIER_OUTPUTS:
+            r = Ranked.of(part, top_k)
+            columns[f"{name}_class"] = pa.array(r.classes.astype(np.int32))
+            columns[f"{name}_score"] = pa.array(r.scores.astype(np.float32))
+            if r.order is not None and r.best is not None:
+                columns[f"{name}_top_k_classes"] = _lists(r.order.astype(np.int32), pa.int32())
+                columns[f"{name}_top_k_scores"] = _lists(r.best.astype(np.float32), pa.float32())
+        elif kind == "multilabel":
+            kept = kept_labels(part, threshold, top_k)
+            columns[f"{name}_labels"] = pa.array([[c for c, _ in k] for k in kept], pa.list_(pa.int32()))
+    return pa.table(columns)
 
 
 def from_rows(rows: list[PredictionRow], top_k: int) -> pa.Table:

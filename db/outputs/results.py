@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from mxq.db import registry
 from mxq.db.outputs import parquet, predictions
-from mxq.db.records import CLASSIFIER_OUTPUTS, JobRecord, PredictionRow
+from mxq.db.records import CLASSIFIER_OUTPUTS, HEADS, JobRecord, PredictionRow
 from mxq.db.stack import stack_id
 from mxq.errors import NotFound, Unavailable, UserError, first_line
 from mxq.names import csv_cell
@@ -48,7 +48,7 @@ class ValuesOutput(UserError):
     """A job whose output is values, not rows of classes: read from its file as arrays."""
 
 
-def _values_refused(record: JobRecord, where: Path, kind: str) -> ValuesOutput:
+def _values_refused(record: JobRecord, where: Path | str, kind: str) -> ValuesOutput:
     return ValuesOutput(f"job {record['id']}'s model outputs {kind} values, stored as arrays in "
                         f"{where}: read them with NumPy, pyarrow, DuckDB or pandas (rows of classes "
                         "and scores are a classifier's)")
@@ -68,7 +68,9 @@ def _check_rows_array(url: str, record: JobRecord, path: Path) -> None:
     except (LookupError, KeyError):
         return  # the version is gone: its values are read as a classifier's were
     if kind not in (*CLASSIFIER_OUTPUTS, "multilabel"):
-        raise _values_refused(record, path, kind)
+        files = (record.get("result") or {}).get("output_files") or {}
+        where = ", ".join(files.values()) or path
+        raise _values_refused(record, where, "several outputs'" if kind == HEADS else kind)
 
 
 class OutputDamaged(Unavailable):
@@ -148,8 +150,8 @@ def _array_of(url: str, home: Path, record: JobRecord) -> NDArray[np.float32] | 
         return None
     _in_a_bucket(url, record, ".npy")
     path = recorded_output(home, url, record, ".npy")
+    _check_rows_array(url, record, path)
     if path.exists():
-        _check_rows_array(url, record, path)
         probs: NDArray[np.float32] = np.load(path, mmap_mode="r")
         return probs
     if record.get("status") == JobStatus.SUCCEEDED:

@@ -149,7 +149,7 @@ def mxnet_engine(settings: Settings, model: ModelRecord, device: Device, reason:
             except ModelError as exc:
                 raise JobInputError(str(exc)) from None
             proven.add(x.shape)
-        return probabilities(net, ctx, x, outputs)
+        return probabilities(net, ctx, x, outputs, model.get("heads"))
 
     return Engine("mxnet", _checked(model, forward), lambda: _release(net), cached, reason)
 
@@ -340,7 +340,7 @@ def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Batch, as
         return engine
     full = onnx_engine(job.settings, model, job.parsed_device.kind, "", "fp32")
     ours, theirs = engine.forward(first), full.forward(first)
-    kind = model.get("outputs") or "logits"
+    kind = output_kinds.judged(model)
     agreement = output_kinds.agreement(kind, ours, theirs)
     variant = model["variants"][engine.precision]
     bound = precision.min_agreement if precision.min_agreement is not None else variant.get("bound")

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.db import events, jobs, registry
-from mxq.db.records import ModelRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.errors import device_fault
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess
@@ -146,13 +146,14 @@ def infer(job: JobContext) -> Outcome | FanOut:
         model = registry.resolve(job.url, p.model, p.model_version)
     except LookupError as exc:
         raise JobInputError(str(exc)) from None
-    if p.top_k > model["classes"]:
-        raise JobInputError(f"top-k {p.top_k} exceeds the {model['classes']} classes of "
+    if p.top_k > (most := _top_k_bound(model)):
+        raise JobInputError(f"top-k {p.top_k} exceeds the {most} classes of "
                             f"{model['name']}:{model['version']}")
     source = _open(settings, p, model)
     if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
         return FanOut(_chunks(p, source.count))
-    if job.parent_id is None and batching.mergeable(p, source.count, settings):
+    if job.parent_id is None and batching.mergeable(p, source.count, settings) \
+            and model["outputs"] in CLASSIFIER_OUTPUTS:  # a merged batch's rows rank classes
         return _merged(job, p, model, source)
     start, stop = p.start or 0, p.stop or source.count
     if stop > source.count:
@@ -166,7 +167,7 @@ def infer(job: JobContext) -> Outcome | FanOut:
     _announce(job, model, engine, f"samples {start}..{stop} of {source.count}, batch {fit.size}")
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop,
-                     model.get("outputs") or "logits")
+                     model.get("outputs") or "logits", model.get("heads"))
     begin = out.resume()
     earlier = jobs.earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()
@@ -187,7 +188,16 @@ def infer(job: JobContext) -> Outcome | FanOut:
         "input": str(source.path), "range": [start, stop],
         "resumed_from": begin if begin > start else None, "batch_size": p.batch_size,
         "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
+        **({"output_files": out.files} if out.files else {}),
     })
+
+
+def _top_k_bound(model: ModelRecord) -> int:
+    """The most classes --top-k may ask: the version's, or its narrowest classifier or
+    multi-label output's (of several)."""
+    widths = [h["width"] for h in model.get("heads") or []
+              if h["kind"] in (*CLASSIFIER_OUTPUTS, "multilabel")]
+    return min(widths) if widths else model["classes"]
 
 
 def _announce(job: JobContext, model: ModelRecord, engine: engines.Engine, what: str) -> None:

@@ -41,13 +41,14 @@ from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
 from mxq.db.outputs.predictions import Ranked, Row
 from mxq.db.outputs.results import output_file
-from mxq.db.records import CLASSIFIER_OUTPUTS
+from mxq.db.records import CLASSIFIER_OUTPUTS, Head
 from mxq.db.stack import stack_id
 from mxq.objects import job_output
 from mxq.status import JobStatus
 from mxq.tasks.inference.inputs.npy import parse_header
 from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore, probability_part
 from mxq.tasks.inference.pipeline import at_idle_priority
+from mxq.tasks.model_store import output_kinds
 from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import Settings
@@ -73,13 +74,15 @@ class NpyOutput:
     path: Path
     classes: int
     data_offset: int  # where the values begin, after the header
+    columns: slice = field(default_factory=lambda: slice(None))  # of a job's rows: one output's,
+    # of a model with several
 
     def write(self, parts: list[tuple[int, NDArray[np.float32]]]) -> None:
         """Write each (first sample, probabilities) in place, then fdatasync."""
         fd = os.open(self.path, os.O_WRONLY)
         try:
             for first, probs in parts:
-                data = np.ascontiguousarray(probs, dtype=np.float32).data.cast("B")
+                data = np.ascontiguousarray(probs[:, self.columns], dtype=np.float32).data.cast("B")
                 at = self.data_offset + first * self.classes * 4
                 while data:  # a regular file's pwrite is whole unless the disk filled up
                     done = os.pwrite(fd, data, at)
@@ -89,10 +92,12 @@ class NpyOutput:
             os.close(fd)
 
 
-def _output_npy(settings: Settings, job_id: int, rows: int, classes: int) -> NpyOutput:
-    """The job's output file, created once (under a lock: chunks share it); JobFailed when an
-    existing one is not the (rows, classes) float32 array this job writes."""
-    path = output_path(settings, job_id)
+def _output_npy(settings: Settings, job_id: int, rows: int, classes: int, suffix: str = ".npy",
+                columns: slice = slice(None)) -> NpyOutput:
+    """The job's output file (`job-ID.npy`, or one output's `job-ID.NAME.npy`), created once
+    (under a lock: chunks share it); JobFailed when an existing one is not the (rows, classes)
+    float32 array this job writes."""
+    path = output_path(settings, job_id, suffix)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -101,7 +106,7 @@ def _output_npy(settings: Settings, job_id: int, rows: int, classes: int) -> Npy
             np.lib.format.open_memmap(  # type: ignore[no-untyped-call]  # untyped in NumPy 1.23's stubs
                 path, mode="w+", dtype=np.float32, shape=(rows, classes)).flush()
         _reserve(path, created)
-    return NpyOutput(path, classes, _npy_layout(path, rows, classes))
+    return NpyOutput(path, classes, _npy_layout(path, rows, classes), columns)
 
 
 def _npy_layout(path: Path, rows: int, classes: int) -> int:
@@ -185,8 +190,9 @@ class JobOutputs:
     classes: int
     start: int
     stop: int
-    kind: str = "logits"  # what the model outputs (mxq.db.records.OUTPUT_KINDS)
-    npy: NpyOutput | None = field(default=None, init=False)  # npy, both
+    kind: str = "logits"  # what the model outputs (mxq.db.records.OUTPUT_KINDS, or HEADS)
+    heads: list[Head] | None = None  # a model's several outputs, side by side in each row
+    npys: list[NpyOutput] = field(default_factory=list, init=False)  # npy, both: one per output
     parts: PartStore | None = field(default=None, init=False)  # parquet (disk or bucket), npy in a bucket
     rows_wanted: bool = field(default=False, init=False)  # db, both
     _rows: list[Row] = field(default_factory=list, init=False)
@@ -198,8 +204,12 @@ class JobOutputs:
         if self.p.output_to is not None:  # parquet or npy, kept in a bucket
             self.parts = _bucket_parts(self.job.settings, self.p.output_to, self.owner,
                                        self.classes if self.p.output == "npy" else None)
+        elif self.p.output in ("npy", "both") and self.heads:
+            self.npys = [_output_npy(self.job.settings, self.owner, self.count, head["width"],
+                                     f".{head['name']}.npy", span)
+                         for head, span in output_kinds.columns(self.heads)]
         elif self.p.output in ("npy", "both"):
-            self.npy = _output_npy(self.job.settings, self.owner, self.count, self.classes)
+            self.npys = [_output_npy(self.job.settings, self.owner, self.count, self.classes)]
         elif self.p.output == "parquet":
             self.parts = LocalParts(output_path(self.job.settings, self.owner, ".parquet"))
         self.rows_wanted = self.p.output in ("db", "both")
@@ -215,7 +225,14 @@ class JobOutputs:
         """What the job's result names as its output."""
         if self.parts is not None:
             return self.parts.shown
-        return str(self.npy.path) if self.npy is not None else "db"
+        return str(self.npys[0].path) if self.npys else "db"
+
+    @property
+    def files(self) -> dict[str, str] | None:
+        """Each output's file, by name, for a model with several outputs written as .npy."""
+        if not self.heads or not self.npys:
+            return None
+        return {head["name"]: str(npy.path) for head, npy in zip(self.heads, self.npys, strict=True)}
 
     def resume(self) -> int:
         """The first sample this attempt computes: right after the last one an earlier attempt
@@ -238,7 +255,7 @@ class JobOutputs:
 
     def add(self, first: int, probs: NDArray[np.float32]) -> None:
         """One read's results, held until the next flush writes them."""
-        if self.npy is not None:
+        if self.npys:
             self._probs.append((first, probs))
         labels = (predictions.kept_labels(probs, self.p.threshold, self.p.top_k)
                   if self.kind == "multilabel" and (self.rows_wanted or self.parts is not None) else None)
@@ -252,6 +269,8 @@ class JobOutputs:
         """One read's results as a part's table: the npy's values, or Parquet's columns."""
         if self.p.output == "npy":
             return probability_part(first, probs)
+        if self.heads:
+            return parquet.from_heads(first, probs, self.heads, self.p.top_k, self.p.threshold)
         if self.kind in CLASSIFIER_OUTPUTS:
             return parquet.from_probabilities(first, probs, self.p.top_k)
         return parquet.from_values(first, probs, self.kind, labels)
@@ -266,9 +285,10 @@ class JobOutputs:
         on a CPU device its files are written at idle priority: `pipeline.at_idle_priority`)."""
         fence = self.job.fence
         assert fence is not None  # outputs exist only for a claimed attempt
-        if self.npy is not None and flush.probs:
+        if self.npys and flush.probs:
             self.job.check_owned()  # a pause (in the forward pass, say) ends here, before the write
-            self._files(self.npy.write, flush.probs)
+            for npy in self.npys:
+                self._files(npy.write, flush.probs)
         part = None
         if self.parts is not None and flush.tables:
             with _only_own():
@@ -298,8 +318,8 @@ class JobOutputs:
         """Once every flush is stored (each made its writes durable): the Parquet parts merged
         when complete; JobFailed when the output cannot be verified (a part or the file went
         missing)."""
-        if self.npy is not None:
-            _npy_layout(self.npy.path, self.count, self.classes)
+        for npy in self.npys:
+            _npy_layout(npy.path, self.count, npy.classes)
         if self.parts is not None:
             with _only_own():
                 self._finish_parts(self.parts)

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from mxq.db import registry
 from mxq.db.fence import Fence
-from mxq.db.records import CLASSIFIER_OUTPUTS, OUTPUT_KINDS, ModelRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, HEADS, Head, ModelRecord
 from mxq.engines import onnx_only, plain_onnx
 from mxq.errors import UserError, reason
 from mxq.preprocess import Preprocess
@@ -37,7 +37,7 @@ from mxq.tasks.model_store.checksums import sha256, verify
 from mxq.tasks.model_store.locations import local_file, publish, store_dir
 from mxq.tasks.model_store.zoo import build
 from mxq.tasks.runtimes.mx import DeviceFault, device_fault, gluon, mx
-from mxq.workers.jobs.jobspecs import RegisterParams
+from mxq.workers.jobs.jobspecs import RegisterParams, parse_heads
 from mxq.workers.settings import Settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
@@ -94,10 +94,11 @@ def _register(settings: Settings, name: str, write: Any, fields: dict[str, Any],
     try:
         write(folder)
         params, symbol = folder / f"{PREFIX}-0000.params", folder / f"{PREFIX}-symbol.json"
+        heads = fields.get("heads")
         onnx = onnx_export.export(
             folder, symbol, params, tuple(fields["input_shape"]),
-            lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x, outputs),
-            kind=outputs)
+            lambda x: probabilities(_open(symbol, params, mx.cpu()), mx.cpu(), x, outputs, heads),
+            kind=heads or outputs)
         onnx["symbol_sha256"] = sha256(symbol)  # beside the export's own: no column of its own
         publish(settings, url, name, version,
                 [symbol, params, *([Path(onnx["file"])] if onnx.get("file") else [])])
@@ -205,13 +206,21 @@ def input_dtype(net: gluon.Block) -> str:
 
 
 def probabilities(net: gluon.Block, ctx: mx.Context, x: NDArray[Any],
-                  outputs: str = "logits") -> NDArray[np.float32]:
+                  outputs: str = "logits", heads: list[Head] | None = None) -> NDArray[np.float32]:
     """One batch's outputs as jobs store them, in float32 whatever the net's dtype (a float16 net
     is fed float16): a softmax of logits, any other kind's output as it is (a second softmax of
     probabilities would squash 1.0 to 0.23 over 10 classes); `asnumpy` waits for MXNet, so its
     errors surface here."""
-    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net))).astype("float32", copy=False)
-    probs: NDArray[np.float32] = (mx.nd.softmax(out) if outputs == "logits" else out).asnumpy()
+    out = net(mx.nd.array(x, ctx=ctx, dtype=input_dtype(net)))
+    if heads:  # several outputs: each as stored, side by side in one row per sample
+        return np.concatenate([_as_stored(o, h["kind"]) for o, h in zip(out, heads, strict=True)],
+                              axis=1)
+    return _as_stored(out, outputs)
+
+
+def _as_stored(out: mx.nd.NDArray, kind: str) -> NDArray[np.float32]:
+    out = out.astype("float32", copy=False)
+    probs: NDArray[np.float32] = (mx.nd.softmax(out) if kind == "logits" else out).asnumpy()
     return probs
 
 
@@ -334,14 +343,17 @@ def _check_symbol_file(path: Path) -> None:
                          f"and 'heads', found {found}")
 
 
-def _check_one_output(name: str, sym: mx.sym.Symbol) -> None:
-    """A symbol with several heads returns a list, which no job can score: refused here in one
-    line, not at its first run ("'list' object has no attribute 'wait_to_read'")."""
+def _check_outputs_count(name: str, sym: mx.sym.Symbol, stated: list[tuple[str, str]] | None) -> None:
+    """As many outputs as `--outputs` names (one unless it names several): a symbol with several
+    heads returns a list, refused here in one line unless each head is named, not at its first
+    run ("'list' object has no attribute 'wait_to_read'")."""
     outputs = sym.list_outputs()
-    if len(outputs) != 1:
+    want = 1 if stated is None else len(stated)
+    if len(outputs) != want:
         shown = ", ".join(outputs[:5]) + (", ..." if len(outputs) > 5 else "")
-        raise ModelError(f"model {name} has {len(outputs)} outputs ({shown}); mxq needs exactly "
-                         "one, of shape (batch, classes): export a net whose forward returns one array")
+        raise ModelError(f"model {name} has {len(outputs)} outputs ({shown}) and --outputs names "
+                         f"{want}; allowed: name each output in order, --outputs NAME=KIND,NAME=KIND "
+                         "(one output: a kind, or auto)")
 
 
 def add_version(settings: Settings, r: RegisterParams) -> ModelRecord:
@@ -365,9 +377,11 @@ def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
     """A user's `net.export()` output, checked by shape inference at the largest batch a job
     may ask (`max_batch`, default MXQ_MAX_BATCH_SIZE) and small ones, then by loading it and
     running one sample; `outputs` (`auto`, or one of OUTPUT_KINDS) says what it outputs, or has
-    it detected (`detect_outputs`)."""
-    if outputs not in ("auto", *OUTPUT_KINDS):
-        raise ModelError(f"--outputs {outputs!r}: allowed: auto, {', '.join(OUTPUT_KINDS)}")
+    it detected (`detect_outputs`); NAME=KIND,… names each of several outputs (`_heads`)."""
+    try:
+        stated = parse_heads(outputs)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
     for f in (symbol, params):
         if not f.is_file():
             raise ModelError(f"{f} does not exist")
@@ -383,25 +397,52 @@ def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
         raise ModelError(f"{symbol.name} does not record its input shape; pass --input-shape "
                          "(one sample, e.g. 64 or 3,32,32)")
     net = _open(symbol, params, mx.cpu())  # loads, runs nothing
-    _check_one_output(name, net.mxq_symbol)
+    _check_outputs_count(name, net.mxq_symbol, stated)
     prove_batches(name, net.mxq_symbol, net.mxq_data, shape,
                   max_batch or settings.max_batch_size)
     try:
         out = net(mx.nd.zeros((1, *shape), dtype=input_dtype(net)))
-        out.wait_to_read()  # MXNet runs asynchronously: its errors surface when the result is read
+        mx.nd.waitall()  # MXNet runs asynchronously: its errors surface when the result is read
     except Exception as exc:
         raise ModelError(f"model does not run on input shape {shape}: {reason(exc)}") from None
-    _check_output_shape(out.shape, outputs)
-    kind = detect_outputs(net, symbol, shape, outputs)
+    fields: dict[str, Any] = {"arch": "symbol", "input_shape": list(shape),
+                              "source": f"import:{symbol.name}"}
+    if stated is None:
+        _check_output_shape(out.shape, outputs)
+        fields |= {"classes": int(out.shape[1]), "outputs": detect_outputs(net, symbol, shape, outputs)}
+    else:
+        heads = _heads(net, shape, stated)
+        fields |= {"classes": sum(h["width"] for h in heads), "outputs": HEADS, "heads": heads}
 
     def write(folder: Path) -> None:
         shutil.copyfile(symbol, folder / f"{PREFIX}-symbol.json")
         shutil.copyfile(params, folder / f"{PREFIX}-0000.params")
 
-    return _register(settings, name, write, {"arch": "symbol", "input_shape": list(shape),
-                                              "classes": int(out.shape[1]),
-                                              "source": f"import:{symbol.name}", "outputs": kind},
-                     preprocess)
+    return _register(settings, name, write, fields, preprocess)
+
+
+def _heads(net: gluon.Block, shape: tuple[int, ...], stated: list[tuple[str, str]]) -> list[Head]:
+    """Each of several outputs, as `--outputs NAME=KIND,…` names them in order, with its width
+    and its kind (`auto`: probabilities whose rows sum to 1, regression for a width of 1, else
+    logits), each checked on a trial run as one output is."""
+    trial = np.random.default_rng(0).standard_normal((TRIAL_SAMPLES, *shape)).astype(np.float32)
+    outs = net(mx.nd.array(trial, dtype=input_dtype(net)))
+    heads: list[Head] = []
+    for (name, kind), raw in zip(stated, outs, strict=True):
+        out = raw.astype("float32").asnumpy()
+        if kind == "auto":
+            kind = ("regression" if out.ndim == 2 and out.shape[1] == 1 else
+                    "probabilities" if out.ndim == 2 and _look_like_probabilities(out) else "logits")
+        try:
+            _check_output_shape((1, *out.shape[1:]), kind)
+            if kind not in CLASSIFIER_OUTPUTS:
+                kind = value_kind(kind, out)
+            elif kind == "probabilities" and not _look_like_probabilities(out):
+                raise ModelError(f"its rows do not sum to 1 (row sums {_sums(out)})")
+        except ModelError as exc:
+            raise ModelError(f"--outputs {name}={kind}: output {name}: {exc}") from None
+        heads.append({"name": name, "kind": kind, "width": int(out.shape[1])})
+    return heads
 
 
 def _check_output_shape(shape: tuple[int, ...], outputs: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from mxq.db.records import Head
 from mxq.errors import reason
 from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import sha256
@@ -42,9 +43,11 @@ def missing() -> str | None:
     return onnx_runtime.unavailable("cpu")
 
 
-def clean(path: Path, softmax: bool = True) -> None:
+def clean(path: Path, softmax: bool = True, kinds: list[str] | None = None) -> None:
     """Initializers out of the graph inputs; a softmax over the classes (or, for a model that
-    outputs probabilities already, an Identity) as the one output, named OUTPUT."""
+    outputs probabilities already, or values, an Identity) as the one output, named OUTPUT. With
+    `kinds`, one per output of a graph with several: each output's softmax or Identity, then
+    their concatenation as OUTPUT, the one row per sample jobs store (`models.probabilities`)."""
     import onnx
     from onnx import helper
 
@@ -54,16 +57,30 @@ def clean(path: Path, softmax: bool = True) -> None:
     inputs = [i for i in graph.input if i.name not in weights]
     del graph.input[:]
     graph.input.extend(inputs)
-    logits = graph.output[0]
-    graph.node.append(helper.make_node("Softmax", [logits.name], [OUTPUT], axis=1) if softmax
-                      else helper.make_node("Identity", [logits.name], [OUTPUT]))
+    first = graph.output[0]
+    if kinds is None:
+        graph.node.append(_ending(first.name, OUTPUT, softmax))
+    else:
+        ends = [f"{OUTPUT}_{i}" for i in range(len(kinds))]
+        graph.node.extend(_ending(o.name, end, kind == "logits")
+                          for o, end, kind in zip(graph.output, ends, kinds, strict=True))
+        graph.node.append(helper.make_node("Concat", ends, [OUTPUT], axis=1))
     probs = onnx.ValueInfoProto()
-    probs.CopyFrom(logits)  # the same type and (batch, classes) shape
+    probs.CopyFrom(first)  # the same type and batch; a concatenation's width is left open
     probs.name = OUTPUT
+    if kinds is not None:
+        probs.type.tensor_type.shape.dim[1].Clear()
     del graph.output[:]
     graph.output.append(probs)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
+
+
+def _ending(source: str, target: str, softmax: bool) -> Any:
+    from onnx import helper
+
+    return (helper.make_node("Softmax", [source], [target], axis=1) if softmax
+            else helper.make_node("Identity", [source], [target]))
 
 
 class _FixedBatch(Exception):
@@ -81,7 +98,7 @@ def _follows_batch(sess: Any, input_shape: tuple[int, ...]) -> None:
 
 def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...],
            mxnet_probs: Callable[[NDArray[np.float32]], NDArray[np.float32]],
-           kind: str = "logits") -> dict[str, Any]:
+           kind: str | list[Head] = "logits") -> dict[str, Any]:
     """Export to `folder/model.onnx` (ending in a softmax when the model outputs `kind`
     logits, else in an Identity) and compare with MXNet (`mxnet_probs`, its outputs as jobs
     store them) on a seeded batch: `{"file", "sha256", "max_diff", "argmax_agreement"}`, or
@@ -95,7 +112,7 @@ def export(folder: Path, symbol: Path, params: Path, input_shape: tuple[int, ...
     try:
         mx.onnx.export_model(str(symbol), str(params), [(CHECK_BATCH, *input_shape)], [np.float32],
                              str(target), dynamic=True, dynamic_input_shapes=[(None, *input_shape)])
-        clean(target, kind == "logits")
+        clean(target, kind == "logits", None if isinstance(kind, str) else [h["kind"] for h in kind])
         sample = np.random.default_rng(0).random((CHECK_BATCH, *input_shape), dtype=np.float32)
         sess = onnx_runtime.session(target)[0]
         _follows_batch(sess, input_shape)

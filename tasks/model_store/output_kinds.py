@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.db.records import CLASSIFIER_OUTPUTS
+from mxq.db.records import CLASSIFIER_OUTPUTS, HEADS, Head, ModelRecord
 
 LABEL_THRESHOLD = 0.5
 MIN_COSINE = 0.99
@@ -48,15 +48,47 @@ def _per_sample(kind: str, ours: Values, theirs: Values) -> NDArray[np.bool_]:
     return within
 
 
-def agreement(kind: str, ours: Values, theirs: Values) -> float:
-    """The share of samples on which `ours` agrees with `theirs` (float32's), in [0, 1]."""
+def heads_of(model: ModelRecord) -> list[Head]:
+    """A version's outputs in order: its several heads, or its one output (named `output`)."""
+    return list(model.get("heads") or []) or [
+        {"name": "output", "kind": model.get("outputs") or "logits", "width": model["classes"]}]
+
+
+def columns(heads: list[Head]) -> list[tuple[Head, slice]]:
+    """Each head with the columns of a job's row that hold it (heads side by side, in order)."""
+    spans, at = [], 0
+    for head in heads:
+        spans.append((head, slice(at, at + head["width"])))
+        at += head["width"]
+    return spans
+
+
+def agreement(kind: str | list[Head], ours: Values, theirs: Values) -> float:
+    """The share of samples on which `ours` agrees with `theirs` (float32's), in [0, 1]; for
+    several heads, a sample agrees when every head does."""
     if not len(ours):
         return 1.0
-    return float(_per_sample(kind, ours, theirs).mean())
+    if isinstance(kind, str):
+        return float(_per_sample(kind, ours, theirs).mean())
+    every = np.ones(len(ours), dtype=bool)
+    for head, span in columns(kind):
+        every &= _per_sample(head["kind"], ours[:, span], theirs[:, span])
+    return float(every.mean())
 
 
-def measure(kind: str) -> str:
-    """What `agreement` counts for `kind`, in words for figures and errors."""
+def judged(model: ModelRecord) -> str | list[Head]:
+    """What `agreement` judges a version's outputs by: its kind, or its heads."""
+    if model.get("outputs") == HEADS:
+        return heads_of(model)
+    return model.get("outputs") or "logits"
+
+
+def measure(kind: str | list[Head]) -> str:
+    """What `agreement` counts for `kind` (or each of several heads), in words for figures and
+    errors."""
+    if not isinstance(kind, str):
+        return "samples on which every output agrees: " + "; ".join(
+            f"{h['name']}: {measure(h['kind'])}" for h in kind)
     if kind in CLASSIFIER_OUTPUTS:
         return "argmax agreement"
     if kind == "multilabel":

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.db import registry
-from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
+from mxq.db.records import CLASSIFIER_OUTPUTS, Head, ModelRecord
 from mxq.errors import UserError, reason
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import output_kinds
@@ -135,7 +135,7 @@ def _probabilities(path: Path, x: NDArray[np.float32]) -> NDArray[np.float32]:
 
 
 def compare(fp32: Path, variant: Path, held: Calibration, precision: str = "int8",
-            kind: str = "logits") -> dict[str, Any]:
+            kind: str | list[Head] = "logits") -> dict[str, Any]:
     """The variant against float32 on the held-out samples: their agreement as the version's
     output `kind` judges it (`output_kinds`: argmax agreement for a classifier, cosine
     similarity for an embedding, ...), the largest difference of an output value, and, for a
@@ -182,7 +182,7 @@ def build_variant(settings: Settings, model: ModelRecord, precision: str, data: 
             quantize_int8(fp32, building, calibrate)
         else:
             convert_fp16(fp32, building)
-        figures = compare(fp32, building, held, precision, model.get("outputs") or "logits")
+        figures = compare(fp32, building, held, precision, output_kinds.judged(model))
         if not np.isfinite(figures["max_diff"]):
             raise VariantError("its outputs are not finite on the held-out samples")
     except Exception as exc:  # the tools raise many types for graphs they cannot convert

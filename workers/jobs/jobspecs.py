@@ -5,6 +5,7 @@ One pydantic model per kind: the error names the field, the value and what is al
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,6 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from mxq.db.records import OUTPUT_KINDS
 from mxq.device import Device
 from mxq.errors import UserError
 from mxq.names import MAX_ID, NAME_PATTERN, shown
@@ -434,6 +436,33 @@ class ArchParams(BaseModel):
         return value
 
 
+HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")  # a file's and a Parquet column's name
+MOST_HEADS = 16
+
+
+def parse_heads(spec: str) -> list[tuple[str, str]] | None:
+    """A registration's `--outputs`: None for one output (`auto` or a kind), else each of
+    several outputs' (name, kind), in order; ValueError naming what is wrong and what is allowed."""
+    kinds = ("auto", *OUTPUT_KINDS)
+    if "=" not in spec:
+        if spec not in kinds:
+            raise ValueError(f"--outputs {spec[:60]!r}: allowed: {', '.join(kinds)}, or "
+                             "NAME=KIND,NAME=KIND for a model with several outputs")
+        return None
+    heads = [tuple(part.strip().partition("=")[::2]) for part in spec.split(",")]
+    for name, kind in heads:
+        if not HEAD_NAME.match(name) or name in ("index", "labels"):
+            raise ValueError(f"--outputs: output name {name[:40]!r}: allowed: a letter, then up to 31 "
+                             "letters, digits or _ (not index or labels)")
+        if kind not in kinds:
+            raise ValueError(f"--outputs: output {name}={kind[:40]!r}: allowed kinds: {', '.join(kinds)}")
+    names = [n for n, _ in heads]
+    if len(set(names)) != len(names) or not 2 <= len(heads) <= MOST_HEADS:
+        raise ValueError(f"--outputs: {len(heads)} outputs named {', '.join(names)[:80]}: allowed: "
+                         f"2 to {MOST_HEADS} outputs, each name once")
+    return [(n, k) for n, k in heads]
+
+
 class RegisterParams(BaseModel):
     """A model version registered by a device worker for a process that cannot load MXNet (a
     GPU build without its driver, as in the compose `api` container; an ONNX-only install):
@@ -450,10 +479,16 @@ class RegisterParams(BaseModel):
     classes: int = Field(10, ge=1, le=2**20)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     preprocess: dict[str, object] | None = None
-    outputs: Literal["auto", "logits", "probabilities", "multilabel", "regression",
-                     "embedding"] = Field("auto", description="What the model's output is "
+    outputs: str = Field("auto", max_length=600, description="What the model's output is "
         "(mxq.db.records.OUTPUT_KINDS); auto tells logits from probabilities, and takes an output "
-        "of width 1 for regression.")
+        "of width 1 for regression. A model with several outputs names each, in order: "
+        "NAME=KIND[,NAME=KIND...] (KIND may be auto).")
+
+    @field_validator("outputs")
+    @classmethod
+    def _known_outputs(cls, value: str) -> str:
+        parse_heads(value)  # ValueError naming what is wrong
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> RegisterParams:

@@ -25,7 +25,14 @@ from kombu.utils.url import maybe_sanitize_url
 from mxq.db.engine import ping, safe_url
 from mxq.db.fleet import describe_groups, device_model, list_workers, model_groups
 from mxq.db.jobs import IdempotencyKeyTaken, create_job, create_jobs
-from mxq.db.records import CLASSIFIER_OUTPUTS, VALUE_OUTPUTS, JobRecord, ModelRecord, WorkerRecord
+from mxq.db.records import (
+    CLASSIFIER_OUTPUTS,
+    HEADS,
+    VALUE_OUTPUTS,
+    JobRecord,
+    ModelRecord,
+    WorkerRecord,
+)
 from mxq.db.registry import check_registrant, find_arch, list_archs, resolve
 from mxq.db.reports.history import jobs_by_keys
 from mxq.db.sharing import admission
@@ -179,6 +186,9 @@ def _check_output_kind(p: InferParams, model: ModelRecord, label: str) -> None:
     """What the job asks of its output fits what the version outputs: SQL rows and top-k are a
     classifier's or a multi-label model's, a threshold a multi-label model's."""
     kind = model.get("outputs") or "logits"
+    if kind == HEADS:
+        _check_heads(p, model, label)
+        return
     if kind in VALUE_OUTPUTS and p.output in ("db", "both"):
         raise ParamsError(f"--output {p.output}: {label} outputs {kind} values ({model['classes']} "
                           "per sample), which SQL rows (a class and a score) cannot hold; allowed: "
@@ -189,6 +199,26 @@ def _check_output_kind(p: InferParams, model: ModelRecord, label: str) -> None:
     if p.threshold is not None and kind != "multilabel":
         raise ParamsError(f"--threshold {p.threshold:g}: {label} outputs {kind}, not multi-label "
                           "probabilities; allowed: no --threshold")
+
+
+def _check_heads(p: InferParams, model: ModelRecord, label: str) -> None:
+    """A model with several outputs writes a file per output (.npy) or a column per output
+    (Parquet); top-k and a threshold go with outputs that have classes or labels."""
+    heads = model.get("heads") or []
+    shown = ", ".join(f"{h['name']}={h['kind']}" for h in heads)
+    if p.output in ("db", "both"):
+        raise ParamsError(f"--output {p.output}: {label} has {len(heads)} outputs ({shown}), which "
+                          "SQL rows (a class and a score) cannot hold; allowed: --output npy or parquet")
+    if p.output == "npy" and p.output_to is not None:
+        raise ParamsError(f"--output npy with output_to: {label} has {len(heads)} outputs, an .npy "
+                          "each, kept on the worker's disk only; allowed: --output parquet with output_to")
+    kinds = {h["kind"] for h in heads}
+    if p.top_k and not kinds & {*CLASSIFIER_OUTPUTS, "multilabel"}:
+        raise ParamsError(f"--top-k {p.top_k}: no output of {label} has classes ({shown}); "
+                          "allowed: --top-k 0")
+    if p.threshold is not None and "multilabel" not in kinds:
+        raise ParamsError(f"--threshold {p.threshold:g}: no output of {label} is multi-label "
+                          f"({shown}); allowed: no --threshold")
 
 
 def _output_to(settings: Settings, p: InferParams) -> str | None:
