@@ -8,7 +8,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -217,45 +217,92 @@ def test_sigkill_at_60_percent_resumes_for_each_output_kind(faulty: FaultStack) 
                                                        for o in figures}, **figures})
 
 
-def _exported(stack: FaultStack, name: str, *tail: object, outputs: str) -> np.ndarray:
-    """A user's net of 64 inputs ending in `tail`, registered as `name` with `--outputs`; its
-    outputs on the stack's resume.npy, run by plain MXNet."""
+def _exported(stack: FaultStack, name: str, net: object, outputs: str) -> np.ndarray:
+    """A user's net of 64 inputs, registered as `name` with `--outputs`; its outputs on the
+    stack's resume.npy as a job stores them (several heads side by side), run by plain MXNet."""
     import mxnet as mx
 
     mx.random.seed(5)
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(32, activation="tanh"), *tail)
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.zeros((1, FEATURES)))
-    net.export(str(stack.home / name))
+    block: Any = net
+    block.initialize(mx.init.Xavier())
+    block.hybridize()
+    block(mx.nd.zeros((1, FEATURES)))
+    block.export(str(stack.home / name))
     proc = stack.mxq("models", "add", name, "--symbol", str(stack.home / f"{name}-symbol.json"),
                      "--params", str(stack.home / f"{name}-0000.params"), "--input-shape",
                      str(FEATURES), "--outputs", outputs)
     assert proc.returncode == 0, proc.stderr
-    values: np.ndarray = net(mx.nd.array(np.load(stack.home / "data" / "resume.npy"))).asnumpy()
+    out = block(mx.nd.array(np.load(stack.home / "data" / "resume.npy")))
+    values: np.ndarray = (np.concatenate([mx.nd.softmax(out[0]).asnumpy(), out[1].asnumpy()], axis=1)
+                          if isinstance(out, list | tuple) else out.asnumpy())
     return values
+
+
+def _sequential(*blocks: object) -> object:
+    import mxnet as mx
+
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(32, activation="tanh"), *blocks)
+    return net
+
+
+def _two_heads() -> object:
+    """A class (5 logits) and a box (4 values) from one body."""
+    import mxnet as mx
+
+    class TwoHeads(mx.gluon.HybridBlock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.cls, self.box = (mx.gluon.nn.Dense(32, activation="tanh"),
+                                             mx.gluon.nn.Dense(5), mx.gluon.nn.Dense(4))
+
+        def hybrid_forward(self, F: Any, x: Any) -> Any:
+            h = self.body(x)
+            return self.cls(h), self.box(h)
+
+    return TwoHeads()
 
 
 @pytest.mark.timeout(900)
 def test_sigkill_at_60_percent_resumes_models_that_are_not_classifiers(faulty: FaultStack) -> None:
-    """An embedding to .npy and Parquet, multi-label tags to SQL rows and Parquet: one SIGKILL at
-    about 60 % each, and every sample's values are stored once, equal to plain MXNet's."""
+    """An embedding to .npy and Parquet, multi-label tags to SQL rows and Parquet, a two-headed
+    model to an .npy per head and Parquet columns: one SIGKILL at about 60 % each, and every
+    sample's values are stored once, equal to plain MXNet's."""
     import mxnet as mx
 
     faulty.samples("resume.npy", INFER_SAMPLES, seed=4)
-    embedding = _exported(faulty, "killemb", outputs="embedding")
-    tags = _exported(faulty, "killtags", mx.gluon.nn.Dense(6), mx.gluon.nn.Activation("sigmoid"),
-                     outputs="multilabel")
+    embedding = _exported(faulty, "killemb", _sequential(), "embedding")
+    tags = _exported(faulty, "killtags", _sequential(mx.gluon.nn.Dense(6), mx.gluon.nn.Activation("sigmoid")),
+                     "multilabel")
+    heads = _exported(faulty, "killheads", _two_heads(), "cls=logits,box=regression")
     for model, output, reference in [("killemb", "npy", embedding), ("killemb", "parquet", embedding),
-                                     ("killtags", "db", tags), ("killtags", "parquet", tags)]:
+                                     ("killtags", "db", tags), ("killtags", "parquet", tags),
+                                     ("killheads", "npy", heads), ("killheads", "parquet", heads)]:
         job_id, pid = _frozen_at_60_percent(faulty, output, model, engine="mxnet")
         at_kill = committed_position(faulty, job_id)
         _kill_and_read(faulty, pid, job_id, "db")
         job = faulty.wait_all([job_id], 300)[job_id]
         assert job["status"] == "succeeded", job["error"]
         assert job["attempts"] == 2 and (job["result"] or {})["resumed_from"] >= at_kill
-        _check_values(faulty, job, output, reference)
+        if model == "killheads":
+            _check_heads(job, output, reference)
+        else:
+            _check_values(faulty, job, output, reference)
+
+
+def _check_heads(job: JobRecord, output: str, reference: np.ndarray) -> None:
+    """Both heads' values of every sample stored once: cls (5) then box (4)."""
+    cls, box = reference[:, :5], reference[:, 5:]
+    if output == "npy":
+        files = (job["result"] or {})["output_files"]
+        np.testing.assert_allclose(np.load(files["cls"]), cls, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.load(files["box"]), box, rtol=1e-5, atol=1e-5)
+        return
+    table = pq.read_table(str(job["output"]))
+    assert table.column("index").to_pylist() == list(range(INFER_SAMPLES))
+    assert np.array_equal(table.column("cls_class").to_numpy(), cls.argmax(axis=1))
+    np.testing.assert_allclose(np.stack(table.column("box").to_numpy(zero_copy_only=False)), box,
+                               rtol=1e-5, atol=1e-5)
 
 
 def _check_values(stack: FaultStack, job: JobRecord, output: str, reference: np.ndarray) -> None:
