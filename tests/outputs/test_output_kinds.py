@@ -208,3 +208,44 @@ def test_multilabel_tags_at_a_threshold_as_rows_and_parquet(workers: Stack, tmp_
     table = pq.read_table(job["output"])
     assert table.column_names == ["index", "output", "labels"]
     assert table.column("labels").to_pylist() == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_embedding_of_200000_samples_on_both_engines_and_in_int8(workers: Stack, tmp_path: Path) -> None:
+    """The issue's case at full size: a CNN without its last layer (128-d) over 200,000 samples,
+    .npy and Parquet on MXNet and ONNX Runtime equal to plain MXNet within 1e-5 (pyarrow and
+    DuckDB read arrays), and its int8 variant serving a job judged by cosine similarity."""
+    symbol, params, net = _export(tmp_path, "emb", _embedder())
+    model = _add(workers, "kinds-large", symbol, params, "--outputs", "embedding")
+    label = f"kinds-large:{model['version']}"
+    x = _samples(200_000, 9)
+    save_npy(workers, "emb-large.npy", x)
+    expected = np.concatenate([net(mx.nd.array(x[i:i + 10_000])).asnumpy()
+                               for i in range(0, len(x), 10_000)])
+    for engine in ("mxnet", "onnx"):
+        npy = infer_and_wait(workers, label, "emb-large.npy", "--output", "npy", "--engine", engine,
+                             "--batch-size", "1024")
+        assert npy["status"] == "succeeded", npy["error"]
+        np.testing.assert_allclose(np.load(npy["output"], mmap_mode="r"), expected, rtol=1e-5, atol=1e-5)
+        job = infer_and_wait(workers, label, "emb-large.npy", "--output", "parquet", "--engine", engine,
+                             "--batch-size", "1024")
+        assert job["status"] == "succeeded", job["error"]
+        shape = duckdb.sql(f"SELECT count(*), max(len(output)) FROM '{job['output']}'").fetchone()
+        assert shape == (200_000, 128)
+        for batch in pq.ParquetFile(job["output"]).iter_batches(batch_size=50_000):
+            first = batch.column(0)[0].as_py()
+            stored = np.stack(batch.column(1).to_numpy(zero_copy_only=False))
+            np.testing.assert_allclose(stored, expected[first:first + len(stored)], rtol=1e-5, atol=1e-5)
+
+    save_npy(workers, "emb-calibration.npy", _samples(1_000, 10))
+    quantized = workers.mxq_json("models", "quantize", label, "--calibration", "emb-calibration.npy")
+    assert "cosine" in quantized["measure"]
+    int8 = infer_and_wait(workers, label, "emb-large.npy", "--output", "npy", "--precision", "int8",
+                          "--batch-size", "1024")
+    assert int8["status"] == "succeeded", int8["error"]
+    reason = int8["result"]["precision_reason"]
+    assert int8["result"]["precision"] == "int8" and "cosine similarity at least 0.99" in reason, reason
+    served = np.load(int8["output"], mmap_mode="r")[:20_000]
+    share = output_kinds.agreement("embedding", np.asarray(served), expected[:20_000])
+    assert share >= quantized["agreement"] - 0.05, (share, quantized["agreement"])
