@@ -12,6 +12,7 @@ import io
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
 
 from mxq.api.auth import Caller, admin, reader, submitter
@@ -219,6 +220,29 @@ def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(results.prediction_csv(rows))
     return Response(out.getvalue(), media_type="text/csv")
+
+
+NPY = "application/x-npy"
+
+
+@router.get("/jobs/{job_id}/values", response_class=Response, responses={
+    **problems(404), 200: {"description": "Rows of one output's values as a NumPy .npy file "
+                           "((rows, width) float32); `X-Total-Rows` says how many the output holds",
+                           "content": {NPY: {"schema": {"type": "string", "format": "binary"}}}}})
+def job_values(job_id: JobId, output: Annotated[str | None, Query(
+                   max_length=32, pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="The output's "
+                   "name (a model with several outputs); default: the model's only one.")] = None,
+               limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000, offset: Offset = 0,
+               who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Response:
+    """The values a job stored for one output of its model (an embedding, regression values, a
+    classifier's probabilities kept in an .npy), rows `offset` onwards, as an .npy file: to the
+    job's owner, its team's members and admins (403 to anyone else)."""
+    record = require_job(s.database, job_id)
+    who.check_read(record["owner"], record["team"], f"the outputs of job {job_id}")
+    rows, total = results.values(s.database, s.home_path, record, output, limit, offset)
+    out = io.BytesIO()
+    np.save(out, rows, allow_pickle=False)
+    return Response(out.getvalue(), media_type=NPY, headers={"X-Total-Rows": str(total)})
 
 
 @router.get("/jobs/{job_id}/logs", response_model=LogPage, responses=problems(404))

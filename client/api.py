@@ -144,6 +144,16 @@ class Client:
             raise _error(answer)
         return answer.json() if answer.content else None
 
+    def download(self, path: str, **params: Any) -> httpx.Response:
+        """One GET whose answer is a file, not JSON; the API's error raised."""
+        try:
+            answer = self.http.request("GET", path, params=params)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"mxq API at {self.base_url} unreachable: {exc}") from None
+        if answer.status_code >= 400:
+            raise _error(answer)
+        return answer
+
     def submit(self, kind: str, wait: bool = False, idempotency_key: str | None = None,
                priority: str = "normal", preemptible: bool | None = None, **params: Any) -> Job:
         """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it) at `priority`
@@ -308,6 +318,24 @@ class Job:
             offset += len(page["items"])
             if not page["items"] or offset >= page["total"]:
                 return
+
+    def values(self, output: str | None = None) -> Any:
+        """One output's stored values (an embedding's, regression values, one of several
+        outputs by `output`'s name) as a NumPy array, (rows, width) float32, fetched a page
+        at a time (`GET /jobs/ID/values`)."""
+        import io
+
+        import numpy as np
+
+        pages, offset = [], 0
+        while True:
+            answer = self.client.download(f"/jobs/{self.id}/values", offset=offset, limit=PAGE,
+                                          **({"output": output} if output else {}))
+            page = np.load(io.BytesIO(answer.content), allow_pickle=False)
+            pages.append(page)
+            offset += len(page)
+            if not len(page) or offset >= int(answer.headers.get("X-Total-Rows", offset)):
+                return np.concatenate(pages) if len(pages) > 1 else page
 
     def logs(self, follow: bool = False) -> Iterator[dict[str, Any]]:
         """What the job printed, line by line (`seq`, `at`, `source`: worker, child or mxq,

@@ -95,10 +95,15 @@ def from_values(first: int, values: NDArray[np.float32], kind: str,
     return pa.Table.from_arrays(columns, schema=table_schema)
 
 
+def columns_of(path: Path) -> list[str]:
+    """The columns of a job's Parquet file, from its footer."""
+    return list(pq.read_schema(path).names)
+
+
 def holds_values(path: Path) -> bool:
     """Whether a job's file holds values (`output`, or several outputs' columns), not a
     classifier's rows."""
-    return "predicted_class" not in pq.read_schema(path).names
+    return "predicted_class" not in columns_of(path)
 
 
 def _values_column(values: NDArray[np.float32], scalar: bool) -> pa.Array:

@@ -50,8 +50,9 @@ class ValuesOutput(UserError):
 
 def _values_refused(record: JobRecord, where: Path | str, kind: str) -> ValuesOutput:
     return ValuesOutput(f"job {record['id']}'s model outputs {kind} values, stored as arrays in "
-                        f"{where}: read them with NumPy, pyarrow, DuckDB or pandas (rows of classes "
-                        "and scores are a classifier's)")
+                        f"{where}: read them with NumPy, pyarrow, DuckDB or pandas, or through the API "
+                        "(GET /api/v1/jobs/ID/values, the client's Job.values()); rows of classes and "
+                        "scores are a classifier's")
 
 
 def _check_rows_file(record: JobRecord, files: list[Path]) -> None:
@@ -208,6 +209,86 @@ def count(url: str, home: Path, record: JobRecord) -> int:
             stored = _stored(probs, record)
             return len(probs) if stored is None else len(stored)
     return predictions.count(url, record["id"])
+
+
+def _output_heads(url: str, record: JobRecord) -> list[tuple[str, int]]:
+    """The job's outputs as its model version names them, (name, width) in order: one named
+    `output`, or each of several."""
+    params = record.get("params") or {}
+    try:
+        model = registry.resolve(url, params["model"], params.get("model_version"))
+    except (LookupError, KeyError):
+        raise NotFound(f"job {record['id']}'s model version is no longer registered: its outputs "
+                       "cannot be told apart") from None
+    return [(h["name"], h["width"]) for h in model.get("heads") or []] or [("output", model["classes"])]
+
+
+def values(url: str, home: Path, record: JobRecord, output: str | None = None,
+           limit: int | None = None, offset: int = 0) -> tuple[NDArray[np.float32], int]:
+    """Rows `offset` onwards (at most `limit`) of one of the job's outputs (`output`: its name,
+    None for a model's only one), as its model gave them: (rows, width) float32, read from its
+    .npy or its Parquet column (a classifier's Parquet file keeps classes and scores instead:
+    ValuesOutput); and how many rows the output holds. NotFound for an output the model does
+    not have."""
+    _kept(record)
+    heads = _output_heads(url, record)
+    names = [n for n, _ in heads]
+    name = output or names[0]
+    if output is None and len(heads) > 1:
+        raise NotFound(f"job {record['id']} has {len(heads)} outputs ({', '.join(names)}): name one")
+    if name not in names:
+        raise NotFound(f"job {record['id']} has no output {output!r}; its outputs: {', '.join(names)}")
+    stop = None if limit is None else offset + limit
+    with _readable(record):
+        files = _files_of(url, home, record)
+        if files is not None:
+            return (_column_values(record, files, name, offset, limit),
+                    sum(parquet.rows_in(f) for f in files))
+        path = _values_file(url, home, record, name, len(heads) > 1)
+        if path is None:
+            raise ValuesOutput(f"job {record['id']} stored SQL rows (`--output db`): read its "
+                               "predictions; values are kept by --output npy or parquet")
+        stored = np.load(path, mmap_mode="r")
+        return np.array(stored[offset:stop], dtype=np.float32), len(stored)
+
+
+def _values_file(url: str, home: Path, record: JobRecord, name: str, several: bool) -> Path | None:
+    """The .npy holding output `name` of a job (`job-ID.NAME.npy` of several), or None for a
+    job that stored SQL rows only."""
+    params = record.get("params") or {}
+    if params.get("output") not in ("npy", "both"):
+        return None
+    _in_a_bucket(url, record, ".npy")
+    if several:
+        files = (record.get("result") or {}).get("output_files") or {}
+        path = Path(files[name]) if name in files else output_file(home, stack_id(url), record["id"],
+                                                                   f".{name}.npy")
+    else:
+        path = recorded_output(home, url, record, ".npy")
+    if not path.exists():
+        raise _missing(record, path)
+    return path
+
+
+def _column_values(record: JobRecord, files: list[Path], name: str, offset: int,
+                   limit: int | None) -> NDArray[np.float32]:
+    """Output `name`'s values from a job's Parquet files: its column, fixed-size lists or one
+    float32 a row."""
+    if files and name not in parquet.columns_of(files[0]):
+        raise ValuesOutput(f"job {record['id']}'s Parquet file keeps a classifier's classes and "
+                           "scores, not its probabilities: read its predictions, or run it with "
+                           "--output npy for the values")
+    parts = [t.column(name).combine_chunks() for t in parquet.read_tables_of(files, limit, offset)]
+    if not parts:
+        return np.zeros((0, 0), np.float32)
+    return np.concatenate([_as_matrix(p) for p in parts])
+
+
+def _as_matrix(column: pa.Array) -> NDArray[np.float32]:
+    if pa.types.is_fixed_size_list(column.type):
+        width = column.type.list_size
+        return np.asarray(column.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
+    return np.asarray(column.to_numpy(zero_copy_only=False), np.float32).reshape(-1, 1)
 
 
 def _pages(url: str, home: Path, record: JobRecord, limit: int | None,

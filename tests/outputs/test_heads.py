@@ -5,6 +5,7 @@ score and top-k beside its probabilities), on both engines, each equal to plain 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from mxq.client import Client
+from mxq.client import api as client_api
+from mxq.errors import NotFound
 from mxq.tasks.model_store.models import ModelError, add_exported
 from mxq.workers.settings import Settings
+from tests.api_server import Api, start_api
 from tests.conftest import Stack
 from tests.support.inference import infer_and_wait, save_npy
 
@@ -43,6 +48,16 @@ def _export(folder: Path) -> tuple[Path, Path, TwoHeads]:
     return folder / "two-symbol.json", folder / "two-0000.params", net
 
 
+def _added(stack: Stack, name: str, folder: Path) -> tuple[str, TwoHeads]:
+    """The two-headed net exported into `folder` and registered as `name` through the CLI:
+    its NAME:VERSION and the net."""
+    symbol, params, net = _export(folder)
+    proc = stack.mxq("models", "add", name, "--symbol", str(symbol), "--params", str(params),
+                     "--input-shape", "12", "--outputs", "cls=logits,box=regression", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return f"{name}:{json.loads(proc.stdout)['version']}", net
+
+
 def _expected(net: TwoHeads, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cls, box = net(mx.nd.array(x))
     return mx.nd.softmax(cls).asnumpy(), box.asnumpy()
@@ -67,11 +82,7 @@ def test_each_head_is_named_checked_and_exported(store: Settings, tmp_path: Path
 
 @pytest.mark.parametrize("engine", ["mxnet", "onnx"])
 def test_a_job_writes_each_head_as_npy_and_parquet(workers: Stack, tmp_path: Path, engine: str) -> None:
-    symbol, params, net = _export(tmp_path)
-    proc = workers.mxq("models", "add", "heads-job", "--symbol", str(symbol), "--params", str(params),
-                       "--input-shape", "12", "--outputs", "cls=logits,box=regression", "--json")
-    assert proc.returncode == 0, proc.stderr
-    label = f"heads-job:{json.loads(proc.stdout)['version']}"
+    label, net = _added(workers, "heads-job", tmp_path)
     x = np.random.default_rng(8).standard_normal((4_000, 12)).astype(np.float32)
     save_npy(workers, f"heads-{engine}.npy", x)
     cls, box = _expected(net, x)
@@ -99,14 +110,12 @@ def test_a_job_writes_each_head_as_npy_and_parquet(workers: Stack, tmp_path: Pat
 
 
 def test_rows_and_a_threshold_are_refused_at_submit(workers: Stack, tmp_path: Path) -> None:
-    symbol, params, _ = _export(tmp_path)
-    proc = workers.mxq("models", "add", "heads-refused", "--symbol", str(symbol), "--params",
-                       str(params), "--input-shape", "12", "--outputs", "cls=logits,box=regression")
-    assert proc.returncode == 0, proc.stderr
+    label, _ = _added(workers, "heads-refused", tmp_path)
+    symbol, params = tmp_path / "two-symbol.json", tmp_path / "two-0000.params"
     save_npy(workers, "heads-refused.npy", np.zeros((4, 12), np.float32))
-    for args, words in [((), "--output db: heads-refused:1 has 2 outputs (cls=logits, box=regression)"),
-                        (("--output", "npy", "--threshold", "0.5"), "no output of heads-refused:1 is multi")]:
-        refused = workers.mxq("infer", "heads-refused", "heads-refused.npy", *args)
+    for args, words in [((), f"--output db: {label} has 2 outputs (cls=logits, box=regression)"),
+                        (("--output", "npy", "--threshold", "0.5"), f"no output of {label} is multi")]:
+        refused = workers.mxq("infer", label, "heads-refused.npy", *args)
         assert refused.returncode != 0 and words in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
     bad = workers.mxq("models", "add", "heads-bad", "--symbol", str(symbol), "--params", str(params),
@@ -126,3 +135,30 @@ def test_a_multilabel_head_keeps_its_labels_in_its_own_column() -> None:
     assert table.column("index").to_pylist() == [10, 11]
     assert table.column("tags_labels").to_pylist() == [[0, 2], []]
     assert table.column("score").to_pylist() == [1.5, -2.0]
+
+
+TOKEN = "heads-values-token-5c1d"
+
+
+@pytest.fixture(scope="module")
+def api(workers: Stack) -> Iterator[Api]:
+    yield from start_api(workers, TOKEN, "api-values")
+
+
+def test_the_client_reads_each_outputs_values_a_page_at_a_time(workers: Stack, api: Api, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    label, net = _added(workers, "heads-client", tmp_path)
+    x = np.random.default_rng(9).standard_normal((2_500, 12)).astype(np.float32)
+    save_npy(workers, "heads-client.npy", x)
+    cls, box = _expected(net, x)
+    monkeypatch.setattr(client_api, "PAGE", 1_000)  # three pages
+    with Client(api.url, token=TOKEN) as client:
+        for output in ("npy", "parquet"):
+            job = client.infer(label, "heads-client.npy", output=output).wait(timeout=300)
+            assert job.status == "succeeded", job.record["error"]
+            np.testing.assert_allclose(job.values("cls"), cls, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(job.values("box"), box, rtol=1e-5, atol=1e-5)
+            with pytest.raises(NotFound, match=r"has 2 outputs \(cls, box\): name one"):
+                job.values()
+            with pytest.raises(NotFound, match="has no output 'score'; its outputs: cls, box"):
+                job.values("score")

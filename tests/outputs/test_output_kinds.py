@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxq.db.outputs import predictions
+from mxq.db.outputs import predictions, results
 from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.models import ModelError, add_exported
 from mxq.tasks.model_store.variants import Calibration, build_variant
@@ -155,6 +155,11 @@ def test_an_embedding_is_stored_as_npy_and_parquet_arrays(workers: Stack, tmp_pa
     np.testing.assert_allclose(np.array(row[0]), expected[4321], rtol=1e-5, atol=1e-5)
     refused = workers.mxq("results", str(job["id"]))
     assert refused.returncode != 0 and "read them with NumPy, pyarrow, DuckDB" in refused.stderr
+    for done in (npy, job):  # what the API's /values and the client's Job.values() read
+        got, total = results.values(workers.settings.database, workers.settings.home_path,
+                                    workers.job(done["id"]), None, 1_000, 4_500)
+        assert total == 5_000 and got.shape == (500, 128)
+        np.testing.assert_allclose(got, expected[4_500:], rtol=1e-5, atol=1e-5)
 
 
 def test_an_embedding_refuses_sql_rows_and_top_k_at_submit(workers: Stack, tmp_path: Path) -> None:
