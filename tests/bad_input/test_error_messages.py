@@ -71,7 +71,7 @@ def _two_headed(folder: Path) -> tuple[Path, Path]:
     return folder / "two-symbol.json", folder / "two-0000.params"
 
 
-def test_a_model_with_several_outputs_is_refused_at_registration(tmp_path: Path) -> None:
+def test_a_model_with_several_unnamed_outputs_is_refused_at_registration(tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
     from mxq.tasks.model_store.models import ModelError, add_exported
     from mxq.workers.settings import Settings
@@ -82,8 +82,8 @@ def test_a_model_with_several_outputs_is_refused_at_registration(tmp_path: Path)
     with pytest.raises(ModelError) as refused:
         add_exported(Settings(home=tmp_path, database_url=url), "two", symbol, params, (8,))
     assert str(refused.value) == (
-        "model two has 2 outputs (a_output, b_output); mxq needs exactly one, of shape "
-        "(batch, classes): export a net whose forward returns one array")
+        "model two has 2 outputs (a_output, b_output) and --outputs names 1; allowed: name each "
+        "output in order, --outputs NAME=KIND,NAME=KIND (one output: a kind, or auto)")
 
 
 def test_a_postgresql_database_that_does_not_exist_is_named_with_how_to_create_it(
