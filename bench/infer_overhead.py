@@ -3,7 +3,8 @@
 Same registered model, same .npy input, same batch size, same cores and threads (the bare loop
 runs in a process pinned like the worker); three alternating runs of each, medians. Prints the
 throughput ratio, and the worker's peak memory on the input and on one 10x larger (streaming
-keeps it flat).
+keeps it flat). Then an embedding model over the same input, `--output npy`, against its own
+bare loop (`bench.embedding`).
 
     python -m bench.infer_overhead [--samples 200000] [--arch lenet] [--shape 1,28,28]
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench import embedding
 from bench.report import figures
 from bench.stack import peak_rss_mib, rate, run_pinned, running_stack, wait_job, worker_cores, worker_pids
 from mxq.workers.settings import Settings
@@ -132,6 +134,8 @@ def run_inference(samples: int = 200_000, arch: str = "lenet", shape: tuple[int,
     with running_stack(cpu_devices=1, root=root, prefix="inference-") as s:
         register(s, arch, shape)
         result = inference(s, samples, shape, batch)
+        embedding.register(s, shape)
+        result["embedding"] = embedding.measure(s, s.home_path / "input.npy", batch, result["cores"])
     result.update(arch=arch, shape=list(shape))
     print(f"  model {arch} {shape}, {samples:,} samples, batch {batch}, cores {result['cores']}")
     print(f"  bare MXNet loop          {result['bare']:12,.0f} samples/s  (median of runs: "
@@ -140,7 +144,14 @@ def run_inference(samples: int = 200_000, arch: str = "lenet", shape: tuple[int,
           f"(median of runs: {figures(result['mxq_runs'])})")
     print(f"  mxq infer (submit..done) {result['mxq_end_to_end']:12,.0f} samples/s  "
           f"ratio {result['ratio_end_to_end']:.3f}")
+    _print_embedding(result["embedding"])
     return result
+
+
+def _print_embedding(e: dict[str, Any]) -> None:
+    print(f"  embedding ({e['width']}-d), --output {e['output']}, engine {e['engine']}: bare loop "
+          f"{e['bare']:,.0f}, mxq infer (job) {e['mxq']:,.0f} samples/s  ratio {e['ratio']:.3f}  "
+          f"(max |diff| {e['max_abs_diff']:.1e})")
 
 
 def run_memory(samples: int = 50_000, arch: str = "lenet", shape: tuple[int, ...] = (1, 28, 28),

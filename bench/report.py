@@ -26,6 +26,7 @@ AIMS: dict[str, tuple[str, float]] = {
     "sharing": ("<=", 1.0),  # each figure over its aim (_sharing_checks)
     "objects": (">=", 0.8),  # issue 33: from a bucket at least 0.8 of the local file's samples/s
 }
+EMBEDDING_AIM = (">=", 0.9)  # issue 48: the inference case's embedding job against its bare loop
 
 TITLES = {
     "inference": "Inference: `mxq infer` vs a bare MXNet loop",
@@ -47,7 +48,10 @@ ABOUT = {
     "would write (read a batch, forward, softmax, to NumPy), run in a process pinned to the "
     "worker's cores with the worker's thread limits, three runs of each, alternating (medians). mxq's "
     "figure is the job's own samples/s; submit-to-done (with queueing and the final write) is "
-    "shown for information.",
+    "shown for information. Then an embedding model (a CNN without its classifier layer, 128-d, "
+    "registered with `--outputs embedding`) over the same input: `mxq infer --output npy` against "
+    "the bare loop on the engine the job ran, which keeps its array too (to NumPy, `np.save` at "
+    "the end); the job's values must equal the bare loop's within 1e-5.",
     "objects": "The inference case's LeNet and `.npy` input, one job from the local file and one "
     "from the same object on moto's S3 server on loopback (ranged GETs of 8 MiB blocks, two ahead), "
     "alternating (medians), after one small job of each (the worker's first S3 job imports boto3 "
@@ -193,7 +197,8 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
                        "mxq infer (job)", r["mxq"], r["ratio"], case),
                 _check("samples/s, submit to done", "samples/s", "bare MXNet loop", r["bare"],
                        "mxq infer (end to end)", r["mxq_end_to_end"], r["ratio_end_to_end"],
-                       note="for information: includes queueing and the last write")]
+                       note="for information: includes queueing and the last write"),
+                _embedding_check(r["embedding"])]
     if case == "scaling":
         return [_check("samples/s, one job in 2 chunks", "samples/s", "1 device", r["one_device"],
                        "2 devices", r["two_devices"], r["ratio"], case,
@@ -232,6 +237,13 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
                        r["peak_rss_1x_mib"], f"10x ({r['samples_10x']:,})", r["peak_rss_10x_mib"],
                        r["ratio"], case)]
     raise KeyError(case)
+
+
+def _embedding_check(e: dict[str, Any]) -> dict[str, Any]:
+    """The inference case's embedding job against its bare loop, on the engine the job ran."""
+    return _check(f"samples/s, embedding ({e['width']}-d)", "samples/s", f"bare {e['engine']} loop",
+                  e["bare"], f"mxq infer --output {e['output']} ({e['engine']})", e["mxq"], e["ratio"],
+                  aim=EMBEDDING_AIM, note=f"max |diff| {e['max_abs_diff']:.1e}")
 
 
 def _training_cases(r: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -360,9 +372,13 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
             _bars(a, ["local .npy", "s3:// .npy"], [r["local"], r["s3"]], "samples/s")
             a.set_title(f"{r['arch']}, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
         elif case == "inference":
-            _bars(a, ["bare MXNet", "mxq infer\n(job)", "mxq infer\n(submit..done)"],
-                  [r["bare"], r["mxq"], r["mxq_end_to_end"]], "samples/s")
-            a.set_title(f"{r['arch']}, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
+            _bars(a, ["bare MXNet", "mxq infer\n(job)", "mxq infer\n(submit..done)",
+                      "bare\nembedding", "mxq infer\nembedding"],
+                  [r["bare"], r["mxq"], r["mxq_end_to_end"], r["embedding"]["bare"],
+                   r["embedding"]["mxq"]], "samples/s",
+                  ["#999999", "#1f77b4", "#6baed6", "#999999", "#1f77b4"])
+            a.set_title(f"{r['arch']} and a {r['embedding']['width']}-d embedding, {r['samples']:,} "
+                        f"samples, batch {r['batch_size']}", fontsize=10)
         elif case == "scaling":
             _bars(a, ["1 device", "2 devices"], [r["one_device"], r["two_devices"]], "samples/s")
             a.axhline(2 * r["one_device"], ls="--", color="#d62728", lw=1, label="ideal 2x")
@@ -530,8 +546,12 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- {r['samples']:,} samples ({r['input_mib']:,.0f} MiB), batch {r['batch_size']}; "
                 f"runs: local {figures(r['local_runs'])}; S3 {figures(r['s3_runs'])} samples/s"]
     if case == "inference":
+        e = r["embedding"]
         return [f"- runs: bare loop {figures(r['bare_runs'])}; mxq "
-                f"{figures(r['mxq_runs'])} samples/s; worker cores {r['cores']}"]
+                f"{figures(r['mxq_runs'])} samples/s; worker cores {r['cores']}",
+                f"- embedding: engine {e['engine']} ({e['engine_reason']}); runs: bare loop "
+                f"{figures(e['bare_runs'])}; mxq {figures(e['mxq_runs'])} samples/s; "
+                f"max |diff| {e['max_abs_diff']:.1e}"]
     if case == "scaling":
         return [f"- input {r['samples']:,} samples, chunk size {r['chunk_size']:,}; worker cores: "
                 + "; ".join(f"{d} {c}" for d, c in r["worker_cores"].items()),

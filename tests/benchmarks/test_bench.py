@@ -69,6 +69,22 @@ def _quick_case(tmp_path: Path, name: str) -> tuple[Path, dict]:
 
 
 @pytest.mark.slow
+def test_the_inference_case_runs_an_embedding_against_its_bare_loop(tmp_path: Path) -> None:
+    """Issue 48: beside LeNet's keys (kept), an embedding job's figures against its bare loop on
+    the engine the job ran, values equal within 1e-5, its own check row (the ratio not judged)."""
+    out, case = _quick_case(tmp_path, "inference")
+    result = case["result"]
+    assert {"bare", "mxq", "ratio", "mxq_end_to_end", "ratio_end_to_end"} <= set(result)
+    embedding = result["embedding"]
+    assert embedding["engine"] in ("mxnet", "onnx") and embedding["output"] == "npy"
+    assert isinstance(embedding["ratio"], float) and embedding["ratio"] > 0
+    assert embedding["bare"] > 0 and len(embedding["mxq_runs"]) == len(embedding["bare_runs"]) >= 1
+    assert 0 <= embedding["max_abs_diff"] <= 1e-5
+    assert [c["aim"] for c in case["checks"]] == [">= 0.95", None, ">= 0.9"]
+    assert "samples/s, embedding (128-d)" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
 def test_the_sharing_case_measures_a_real_preemption_per_engine(tmp_path: Path) -> None:
     """Its urgent-start delays come from SQL, and its cost figures from a job that did yield (the
     case fails when none did); the delays are not judged."""
