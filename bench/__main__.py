@@ -53,7 +53,7 @@ CASES = list(SIZES)
 # Each case's module and function, imported late, so `--only writes` never loads MXNet.
 RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "memory": ("bench.infer_overhead", "run_memory"), "scaling": ("bench.scaling", "run"),
-           "dispatch": ("bench.dispatch", "run"), "batching": ("bench.dynamic_batching", "run"),
+           "dispatch": ("bench.dispatch.case", "run"), "batching": ("bench.dynamic_batching", "run"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
            "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run"),
            "sharing": ("bench.sharing", "run"), "objects": ("bench.object_storage", "run")}

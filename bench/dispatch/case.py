@@ -2,12 +2,12 @@
 broker, and submit-to-start latency on an idle worker, same run.
 
 mxq: `probe` jobs of size 16, repeat 1, batch 1 (a few milliseconds of MXNet each), queued with
-one `submit_many` on a one-device stack. Bare: a no-op task (bench/noop_app.py, mxq's
+one `submit_many` on a one-device stack. Bare: a no-op task (bench/dispatch/noop_app.py, mxq's
 transport settings) run by `celery worker --pool solo` with the worker's flags, on the same
 embedded Redis and the same cores. Latency: jobs submitted one at a time with a pause between,
 submitted_at -> started_at from the job's row (bare: send time -> task start).
 
-    python -m bench.dispatch [--jobs 500] [--latency-jobs 50]
+    python -m bench.dispatch.case [--jobs 500] [--latency-jobs 50]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import noop_app
+from bench.dispatch import noop_app
 from bench.stack import ROOT, pinned_env, quantiles, running_stack, wait_job, wait_jobs, worker_cores
 from mxq.db.schema import utcnow
 from mxq.workers.settings import Settings
@@ -77,7 +77,7 @@ class BareCelery:
         self.log = s.home_path / "noop-worker.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "bench.noop_app", "worker", "--pool", "solo",
+                [sys.executable, "-m", "celery", "-A", "bench.dispatch.noop_app", "worker", "--pool", "solo",
                  "--concurrency", "1", "--prefetch-multiplier", "1", "-Q", noop_app.QUEUE,
                  "-n", "noop@bench", "--without-gossip", "--without-mingle", "-E", "-l", "WARNING"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
