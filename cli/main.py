@@ -354,23 +354,29 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
 
 @app.command()
 def results(job_id: JobId,
-            format: Annotated[str, typer.Option("--format", help="table, json, csv or parquet (with --out)")] = "table",  # noqa: E501
-            out: Annotated[Path | None, typer.Option("--out", help="The file --format parquet writes.")] = None,  # noqa: E501
+            format: Annotated[str, typer.Option("--format", help="table, json, csv, parquet (with --out) or npy (with --values and --out)")] = "table",  # noqa: E501
+            out: Annotated[Path | None, typer.Option("--out", help="The file --format parquet or npy writes.")] = None,  # noqa: E501
+            values: Annotated[str | None, typer.Option("--values", help="The output whose values --format npy --out FILE writes, (rows, width) float32: `output` for a model's only one, or one of several by name.")] = None,  # noqa: E501
             limit: Annotated[int | None, typer.Option(min=1, max=MAX_ID)] = None,
             offset: Annotated[int, typer.Option(min=0, max=MAX_ID)] = 0) -> None:
-    """The predictions of an inference job (CSV: index,predicted_class,score[,top-k]), or all of
-    them exported as a Parquet file (`--format parquet --out FILE`)."""
+    """The predictions of an inference job (CSV: index,predicted_class,score[,top-k]), all of
+    them exported as a Parquet file (`--format parquet --out FILE`), or one output's values as
+    an .npy (`--values NAME --format npy --out FILE`: an embedding, regression values)."""
     from mxq.db.outputs import results as stored
     from mxq.db.reports.history import require_job
 
-    if format not in ("table", "json", "csv", "parquet"):
-        raise typer.BadParameter(f"{format!r}: expected table, json, csv or parquet", param_hint="--format")
-    if (format == "parquet") != (out is not None):
-        raise typer.BadParameter("--out FILE goes with --format parquet, and only with it",
-                                 param_hint="--out")
+    if format not in ("table", "json", "csv", "parquet", "npy"):
+        raise typer.BadParameter(f"{format!r}: expected table, json, csv, parquet or npy",
+                                 param_hint="--format")
+    if (format in ("parquet", "npy")) != (out is not None) or (format == "npy") != (values is not None):
+        raise typer.BadParameter("--out FILE goes with --format parquet, or npy with --values NAME, "
+                                 "and only with them", param_hint="--out")
     s = get_settings()
     record = require_job(s.database, job_id)
-    if out is not None:
+    if out is not None and values is not None:
+        _write_values(stored.values(s.database, s.home_path, record, values, limit, offset)[0],
+                      out, f"output {values} of job {job_id}")
+    elif out is not None:
         rows = stored.export_parquet(s.database, s.home_path, record, out, limit, offset)
         render.err.print(f"wrote {rows} predictions of job {job_id} to {out}", markup=False)
     else:
@@ -378,6 +384,15 @@ def results(job_id: JobId,
     if record["status"] in UNSUCCESSFUL:
         render.err.print(f"mxq: job {job_id} {record['status']}: {record['error']}", markup=False)
         raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def _write_values(array: Any, out: Path, what: str) -> None:
+    import numpy as np
+
+    with out.open("wb") as f:  # np.save would add .npy to another name
+        np.save(f, array, allow_pickle=False)
+    render.err.print(f"wrote {len(array)} rows of {what} ({array.shape[1]} values each) to {out}",
+                     markup=False)
 
 
 @app.command()

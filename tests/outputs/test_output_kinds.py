@@ -155,6 +155,11 @@ def test_an_embedding_is_stored_as_npy_and_parquet_arrays(workers: Stack, tmp_pa
     np.testing.assert_allclose(np.array(row[0]), expected[4321], rtol=1e-5, atol=1e-5)
     refused = workers.mxq("results", str(job["id"]))
     assert refused.returncode != 0 and "read them with NumPy, pyarrow, DuckDB" in refused.stderr
+    written = tmp_path / f"values-{engine}"
+    shown = workers.mxq("results", str(job["id"]), "--values", "output", "--format", "npy", "--out",
+                        str(written))
+    assert shown.returncode == 0, shown.stderr
+    np.testing.assert_allclose(np.load(written), expected, rtol=1e-5, atol=1e-5)
     for done in (npy, job):  # what the API's /values and the client's Job.values() read
         got, total = results.values(workers.settings.database, workers.settings.home_path,
                                     workers.job(done["id"]), None, 1_000, 4_500)
@@ -185,8 +190,13 @@ def test_regression_values_in_a_parquet_column(workers: Stack, tmp_path: Path) -
     assert job["status"] == "succeeded", job["error"]
     table = pq.read_table(job["output"])
     assert str(table.schema.field("output").type) == "float"
-    np.testing.assert_allclose(table.column("output").to_numpy(), net(mx.nd.array(x)).asnumpy()[:, 0],
-                               rtol=1e-5, atol=1e-5)
+    expected = net(mx.nd.array(x)).asnumpy()[:, 0]
+    np.testing.assert_allclose(table.column("output").to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    rows = infer_and_wait(workers, f"kinds-regression:{model['version']}", "reg.npy", "--engine", "mxnet")
+    assert rows["status"] == "succeeded", rows["error"]  # one value a row: SQL rows hold it
+    stored = predictions.read(workers.settings.database, rows["id"])
+    assert {r["predicted_class"] for r in stored} == {0}
+    np.testing.assert_allclose([r["score"] for r in stored], expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.both_legs

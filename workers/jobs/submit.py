@@ -183,16 +183,18 @@ def _resolve_infer(settings: Settings, p: InferParams, models: Models) -> InferP
 
 
 def _check_output_kind(p: InferParams, model: ModelRecord, label: str) -> None:
-    """What the job asks of its output fits what the version outputs: SQL rows and top-k are a
-    classifier's or a multi-label model's, a threshold a multi-label model's."""
+    """What the job asks of its output fits what the version outputs: SQL rows are a
+    classifier's, a multi-label model's or one regression value's, top-k a classifier's or a
+    multi-label model's, a threshold a multi-label model's."""
     kind = model.get("outputs") or "logits"
     if kind == HEADS:
         _check_heads(p, model, label)
         return
-    if kind in VALUE_OUTPUTS and p.output in ("db", "both"):
+    one_value = kind == "regression" and model["classes"] == 1  # a row's `score` holds it
+    if kind in VALUE_OUTPUTS and p.output in ("db", "both") and not one_value:
         raise ParamsError(f"--output {p.output}: {label} outputs {kind} values ({model['classes']} "
                           "per sample), which SQL rows (a class and a score) cannot hold; allowed: "
-                          "--output npy or parquet")
+                          "--output npy or parquet (rows hold one regression value, as its score)")
     if kind in VALUE_OUTPUTS and p.top_k:
         raise ParamsError(f"--top-k {p.top_k}: {label} outputs {kind} values, not classes; "
                           "allowed: --top-k 0")
