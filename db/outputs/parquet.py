@@ -76,11 +76,16 @@ def from_probabilities(first: int, probs: NDArray[np.float32], top_k: int) -> pa
 
 def value_schema(kind: str, width: int) -> pa.Schema:
     """The columns of a job whose model outputs `kind` values, `width` per sample."""
-    value = pa.float32() if kind == "regression" and width == 1 else pa.list_(pa.float32(), width)
+    value = pa.float32() if _scalar(kind, width) else pa.list_(pa.float32(), width)
     fields = [pa.field("index", pa.int64()), pa.field("output", value)]
     if kind == "multilabel":
         fields.append(pa.field("labels", pa.list_(pa.int32())))
     return pa.schema(fields)
+
+
+def _scalar(kind: str, width: int) -> bool:
+    """Whether an output's values are one float32 a row (a single regression value), not lists."""
+    return kind == "regression" and width == 1
 
 
 def from_values(first: int, values: NDArray[np.float32], kind: str,
@@ -88,7 +93,7 @@ def from_values(first: int, values: NDArray[np.float32], kind: str,
     """The rows of one batch of `kind` values (sample `first` onwards); `labels`: a multi-label
     model's kept labels per sample (`predictions.kept_labels`)."""
     table_schema = value_schema(kind, values.shape[1])
-    output = _values_column(values, table_schema.field("output").type == pa.float32())
+    output = _values_column(values, _scalar(kind, values.shape[1]))
     columns: list[Any] = [np.arange(first, first + len(values), dtype=np.int64), output]
     if kind == "multilabel":
         columns.append(pa.array([[c for c, _ in kept] for kept in labels or []], pa.list_(pa.int32())))
@@ -125,7 +130,7 @@ def from_heads(first: int, values: NDArray[np.float32], heads: list[Head], top_k
     for head in heads:
         part, at = values[:, at:at + head["width"]], at + head["width"]
         name, kind = head["name"], head["kind"]
-        columns[name] = _values_column(part, kind == "regression" and head["width"] == 1)
+        columns[name] = _values_column(part, _scalar(kind, head["width"]))
         if kind in CLASSIFIER_OUTPUTS:
             r = Ranked.of(part, top_k)
             columns[f"{name}_class"] = pa.array(r.classes.astype(np.int32))

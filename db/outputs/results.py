@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from mxq.db import registry
 from mxq.db.outputs import parquet, predictions
-from mxq.db.records import CLASSIFIER_OUTPUTS, HEADS, JobRecord, PredictionRow
+from mxq.db.records import CLASSIFIER_OUTPUTS, HEADS, JobRecord, ModelRecord, PredictionRow
 from mxq.db.stack import stack_id
 from mxq.errors import NotFound, Unavailable, UserError, first_line
 from mxq.names import csv_cell
@@ -61,13 +61,21 @@ def _check_rows_file(record: JobRecord, files: list[Path]) -> None:
         raise _values_refused(record, files[0], "array")
 
 
-def _check_rows_array(url: str, record: JobRecord, path: Path) -> None:
-    """An npy output of a model that is no classifier or multi-label model holds values."""
+def _version_of(url: str, record: JobRecord) -> ModelRecord | None:
+    """The model version an inference job ran, or None when it is no longer registered."""
     params = record.get("params") or {}
     try:
-        kind = registry.resolve(url, params["model"], params.get("model_version"))["outputs"]
+        return registry.resolve(url, params["model"], params.get("model_version"))
     except (LookupError, KeyError):
+        return None
+
+
+def _check_rows_array(url: str, record: JobRecord, path: Path) -> None:
+    """An npy output of a model that is no classifier or multi-label model holds values."""
+    model = _version_of(url, record)
+    if model is None:
         return  # the version is gone: its values are read as a classifier's were
+    kind = model["outputs"]
     if kind not in (*CLASSIFIER_OUTPUTS, "multilabel"):
         files = (record.get("result") or {}).get("output_files") or {}
         where = ", ".join(files.values()) or path
@@ -214,12 +222,10 @@ def count(url: str, home: Path, record: JobRecord) -> int:
 def _output_heads(url: str, record: JobRecord) -> list[tuple[str, int]]:
     """The job's outputs as its model version names them, (name, width) in order: one named
     `output`, or each of several."""
-    params = record.get("params") or {}
-    try:
-        model = registry.resolve(url, params["model"], params.get("model_version"))
-    except (LookupError, KeyError):
+    model = _version_of(url, record)
+    if model is None:
         raise NotFound(f"job {record['id']}'s model version is no longer registered: its outputs "
-                       "cannot be told apart") from None
+                       "cannot be told apart")
     return [(h["name"], h["width"]) for h in model.get("heads") or []] or [("output", model["classes"])]
 
 
