@@ -303,6 +303,9 @@ class ScheduleRecord(TypedDict):
     team: str | None  # the team its fires' jobs are shared with
     priority: str  # the level of its fires' jobs (mxq.priorities)
     preemptible: bool | None  # whether they may yield (None: as their level says)
+    kind: str  # train, or infer: `spec` is an inference request less its input (`dataset`)
+    rescore: str | None  # infer: the level of the jobs a promotion's fire makes (None: none)
+    followed_version: int | None  # infer: the version its newest fire scored with
 
 
 class StoredSchedule(ScheduleRecord):
@@ -331,6 +334,9 @@ class FireRecord(TypedDict):
     error: str | None
     promotion: dict[str, Any] | None  # free-form JSON: `mxq.promotion.decision_record`
     owner: str | None  # the schedule's owner when it fired: its job's owner
+    scored: int | None  # an inference fire: the files it submitted (None while it submits)
+    jobs: list[int]  # an inference fire's jobs, one per new file
+    rescore_version: int | None  # the promoted version that made this fire, if one did
 
 
 class ScheduleDetail(ScheduleRecord):

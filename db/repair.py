@@ -67,6 +67,6 @@ def lost_fires(url: str, cutoff: datetime) -> list[LostFire]:
     between recording the fire and submitting its job."""
     with session_scope(url) as session:
         rows = session.execute(select(Fire.id, Schedule.name).join(Schedule)
-                               .where(Fire.job_id.is_(None), Fire.error.is_(None),
+                               .where(Fire.job_id.is_(None), Fire.error.is_(None), Fire.scored.is_(None),
                                       Fire.fired_at < cutoff)).all()
         return [{"fire_id": int(fire_id), "schedule": str(name)} for fire_id, name in rows]

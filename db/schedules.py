@@ -15,7 +15,7 @@ from mxq import promotion
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import DueSchedule, FirePolicy, FireRecord, ScheduleDetail, ScheduleRecord, StoredSchedule
 from mxq.db.registry import list_models, ownership, promote
-from mxq.db.schema import Fire, Job, Schedule, as_utc, iso
+from mxq.db.schema import Fire, Job, Schedule, ScoredInput, as_utc, iso
 from mxq.db.sharing.teams import rights_of
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
@@ -42,7 +42,8 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
             "min_metric": sched.min_metric, "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
             "owner": sched.owner, "team": sched.team, "priority": sched.priority,
-            "preemptible": sched.preemptible}
+            "preemptible": sched.preemptible, "kind": sched.kind, "rescore": sched.rescore,
+            "followed_version": sched.followed_version}
 
 
 def add(url: str, values: dict[str, Any]) -> ScheduleRecord:
@@ -104,7 +105,7 @@ def remove(url: str, name: str) -> None:
 
 
 def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: int,
-              manual: bool) -> Fire:
+              manual: bool, rescore_version: int | None = None) -> Fire:
     """A fire of the schedule, with what it needs to describe itself if the schedule goes."""
     sched = session.get(Schedule, schedule_id)
     if sched is None:
@@ -112,7 +113,8 @@ def _new_fire(session: Session, schedule_id: int, fire_time: datetime, missed: i
     fire = Fire(schedule_id=schedule_id, fire_time=fire_time, missed=missed, manual=manual,
                 schedule_name=sched.name, policy={"promote": sched.promote, "metric": sched.metric,
                                                   "min_gain": sched.min_gain,
-                                                  "min_metric": sched.min_metric}, owner=sched.owner)
+                                                  "min_metric": sched.min_metric}, owner=sched.owner,
+                rescore_version=rescore_version)
     session.add(fire)
     session.flush()
     return fire
@@ -187,10 +189,18 @@ def pending_fire(url: str, fire_id: int) -> StoredSchedule | None:
     schedule process still has to submit."""
     with session_scope(url) as session:
         fire = session.get(Fire, fire_id)
-        if fire is None or fire.job_id is not None or fire.error is not None or fire.schedule_id is None:
+        if fire is None or fire.job_id is not None or fire.error is not None or \
+                fire.scored is not None or fire.schedule_id is None:
             return None
         row = session.get(Schedule, fire.schedule_id)
         return None if row is None else _with_id(row)
+
+
+def rescore_version_of(url: str, fire_id: int) -> int | None:
+    """The promoted version whose promotion made this fire (None for a fire of its times)."""
+    with session_scope(url) as session:
+        fire = session.get(Fire, fire_id)
+        return None if fire is None else fire.rescore_version
 
 
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:
@@ -204,11 +214,55 @@ def fires(url: str, name: str) -> list[FireRecord]:
         row = _get(session, name)
         q = (select(Fire, Job.status).outerjoin(Job, Job.id == Fire.job_id)
              .where(Fire.schedule_id == row.id).order_by(Fire.fire_time, Fire.id))
+        made = _jobs_by_fire(session, row.id)
         return [{"fire_time": iso(f.fire_time), "fired_at": iso(f.fired_at), "manual": f.manual,
                  "missed": f.missed, "catch_up": f.missed > 0, "dataset_file": f.dataset_file,
                  "job_id": f.job_id, "job_status": status or _fire_status(f.error),
-                 "error": f.error, "promotion": f.promotion, "owner": f.owner}
+                 "error": f.error, "promotion": f.promotion, "owner": f.owner, "scored": f.scored,
+                 "jobs": made.get(f.id, []), "rescore_version": f.rescore_version}
                 for f, status in session.execute(q)]
+
+
+def _jobs_by_fire(session: Session, schedule_id: int) -> dict[int, list[int]]:
+    """An inference schedule's fires' jobs (one per file each scored), by fire."""
+    made: dict[int, list[int]] = {}
+    for fire_id, job_id in session.execute(
+            select(ScoredInput.fire_id, ScoredInput.job_id).join(Fire, Fire.id == ScoredInput.fire_id)
+            .where(Fire.schedule_id == schedule_id).order_by(ScoredInput.id)):
+        if fire_id is not None and job_id is not None:
+            made.setdefault(fire_id, []).append(job_id)
+    return made
+
+
+def follow(url: str, schedule_id: int, version: int) -> None:
+    """Record the version an inference schedule's fire scores with (what a promotion is then
+    compared with: `rescoring`)."""
+    with session_scope(url) as session:
+        session.execute(update(Schedule).where(Schedule.id == schedule_id)
+                        .values(followed_version=version))
+
+
+def rescoring(url: str) -> list[StoredSchedule]:
+    """The enabled inference schedules that re-score on promotion: those following a model's
+    promoted version (none pinned) with a `rescore` level, which fired once at least."""
+    with session_scope(url) as session:
+        rows = session.scalars(select(Schedule).where(
+            Schedule.kind == "infer", Schedule.enabled.is_(True), Schedule.rescore.is_not(None),
+            Schedule.followed_version.is_not(None)))
+        return [_with_id(r) for r in rows if r.spec.get("model_version") is None]
+
+
+def take_rescore(url: str, schedule_id: int, followed: int, promoted: int, now: datetime) -> int | None:
+    """Record the fire a promotion makes (once: the schedule's followed version moves from
+    `followed` to `promoted` by a compare-and-set in the same transaction); its id, or None when
+    another tick took it."""
+    with session_scope(url) as session:
+        moved = rowcount(session.execute(
+            update(Schedule).where(Schedule.id == schedule_id, Schedule.followed_version == followed)
+            .values(followed_version=promoted, last_fire_at=now)))
+        if not moved:
+            return None
+        return _new_fire(session, schedule_id, now, 0, manual=False, rescore_version=promoted).id
 
 
 def _fire_status(error: str | None) -> str | None:

@@ -7,6 +7,7 @@ from typing import Any, overload
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -340,6 +341,13 @@ class Schedule(Base):
     priority: Mapped[str] = mapped_column(String(8), default="normal")  # its fires' jobs'
     preemptible: Mapped[bool | None] = mapped_column(Boolean)  # its fires' jobs' (None: by priority)
     team: Mapped[str | None] = mapped_column(String(64))  # its fires' jobs are shared with it
+    # `train`, or `infer`: `spec` is an inference request less its input, `dataset` the input glob
+    # or prefix whose new files each fire scores once (migration 0031).
+    kind: Mapped[str] = mapped_column(String(8), default="train", server_default="train")
+    # An inference schedule following the promoted version fires when another is promoted, its
+    # jobs at this level (None: only at its times); the version its newest fire scored with.
+    rescore: Mapped[str | None] = mapped_column(String(8))
+    followed_version: Mapped[int | None]
 
     __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"), NEVER_REUSE_IDS)
 
@@ -366,8 +374,39 @@ class Fire(Base):
     error: Mapped[str | None] = mapped_column(Text)
     promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     owner: Mapped[str | None] = mapped_column(String(128))  # the schedule's owner when it fired
+    # An inference fire: how many files it submitted (None while it submits), and the version
+    # whose promotion made it, if one did (migration 0031).
+    scored: Mapped[int | None]
+    rescore_version: Mapped[int | None]
 
     __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_fires_schedule_time"),
+                      NEVER_REUSE_IDS)
+
+
+class ScoredInput(Base):
+    """Bytes a model version scored for an inference schedule, once: unique per (model,
+    version, identity), the identity being the bytes' (a local file's size and SHA-256, an
+    object's size and ETag), so a file rewritten is new and a file renamed is not. The row is
+    claimed before its job is submitted (with an idempotency key made from it), so a fire that
+    dies between the two is finished by the next without a second job."""
+
+    __tablename__ = "scored_inputs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int]
+    identity: Mapped[str] = mapped_column(String(256))
+    location: Mapped[str] = mapped_column(Text)  # where the bytes were last seen
+    size: Mapped[int] = mapped_column(BigInteger)
+    mtime_ns: Mapped[int | None] = mapped_column(BigInteger)  # a local file's, at that sighting
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
+    fire_id: Mapped[int | None] = mapped_column(ForeignKey("schedule_fires.id"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
+    error: Mapped[str | None] = mapped_column(Text)  # the submit refused it (once: not retried)
+    claimed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("model", "version", "identity", name="uq_scored_inputs_identity"),
+                      Index("ix_scored_inputs_location", "model", "version", "location"),
                       NEVER_REUSE_IDS)
 
 

@@ -172,14 +172,22 @@ def _resolve_infer(settings: Settings, p: InferParams, models: Models) -> InferP
     if size > settings.max_input_bytes:
         raise PathError(f"input {p.input} holds {size} bytes, more than the "
                         f"{settings.max_input_bytes} bytes allowed (MXQ_MAX_INPUT_BYTES)")
-    if (problem := precision_problem(p.precision, p.min_agreement, model["variants"],
-                                     f"{name}:{model['version']}", p.engine)) is not None:
-        raise ParamsError(problem)
-    _check_output_kind(p, model, f"{name}:{model['version']}")
-    if (problem := engine_problem(p.engine, model.get("onnx"), f"{name}:{model['version']}")) is not None:
-        raise ParamsError(problem)
     return p.model_copy(update={"model": name, "model_version": model["version"], "input": str(path),
-                                "input_identity": identity(path), "output_to": _output_to(settings, p)})
+                                "input_identity": identity(path),
+                                "output_to": check_against_model(settings, p, model)})
+
+
+def check_against_model(settings: Settings, p: InferParams, model: ModelRecord) -> str | None:
+    """What the request asks of the version (precision, output, engine) is what it has: a
+    ParamsError otherwise, before anything is read. Returns the checked output prefix."""
+    label = f"{model['name']}:{model['version']}"
+    if (problem := precision_problem(p.precision, p.min_agreement, model["variants"], label,
+                                     p.engine)) is not None:
+        raise ParamsError(problem)
+    _check_output_kind(p, model, label)
+    if (problem := engine_problem(p.engine, model.get("onnx"), label)) is not None:
+        raise ParamsError(problem)
+    return _output_to(settings, p)
 
 
 def _check_output_kind(p: InferParams, model: ModelRecord, label: str) -> None:

@@ -1,19 +1,25 @@
-"""Cron times in a schedule's own time zone, stepping in local wall-clock time.
+"""Cron times in a schedule's own time zone, stepping in local wall-clock time; or a polling
+interval, `@every DURATION` (`--every 10m` is stored as `@every 10m`), as Go's cron writes it.
 
 Each wall-clock time fires once: a time that does not exist (the hour skipped when clocks go
 forward) fires right after the change, a time that happens twice (clocks go back) fires at its
-first occurrence.
+first occurrence. An interval fires that long after its last fire: polls missed while down are
+not caught up one by one (one fire looks at everything that landed meanwhile).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
 from mxq.errors import UserError
+from mxq.since import DurationError, format_duration, parse_duration
 
+EVERY = "@every "
+MIN_EVERY_SECONDS = 10  # a poll more often than this would only load the data root or the bucket
+MAX_EVERY_SECONDS = 366 * 86400
 # Fires older than this many are not listed one by one when catching up after downtime.
 MAX_LISTED_MISSES = 100_000
 
@@ -34,7 +40,31 @@ def zone(tz: str) -> ZoneInfo:
 # valid to croniter, was a 500 on PostgreSQL.
 MAX_CRON_CHARS = 128
 
+def every(duration: str) -> str:
+    """`--every DURATION` as the schedule stores it (`@every 10m`), or CronError saying what is
+    allowed."""
+    try:
+        seconds = parse_duration(duration.strip(), "--every")
+    except DurationError as exc:
+        raise CronError(str(exc)) from None
+    if not MIN_EVERY_SECONDS <= seconds <= MAX_EVERY_SECONDS:
+        raise CronError(f"--every {duration}: give {format_duration(MIN_EVERY_SECONDS)} to "
+                        f"{format_duration(MAX_EVERY_SECONDS)}")
+    return EVERY + format_duration(seconds)
+
+
+def interval(cron: str) -> timedelta | None:
+    """An `@every` schedule's interval (None for a cron expression)."""
+    if not cron.startswith(EVERY):
+        return None
+    return timedelta(seconds=parse_duration(cron[len(EVERY):], "--every"))
+
+
 def check(cron: str, tz: str) -> None:
+    if cron.startswith(EVERY):
+        every(cron[len(EVERY):])
+        zone(tz)
+        return
     if len(cron) > MAX_CRON_CHARS:
         raise CronError(f"cron expression of {len(cron)} characters: at most {MAX_CRON_CHARS} are "
                         "allowed (five fields, e.g. '0 3 * * *')")
@@ -59,6 +89,8 @@ def _next(cron: str, start: datetime) -> datetime:
 
 def next_after(cron: str, tz: str, after: datetime) -> datetime:
     """The first fire strictly after the instant `after`, as a UTC instant."""
+    if (step := interval(cron)) is not None:
+        return after + step
     z = zone(tz)
     local = after.astimezone(z).replace(tzinfo=None)
     candidate = _next(cron, local)
@@ -74,7 +106,10 @@ def next_after(cron: str, tz: str, after: datetime) -> datetime:
 
 
 def due(cron: str, tz: str, first: datetime, now: datetime) -> tuple[datetime, int]:
-    """The latest fire time in [first, now] and how many earlier ones it stands for."""
+    """The latest fire time in [first, now] and how many earlier ones it stands for (an
+    interval's polls are not counted: the one fire looks at all that landed)."""
+    if interval(cron) is not None:
+        return first, 0
     latest, missed = first, 0
     while missed < MAX_LISTED_MISSES:
         following = next_after(cron, tz, latest)

@@ -21,7 +21,7 @@ from typing import Any
 
 from mxq.db import schedules
 from mxq.db.records import ScheduleRecord, StoredSchedule
-from mxq.db.registry import check_registrant
+from mxq.db.registry import check_registrant, resolve
 from mxq.db.schema import utcnow
 from mxq.db.sharing.teams import check_team
 from mxq.errors import JobRejected, MxqError
@@ -32,6 +32,7 @@ from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import CONTROL_QUEUE
 from mxq.workers.jobs.jobspecs import ParamsError, validate
 from mxq.workers.jobs.submit import check_calibration, pinned_code, submit
+from mxq.workers.schedules import scoring
 from mxq.workers.schedules.cron import check, due, next_after
 from mxq.workers.schedules.sources import check_source, newest_file
 from mxq.workers.settings import Settings
@@ -41,9 +42,19 @@ POLICIES = ("always", "if-better", "never")
 
 
 def submit_fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int | None:
-    """Resolve the dataset and queue the training job; a failure is recorded on the fire.
+    """Resolve the dataset and queue the training job, or score an inference schedule's new
+    files; a failure is recorded on the fire.
 
-    Returns the job's id (None when it could not be made)."""
+    Returns the training job's id (None when it could not be made, and for inference fires,
+    whose jobs are the fire's `jobs`)."""
+    if sched["kind"] == "infer":
+        try:
+            rescore = schedules.rescore_version_of(settings.database, fire_id) is not None
+            scoring.fire(settings, sched, fire_id, rescore)
+        except (MxqError, ValueError) as exc:
+            schedules.settle_fire(settings.database, fire_id, error=str(exc))
+            log.info("schedule %s fire %s failed: %s", sched["name"], fire_id, exc)
+        return None
     try:
         dataset = newest_file(settings, sched["dataset"])
         schedules.settle_fire(settings.database, fire_id, dataset_file=str(dataset))
@@ -95,9 +106,32 @@ def tick(settings: Settings, now: datetime | None = None) -> list[int]:
                                  missed)
         if fire_id is None:
             continue  # another tick took it
-        if not _skipped_for_busy(settings, sched, fire_id):
+        if sched["kind"] == "infer" or not _skipped_for_busy(settings, sched, fire_id):
             submit_fire(settings, sched, fire_id)
         made.append(fire_id)
+    return made + rescore(settings, now)
+
+
+def rescore(settings: Settings, now: datetime) -> list[int]:
+    """Fire, once, every inference schedule whose model had another version promoted since its
+    last fire: the new version scores the schedule's standing inputs at the schedule's `rescore`
+    level. Read from the registry's state at each tick, not from a message, so a promotion made
+    while the schedule process was down is seen when it is back."""
+    made = []
+    for sched in schedules.rescoring(settings.database):
+        try:
+            current = resolve(settings.database, sched["spec"]["model"])["version"]
+        except MxqError:
+            continue  # the model went; its fires say so at their times
+        followed = sched["followed_version"]
+        if followed is None or current == followed:
+            continue
+        fire_id = schedules.take_rescore(settings.database, sched["id"], followed, current, now)
+        if fire_id is not None:
+            log.info("schedule %s: %s version %s is promoted: its inputs are scored again",
+                     sched["name"], sched["spec"]["model"], current)
+            submit_fire(settings, sched, fire_id)
+            made.append(fire_id)
     return made
 
 

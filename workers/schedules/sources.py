@@ -2,6 +2,7 @@
 of a glob, all inside the data root, found by a bounded walk; or in a bucket (`s3://`), the
 object itself, the newest object under a prefix (`s3://b/daily/`), or the newest key matching a
 glob (`s3://b/daily/*.npz`), within MXQ_S3_ALLOWED and at most MXQ_GLOB_MAX_ENTRIES listed.
+An inference schedule's fire takes every match (`every_file`), not the newest.
 
 `glob.glob("/usr/**/*.py", recursive=True)` once spun for minutes, following symlink loops, and a
 source of `/etc/*` answered with the name of a file outside the data root. Here the walk starts
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -96,12 +98,8 @@ def _bucket_prefix(settings: Settings, source: str) -> tuple[ObjectURL, str]:
 def _newest_object(settings: Settings, source: str) -> str:
     """The newest object a bucket source names (itself, under its prefix, or matching its glob)."""
     url, pattern = _bucket_prefix(settings, source)
-    found = [(k, t) for k, t, _ in s3.listed(settings, url, settings.glob_max_entries)]
-    if pattern:
-        found = [(k, t) for k, t in found if fnmatchcase(k[len(url.key):], pattern)]
-    elif not url.key.endswith("/"):
-        found = [(k, t) for k, t in found if k == url.key or k.startswith(url.key + "/")]
-    found = [(k, t) for k, t in found if not k.endswith("/")]  # folder markers are no data
+    found = [(k, t) for k, t, _ in s3.listed(settings, url, settings.glob_max_entries)
+             if _object_matches(url, k, pattern)]
     if not found:
         raise PathError(f"dataset source {source!r} matches no object")
     key = max(found, key=lambda kt: (kt[1], kt[0]))[0]
@@ -121,15 +119,47 @@ def check_source(settings: Settings, source: str) -> None:
     within(_split(source)[0], root, "dataset source", origin)
 
 
-def newest_file(settings: Settings, source: str) -> Path | str:
-    """The file a fire trains on: `source` itself, the newest file of that folder, or the newest
-    match of that glob; inside the data root, or PathError saying why not. A bucket source's
-    newest object, as its s3:// URL; a built-in dataset (`digits`) as its name, as `mxq train`
-    takes it."""
-    if source in BUILTIN_DATASETS:
-        return source
+@dataclass(frozen=True)
+class Found:
+    """One file or object a source matches, as listed: where, its size, a local file's mtime
+    (ns) and an object's ETag."""
+
+    location: str
+    size: int
+    mtime_ns: int | None = None
+    etag: str | None = None
+
+
+def every_file(settings: Settings, source: str) -> list[Found]:
+    """Every file (or object) `source` matches, oldest first: what an inference schedule's fire
+    considers. Bounded as `newest_file` is, and a bucket source's objects with their ETags."""
     if is_object_url(source):
-        return _newest_object(settings, source)
+        url, pattern = _bucket_prefix(settings, source)
+        return [Found(str(ObjectURL(url.bucket, key)), size, etag=etag)
+                for key, size, etag in sorted(s3.versions(settings, url, settings.glob_max_entries))
+                if _object_matches(url, key, pattern)]
+    found = []
+    for path in _local_files(settings, source):
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # gone since it was listed: the next fire sees what is there
+        found.append((st.st_mtime_ns, str(path), st.st_size))
+    return [Found(location, size, mtime_ns) for mtime_ns, location, size in sorted(found)]
+
+
+def _object_matches(url: ObjectURL, key: str, pattern: str) -> bool:
+    """Whether `key`, listed under `url`'s prefix, is a data object the source names."""
+    if key.endswith("/"):
+        return False  # a folder marker is no data
+    if pattern:
+        return fnmatchcase(key[len(url.key):], pattern)
+    return url.key.endswith("/") or key == url.key or key.startswith(url.key + "/")
+
+
+def _local_files(settings: Settings, source: str) -> list[Path]:
+    """The files a local source matches, each inside the data root (a symlink out is no
+    candidate, and its name is not told)."""
     root, origin = settings.inputs_root_and_origin()
     start, pattern = _split(source)
     base = within(start, root, "dataset source", origin)  # before anything is listed
@@ -145,7 +175,21 @@ def newest_file(settings: Settings, source: str) -> Path | str:
         try:
             inside.append(inside_root(path, root, "dataset", origin))
         except PathError:
-            continue  # a symlink out of the root is no candidate (and its name is not told)
+            continue
+    return inside
+
+
+def newest_file(settings: Settings, source: str) -> Path | str:
+    """The file a fire trains on: `source` itself, the newest file of that folder, or the newest
+    match of that glob; inside the data root, or PathError saying why not. A bucket source's
+    newest object, as its s3:// URL; a built-in dataset (`digits`) as its name, as `mxq train`
+    takes it."""
+    if source in BUILTIN_DATASETS:
+        return source
+    if is_object_url(source):
+        return _newest_object(settings, source)
+    inside = _local_files(settings, source)
     if not inside:
+        root, _ = settings.inputs_root_and_origin()
         raise PathError(f"dataset source {source!r} matches no file (in {root})")
     return max(inside, key=lambda p: (p.stat().st_mtime, p.name))

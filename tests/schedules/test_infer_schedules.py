@@ -1,0 +1,182 @@
+"""Inference schedules on a controllable clock, against a real database and broker (no workers:
+what a fire queues stays queued): each new file scored once per model version, by its bytes."""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mxq.db import schedules
+from mxq.db.lineage import scored
+from mxq.db.reports.history import require_job
+from mxq.errors import MxqError
+from mxq.workers.jobs.submit import submit_request
+from mxq.workers.schedules.fires import run_now, tick
+from mxq.workers.schedules.scoring import add_infer_schedule
+from tests.conftest import Stack
+from tests.support.s3 import S3Server
+from tests.support.schedules import T0
+
+pytestmark = pytest.mark.both_legs
+
+
+def _model(stack: Stack, name: str) -> None:
+    added = stack.mxq("models", "add", name, "--arch", "mlp", "--input-shape", "4", "--classes", "3")
+    assert added.returncode == 0, added.stderr
+
+
+def _drop(folder: Path, name: str, seed: int, rows: int = 5) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    np.save(path, np.random.default_rng(seed).normal(size=(rows, 4)).astype(np.float32))
+    return path
+
+
+def _scored(stack: Stack, name: str) -> list[tuple[str, int]]:
+    """(input, version) of every job the schedule's fires made, in order."""
+    made = [j for f in schedules.fires(stack.settings.database, name) for j in f["jobs"]]
+    jobs = [require_job(stack.settings.database, j) for j in made]
+    return [(Path(j["params"]["input"]).name, j["params"]["model_version"]) for j in jobs]
+
+
+def test_each_new_file_is_scored_once_by_its_bytes(isolated: Stack) -> None:
+    _model(isolated, "poll")
+    inbox = isolated.home / "data" / "inbox"
+    for i in range(3):
+        _drop(inbox, f"f{i}.npy", i)
+    added = add_infer_schedule(isolated.settings, "poll-inbox", "@every 1m", "UTC", "inbox/*.npy",
+                               {"model": "poll", "output": "db"}, now=T0)
+    assert added["kind"] == "infer" and added["next_fire_at"] == (T0 + timedelta(minutes=1)).isoformat()
+    assert tick(isolated.settings, T0 + timedelta(seconds=61))
+    assert _scored(isolated, "poll-inbox") == [("f0.npy", 1), ("f1.npy", 1), ("f2.npy", 1)]
+    _drop(inbox, "f3.npy", 3)  # lands after the fire: the next one scores it, alone
+    tick(isolated.settings, T0 + timedelta(seconds=122))
+    _drop(inbox, "f0.npy", 10)  # rewritten in place with other bytes: new
+    os.rename(inbox / "f1.npy", inbox / "renamed.npy")  # the same bytes: not new
+    os.utime(inbox / "f2.npy")  # touched, the same bytes: not new
+    tick(isolated.settings, T0 + timedelta(seconds=183))
+    fires = schedules.fires(isolated.settings.database, "poll-inbox")
+    assert [f["scored"] for f in fires] == [3, 1, 1]
+    assert _scored(isolated, "poll-inbox")[3:] == [("f3.npy", 1), ("f0.npy", 1)]
+    for fire in fires:
+        for job_id in fire["jobs"]:
+            job = require_job(isolated.settings.database, job_id)
+            assert job["status"] == "queued" and job["owner"] == added["owner"]
+
+
+def test_a_fire_that_died_mid_submit_makes_each_job_once(isolated: Stack) -> None:
+    """Claimed but not submitted, and submitted but not settled: the next fire finishes both
+    without a second job (the claim's idempotency key finds the first)."""
+    _model(isolated, "crashy")
+    inbox = isolated.home / "data" / "crash"
+    a, b = _drop(inbox, "a.npy", 1), _drop(inbox, "b.npy", 2)
+    add_infer_schedule(isolated.settings, "crashy-inbox", "0 3 * * *", "UTC", "crash/*.npy",
+                       {"model": "crashy"}, now=T0)
+    sched = schedules.get(isolated.settings.database, "crashy-inbox")
+    dead = schedules.record_manual(isolated.settings.database, sched["id"], T0)
+    db = isolated.settings.database
+    claim_a = scored.claim(db, "crashy", 1, _sighting(a), sched["id"], dead)
+    claim_b = scored.claim(db, "crashy", 1, _sighting(b), sched["id"], dead)
+    first_b = submit_request(isolated.settings, "infer", {"model": "crashy", "model_version": 1,
+                                                          "input": str(b)},
+                             idempotency_key=scored.key_of(claim_b.id), owner=sched["owner"],
+                             allow_offline=True)
+    run_now(isolated.settings, "crashy-inbox", T0 + timedelta(minutes=1))
+    fires = schedules.fires(db, "crashy-inbox")
+    made = sorted(j for f in fires for j in f["jobs"])
+    assert len(made) == 2 and first_b.job_id in made, fires
+    assert scored.claim(db, "crashy", 1, _sighting(a), sched["id"], dead).id == claim_a.id
+
+
+def _sighting(path: Path) -> scored.Sighting:
+    from mxq.workers.schedules.scoring import sighting_of
+    from mxq.workers.schedules.sources import Found
+
+    st = path.stat()
+    found = sighting_of(Found(str(path), st.st_size, st.st_mtime_ns))
+    assert found is not None
+    return found
+
+
+def test_a_bucket_prefix_is_scored_by_etag(isolated: Stack) -> None:
+    _model(isolated, "bucketed")
+    server, prefix = S3Server.shared(), f"in/infer-sched/{uuid.uuid4().hex}/"
+
+    def put(key: str, seed: int) -> str:
+        buf = io.BytesIO()
+        np.save(buf, np.random.default_rng(seed).normal(size=(5, 4)).astype(np.float32))
+        return server.put(prefix + key, buf.getvalue())
+
+    for i in range(3):
+        put(f"day{i}.npy", i)
+    add_infer_schedule(isolated.settings, "bucket-poll", "@every 5m", "UTC",
+                       f"s3://mxq-tests/{prefix}", {"model": "bucketed"}, now=T0)
+    tick(isolated.settings, T0 + timedelta(minutes=5))
+    put("day3.npy", 3)
+    put("day0.npy", 10)  # rewritten: a new ETag
+    tick(isolated.settings, T0 + timedelta(minutes=10))
+    tick(isolated.settings, T0 + timedelta(minutes=15))
+    assert [f["scored"] for f in schedules.fires(isolated.settings.database, "bucket-poll")] == [3, 2, 0]
+    assert sorted(n for n, _ in _scored(isolated, "bucket-poll")) == [
+        "day0.npy", "day0.npy", "day1.npy", "day2.npy", "day3.npy"]
+
+
+def test_a_promotion_rescores_the_standing_inputs_at_low_priority(isolated: Stack) -> None:
+    _model(isolated, "promo")
+    inbox = isolated.home / "data" / "standing"
+    for i in range(2):
+        _drop(inbox, f"s{i}.npy", i)
+    add_infer_schedule(isolated.settings, "promo-standing", "0 3 * * *", "UTC", "standing/*.npy",
+                       {"model": "promo"}, now=T0)
+    run_now(isolated.settings, "promo-standing", T0)
+    tick(isolated.settings, T0 + timedelta(minutes=1))  # nothing promoted: no fire
+    _model(isolated, "promo")  # version 2
+    assert isolated.mxq("models", "promote", "promo", "2").returncode == 0
+    made = tick(isolated.settings, T0 + timedelta(minutes=2))
+    tick(isolated.settings, T0 + timedelta(minutes=3))  # once
+    assert len(made) == 1
+    fires = schedules.fires(isolated.settings.database, "promo-standing")
+    assert [f["rescore_version"] for f in fires] == [None, 2]
+    assert _scored(isolated, "promo-standing") == [("s0.npy", 1), ("s1.npy", 1),
+                                                   ("s0.npy", 2), ("s1.npy", 2)]
+    for job_id in fires[1]["jobs"]:
+        job = require_job(isolated.settings.database, job_id)
+        assert job["priority"] == "low" and job["preemptible"]
+
+
+@pytest.mark.parametrize(("source", "request_", "extra", "says"), [
+    ("inbox/*.npy", {"model": "nosuch"}, {}, "unknown model 'nosuch'"),
+    ("/etc/*", {"model": "checked"}, {}, "outside"),
+    ("s3://elsewhere/x/", {"model": "checked"}, {}, "MXQ_S3_ALLOWED"),
+    ("inbox/*.npy", {"model": "checked:1"}, {"rescore": "low"}, "pins a version"),
+    ("inbox/*.npy", {"model": "checked:x"}, {}, "positive number"),
+    ("inbox/*.npy", {"model": "checked", "threshold": 0.3}, {}, "not multi-label"),
+    ("inbox/*.npy", {"model": "checked", "engine": "nosuch"}, {}, "engine"),
+])
+def test_a_bad_inference_schedule_is_refused_when_added(isolated: Stack, source: str, request_: dict,
+                                                         extra: dict, says: str) -> None:
+    _model(isolated, "checked")
+    with pytest.raises(MxqError, match=says):
+        add_infer_schedule(isolated.settings, "bad", "@every 1m", "UTC", source, request_,
+                           **{"rescore": None, **extra}, now=T0)
+
+
+def test_every_takes_a_duration_within_bounds(isolated: Stack) -> None:
+    _model(isolated, "every")
+    for every, says in (("5s", "10s to 366d"), ("soon", "expected")):
+        proc = isolated.mxq("schedule", "add", "e", "--infer", "every", "--input", "x/*.npy",
+                            "--every", every)
+        assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+    proc = isolated.mxq("schedule", "add", "e", "--infer", "every", "--input", "x/*.npy",
+                        "--every", "10m", "--cron", "0 3 * * *")
+    assert proc.returncode != 0 and "one of them" in proc.stderr, proc.stderr
+    proc = isolated.mxq("schedule", "add", "e", "--infer", "every", "--input", "x/*.npy",
+                        "--every", "90m", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"cron": "@every 1h30m"' in proc.stdout
