@@ -23,6 +23,7 @@ from mxq.api.schemas import (
     ArchRequest,
     CancelAnswer,
     DeviceRecord,
+    InferScheduleRequest,
     JobPage,
     JobRecord,
     JobRequest,
@@ -50,10 +51,12 @@ from mxq.workers.broker.health import broker_problem
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.jobs.archs import queue_trial
 from mxq.workers.jobs.cancel import cancel_job
-from mxq.workers.jobs.jobspecs import TrainOptions
+from mxq.workers.jobs.jobspecs import InferRequest, TrainOptions
 from mxq.workers.jobs.queue_view import queue_view
 from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
+from mxq.workers.schedules.cron import every
 from mxq.workers.schedules.fires import add_schedule, request_fire, resume
+from mxq.workers.schedules.scoring import add_infer_schedule
 from mxq.workers.settings import Settings
 
 router = APIRouter(prefix="/api/v1")
@@ -334,6 +337,19 @@ def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(
                         req.min_gain, owner=who.name,
                         priority=Priority.of(req.priority, req.preemptible), team=req.team,
                         min_metric=req.min_metric)
+
+
+@router.post("/schedules/inference", status_code=201, response_model=ScheduleRecord,
+             responses=problems(404, 409, *WRITE_ERRORS))
+def create_inference_schedule(req: InferScheduleRequest, who: Submitter,
+                              s: Settings = Depends(settings)) -> Any:
+    """An inference schedule: each fire scores every file of `input` that `model`'s version has
+    not scored yet, once, a job each, as `who`."""
+    request = req.model_dump(include=set(InferRequest.model_fields) - {"input"})
+    timing = req.cron if req.cron is not None else every(req.every or "")
+    return add_infer_schedule(s, req.name, timing, req.tz, req.input, request, req.device,
+                              req.rescore, owner=who.name,
+                              priority=Priority.of(req.priority, req.preemptible), team=req.team)
 
 
 def _schedule(s: Settings, name: str) -> ScheduleDetail:

@@ -27,6 +27,7 @@ from mxq.db.records import (
     ScheduleRecord,
 )
 from mxq.names import MAX_ID, NAME_PATTERN
+from mxq.since import DURATION_PATTERN
 from mxq.status import JobStatus
 from mxq.workers.jobs.archs import FILE_NAME
 from mxq.workers.jobs.jobspecs import (
@@ -160,6 +161,30 @@ class ScheduleRequest(TrainOptions, Turn, Shared):
     min_metric: float | None = Field(None, allow_inf_nan=False, description="The promotion floor: "
                                      "a version whose metric is below it is registered and never "
                                      "promoted, whatever the policy.")
+
+
+class InferScheduleRequest(InferRequest, Routing):
+    """An inference schedule (`mxq schedule add NAME --infer MODEL --input GLOB`): at each `cron`
+    time or `every` interval, score each file of `input` (a glob or folder in the data root, an
+    `s3://` prefix or glob in MXQ_S3_ALLOWED) that `model`'s version (its promoted one, or
+    `NAME:VERSION`) has not scored yet, a job each, with the options of an inference job."""
+    name: str = Field(pattern=NAME_PATTERN, description="The schedule's name (letters, digits, "
+                      "'_', '.', '-').")
+    cron: str | None = Field(None, min_length=9, max_length=MAX_CRON_CHARS,
+                             description="Five fields, e.g. '0 3 * * *' (or give `every`).",
+                             json_schema_extra={"pattern": CRON_PATTERN})
+    every: str | None = Field(None, min_length=1, max_length=32, pattern=DURATION_PATTERN,
+                              description="Fire every DURATION (10m, 1h, 1d), instead of `cron`.")
+    tz: str = Field("UTC", min_length=1, max_length=64, description="An IANA time zone.")
+    rescore: Literal["high", "normal", "low"] | None = Field(
+        "low", description="When another version of `model` is promoted, score the inputs again "
+        "with it at once, its jobs at this level; null: not on promotion.")
+
+    @model_validator(mode="after")
+    def _one_timing(self) -> InferScheduleRequest:
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give cron or every (one of them)")
+        return self
 
 
 class PromoteRequest(JsonBody):

@@ -214,6 +214,22 @@ class Client:
         """Every registered architecture's versions (`mxq arch ls`)."""
         return list(self.request("GET", "/archs"))
 
+    def schedule_inference(self, name: str, model: str, input: str, cron: str | None = None,
+                           every: str | None = None, rescore: str | None = "low",
+                           **options: Any) -> dict[str, Any]:
+        """An inference schedule (`mxq schedule add NAME --infer MODEL --input GLOB`): at each
+        `cron` time or `every` interval ("10m"), score each file of `input` that `model`'s
+        version (its promoted one, or "NAME:VERSION") has not scored yet, a job each, with the
+        options of `infer`; `rescore`: the level at which a promotion re-scores them (None: not
+        on promotion). Returns the schedule's record."""
+        body = {"name": name, "model": model, "input": input, "cron": cron, "every": every,
+                "rescore": rescore, **options}
+        return dict(self.request("POST", "/schedules/inference", json=body))
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        """One schedule and its fires (an inference fire's `jobs`: one per file it scored)."""
+        return dict(self.request("GET", f"/schedules/{name}"))
+
     def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
               **options: Any) -> Job:
         return self.submit("probe", wait, idempotency_key, device=device, **options)

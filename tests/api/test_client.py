@@ -272,3 +272,21 @@ def test_retrain_submits_a_training_from_a_registered_version(stack: Stack, bare
                 params["arch"]) == ("retrainable", 1, "retrainable", True, None)
         with pytest.raises(JobRejected, match="unknown model 'nosuch'"):  # a failed job says why
             client.retrain("nosuch", "digits", device="cpu:7", allow_offline=True)
+
+
+def test_an_inference_schedule_added_and_read_through_the_client(workers: Stack, api: Api) -> None:
+    """`schedule_inference` is `mxq schedule add --infer` (the API's POST /schedules/inference):
+    the schedule is the token's user's; a request with both timings or neither is refused."""
+    (workers.home / "data" / "client-inbox").mkdir(exist_ok=True)
+    with Client(api.url, token=TOKEN) as client:
+        record = client.schedule_inference("client-inbox", "mlp64", "client-inbox/*.npy",
+                                           every="15m", output="parquet", top_k=2)
+        assert record["kind"] == "infer" and record["cron"] == "@every 15m"
+        assert record["owner"] == "admin" and record["rescore"] == "low"
+        assert record["spec"]["output"] == "parquet" and record["spec"]["top_k"] == 2
+        assert client.schedule("client-inbox")["fires"] == []
+        for timing in ({"every": "15m", "cron": "0 3 * * *"}, {}):
+            with pytest.raises(UserError, match="cron or every"):
+                client.schedule_inference("client-bad", "mlp64", "client-inbox/*.npy", **timing)
+        with pytest.raises(UserError, match="pins a version"):
+            client.schedule_inference("client-bad", "mlp64:1", "client-inbox/*.npy", every="1h")
