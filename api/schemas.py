@@ -27,7 +27,7 @@ from mxq.db.records import (
     ScheduleRecord,
 )
 from mxq.names import MAX_ID, NAME_PATTERN
-from mxq.status import JobStatus
+from mxq.status import MOST_AFTER, JobStatus
 from mxq.workers.jobs.archs import FILE_NAME
 from mxq.workers.jobs.jobspecs import (
     FACTORY_PATTERN,
@@ -115,9 +115,20 @@ class Shared(JsonBody):
                              "read the results. Unset: the owner alone (and admins).")
 
 
-class Routing(Turn, Shared):
+class Waits(JsonBody):
+    """The jobs a job waits for (`--after`, Slurm's afterok): it runs once they all succeeded,
+    and fails naming the first that failed, was cancelled or was removed."""
+
+    after: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(
+        None, min_length=1, max_length=MOST_AFTER, description="Jobs this one waits for: it runs "
+        "once they all succeeded and fails, naming the one, if one fails or is cancelled. Each a "
+        "job submitted before this one that the caller may read.")
+
+
+class Routing(Turn, Shared, Waits):
     """Where a job runs: `auto`, `auto:gpu`, `auto:cpu`, `gpu:N` or `cpu:N` (with
-    `allow_offline`, a device whose worker is not live yet), and its turn there."""
+    `allow_offline`, a device whose worker is not live yet), its turn there, and the jobs it
+    waits for."""
 
     device: str = Field("auto", min_length=1, max_length=64,
                         description="auto, auto:gpu, auto:cpu, gpu:N or cpu:N.")
