@@ -120,9 +120,9 @@ class Waits(JsonBody):
     and fails naming the first that failed, was cancelled or was removed."""
 
     after: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(
-        None, min_length=1, max_length=MOST_AFTER, description="Jobs this one waits for: it runs "
-        "once they all succeeded and fails, naming the one, if one fails or is cancelled. Each a "
-        "job submitted before this one that the caller may read.")
+        None, max_length=MOST_AFTER, description="Jobs this one waits for: it runs once they all "
+        "succeeded and fails, naming the one, if one fails or is cancelled. Each a job submitted "
+        "before this one that the caller may read; none (or an empty list): it waits for none.")
 
 
 class Routing(Turn, Shared, Waits):
