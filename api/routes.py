@@ -143,13 +143,13 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
     that does not answer within MXQ_BROKER_TIMEOUT_SECONDS leaves the job queued with
     `published` false: the reconciler publishes it."""
     params = req.model_dump(exclude={"kind", "device", "allow_offline", "priority", "preemptible",
-                                     "team"})
+                                     "team", "after"})
     device = req.device
     if req.kind == "train" and params.get("device_list"):
         device = params["device_list"][0]
     done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key,
                           owner=who.name, priority=Priority.of(req.priority, req.preemptible),
-                          team=req.team)
+                          team=req.team, after=req.after)
     if done.replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"

@@ -28,7 +28,7 @@ from mxq.db.records import (
 )
 from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.since import DURATION_PATTERN
-from mxq.status import JobStatus
+from mxq.status import MOST_AFTER, JobStatus
 from mxq.workers.jobs.archs import FILE_NAME
 from mxq.workers.jobs.jobspecs import (
     FACTORY_PATTERN,
@@ -116,9 +116,20 @@ class Shared(JsonBody):
                              "read the results. Unset: the owner alone (and admins).")
 
 
-class Routing(Turn, Shared):
+class Waits(JsonBody):
+    """The jobs a job waits for (`--after`, Slurm's afterok): it runs once they all succeeded,
+    and fails naming the first that failed, was cancelled or was removed."""
+
+    after: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(
+        None, max_length=MOST_AFTER, description="Jobs this one waits for: it runs once they all "
+        "succeeded and fails, naming the one, if one fails or is cancelled. Each a job submitted "
+        "before this one that the caller may read; none (or an empty list): it waits for none.")
+
+
+class Routing(Turn, Shared, Waits):
     """Where a job runs: `auto`, `auto:gpu`, `auto:cpu`, `gpu:N` or `cpu:N` (with
-    `allow_offline`, a device whose worker is not live yet), and its turn there."""
+    `allow_offline`, a device whose worker is not live yet), its turn there, and the jobs it
+    waits for."""
 
     device: str = Field("auto", min_length=1, max_length=64,
                         description="auto, auto:gpu, auto:cpu, gpu:N or cpu:N.")
@@ -163,7 +174,7 @@ class ScheduleRequest(TrainOptions, Turn, Shared):
                                      "promoted, whatever the policy.")
 
 
-class InferScheduleRequest(InferRequest, Routing):
+class InferScheduleRequest(InferRequest, Turn, Shared):
     """An inference schedule (`mxq schedule add NAME --infer MODEL --input GLOB`): at each `cron`
     time or `every` interval, score each file of `input` (a glob or folder in the data root, an
     `s3://` prefix or glob in MXQ_S3_ALLOWED) that `model`'s version (its promoted one, or
@@ -176,6 +187,8 @@ class InferScheduleRequest(InferRequest, Routing):
     every: str | None = Field(None, min_length=1, max_length=32, pattern=DURATION_PATTERN,
                               description="Fire every DURATION (10m, 1h, 1d), instead of `cron`.")
     tz: str = Field("UTC", min_length=1, max_length=64, description="An IANA time zone.")
+    device: str = Field("auto", min_length=1, max_length=64,
+                        description="Where its jobs run: auto, auto:gpu, auto:cpu, gpu:N or cpu:N.")
     rescore: Literal["high", "normal", "low"] | None = Field(
         "low", description="When another version of `model` is promoted, score the inputs again "
         "with it at once, its jobs at this level; null: not on promotion.")

@@ -21,6 +21,7 @@ from mxq.cli import teams as teams_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
 from mxq.cli.options import (
+    AfterOpt,
     FromOpt,
     LayoutOpt,
     MeanOpt,
@@ -33,6 +34,7 @@ from mxq.cli.options import (
     TimeLimitOpt,
     VariantsOpt,
     from_fields,
+    parse_after,
     parse_time_limit,
     parse_variants,
     preprocess_fields,
@@ -311,12 +313,12 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
           preemptible: PreemptibleOpt = None, team: TeamOpt = None,
-          time_limit: TimeLimitOpt = None) -> None:
+          time_limit: TimeLimitOpt = None, after: AfterOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
     _submit_and_report("probe", {"size": size, "batch": batch, "repeat": repeat,
                                  "time_limit": parse_time_limit(time_limit)}, device,
                        allow_offline, wait, json_, idempotency_key, (priority, preemptible),
-                       team)
+                       team, parse_after(after))
 
 
 @app.command()
@@ -339,7 +341,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
           preemptible: PreemptibleOpt = None, team: TeamOpt = None,
-          time_limit: TimeLimitOpt = None) -> None:
+          time_limit: TimeLimitOpt = None, after: AfterOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
     params = {"model": model, "input": input,
               "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
@@ -349,7 +351,7 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
               "columns": None if columns is None else [c.strip() for c in columns.split(",")],
               "output_to": output_to, "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("infer", params, device, allow_offline, wait, json_, idempotency_key,
-                       (priority, preemptible), team)
+                       (priority, preemptible), team, parse_after(after))
 
 
 @app.command()
@@ -422,7 +424,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet, resnet18_v1 or o
           wait: Annotated[bool, typer.Option("--wait", help="Show progress, then the outcome.")] = False,
           json_: JsonOpt = False, idempotency_key: KeyOpt = None, priority: PriorityOpt = "normal",
           preemptible: PreemptibleOpt = None, team: TeamOpt = None,
-          time_limit: TimeLimitOpt = None) -> None:
+          time_limit: TimeLimitOpt = None, after: AfterOpt = None) -> None:
     """Queue data-parallel training of ARCH (or, with --from, of a registered model's own graph) on
     DATASET over K devices (of N nodes); registers a version of NAME."""
     route, device_list = _train_devices(device)
@@ -439,7 +441,7 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet, resnet18_v1 or o
               "calibration": calibration, "min_agreement": min_agreement,
               "variants": parse_variants(variants), "time_limit": parse_time_limit(time_limit)}
     _submit_and_report("train", params, route, allow_offline, wait, json_, idempotency_key,
-                       (priority, preemptible), team)
+                       (priority, preemptible), team, parse_after(after))
 
 
 def _arch_and_dataset(first: str, second: str | None, from_model: str | None) -> tuple[str | None, str]:
@@ -473,13 +475,14 @@ def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
 
 def _submit_and_report(kind: str, params: dict[str, Any], device: str, allow_offline: bool,
                        wait: bool, json_: bool, idempotency_key: str | None,
-                       turn: tuple[str, bool | None], team: str | None = None) -> None:
+                       turn: tuple[str, bool | None], team: str | None = None,
+                       after: list[int] | None = None) -> None:
     from mxq.db.reports.history import require_job
     from mxq.workers.jobs.submit import submit_request
 
     s = get_settings()
     done = submit_request(s, kind, params, device, allow_offline, idempotency_key,
-                          priority=Priority.of(*turn), team=team)
+                          priority=Priority.of(*turn), team=team, after=after)
     job_id = done.job_id
     if not wait:
         record = require_job(s.database, job_id)

@@ -1,5 +1,6 @@
 """Options several commands share: a job's turn (`--priority`, `--preemptible`), its time limit
-(`--time-limit`), the variants a training builds (`--variants`)."""
+(`--time-limit`), the jobs it waits for (`--after`), the variants a training builds
+(`--variants`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,25 @@ TimeLimitOpt = Annotated[str | None, typer.Option(
 def parse_time_limit(text: str | None) -> int | None:
     """`--time-limit` in seconds (None: unset); a DurationError naming the option otherwise."""
     return None if text is None else parse_duration(text, "--time-limit")
+
+
+AfterOpt = Annotated[str | None, typer.Option(
+    "--after", metavar="JOB[,JOB…]", help="Wait until these jobs succeeded (Slurm's afterok): the "
+    "job runs then, and fails naming the one that did not if one fails or is cancelled.",
+    show_default=False)]
+
+
+def parse_after(text: str | None) -> list[int] | None:
+    """`--after 12,15` as job ids (None: unset); BadParameter naming the value otherwise (the
+    submit checks each id: it exists, the user may read it, at most 64)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdecimal() and p.isascii() for p in parts):
+        bad = next(p for p in parts if not (p.isdecimal() and p.isascii()))
+        raise typer.BadParameter(f"{bad[:40]!r} in {text[:80]!r}: expected job ids, comma-separated "
+                                 "(--after 12,15)", param_hint="--after")
+    return [int(p) for p in parts]
 
 
 ScaleOpt = Annotated[str | None, typer.Option(

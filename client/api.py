@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -155,7 +155,8 @@ class Client:
         return answer
 
     def submit(self, kind: str, wait: bool = False, idempotency_key: str | None = None,
-               priority: str = "normal", preemptible: bool | None = None, **params: Any) -> Job:
+               priority: str = "normal", preemptible: bool | None = None,
+               after: Sequence[int | Job] | None = None, **params: Any) -> Job:
         """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it) at `priority`
         (high, normal or low; `preemptible`: may it yield to a waiting job of a higher level,
         None: only low jobs do). `infer`, `train` and `probe` take both as options too.
@@ -167,11 +168,15 @@ class Client:
         user's: its members read them, everyone else sees the job without its `result` and is
         refused its predictions (Forbidden). `time_limit` (seconds, or a duration such as "90s",
         "45m", "2h", "1h30m") bounds the job from its first start, across attempts: past it the
-        job stops at its next checkpoint, keeps what it committed and fails naming the limit."""
+        job stops at its next checkpoint, keeps what it committed and fails naming the limit.
+        `after=[12, job]` (ids or `Job`s, `mxq KIND --after 12,15`) makes the job wait until
+        those succeeded: it fails, naming the one, if one fails or is cancelled."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         body = {"kind": kind, "priority": priority, **params}
         if preemptible is not None:
             body["preemptible"] = preemptible
+        if after is not None:
+            body["after"] = [j.id if isinstance(j, Job) else j for j in after]
         record = self.request("POST", "/jobs", json=body, headers=headers)
         job = Job(self, record)
         return job.wait() if wait else job

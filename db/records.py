@@ -126,6 +126,7 @@ class JobRecord(TypedDict):
     borrowed: bool  # admitted beyond its owner's quota onto an idle device: taken back first
     pinned: bool  # its owner keeps its output whatever the retention policy says (`mxq pin`)
     output_removed_at: str | None  # when the retention policy removed its output (`mxq gc`)
+    after: list[int] | None  # the jobs it waits for, or waited for (`--after`); None: none
     # With `with_metrics` (one job's full view):
     metrics: NotRequired[list[MetricPoint]]
     events: NotRequired[list[EventRecord]]

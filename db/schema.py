@@ -125,11 +125,17 @@ class Job(Base):
     # the policy removed an output (MXQ_KEEP_OUTPUT_DAYS), the record stays and says when.
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     output_removed_at: Mapped[datetime | None]
+    # Dependencies (migration 0032): the jobs it waits for (`--after`, a list of ids), and
+    # whether it still does (`awaiting`, with `held`: nothing publishes it until the dependency
+    # pass, mxq.workers.jobs.dependencies, clears it once they all succeeded, or fails it).
+    after: Mapped[list[int] | None] = mapped_column(JSON)
+    awaiting: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (
         Index("ix_jobs_owner_submitted", "owner", "submitted_at"),
         Index("ix_jobs_status_finished", "status", "finished_at"),  # retention's look
         Index("ix_jobs_held", "held", "status"),  # the admitter's look: the few held ones
+        Index("ix_jobs_awaiting", "awaiting", "status"),  # the dependency pass's look
         Index("ix_jobs_parent", "parent_id"),
         Index("ux_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
         Index("ix_jobs_status_submitted", "status", "submitted_at"),

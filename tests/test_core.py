@@ -17,7 +17,7 @@ from mxq import epochs, parts, priorities, promotion, shares
 from mxq.device import Device
 from mxq.promotion import PromotionPolicy
 from mxq.since import DurationError, SinceError, format_duration, parse_duration, parse_since
-from mxq.status import JobStatus
+from mxq.status import AfterVerdict, JobStatus, after_verdict
 
 if TYPE_CHECKING:
     from mxq.errors import MxqError
@@ -478,3 +478,19 @@ def test_a_device_fault_is_the_cuda_stacks_error_but_not_running_out_of_memory()
                    "CUDNN_STATUS_ALLOC_FAILED", "CUDA failure 2: out of memory"):
         assert not device_fault(RuntimeError(memory)), memory
     assert not device_fault(ValueError("params file does not match symbol"))
+
+
+def test_a_job_after_others_goes_waits_or_fails_by_their_outcomes() -> None:
+    ok, running = ("succeeded", None), ("running", None)
+    assert after_verdict([1, 2], {1: ok, 2: ok}).ready
+    assert after_verdict([1, 2, 3], {1: ok, 2: running, 3: ("queued", None)}) == AfterVerdict(waits_for=2)
+    # one that cannot succeed decides at once, even while another still runs
+    assert after_verdict([1, 2], {1: running, 2: ("failed", "boom\ntraceback")}) == AfterVerdict(
+        error="job 2 it waits for (--after) failed: boom")
+    assert after_verdict([1], {1: ("cancelled", "cancelled")}).error == \
+        "job 1 it waits for (--after) was cancelled"
+    assert after_verdict([7], {}).error == "job 7 it waits for (--after) was removed"
+    assert after_verdict([1], {1: ("failed", None)}).error == \
+        "job 1 it waits for (--after) failed: no error recorded"
+    long = after_verdict([1], {1: ("failed", "x" * 500)}).error or ""
+    assert long.endswith("x…") and len(long) < 260

@@ -74,6 +74,7 @@ def job_record(job: Job) -> JobRecord:
         "borrowed": job.borrowed,
         "pinned": job.pinned,
         "output_removed_at": iso(job.output_removed_at),
+        "after": job.after,
     }
 
 

@@ -55,9 +55,11 @@ def shares(url: str) -> dict[str, Share]:
 
 @db_retry
 def held(url: str, limit: int) -> list[Held]:
-    """The first `limit` held jobs, in the order workers would take them."""
+    """The first `limit` held jobs, in the order workers would take them; not those waiting for
+    other jobs (`--after`: `dependencies.py`), which neither take a turn nor count as waiting."""
     with session_scope(url) as session:
-        rows = session.scalars(select(Job).where(Job.status == JobStatus.QUEUED, Job.held.is_(True))
+        rows = session.scalars(select(Job).where(Job.status == JobStatus.QUEUED, Job.held.is_(True),
+                                                 Job.awaiting.is_(False))
                                .order_by(*NEXT_FIRST).limit(limit))
         return [Held(j.id, j.owner or NO_OWNER, j.priority, _needs(j), j.queue, j.attempts > 0)
                 for j in rows]
@@ -109,7 +111,7 @@ def release(url: str, job_id: int, borrowed: bool = False) -> JobRoute | None:
     borrowing = {"borrowed": True, "preemptible": True} if borrowed else {}
     with session_scope(url) as session:
         row = session.execute(update(Job).where(Job.id == job_id, Job.held.is_(True),
-                                                Job.status == JobStatus.QUEUED)
+                                                Job.awaiting.is_(False), Job.status == JobStatus.QUEUED)
                               .values(held=False, **borrowing)
                               .returning(*ROUTE)).one_or_none()
     return None if row is None else route_of(row)

@@ -103,3 +103,17 @@ def test_the_cli_takes_every_field_of_the_request_the_api_validates(
     options = {p.name for p in cmd.params}
     missing = set(spec.model_fields) - options - set(CLI_FORMS)
     assert not missing, f"`mxq {' '.join(command)}` lacks options for {sorted(missing)}"
+
+
+@pytest.mark.parametrize("command", ["infer", "train", "probe"])
+def test_every_submit_command_takes_every_routing_field_of_the_api(command: str) -> None:
+    """Where a job runs, its turn, its team and the jobs it waits for (`Routing`: `--after`…)
+    are the API's for every kind; each submit command takes them too."""
+    from typer.main import get_command
+
+    from mxq.api.schemas import Routing
+    from mxq.cli.main import app
+
+    options = {p.name for p in get_command(app).commands[command].params}  # type: ignore[attr-defined]
+    missing = set(Routing.model_fields) - options
+    assert not missing, f"`mxq {command}` lacks options for {sorted(missing)}"

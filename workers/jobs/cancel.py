@@ -1,10 +1,12 @@
-"""Cancel a job: queued ones are revoked at once, running ones stop at their next boundary."""
+"""Cancel a job: queued ones are revoked at once, running ones stop at their next boundary; the
+jobs that wait for a job cancelled at once (`--after`) fail now (`dependencies.settle_quietly`)."""
 
 from __future__ import annotations
 
 from mxq.db.jobs import CancelOutcome, cancel
 from mxq.db.reports.history import JobNotFound
 from mxq.workers.broker.app import app_for
+from mxq.workers.jobs import dependencies
 from mxq.workers.settings import Settings
 
 
@@ -15,6 +17,7 @@ def cancel_job(settings: Settings, job_id: int) -> CancelOutcome:
     if outcome is CancelOutcome.CANCELLED:
         # The claim would drop it anyway; revoking spares the worker the delivery.
         app_for(settings).control.revoke(f"job-{job_id}")
+        dependencies.settle_quietly(settings)
     return outcome
 
 

@@ -1,10 +1,11 @@
 """Why each waiting job waits, in the order workers take them: the queue view of `mxq queue`,
 the dashboard and `GET /api/v1/queue`.
 
-A job waits for one of: no live worker takes its queue (no capable device; or the devices that
-would are out, their worker having refused them, and it runs when one passes its check again),
-jobs that run first on the devices it could use (a higher priority, or earlier), or those
-devices being busy (and whether a job there was asked to yield to it).
+A job waits for one of: the jobs it waits for (`--after`), its owner's quota or fair share, no
+live worker takes its queue (no capable device; or the devices that would are out, their worker
+having refused them, and it runs when one passes its check again), jobs that run first on the
+devices it could use (a higher priority, or earlier), or those devices being busy (and whether a
+job there was asked to yield to it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.priorities import Running, Waiting
 from mxq.workers.broker.queues import pool_of
-from mxq.workers.jobs import admit
+from mxq.workers.jobs import admit, dependencies
 from mxq.workers.jobs.preempt import capable
 from mxq.workers.settings import Settings
 
@@ -73,7 +74,8 @@ def queue_view(settings: Settings, limit: int = 100) -> list[QueueEntry]:
     workers = list_workers(url, settings.heartbeat_ttl)
     running = preemption.running(url, settings.heartbeat_ttl)
     waiting = queue.waiting(url, limit)
-    held = admit.reasons(settings) if any(j["held"] for j in waiting) else {}
+    held = ({**admit.reasons(settings), **dependencies.reasons(settings)}
+            if any(j["held"] for j in waiting) else {})
     seen: list[frozenset[str]] = []  # the capable devices of each job before this one
     entries: list[QueueEntry] = []
     for position, job in enumerate(waiting, start=1):

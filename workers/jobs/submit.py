@@ -48,7 +48,7 @@ from mxq.workers.broker.app import app_for
 from mxq.workers.broker.publish import BrokerTimeout, SubmitError, Turn, publish, task_name, within
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import Need, Route, describe, route
-from mxq.workers.jobs import admit, preempt
+from mxq.workers.jobs import admit, dependencies, preempt
 from mxq.workers.jobs.jobspecs import (
     ARCHS,
     BUILTIN_DATASETS,
@@ -396,16 +396,17 @@ class Request:
     owner: str
     priority: Priority
     team: str | None
+    after: list[int] | None = None  # the jobs it waits for (`--after`)
 
 
 def _same_request(record: JobRecord, asked: Request, params: Raw, where: Route) -> bool:
     """The stored job is what this request (its parameters prepared) would make: kind, device,
-    parameters as JSON stores them, priority, preemptibility and team."""
+    parameters as JSON stores them, priority, preemptibility, team and the jobs it waits for."""
     return (record["kind"] == asked.kind and record["requested_device"] == where.requested
             and record["params"] == params
             and record["priority"] == asked.priority.level
             and record["preemptible"] == asked.priority.preemptible
-            and record["team"] == asked.team)
+            and record["team"] == asked.team and record["after"] == asked.after)
 
 
 def _keys(key: str | None, count: int) -> list[str] | None:
@@ -449,6 +450,17 @@ def _admitted(settings: Settings, ids: list[int], priority: Priority) -> list[Su
     return [Submitted(i, True) if i in released else Submitted(i, False, note=(
         f"job {i} is queued and held: its owner's quota or fair share admits it later "
         f"(`mxq job {i}` says why)")) for i in ids]
+
+
+def _waiting(settings: Settings, ids: list[int], asked: Request, held: bool) -> list[Submitted]:
+    """Jobs that wait for others (`--after`): released now when those all succeeded already
+    (by the dependency pass, or by the admitter in its turn while admission is on)."""
+    assert asked.after is not None
+    released = dependencies.settle(settings).released + (admit.admit(settings) if held else [])
+    if taken := [i for i in ids if i in released]:
+        _ask_preemption(settings, asked.priority, taken)
+    return [Submitted(i, True) if i in released else
+            Submitted(i, False, note=dependencies.note(i, asked.after)) for i in ids]
 
 
 def _unpublished(ids: list[int], exc: SubmitError) -> list[Submitted]:
@@ -543,9 +555,10 @@ def _publish(settings: Settings, kind: str, queue: str, ids: list[int], turn: Tu
 def submit_jobs(settings: Settings, kind: str, params: Sequence[Raw], device: str = "auto",
                 allow_offline: bool = False, idempotency_key: str | None = None,
                 owner: str | None = None, priority: Priority = Priority(),
-                team: str | None = None) -> list[Submitted]:
+                team: str | None = None, after: Sequence[int] | None = None) -> list[Submitted]:
     """Queue jobs of one kind, owned by `owner` (default: `local:<login>`, this machine's user)
-    and shared with `team`, at `priority`; what happened to each (`Submitted`). The one submit
+    and shared with `team`, at `priority`, each waiting for the jobs `after` to succeed
+    (`dependencies`); what happened to each (`Submitted`). The one submit
     path: one job is a batch of one, and every answer is the same whatever the batch's size.
 
     Device and database problems, and a broker that refuses connections, write nothing; wrong
@@ -557,7 +570,8 @@ def submit_jobs(settings: Settings, kind: str, params: Sequence[Raw], device: st
     if not params:
         raise ParamsError("no jobs to submit: give at least one")
     key, owner = check_key(idempotency_key), owner or local_owner()
-    asked = Request(kind, owner, priority, _shared(settings, kind, params, owner, team))
+    asked = Request(kind, owner, priority, _shared(settings, kind, params, owner, team),
+                    dependencies.checked(settings, after, owner))
     where = _checked_route(settings, kind, device, allow_offline)
     models: Models = {}
     checked = _prepare_all(settings, asked, params, where, models)
@@ -572,7 +586,7 @@ def submit_jobs(settings: Settings, kind: str, params: Sequence[Raw], device: st
     late, held = _broker_late(settings), admit.holding(settings)
     try:
         ids = create_jobs(settings.database, kind, rows, where.requested, where.queue,
-                          owner, priority, held, asked.team, keys)
+                          owner, priority, held, asked.team, keys, asked.after)
     except IdempotencyKeyTaken:  # a submit with the same key won the race
         assert keys is not None
         if (earlier := _replay(settings, keys, asked, rows, where)) is None:
@@ -580,6 +594,8 @@ def submit_jobs(settings: Settings, kind: str, params: Sequence[Raw], device: st
         return earlier
     if late is not None:
         return _unpublished(ids, late)
+    if asked.after:
+        return _waiting(settings, ids, asked, held)
     if held:
         return _admitted(settings, ids, priority)
     try:
@@ -593,10 +609,10 @@ def submit_jobs(settings: Settings, kind: str, params: Sequence[Raw], device: st
 def submit_request(settings: Settings, kind: str, params: Raw, device: str = "auto",
                    allow_offline: bool = False, idempotency_key: str | None = None,
                    owner: str | None = None, priority: Priority = Priority(),
-                   team: str | None = None) -> Submitted:
+                   team: str | None = None, after: Sequence[int] | None = None) -> Submitted:
     """Queue one job (`submit_jobs` with one): what happened to it."""
     [done] = submit_jobs(settings, kind, [params], device, allow_offline, idempotency_key, owner,
-                         priority, team)
+                         priority, team, after)
     return done
 
 

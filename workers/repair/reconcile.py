@@ -8,6 +8,8 @@ It runs in the schedule process every MXQ_RECONCILE_SECONDS (and once with `mxq 
 - a parent whose chunks have all finished but that was never closed is settled;
 - a device lease whose holder job is over or dead is freed;
 - a schedule fire whose tick died before it submitted its job gets its job;
+- a job waiting for others (`--after`) whose jobs all succeeded is released, and one whose job
+  failed, was cancelled or was removed fails (`mxq.workers.jobs.dependencies`);
 - an unreadable queue item is moved to the dead-letter list, and the unacknowledged message of a
   job that is over (its ack was lost with a broker connection) is dropped.
 Each pass reads every queue twice (`messages.look`: job ids picked out inside Redis, a page at a
@@ -33,7 +35,7 @@ from mxq.workers.broker.publish import republish, requeue
 from mxq.workers.broker.queues import CONTROL_QUEUE, all_pools
 from mxq.workers.broker.redis_client import client
 from mxq.workers.fleet import leases
-from mxq.workers.jobs import admit, preempt
+from mxq.workers.jobs import admit, dependencies, preempt
 from mxq.workers.schedules.fires import submit_fire
 from mxq.workers.settings import Settings
 
@@ -61,6 +63,8 @@ class Report:
     stalled: list[int] = field(default_factory=list)  # failed: no progress for MXQ_STALL_SECONDS
     cancels_enforced: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
+    after_released: list[int] = field(default_factory=list)  # their --after jobs all succeeded
+    after_failed: list[int] = field(default_factory=list)  # one of their --after jobs did not
     preemptions_asked: list[tuple[int, int]] = field(default_factory=list)  # (asked, for)
 
     def empty(self) -> bool:
@@ -230,6 +234,8 @@ def reconcile(settings: Settings) -> Report:
     _free_leases(settings, report)
     _resubmit_fires(settings, report)
     _end_stuck(settings, report)
+    settled = dependencies.settle(settings)  # before admission: a wait that ends joins its turn
+    report.after_released, report.after_failed = settled.released, settled.failed
     report.admitted = admit.admit(settings)  # held jobs their owners' quotas and shares allow now
     report.preemptions_asked = preempt.ask(settings)  # for the jobs that still wait
     if not report.empty():
