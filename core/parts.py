@@ -78,8 +78,21 @@ def settle(kind: str, parts: Sequence[Part], now: datetime) -> dict[str, Any]:
         elif (output := shared_output(parts)) is not None:
             files = (parts[0].result or {}).get("output_files")  # a model's several outputs'
             values.update(result={"output": output, "chunks": len(parts),
-                                  **({"output_files": files} if files else {})})
+                                  **({"output_files": files} if files else {}),
+                                  **{key: said for key in LINEAGE
+                                     if (said := _agreed(parts, key)) is not None}})
     return values
+
+
+# What produced a chunked inference's output, as its chunks' results say it (its lineage).
+LINEAGE = ("engine", "precision", "mxq_version")
+
+
+def _agreed(parts: Sequence[Part], key: str) -> str | None:
+    """What every part's result says under `key`; the values, comma-separated, where parts
+    differ (chunks on two kinds of device may have run two engines)."""
+    said = sorted({str(v) for p in parts if (v := (p.result or {}).get(key)) is not None})
+    return ",".join(said) or None
 
 
 def shared_output(parts: Sequence[Part]) -> str | None:

@@ -17,6 +17,8 @@ batch only the job holding that sample fails.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 import math
 import time
@@ -188,8 +190,14 @@ def infer(job: JobContext) -> Outcome | FanOut:
         "input": str(source.path), "range": [start, stop],
         "resumed_from": begin if begin > start else None, "batch_size": p.batch_size,
         "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
-        **({"output_files": out.files} if out.files else {}),
+        **({"output_files": out.files} if out.files else {}), "mxq_version": mxq_version(),
     })
+
+
+@functools.cache
+def mxq_version() -> str:
+    """The installed mxq's version, which a job's lineage records (`prediction_lineage`)."""
+    return importlib.metadata.version("mxq")
 
 
 def _top_k_bound(model: ModelRecord) -> int:
