@@ -18,6 +18,7 @@ from pydantic import SecretStr
 
 from mxq.api import routes
 from mxq.api.app import app
+from mxq.db.records import DeliveryRecord
 from mxq.db.schema import utcnow
 from mxq.db.webhooks import outbox
 from mxq.workers.settings import Settings
@@ -53,7 +54,7 @@ def _probe(stack: Stack) -> int:
     return int(job["id"])
 
 
-def _of(stack: Stack, hook_id: int, job_id: int) -> list[dict]:
+def _of(stack: Stack, hook_id: int, job_id: int) -> list[DeliveryRecord]:
     return [d for d in outbox.list_deliveries(stack.settings.database, hook_id, limit=10_000)
             if d["payload"]["job"]["id"] == job_id]
 

@@ -6,13 +6,15 @@ refuses a host it does not list, and a private address it does not name."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from mxq.db import jobs, registry
 from mxq.db.engine import session_scope
+from mxq.db.schema import as_utc, utcnow
 from mxq.db.webhooks import endpoints, outbox
+from mxq.errors import UserError
 from mxq.workers.settings import Settings
 from mxq.workers.webhooks import sender, targets
 from tests.conftest import Stack
@@ -76,7 +78,7 @@ def test_retries_double_until_a_day_is_over_then_give_up(isolated: Stack, receiv
     _hook(s, receiver, "/down", ["job.failed"])
     jobs.fail(s.database, _job(s), "boom")
     [row] = outbox.list_deliveries(s.database)
-    now = outbox.utcnow()
+    now = utcnow()
     waits = []
     while True:
         assert sender.send_due(s, now, wait=True) == 1
@@ -85,7 +87,7 @@ def test_retries_double_until_a_day_is_over_then_give_up(isolated: Stack, receiv
             break
         assert row["last_code"] == 500 and row["last_error"] == "answered 500"
         assert sender.send_due(s, now + timedelta(seconds=1), wait=True) == 0  # not due yet
-        later = outbox.as_utc(outbox.datetime.fromisoformat(str(row["next_attempt_at"])))
+        later = as_utc(datetime.fromisoformat(str(row["next_attempt_at"])))
         waits.append((later - now).total_seconds())
         now = later
     assert row["status"] == "gave_up"
@@ -99,7 +101,7 @@ def test_two_senders_never_make_the_same_attempt(isolated: Stack, receiver: Rece
     s = _settings(isolated)
     _hook(s, receiver, "/ok", ["job.failed"])
     jobs.fail(s.database, _job(s), "boom")
-    now = outbox.utcnow()
+    now = utcnow()
     first = outbox.claim_due(s.database, now, 10)
     assert [c.attempt for c in first] == [1]
     assert outbox.claim_due(s.database, now, 10) == []  # claimed: leased past its send
@@ -124,6 +126,6 @@ def test_the_allowlist_refuses_unlisted_hosts_and_unnamed_private_addresses(isol
                         "http://localhost:9/hook", ["job.failed"], "admin")
     with pytest.raises(targets.HookRefused, match="must not hold credentials"):
         sender.add_hook(_settings(isolated), "http://u:p@127.0.0.1/", ["job.failed"], "admin")
-    with pytest.raises(outbox.UserError, match="unknown webhook event"):
+    with pytest.raises(UserError, match="unknown webhook event"):
         sender.add_hook(_settings(isolated), url, ["job.done"], "admin")
     assert endpoints.list_hooks(s.database) == []
