@@ -38,13 +38,6 @@ def list_hooks(_: Admin, s: Settings = Depends(settings)) -> Any:
     return endpoints.list_hooks(s.database)
 
 
-@router.delete("/hooks/{hook_id}", status_code=204, responses=problems(404, *WRITE_ERRORS))
-def delete_hook(hook_id: HookId, _: Admin, s: Settings = Depends(settings)) -> Response:
-    """Forget an endpoint, its secret and its deliveries (admins only)."""
-    endpoints.remove_hook(s.database, hook_id)
-    return Response(status_code=204)
-
-
 @router.get("/hooks/deliveries", response_model=list[DeliveryRecord], responses=problems())
 def list_deliveries(_: Admin, s: Settings = Depends(settings),
                     hook_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
@@ -59,3 +52,12 @@ def list_deliveries(_: Admin, s: Settings = Depends(settings),
 def redeliver(delivery_id: DeliveryId, _: Admin, s: Settings = Depends(settings)) -> Any:
     """Send a delivery again now, with the same delivery id (admins only)."""
     return outbox.redeliver(s.database, delivery_id)
+
+
+# After the deliveries' routes, and only for a number (`:int`): `/hooks/deliveries` with another
+# method is answered 405 with their methods (Allow: GET), never taken for an endpoint's id.
+@router.delete("/hooks/{hook_id:int}", status_code=204, responses=problems(404, *WRITE_ERRORS))
+def delete_hook(hook_id: HookId, _: Admin, s: Settings = Depends(settings)) -> Response:
+    """Forget an endpoint, its secret and its deliveries (admins only)."""
+    endpoints.remove_hook(s.database, hook_id)
+    return Response(status_code=204)
