@@ -16,8 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
 from mxq.db.records import (
+    HOOK_EVENTS,
     ArchRecord,
+    DeliveryRecord,
     FireRecord,
+    HookCreated,
+    HookRecord,
     JobRecord,
     LogPage,
     ModelRecord,
@@ -224,6 +228,23 @@ class ArchRequest(JsonBody):
         "[1, 8, 8].")
 
 
+HookEvent = Literal["job.finished", "job.failed", "version.registered", "version.promoted",
+                   "schedule.fire_failed", "device.out"]
+assert get_args(HookEvent) == HOOK_EVENTS  # one list of events: mxq.db.records.HOOK_EVENTS
+
+
+class HookRequest(JsonBody):
+    """A webhook endpoint to add (`mxq hooks add`): its URL's host must be in
+    MXQ_HOOK_ALLOWED_HOSTS, its addresses public unless that setting names them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=8, max_length=2000, pattern=r"^https?://[^\x00\s]+$",
+                     description="https://HOST[:PORT]/PATH (or http://) the events are POSTed to.")
+    events: list[HookEvent] = Field(min_length=1, max_length=len(HOOK_EVENTS),
+                                    description="The events it gets.")
+
+
 class Problem(BaseModel):
     """Every error answer (RFC 9457, `application/problem+json`): `detail` is the one-line
     message naming what, which value and what is allowed."""
@@ -301,4 +322,5 @@ __all__ = ["ArchRecord", "ArchRequest", "CancelAnswer", "DeviceRecord", "FireRec
            "JobRequest", "LogPage",
            "QueueEntry",
            "ModelRecord", "PredictionPage", "PredictionRow", "Problem", "PromoteRequest", "ScheduleDetail",
-           "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer"]
+           "ScheduleRecord", "ScheduleRequest", "SINCE_AGE_PATTERN", "Status", "SubmitAnswer",
+           "DeliveryRecord", "HookCreated", "HookRecord", "HookRequest"]

@@ -13,6 +13,7 @@ import typer
 from mxq.cli import archs as archs_cli
 from mxq.cli import demo as demo_cli
 from mxq.cli import gc as gc_cli
+from mxq.cli import hooks as hooks_cli
 from mxq.cli import logs as logs_cli
 from mxq.cli import models as models_cli
 from mxq.cli import render
@@ -61,6 +62,7 @@ app.add_typer(schedule_cli.app, name="schedule")
 app.add_typer(users_cli.app, name="users")
 app.add_typer(teams_cli.app, name="teams")
 app.add_typer(archs_cli.app, name="arch")
+app.add_typer(hooks_cli.app, name="hooks")
 
 
 def _print_version(asked: bool) -> None:

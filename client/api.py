@@ -235,6 +235,29 @@ class Client:
         """One schedule and its fires (an inference fire's `jobs`: one per file it scored)."""
         return dict(self.request("GET", f"/schedules/{name}"))
 
+    def add_hook(self, url: str, events: list[str]) -> dict[str, Any]:
+        """Add a webhook endpoint for `events` (`mxq hooks add`; the token must be an admin's):
+        the answer's `secret` signs its deliveries and is not shown again."""
+        return dict(self.request("POST", "/hooks", json={"url": url, "events": list(events)}))
+
+    def hooks(self) -> list[dict[str, Any]]:
+        """Every webhook endpoint (`mxq hooks ls`), without secrets."""
+        return list(self.request("GET", "/hooks"))
+
+    def remove_hook(self, hook_id: int) -> None:
+        """Forget a webhook endpoint and its deliveries (`mxq hooks rm`)."""
+        self.request("DELETE", f"/hooks/{hook_id}")
+
+    def deliveries(self, hook_id: int | None = None, status: str | None = None,
+                   limit: int = 100) -> list[dict[str, Any]]:
+        """Webhook deliveries, newest first (`mxq hooks deliveries`)."""
+        query = {k: v for k, v in {"hook_id": hook_id, "status": status}.items() if v is not None}
+        return list(self.request("GET", "/hooks/deliveries", params={**query, "limit": limit}))
+
+    def redeliver(self, delivery_id: str) -> dict[str, Any]:
+        """Send a webhook delivery again now, with the same delivery id (`mxq hooks redeliver`)."""
+        return dict(self.request("POST", f"/hooks/deliveries/{delivery_id}/redeliver"))
+
     def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
               **options: Any) -> Job:
         return self.submit("probe", wait, idempotency_key, device=device, **options)

@@ -12,6 +12,7 @@ from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import Health, WorkerRecord
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, WorkerBeat, as_utc, iso, utcnow
+from mxq.db.webhooks import outbox
 from mxq.device import Device
 from mxq.engines import RUNTIMES
 from mxq.status import JobStatus
@@ -67,6 +68,10 @@ def refuse(url: str, name: str, reason: str) -> None:
             since = info.get("refused_at") if info.get("refused") else None
             row.last_seen, row.current_job = None, None
             row.info = {**info, "refused": reason, "refused_at": since or iso(utcnow())}
+            if since is None:  # out now, not a refusal again of a device out already
+                outbox.emit(session, "device.out", {"device": {
+                    "worker": name, "node": row.node, "device": row.device, "reason": reason,
+                    "since": row.info["refused_at"]}})
 
 
 def health(alive: bool, info: Mapping[str, Any] | None) -> tuple[Health, str | None, str | None]:

@@ -41,6 +41,7 @@ from mxq.db.outputs.epochs import merge_parts
 from mxq.db.records import JobRoute, JobRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobMetric, as_utc, utcnow
+from mxq.db.webhooks.outbox import job_ended
 from mxq.errors import Conflict
 from mxq.priorities import Priority
 from mxq.status import FINISHED, JobStatus
@@ -270,11 +271,14 @@ def _fail_exhausted(session: Session, job_id: int, cutoff: datetime, max_attempt
         return False
     message = exhausted_message(job.attempts - job.preemptions - job.device_faults, max_attempts,
                                 job.worker)
-    return bool(rowcount(session.execute(
+    failed = bool(rowcount(session.execute(
         update(Job)
         .where(Job.id == job_id, charged() >= max_attempts, claimable(cutoff))
         .values(status=JobStatus.FAILED, finished_at=utcnow(), error=message, heartbeat_at=None)
     )))
+    if failed:
+        job_ended(session, [job_id])
+    return failed
 
 
 @db_retry
@@ -334,6 +338,7 @@ def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]
             session.execute(update(table).where(table.c.id == bindparam("job_id"),
                                                 table.c.worker == at.worker,
                                                 table.c.status == JobStatus.RUNNING), done)
+            job_ended(session, [d["job_id"] for d in done])
         return ours
 
 
@@ -374,6 +379,7 @@ def end_stuck(url: str, job_id: int, status: JobStatus, reason: str) -> bool:
             .values(status=status, finished_at=utcnow(), heartbeat_at=None, error=reason)))
         if ended:
             events.add(session, job_id, events.STALLED, reason)
+            job_ended(session, [job_id])
     if ended:
         events.logged(job_id, events.STALLED, reason)
     return bool(ended)
@@ -428,9 +434,12 @@ def next_metric_step(url: str, job_id: int) -> int:
 def succeed(url: str, fence: Fence, samples: int, seconds: float, result: dict[str, Any]) -> bool:
     """The attempt's job succeeded (False: the job is no longer this attempt's)."""
     with session_scope(url) as session:
-        return bool(rowcount(session.execute(
+        done = bool(rowcount(session.execute(
             update(Job).where(*fence.holds()).values(**_succeeded(samples, seconds, result, utcnow()))
         )))
+        if done:
+            job_ended(session, [fence.job_id])
+        return done
 
 
 @db_retry
@@ -444,10 +453,13 @@ def fail(url: str, job_id: int, error: str, worker: str | None = None,
     elif worker is not None:
         cond.append(Job.worker == worker)
     with session_scope(url) as session:
-        return bool(rowcount(session.execute(
+        failed = bool(rowcount(session.execute(
             update(Job).where(*cond)
             .values(status=JobStatus.FAILED, finished_at=utcnow(), error=error, heartbeat_at=None)
         )))
+        if failed:
+            job_ended(session, [job_id])
+        return failed
 
 
 @db_retry
@@ -563,6 +575,8 @@ def settle_parent(url: str, parent_id: int, why: str | None = None) -> bool:
         settled = rowcount(session.execute(update(Job).where(Job.id == parent_id,
                                                              Job.status == JobStatus.RUNNING)
                                            .values(**values)))
+        if settled:
+            job_ended(session, [parent_id])
         if settled and why is not None:
             events.add(session, parent_id, events.SETTLED, why)
     if settled and why is not None:

@@ -344,3 +344,38 @@ class ScheduleDetail(ScheduleRecord):
     """A schedule and its fires (`mxq schedule show --json`, `GET /api/v1/schedules/NAME`)."""
 
     fires: list[FireRecord]
+
+
+# Webhooks (migration 0033): an endpoint as mxq shows it (never its secret, which only the
+# answer to its creation carries, once), and one delivery of an event to it.
+HOOK_EVENTS = ("job.finished", "job.failed", "version.registered", "version.promoted",
+               "schedule.fire_failed", "device.out")
+DELIVERY_STATUSES = ("pending", "delivered", "failed", "gave_up")
+
+
+class HookRecord(TypedDict):
+    id: int
+    url: str
+    events: list[str]
+    owner: str | None
+    enabled: bool
+    created_at: str | None
+
+
+class HookCreated(HookRecord):
+    secret: str  # shown once: what the receiver checks signatures with
+
+
+class DeliveryRecord(TypedDict):
+    id: str  # the delivery id the receiver sees (X-Mxq-Delivery), the same on every attempt
+    hook_id: int
+    event: str
+    status: str  # pending | delivered | failed (retried at next_attempt_at) | gave_up
+    attempts: int
+    last_code: int | None
+    last_error: str | None
+    created_at: str | None
+    next_attempt_at: str | None
+    expires_at: str | None
+    delivered_at: str | None
+    payload: dict[str, Any]

@@ -16,6 +16,7 @@ from mxq.db.fence import Fence, Superseded, still_ours
 from mxq.db.records import ArchRecord, Head, ModelRecord
 from mxq.db.schema import Arch, Job, Model, iso
 from mxq.db.sharing.teams import check_team, rights_of
+from mxq.db.webhooks import outbox
 from mxq.errors import Conflict, Forbidden, NotFound
 from mxq.preprocess import Preprocess
 
@@ -131,6 +132,7 @@ def add_model(url: str, record: dict[str, Any], fence: Fence | None = None) -> M
             model = Model(**record)
             session.add(model)
             session.flush()
+            outbox.emit(session, "version.registered", {"model": _version_data(model)})
             return model_record(model)
     except IntegrityError:
         raise ModelConflict(f"model {record['name']} version {record['version']} was added "
@@ -173,8 +175,21 @@ def promote(url: str, name: str, version: int) -> ModelRecord:
     the API's route, a schedule's fire by its owner's rights)."""
     resolve(url, name, version)  # raises with the versions that exist
     with session_scope(url) as session:
+        before = list(session.scalars(select(Model.version).where(Model.name == name, Model.promoted)))
         session.execute(update(Model).where(Model.name == name).values(promoted=Model.version == version))
+        if before != [version]:  # a promotion, not the promoted version named again
+            model = session.scalars(select(Model).where(Model.name == name,
+                                                        Model.version == version)).one()
+            outbox.emit(session, "version.promoted",
+                        {"model": _version_data(model), "previous_version": max(before, default=None)})
     return resolve(url, name, version)
+
+
+def _version_data(m: Model) -> dict[str, Any]:
+    """What a version event says of the version."""
+    return {"name": m.name, "version": m.version, "arch": m.arch, "source": m.source,
+            "outputs": m.outputs, "classes": m.classes, "metrics": m.metrics, "owner": m.owner,
+            "team": m.team, "created_at": iso(m.created_at)}
 
 
 def _locked(session: Session, name: str, version: int) -> Model:

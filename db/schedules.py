@@ -17,6 +17,7 @@ from mxq.db.records import DueSchedule, FirePolicy, FireRecord, ScheduleDetail, 
 from mxq.db.registry import list_models, ownership, promote
 from mxq.db.schema import Fire, Job, Schedule, ScoredInput, as_utc, iso
 from mxq.db.sharing.teams import rights_of
+from mxq.db.webhooks import outbox
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
 from mxq.status import FINISHED
@@ -204,9 +205,17 @@ def rescore_version_of(url: str, fire_id: int) -> int | None:
 
 
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:
-    """Set the fire's dataset file, job id, error or promotion decision."""
+    """Set the fire's dataset file, job id, error or promotion decision; an error (not a skip)
+    is a `schedule.fire_failed` webhook event, in the same transaction."""
     with session_scope(url) as session:
         session.execute(update(Fire).where(Fire.id == fire_id).values(**values))
+        error = values.get("error")
+        if error and not str(error).startswith(SKIPPED):
+            fire = session.get_one(Fire, fire_id)
+            outbox.emit(session, "schedule.fire_failed", {"fire": {
+                "id": fire.id, "schedule": fire.schedule_name, "fire_time": iso(fire.fire_time),
+                "manual": fire.manual, "job_id": fire.job_id, "error": fire.error,
+                "owner": fire.owner}})
 
 
 def fires(url: str, name: str) -> list[FireRecord]:

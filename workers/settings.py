@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 import socket
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -89,6 +91,9 @@ DEFAULT_BROKER_TIMEOUT_SECONDS = 5.0
 # retries included: 3 tries of 15 s each. A frozen S3 server must not hang a submit or a job for
 # minutes (60 s and 6 tries measured 6 minutes for a submit); a shorter bound fails sooner.
 DEFAULT_S3_TIMEOUT_SECONDS = 45.0
+# A webhook's POST gives up when a phase (connect, send, each read of the answer) takes longer:
+# a slow or hung endpoint holds one of the sender's threads this long, never a job or a request.
+DEFAULT_HOOK_TIMEOUT_SECONDS = 10.0
 
 # Upper bounds of the numeric settings: each far above any sensible value, so only a typo or a
 # hostile value (inf, 1e308, a 400-digit count) meets them, before any timer or sum overflows.
@@ -205,6 +210,16 @@ class Settings(BaseSettings):
         description="Longest each object-store call waits, its retries included (up to 3 tries "
         "of a third of it each, at most 5 s of each to connect); past it the call fails: a 503 "
         "from the API, exit 2 from the CLI, a retry of the job.")
+    hook_allowed_hosts: str | None = Field(
+        None, description="Hosts webhook endpoints may be at (comma-separated: `hooks.example.com`, "
+        "`*.example.com` for its subdomains, an IP address or network such as `10.0.0.0/8`); unset "
+        "or empty = no webhook may be added or sent. A name must resolve to public addresses only, "
+        "unless an address or network listed here holds each of its addresses: private, loopback "
+        "and link-local addresses are reached only when named so.")
+    hook_timeout_seconds: float = Field(
+        DEFAULT_HOOK_TIMEOUT_SECONDS, gt=0, le=300,
+        description="Longest a webhook delivery waits to connect, to send, and for each read of "
+        "the answer; past it the attempt failed and is retried later.")
     stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, le=30 * DAY, description="A running job that "
                                  "reports no progress this long is failed by the reconciler.")
     cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, le=DAY, description="A running "
@@ -310,6 +325,17 @@ class Settings(BaseSettings):
             except UserError as e:
                 raise ValueError(f"MXQ_S3_ALLOWED: {e}") from None
         return value
+
+    @field_validator("hook_allowed_hosts")
+    @classmethod
+    def _hook_allowed_hosts_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            HookAllowlist.parse(value)
+        return value
+
+    @property
+    def hook_allowlist(self) -> HookAllowlist:
+        return HookAllowlist.parse(self.hook_allowed_hosts)
 
     @field_validator("s3_model_store")
     @classmethod
@@ -505,6 +531,56 @@ def redis_socket_path(home: Path) -> Path:
     shorts = [Path(r) / name / "redis.sock" for r in roots if r and Path(r).is_absolute()]
     fitting = [p for p in shorts if len(os.fsencode(p)) <= MAX_SOCKET_PATH]
     return fitting[0] if fitting else min([own, *shorts], key=lambda p: len(os.fsencode(p)))
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class HookAllowlist:
+    """MXQ_HOOK_ALLOWED_HOSTS parsed: host names, `*.domain` (its subdomains), and addresses or
+    networks, which alone open private, loopback and link-local addresses to webhooks."""
+
+    names: frozenset[str] = frozenset()
+    domains: tuple[str, ...] = ()  # `.example.com` for `*.example.com`
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, value: str | None) -> HookAllowlist:
+        names, domains, networks = set(), [], []
+        for entry in (e.strip().lower().rstrip(".") for e in (value or "").split(",")):
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            label = entry.removeprefix("*.")
+            if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", label):
+                raise ValueError(f"MXQ_HOOK_ALLOWED_HOSTS: {entry!r} is not a host name, `*.domain`, "
+                                 "an IP address or a network")
+            if entry.startswith("*."):
+                domains.append(f".{label}")
+            else:
+                names.add(label)
+        return cls(frozenset(names), tuple(domains), tuple(networks))
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.domains or self.networks)
+
+    def names_host(self, host: str) -> bool:
+        """The URL's host is listed: by name, under a listed domain, or as an address in a
+        listed network."""
+        host = host.lower().rstrip(".")
+        try:
+            return self.holds(ipaddress.ip_address(host.strip("[]")))
+        except ValueError:
+            return host in self.names or any(host.endswith(d) for d in self.domains)
+
+    def holds(self, address: IPAddress) -> bool:
+        return any(address in n for n in self.networks if n.version == address.version)
 
 
 def allowed(field: str) -> str | None:

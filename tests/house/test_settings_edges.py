@@ -76,7 +76,8 @@ def test_no_job_body_reads_the_process_settings() -> None:
 WORKERS_EDGES = {
     "workers/broker/app.py": {"<module>"},  # the process-wide app's config, read when first used
     "workers/fleet/heartbeat.py": {"start"},  # worker_ready
-    "workers/control.py": {"tick_task", "reconcile_task", "retention_task", "fire_task"},  # its tasks
+    "workers/control.py": {"tick_task", "reconcile_task", "retention_task", "fire_task",
+                           "hooks_task"},  # its tasks
     "workers/jobs/jobspecs.py": {"_at_most", "_within_budget"},  # no limits in the context
 }
 

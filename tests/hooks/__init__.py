@@ -1,0 +1,1 @@
+"""Signed webhooks: the outbox in SQL, the sender, the allowlist, a real receiver."""

@@ -1,0 +1,86 @@
+"""A webhook receiver for the tests: a real HTTP server on 127.0.0.1 in a thread, which checks
+each delivery's signature as docs/webhooks.md tells a receiver to, and answers by path:
+`/ok` 200, `/flaky` 500 then 200, `/down` 500, `/redirect` a 302 to another host, `/hang` nothing for 30 s."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from mxq.workers.webhooks import signing
+
+
+@dataclass
+class Received:
+    path: str
+    delivery: str
+    event: str
+    body: bytes
+    timestamp: str
+    signature: str
+
+
+@dataclass
+class Receiver:
+    port: int
+    secrets: dict[str, str] = field(default_factory=dict)  # path -> the endpoint's secret
+    got: list[Received] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def on(self, path: str) -> list[Received]:
+        with self.lock:
+            return [r for r in self.got if r.path == path]
+
+    def verified(self, r: Received) -> bool:
+        return signing.verify(self.secrets[r.path], r.delivery, r.timestamp, r.body, r.signature,
+                              time.time())
+
+
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    box: dict[str, Any] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server's name
+            receiver: Receiver = box["r"]
+            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with receiver.lock:
+                receiver.got.append(Received(self.path, self.headers[signing.DELIVERY],
+                                             self.headers[signing.EVENT], raw,
+                                             self.headers[signing.TIMESTAMP],
+                                             self.headers[signing.SIGNATURE]))
+                seen = len([r for r in receiver.got if r.path == self.path])
+            if self.path == "/hang":
+                receiver.stop.wait(30)
+            if self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", "http://example.org/elsewhere")
+            else:
+                self.send_response(500 if self.path == "/down" or (self.path == "/flaky" and seen == 1)
+                                   else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    box["r"] = receiver = Receiver(server.server_address[1])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop.set()
+        server.shutdown()
+        server.server_close()

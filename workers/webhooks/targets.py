@@ -1,0 +1,102 @@
+"""Which webhook endpoints may be reached: a URL's host must be listed in
+MXQ_HOOK_ALLOWED_HOSTS, and every address its name resolves to must be public, unless an
+address or network listed there holds it (private, loopback, link-local and reserved addresses
+are reached only when named so). Checked when an endpoint is added and again at every send (a
+name's addresses may change); the sender connects to the very address it checked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from mxq.errors import UserError
+from mxq.workers.settings import HookAllowlist, IPAddress
+
+SCHEMES = ("https", "http")
+MAX_URL = 2000
+
+
+class HookRefused(UserError):
+    """The endpoint is not one mxq may reach (its scheme, its host, the addresses it resolves to)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A webhook URL, parsed and checked against the allowlist (its addresses not yet)."""
+
+    scheme: str
+    host: str
+    port: int
+    target: str  # the path and query, as sent
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        return name if self.port == default else f"{name}:{self.port}"
+
+    def at(self, address: IPAddress) -> str:
+        """The URL with the checked address in place of the name: what the sender connects to
+        (the name goes in the Host header and, for https, the TLS server name)."""
+        literal = f"[{address}]" if address.version == 6 else str(address)
+        return f"{self.scheme}://{literal}:{self.port}{self.target}"
+
+
+def endpoint(url: str, allowlist: HookAllowlist) -> Endpoint:
+    """`url` parsed, its host checked against MXQ_HOOK_ALLOWED_HOSTS."""
+    if len(url) > MAX_URL:
+        raise HookRefused(f"a webhook URL is at most {MAX_URL} characters")
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES or not parts.hostname:
+        raise HookRefused(f"a webhook URL is https://HOST[:PORT]/PATH or http://…, not {url[:80]!r}")
+    if parts.username or parts.password:
+        raise HookRefused("a webhook URL must not hold credentials: its deliveries are signed")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise HookRefused(f"a webhook URL's port is a number from 1 to 65535: {url[:80]!r}") from None
+    if not allowlist:
+        raise HookRefused("no webhook host is allowed: MXQ_HOOK_ALLOWED_HOSTS is unset; set it to "
+                          "the hosts (or *.domain) your endpoints are at")
+    if not allowlist.names_host(parts.hostname):
+        raise HookRefused(f"host {parts.hostname} is not in MXQ_HOOK_ALLOWED_HOSTS")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Endpoint(parts.scheme, parts.hostname, port, target)
+
+
+def _reachable(address: IPAddress, allowlist: HookAllowlist) -> bool:
+    """A public unicast address, or one a listed address or network holds."""
+    return allowlist.holds(address) or (address.is_global and not address.is_multicast)
+
+
+def resolve(point: Endpoint, allowlist: HookAllowlist) -> IPAddress:
+    """The address to connect to: the first the host resolves to, once every one of them passed
+    (a name with one private address among public ones is refused whole)."""
+    try:
+        infos = socket.getaddrinfo(point.host, point.port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise HookRefused(f"cannot resolve webhook host {point.host}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+    addresses = list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
+    for address in addresses:
+        if not _reachable(address, allowlist):
+            raise HookRefused(f"webhook host {point.host} resolves to {address}, a private, "
+                              "loopback or reserved address that MXQ_HOOK_ALLOWED_HOSTS does not "
+                              "name (list the address or its network to allow it)")
+    if not addresses:
+        raise HookRefused(f"webhook host {point.host} resolves to no address")
+    return addresses[0]
+
+
+def checked(url: str, allowlist: HookAllowlist) -> tuple[Endpoint, IPAddress]:
+    """Both checks: the host is listed, and its addresses may be reached."""
+    point = endpoint(url, allowlist)
+    return point, resolve(point, allowlist)
+
+
+def endpoint_host(url: str) -> str:
+    """The host of an endpoint's URL, what a log line names (never its path or query)."""
+    return urlsplit(url).hostname or "?"
