@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mxq.api.auth import scraper, settings
 from mxq.api.guard import RequestGuard
 from mxq.api.hooks import router as hooks_router
+from mxq.api.lineage import router as lineage_router
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router
 from mxq.api.session import router as session_router
@@ -202,6 +203,7 @@ def create_app() -> FastAPI:
                               "query the history, cancel.")
     app.include_router(router)
     app.include_router(hooks_router)
+    app.include_router(lineage_router)
     app.include_router(session_router)
     app.add_exception_handler(MxqError, _expected)
     for kind in DATABASE_UNAVAILABLE:

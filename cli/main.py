@@ -13,11 +13,9 @@ import typer
 from mxq.cli import archs as archs_cli
 from mxq.cli import demo as demo_cli
 from mxq.cli import gc as gc_cli
-from mxq.cli import hooks as hooks_cli
 from mxq.cli import logs as logs_cli
 from mxq.cli import models as models_cli
 from mxq.cli import render
-from mxq.cli import schedule as schedule_cli
 from mxq.cli import teams as teams_cli
 from mxq.cli import users as users_cli
 from mxq.cli.errors import EXIT_JOB_FAILED, EXIT_USAGE, describe, exit_code
@@ -40,6 +38,9 @@ from mxq.cli.options import (
     parse_variants,
     preprocess_fields,
 )
+from mxq.cli.pipelines import hooks as hooks_cli
+from mxq.cli.pipelines import lineage as lineage_cli
+from mxq.cli.pipelines import schedule as schedule_cli
 from mxq.cli.settings import get_settings
 from mxq.names import MAX_ID
 from mxq.priorities import Priority
@@ -85,6 +86,7 @@ app.command()(gc_cli.gc)
 app.command()(gc_cli.pin)
 app.command()(gc_cli.unpin)
 app.command()(logs_cli.logs)
+app.command()(lineage_cli.lineage)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 KeyOpt = Annotated[str | None, typer.Option(

@@ -235,6 +235,20 @@ class Client:
         """One schedule and its fires (an inference fire's `jobs`: one per file it scored)."""
         return dict(self.request("GET", f"/schedules/{name}"))
 
+    def unscored(self, schedule: str, version: int | None = None) -> dict[str, Any]:
+        """The files of an inference schedule's input whose bytes `version` (default: the one
+        it scores with now) has not scored (`mxq lineage --unscored`): {schedule, version, inputs}."""
+        query = {"version": version} if version is not None else {}
+        return dict(self.request("GET", f"/schedules/{schedule}/unscored", params=query))
+
+    def lineage(self, model: str | None = None, version: int | None = None,
+                output: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """What produced prediction sets (`mxq lineage --model`/`--output`): those `model`'s
+        `version` produced, or the one whose output is `output`; a job's own is `Job.lineage()`."""
+        query = {k: v for k, v in {"model": model, "version": version, "output": output}.items()
+                 if v is not None}
+        return list(self.request("GET", "/lineage", params={**query, "limit": limit}))
+
     def add_hook(self, url: str, events: list[str]) -> dict[str, Any]:
         """Add a webhook endpoint for `events` (`mxq hooks add`; the token must be an admin's):
         the answer's `secret` signs its deliveries and is not shown again."""
@@ -380,6 +394,12 @@ class Job:
             offset += len(page)
             if not len(page) or offset >= int(answer.headers.get("X-Total-Rows", offset)):
                 return np.concatenate(pages) if len(pages) > 1 else page
+
+    def lineage(self) -> dict[str, Any]:
+        """What produced this inference job's output (`mxq lineage JOB`): model, version,
+        variant, engine, the input's identity, the output's location, mxq's version, the
+        schedule fire that made it."""
+        return dict(self.client.request("GET", f"/jobs/{self.id}/lineage"))
 
     def logs(self, follow: bool = False) -> Iterator[dict[str, Any]]:
         """What the job printed, line by line (`seq`, `at`, `source`: worker, child or mxq,

@@ -379,3 +379,33 @@ class DeliveryRecord(TypedDict):
     expires_at: str | None
     delivered_at: str | None
     payload: dict[str, Any]
+
+
+class LineageRecord(TypedDict):
+    """What produced one inference job's output (`prediction_lineage`, `mxq lineage JOB`)."""
+
+    job_id: int
+    status: str
+    owner: str | None
+    team: str | None
+    model: str | None
+    model_version: int | None
+    variant: str | None  # the precision that served it: fp32, int8, fp16 (None until it ran)
+    engine: str | None  # mxnet or onnx
+    input: str | None  # the path or s3:// URL it read
+    input_identity: str | None  # what the input was at submit (size, mtime, inode; ETag)
+    input_bytes: str | None  # a schedule's fire: the bytes' size and SHA-256, or size and ETag
+    output_format: str | None  # db, npy, both or parquet
+    output: str | None  # where it went: `db`, a file, an s3:// URL
+    mxq_version: str | None
+    schedule: str | None  # the inference schedule whose fire submitted it
+    fire_id: int | None
+    submitted_at: str | None
+    finished_at: str | None
+
+
+class UnscoredInput(TypedDict):
+    """A file of an inference schedule's input whose bytes a version has not scored."""
+
+    location: str
+    size: int

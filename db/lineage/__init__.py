@@ -1,5 +1,6 @@
 """What produced what: the bytes each model version scored for an inference schedule, once
-(`scored.py`).
+(`scored.py`), and each prediction set's lineage read from the `prediction_lineage` view
+(`lineage.py`).
 
-Imports (of mxq): db.
+Imports (of mxq): core, db.
 """

@@ -101,3 +101,12 @@ def jobs_of_fire(url: str, fire_id: int) -> list[int]:
         made = session.scalars(select(ScoredInput.job_id).where(ScoredInput.fire_id == fire_id)
                                .order_by(ScoredInput.id))
         return [job_id for job_id in made if job_id is not None]
+
+
+def has(url: str, model: str, version: int, identity: str) -> bool:
+    """Whether `version` scored these bytes (their job made, or refused)."""
+    with session_scope(url) as session:
+        return bool(session.scalar(select(exists().where(
+            ScoredInput.model == model, ScoredInput.version == version,
+            ScoredInput.identity == identity,
+            or_(ScoredInput.job_id.is_not(None), ScoredInput.error.is_not(None))))))

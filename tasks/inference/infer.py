@@ -245,7 +245,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
         "batch_size_used": fit.size, "output": "db",
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
-        "batch_lead": job.id}, rows)
+        "batch_lead": job.id, "mxq_version": mxq_version()}, rows)
     if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
         jobs.finish_batch(job.url, {members[0].id: (samples, share, result)},
                           batching.lead_fence(job), job.at)

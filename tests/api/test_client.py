@@ -234,11 +234,20 @@ def test_predictions_follow_their_owner_and_team(workers: Stack, api: Api) -> No
             assert job.status == "succeeded" and job.record["team"] == team
         with Client(api.url, token=made["carol"]) as carol:
             assert len(carol.job(job.id).predictions("numpy")) == 30
+            line = carol.job(job.id).lineage()  # what produced it, read as its results are
+            assert (line["model"], line["model_version"], line["owner"]) == ("mlp64", 1, names["alice"])
+            assert line["input"].endswith("shared.npy") and line["output"] == "db"
+            assert line["engine"] == job.record["result"]["engine"] and line["variant"] == "fp32"
+            assert line["mxq_version"] and line["input_identity"].startswith("file ")
+            assert job.id in [r["job_id"] for r in carol.lineage(model="mlp64", version=1)]
         with Client(api.url, token=made["bob"]) as bob:
             seen = bob.job(job.id)
             assert seen.status == "succeeded" and seen.record["result"] is None
             with pytest.raises(Forbidden, match=names["alice"]):
                 seen.predictions("numpy")
+            with pytest.raises(Forbidden, match=names["alice"]):
+                seen.lineage()
+            assert job.id not in [r["job_id"] for r in bob.lineage(model="mlp64")]
         with Client(api.url) as anonymous, pytest.raises(Unauthorized) as refused:
             anonymous.jobs(limit=1)
         assert not isinstance(refused.value, Forbidden)

@@ -3,6 +3,7 @@ what a fire queues stays queued): each new file scored once per model version, b
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import uuid
@@ -180,3 +181,30 @@ def test_every_takes_a_duration_within_bounds(isolated: Stack) -> None:
                         "--every", "90m", "--json")
     assert proc.returncode == 0, proc.stderr
     assert '"cron": "@every 1h30m"' in proc.stdout
+
+
+def test_lineage_names_the_bytes_and_the_inputs_left_to_score(isolated: Stack) -> None:
+    _model(isolated, "lined")
+    inbox = isolated.home / "data" / "lined"
+    first = _drop(inbox, "a.npy", 1)
+    add_infer_schedule(isolated.settings, "lined-inbox", "@every 1m", "UTC", "lined/*.npy",
+                       {"model": "lined", "output": "npy"}, now=T0)
+    assert [i["location"] for i in isolated.mxq_json("lineage", "--unscored", "lined-inbox")[
+        "inputs"]] == [str(first)]
+    run_now(isolated.settings, "lined-inbox", T0)
+    (job_id,) = schedules.fires(isolated.settings.database, "lined-inbox")[0]["jobs"]
+    line = isolated.mxq_json("lineage", str(job_id))
+    data = first.read_bytes()
+    assert line["input_bytes"] == f"{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}"
+    assert (line["model"], line["model_version"], line["schedule"]) == ("lined", 1, "lined-inbox")
+    assert line["output_format"] == "npy" and line["status"] == "queued" and line["engine"] is None
+    assert [r["job_id"] for r in isolated.mxq_json("lineage", "--model", "lined:1")] == [job_id]
+    assert isolated.mxq_json("lineage", "--model", "lined:2") == []
+    assert isolated.mxq_json("lineage", "--unscored", "lined-inbox")["inputs"] == []
+    later = _drop(inbox, "b.npy", 2)
+    missing = isolated.mxq_json("lineage", "--unscored", "lined-inbox")
+    assert missing["version"] == 1 and [i["location"] for i in missing["inputs"]] == [str(later)]
+    for wrong, says in ((["999999"], "no lineage"), (["--model", "lined", "--output", "x"], "one of"),
+                        (["--unscored", "nosuch"], "unknown schedule")):
+        proc = isolated.mxq("lineage", *wrong)
+        assert proc.returncode != 0 and says in proc.stderr, proc.stderr

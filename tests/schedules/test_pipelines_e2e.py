@@ -5,6 +5,7 @@ mid-job, and a promotion re-scores the standing inputs at low priority."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from mxq.db.engine import session_scope
 from mxq.db.outputs import predictions
@@ -122,6 +123,35 @@ def test_new_files_scored_once_through_kills_and_rescored_on_promotion(workers: 
         _exactly_once(workers, new)
     fires = workers.mxq_json("schedule", "show", "pipe-score")["fires"]
     assert [f["rescore_version"] for f in fires if f["rescore_version"]] == [2]
+    _lineage_answers(workers, inbox, again)
+
+
+def _lineage_answers(stack: Stack, inbox: Path, scored: dict[str, list[JobRecord]]) -> None:
+    """The three questions, checked against the files: what produced this output, which
+    outputs came from version N, which inputs the promoted version has not scored."""
+    for name, jobs in scored.items():
+        for job in jobs:
+            line = stack.mxq_json("lineage", str(job["id"]))
+            data = (inbox / name).read_bytes()
+            assert line["input"] == str(inbox / name) and line["schedule"] == "pipe-score"
+            assert line["input_bytes"] == f"{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}"
+            assert line["model_version"] == job["params"]["model_version"] and line["output"] == "db"
+            assert line["variant"] and line["engine"] and line["mxq_version"]
+    for version in (1, 2):
+        made = {r["job_id"] for r in stack.mxq_json("lineage", "--model", f"pipe-e2e:{version}")}
+        assert made == {jobs[version - 1]["id"] for jobs in scored.values()}
+        with session_scope(stack.settings.database) as session:  # the view, as a BI tool reads it
+            viewed = set(session.scalars(text(
+                "SELECT job_id FROM prediction_lineage WHERE model = 'pipe-e2e' AND "
+                f"model_version = {version}")))
+        assert viewed == made
+    assert stack.mxq_json("lineage", "--unscored", "pipe-score")["inputs"] == []
+    late = inbox / "late.npy"
+    np.save(late, np.zeros((ROWS, 1), np.float32))
+    for asked in ((), ("--version", "1")):
+        missing = stack.mxq_json("lineage", "--unscored", "pipe-score", *asked)
+        assert [i["location"] for i in missing["inputs"]] == [str(late)]
+        assert missing["version"] == (int(asked[1]) if asked else 2)
 
 
 def _exactly_once(stack: Stack, job: JobRecord) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from mxq.db import schedules
 from mxq.db.lineage import scored
 from mxq.db.lineage.scored import Sighting
-from mxq.db.records import ScheduleRecord, StoredSchedule
+from mxq.db.records import ScheduleRecord, StoredSchedule, UnscoredInput
 from mxq.db.registry import resolve
 from mxq.db.schema import utcnow
 from mxq.db.sharing.teams import check_team
@@ -152,3 +152,24 @@ def add_infer_schedule(settings: Settings, name: str, cron: str, tz: str, source
         "promote": "never", "metric": "-", "min_gain": 0.0, "enabled": True, "kind": "infer",
         "rescore": rescore, "next_fire_at": next_after(cron, tz, now or utcnow()), "owner": owner,
         "team": team, "priority": priority.level, "preemptible": priority.preemptible})
+
+
+def unscored(settings: Settings, name: str, version: int | None = None) -> tuple[int, list[UnscoredInput]]:
+    """The files of inference schedule `name`'s input whose bytes `version` has not scored
+    (default: the version its fires score with now, the promoted one unless it pins one), as
+    its next fire would judge them; with that version."""
+    sched = schedules.get(settings.database, name)
+    if sched["kind"] != "infer":
+        raise ParamsError(f"schedule {name!r} retrains; unscored inputs are an inference "
+                          "schedule's (mxq schedule add NAME --infer MODEL --input GLOB)")
+    model = sched["spec"]["model"]
+    version = version or resolve(settings.database, model, sched["spec"].get("model_version"))["version"]
+    missing: list[UnscoredInput] = []
+    for found in every_file(settings, sched["dataset"]):
+        if found.mtime_ns is not None and scored.seen(settings.database, model, version,
+                                                      found.location, found.size, found.mtime_ns):
+            continue
+        sighting = sighting_of(found)
+        if sighting is None or not scored.has(settings.database, model, version, sighting.identity):
+            missing.append({"location": found.location, "size": found.size})
+    return version, missing

@@ -1,0 +1,67 @@
+"""`/api/v1` lineage: what produced a prediction set (`/jobs/{id}/lineage`), the sets a model's
+version produced or the job that wrote an output (`/lineage`), and the inputs of an inference
+schedule a version has not scored (`/schedules/{name}/unscored`). A job's lineage is its
+results': its owner, its team and admins read it; a list holds only the rows the caller may read."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from typing_extensions import TypedDict
+
+from mxq.api.auth import settings
+from mxq.api.routes import JobId, Name, Reader, problems
+from mxq.db import schedules
+from mxq.db.lineage import lineage
+from mxq.db.records import LineageRecord, UnscoredInput
+from mxq.names import MAX_ID
+from mxq.workers.jobs.jobspecs import ParamsError
+from mxq.workers.schedules.scoring import unscored
+from mxq.workers.settings import Settings
+
+router = APIRouter(prefix="/api/v1")
+
+
+class Unscored(TypedDict):
+    """The files of a schedule's input whose bytes `version` has not scored."""
+
+    schedule: str
+    version: int
+    inputs: list[UnscoredInput]
+
+
+@router.get("/jobs/{job_id}/lineage", response_model=LineageRecord, responses=problems(403, 404))
+def job_lineage(job_id: JobId, who: Reader, s: Settings = Depends(settings)) -> Any:
+    """What produced the inference job's output: model, version, variant, engine, the input's
+    identity, where the output went, mxq's version, the schedule fire that made it."""
+    record = lineage.of_job(s.database, job_id)
+    who.check_read(record["owner"], record["team"], f"the lineage of job {job_id}")
+    return record
+
+
+@router.get("/lineage", response_model=list[LineageRecord], responses=problems(422))
+def lineage_rows(who: Reader, model: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+                 version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+                 output: Annotated[str | None, Query(min_length=1, max_length=4096)] = None,
+                 limit: Annotated[int, Query(ge=1, le=lineage.MOST)] = 1000,
+                 s: Settings = Depends(settings)) -> Any:
+    """The prediction sets `model` (its `version`) produced, or the job that wrote `output`:
+    only those the caller may read."""
+    if (model is None) == (output is None) or (version is not None and model is None):
+        raise ParamsError("give model (and version) or output: one of them")
+    rows = (lineage.of_version(s.database, model, version, limit) if model is not None
+            else lineage.of_output(s.database, str(output)))
+    return [r for r in rows if who.may_read(r["owner"], r["team"])]
+
+
+@router.get("/schedules/{name}/unscored", response_model=Unscored, responses=problems(403, 404, 422))
+def unscored_inputs(name: Name, who: Reader,
+                    version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+                    s: Settings = Depends(settings)) -> Any:
+    """The files of the inference schedule's input whose bytes `version` (default: the one it
+    scores with now) has not scored; its owner, team and admins only (it lists their files)."""
+    sched = schedules.get(s.database, name)
+    who.check_read(sched["owner"], sched["team"], f"the inputs of schedule {name!r}")
+    scoring_version, files = unscored(s, name, version)
+    return {"schedule": name, "version": scoring_version, "inputs": files}

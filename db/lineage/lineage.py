@@ -1,0 +1,61 @@
+"""What produced each prediction set, read from the `prediction_lineage` view (migration 0034),
+which BI tools and `psql` read as well: one row per inference job with its model, version,
+variant, engine, input identity, output location and mxq's version."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import DateTime, Integer, String, column, select, table
+from sqlalchemy.sql.elements import ColumnElement
+
+from mxq.db.engine import session_scope
+from mxq.db.records import LineageRecord
+from mxq.db.schema import iso
+from mxq.errors import NotFound
+
+_TEXT = ("status", "owner", "team", "model", "variant", "engine", "input", "input_identity",
+         "input_bytes", "output_format", "output", "mxq_version", "schedule")
+VIEW = table("prediction_lineage", column("job_id", Integer), column("model_version", Integer),
+             column("fire_id", Integer), *(column(name, String) for name in _TEXT),
+             column("submitted_at", DateTime(timezone=True)),
+             column("finished_at", DateTime(timezone=True)))
+MOST = 10_000  # rows one read returns at most
+
+
+class NoLineage(NotFound):
+    """A job that is not an inference job's top level (a training, a chunk, an unknown id)."""
+
+
+def _record(row: Any) -> LineageRecord:
+    found = {**row._mapping, "submitted_at": iso(row.submitted_at),
+             "finished_at": iso(row.finished_at)}
+    return cast(LineageRecord, found)  # the view's columns are the record's keys
+
+
+def _rows(url: str, *where: ColumnElement[bool], limit: int = MOST) -> list[LineageRecord]:
+    with session_scope(url) as session:
+        q = select(VIEW).where(*where).order_by(VIEW.c.job_id).limit(min(limit, MOST))
+        return [_record(r) for r in session.execute(q)]
+
+
+def of_job(url: str, job_id: int) -> LineageRecord:
+    """What produced job `job_id`'s output."""
+    found = _rows(url, VIEW.c.job_id == job_id)
+    if not found:
+        raise NoLineage(f"job {job_id} has no lineage: lineage covers inference jobs (a chunked "
+                        "job's parent, not its chunks)")
+    return found[0]
+
+
+def of_version(url: str, model: str, version: int | None = None, limit: int = MOST) -> list[LineageRecord]:
+    """The prediction sets model `model`'s version `version` (every version: None) produced."""
+    where = [VIEW.c.model == model]
+    if version is not None:
+        where.append(VIEW.c.model_version == version)
+    return _rows(url, *where, limit=limit)
+
+
+def of_output(url: str, location: str) -> list[LineageRecord]:
+    """The job whose output is `location` (a file's path, an s3:// URL)."""
+    return _rows(url, VIEW.c.output == location.rstrip("/"))
