@@ -14,8 +14,9 @@ from mxq.api.auth import settings
 from mxq.api.routes import JobId, Name, Reader, problems
 from mxq.db import schedules
 from mxq.db.lineage import lineage
-from mxq.db.records import LineageRecord, UnscoredInput
+from mxq.db.records import LineageRecord, UnscoredInput, VersionScored
 from mxq.names import MAX_ID
+from mxq.users import Role
 from mxq.workers.jobs.jobspecs import ParamsError
 from mxq.workers.schedules.scoring import unscored
 from mxq.workers.settings import Settings
@@ -53,6 +54,13 @@ def lineage_rows(who: Reader, model: Annotated[str | None, Query(min_length=1, m
     rows = (lineage.of_version(s.database, model, version, limit) if model is not None
             else lineage.of_output(s.database, str(output)))
     return [r for r in rows if who.may_read(r["owner"], r["team"])]
+
+
+@router.get("/lineage/versions", response_model=list[VersionScored], responses=problems())
+def versions_scored(who: Reader, s: Settings = Depends(settings)) -> Any:
+    """Per model version, the prediction sets it produced and over how many inputs, counting the
+    jobs the caller may read (the dashboard's versions panel)."""
+    return lineage.versions_scored(s.database, None if who.role is Role.ADMIN else (who.name, who.teams))
 
 
 @router.get("/schedules/{name}/unscored", response_model=Unscored, responses=problems(403, 404, 422))

@@ -409,3 +409,14 @@ class UnscoredInput(TypedDict):
 
     location: str
     size: int
+
+
+class VersionScored(TypedDict):
+    """What one model version produced: its prediction sets, over how many distinct inputs
+    (by their bytes where a schedule scored them), how many succeeded."""
+
+    model: str
+    version: int
+    prediction_sets: int
+    inputs: int
+    succeeded: int

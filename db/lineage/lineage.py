@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import DateTime, Integer, String, column, select, table
+from sqlalchemy import DateTime, Integer, String, case, column, distinct, func, or_, select, table
 from sqlalchemy.sql.elements import ColumnElement
 
 from mxq.db.engine import session_scope
-from mxq.db.records import LineageRecord
+from mxq.db.records import LineageRecord, VersionScored
 from mxq.db.schema import iso
 from mxq.errors import NotFound
 
@@ -59,3 +59,22 @@ def of_version(url: str, model: str, version: int | None = None, limit: int = MO
 def of_output(url: str, location: str) -> list[LineageRecord]:
     """The job whose output is `location` (a file's path, an s3:// URL)."""
     return _rows(url, VIEW.c.output == location.rstrip("/"))
+
+
+def versions_scored(url: str, reader: tuple[str, frozenset[str]] | None = None) -> list[VersionScored]:
+    """Per model version, how many prediction sets it produced and over how many distinct
+    inputs (the dashboard's versions panel): of every job, or (`reader`: a user's name and
+    teams) only of those the user may read."""
+    where: list[ColumnElement[bool]] = []
+    if reader is not None:
+        name, teams = reader
+        where.append(or_(VIEW.c.owner == name, VIEW.c.team.in_(sorted(teams))))
+    inputs = func.count(distinct(func.coalesce(VIEW.c.input_bytes, VIEW.c.input)))
+    q = (select(VIEW.c.model, VIEW.c.model_version, func.count(), inputs,
+                func.sum(case((VIEW.c.status == "succeeded", 1), else_=0)))
+         .where(VIEW.c.model.is_not(None), *where)
+         .group_by(VIEW.c.model, VIEW.c.model_version).order_by(VIEW.c.model, VIEW.c.model_version))
+    with session_scope(url) as session:
+        return [{"model": str(m), "version": int(v or 0), "prediction_sets": int(n),
+                 "inputs": int(i), "succeeded": int(ok or 0)}
+                for m, v, n, i, ok in session.execute(q)]

@@ -118,3 +118,37 @@ def test_the_queue_view_orders_waiting_jobs_and_says_why(workers: Stack, api_url
     finally:
         for job_id in waiting:
             jobs.cancel(s.database, job_id)
+
+
+def test_the_dashboard_shows_schedules_versions_and_deliveries(workers: Stack, mlp: dict,
+                                                               api_url: str, tmp_path: Path) -> None:
+    """An inference schedule beside the retraining ones, mlp64's version with the prediction
+    set its fire made, and the webhook delivery that job's end wrote to the outbox."""
+    from mxq.db.webhooks import endpoints
+    from mxq.workers.schedules.fires import run_now
+    from mxq.workers.schedules.scoring import add_infer_schedule
+
+    s = workers.settings
+    hook = endpoints.add_hook(s.database, "https://hooks.example.com/dash", ["job.finished"], None)
+    inbox = workers.home / "data" / "dash-inbox"
+    inbox.mkdir(exist_ok=True)
+    np.save(inbox / "one.npy", np.ones((40, 64), np.float32))
+    add_infer_schedule(s, "dash-scores", "@every 1h", "UTC", "dash-inbox/*.npy", {"model": "mlp64"})
+    try:
+        run_now(s, "dash-scores")
+        (job_id,) = workers.mxq_json("schedule", "show", "dash-scores")["fires"][0]["jobs"]
+        assert workers.wait(job_id)["status"] == "succeeded"
+        dom = _chromium(["--dump-dom", api_url], tmp_path / "p").stdout
+        schedules = dom[dom.index('id="schedules-table"'):]
+        row = schedules[schedules.index('data-schedule="dash-scores"'):]
+        row = row[:row.index("</tr>")]
+        assert '<td class="kind">infer</td>' in row and "@every 1h" in row and "dash-inbox/*.npy" in row
+        versions = dom[dom.index('id="versions-table"'):]
+        row = versions[versions.index('data-version="mlp64:1"'):]
+        cell = row[row.index('class="sets">') + len('class="sets">'):]
+        assert int(cell[:cell.index("</td>")]) >= 1  # the session's other tests score mlp64 too
+        deliveries = dom[dom.index('id="deliveries-panel"'):]
+        assert deliveries.index("job.finished") < deliveries.index("</table>")
+    finally:
+        workers.mxq("schedule", "rm", "dash-scores")
+        endpoints.remove_hook(s.database, hook["id"])

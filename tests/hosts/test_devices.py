@@ -279,11 +279,12 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
     upgrade(f"sqlite:///{tmp_path / 'mxq.db'}")
     control = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=120)
-    tasks = "['mxq.fire', 'mxq.reconcile', 'mxq.retention', 'mxq.tick'] False"
+    tasks = "['mxq.fire', 'mxq.hooks', 'mxq.reconcile', 'mxq.retention', 'mxq.tick'] False"
     assert control.stdout.strip() == tasks, control.stderr
     device = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env={**env, "MXQ_DEVICE": "cpu:0"},
                             capture_output=True, text=True, timeout=120)
-    assert device.stdout.strip() == ("['mxq.arch', 'mxq.fire', 'mxq.infer', 'mxq.probe', 'mxq.reconcile', "
+    assert device.stdout.strip() == ("['mxq.arch', 'mxq.fire', 'mxq.hooks', 'mxq.infer', 'mxq.probe', "
+                                     "'mxq.reconcile', "
                                      "'mxq.register', 'mxq.retention', 'mxq.tick', 'mxq.train'] "
                                      "True"), device.stderr
 

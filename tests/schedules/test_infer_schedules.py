@@ -18,8 +18,11 @@ from mxq.db.lineage import scored
 from mxq.db.reports.history import require_job
 from mxq.errors import MxqError
 from mxq.workers.jobs.submit import submit_request
+from mxq.workers.schedules import scoring
 from mxq.workers.schedules.fires import run_now, tick
 from mxq.workers.schedules.scoring import add_infer_schedule
+from mxq.workers.schedules.sources import Found
+from mxq.workers.settings import Settings
 from tests.conftest import Stack
 from tests.support.s3 import S3Server
 from tests.support.schedules import T0
@@ -56,14 +59,24 @@ def test_each_new_file_is_scored_once_by_its_bytes(isolated: Stack) -> None:
     assert added["kind"] == "infer" and added["next_fire_at"] == (T0 + timedelta(minutes=1)).isoformat()
     assert tick(isolated.settings, T0 + timedelta(seconds=61))
     assert _scored(isolated, "poll-inbox") == [("f0.npy", 1), ("f1.npy", 1), ("f2.npy", 1)]
-    _drop(inbox, "f3.npy", 3)  # lands after the fire: the next one scores it, alone
-    tick(isolated.settings, T0 + timedelta(seconds=122))
+    from mxq.workers.schedules.sources import every_file as listed
+
+    def landing_mid_fire(settings: Settings, source: str) -> list[Found]:
+        found = listed(settings, source)
+        _drop(inbox, "f3.npy", 3)  # lands while the fire submits what it listed
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scoring, "every_file", landing_mid_fire)
+        tick(isolated.settings, T0 + timedelta(seconds=122))  # nothing new but f3, which it missed
+    tick(isolated.settings, T0 + timedelta(seconds=150))  # not due yet
+    tick(isolated.settings, T0 + timedelta(seconds=183))  # the next fire scores f3, alone
     _drop(inbox, "f0.npy", 10)  # rewritten in place with other bytes: new
     os.rename(inbox / "f1.npy", inbox / "renamed.npy")  # the same bytes: not new
     os.utime(inbox / "f2.npy")  # touched, the same bytes: not new
-    tick(isolated.settings, T0 + timedelta(seconds=183))
+    tick(isolated.settings, T0 + timedelta(seconds=244))
     fires = schedules.fires(isolated.settings.database, "poll-inbox")
-    assert [f["scored"] for f in fires] == [3, 1, 1]
+    assert [f["scored"] for f in fires] == [3, 0, 1, 1]
     assert _scored(isolated, "poll-inbox")[3:] == [("f3.npy", 1), ("f0.npy", 1)]
     for fire in fires:
         for job_id in fire["jobs"]:
