@@ -17,7 +17,6 @@ from mxq.db.lineage import lineage
 from mxq.db.records import LineageRecord, UnscoredInput, VersionScored
 from mxq.names import MAX_ID
 from mxq.users import Role
-from mxq.workers.jobs.jobspecs import ParamsError
 from mxq.workers.schedules.scoring import unscored
 from mxq.workers.settings import Settings
 
@@ -41,18 +40,15 @@ def job_lineage(job_id: JobId, who: Reader, s: Settings = Depends(settings)) -> 
     return record
 
 
-@router.get("/lineage", response_model=list[LineageRecord], responses=problems(422))
+@router.get("/lineage", response_model=list[LineageRecord], responses=problems())
 def lineage_rows(who: Reader, model: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
                  version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
                  output: Annotated[str | None, Query(min_length=1, max_length=4096)] = None,
                  limit: Annotated[int, Query(ge=1, le=lineage.MOST)] = 1000,
                  s: Settings = Depends(settings)) -> Any:
-    """The prediction sets `model` (its `version`) produced, or the job that wrote `output`:
-    only those the caller may read."""
-    if (model is None) == (output is None) or (version is not None and model is None):
-        raise ParamsError("give model (and version) or output: one of them")
-    rows = (lineage.of_version(s.database, model, version, limit) if model is not None
-            else lineage.of_output(s.database, str(output)))
+    """The prediction sets `model` (its `version`) produced, or the job that wrote `output`,
+    each filter narrowing (none: every set), of those the caller may read, by job id."""
+    rows = lineage.prediction_sets(s.database, model, version, output, limit)
     return [r for r in rows if who.may_read(r["owner"], r["team"])]
 
 
@@ -63,7 +59,7 @@ def versions_scored(who: Reader, s: Settings = Depends(settings)) -> Any:
     return lineage.versions_scored(s.database, None if who.role is Role.ADMIN else (who.name, who.teams))
 
 
-@router.get("/schedules/{name}/unscored", response_model=Unscored, responses=problems(403, 404, 422))
+@router.get("/schedules/{name}/unscored", response_model=Unscored, responses=problems(403, 404, 409))
 def unscored_inputs(name: Name, who: Reader,
                     version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
                     s: Settings = Depends(settings)) -> Any:

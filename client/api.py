@@ -244,7 +244,8 @@ class Client:
     def lineage(self, model: str | None = None, version: int | None = None,
                 output: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         """What produced prediction sets (`mxq lineage --model`/`--output`): those `model`'s
-        `version` produced, or the one whose output is `output`; a job's own is `Job.lineage()`."""
+        `version` produced, or the one whose output is `output`, each filter narrowing (none:
+        every set the token's user may read); a job's own is `Job.lineage()`."""
         query = {k: v for k, v in {"model": model, "version": version, "output": output}.items()
                  if v is not None}
         return list(self.request("GET", "/lineage", params={**query, "limit": limit}))

@@ -48,9 +48,9 @@ def lineage(job_id: Annotated[int | None, typer.Argument(help="An inference job.
         name, _, pinned = model.partition(":")
         if pinned and not pinned.isdecimal():
             raise typer.BadParameter(f"{model!r}: expected NAME or NAME:VERSION", param_hint="--model")
-        rows = read.of_version(s.database, name, int(pinned) if pinned else None)
+        rows = read.prediction_sets(s.database, name, int(pinned) if pinned else None)
     else:
-        rows = read.of_output(s.database, str(output))
+        rows = read.prediction_sets(s.database, output=output)
     _show(rows, rows, COLUMNS, json_, "prediction sets")
 
 

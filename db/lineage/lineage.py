@@ -48,17 +48,13 @@ def of_job(url: str, job_id: int) -> LineageRecord:
     return found[0]
 
 
-def of_version(url: str, model: str, version: int | None = None, limit: int = MOST) -> list[LineageRecord]:
-    """The prediction sets model `model`'s version `version` (every version: None) produced."""
-    where = [VIEW.c.model == model]
-    if version is not None:
-        where.append(VIEW.c.model_version == version)
+def prediction_sets(url: str, model: str | None = None, version: int | None = None,
+               output: str | None = None, limit: int = MOST) -> list[LineageRecord]:
+    """The prediction sets model `model`'s version `version` produced, or the one whose output
+    is `output` (a file's path, an s3:// URL): each filter given narrows; none, every set."""
+    where = [c == v for c, v in ((VIEW.c.model, model), (VIEW.c.model_version, version),
+                                 (VIEW.c.output, output and output.rstrip("/"))) if v is not None]
     return _rows(url, *where, limit=limit)
-
-
-def of_output(url: str, location: str) -> list[LineageRecord]:
-    """The job whose output is `location` (a file's path, an s3:// URL)."""
-    return _rows(url, VIEW.c.output == location.rstrip("/"))
 
 
 def versions_scored(url: str, reader: tuple[str, frozenset[str]] | None = None) -> list[VersionScored]:

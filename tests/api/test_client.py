@@ -299,3 +299,4 @@ def test_an_inference_schedule_added_and_read_through_the_client(workers: Stack,
                 client.schedule_inference("client-bad", "mlp64", "client-inbox/*.npy", **timing)
         with pytest.raises(UserError, match="pins a version"):
             client.schedule_inference("client-bad", "mlp64:1", "client-inbox/*.npy", every="1h")
+    assert workers.mxq("schedule", "rm", "client-inbox").returncode == 0  # no other test fires it

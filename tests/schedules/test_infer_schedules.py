@@ -169,6 +169,7 @@ def test_a_promotion_rescores_the_standing_inputs_at_low_priority(isolated: Stac
     ("/etc/*", {"model": "checked"}, {}, "outside"),
     ("s3://elsewhere/x/", {"model": "checked"}, {}, "MXQ_S3_ALLOWED"),
     ("inbox/*.npy", {"model": "checked:1"}, {"rescore": "low"}, "pins a version"),
+    ("inbox/*.npy", {"model": "checked", "model_version": 1}, {"rescore": "low"}, "pins a version"),
     ("inbox/*.npy", {"model": "checked:x"}, {}, "positive number"),
     ("inbox/*.npy", {"model": "checked", "threshold": 0.3}, {}, "not multi-label"),
     ("inbox/*.npy", {"model": "checked", "engine": "nosuch"}, {}, "engine"),

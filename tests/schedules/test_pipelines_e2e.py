@@ -75,6 +75,15 @@ def _retrain(stack: Stack) -> int:
     return int((done["result"] or {})["model_version"])
 
 
+@pytest.fixture
+def cleanup(workers: Stack) -> Iterator[None]:
+    """The session's stack is shared: its other tests' ticks must not fire these schedules."""
+    yield
+    for name in ("pipe-score", "pipe-retrain"):
+        workers.mxq("schedule", "rm", name)
+
+
+@pytest.mark.usefixtures("cleanup")
 def test_new_files_scored_once_through_kills_and_rescored_on_promotion(workers: Stack) -> None:
     added = workers.mxq("schedule", "add", "pipe-retrain", "--arch", "mlp", "--model", "pipe-e2e",
                         "--dataset", "digits", "--cron", "0 3 * * *", "--epochs", "1",

@@ -25,7 +25,7 @@ from mxq.db.records import ScheduleRecord, StoredSchedule, UnscoredInput
 from mxq.db.registry import resolve
 from mxq.db.schema import utcnow
 from mxq.db.sharing.teams import check_team
-from mxq.errors import JobRejected
+from mxq.errors import Conflict, JobRejected
 from mxq.names import check_name
 from mxq.priorities import Priority, parse
 from mxq.users import local_owner
@@ -136,6 +136,7 @@ def add_infer_schedule(settings: Settings, name: str, cron: str, tz: str, source
     team = check_team(settings.database, team, owner)
     check(cron, tz)
     model, pinned = model_and_version(str(request.get("model", "")))
+    pinned = pinned or request.get("model_version")  # the API's field, as `mxq infer` takes it
     if rescore is not None:
         rescore = parse(rescore).value
         if pinned is not None:
@@ -160,8 +161,8 @@ def unscored(settings: Settings, name: str, version: int | None = None) -> tuple
     its next fire would judge them; with that version."""
     sched = schedules.get(settings.database, name)
     if sched["kind"] != "infer":
-        raise ParamsError(f"schedule {name!r} retrains; unscored inputs are an inference "
-                          "schedule's (mxq schedule add NAME --infer MODEL --input GLOB)")
+        raise Conflict(f"schedule {name!r} retrains; unscored inputs are an inference "
+                       "schedule's (mxq schedule add NAME --infer MODEL --input GLOB)")
     model = sched["spec"]["model"]
     version = version or resolve(settings.database, model, sched["spec"].get("model_version"))["version"]
     missing: list[UnscoredInput] = []
