@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from mxq.db.engine import session_scope
 from mxq.db.schema import ScoredInput
@@ -51,11 +52,15 @@ def seen(url: str, model: str, version: int, location: str, size: int, mtime_ns:
     """Whether `version` scored the bytes last seen at this local path with this size and
     mtime (their job made, or refused): a fire then skips the file without reading it to hash
     it. A claim still waiting for its job is not seen: the fire finishes it."""
+    return _settled(url, model, version, ScoredInput.location == location,
+                    ScoredInput.size == size, ScoredInput.mtime_ns == mtime_ns)
+
+
+def _settled(url: str, model: str, version: int, *where: ColumnElement[bool]) -> bool:
+    """Whether `version` has a claim matching `where` whose job was made (or refused)."""
     with session_scope(url) as session:
         return bool(session.scalar(select(exists().where(
-            ScoredInput.model == model, ScoredInput.version == version,
-            ScoredInput.location == location, ScoredInput.size == size,
-            ScoredInput.mtime_ns == mtime_ns,
+            ScoredInput.model == model, ScoredInput.version == version, *where,
             or_(ScoredInput.job_id.is_not(None), ScoredInput.error.is_not(None))))))
 
 
@@ -105,8 +110,4 @@ def jobs_of_fire(url: str, fire_id: int) -> list[int]:
 
 def has(url: str, model: str, version: int, identity: str) -> bool:
     """Whether `version` scored these bytes (their job made, or refused)."""
-    with session_scope(url) as session:
-        return bool(session.scalar(select(exists().where(
-            ScoredInput.model == model, ScoredInput.version == version,
-            ScoredInput.identity == identity,
-            or_(ScoredInput.job_id.is_not(None), ScoredInput.error.is_not(None))))))
+    return _settled(url, model, version, ScoredInput.identity == identity)

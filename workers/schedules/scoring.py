@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -74,11 +75,8 @@ def fire(settings: Settings, sched: StoredSchedule, fire_id: int, rescore: bool 
     version = resolve(settings.database, spec["model"], spec.get("model_version"))["version"]
     schedules.follow(settings.database, sched["id"], version)
     priority = priority_of(sched, rescore)
-    for found in every_file(settings, sched["dataset"]):
-        if found.mtime_ns is not None and scored.seen(settings.database, spec["model"], version,
-                                                      found.location, found.size, found.mtime_ns):
-            continue
-        if (sighting := sighting_of(found)) is None:
+    for found, sighting in _unseen(settings, spec["model"], version, sched["dataset"]):
+        if sighting is None:
             continue  # still being written, or gone: the next fire looks again
         claim = scored.claim(settings.database, spec["model"], version, sighting, sched["id"],
                              fire_id)
@@ -87,6 +85,16 @@ def fire(settings: Settings, sched: StoredSchedule, fire_id: int, rescore: bool 
     made = len(scored.jobs_of_fire(settings.database, fire_id))
     schedules.settle_fire(settings.database, fire_id, scored=made, dataset_file=sched["dataset"])
     return made
+
+
+def _unseen(settings: Settings, model: str, version: int,
+            source: str) -> Iterator[tuple[Found, Sighting | None]]:
+    """Each file of `source` that `version` has not seen at its path with its size and mtime,
+    with its bytes' identity (read now: None for a file that changed while read, or went)."""
+    for found in every_file(settings, source):
+        if found.mtime_ns is None or not scored.seen(settings.database, model, version,
+                                                     found.location, found.size, found.mtime_ns):
+            yield found, sighting_of(found)
 
 
 def _score(settings: Settings, sched: StoredSchedule, version: int, priority: Priority,
@@ -165,12 +173,7 @@ def unscored(settings: Settings, name: str, version: int | None = None) -> tuple
                        "schedule's (mxq schedule add NAME --infer MODEL --input GLOB)")
     model = sched["spec"]["model"]
     version = version or resolve(settings.database, model, sched["spec"].get("model_version"))["version"]
-    missing: list[UnscoredInput] = []
-    for found in every_file(settings, sched["dataset"]):
-        if found.mtime_ns is not None and scored.seen(settings.database, model, version,
-                                                      found.location, found.size, found.mtime_ns):
-            continue
-        sighting = sighting_of(found)
-        if sighting is None or not scored.has(settings.database, model, version, sighting.identity):
-            missing.append({"location": found.location, "size": found.size})
-    return version, missing
+    return version, [{"location": found.location, "size": found.size}
+                     for found, sighting in _unseen(settings, model, version, sched["dataset"])
+                     if sighting is None or not scored.has(settings.database, model, version,
+                                                           sighting.identity)]
