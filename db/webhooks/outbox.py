@@ -134,23 +134,22 @@ def claim_due(url: str, now: datetime, limit: int) -> list[Claimed]:
         return []
     with session_scope(url) as session:
         due = session.execute(
-            select(HookDelivery.id, HookDelivery.attempts).join(Hook, Hook.id == HookDelivery.hook_id)
+            select(HookDelivery.id, HookDelivery.attempts, HookDelivery.event, HookDelivery.payload,
+                   HookDelivery.created_at, Hook.id, Hook.url, Hook.secret)
+            .join(Hook, Hook.id == HookDelivery.hook_id)
             .where(HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled)
             .order_by(HookDelivery.next_attempt_at).limit(limit)).all()
         claimed = []
-        for delivery_id, attempts in due:
+        for delivery_id, attempts, event, payload, created_at, hook_id, hook_url, secret in due:
             taken = rowcount(session.execute(
                 update(HookDelivery).where(HookDelivery.id == delivery_id,
                                            HookDelivery.attempts == attempts,
                                            HookDelivery.status.in_(SENDABLE),
                                            HookDelivery.next_attempt_at <= now)
                 .values(attempts=attempts + 1, next_attempt_at=now + LEASE)))
-            if not taken:
-                continue
-            row = session.get_one(HookDelivery, delivery_id)
-            hook = session.get_one(Hook, row.hook_id)
-            claimed.append(Claimed(row.id, attempts + 1, row.event, dict(row.payload),
-                                   iso(row.created_at), hook.id, hook.url, hook.secret))
+            if taken:  # the row as read is the row claimed: only the attempts and the lease moved
+                claimed.append(Claimed(delivery_id, attempts + 1, event, dict(payload),
+                                       iso(created_at), hook_id, hook_url, secret))
         return claimed
 
 
