@@ -98,17 +98,18 @@ def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: st
     On PostgreSQL the ids come from the table's sequence and the rows go by COPY: ORM inserts
     cost about a millisecond of CPU a job, which made a submit of 100,000 jobs take minutes."""
     named: list[str | None] = list(keys) if keys is not None else [None] * len(params)
-    waits = _Waits(after or None)
+    after = after or None  # an empty list waits for nothing
+    awaiting = after is not None
     try:
         with session_scope(url) as session:
             if session.get_bind().dialect.name == "postgresql":
                 return _copy_jobs(session, kind, params, requested, queue, owner, priority,
-                                  held or waits.awaiting, team, named, waits)
+                                  held or awaiting, team, named, after)
             rows = [Job(kind=kind, params=p, requested_device=requested, queue=queue,
                         status=JobStatus.QUEUED, progress=0.0, attempts=0, owner=owner, team=team,
                         priority=priority.level, preemptible=priority.preemptible,
-                        held=held or waits.awaiting, idempotency_key=key, after=waits.after,
-                        awaiting=waits.awaiting)
+                        held=held or awaiting, idempotency_key=key, after=after,
+                        awaiting=awaiting)
                     for p, key in zip(params, named, strict=True)]
             session.add_all(rows)
             session.flush()
@@ -119,17 +120,6 @@ def create_jobs(url: str, kind: str, params: list[dict[str, Any]], requested: st
         raise IdempotencyKeyTaken(f"idempotency key {keys[0]!r} is already taken") from None
 
 
-@dataclass(frozen=True)
-class _Waits:
-    """What a submit's jobs wait for (`--after`): the ids, and so whether they are awaiting."""
-
-    after: list[int] | None
-
-    @property
-    def awaiting(self) -> bool:
-        return bool(self.after)
-
-
 _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", "progress",
                  "attempts", "submitted_at", "owner", "priority", "preemptible", "preemptions", "held",
                  "team", "idempotency_key", "after", "awaiting")
@@ -137,7 +127,7 @@ _COPY_COLUMNS = ("id", "kind", "params", "requested_device", "queue", "status", 
 
 def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], requested: str,
                queue: str, owner: str | None, priority: Priority, held: bool,
-               team: str | None, keys: list[str | None], waits: _Waits) -> list[int]:
+               team: str | None, keys: list[str | None], after: list[int] | None) -> list[int]:
     ids = list(session.scalars(text("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) "
                                     "FROM generate_series(1, :n)"), {"n": len(params)}))
     now = utcnow()
@@ -146,7 +136,7 @@ def _copy_jobs(session: Session, kind: str, params: list[dict[str, Any]], reques
         for job_id, p, key in zip(ids, params, keys, strict=True):
             copy.write_row((job_id, kind, json.dumps(p), requested, queue, JobStatus.QUEUED, 0.0, 0,
                             now, owner, priority.level, priority.preemptible, 0, held, team, key,
-                            None if waits.after is None else json.dumps(waits.after), waits.awaiting))
+                            None if after is None else json.dumps(after), after is not None))
     return ids
 
 
