@@ -38,7 +38,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies'][sys.argv[1]]))" "
  && /opt/mxq/bin/pip install -r requirements.txt
 # What pip needs to build mxq itself: the metadata, the readme it names, and the folders of the
 # package `mxq` ([tool.setuptools.package-dir]: core/ is `mxq`, the others its subpackages).
-COPY README.md ./
+COPY README.md setup.py ./
 COPY core core
 COPY api api
 COPY cli cli

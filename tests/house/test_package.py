@@ -1,12 +1,15 @@
-"""mxq installs one import name, `mxq`: its wheel, installed into a fresh venv, adds nothing else.
+"""What ships is what is tested: the wheel users install (the Dockerfile installs it, not the
+source tree) holds every module of the tree, adds one import name, `mxq`, and runs.
 
 Generic top-level names (`tasks`, `db`, `api`, `cli`, `workers`) would shadow a user's own
 `tasks.py` and collide with other packages; the repository keeps those folders, and
-pyproject.toml's package-dir maps them under `mxq`.
+pyproject.toml's package-dir maps them under `mxq` (setup.py finds every folder below them).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +18,31 @@ import tomllib
 import venv
 from pathlib import Path
 
-from tests.conftest import ROOT
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+# What the Dockerfile copies to build mxq: the metadata, the readme it names, the package's folders.
+BUILD_FILES = ("pyproject.toml", "setup.py", "README.md")
+# Scripts that another program runs, not modules to import: Alembic executes its env.py.
+SCRIPTS = {"mxq.db.migrations.env"}
+
+
+def _package_dir() -> dict[str, str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
+def product_modules() -> list[str]:
+    """Every module of the source tree by the name it has installed (db/lineage/scored.py is
+    mxq.db.lineage.scored): read from the folders, not from any packaging list."""
+    names: list[str] = []
+    for name, folder in _package_dir().items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if "__pycache__" in parts or parts[-1] == "__main__":
+                continue
+            names.append(".".join((name, *(parts[:-1] if parts[-1] == "__init__" else parts))))
+    return names
 
 
 def _build_wheel(tmp: Path) -> Path:
@@ -23,10 +50,9 @@ def _build_wheel(tmp: Path) -> Path:
     folders), so a stale build/ of the checkout cannot slip into the wheel."""
     src = tmp / "src"
     src.mkdir()
-    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for name in ("pyproject.toml", "README.md"):
+    for name in BUILD_FILES:
         shutil.copy(ROOT / name, src / name)
-    for folder in folders.values():
+    for folder in _package_dir().values():
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--verbose",
                             "--wheel-dir", str(tmp / "dist"), str(src)],
@@ -63,3 +89,80 @@ def test_the_wheel_adds_only_mxq_to_a_fresh_venv(tmp_path: Path) -> None:
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(site)
+
+
+def test_the_wheel_holds_every_module_of_the_tree(tmp_path: Path) -> None:
+    """A folder left out of packaging (mxq.db.lineage and mxq.cli.pipelines once were) is a module
+    missing from the wheel, whatever the editable install the other tests run makes of it."""
+    import zipfile
+
+    shipped = set(zipfile.ZipFile(_build_wheel(tmp_path)).namelist())
+    paths = {m: m.replace(".", "/") for m in product_modules()}
+    missing = [m for m, path in paths.items()
+               if f"{path}.py" not in shipped and f"{path}/__init__.py" not in shipped]
+    assert not missing, f"the wheel lacks {missing}"
+
+
+def _installed(tmp: Path) -> Path:
+    """A fresh venv with the wheel and the `cpu` extra installed the way the Dockerfile installs
+    them: from the index (or pip's cache), no editable path, no source tree."""
+    wheel = _build_wheel(tmp)
+    env = tmp / "installed"
+    venv.create(env, with_pip=False)
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install",
+                          "--quiet", "--disable-pip-version-check", f"{wheel}[cpu]"],
+                         capture_output=True, text=True, timeout=1200)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    return env
+
+
+def _clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user's shell: no MXQ_* or PYTHON* setting of the test session's."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("MXQ_", "PYTHON", "VIRTUAL_ENV"))}
+    return {**keep, "MXQ_HOME": str(home), "MXQ_DATA_ROOT": str(home / "data"), "MXQ_CPU_DEVICES": "1",
+            "MXQ_NVIDIA_SMI": str(home / "absent"), "MXQ_API_PORT": str(free_port()), **extra}
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_imports_every_module_and_runs_a_job(tmp_path: Path) -> None:
+    """Installed from the wheel alone, every product module imports from the venv (python -I: no
+    source tree on sys.path), and its `mxq` starts a stack, runs a probe and stops."""
+    env = _installed(tmp_path)
+    python, mxq = env / "bin" / "python", env / "bin" / "mxq"
+    site = _site_packages(env)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    script = ("import importlib, json, sys\n"
+              "bad = {}\n"
+              "for name in sys.argv[1:]:\n"
+              "    try:\n"
+              "        m = importlib.import_module(name)\n"
+              "        if not m.__file__.startswith(" + repr(str(site)) + "): bad[name] = m.__file__\n"
+              "    except Exception as exc:\n"
+              "        bad[name] = f'{type(exc).__name__}: {exc}'\n"
+              "print(json.dumps(bad))\n")
+    modules = [m for m in product_modules() if m not in SCRIPTS]
+    imported = subprocess.run([str(python), "-I", "-c", script, *modules], cwd=work,
+                              capture_output=True, text=True, timeout=600)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    assert json.loads(imported.stdout.strip().splitlines()[-1]) == {}, f"of {len(modules)} modules"
+
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    shell = _clean_env(home)
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(mxq), *args], cwd=work, env=shell, capture_output=True, text=True,
+                              timeout=timeout)
+
+    assert "Usage" in run("--help").stdout
+    try:
+        up = run("up", "--detach")
+        assert up.returncode == 0, up.stderr
+        probe = run("probe", "--device", "cpu:0", "--size", "64", "--repeat", "1", "--wait", "--json")
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        job = json.loads(probe.stdout)
+        assert job["status"] == "succeeded" and job["device"] == "cpu:0", job
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
