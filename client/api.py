@@ -35,7 +35,7 @@ from mxq.errors import (
 from mxq.status import FINISHED
 
 PAGE = 100_000  # predictions fetched per request (the API's most)
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.5  # how often `Job.wait` asks again, unless the Client says (`poll_seconds`)
 LOG_PAGE = 10_000  # log lines fetched per request (the API's most)
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470  # mxq's own defaults (MXQ_API_HOST, MXQ_API_PORT)
@@ -99,13 +99,14 @@ class Client:
     once. `close` closes them all."""
 
     def __init__(self, url: str | None = None, token: str | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, poll_seconds: float = POLL_SECONDS) -> None:
         if url is None:  # this shell's stack, and its token as the CLI would use it
             url = stack_url()
             token = token if token is not None else os.environ.get("MXQ_API_TOKEN") or None
         self.base_url = url.rstrip("/") + "/api/v1"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
+        self.poll_seconds = poll_seconds  # how often `Job.wait` asks the API again
         self._local = threading.local()
         self._lock = threading.Lock()
         self._opened: list[httpx.Client] = []
@@ -364,7 +365,7 @@ class Job:
                     bar.show(self.status, self.record.get("progress"))
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {self.id} still {self.status} after {timeout:g} s")
-                time.sleep(POLL_SECONDS)
+                time.sleep(self.client.poll_seconds)
         return self
 
     def rows(self) -> Iterator[dict[str, Any]]:

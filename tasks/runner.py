@@ -105,12 +105,6 @@ class JobLost(Exception):
     tried since was refused, and files it wrote under its own name are removed."""
 
 
-# How often a running job looks for a cancel request, and writes its progress: each is a statement
-# per running job, so at 1,000 devices every second of this cadence is 1,000 statements a second
-# (bench: fleet); the dashboard refreshes every 2 s.
-CANCEL_CHECK_SECONDS = 2.0
-PROGRESS_SECONDS = 2.0
-
 
 @dataclass
 class Outcome:
@@ -180,10 +174,13 @@ class JobContext:
         return Placement(worker=self.worker, node=self.node or self.settings.node, device=self.device)
 
     def progress(self, fraction: float) -> None:
-        """Report progress (written at most every PROGRESS_SECONDS: tiny jobs skip it); the write
-        also says whether the job was cancelled or taken, for the next `check_cancelled`."""
+        """Report progress (written at most every MXQ_PROGRESS_SECONDS: tiny jobs skip it); the
+        write also says whether the job was cancelled or taken, for the next `check_cancelled`.
+        How often a running job looks for a cancel request and writes its progress: each is a
+        statement per running job, so at 1,000 devices every second of these cadences is 1,000
+        statements a second (bench: fleet); the dashboard refreshes every 2 s."""
         now = time.monotonic()
-        if now - self._progress_at < PROGRESS_SECONDS:
+        if now - self._progress_at < self.settings.progress_seconds:
             return
         self._progress_at = self._checked_at = now
         self._verdict = jobs.set_progress(self.url, self.id, fraction, self.fence)
@@ -191,9 +188,9 @@ class JobContext:
     def check_owned(self) -> None:
         """Raise JobLost if the job is no longer this attempt's: called right before a write that
         no SQL statement fences (an .npy slice); asks SQL only when the last answer is older
-        than CANCEL_CHECK_SECONDS, as after a pause."""
+        than MXQ_CANCEL_CHECK_SECONDS, as after a pause."""
         now = time.monotonic()
-        if now - self._checked_at >= CANCEL_CHECK_SECONDS and self.fence is not None:
+        if now - self._checked_at >= self.settings.cancel_check_seconds and self.fence is not None:
             self._checked_at = now
             self._verdict = jobs.run_check(self.url, self.fence)
         if self._verdict is jobs.RunCheck.LOST:
@@ -233,7 +230,7 @@ class JobContext:
 
     def check_cancelled(self, samples: int | None = None) -> None:
         """Raise JobCancelled if a cancel was requested, JobLost if the job is not ours any more
-        (looked up at most every CANCEL_CHECK_SECONDS, unless a progress write just said)."""
+        (looked up at most every MXQ_CANCEL_CHECK_SECONDS, unless a progress write just said)."""
         self.check_owned()
         if self._verdict is jobs.RunCheck.CANCEL:
             raise JobCancelled(samples)
@@ -241,7 +238,6 @@ class JobContext:
 
 Body = Callable[[JobContext], Outcome | FanOut]
 Admit = Callable[[JobContext], list[str] | None]
-DEFER_SECONDS = 1.0  # a deferred message waits this long before going back to its queue
 
 # Held by a device worker process while it runs a delivery (`job_task`): what its heartbeat
 # thread frees while the device is leased (tasks.inference.device_memory) is
@@ -307,7 +303,7 @@ def context_of(row: JobRow, device: str, settings: Settings) -> JobContext:
 def _defer(s: Settings, job: JobContext, why: str) -> Delivery:
     """Hand the message back to its queue for later (the job stays queued, no attempt used)."""
     log.info("job %s deferred: %s", job.id, why)
-    time.sleep(DEFER_SECONDS)
+    time.sleep(s.defer_seconds)  # MXQ_DEFER_SECONDS: a deferred message waits before going back
     publish(s, job.id, job.kind, job.queue, patient=True, turn=_turn(job))
     return Delivery.DEFERRED
 

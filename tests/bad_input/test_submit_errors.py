@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mxq.db.reports.history import JobFilter, list_jobs
-from tests.conftest import Stack, free_port
+from tests.conftest import Stack, free_port, wait_until
 
 pytestmark = pytest.mark.both_legs
 
@@ -79,25 +79,31 @@ def test_a_publish_bug_is_raised_at_once_with_its_cause(isolated: Stack,
 
 
 @pytest.mark.parametrize("isolated", ["embedded"], indirect=True)
-def test_a_patient_publish_waits_out_a_broker_restart(isolated: Stack) -> None:
+def test_a_patient_publish_waits_out_a_broker_restart(isolated: Stack,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers and the reconciler publish through a broker restart by Celery's own retry policy
     (PATIENT_RETRY_POLICY), with no loop of mxq's around it: the message lands once Redis is back."""
     import threading
-    import time
+
+    import redis.connection
 
     from mxq.workers.broker.messages import in_broker
     from mxq.workers.broker.publish import publish
     from mxq.workers.launch.embedded import EmbeddedRedis
 
-    redis = EmbeddedRedis(isolated.home)
-    assert redis.stop() is None and not redis.running()
+    tries: list[int] = []  # connections attempted to the embedded Redis's socket
+    connect = redis.connection.UnixDomainSocketConnection._connect
+    monkeypatch.setattr(redis.connection.UnixDomainSocketConnection, "_connect",
+                        lambda self: (tries.append(1), connect(self))[1])
+    server = EmbeddedRedis(isolated.home)
+    assert server.stop() is None and not server.running()
     done: list[BaseException | None] = []
     sender = threading.Thread(target=lambda: done.append(
         _caught(lambda: publish(isolated.settings, 424242, "probe", "pool.cpu", patient=True))))
     sender.start()
-    time.sleep(2.0)  # several of the policy's retries fail meanwhile
+    wait_until(lambda: len(tries), 60, "several of the policy's retries to fail", until=lambda n: n >= 3)
     assert sender.is_alive() and not done
-    assert redis.start()
+    assert server.start()
     sender.join(60)
     assert done == [None]
     assert in_broker(isolated.settings.broker, {"pool.cpu"})[0] == {424242}

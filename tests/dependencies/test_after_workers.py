@@ -53,7 +53,7 @@ def api(workers: Stack) -> Iterator[Api]:
 
 @pytest.mark.slow  # its own `mxq api` server
 def test_the_client_submits_after_jobs_and_ids(workers: Stack, api: Api) -> None:
-    with Client(api.url, token=TOKEN) as client:
+    with Client(api.url, token=TOKEN, poll_seconds=0.1) as client:
         a = client.probe(device="cpu:1", size=256)
         b = client.probe(device="cpu:1", size=16, after=[a])
         c = client.probe(device="cpu:1", size=16, after=[a.id, b])

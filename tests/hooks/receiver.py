@@ -1,18 +1,34 @@
 """A webhook receiver for the tests: a real HTTP server on 127.0.0.1 in a thread, which checks
-each delivery's signature as docs/webhooks.md tells a receiver to, and answers by path:
-`/ok` 200, `/flaky` 500 then 200, `/down` 500, `/redirect` a 302 to another host, `/hang` nothing for 30 s."""
+each delivery's signature with the verification snippet of docs/webhooks.md (executed as a user
+would paste it; never the product's own `signing.verify`, which could agree with a wrong
+signer), and answers by path: `/ok` 200, `/flaky` 500 then 200, `/down` 500, `/redirect` a 302
+to another host, `/hang` nothing for 30 s."""
 
 from __future__ import annotations
 
+import re
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 from mxq.workers.webhooks import signing
+from tests.conftest import ROOT
+
+Verify = Callable[..., bool]  # docs/webhooks.md's verify(secret, headers, body, tolerance=300)
+
+
+def docs_verify() -> Verify:
+    """The `verify` function of docs/webhooks.md's "Verifying a delivery" section, executed."""
+    page = (ROOT / "docs" / "webhooks.md").read_text()
+    section = page.split("## Verifying a delivery", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "docs/webhooks.md has no python snippet under 'Verifying a delivery'"
+    scope: dict[str, Any] = {}
+    exec(compile(match.group(1), "docs/webhooks.md", "exec"), scope)
+    return cast(Verify, scope["verify"])
 
 
 @dataclass
@@ -41,8 +57,9 @@ class Receiver:
             return [r for r in self.got if r.path == path]
 
     def verified(self, r: Received) -> bool:
-        return signing.verify(self.secrets[r.path], r.delivery, r.timestamp, r.body, r.signature,
-                              time.time())
+        headers = {signing.DELIVERY: r.delivery, signing.TIMESTAMP: r.timestamp,
+                   signing.SIGNATURE: r.signature}
+        return docs_verify()(self.secrets[r.path], headers, r.body)
 
 
 @contextmanager

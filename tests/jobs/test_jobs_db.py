@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -227,12 +226,11 @@ def test_racing_claims_have_one_winner(stack: Stack) -> None:
 
         threads = [threading.Thread(target=race, args=(p,))
                    for p in (A, B, *(Placement(f"cpu{i}@m", "m", f"cpu:{i}") for i in (2, 3)))]
-        start = time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=60)
-        assert time.monotonic() - start < 60
+        assert not any(t.is_alive() for t in threads), "a claim never returned"
         assert sorted(r.value for r in results) == ["duplicate"] * 3 + ["run"]
         assert _status(stack, job_id).attempts == 1
 

@@ -30,7 +30,6 @@ ONNX_TASK_MODULES = ["mxq.tasks.runtimes.onnx_worker", "mxq.tasks.inference.infe
 # How often a publish is retried before the submitter is told the broker is unreachable.
 PUBLISH_RETRIES = 2
 RETENTION_SECONDS = 3600  # how often the schedule process applies the retention policy
-HOOK_SECONDS = 5.0  # how often it sends the due webhook deliveries (mxq.workers.webhooks.sender)
 
 
 def task_modules(settings: Settings) -> list[str]:
@@ -65,8 +64,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "mxq-reconcile": {"task": "mxq.reconcile", "schedule": settings.reconcile_seconds,
                               "options": {"queue": CONTROL_QUEUE,
                                           "expires": settings.reconcile_seconds}},
-            "mxq-hooks": {"task": "mxq.hooks", "schedule": HOOK_SECONDS,
-                          "options": {"queue": CONTROL_QUEUE, "expires": HOOK_SECONDS}},
+            "mxq-hooks": {"task": "mxq.hooks", "schedule": settings.hook_seconds,
+                          "options": {"queue": CONTROL_QUEUE, "expires": settings.hook_seconds}},
             "mxq-retention": {"task": "mxq.retention", "schedule": RETENTION_SECONDS,
                               "options": {"queue": CONTROL_QUEUE, "expires": RETENTION_SECONDS}},
         },

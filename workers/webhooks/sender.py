@@ -1,5 +1,5 @@
 """The webhook sender, run by the schedule process (`mxq.hooks`, every
-`broker.app.HOOK_SECONDS` by Celery beat): due deliveries are claimed from the outbox
+MXQ_HOOK_SECONDS by Celery beat): due deliveries are claimed from the outbox
 (`mxq.db.webhooks.outbox.claim_due`, one attempt each, never twice) and POSTed each from a
 daemon thread of its own, at most MAX_SENDING at once. The pass returns at once, and an
 endpoint that hangs holds one thread for MXQ_HOOK_TIMEOUT_SECONDS, never the control queue's
