@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MXQ := $(BIN)/mxq
 
-.PHONY: venv demo test test-fast test-all test-gpu-install lint docs down clean browser prometheus compose
+.PHONY: venv demo test test-fast test-all test-gpu-install bench lint docs down clean browser prometheus compose
 
 venv: $(VENV)/.installed
 
@@ -26,13 +26,21 @@ demo: venv
 test: venv compose
 	@$(MAKE) --no-print-directory -j2 lint test-fast
 
+# Two sessions beside each other (pytest-xdist), each file whole in one of them (tests/conftest.py
+# groups them): most tests wait on their workers, so the second session fills the waits.
+XDIST := -n 2 --dist loadgroup
 test-fast: venv
-	$(BIN)/pytest -m "not slow and not gpu_install" --legs embedded
+	$(BIN)/pytest $(XDIST) -m "not slow and not gpu_install" --legs embedded
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the 25 slowest tests are listed.
 test-all: venv browser prometheus compose lint
-	$(BIN)/pytest -m "not gpu_install" --legs both --durations=25
+	$(BIN)/pytest $(XDIST) -m "not gpu_install" --legs both --durations=25
+
+# The benchmarks at their full sizes, the figures to judge by (docs/benchmarks.md), into var/bench;
+# CI runs them only at their quick sizes, as smoke tests of the slow tier (tests/benchmarks/).
+bench: venv
+	$(BIN)/python -m bench --out var/bench
 
 # The gpu extra installed for real on a host without a GPU: .venv-gpu (mxnet-cu112 and the
 # nvidia-*-cu11 wheels, 4.3 GB installed) and the driver's libcuda.so.1 from Debian's libcuda1 (non-free),

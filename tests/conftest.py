@@ -68,6 +68,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in [k for k in os.environ if k.startswith(CALLERS_SETTINGS)]:
         del os.environ[name]
     get_settings.cache_clear()
+    # The width tables print at (mxq.cli.render reads it once, when first imported): the same in
+    # every session, whichever test imports it first and whatever terminal runs pytest.
+    os.environ["COLUMNS"] = "200"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -90,14 +93,19 @@ def _wanted(leg: str | None, legs: str, both_legs: bool) -> bool:
     return legs == "both" and (leg == "embedded" or both_legs)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the items of the legs `--legs` leaves out (reported as deselected, not skipped)."""
+    """Deselect the items of the legs `--legs` leaves out (reported as deselected, not skipped),
+    and group the rest by file for pytest-xdist (`--dist loadgroup`): a file runs in one
+    session, so its module-scoped stacks start once; a test that names its own group keeps it."""
     legs = config.getoption("--legs")
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:
         wanted = _wanted(_leg(item), legs, item.get_closest_marker("both_legs") is not None)
         (keep if wanted else drop).append(item)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -254,11 +262,33 @@ def _embedded(tmp: Path, redis_db: int = 0) -> Iterator[Stack]:
         redis.stop()
 
 
+# The databases of the machine's Redis that a test session's stacks use (the session stack's, the
+# isolated ones', the multi-node and fault stacks', the secrets' and supervision's), and how many
+# sessions may run beside each other (pytest-xdist's workers): each has databases of its own.
+REDIS_DBS = (7, 8, 9, 11, 12)
+SESSIONS_BESIDE = 3  # Redis's 16 databases, 0 (the benchmarks') left out
+
+
+def xdist_index() -> int:
+    """This session's index among pytest-xdist's workers (gw0, gw1, ...); 0 without xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
+def session_db(redis_db: int) -> int:
+    """Which database of the machine's Redis `redis_db` (one of REDIS_DBS) is in this session,
+    so that two sessions of one run never flush each other's broker."""
+    index = xdist_index()
+    if index >= SESSIONS_BESIDE:
+        raise pytest.UsageError(f"pytest-xdist worker gw{index}: the system leg runs at most "
+                                f"{SESSIONS_BESIDE} sessions beside each other (-n {SESSIONS_BESIDE})")
+    return 1 + index * len(REDIS_DBS) + REDIS_DBS.index(redis_db)
+
+
 def _system(tmp: Path, redis_db: int = 7) -> Iterator[Stack]:
     import psycopg
     import redis
 
-    broker = SYSTEM_REDIS.rsplit("/", 1)[0] + f"/{redis_db}"
+    broker = SYSTEM_REDIS.rsplit("/", 1)[0] + f"/{session_db(redis_db)}"
     try:
         redis.Redis.from_url(broker, socket_connect_timeout=2).flushdb()
     except redis.RedisError as exc:

@@ -93,8 +93,12 @@ def test_a_patient_publish_waits_out_a_broker_restart(isolated: Stack,
 
     tries: list[int] = []  # connections attempted to the embedded Redis's socket
     connect = redis.connection.UnixDomainSocketConnection._connect
-    monkeypatch.setattr(redis.connection.UnixDomainSocketConnection, "_connect",
-                        lambda self: (tries.append(1), connect(self))[1])
+
+    def counted(self: redis.connection.UnixDomainSocketConnection) -> object:
+        tries.append(1)
+        return connect(self)
+
+    monkeypatch.setattr(redis.connection.UnixDomainSocketConnection, "_connect", counted)
     server = EmbeddedRedis(isolated.home)
     assert server.stop() is None and not server.running()
     done: list[BaseException | None] = []

@@ -14,6 +14,9 @@ import pytest
 
 from tests.conftest import SYSTEM_PG, missing
 
+# One benchmark at a time in a run: they share the machine's Redis database 0 and measure the cores.
+pytestmark = pytest.mark.xdist_group("benchmarks")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -35,9 +35,14 @@ from tests.conftest import free_port, run_cli, wait_until
 
 
 def _sleeper(new_group: bool = False) -> subprocess.Popen:
-    """A stranger: a process mxq did not start (or, with its own group, one a launcher did)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+    """A stranger: a process mxq did not start (or, with its own group, one a launcher did),
+    returned once it runs its own command: until its exec, /proc shows the test's command line,
+    and a record made then would name a process that is gone."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                             start_new_session=new_group)
+    wait_until(lambda: procs.identify(proc.pid), 30, f"pid {proc.pid} to run its command",
+               until=lambda found: found is not None and "time.sleep(300)" in found.command)
+    return proc
 
 
 @pytest.fixture
