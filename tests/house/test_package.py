@@ -62,12 +62,17 @@ def _build_wheel(tmp: Path) -> Path:
     return next((tmp / "dist").glob("mxq-*.whl"))
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once for the module's tests."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 def _site_packages(env: Path) -> Path:
     return Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
 
 
-def test_the_wheel_adds_only_mxq_to_a_fresh_venv(tmp_path: Path) -> None:
-    wheel = _build_wheel(tmp_path)
+def test_the_wheel_adds_only_mxq_to_a_fresh_venv(tmp_path: Path, wheel: Path) -> None:
     env = tmp_path / "fresh"
     venv.create(env, with_pip=False)
     site = _site_packages(env)
@@ -91,22 +96,21 @@ def test_the_wheel_adds_only_mxq_to_a_fresh_venv(tmp_path: Path) -> None:
     assert Path(probe.stdout.strip()).is_relative_to(site)
 
 
-def test_the_wheel_holds_every_module_of_the_tree(tmp_path: Path) -> None:
+def test_the_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
     """A folder left out of packaging (mxq.db.lineage and mxq.cli.pipelines once were) is a module
     missing from the wheel, whatever the editable install the other tests run makes of it."""
     import zipfile
 
-    shipped = set(zipfile.ZipFile(_build_wheel(tmp_path)).namelist())
+    shipped = set(zipfile.ZipFile(wheel).namelist())
     paths = {m: m.replace(".", "/") for m in product_modules()}
     missing = [m for m, path in paths.items()
                if f"{path}.py" not in shipped and f"{path}/__init__.py" not in shipped]
     assert not missing, f"the wheel lacks {missing}"
 
 
-def _installed(tmp: Path) -> Path:
+def _installed(tmp: Path, wheel: Path) -> Path:
     """A fresh venv with the wheel and the `cpu` extra installed the way the Dockerfile installs
     them: from the index (or pip's cache), no editable path, no source tree."""
-    wheel = _build_wheel(tmp)
     env = tmp / "installed"
     venv.create(env, with_pip=False)
     pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install",
@@ -124,10 +128,10 @@ def _clean_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_the_installed_wheel_imports_every_module_and_runs_a_job(tmp_path: Path) -> None:
+def test_the_installed_wheel_imports_every_module_and_runs_a_job(tmp_path: Path, wheel: Path) -> None:
     """Installed from the wheel alone, every product module imports from the venv (python -I: no
     source tree on sys.path), and its `mxq` starts a stack, runs a probe and stops."""
-    env = _installed(tmp_path)
+    env = _installed(tmp_path, wheel)
     python, mxq = env / "bin" / "python", env / "bin" / "mxq"
     site = _site_packages(env)
     work = tmp_path / "elsewhere"
