@@ -14,7 +14,7 @@ from tests.conftest import Stack
 
 TOKEN = "after-client-token-5e6f"
 # A probe that fails at run time: past its one-second limit after its first round.
-FAILING = ("--size", "2048", "--repeat", "1000", "--time-limit", "1")
+FAILING = ("--size", "2048", "--repeat", "1000", "--time-limit", "5")  # outlives the two submits after it
 
 
 def _probe(stack: Stack, *args: str) -> int:

@@ -112,6 +112,7 @@ def test_a_node_killed_mid_read_and_upload_leaves_one_whole_output(
     url = s3.put("in/fleet-long.npy", _npy(x))
     proc = stack.mxq("infer", "mlp64", url, "--output", "parquet", "--output-to", OUT,
                      "--batch-size", "50", "--json", env=_env(stack, "nodeA"))
+    assert proc.returncode == 0, proc.stderr
     job_id = json.loads(proc.stdout)["id"]
     wait_until(lambda: committed_position(stack, job_id), 240, f"job {job_id} to commit a flush",
                until=lambda done: done > 0, interval=0.2)

@@ -6,6 +6,7 @@ promotes, not of one it keeps."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from datetime import datetime, timedelta
 
@@ -64,8 +65,12 @@ def _a_variant_that_lies_does_not_serve(workers: Stack) -> None:
                            "--min-agreement", f"{bound:.4f}", "--wait")
     assert job["status"] == "succeeded", job["error"]
     reason = job["result"]["precision_reason"]
-    assert (lying["agreement"], job["result"]["precision"]) == (1.0, "fp32"), reason
+    assert job["result"]["precision"] == "fp32", reason
     assert reason.startswith("int8 agreed with float32 on ") and f"below the bound {bound:.2%}" in reason
+    # What it met on its held-out noise (all of it on some CPUs, about 70 % on others: ONNX
+    # Runtime's int8 kernels differ by instruction set), it fell far short of on the digits.
+    on_digits = float(re.search(r"on ([\d.]+)% of this input", reason).group(1)) / 100  # type: ignore[union-attr]
+    assert on_digits < bound - 0.2, (on_digits, bound)
     assert "is of held-out samples of faint.npy): full precision serves" in reason
 
 
