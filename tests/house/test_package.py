@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -99,8 +100,6 @@ def test_the_wheel_adds_only_mxq_to_a_fresh_venv(tmp_path: Path, wheel: Path) ->
 def test_the_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
     """A folder left out of packaging (mxq.db.lineage and mxq.cli.pipelines once were) is a module
     missing from the wheel, whatever the editable install the other tests run makes of it."""
-    import zipfile
-
     shipped = set(zipfile.ZipFile(wheel).namelist())
     paths = {m: m.replace(".", "/") for m in product_modules()}
     missing = [m for m, path in paths.items()
@@ -120,11 +119,11 @@ def _installed(tmp: Path, wheel: Path) -> Path:
     return env
 
 
-def _clean_env(home: Path, **extra: str) -> dict[str, str]:
+def _clean_env(home: Path) -> dict[str, str]:
     """The environment of a user's shell: no MXQ_* or PYTHON* setting of the test session's."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("MXQ_", "PYTHON", "VIRTUAL_ENV"))}
     return {**keep, "MXQ_HOME": str(home), "MXQ_DATA_ROOT": str(home / "data"), "MXQ_CPU_DEVICES": "1",
-            "MXQ_NVIDIA_SMI": str(home / "absent"), "MXQ_API_PORT": str(free_port()), **extra}
+            "MXQ_NVIDIA_SMI": str(home / "absent"), "MXQ_API_PORT": str(free_port())}
 
 
 @pytest.mark.slow
