@@ -183,11 +183,17 @@ def submitter(who: Annotated[Caller, Depends(caller)]) -> Caller:
     return who
 
 
-def admin(who: Annotated[Caller, Depends(caller)]) -> Caller:
-    """A caller with role admin (403 for the others): registering code that workers run."""
+# What each admin-only route family does, for the 403 that names it.
+ADMIN_WORK = {"/api/v1/archs": "registering an architecture's code (which workers import and run)",
+              "/api/v1/hooks": "managing webhooks (an endpoint hears every user's events)"}
+
+
+def admin(request: Request, who: Annotated[Caller, Depends(caller)]) -> Caller:
+    """A caller with role admin (403 for the others, naming what the route does)."""
     if who.role is not Role.ADMIN:
-        raise Forbidden(f"user {who.name!r} has role {who.role}; registering an architecture's code "
-                        "(which workers import and run) needs role admin")
+        work = next((w for prefix, w in ADMIN_WORK.items() if request.url.path.startswith(prefix)),
+                    f"{request.method} {request.url.path}")
+        raise Forbidden(f"user {who.name!r} has role {who.role}; {work} needs role admin")
     return who
 
 

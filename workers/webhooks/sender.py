@@ -28,6 +28,9 @@ from mxq.workers.settings import Settings
 from mxq.workers.webhooks import signing, targets
 
 log = logging.getLogger(__name__)
+# httpx logs every request's URL at INFO, a hook's path and query (where some services put a token)
+# with it: only its warnings reach the log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 MAX_SENDING = 8  # attempts in flight at once in one process: hung endpoints hold at most these
 

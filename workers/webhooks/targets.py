@@ -49,27 +49,51 @@ def endpoint(url: str, allowlist: HookAllowlist) -> Endpoint:
     """`url` parsed, its host checked against MXQ_HOOK_ALLOWED_HOSTS."""
     if len(url) > MAX_URL:
         raise HookRefused(f"a webhook URL is at most {MAX_URL} characters")
-    parts = urlsplit(url)
-    if parts.scheme not in SCHEMES or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        hostname, port = parts.hostname, parts.port
+    except ValueError:  # "Invalid IPv6 URL", a port that is not a number or out of range
+        raise HookRefused(f"a webhook URL is https://HOST[:PORT]/PATH (PORT from 1 to 65535), "
+                          f"not {url[:80]!r}") from None
+    if parts.scheme not in SCHEMES or not hostname:
         raise HookRefused(f"a webhook URL is https://HOST[:PORT]/PATH or http://…, not {url[:80]!r}")
     if parts.username or parts.password:
         raise HookRefused("a webhook URL must not hold credentials: its deliveries are signed")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise HookRefused(f"a webhook URL's port is a number from 1 to 65535: {url[:80]!r}") from None
+    if port == 0:
+        raise HookRefused(f"a webhook URL's port is a number from 1 to 65535, not 0: {url[:80]!r}")
     if not allowlist:
         raise HookRefused("no webhook host is allowed: MXQ_HOOK_ALLOWED_HOSTS is unset; set it to "
                           "the hosts (or *.domain) your endpoints are at")
-    if not allowlist.names_host(parts.hostname):
-        raise HookRefused(f"host {parts.hostname} is not in MXQ_HOOK_ALLOWED_HOSTS")
+    if not allowlist.names_host(hostname):
+        raise HookRefused(f"host {hostname} is not in MXQ_HOOK_ALLOWED_HOSTS")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Endpoint(parts.scheme, parts.hostname, port, target)
+    return Endpoint(parts.scheme, hostname, port or (443 if parts.scheme == "https" else 80), target)
+
+
+# IPv6 networks whose addresses carry an IPv4 address (a translator or a tunnel delivers them to
+# it, private ones included) or are deprecated: never public, whatever `is_global` says of them.
+EMBEDS_IPV4 = tuple(ipaddress.ip_network(n) for n in (
+    "::/96",             # IPv4-compatible (deprecated)
+    "::ffff:0:0/96",     # IPv4-mapped
+    "::ffff:0:0:0/96",   # IPv4-translated (SIIT)
+    "64:ff9b::/96",      # NAT64, well-known prefix
+    "64:ff9b:1::/48",    # NAT64, local use
+    "2002::/16",         # 6to4
+    "2001::/32",         # Teredo
+    "fec0::/10",         # site-local (deprecated)
+))
+
+
+def _public(address: IPAddress) -> bool:
+    """A global unicast address that no translator or tunnel maps onto an IPv4 address."""
+    if address.version == 6 and any(address in net for net in EMBEDS_IPV4):
+        return False
+    return address.is_global and not address.is_multicast
 
 
 def _reachable(address: IPAddress, allowlist: HookAllowlist) -> bool:
     """A public unicast address, or one a listed address or network holds."""
-    return allowlist.holds(address) or (address.is_global and not address.is_multicast)
+    return allowlist.holds(address) or _public(address)
 
 
 def resolve(point: Endpoint, allowlist: HookAllowlist) -> IPAddress:
