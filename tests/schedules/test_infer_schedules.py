@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -82,6 +83,41 @@ def test_each_new_file_is_scored_once_by_its_bytes(isolated: Stack) -> None:
         for job_id in fire["jobs"]:
             job = require_job(isolated.settings.database, job_id)
             assert job["status"] == "queued" and job["owner"] == added["owner"]
+
+
+def test_hidden_files_fifos_and_files_swapped_for_fifos_are_never_read(isolated: Stack) -> None:
+    """As a shell's glob, a fire skips hidden names (a tool's temporary `.f1.new.npy.part.npy`,
+    a hidden folder under `**`); a FIFO is no data; and a listed file replaced by a FIFO while
+    the fire hashes another is passed over, never waited on (it hung the schedule process)."""
+    _model(isolated, "flight")
+    inbox = isolated.home / "data" / "flight"
+    _drop(inbox, "a.npy", 1)
+    _drop(inbox, "b.npy", 2)
+    _drop(inbox, ".f1.new.npy.part.npy", 3)
+    _drop(inbox / ".partial", "c.npy", 4)
+    _drop(inbox / "day", "d.npy", 5)
+    os.mkfifo(inbox / "pipe.npy")
+    add_infer_schedule(isolated.settings, "flight-inbox", "@every 1m", "UTC", "flight/**/*.npy",
+                       {"model": "flight"}, now=T0)
+    from mxq.workers.schedules.sources import every_file as listed
+
+    def swapped_mid_fire(settings: Settings, source: str) -> list[Found]:
+        found = listed(settings, source)
+        os.mkfifo(inbox / "swap")
+        os.replace(inbox / "swap", inbox / "b.npy")  # b was listed; it is a FIFO when hashed
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scoring, "every_file", swapped_mid_fire)
+        firing = threading.Thread(target=tick, args=(isolated.settings, T0 + timedelta(seconds=61)),
+                                  daemon=True)
+        firing.start()
+        firing.join(60)
+        if firing.is_alive():  # the fire waits for a writer: let it go, then fail
+            with open(inbox / "b.npy", "wb"):
+                pass
+            pytest.fail("the fire blocked on a FIFO moved over a listed file")
+    assert sorted(_scored(isolated, "flight-inbox")) == [("a.npy", 1), ("d.npy", 1)]
 
 
 def test_a_fire_that_died_mid_submit_makes_each_job_once(isolated: Stack) -> None:

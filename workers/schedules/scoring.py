@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -43,18 +44,32 @@ READ_BYTES = 1 << 20  # a file is hashed a megabyte at a time
 
 
 def sighting_of(found: Found) -> Sighting | None:
-    """The bytes' identity (None for a local file that changed while it was read, or went)."""
+    """The bytes' identity (None for a local file that changed while it was read, or went, or
+    is no regular file now).
+
+    Whatever was moved over the listed name meanwhile, nothing here can block: the name is
+    opened without waiting (a FIFO would wait for a writer), the opened descriptor must be a
+    regular file (not a FIFO, a socket or a device), and at most the listed size and one byte
+    more are read (a file still growing is read again by the next fire)."""
     if found.etag is not None:
         return Sighting(found.location, f"{found.size} bytes, ETag {found.etag}", found.size)
     digest = hashlib.sha256()
     try:
-        with open(found.location, "rb") as f:
-            while block := f.read(READ_BYTES):
-                digest.update(block)
-            st = os.fstat(f.fileno())
+        fd = os.open(found.location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return None
-    if (st.st_size, st.st_mtime_ns) != (found.size, found.mtime_ns):
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            left = found.size + 1
+            while left > 0 and (block := f.read(min(READ_BYTES, left))):
+                digest.update(block)
+                left -= len(block)
+            st = os.fstat(fd)
+        except OSError:
+            return None
+    if left <= 0 or (st.st_size, st.st_mtime_ns) != (found.size, found.mtime_ns):
         return None
     return Sighting(found.location, f"{found.size} bytes, sha256 {digest.hexdigest()}", found.size,
                     found.mtime_ns)

@@ -14,6 +14,7 @@ outside the root (a symlinked file) is never a candidate.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -30,12 +31,23 @@ WILDCARDS = "*?["
 
 
 def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
-    """`parts` (a path below the walk's start) against glob components; `**` is any depth."""
+    """`parts` (a path below the walk's start) against glob components; `**` is any depth.
+    As in a shell, a hidden name (`.f1.npy.part`, what many tools write before a rename) is
+    matched only by a component that starts with a dot itself, never by a wildcard or `**`."""
     if not pattern:
         return not parts
     if pattern[0] == "**":
-        return any(_matches(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
+        return any(_matches(parts[i:], pattern[1:]) for i in range(len(parts) + 1)
+                   if not any(_hidden(p) for p in parts[:i]))
+    return bool(parts) and _component(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _component(name: str, pattern: str) -> bool:
+    return fnmatchcase(name, pattern) and (not _hidden(name) or _hidden(pattern))
 
 
 def _split(source: str) -> tuple[Path, tuple[str, ...]]:
@@ -144,6 +156,8 @@ def every_file(settings: Settings, source: str) -> list[Found]:
             st = path.stat()
         except OSError:
             continue  # gone since it was listed: the next fire sees what is there
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a FIFO, socket or device is no data (reading one could block the fire)
         found.append((st.st_mtime_ns, str(path), st.st_size))
     return [Found(location, size, mtime_ns) for mtime_ns, location, size in sorted(found)]
 
