@@ -115,3 +115,12 @@ def test_every_setting_is_on_the_settings_page() -> None:
     names = [field.validation_alias if isinstance(field.validation_alias, str) else f"MXQ_{name.upper()}"
              for name, field in Settings.model_fields.items() if name not in set_by_the_launcher]
     assert [n for n in names if f"`{n}`" not in page] == []
+
+
+def test_a_schema_number_the_docs_name_is_the_newest_migration() -> None:
+    """A page that quotes `mxq migrate`'s answer names the schema this release migrates to."""
+    newest = max(p.name[:4] for p in (ROOT / "db" / "migrations" / "versions").glob("[0-9]*.py"))
+    quoted = {(page.name, n) for page in (ROOT / "docs").glob("*.md")
+              for n in re.findall(r"newest schema \((\d{4})\)", page.read_text())}
+    assert quoted, "no page quotes the newest schema any more: drop this test"
+    assert {n for _, n in quoted} == {newest}, quoted
