@@ -32,7 +32,7 @@ from mxq.db.records import (
 )
 from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.since import DURATION_PATTERN
-from mxq.status import MOST_AFTER, JobStatus
+from mxq.status import MOST_AFTER, MOST_AFTER_LISTED, JobStatus
 from mxq.workers.jobs.archs import FILE_NAME
 from mxq.workers.jobs.jobspecs import (
     FACTORY_PATTERN,
@@ -125,9 +125,10 @@ class Waits(JsonBody):
     and fails naming the first that failed, was cancelled or was removed."""
 
     after: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(
-        None, max_length=MOST_AFTER, description="Jobs this one waits for: it runs once they all "
+        None, max_length=MOST_AFTER_LISTED, description="Jobs this one waits for: it runs once they all "
         "succeeded and fails, naming the one, if one fails or is cancelled. Each a job submitted "
-        "before this one that the caller may read; none (or an empty list): it waits for none.")
+        "before this one that the caller may read; none (or an empty list): it waits for none. At "
+        f"most {MOST_AFTER} jobs: a job named twice counts once.")
 
 
 class Routing(Turn, Shared, Waits):

@@ -23,6 +23,7 @@ UNSUCCESSFUL = (JobStatus.FAILED, JobStatus.CANCELLED)  # ended without its resu
 # `--after`: the most jobs one job may wait for (Slurm's afterok takes a list too; a longer one is
 # a pipeline better expressed as a chain), and what a waiting job does given their outcomes.
 MOST_AFTER = 64
+MOST_AFTER_LISTED = 16 * MOST_AFTER  # entries of one `--after` list, repeats included (each counts once)
 SHOWN_ERROR_CHARS = 200  # of a failed job's error, in the error of a job that waited for it
 
 

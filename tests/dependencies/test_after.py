@@ -166,6 +166,13 @@ def test_bad_ids_are_refused_at_submit_in_one_line_writing_nothing(isolated: Sta
     assert _jobs(isolated) == before
 
 
+def test_a_job_named_twice_counts_once(isolated: Stack) -> None:
+    """64 distinct jobs in 65 entries (docs/dependencies.md: a job named twice counts once)."""
+    ids = [_submit(isolated).job_id for _ in range(MOST_AFTER)]
+    waiting = _submit(isolated, after=[*ids, ids[0]])
+    assert isolated.job(waiting.job_id)["after"] == ids
+
+
 def test_the_cli_takes_after_and_refuses_what_is_not_ids(isolated: Stack) -> None:
     a = _submit(isolated).job_id
     done = isolated.mxq_json("probe", "--device", "cpu:0", "--allow-offline", "--after", f"{a}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from mxq.db.sharing import dependencies
 from mxq.db.sharing.teams import rights_of
 from mxq.names import MAX_ID, shown
-from mxq.status import MOST_AFTER, after_verdict
+from mxq.status import MOST_AFTER, MOST_AFTER_LISTED, after_verdict
 from mxq.users import may_read
 from mxq.workers.broker.publish import republish
 from mxq.workers.jobs import admit
@@ -37,9 +37,11 @@ LOOK = 5000  # waiting jobs decided per pass, oldest first (the next pass decide
 
 
 def _ids(after: Sequence[object]) -> list[int]:
-    """`after` as job ids (each once, in the order given), or ParamsError naming the value."""
-    if len(after) > MOST_AFTER:
-        raise ParamsError(f"--after lists {len(after)} jobs: allowed: at most {MOST_AFTER}")
+    """`after` as job ids (each once, in the order given: a job named twice counts once), or
+    ParamsError naming the value."""
+    if len(after) > MOST_AFTER_LISTED:
+        raise ParamsError(f"--after lists {len(after)} entries: allowed: at most {MOST_AFTER} "
+                          f"jobs in at most {MOST_AFTER_LISTED} entries")
     ids: list[int] = []
     for value in after:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
@@ -47,6 +49,8 @@ def _ids(after: Sequence[object]) -> list[int]:
                               f"{MAX_ID} (e.g. --after 12,15)")
         if value not in ids:
             ids.append(value)
+    if len(ids) > MOST_AFTER:
+        raise ParamsError(f"--after lists {len(ids)} jobs: allowed: at most {MOST_AFTER}")
     return ids
 
 
