@@ -13,10 +13,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mxq.client.progress import JobBar
 from mxq.db.records import JobRecord, PredictionRow
-from mxq.names import csv_cell
+from mxq.names import csv_cell, visible
 from mxq.status import FINISHED
 
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
@@ -48,7 +49,7 @@ def _fmt(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
-    return str(value)
+    return visible(str(value))  # a file name from outside may hold a terminal's escapes
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: list[str], title: str | None = None) -> None:
@@ -56,7 +57,7 @@ def table(rows: Sequence[Mapping[str, Any]], columns: list[str], title: str | No
     for c in columns:
         t.add_column(c)
     for r in rows:
-        t.add_row(*(_fmt(r.get(c)) for c in columns))
+        t.add_row(*(Text(_fmt(r.get(c))) for c in columns))  # Text: a `[` is no markup
     out.print(t)
 
 
@@ -76,7 +77,7 @@ def job_detail(record: Mapping[str, Any], title: str | None = None) -> None:
             value = f"{len(value)} throughput points (--json lists them)"
         if isinstance(value, dict):
             value = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
-        t.add_row(key, _fmt(value))
+        t.add_row(key, Text(_fmt(value)))
     out.print(t)
     for key, columns in JOB_LISTS.items():
         if record.get(key):

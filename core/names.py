@@ -5,7 +5,8 @@ and `-`, 1 to 128 of them, not starting with `.` or `-`, so that no name is `..`
 an absolute path or a command-line flag. Ids and offsets are at most what PostgreSQL's `integer`
 holds (jobs.id and the other ids are INTEGER), so that no number from outside reaches the
 database as an overflow. And text from outside leaves in a CSV cell as text, never as a
-spreadsheet formula (`csv_cell`)."""
+spreadsheet formula (`csv_cell`), and on a terminal as characters, never as its commands
+(`visible`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ from mxq.errors import UserError
 MAX_ID = 2**31 - 1
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
+
+
+# What a terminal would act on rather than show: C0 (an escape sequence's ESC, a carriage return,
+# a tab), DEL, C1, the Unicode line and paragraph separators, and the bidirectional overrides
+# and isolates that reorder what is shown.
+_TERMINAL_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """`text` as a terminal should show it: each control character as its escape (`\\x1b`),
+    so a file name from outside can neither move the cursor, recolour nor clear the screen."""
+    return _TERMINAL_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
 class BadName(UserError):

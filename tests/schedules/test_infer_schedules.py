@@ -258,3 +258,20 @@ def test_lineage_names_the_bytes_and_the_inputs_left_to_score(isolated: Stack) -
                         (["--unscored", "nosuch"], "unknown schedule")):
         proc = isolated.mxq("lineage", *wrong)
         assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+
+
+def test_a_file_name_with_terminal_escapes_is_shown_escaped(isolated: Stack) -> None:
+    """A name from outside (a schedule's file) holding an escape sequence, a bell and Rich's
+    markup: `mxq job` and `mxq lineage` show it as characters, never as the terminal's commands."""
+    _model(isolated, "escaped")
+    inbox = isolated.home / "data" / "escaped"
+    _drop(inbox, "x\x1b]0;owned\x07\x1b[2J[bold red].npy", 1)
+    add_infer_schedule(isolated.settings, "escaped-inbox", "@every 1m", "UTC", "escaped/*.npy",
+                       {"model": "escaped", "output": "npy"}, now=T0)
+    run_now(isolated.settings, "escaped-inbox", T0)
+    (job_id,) = schedules.fires(isolated.settings.database, "escaped-inbox")[0]["jobs"]
+    for command in (["job", str(job_id)], ["lineage", str(job_id)]):
+        proc = isolated.mxq(*command)
+        assert proc.returncode == 0, proc.stderr
+        assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout, command
+        assert r"x\x1b]0;owned\x07\x1b[2J[bold red].npy" in proc.stdout.replace("\n", ""), command
