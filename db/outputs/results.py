@@ -21,7 +21,7 @@ from mxq.db import registry
 from mxq.db.outputs import parquet, predictions
 from mxq.db.records import CLASSIFIER_OUTPUTS, HEADS, JobRecord, ModelRecord, PredictionRow
 from mxq.db.stack import stack_id
-from mxq.errors import NotFound, Unavailable, UserError, first_line
+from mxq.errors import MxqError, NotFound, Unavailable, UserError, first_line
 from mxq.names import csv_cell
 from mxq.objects import ObjectURLError, job_output
 from mxq.status import JobStatus
@@ -92,6 +92,8 @@ def _readable(record: JobRecord) -> Iterator[None]:
     one line naming the job and the file's problem, not a traceback or a plain-text 500."""
     try:
         yield
+    except MxqError:
+        raise  # mxq's own one-line answer (a UserError is a ValueError too): not the file's fault
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise OutputDamaged(f"job {record['id']}'s output cannot be read: {first_line(exc, 200)} "
                             "(cut short or damaged? running the job again writes it anew)") from None
@@ -253,7 +255,9 @@ def values(url: str, home: Path, record: JobRecord, output: str | None = None,
         path = _values_file(url, home, record, name, len(heads) > 1)
         if path is None:
             raise ValuesOutput(f"job {record['id']} stored SQL rows (`--output db`): read its "
-                               "predictions; values are kept by --output npy or parquet")
+                               f"predictions (GET /api/v1/jobs/{record['id']}/predictions, "
+                               f"`mxq results {record['id']}`); values are kept by --output npy "
+                               "or parquet")
         stored = np.load(path, mmap_mode="r")
         return np.array(stored[offset:stop], dtype=np.float32), len(stored)
 

@@ -58,6 +58,9 @@ def test_submit_probe_infer_and_train_then_read_them_back(client: TestClient, wo
     csv_text = client.get(f"/api/v1/jobs/{infer['id']}/predictions",
                           params={"format": "csv", "limit": 2}).text
     assert csv_text.splitlines()[0] == "index,predicted_class,score" and len(csv_text.splitlines()) == 3
+    values = client.get(f"/api/v1/jobs/{infer['id']}/values")  # SQL rows: the client's mistake
+    assert values.status_code == 422, values.text
+    assert f"read its predictions (GET /api/v1/jobs/{infer['id']}/predictions" in values.json()["detail"]
 
     train = client.post("/api/v1/jobs", json={"kind": "train", "arch": "mlp", "dataset": "digits",
                                               "name": "api-model", "epochs": 1}, headers=AUTH).json()
