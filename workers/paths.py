@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mxq.errors import UserError
+from mxq.names import shown
 
 if TYPE_CHECKING:
     from mxq.workers.settings import Settings
@@ -28,11 +29,28 @@ def within(path: str | Path, root: str | Path, what: str = "input",
            setting: str = "MXQ_DATA_ROOT") -> Path:
     """The resolved path (relative paths count from `root`) if it lies inside `root`, whether or
     not it exists; else PathError naming it, the root and where the root is set."""
+    _check_lengths(path, what)
     base = Path(root).resolve()
     resolved = (base / Path(path)).resolve()
     if not resolved.is_relative_to(base):
         raise PathError(f"{what} {path} lies outside the data root {base} ({setting})")
     return resolved
+
+
+# What Linux file systems take (NAME_MAX, PATH_MAX less its NUL): a longer name is refused where
+# it enters, not by the first stat of a fire hours later ("File name too long").
+NAME_BYTES, PATH_BYTES = 255, 4095
+
+
+def _check_lengths(path: str | Path, what: str) -> None:
+    text = str(path)
+    if len(text.encode(errors="surrogateescape")) > PATH_BYTES:
+        raise PathError(f"{what} {shown(text, 80)} is {len(text.encode(errors='surrogateescape')):,} "
+                        f"bytes long; allowed: at most {PATH_BYTES:,} bytes a path")
+    for name in Path(text).parts:
+        if (size := len(name.encode(errors="surrogateescape"))) > NAME_BYTES:
+            raise PathError(f"{what} {shown(text, 80)} has a name of {size:,} bytes; allowed: at "
+                            f"most {NAME_BYTES} bytes a file or folder name")
 
 
 def _looked_at(path: str | Path, resolved: Path, root: str | Path, setting: str) -> str:

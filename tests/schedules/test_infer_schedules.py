@@ -209,6 +209,8 @@ def test_a_promotion_rescores_the_standing_inputs_at_low_priority(isolated: Stac
     ("inbox/*.npy", {"model": "checked:x"}, {}, "positive number"),
     ("inbox/*.npy", {"model": "checked", "threshold": 0.3}, {}, "not multi-label"),
     ("inbox/*.npy", {"model": "checked", "engine": "nosuch"}, {}, "engine"),
+    ("inbox/" + "a" * 300 + "/*.npy", {"model": "checked"}, {}, "at most 255 bytes a file or folder name"),
+    ("inbox/" + "a" * 5000, {"model": "checked"}, {}, "at most 4,095 bytes a path"),
 ])
 def test_a_bad_inference_schedule_is_refused_when_added(isolated: Stack, source: str, request_: dict,
                                                          extra: dict, says: str) -> None:
