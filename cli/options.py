@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from mxq.since import parse_duration
+from mxq.since import DurationError, format_duration, parse_duration
+from mxq.workers.jobs.jobspecs import MAX_TIME_LIMIT
 
 PriorityOpt = Annotated[str, typer.Option(
     "--priority", help="high, normal or low: a worker takes a higher level first, first in first "
@@ -37,8 +38,14 @@ TimeLimitOpt = Annotated[str | None, typer.Option(
 
 
 def parse_time_limit(text: str | None) -> int | None:
-    """`--time-limit` in seconds (None: unset); a DurationError naming the option otherwise."""
-    return None if text is None else parse_duration(text, "--time-limit")
+    """`--time-limit` in seconds (None: unset); a DurationError naming the option otherwise,
+    before anything is submitted (as the API's schema refuses it: no failed job recorded)."""
+    if text is None:
+        return None
+    seconds = parse_duration(text, "--time-limit")
+    if not 1 <= seconds <= MAX_TIME_LIMIT:
+        raise DurationError(f"--time-limit {text!r}: allowed: 1s to {format_duration(MAX_TIME_LIMIT)}")
+    return seconds
 
 
 AfterOpt = Annotated[str | None, typer.Option(

@@ -136,3 +136,12 @@ def test_a_rejected_submit_keeps_a_huge_value_cut(stack: Stack) -> None:
     assert record["status"] == "failed"
     assert record["params"]["input"] == f"{huge[:STORED_CHARS]}… (300000 characters)"
     assert record["error"] is not None and len(record["error"]) < STORED_CHARS + 100
+
+
+@pytest.mark.parametrize("limit", ["0", "0s", "31d", "99999999"])
+def test_an_out_of_range_time_limit_is_refused_as_the_api_refuses_it(stack: Stack, limit: str) -> None:
+    """The API's schema refuses it writing nothing: the CLI too, never a failed job."""
+    before = len(list_jobs(stack.settings.database, JobFilter(limit=10000)))
+    line = _one_line(stack.mxq("probe", "--allow-offline", "--device", "cpu:0", "--time-limit", limit))
+    assert f"--time-limit {limit!r}: allowed: 1s to 30d" in line
+    assert len(list_jobs(stack.settings.database, JobFilter(limit=10000))) == before
