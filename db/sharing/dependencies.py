@@ -18,6 +18,7 @@ from mxq.db.jobs import ROUTE, route_of
 from mxq.db.records import JobRoute
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, utcnow
+from mxq.db.webhooks.outbox import job_ended
 from mxq.status import JobStatus
 
 Outcome = tuple[str, str | None]  # a job's status and error
@@ -56,12 +57,16 @@ def owners(url: str, ids: Iterable[int]) -> dict[int, tuple[str | None, str | No
 
 @db_retry
 def fail(url: str, job_id: int, error: str) -> bool:
-    """Fail a job still waiting (one it waits for can never succeed); False when it is not
-    waiting any more (cancelled, or another pass decided it)."""
+    """Fail a job still waiting (one it waits for can never succeed), its `job.failed` webhook
+    in the same transaction, as every other failure's; False when it is not waiting any more
+    (cancelled, or another pass decided it)."""
     with session_scope(url) as session:
-        return session.execute(update(Job).where(Job.id == job_id, *_waiting()).values(
+        failed = session.execute(update(Job).where(Job.id == job_id, *_waiting()).values(
             status=JobStatus.FAILED, finished_at=utcnow(), error=error, awaiting=False,
             held=False).returning(Job.id)).one_or_none() is not None
+        if failed:
+            job_ended(session, [job_id])
+        return failed
 
 
 @db_retry

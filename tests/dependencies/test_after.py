@@ -19,6 +19,7 @@ from mxq.db.engine import session_scope
 from mxq.db.jobs import Placement
 from mxq.db.schema import Job
 from mxq.db.sharing import admission, users
+from mxq.db.webhooks import endpoints, outbox
 from mxq.shares import Share
 from mxq.status import MOST_AFTER
 from mxq.tasks.runner import Delivery, JobContext, JobInputError, Outcome, Worker, run_job
@@ -89,6 +90,8 @@ def test_a_job_after_finished_jobs_goes_at_once(isolated: Stack) -> None:
 
 
 def test_b_after_a_failing_fails_naming_a(isolated: Stack) -> None:
+    hook = endpoints.add_hook(isolated.settings.database, "https://hooks.example.com/in",
+                              ["job.failed"], "admin")
     a = _submit(isolated).job_id
     b = _submit(isolated, after=[a]).job_id
     assert _run(isolated, a, "input x.npy has NaN in sample 3\nsecond line") is Delivery.FAILED
@@ -96,6 +99,9 @@ def test_b_after_a_failing_fails_naming_a(isolated: Stack) -> None:
     assert (record["status"], record["error"], record["attempts"]) == (
         "failed", f"job {a} it waits for (--after) failed: input x.npy has NaN in sample 3", 0)
     assert b not in _published(isolated)
+    told = outbox.list_deliveries(isolated.settings.database, hook["id"], None, 100)
+    assert sorted((d["event"], d["payload"]["job"]["id"]) for d in told) == [
+        ("job.failed", a), ("job.failed", b)]  # failed by the --after pass: told as any failure
 
 
 def test_a_failure_runs_down_a_chain_of_three(isolated: Stack) -> None:
