@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request, Response
 from typing_extensions import TypedDict
 
 from mxq.api.auth import settings
@@ -40,16 +40,27 @@ def job_lineage(job_id: JobId, who: Reader, s: Settings = Depends(settings)) -> 
     return record
 
 
-@router.get("/lineage", response_model=list[LineageRecord], responses=problems())
-def lineage_rows(who: Reader, model: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+@router.get("/lineage", response_model=list[LineageRecord], responses={**problems(), 200: {
+    "description": "The rows; when more follow, a `Link: <…&after=JOB>; rel=\"next\"` header "
+                   "(RFC 8288) gives the next page's URL",
+    "headers": {"Link": {"schema": {"type": "string"}, "description": "The next page, if any"}}}})
+def lineage_rows(request: Request, response: Response, who: Reader,
+                 model: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
                  version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
                  output: Annotated[str | None, Query(min_length=1, max_length=4096)] = None,
                  limit: Annotated[int, Query(ge=1, le=lineage.MOST)] = 1000,
+                 after: Annotated[int, Query(ge=0, le=MAX_ID, description="Only jobs above this "
+                                             "id: the last row's `job_id`, to read on.")] = 0,
                  s: Settings = Depends(settings)) -> Any:
     """The prediction sets `model` (its `version`) produced, or the job that wrote `output`,
-    each filter narrowing (none: every set), of those the caller may read, by job id."""
-    rows = lineage.prediction_sets(s.database, model, version, output, limit)
-    return [r for r in rows if who.may_read(r["owner"], r["team"])]
+    each filter narrowing (none: every set), of those the caller may read, by job id; a page of
+    `limit`, and a `Link` header to the next while more follow."""
+    reader = None if who.role is Role.ADMIN else (who.name, who.teams)
+    rows, more = lineage.prediction_sets(s.database, model, version, output, limit, reader, after)
+    if more:
+        following = request.url.include_query_params(after=rows[-1]["job_id"])
+        response.headers["Link"] = f'<{following}>; rel="next"'
+    return rows
 
 
 @router.get("/lineage/versions", response_model=list[VersionScored], responses=problems())

@@ -243,13 +243,14 @@ class Client:
         return dict(self.request("GET", f"/schedules/{schedule}/unscored", params=query))
 
     def lineage(self, model: str | None = None, version: int | None = None,
-                output: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+                output: str | None = None, limit: int = 1000, after: int = 0) -> list[dict[str, Any]]:
         """What produced prediction sets (`mxq lineage --model`/`--output`): those `model`'s
         `version` produced, or the one whose output is `output`, each filter narrowing (none:
-        every set the token's user may read); a job's own is `Job.lineage()`."""
+        every set the token's user may read), by job id above `after`, at most `limit` (pass
+        the last one's `job_id` as `after` to read on); a job's own is `Job.lineage()`."""
         query = {k: v for k, v in {"model": model, "version": version, "output": output}.items()
                  if v is not None}
-        return list(self.request("GET", "/lineage", params={**query, "limit": limit}))
+        return list(self.request("GET", "/lineage", params={**query, "limit": limit, "after": after}))
 
     def add_hook(self, url: str, events: list[str]) -> dict[str, Any]:
         """Add a webhook endpoint for `events` (`mxq hooks add`; the token must be an admin's):

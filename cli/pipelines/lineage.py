@@ -48,10 +48,14 @@ def lineage(job_id: Annotated[int | None, typer.Argument(help="An inference job.
         name, _, pinned = model.partition(":")
         if pinned and not pinned.isdecimal():
             raise typer.BadParameter(f"{model!r}: expected NAME or NAME:VERSION", param_hint="--model")
-        rows = read.prediction_sets(s.database, name, int(pinned) if pinned else None)
+        rows, more = read.prediction_sets(s.database, name, int(pinned) if pinned else None)
     else:
-        rows = read.prediction_sets(s.database, output=output)
+        rows, more = read.prediction_sets(s.database, output=output)
     _show(rows, rows, COLUMNS, json_, "prediction sets")
+    if more:
+        render.err.print(f"mxq: the first {len(rows):,} sets; more follow (the view "
+                         "prediction_lineage, or GET /api/v1/lineage?after=JOB, holds them all)",
+                         markup=False)
 
 
 def _show(document: object, rows: Sequence[Mapping[str, Any]], columns: list[str], json_: bool,

@@ -35,7 +35,7 @@ def _record(row: Any) -> LineageRecord:
 
 def _rows(url: str, *where: ColumnElement[bool], limit: int = MOST) -> list[LineageRecord]:
     with session_scope(url) as session:
-        q = select(VIEW).where(*where).order_by(VIEW.c.job_id).limit(min(limit, MOST))
+        q = select(VIEW).where(*where).order_by(VIEW.c.job_id).limit(limit)
         return [_record(r) for r in session.execute(q)]
 
 
@@ -48,23 +48,37 @@ def of_job(url: str, job_id: int) -> LineageRecord:
     return found[0]
 
 
+Reader = tuple[str, frozenset[str]]  # a user's name and teams: what `mxq.users.may_read` lets it read
+
+
+def _readable(reader: Reader | None) -> list[ColumnElement[bool]]:
+    """The rows `reader` may read (its own, its teams'), in SQL, so that a LIMIT counts only
+    those; None (an admin, the local CLI): every row."""
+    if reader is None:
+        return []
+    name, teams = reader
+    return [or_(VIEW.c.owner == name, VIEW.c.team.in_(sorted(teams)))]
+
+
 def prediction_sets(url: str, model: str | None = None, version: int | None = None,
-               output: str | None = None, limit: int = MOST) -> list[LineageRecord]:
+                    output: str | None = None, limit: int = MOST, reader: Reader | None = None,
+                    after: int = 0) -> tuple[list[LineageRecord], bool]:
     """The prediction sets model `model`'s version `version` produced, or the one whose output
-    is `output` (a file's path, an s3:// URL): each filter given narrows; none, every set."""
+    is `output` (a file's path, an s3:// URL): each filter given narrows; none, every set. Of
+    those `reader` may read, by job id from above `after`, at most `limit`; and whether more
+    follow (read on from the last one's job id)."""
     where = [c == v for c, v in ((VIEW.c.model, model), (VIEW.c.model_version, version),
                                  (VIEW.c.output, output and output.rstrip("/"))) if v is not None]
-    return _rows(url, *where, limit=limit)
+    limit = min(limit, MOST)
+    rows = _rows(url, *where, *_readable(reader), VIEW.c.job_id > after, limit=limit + 1)
+    return rows[:limit], len(rows) > limit
 
 
-def versions_scored(url: str, reader: tuple[str, frozenset[str]] | None = None) -> list[VersionScored]:
+def versions_scored(url: str, reader: Reader | None = None) -> list[VersionScored]:
     """Per model version, how many prediction sets it produced and over how many distinct
     inputs (the dashboard's versions panel): of every job, or (`reader`: a user's name and
     teams) only of those the user may read."""
-    where: list[ColumnElement[bool]] = []
-    if reader is not None:
-        name, teams = reader
-        where.append(or_(VIEW.c.owner == name, VIEW.c.team.in_(sorted(teams))))
+    where = _readable(reader)
     inputs = func.count(distinct(func.coalesce(VIEW.c.input_bytes, VIEW.c.input)))
     q = (select(VIEW.c.model, VIEW.c.model_version, func.count(), inputs,
                 func.sum(case((VIEW.c.status == "succeeded", 1), else_=0)))

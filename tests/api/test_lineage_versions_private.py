@@ -101,3 +101,24 @@ def test_the_db_function_filters_by_name_and_teams(readers: Readers) -> None:
     assert lineage.versions_scored(url, ("bob", frozenset())) == [BOB_V1]
     assert lineage.versions_scored(url, ("dan", frozenset())) == []
     assert lineage.versions_scored(url, None) == [ALICE_V2, ALICE_V3, BOB_V1]
+
+
+def test_the_lineage_list_filters_before_it_pages(readers: Readers) -> None:
+    """Issue 58: the LIMIT was applied before the read filter, so bob, with 12 readable sets
+    behind 30 of alice's, got none for limit=10. Now he gets his first 10, a Link to the next
+    page, and the last 2 there with no Link; no page ever holds another user's row."""
+    _infer(readers.url, "alice", None, ALICE_MODEL, 3, [f"x{i}.npy" for i in range(30)])
+    bob = _infer(readers.url, "bob", None, BOB_MODEL, 1, [f"y{i}.npy" for i in range(11)])
+    first = readers.client.get("/api/v1/lineage", params={"limit": 10}, headers=readers.auth("bob"))
+    assert first.status_code == 200, first.text
+    assert [r["owner"] for r in first.json()] == ["bob"] * 10
+    link = first.headers["link"]
+    assert link.endswith('>; rel="next"') and f"after={first.json()[-1]['job_id']}" in link
+    rest = readers.client.get(link[1:link.index(">")], headers=readers.auth("bob"))
+    assert [r["job_id"] for r in first.json() + rest.json()][-11:] == bob
+    assert len(first.json() + rest.json()) == 12 and "link" not in rest.headers
+    mine = readers.client.get("/api/v1/lineage", params={"model": ALICE_MODEL, "version": 3},
+                              headers=readers.auth("alice")).json()
+    assert len(mine) == 31 and {r["owner"] for r in mine} == {"alice"}
+    assert readers.client.get("/api/v1/lineage", params={"model": ALICE_MODEL, "version": 3},
+                              headers=readers.auth("bob")).json() == []
