@@ -3,6 +3,7 @@ compare-and-set, and recorded under a unique (schedule, fire time): two ticks ne
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -197,13 +198,6 @@ def pending_fire(url: str, fire_id: int) -> StoredSchedule | None:
         return None if row is None else _with_id(row)
 
 
-def rescore_version_of(url: str, fire_id: int) -> int | None:
-    """The promoted version whose promotion made this fire (None for a fire of its times)."""
-    with session_scope(url) as session:
-        fire = session.get(Fire, fire_id)
-        return None if fire is None else fire.rescore_version
-
-
 def settle_fire(url: str, fire_id: int, **values: Any) -> None:
     """Set the fire's dataset file, job id, error or promotion decision; an error (not a skip)
     is a `schedule.fire_failed` webhook event, in the same transaction."""
@@ -243,12 +237,43 @@ def _jobs_by_fire(session: Session, schedule_id: int) -> dict[int, list[int]]:
     return made
 
 
-def follow(url: str, schedule_id: int, version: int) -> None:
-    """Record the version an inference schedule's fire scores with (what a promotion is then
-    compared with: `rescoring`)."""
+class Scoring(enum.Enum):
+    """What a fire of an inference schedule is, once it knows the version it scores with."""
+
+    REGULAR = "regular"  # the version it followed (or its first fire): new files only
+    RESCORE = "rescore"  # a promotion since its last fire: this fire re-scores, at `--rescore`
+    TAKEN = "taken"  # another fire is that promotion's re-score: this one leaves it the files
+
+
+def follow(url: str, schedule_id: int, fire_id: int, version: int) -> Scoring:
+    """Record the version fire `fire_id` scores with (what a promotion is then compared with:
+    `rescoring`), and decide in the same transaction whether the fire is a promotion's re-score.
+
+    The one place the re-score and the regular fire are decided: a promotion made since the
+    schedule's last fire (it follows the promoted version, re-scores at a `--rescore` level, and
+    fired before) makes the first fire to see it the re-score, whether the tick's re-score pass
+    or a regular fire due at that moment gets here first; a compare-and-set on the followed
+    version lets exactly one of them. A schedule that never fired has nothing to re-score: its
+    first fire scores every file, at its own priority."""
     with session_scope(url) as session:
-        session.execute(update(Schedule).where(Schedule.id == schedule_id)
-                        .values(followed_version=version))
+        sched = session.get(Schedule, schedule_id)
+        if sched is None:
+            raise ScheduleNotFound(f"no schedule {schedule_id}")
+        followed, fire = sched.followed_version, session.get(Fire, fire_id)
+        if fire is not None and fire.rescore_version is not None:
+            return Scoring.RESCORE  # made by `take_rescore`, which moved the followed version
+        promoted = (followed is not None and followed != version and sched.rescore is not None
+                    and sched.spec.get("model_version") is None)
+        moved = rowcount(session.execute(
+            update(Schedule).where(Schedule.id == schedule_id, Schedule.followed_version.is_(None)
+                                   if followed is None else Schedule.followed_version == followed)
+            .values(followed_version=version)))
+        if not promoted:
+            return Scoring.REGULAR
+        if not moved or fire is None:
+            return Scoring.TAKEN
+        fire.rescore_version = version
+        return Scoring.RESCORE
 
 
 def rescoring(url: str) -> list[StoredSchedule]:

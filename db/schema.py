@@ -390,8 +390,9 @@ class Fire(Base):
 
 
 class ScoredInput(Base):
-    """Bytes a model version scored for an inference schedule, once: unique per (model,
-    version, identity), the identity being the bytes' (a local file's size and SHA-256, an
+    """Bytes a model version scored for an inference schedule, once per schedule: unique per
+    (schedule, model, version, identity), so no schedule blocks, delays or reveals another's
+    (migration 0035), the identity being the bytes' (a local file's size and SHA-256, an
     object's size and ETag), so a file rewritten is new and a file renamed is not. The row is
     claimed before its job is submitted (with an idempotency key made from it), so a fire that
     dies between the two is finished by the next without a second job."""
@@ -411,8 +412,9 @@ class ScoredInput(Base):
     error: Mapped[str | None] = mapped_column(Text)  # the submit refused it (once: not retried)
     claimed_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (UniqueConstraint("model", "version", "identity", name="uq_scored_inputs_identity"),
-                      Index("ix_scored_inputs_location", "model", "version", "location"),
+    __table_args__ = (UniqueConstraint("schedule_id", "model", "version", "identity",
+                                       name="uq_scored_inputs_schedule_identity"),
+                      Index("ix_scored_inputs_location", "schedule_id", "model", "version", "location"),
                       NEVER_REUSE_IDS)
 
 

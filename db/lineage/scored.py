@@ -1,8 +1,11 @@
-"""The bytes a model version scored for an inference schedule, each once (`scored_inputs`).
+"""The bytes a model version scored for an inference schedule, each once per schedule
+(`scored_inputs`).
 
-A fire claims an input before it submits its job: the claim is a row unique per (model,
-version, identity), so two fires (a tick and the reconciler finishing a fire that seemed lost)
-never make two jobs of the same bytes; the job is then submitted with an idempotency key made
+A fire claims an input before it submits its job: the claim is a row unique per (schedule,
+model, version, identity), so two fires of one schedule (a tick and the reconciler finishing a
+fire that seemed lost) never make two jobs of the same bytes, while another schedule, another
+user's perhaps, over the same bytes makes its own job and learns nothing of this one's (each
+reads only its own claims); the job is then submitted with an idempotency key made
 from the claim (`key_of`), so a fire that died between the submit and `settle` finds its job
 again instead of making a second.
 """
@@ -48,31 +51,44 @@ def key_of(claim_id: int) -> str:
     return f"mxq:scored:{claim_id}"
 
 
-def seen(url: str, model: str, version: int, location: str, size: int, mtime_ns: int) -> bool:
-    """Whether `version` scored the bytes last seen at this local path with this size and
-    mtime (their job made, or refused): a fire then skips the file without reading it to hash
-    it. A claim still waiting for its job is not seen: the fire finishes it."""
-    return _settled(url, model, version, ScoredInput.location == location,
-                    ScoredInput.size == size, ScoredInput.mtime_ns == mtime_ns)
+@dataclass(frozen=True)
+class Scorer:
+    """Who scores: a schedule, with the model version its fire scores with."""
+
+    schedule_id: int
+    model: str
+    version: int
+
+    def rows(self) -> tuple[ColumnElement[bool], ...]:
+        return (ScoredInput.schedule_id == self.schedule_id, ScoredInput.model == self.model,
+                ScoredInput.version == self.version)
 
 
-def _settled(url: str, model: str, version: int, *where: ColumnElement[bool]) -> bool:
-    """Whether `version` has a claim matching `where` whose job was made (or refused)."""
+def seen(url: str, by: Scorer, location: str, size: int, mtime_ns: int) -> bool:
+    """Whether the schedule scored, with its version, the bytes last seen at this local path
+    with this size and mtime (their job made, or refused): a fire then skips the file without
+    reading it to hash it. A claim still waiting for its job is not seen: the fire finishes it."""
+    return _settled(url, by, ScoredInput.location == location, ScoredInput.size == size,
+                    ScoredInput.mtime_ns == mtime_ns)
+
+
+def _settled(url: str, by: Scorer, *where: ColumnElement[bool]) -> bool:
+    """Whether the schedule's version has a claim matching `where` whose job was made (or
+    refused)."""
     with session_scope(url) as session:
         return bool(session.scalar(select(exists().where(
-            ScoredInput.model == model, ScoredInput.version == version, *where,
-            or_(ScoredInput.job_id.is_not(None), ScoredInput.error.is_not(None))))))
+            *by.rows(), *where, or_(ScoredInput.job_id.is_not(None), ScoredInput.error.is_not(None))))))
 
 
-def claim(url: str, model: str, version: int, sighting: Sighting, schedule_id: int,
-          fire_id: int) -> Claim:
-    """The claim on these bytes for `version`: made now, or the one an earlier fire made (whose
-    location then moves to where they are now: a renamed file is skipped unread next time)."""
+def claim(url: str, by: Scorer, sighting: Sighting, fire_id: int) -> Claim:
+    """The schedule's claim on these bytes for its version: made now, or the one an earlier fire
+    of it made (whose location then moves to where they are now: a renamed file is skipped
+    unread next time)."""
     try:
         with session_scope(url) as session:
-            row = ScoredInput(model=model, version=version, identity=sighting.identity,
+            row = ScoredInput(model=by.model, version=by.version, identity=sighting.identity,
                               location=sighting.location, size=sighting.size,
-                              mtime_ns=sighting.mtime_ns, schedule_id=schedule_id, fire_id=fire_id)
+                              mtime_ns=sighting.mtime_ns, schedule_id=by.schedule_id, fire_id=fire_id)
             session.add(row)
             session.flush()
             return Claim(row.id, None, None)
@@ -80,8 +96,7 @@ def claim(url: str, model: str, version: int, sighting: Sighting, schedule_id: i
         pass
     with session_scope(url) as session:
         row = session.scalars(select(ScoredInput).where(
-            ScoredInput.model == model, ScoredInput.version == version,
-            ScoredInput.identity == sighting.identity)).one()
+            *by.rows(), ScoredInput.identity == sighting.identity)).one()
         row.location, row.mtime_ns = sighting.location, sighting.mtime_ns
         return Claim(row.id, row.job_id, row.error)
 
@@ -108,6 +123,6 @@ def jobs_of_fire(url: str, fire_id: int) -> list[int]:
         return [job_id for job_id in made if job_id is not None]
 
 
-def has(url: str, model: str, version: int, identity: str) -> bool:
-    """Whether `version` scored these bytes (their job made, or refused)."""
-    return _settled(url, model, version, ScoredInput.identity == identity)
+def has(url: str, by: Scorer, identity: str) -> bool:
+    """Whether the schedule scored these bytes with its version (their job made, or refused)."""
+    return _settled(url, by, ScoredInput.identity == identity)

@@ -131,8 +131,9 @@ def test_a_fire_that_died_mid_submit_makes_each_job_once(isolated: Stack) -> Non
     sched = schedules.get(isolated.settings.database, "crashy-inbox")
     dead = schedules.record_manual(isolated.settings.database, sched["id"], T0)
     db = isolated.settings.database
-    claim_a = scored.claim(db, "crashy", 1, _sighting(a), sched["id"], dead)
-    claim_b = scored.claim(db, "crashy", 1, _sighting(b), sched["id"], dead)
+    by = scored.Scorer(sched["id"], "crashy", 1)
+    claim_a = scored.claim(db, by, _sighting(a), dead)
+    claim_b = scored.claim(db, by, _sighting(b), dead)
     first_b = submit_request(isolated.settings, "infer", {"model": "crashy", "model_version": 1,
                                                           "input": str(b)},
                              idempotency_key=scored.key_of(claim_b.id), owner=sched["owner"],
@@ -141,7 +142,7 @@ def test_a_fire_that_died_mid_submit_makes_each_job_once(isolated: Stack) -> Non
     fires = schedules.fires(db, "crashy-inbox")
     made = sorted(j for f in fires for j in f["jobs"])
     assert len(made) == 2 and first_b.job_id in made, fires
-    assert scored.claim(db, "crashy", 1, _sighting(a), sched["id"], dead).id == claim_a.id
+    assert scored.claim(db, by, _sighting(a), dead).id == claim_a.id
 
 
 def _sighting(path: Path) -> scored.Sighting:
@@ -198,6 +199,62 @@ def test_a_promotion_rescores_the_standing_inputs_at_low_priority(isolated: Stac
     for job_id in fires[1]["jobs"]:
         job = require_job(isolated.settings.database, job_id)
         assert job["priority"] == "low" and job["preemptible"]
+
+
+def test_a_promotion_rescores_even_when_a_regular_fire_is_due_at_that_moment(isolated: Stack) -> None:
+    """Issue 58: on an `--every` schedule, a promotion met by a fire due at that very tick was
+    scored by the regular fire at normal priority, never re-scored. Whichever fire sees the
+    promotion first is the re-score, once; a schedule that never fired scores its files once, at
+    its own priority (nothing to re-score)."""
+    _model(isolated, "racy")
+    inbox = isolated.home / "data" / "racy"
+    for i in range(3):
+        _drop(inbox, f"r{i}.npy", i)
+    add_infer_schedule(isolated.settings, "racy-every", "@every 1m", "UTC", "racy/*.npy",
+                       {"model": "racy"}, now=T0)
+    add_infer_schedule(isolated.settings, "racy-never", "0 3 * * *", "UTC", "racy/*.npy",
+                       {"model": "racy"}, now=T0)  # not due in this test: fired by hand
+    assert tick(isolated.settings, T0 + timedelta(seconds=61))  # racy-every's first fire
+    _model(isolated, "racy")  # version 2, promoted with the next fire due
+    assert isolated.mxq("models", "promote", "racy", "2").returncode == 0
+    made = tick(isolated.settings, T0 + timedelta(seconds=122))  # due, and a promotion to see
+    tick(isolated.settings, T0 + timedelta(seconds=183))  # nothing new: no job
+    assert len(made) == 1
+    fires = schedules.fires(isolated.settings.database, "racy-every")
+    assert [(f["rescore_version"], f["scored"]) for f in fires] == [(None, 3), (2, 3), (None, 0)]
+    for job_id in fires[1]["jobs"]:
+        job = require_job(isolated.settings.database, job_id)
+        assert (job["priority"], job["params"]["model_version"]) == ("low", 2)
+    run_now(isolated.settings, "racy-never", T0 + timedelta(seconds=190))  # its first fire
+    [first] = schedules.fires(isolated.settings.database, "racy-never")
+    assert (first["rescore_version"], first["scored"]) == (None, 3)
+    assert {require_job(isolated.settings.database, j)["priority"] for j in first["jobs"]} == {"normal"}
+
+
+def test_one_users_schedule_neither_blocks_nor_reveals_anothers(isolated: Stack) -> None:
+    """Issue 58: claims were unique per (model, version, bytes) whoever owned the schedule: bob
+    copied one of alice's files into his folder and scored it first, and alice's schedule never
+    scored hers (the claim pointed at bob's private job), her --unscored said nothing was
+    missing. Each schedule now scores its own files, and sees only its own claims."""
+    db = isolated.settings.database
+    _model(isolated, "shared")
+    theirs = isolated.home / "data" / "alice"
+    hers = _drop(theirs, "a.npy", 1)
+    mine = isolated.home / "data" / "bob"
+    mine.mkdir()
+    (mine / "copy.npy").write_bytes(hers.read_bytes())
+    add_infer_schedule(isolated.settings, "bob-scores", "@every 1m", "UTC", "bob/*.npy",
+                       {"model": "shared"}, now=T0, owner="bob")
+    add_infer_schedule(isolated.settings, "alice-scores", "@every 1m", "UTC", "alice/*.npy",
+                       {"model": "shared"}, now=T0 + timedelta(seconds=30), owner="alice")
+    run_now(isolated.settings, "bob-scores", T0)
+    [bobs] = schedules.fires(db, "bob-scores")[0]["jobs"]
+    assert [i["location"] for i in scoring.unscored(isolated.settings, "alice-scores")[1]] == [str(hers)]
+    run_now(isolated.settings, "alice-scores", T0)
+    [alices] = schedules.fires(db, "alice-scores")[0]["jobs"]
+    assert alices != bobs and require_job(db, alices)["owner"] == "alice"
+    assert require_job(db, alices)["params"]["input"] == str(hers)
+    assert scoring.unscored(isolated.settings, "alice-scores")[1] == []
 
 
 @pytest.mark.parametrize(("source", "request_", "extra", "says"), [

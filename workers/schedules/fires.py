@@ -49,8 +49,7 @@ def submit_fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int 
     whose jobs are the fire's `jobs`)."""
     if sched["kind"] == "infer":
         try:
-            rescore = schedules.rescore_version_of(settings.database, fire_id) is not None
-            scoring.fire(settings, sched, fire_id, rescore)
+            scoring.fire(settings, sched, fire_id)
         except (MxqError, ValueError) as exc:
             schedules.settle_fire(settings.database, fire_id, error=str(exc))
             log.info("schedule %s fire %s failed: %s", sched["name"], fire_id, exc)

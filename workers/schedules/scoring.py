@@ -4,7 +4,8 @@ it follows (the promoted one, or the one it pins).
 A file is new to a version when the version never scored its bytes: a local file is known by its
 size and SHA-256 (so a file rewritten in place is new, a file renamed or copied is not), an object
 by its size and ETag. The hash is read only for a file whose path, size and mtime the version has
-not seen (`scored.seen`). Each new file is claimed in SQL before its job is submitted, and the job
+not seen (`scored.seen`). All of it is the schedule's own: another schedule over the same bytes
+scores them for itself. Each new file is claimed in SQL before its job is submitted, and the job
 carries an idempotency key made from the claim: a fire that dies anywhere (the schedule process
 killed mid-fire) is finished by the reconciler or the next fire with every file's job made once.
 A file still being written (its size or mtime moved while it was hashed) waits for the next fire.
@@ -22,7 +23,7 @@ from typing import Any
 
 from mxq.db import schedules
 from mxq.db.lineage import scored
-from mxq.db.lineage.scored import Sighting
+from mxq.db.lineage.scored import Scorer, Sighting
 from mxq.db.records import ScheduleRecord, StoredSchedule, UnscoredInput
 from mxq.db.registry import resolve
 from mxq.db.schema import utcnow
@@ -83,18 +84,22 @@ def priority_of(sched: StoredSchedule, rescore: bool) -> Priority:
     return Priority.of(sched["priority"], sched["preemptible"])
 
 
-def fire(settings: Settings, sched: StoredSchedule, fire_id: int, rescore: bool = False) -> int:
+def fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int:
     """Submit a job for each file of the schedule's input its version has not scored; record
-    how many on the fire and return that count."""
+    how many on the fire and return that count. Whether the fire re-scores after a promotion
+    (at the schedule's `--rescore` level) is decided by `schedules.follow`, whoever fired it."""
     spec = sched["spec"]
     version = resolve(settings.database, spec["model"], spec.get("model_version"))["version"]
-    schedules.follow(settings.database, sched["id"], version)
-    priority = priority_of(sched, rescore)
-    for found, sighting in _unseen(settings, spec["model"], version, sched["dataset"]):
+    scoring = schedules.follow(settings.database, sched["id"], fire_id, version)
+    if scoring is schedules.Scoring.TAKEN:  # another fire re-scores this version's files
+        schedules.settle_fire(settings.database, fire_id, scored=0, dataset_file=sched["dataset"])
+        return 0
+    priority = priority_of(sched, scoring is schedules.Scoring.RESCORE)
+    by = Scorer(sched["id"], spec["model"], version)
+    for found, sighting in _unseen(settings, by, sched["dataset"]):
         if sighting is None:
             continue  # still being written, or gone: the next fire looks again
-        claim = scored.claim(settings.database, spec["model"], version, sighting, sched["id"],
-                             fire_id)
+        claim = scored.claim(settings.database, by, sighting, fire_id)
         if not claim.settled:
             _score(settings, sched, version, priority, claim.id, found.location)
     made = len(scored.jobs_of_fire(settings.database, fire_id))
@@ -102,13 +107,13 @@ def fire(settings: Settings, sched: StoredSchedule, fire_id: int, rescore: bool 
     return made
 
 
-def _unseen(settings: Settings, model: str, version: int,
-            source: str) -> Iterator[tuple[Found, Sighting | None]]:
-    """Each file of `source` that `version` has not seen at its path with its size and mtime,
-    with its bytes' identity (read now: None for a file that changed while read, or went)."""
+def _unseen(settings: Settings, by: Scorer, source: str) -> Iterator[tuple[Found, Sighting | None]]:
+    """Each file of `source` that the schedule's version has not seen at its path with its size
+    and mtime, with its bytes' identity (read now: None for a file that changed while read, or
+    went)."""
     for found in every_file(settings, source):
-        if found.mtime_ns is None or not scored.seen(settings.database, model, version,
-                                                     found.location, found.size, found.mtime_ns):
+        if found.mtime_ns is None or not scored.seen(settings.database, by, found.location,
+                                                     found.size, found.mtime_ns):
             yield found, sighting_of(found)
 
 
@@ -188,7 +193,7 @@ def unscored(settings: Settings, name: str, version: int | None = None) -> tuple
                        "schedule's (mxq schedule add NAME --infer MODEL --input GLOB)")
     model = sched["spec"]["model"]
     version = version or resolve(settings.database, model, sched["spec"].get("model_version"))["version"]
+    by = Scorer(sched["id"], model, version)
     return version, [{"location": found.location, "size": found.size}
-                     for found, sighting in _unseen(settings, model, version, sched["dataset"])
-                     if sighting is None or not scored.has(settings.database, model, version,
-                                                           sighting.identity)]
+                     for found, sighting in _unseen(settings, by, sched["dataset"])
+                     if sighting is None or not scored.has(settings.database, by, sighting.identity)]
