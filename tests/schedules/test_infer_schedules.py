@@ -268,6 +268,7 @@ def test_one_users_schedule_neither_blocks_nor_reveals_anothers(isolated: Stack)
     ("inbox/*.npy", {"model": "checked", "engine": "nosuch"}, {}, "engine"),
     ("inbox/" + "a" * 300 + "/*.npy", {"model": "checked"}, {}, "at most 255 bytes a file or folder name"),
     ("inbox/" + "a" * 5000, {"model": "checked"}, {}, "at most 4,095 bytes a path"),
+    ("inbox/*.npy", {"model": "checked"}, {"device": "gpu:7"}, "device gpu:7 is not known on node"),
 ])
 def test_a_bad_inference_schedule_is_refused_when_added(isolated: Stack, source: str, request_: dict,
                                                          extra: dict, says: str) -> None:

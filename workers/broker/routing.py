@@ -37,19 +37,32 @@ class Need:
     what: str = "this job"
 
 
+def _workers(settings: Settings) -> dict[str, WorkerRecord]:
+    return {w["device"]: w for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)}
+
+
+def _unknown(settings: Settings, spec: DeviceSpec, mine: dict[str, WorkerRecord]) -> RoutingError:
+    have = ", ".join(sorted(mine)) or "none (no worker has started on it yet)"
+    return RoutingError(f"device {spec} is not known on node {settings.node}; known devices: {have}")
+
+
+def check_known(settings: Settings, spec: DeviceSpec) -> None:
+    """A named device must be one a worker of this node has served, as `route` checks it for
+    `mxq infer`, though it need not be up now (a schedule fires later); `auto` always is."""
+    if not spec.auto and str(spec) not in (mine := _workers(settings)):
+        raise _unknown(settings, spec, mine)
+
+
 def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False,
           need: Need = Need()) -> Route:
     """A named device goes to its own queue on this node; `auto` to its kind's pool queue (the
     engine's pool when the job needs one)."""
     if spec.auto:
         return Route(_pool_for(settings, spec, allow_offline, need), str(spec))
-    mine = {w["device"]: w for w in list_workers(settings.database, settings.heartbeat_ttl,
-                                                 settings.node)}
+    mine = _workers(settings)
     worker = mine.get(str(spec))
     if worker is None and not allow_offline:
-        have = ", ".join(sorted(mine)) or "none (no worker has started on it yet)"
-        raise RoutingError(f"device {spec} is not known on node {settings.node}; "
-                           f"known devices: {have}")
+        raise _unknown(settings, spec, mine)
     if worker is not None and worker["health"] == "out" and not allow_offline:
         raise RoutingError(f"device {spec} on node {settings.node} is "
                            f"{out_note(worker['out_reason'], worker['out_since'])}; pass "

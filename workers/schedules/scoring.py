@@ -32,6 +32,8 @@ from mxq.errors import Conflict, JobRejected
 from mxq.names import check_name
 from mxq.priorities import Priority, parse
 from mxq.users import local_owner
+from mxq.workers.broker.queues import parse_device
+from mxq.workers.broker.routing import check_known
 from mxq.workers.jobs.jobspecs import InferParams, ParamsError, validate
 from mxq.workers.jobs.submit import IdempotencyConflict, check_against_model, submit_request
 from mxq.workers.paths import PathError
@@ -176,6 +178,7 @@ def add_infer_schedule(settings: Settings, name: str, cron: str, tz: str, source
     assert isinstance(typed, InferParams)
     check_against_model(settings, typed, resolve(settings.database, model, pinned))
     check_source(settings, source)
+    check_known(settings, parse_device(device))  # as `mxq infer --device` (it fires unattended)
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": {**spec, "device": device}, "dataset": source,
         "promote": "never", "metric": "-", "min_gain": 0.0, "enabled": True, "kind": "infer",
