@@ -18,6 +18,7 @@ from mxq.db.records import DueSchedule, FirePolicy, FireRecord, ScheduleDetail, 
 from mxq.db.registry import list_models, ownership, promote
 from mxq.db.schema import Fire, Job, Schedule, ScoredInput, as_utc, iso
 from mxq.db.sharing.teams import rights_of
+from mxq.db.sharing.users import owned_by_removed
 from mxq.db.webhooks import outbox
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
@@ -128,8 +129,8 @@ def _listed(rows: Iterable[Schedule]) -> list[DueSchedule]:
 
 def due(url: str, now: datetime) -> list[DueSchedule]:
     with session_scope(url) as session:
-        return _listed(session.scalars(select(Schedule).where(Schedule.enabled.is_(True),
-                                                              Schedule.next_fire_at <= now)))
+        return _listed(session.scalars(select(Schedule).where(
+            Schedule.enabled.is_(True), Schedule.next_fire_at <= now, ~owned_by_removed(Schedule.owner))))
 
 
 def upcoming(url: str, now: datetime) -> list[DueSchedule]:
@@ -282,7 +283,7 @@ def rescoring(url: str) -> list[StoredSchedule]:
     with session_scope(url) as session:
         rows = session.scalars(select(Schedule).where(
             Schedule.kind == "infer", Schedule.enabled.is_(True), Schedule.rescore.is_not(None),
-            Schedule.followed_version.is_not(None)))
+            Schedule.followed_version.is_not(None), ~owned_by_removed(Schedule.owner)))
         return [_with_id(r) for r in rows if r.spec.get("model_version") is None]
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import ColumnElement, delete, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mxq import tokens
 from mxq.db.engine import session_scope
-from mxq.db.schema import LoginSession, TeamMember, User, iso, utcnow
+from mxq.db.schema import Hook, LoginSession, Schedule, TeamMember, User, iso, utcnow
 from mxq.errors import Conflict, NotFound
 from mxq.shares import Share
 from mxq.users import TOKEN_ADMIN, Role
@@ -103,14 +103,24 @@ def set_user(url: str, name: str, role: Role | None = None, new_token: bool = Fa
 
 
 def remove(url: str, name: str) -> None:
-    """Remove a user: its token and its dashboard sessions stop working, it leaves its teams.
-    The row stays, marked removed: what it owns keeps its name as owner, and no user added
-    later under that name may act as its owner."""
+    """Remove a user: its token and its dashboard sessions stop working, it leaves its teams,
+    and nothing acts in its name any more: its schedules stop firing and the webhook endpoints
+    it added stop sending (both paused, in the same transaction; `owned_by_removed` keeps them
+    so if resumed). The row stays, marked removed: what it owns keeps its name as owner, and no
+    user added later under that name may act as its owner."""
     with session_scope(url) as session:
         row = _get(session, name)
         row.removed_at, row.token_id, row.token_hash = utcnow(), None, None
         session.execute(delete(TeamMember).where(TeamMember.user == name))
         session.execute(delete(LoginSession).where(LoginSession.user == name))
+        session.execute(update(Schedule).where(Schedule.owner == name).values(enabled=False))
+        session.execute(update(Hook).where(Hook.owner == name).values(enabled=False))
+
+
+def owned_by_removed(owner: ColumnElement[str | None]) -> ColumnElement[bool]:
+    """Whether `owner` (a schedule's, an endpoint's column) names a removed user: what acts in
+    a user's name stops with the user, even if paused things were resumed."""
+    return exists().where(User.name == owner, User.removed_at.is_not(None))
 
 
 def by_token_id(url: str, token_id: str) -> TokenUser | None:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import DELIVERY_STATUSES, HOOK_EVENTS, DeliveryRecord
 from mxq.db.schema import Hook, HookDelivery, Job, as_utc, iso, utcnow
+from mxq.db.sharing.users import owned_by_removed
 from mxq.errors import NotFound, UserError
 from mxq.status import JobStatus
 
@@ -137,7 +138,8 @@ def claim_due(url: str, now: datetime, limit: int) -> list[Claimed]:
             select(HookDelivery.id, HookDelivery.attempts, HookDelivery.event, HookDelivery.payload,
                    HookDelivery.created_at, Hook.id, Hook.url, Hook.secret)
             .join(Hook, Hook.id == HookDelivery.hook_id)
-            .where(HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled)
+            .where(HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled,
+                   ~owned_by_removed(Hook.owner))
             .order_by(HookDelivery.next_attempt_at).limit(limit)).all()
         claimed = []
         for delivery_id, attempts, event, payload, created_at, hook_id, hook_url, secret in due:

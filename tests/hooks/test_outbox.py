@@ -129,3 +129,24 @@ def test_the_allowlist_refuses_unlisted_hosts_and_unnamed_private_addresses(isol
     with pytest.raises(UserError, match="unknown webhook event"):
         sender.add_hook(_settings(isolated), url, ["job.done"], "admin")
     assert endpoints.list_hooks(s.database) == []
+
+
+def test_a_removed_admins_endpoints_stop_sending(isolated: Stack, receiver: Receiver) -> None:
+    """Issue 58: an endpoint an admin added kept sending after `mxq users rm`: the removal
+    pauses it, and a delivery to it is never claimed, even if it is enabled again."""
+    from sqlalchemy import update
+
+    from mxq.db.schema import Hook
+    from mxq.db.sharing import users
+    from mxq.users import Role
+
+    s = _settings(isolated)
+    users.add(s.database, "eve", Role.ADMIN)
+    eves = sender.add_hook(s, receiver.url("/ok"), ["job.failed"], "eve")["id"]
+    kept = _hook(s, receiver, "/other", ["job.failed"])
+    assert jobs.fail(s.database, _job(s), "boom")
+    users.remove(s.database, "eve")
+    assert [h["enabled"] for h in endpoints.list_hooks(s.database) if h["id"] == eves] == [False]
+    with session_scope(s.database) as session:  # enabled again by hand: still never sent
+        session.execute(update(Hook).where(Hook.id == eves).values(enabled=True))
+    assert [c.hook_id for c in outbox.claim_due(s.database, utcnow(), 10)] == [kept]

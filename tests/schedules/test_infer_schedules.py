@@ -257,6 +257,25 @@ def test_one_users_schedule_neither_blocks_nor_reveals_anothers(isolated: Stack)
     assert scoring.unscored(isolated.settings, "alice-scores")[1] == []
 
 
+def test_a_removed_users_schedules_stop_firing(isolated: Stack) -> None:
+    """Issue 58: a removed user's schedules kept firing, their jobs owned by the removed user.
+    `mxq users rm` pauses them, and one resumed by hand still never fires."""
+    from mxq.db.sharing import users
+    from mxq.users import Role
+
+    db = isolated.settings.database
+    _model(isolated, "gone")
+    _drop(isolated.home / "data" / "gone", "g.npy", 1)
+    users.add(db, "rita", Role.SUBMIT)
+    add_infer_schedule(isolated.settings, "rita-scores", "@every 1m", "UTC", "gone/*.npy",
+                       {"model": "gone"}, now=T0, owner="rita")
+    users.remove(db, "rita")
+    assert schedules.get(db, "rita-scores")["enabled"] is False
+    schedules.set_enabled(db, "rita-scores", True)
+    assert tick(isolated.settings, T0 + timedelta(seconds=61)) == []
+    assert schedules.fires(db, "rita-scores") == []
+
+
 @pytest.mark.parametrize(("source", "request_", "extra", "says"), [
     ("inbox/*.npy", {"model": "nosuch"}, {}, "unknown model 'nosuch'"),
     ("/etc/*", {"model": "checked"}, {}, "outside"),
