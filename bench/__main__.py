@@ -46,6 +46,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
               "full": {"devices": [10, 100, 1000], "jobs": 100_000, "window": 180.0, "scale": 2.0,
                        "history": 10_000_000, "heartbeat": 5.0, "reconcile_every": 30.0,
                        "drain": False}},
+    "webhooks": {"quick": {"deliveries": 200}, "full": {"deliveries": 4_000}},
 }
 CASES = list(SIZES)
 
@@ -56,7 +57,8 @@ RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "dispatch": ("bench.dispatch.case", "run"), "batching": ("bench.dynamic_batching", "run"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
            "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run"),
-           "sharing": ("bench.sharing", "run"), "objects": ("bench.object_storage", "run")}
+           "sharing": ("bench.sharing", "run"), "objects": ("bench.object_storage", "run"),
+           "webhooks": ("bench.webhook_rate", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:

@@ -25,7 +25,9 @@ AIMS: dict[str, tuple[str, float]] = {
     "fleet": ("<=", 1.0),  # each figure over its aim (bench.fleet.report)
     "sharing": ("<=", 1.0),  # each figure over its aim (_sharing_checks)
     "objects": (">=", 0.8),  # issue 33: from a bucket at least 0.8 of the local file's samples/s
+    "webhooks": (">=", 1.0),  # issue 58: at least WEBHOOK_FLOOR deliveries a second
 }
+WEBHOOK_FLOOR = 50.0
 EMBEDDING_AIM = (">=", 0.9)  # issue 48: the inference case's embedding job against its bare loop
 
 TITLES = {
@@ -40,9 +42,15 @@ TITLES = {
     "engines": "Engines: `mxq infer --precision auto` vs bare MXNet, ONNX Runtime, int8 and fp16",
     "fleet": "Fleet: 10 to 1,000 simulated devices on one Redis and one PostgreSQL",
     "sharing": "Sharing: an urgent job on devices saturated by low-priority work, and a preemption's cost",
+    "webhooks": "Webhooks: the sender's deliveries/s vs bare POSTs, to endpoints that answer at once",
 }
 
 ABOUT = {
+    "webhooks": "N `job.failed` events for two endpoints on a loopback HTTP server that answers 200 "
+    "at once, delivered by the schedule process's sender (`send_due`: 8 threads, each claiming "
+    "the next due outbox row in SQL, checking and resolving the endpoint, signing, POSTing on a "
+    "new connection and recording the answer) against the same signed bodies POSTed by 8 bare "
+    "threads that record nothing. The aim is the issue's floor: 50 deliveries a second.",
     "inference": "The same registered LeNet over the same `.npy` input with the same batch size, "
     "through `mxq infer` on one device (results stored in SQL) and through the plain loop a user "
     "would write (read a batch, forward, softmax, to NumPy), run in a process pinned to the "
@@ -180,7 +188,7 @@ def _check(check: str, unit: str, base_label: str, base: float | None, label: st
 def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
     """The report rows of one case's result."""
     own = {"fleet": fleet_report.checks, "sharing": _sharing_checks,  # aims of their own
-           "objects": _objects_checks}.get(case)
+           "objects": _objects_checks, "webhooks": _webhook_checks}.get(case)
     if own is not None:
         return own(r)
     if case == "engines":
@@ -259,6 +267,16 @@ def _objects_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
                    r["s3"], r["ratio"], "objects"),
             _check("worker peak RSS", "MiB", "after the local job", r["peak_rss_local_mib"],
                    "after the S3 jobs", r["peak_rss_s3_mib"], r["memory_ratio"], "memory")]
+
+
+def _webhook_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The delivery rate over the issue's floor (the aim), and beside the bare POSTs (no aim)."""
+    return [_check("deliveries/s, endpoints that answer at once", "deliveries/s", "floor",
+                   WEBHOOK_FLOOR, "mxq sender", r["mxq"], r["mxq"] / WEBHOOK_FLOOR, "webhooks",
+                   note=f"{r['deliveries']:,} deliveries to {r['endpoints']} endpoints"),
+            _check("deliveries/s against bare POSTs", "deliveries/s", "bare POSTs, 8 threads",
+                   r["bare"], "mxq sender", r["mxq"], r["ratio"], note="no aim: mxq also claims, "
+                   "checks and records each one in SQL")]
 
 
 def _sharing_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -357,64 +375,74 @@ def plot_case(case: str, r: dict[str, Any], out: Path) -> str:
         b.set_title("submit-to-start latency, idle worker", fontsize=10)
     else:
         fig, a = plt.subplots(figsize=(6, 3.6))
-        if case == "engines":
-            _grouped(a, [m["arch"] for m in r["models"]],
-                     {"bare MXNet": [m["bare"]["mxnet"] for m in r["models"]],
-                      "bare ONNX Runtime": [m["bare"]["onnx"] for m in r["models"]],
-                      "bare int8": [m["bare"]["int8"] for m in r["models"]],
-                      "bare fp16": [m["bare"]["fp16"] for m in r["models"]],
-                      "mxq auto (.npy)": [m["mxq_auto"] for m in r["models"]],
-                      "mxq --precision auto": [m["mxq_precision"] for m in r["models"]],
-                      "mxq auto (SQL rows)": [m["mxq_auto_sql"] for m in r["models"]]}, "samples/s")
-            a.set_yscale("log")
-            a.set_title("one CPU device, results stored", fontsize=10)
-        elif case == "objects":
-            _bars(a, ["local .npy", "s3:// .npy"], [r["local"], r["s3"]], "samples/s")
-            a.set_title(f"{r['arch']}, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
-        elif case == "inference":
-            _bars(a, ["bare MXNet", "mxq infer\n(job)", "mxq infer\n(submit..done)",
-                      "bare\nembedding", "mxq infer\nembedding"],
-                  [r["bare"], r["mxq"], r["mxq_end_to_end"], r["embedding"]["bare"],
-                   r["embedding"]["mxq"]], "samples/s",
-                  ["#999999", "#1f77b4", "#6baed6", "#999999", "#1f77b4"])
-            a.set_title(f"{r['arch']} and a {r['embedding']['width']}-d embedding, {r['samples']:,} "
-                        f"samples, batch {r['batch_size']}", fontsize=10)
-        elif case == "scaling":
-            _bars(a, ["1 device", "2 devices"], [r["one_device"], r["two_devices"]], "samples/s")
-            a.axhline(2 * r["one_device"], ls="--", color="#d62728", lw=1, label="ideal 2x")
-            a.axhline(AIMS["scaling"][1] * r["one_device"], ls=":", color="#ff7f0e", lw=1,
-                      label=f"aim {AIMS['scaling'][1]:g}x")
-            a.legend(fontsize=8)
-            a.set_title(f"one job of {r['samples']:,} samples in 2 chunks", fontsize=10)
-        elif case == "batching":
-            _bars(a, ["batching off", "batching on"], [r["off"]["jobs_per_sec"],
-                                                       r["on"]["jobs_per_sec"]], "jobs/s")
-            a.set_title(f"{r['jobs']} single-sample inference jobs", fontsize=10)
-        elif case == "writes":
-            groups = [n for k, n in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
-            keys = [k for k in ("sqlite", "postgresql") if "ratio" in r[k]]
-            _grouped(a, groups, {"bare bulk insert": [r[k]["bare"] for k in keys],
-                                 "predictions.write": [r[k]["mxq"] for k in keys]}, "rows/s")
-            a.set_title(f"{r['rows']:,} rows in batches of {r['batch']:,}", fontsize=10)
-        elif case == "training":
-            rows = [(f"{name}, {k} dev", d) for name, _, cases in _training_cases(r)
-                    for k, d in cases.items()]
-            _grouped(a, [label for label, _ in rows],
-                     {"bare loop": [d["bare"] for _, d in rows],
-                      "mxq train": [d["mxq"] for _, d in rows]}, "samples/s")
-            a.set_title(f"{r['samples']:,} samples x {r['epochs']} epochs", fontsize=10)
-        elif case == "memory":
-            _bars(a, ["1x input", "10x input"], [r["peak_rss_1x_mib"], r["peak_rss_10x_mib"]],
-                  "peak RSS (MiB)")
-            a.axhline(AIMS["memory"][1] * r["peak_rss_1x_mib"], ls=":", color="#ff7f0e", lw=1,
-                      label="aim: 1x + 10%")
-            a.legend(fontsize=8, loc="lower right")
-            a.set_title(f"worker peak RSS, {r['samples']:,} vs {r['samples_10x']:,} samples",
-                        fontsize=10)
+        _single_axis(a, case, r)
     fig.tight_layout()
     fig.savefig(out / name, dpi=110)
     plt.close(fig)
     return name
+
+
+def _single_axis(a: Axes, case: str, r: dict[str, Any]) -> None:
+    """The plot of a case drawn on one axis."""
+    if case == "engines":
+        _grouped(a, [m["arch"] for m in r["models"]],
+                 {"bare MXNet": [m["bare"]["mxnet"] for m in r["models"]],
+                  "bare ONNX Runtime": [m["bare"]["onnx"] for m in r["models"]],
+                  "bare int8": [m["bare"]["int8"] for m in r["models"]],
+                  "bare fp16": [m["bare"]["fp16"] for m in r["models"]],
+                  "mxq auto (.npy)": [m["mxq_auto"] for m in r["models"]],
+                  "mxq --precision auto": [m["mxq_precision"] for m in r["models"]],
+                  "mxq auto (SQL rows)": [m["mxq_auto_sql"] for m in r["models"]]}, "samples/s")
+        a.set_yscale("log")
+        a.set_title("one CPU device, results stored", fontsize=10)
+    elif case == "objects":
+        _bars(a, ["local .npy", "s3:// .npy"], [r["local"], r["s3"]], "samples/s")
+        a.set_title(f"{r['arch']}, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
+    elif case == "inference":
+        _bars(a, ["bare MXNet", "mxq infer\n(job)", "mxq infer\n(submit..done)",
+                  "bare\nembedding", "mxq infer\nembedding"],
+              [r["bare"], r["mxq"], r["mxq_end_to_end"], r["embedding"]["bare"],
+               r["embedding"]["mxq"]], "samples/s",
+              ["#999999", "#1f77b4", "#6baed6", "#999999", "#1f77b4"])
+        a.set_title(f"{r['arch']} and a {r['embedding']['width']}-d embedding, {r['samples']:,} "
+                    f"samples, batch {r['batch_size']}", fontsize=10)
+    elif case == "scaling":
+        _bars(a, ["1 device", "2 devices"], [r["one_device"], r["two_devices"]], "samples/s")
+        a.axhline(2 * r["one_device"], ls="--", color="#d62728", lw=1, label="ideal 2x")
+        a.axhline(AIMS["scaling"][1] * r["one_device"], ls=":", color="#ff7f0e", lw=1,
+                  label=f"aim {AIMS['scaling'][1]:g}x")
+        a.legend(fontsize=8)
+        a.set_title(f"one job of {r['samples']:,} samples in 2 chunks", fontsize=10)
+    elif case == "batching":
+        _bars(a, ["batching off", "batching on"], [r["off"]["jobs_per_sec"],
+                                                   r["on"]["jobs_per_sec"]], "jobs/s")
+        a.set_title(f"{r['jobs']} single-sample inference jobs", fontsize=10)
+    elif case == "writes":
+        groups = [n for k, n in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")) if "ratio" in r[k]]
+        keys = [k for k in ("sqlite", "postgresql") if "ratio" in r[k]]
+        _grouped(a, groups, {"bare bulk insert": [r[k]["bare"] for k in keys],
+                             "predictions.write": [r[k]["mxq"] for k in keys]}, "rows/s")
+        a.set_title(f"{r['rows']:,} rows in batches of {r['batch']:,}", fontsize=10)
+    elif case == "training":
+        rows = [(f"{name}, {k} dev", d) for name, _, cases in _training_cases(r)
+                for k, d in cases.items()]
+        _grouped(a, [label for label, _ in rows],
+                 {"bare loop": [d["bare"] for _, d in rows],
+                  "mxq train": [d["mxq"] for _, d in rows]}, "samples/s")
+        a.set_title(f"{r['samples']:,} samples x {r['epochs']} epochs", fontsize=10)
+    elif case == "webhooks":
+        _bars(a, ["bare POSTs", "mxq sender"], [r["bare"], r["mxq"]], "deliveries/s")
+        a.axhline(WEBHOOK_FLOOR, ls=":", color="#ff7f0e", lw=1, label=f"aim {WEBHOOK_FLOOR:g}/s")
+        a.legend(fontsize=8)
+        a.set_title(f"{r['deliveries']:,} deliveries, {r['senders']} threads", fontsize=10)
+    elif case == "memory":
+        _bars(a, ["1x input", "10x input"], [r["peak_rss_1x_mib"], r["peak_rss_10x_mib"]],
+              "peak RSS (MiB)")
+        a.axhline(AIMS["memory"][1] * r["peak_rss_1x_mib"], ls=":", color="#ff7f0e", lw=1,
+                  label="aim: 1x + 10%")
+        a.legend(fontsize=8, loc="lower right")
+        a.set_title(f"worker peak RSS, {r['samples']:,} vs {r['samples_10x']:,} samples",
+                    fontsize=10)
 
 
 def plot_summary(results: dict[str, Any], out: Path) -> str | None:

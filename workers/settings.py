@@ -228,8 +228,8 @@ class Settings(BaseSettings):
         "and link-local addresses are reached only when named so.")
     hook_timeout_seconds: float = Field(
         DEFAULT_HOOK_TIMEOUT_SECONDS, gt=0, le=300,
-        description="Longest a webhook delivery waits to connect, to send, and for each read of "
-        "the answer; past it the attempt failed and is retried later.")
+        description="Longest a webhook attempt takes in all, from connecting to the answer's "
+        "status line; past it the attempt failed and is retried later.")
     stall_seconds: float = Field(DEFAULT_STALL_SECONDS, gt=0, le=30 * DAY, description="A running job that "
                                  "reports no progress this long is failed by the reconciler.")
     cancel_grace_seconds: float = Field(DEFAULT_CANCEL_GRACE_SECONDS, gt=0, le=DAY, description="A running "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import ColumnElement, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from mxq.db.engine import rowcount, session_scope
@@ -127,19 +127,31 @@ class Claimed:
     secret: str = field(repr=False)
 
 
-def claim_due(url: str, now: datetime, limit: int) -> list[Claimed]:
-    """Up to `limit` due deliveries of enabled endpoints, each one attempt more, their next try
-    moved a lease ahead: a guarded UPDATE per row (on the attempts it read), so two senders never
-    make the same attempt, and a sender that dies mid-send leaves the row due again."""
+def _due(now: datetime, skip_hooks: Iterable[int] = ()) -> tuple[ColumnElement[bool], ...]:
+    """Deliveries due at `now` to enabled endpoints (of a user not removed), but `skip_hooks`'."""
+    return (HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled,
+            ~owned_by_removed(Hook.owner), HookDelivery.hook_id.not_in(list(skip_hooks)))
+
+
+def count_due(url: str, now: datetime, most: int) -> int:
+    """How many deliveries are due, counted up to `most` (how many senders to start)."""
+    with session_scope(url) as session:
+        due = select(HookDelivery.id).join(Hook, Hook.id == HookDelivery.hook_id).where(*_due(now))
+        return int(session.scalar(select(func.count()).select_from(due.limit(most).subquery())) or 0)
+
+
+def claim_due(url: str, now: datetime, limit: int, skip_hooks: Iterable[int] = ()) -> list[Claimed]:
+    """Up to `limit` due deliveries of enabled endpoints (but `skip_hooks`', which have enough in
+    flight), each one attempt more, their next try moved a lease ahead: a guarded UPDATE per
+    row (on the attempts it read), so two senders never make the same attempt, and a sender that
+    dies mid-send leaves the row due again."""
     if limit <= 0:
         return []
     with session_scope(url) as session:
         due = session.execute(
             select(HookDelivery.id, HookDelivery.attempts, HookDelivery.event, HookDelivery.payload,
                    HookDelivery.created_at, Hook.id, Hook.url, Hook.secret)
-            .join(Hook, Hook.id == HookDelivery.hook_id)
-            .where(HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled,
-                   ~owned_by_removed(Hook.owner))
+            .join(Hook, Hook.id == HookDelivery.hook_id).where(*_due(now, skip_hooks))
             .order_by(HookDelivery.next_attempt_at).limit(limit)).all()
         claimed = []
         for delivery_id, attempts, event, payload, created_at, hook_id, hook_url, secret in due:

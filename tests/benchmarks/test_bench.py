@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_quick_report(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "writes,dispatch",
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "writes,dispatch,webhooks",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -31,13 +31,13 @@ def test_quick_report(tmp_path: Path) -> None:
     assert "# mxq benchmark report" in report
     assert "| Case | Check | Baseline | mxq | Ratio | Aim | Result |" in report
     assert "MXNet" in report and "cores" in report
-    for png in ("dispatch.png", "writes.png", "summary.png"):
+    for png in ("dispatch.png", "writes.png", "webhooks.png", "summary.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
         assert f"]({png})" in report
 
     results = json.loads((out / "results.json").read_text())
     assert results["quick"] is True
-    assert set(results["cases"]) == {"writes", "dispatch"}
+    assert set(results["cases"]) == {"writes", "dispatch", "webhooks"}
     for name, case in results["cases"].items():
         assert case["status"] == "ok", (name, case)
         assert isinstance(case["ratio"], float), name
@@ -52,6 +52,8 @@ def test_quick_report(tmp_path: Path) -> None:
     dispatch = results["cases"]["dispatch"]["result"]
     assert {"p50", "p95"} <= set(dispatch["latency_ms"])
     assert dispatch["mxq"]["jobs_per_sec"] > 0 and dispatch["bare"]["tasks_per_sec"] > 0
+    hooks = results["cases"]["webhooks"]["result"]  # every delivery made, the rate a figure
+    assert hooks["deliveries"] == 200 and hooks["mxq"] > 0 and hooks["bare"] > 0
     assert not (out / "tmp").exists()  # each case's stack is removed after it
 
 

@@ -2,7 +2,7 @@
 each delivery's signature with the verification snippet of docs/webhooks.md (executed as a user
 would paste it; never the product's own `signing.verify`, which could agree with a wrong
 signer), and answers by path: `/ok` 200, `/flaky` 500 then 200, `/down` 500, `/redirect` a 302
-to another host, `/hang` nothing for 30 s."""
+to another host, `/hang` nothing for 30 s, `/dribble` a 200 one byte every half second."""
 
 from __future__ import annotations
 
@@ -78,6 +78,13 @@ def receiving() -> Iterator[Receiver]:
                 seen = len([r for r in receiver.got if r.path == self.path])
             if self.path == "/hang":
                 receiver.stop.wait(30)
+            if self.path == "/dribble":  # a 200, one byte every half second: each read succeeds
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+                    if receiver.stop.wait(0.5):
+                        return
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                return
             if self.path == "/redirect":
                 self.send_response(302)
                 self.send_header("Location", "http://example.org/elsewhere")

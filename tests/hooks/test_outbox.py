@@ -150,3 +150,35 @@ def test_a_removed_admins_endpoints_stop_sending(isolated: Stack, receiver: Rece
     with session_scope(s.database) as session:  # enabled again by hand: still never sent
         session.execute(update(Hook).where(Hook.id == eves).values(enabled=True))
     assert [c.hook_id for c in outbox.claim_due(s.database, utcnow(), 10)] == [kept]
+
+
+def test_a_dribbling_endpoint_is_cut_at_the_attempts_total_deadline(isolated: Stack,
+                                                                     receiver: Receiver) -> None:
+    """Issue 58: MXQ_HOOK_TIMEOUT_SECONDS bounded each read, not the attempt, so an endpoint that
+    answers a byte every half second (a 200, after 20 s) held its thread that long. The attempt
+    now fails at its deadline, 1.5 s after it began."""
+    s = _settings(isolated, hook_timeout_seconds=1.5)
+    slow = _hook(s, receiver, "/dribble", ["job.failed"])
+    assert jobs.fail(s.database, _job(s), "boom")
+    assert sender.send_due(s, utcnow(), wait=True) == 1
+    [cut] = outbox.list_deliveries(s.database, slow)
+    assert (cut["status"], cut["last_code"]) == ("failed", None)
+    assert cut["last_error"] == "no answer within 1.5 s (MXQ_HOOK_TIMEOUT_SECONDS)"
+
+
+def test_a_hung_endpoint_holds_two_senders_while_the_rest_deliver(isolated: Stack,
+                                                                  receiver: Receiver) -> None:
+    """Issue 58: one endpoint that hung stalled every other endpoint's deliveries (a pass took 8
+    and waited on them). Now at most PER_ENDPOINT of its attempts are in flight, and the other
+    senders deliver everything else in the same pass, one delivery after another."""
+    s = _settings(isolated, hook_timeout_seconds=1.0)
+    hung = _hook(s, receiver, "/hang", ["job.failed"])
+    fast = _hook(s, receiver, "/ok", ["job.failed"])
+    for _ in range(6):  # 6 events: 6 due to each endpoint, the hung one's first
+        assert jobs.fail(s.database, _job(s), "boom")
+    assert sender.send_due(s, utcnow(), wait=True) == 12
+    ok = outbox.list_deliveries(s.database, fast, limit=100)
+    assert [d["status"] for d in ok] == ["delivered"] * 6
+    late = outbox.list_deliveries(s.database, hung, limit=100)
+    assert [d["status"] for d in late] == ["failed"] * 6
+    assert len([r for r in receiver.got if r.path == "/hang"]) == 6

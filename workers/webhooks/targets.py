@@ -38,12 +38,6 @@ class Endpoint:
         name = f"[{self.host}]" if ":" in self.host else self.host
         return name if self.port == default else f"{name}:{self.port}"
 
-    def at(self, address: IPAddress) -> str:
-        """The URL with the checked address in place of the name: what the sender connects to
-        (the name goes in the Host header and, for https, the TLS server name)."""
-        literal = f"[{address}]" if address.version == 6 else str(address)
-        return f"{self.scheme}://{literal}:{self.port}{self.target}"
-
 
 def endpoint(url: str, allowlist: HookAllowlist) -> Endpoint:
     """`url` parsed, its host checked against MXQ_HOOK_ALLOWED_HOSTS."""
