@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import JobRecord
 from mxq.db.reports.history import job_record
-from mxq.db.schema import Job, Model, Prediction, utcnow
+from mxq.db.schema import Job, Model, Prediction, Schedule, utcnow
 from mxq.errors import NotFound
 from mxq.status import FINISHED, JobStatus
 
@@ -99,15 +99,23 @@ def _files(m: Model) -> list[str]:
     return [f for f in named if isinstance(f, str) and f]
 
 
+# Where a job's or a schedule's parameters name a model version: an inference's model, a
+# training's `--from` (`mxq train --from m:1`).
+_NAMES_VERSION = (("model", "model_version"), ("from_model", "from_version"))
+
+
 def _in_use(session: Session) -> set[tuple[object, object]]:
-    """(model, version) of every queued or running inference job: never removed under it."""
-    rows = session.execute(select(Job.params).where(Job.status.in_(ACTIVE), Job.kind == "infer"))
-    return {(p.get("model"), p.get("model_version")) for (p,) in rows if isinstance(p, dict)}
+    """(model, version) of every version a queued or running job (inference, or a training
+    from it) or any schedule (paused ones too) names: never removed under them."""
+    named = [p for (p,) in session.execute(select(Job.params).where(Job.status.in_(ACTIVE)))]
+    named += [spec for (spec,) in session.execute(select(Schedule.spec))]
+    return {(p.get(model), p.get(version)) for p in named if isinstance(p, dict)
+            for model, version in _NAMES_VERSION if p.get(version) is not None}
 
 
 def versions_beyond(url: str, keep: int) -> list[OldVersion]:
     """Per model, the unpromoted versions older than its newest `keep`, not yet removed and
-    not named by a queued or running job."""
+    named by no queued or running job and no schedule (`_in_use`)."""
     with session_scope(url) as session:
         used = _in_use(session)
         models = list(session.scalars(select(Model).order_by(Model.name, Model.version.desc())))

@@ -110,27 +110,40 @@ def test_a_job_is_pinned_and_unpinned_by_its_owner_through_the_api(workers: Stac
 
 
 @pytest.mark.both_legs
-def test_old_unpromoted_versions_go_but_a_promoted_one_and_one_a_job_names(isolated: Stack) -> None:
+def test_old_unpromoted_versions_go_but_a_promoted_one_and_those_jobs_or_schedules_name(
+        isolated: Stack) -> None:
+    """Of 7 versions, with MXQ_KEEP_VERSIONS=1: 7 (the newest), 2 (promoted), 3 (a queued
+    inference names it), 1 (a queued `mxq train --from gcv:1` does: issue 58, it was removed)
+    and 5 (a schedule pins it) stay; 4 and 6 go."""
+    from mxq.workers.jobs.submit import submit_request
+    from mxq.workers.schedules.scoring import add_infer_schedule
+
     stack, url = isolated, isolated.settings.database
-    for _ in range(4):
-        assert stack.mxq("models", "add", "gcv", "--arch", "mlp", "--input-shape", "8").returncode == 0
+    for _ in range(7):
+        assert stack.mxq("models", "add", "gcv", "--arch", "mlp", "--input-shape", "64").returncode == 0
     assert stack.mxq("models", "promote", "gcv", "2").returncode == 0
-    folders = {v: store_dir(stack.home, url, "gcv", v) for v in range(1, 5)}
+    folders = {v: store_dir(stack.home, url, "gcv", v) for v in range(1, 8)}
     assert all(f.is_dir() for f in folders.values())
-    np.save(stack.home / "data" / "gcv.npy", np.zeros((4, 8), np.float32))
+    np.save(stack.home / "data" / "gcv.npy", np.zeros((4, 64), np.float32))
     queued = stack.mxq("infer", "gcv:3", "gcv.npy", "--allow-offline", "--json")
     assert queued.returncode == 0, queued.stderr  # no worker: it stays queued, naming version 3
+    submit_request(stack.settings, "train", {"from_model": "gcv", "from_version": 1,
+                                             "dataset": "digits", "name": "gcv-tuned"},
+                   allow_offline=True)  # queued too, naming version 1
+    add_infer_schedule(stack.settings, "gcv-pinned", "0 3 * * *", "UTC", "gcv.npy",
+                       {"model": "gcv:5"}, rescore=None)
 
     said = _gc(stack, "--dry-run", MXQ_KEEP_VERSIONS="1")
-    assert [r["where"] for r in said["removed"] if r["what"] == "version"] == ["gcv:1"]
+    assert [r["where"] for r in said["removed"] if r["what"] == "version"] == ["gcv:6", "gcv:4"]
     done = _gc(stack, MXQ_KEEP_VERSIONS="1")
-    assert [r["where"] for r in done["removed"] if r["what"] == "version"] == ["gcv:1"]
-    assert not folders[1].exists() and all(folders[v].is_dir() for v in (2, 3, 4))
+    assert [r["where"] for r in done["removed"] if r["what"] == "version"] == ["gcv:6", "gcv:4"]
+    assert not folders[4].exists() and not folders[6].exists()
+    assert all(folders[v].is_dir() for v in (1, 2, 3, 5, 7))
     versions = {m["version"]: m for m in stack.mxq_json("models", "gcv")}
-    assert versions[1]["removed_at"] is not None and versions[3]["removed_at"] is None
-    refused = stack.mxq("infer", "gcv:1", "gcv.npy", "--allow-offline")
-    assert refused.returncode != 0 and "gcv' version 1 was removed by the retention policy" in refused.stderr
-    assert "versions kept: 2, 3, 4" in refused.stderr
+    assert versions[4]["removed_at"] is not None and versions[3]["removed_at"] is None
+    refused = stack.mxq("infer", "gcv:4", "gcv.npy", "--allow-offline")
+    assert refused.returncode != 0 and "gcv' version 4 was removed by the retention policy" in refused.stderr
+    assert "versions kept: 1, 2, 3, 5, 7" in refused.stderr
     assert _gc(stack, MXQ_KEEP_VERSIONS="1")["removed"] == []  # nothing else may go
 
 
