@@ -402,6 +402,7 @@ class LineageRecord(TypedDict):
     fire_id: int | None
     submitted_at: str | None
     finished_at: str | None
+    output_removed_at: str | None  # when `mxq gc` removed that output (MXQ_KEEP_OUTPUT_DAYS)
 
 
 class UnscoredInput(TypedDict):

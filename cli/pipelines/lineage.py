@@ -42,7 +42,7 @@ def lineage(job_id: Annotated[int | None, typer.Argument(help="An inference job.
         if json_:
             render.print_json(record)
         else:
-            render.job_detail(dict(record), title=f"lineage of job {job_id}")
+            render.job_detail(_shown(record), title=f"lineage of job {job_id}")
         return
     if model is not None:
         name, _, pinned = model.partition(":")
@@ -51,11 +51,19 @@ def lineage(job_id: Annotated[int | None, typer.Argument(help="An inference job.
         rows, more = read.prediction_sets(s.database, name, int(pinned) if pinned else None)
     else:
         rows, more = read.prediction_sets(s.database, output=output)
-    _show(rows, rows, COLUMNS, json_, "prediction sets")
+    _show(rows, [_shown(r) for r in rows], COLUMNS, json_, "prediction sets")
     if more:
         render.err.print(f"mxq: the first {len(rows):,} sets; more follow (the view "
                          "prediction_lineage, or GET /api/v1/lineage?after=JOB, holds them all)",
                          markup=False)
+
+
+def _shown(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A lineage row as a table shows it: an output `mxq gc` removed says so where it is named."""
+    if record.get("output_removed_at"):
+        return {**record, "output": f"{record['output']} (removed by mxq gc at "
+                                    f"{record['output_removed_at']})"}
+    return dict(record)
 
 
 def _show(document: object, rows: Sequence[Mapping[str, Any]], columns: list[str], json_: bool,

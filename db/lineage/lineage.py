@@ -1,6 +1,7 @@
-"""What produced each prediction set, read from the `prediction_lineage` view (migration 0034),
-which BI tools and `psql` read as well: one row per inference job with its model, version,
-variant, engine, input identity, output location and mxq's version."""
+"""What produced each prediction set, read from the `prediction_lineage` view (migrations 0034,
+0035), which BI tools and `psql` read as well: one row per inference job with its model,
+version, variant, engine, input identity, output location (and when `mxq gc` removed it) and
+mxq's version."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _TEXT = ("status", "owner", "team", "model", "variant", "engine", "input", "inpu
 VIEW = table("prediction_lineage", column("job_id", Integer), column("model_version", Integer),
              column("fire_id", Integer), *(column(name, String) for name in _TEXT),
              column("submitted_at", DateTime(timezone=True)),
-             column("finished_at", DateTime(timezone=True)))
+             column("finished_at", DateTime(timezone=True)),
+             column("output_removed_at", DateTime(timezone=True)))
 MOST = 10_000  # rows one read returns at most
 
 
@@ -29,7 +31,7 @@ class NoLineage(NotFound):
 
 def _record(row: Any) -> LineageRecord:
     found = {**row._mapping, "submitted_at": iso(row.submitted_at),
-             "finished_at": iso(row.finished_at)}
+             "finished_at": iso(row.finished_at), "output_removed_at": iso(row.output_removed_at)}
     return cast(LineageRecord, found)  # the view's columns are the record's keys
 
 

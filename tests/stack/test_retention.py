@@ -61,7 +61,7 @@ def test_gc_removes_what_nothing_reads_again_and_old_outputs_but_a_pinned_one(
                  for out in ("npy", "db"))
     assert old["status"] == kept["status"] == "succeeded"
     old_file = Path(old["result"]["output"])
-    assert old_file.is_file()
+    assert old_file.is_file() and old_file.with_suffix(".lock").is_file()  # its writer's lock
     assert workers.mxq("pin", str(kept["id"])).returncode == 0
     for job in (old, kept):
         _backdate(workers, job["id"], days=10)
@@ -80,6 +80,11 @@ def test_gc_removes_what_nothing_reads_again_and_old_outputs_but_a_pinned_one(
     assert {str(checkpoints), str(old_file), str(stale)} <= _where(done)
     assert done["bytes"] >= 100 and not done["dry_run"]
     assert not checkpoints.exists() and not old_file.exists() and not stale.exists()
+    assert not old_file.with_suffix(".lock").exists()  # issue 58: it was left behind
+    line = workers.mxq_json("lineage", str(old["id"]))  # issue 58: lineage says the output went
+    assert line["output"] == str(old_file) and line["output_removed_at"] == record_removed(workers, old)
+    shown = workers.mxq("lineage", str(old["id"])).stdout
+    assert "(removed by mxq gc at" in shown
     assert fresh.is_file()
     record = workers.mxq_json("job", str(old["id"]))
     assert record["output_removed_at"] is not None and record["status"] == "succeeded"
@@ -91,6 +96,12 @@ def test_gc_removes_what_nothing_reads_again_and_old_outputs_but_a_pinned_one(
     assert rows.returncode == 0 and len(json.loads(rows.stdout)) == 300  # pinned: kept
     again = _gc(workers, MXQ_KEEP_OUTPUT_DAYS="5")["removed"]
     assert not [r for r in again if r["what"] == "output"], again  # once gone, gone
+
+
+def record_removed(stack: Stack, job: dict[str, Any]) -> str:
+    removed = stack.mxq_json("job", str(job["id"]))["output_removed_at"]
+    assert removed is not None
+    return str(removed)
 
 
 def test_a_job_is_pinned_and_unpinned_by_its_owner_through_the_api(workers: Stack) -> None:

@@ -117,8 +117,9 @@ def _outputs(settings: Settings, days: int) -> list[tuple[int, list[Removal]]]:
     found = []
     for job in rows.expired_outputs(settings.database, utcnow() - timedelta(days=days)):
         files = [output_file(settings.home_path, stack, job.job_id, suffix)
-                 for suffix in (".npy", ".parquet", ".parquet.parts")]
+                 for suffix in (".npy", ".parquet", ".parquet.parts", ".lock")]  # .lock: a writer's
         files += sorted(files[0].parent.glob(f"job-{job.job_id}.*.npy"))  # several outputs' files
+        files += sorted(files[0].parent.glob(f"job-{job.job_id}.*.lock"))  # and their locks
         if job.output and not job.output.startswith("s3://") and job.output != "db":
             files.append(Path(job.output))  # where an older mxq kept it
         outputs = (settings.home_path / "outputs").resolve()
