@@ -154,6 +154,8 @@ class Settings(BaseSettings):
                                  "cannot take now waits before it goes back to its queue.")
     hook_seconds: float = Field(5.0, gt=0, le=HOUR, description="How often the schedule process "
                                 "sends the due webhook deliveries.")
+    model_trial_seconds: float = Field(120.0, gt=0, le=HOUR, description="Longest the trial run "
+                                       "of a plain ONNX file being registered may take, per batch.")
     reconcile_seconds: float = Field(DEFAULT_RECONCILE_SECONDS, gt=0, le=DAY,
                                      description="How often the reconciler runs.")
     keep_output_days: int | None = Field(

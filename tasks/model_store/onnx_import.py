@@ -16,6 +16,7 @@ back probabilities; it is compared with the user's graph run by hand before it i
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ BATCH = "batch"  # the name of the dynamic batch dimension
 # Softmax or Identity appended: 11 runs in IR version 6 and up, and its Softmax over axis 1 of
 # (batch, classes) is the one of later opsets.
 DEFAULT_OPSET = 11
+QUIET = 4  # ONNX Runtime's log severity: fatal only (its coloured error line preceded mxq's one line)
 PASS_OPS = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"}  # looked through
 
 
@@ -161,21 +163,46 @@ def _session(model: Any, path: Path) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = QUIET
     try:
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # an op or type ONNX Runtime does not run
         raise ModelError(f"ONNX Runtime cannot load {path.name}: {reason(exc)}") from None
 
 
-def _trial(sess: Any, path: Path, shape: tuple[int, ...]) -> NDArray[np.float32]:
-    """The output on seeded random samples at each trial batch, checked: one finite row of the
-    same width per sample (a classifier's at least 2 classes: `detect`). The last batch's output."""
+def _run_bounded(sess: Any, feed: dict[str, Any], seconds: float) -> Any:
+    """`sess.run` stopped after `seconds` (a Loop of 2^62 turns would run for ever): ONNX Runtime
+    checks its run options' terminate flag between nodes and loop turns. TimeoutError then."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = QUIET
+    timer = threading.Timer(seconds, setattr, (options, "terminate", True))
+    timer.daemon = True
+    timer.start()
+    try:
+        return sess.run(None, feed, options)
+    except Exception:
+        if options.terminate:
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+
+
+def _trial(sess: Any, path: Path, shape: tuple[int, ...], seconds: float) -> NDArray[np.float32]:
+    """The output on seeded random samples at each trial batch, each within `seconds`, checked:
+    one finite row of the same width per sample (a classifier's at least 2 classes: `detect`).
+    The last batch's output."""
     name, out, classes = sess.get_inputs()[0].name, np.zeros((0, 0), np.float32), None
     for batch in TRIAL_BATCHES:
         x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
         try:
-            out = np.asarray(sess.run(None, {name: x})[0], dtype=np.float32)
+            out = np.asarray(_run_bounded(sess, {name: x}, seconds)[0], dtype=np.float32)
+        except TimeoutError:
+            raise ModelError(f"{path.name} ran for more than {seconds:g} s on a batch of {batch} "
+                             "samples and was stopped (MXQ_MODEL_TRIAL_SECONDS); allowed: a graph "
+                             "whose trial finishes (a Loop with a bounded trip count)") from None
         except Exception as exc:  # ONNX Runtime's errors: an op that cannot take this batch or shape
             raise ModelError(f"{path.name} does not run on a batch of {batch} samples of shape {shape}: "
                              f"{reason(exc)}") from None
@@ -275,7 +302,7 @@ def add_onnx(settings: Settings, name: str, path: Path, input_shape: tuple[int, 
     _dynamic_batch(model, data, out)
     if out.name == onnx_export.OUTPUT:
         _rename_output(model, out)
-    trial = _trial(_session(model, path), path, shape)
+    trial = _trial(_session(model, path), path, shape, settings.model_trial_seconds)
     kind = detect(model, out, trial, outputs)
     preprocess = preprocess or Preprocess()
     preprocess.check(shape)

@@ -211,6 +211,41 @@ def _label_and_probabilities(path: Path) -> Path:
                       helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 4])])
 
 
+def _endless_loop(path: Path) -> Path:
+    """A Loop of 2^62 turns around an Identity: a trial that would never end."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["v_in"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, ["N", 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body)], "endless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[helper.make_tensor("trip", TensorProto.INT64, [], [2**62]),
+                     helper.make_tensor("cond", TensorProto.BOOL, [], [True])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_endless_graph_is_stopped_and_refused_in_one_line(store: Settings, tmp_path: Path,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 58: `mxq models add` of a Loop of 2^62 turns hung for good. The trial stops at
+    MXQ_MODEL_TRIAL_SECONDS, the refusal is one line, and ONNX Runtime prints nothing of its own
+    (its coloured error line came before mxq's)."""
+    bounded = store.model_copy(update={"model_trial_seconds": 1.0})
+    with pytest.raises(ModelError) as refused:
+        add_onnx(bounded, "endless", _endless_loop(tmp_path / "endless.onnx"), None)
+    assert str(refused.value).startswith("endless.onnx ran for more than 1 s on a batch of 1 samples "
+                                         "and was stopped (MXQ_MODEL_TRIAL_SECONDS)")
+    assert "onnxruntime" not in capfd.readouterr().err
+
+
 def _not_onnx(path: Path) -> Path:
     path.write_bytes(b"\x00not an onnx model at all\xff" * 10)
     return path
