@@ -362,8 +362,12 @@ class HookRecord(TypedDict):
     created_at: str | None
 
 
-class HookCreated(HookRecord):
+class NewHook(HookRecord):
     secret: str  # shown once: what the receiver checks signatures with
+
+
+class HookCreated(NewHook):
+    standard_secret: str  # the same, as Standard Webhooks libraries take it: whsec_ + base64
 
 
 class DeliveryRecord(TypedDict):

@@ -37,7 +37,8 @@ def add(url: Annotated[str, typer.Argument(help="https://HOST/PATH (its host in 
         return
     render.out.print(f"added webhook {created['id']} for {', '.join(created['events'])} at "
                      f"{created['url']}\nsecret (shown once, keep it to verify signatures): "
-                     f"{created['secret']}", markup=False, highlight=False, soft_wrap=True)
+                     f"{created['secret']}\nthe same for Standard Webhooks libraries: "
+                     f"{created['standard_secret']}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("ls")

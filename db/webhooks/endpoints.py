@@ -9,7 +9,7 @@ import secrets
 from sqlalchemy import delete, select
 
 from mxq.db.engine import rowcount, session_scope
-from mxq.db.records import HookCreated, HookRecord
+from mxq.db.records import HookRecord, NewHook
 from mxq.db.schema import Hook, HookDelivery, iso
 from mxq.db.webhooks.outbox import check_events
 from mxq.errors import NotFound
@@ -25,7 +25,7 @@ def hook_record(h: Hook) -> HookRecord:
             "enabled": h.enabled, "created_at": iso(h.created_at)}
 
 
-def add_hook(url: str, hook_url: str, events: list[str], owner: str | None) -> HookCreated:
+def add_hook(url: str, hook_url: str, events: list[str], owner: str | None) -> NewHook:
     """A new endpoint and its secret (`secrets.token_urlsafe(32)`: 256 random bits), which this
     answer carries once and no later record does."""
     wanted = check_events(events)

@@ -1,18 +1,21 @@
 """A webhook receiver for the tests: a real HTTP server on 127.0.0.1 in a thread, which checks
 each delivery's signature with the verification snippet of docs/webhooks.md (executed as a user
 would paste it; never the product's own `signing.verify`, which could agree with a wrong
-signer), and answers by path: `/ok` 200, `/flaky` 500 then 200, `/down` 500, `/redirect` a 302
+signer) and with the Standard Webhooks library (`standardwebhooks`, as a team using that
+specification would), and answers by path: `/ok` 200, `/flaky` 500 then 200, `/down` 500, `/redirect` a 302
 to another host, `/hang` nothing for 30 s, `/dribble` a 200 one byte every half second."""
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
+
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from mxq.workers.webhooks import signing
 from tests.conftest import ROOT
@@ -31,6 +34,9 @@ def docs_verify() -> Verify:
     return cast(Verify, scope["verify"])
 
 
+STANDARD_HEADERS = (signing.STANDARD_ID, signing.STANDARD_TIMESTAMP, signing.STANDARD_SIGNATURE)
+
+
 @dataclass
 class Received:
     path: str
@@ -39,12 +45,14 @@ class Received:
     body: bytes
     timestamp: str
     signature: str
+    standard: dict[str, str]  # the Standard Webhooks headers: webhook-id, -timestamp, -signature
 
 
 @dataclass
 class Receiver:
     port: int
     secrets: dict[str, str] = field(default_factory=dict)  # path -> the endpoint's secret
+    standard_secrets: dict[str, str] = field(default_factory=dict)  # path -> its whsec_ form
     got: list[Received] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,10 +64,26 @@ class Receiver:
         with self.lock:
             return [r for r in self.got if r.path == path]
 
+    def add(self, path: str, created: Mapping[str, Any]) -> None:
+        """Keep an endpoint's secrets, both forms, as its add answered them."""
+        self.secrets[path], self.standard_secrets[path] = created["secret"], created["standard_secret"]
+
     def verified(self, r: Received) -> bool:
+        """Both ways a receiver verifies a delivery: the docs' snippet with mxq's headers, and
+        the Standard Webhooks library with its own (and the whsec_ secret)."""
         headers = {signing.DELIVERY: r.delivery, signing.TIMESTAMP: r.timestamp,
                    signing.SIGNATURE: r.signature}
-        return docs_verify()(self.secrets[r.path], headers, r.body)
+        return docs_verify()(self.secrets[r.path], headers, r.body) and standard_verified(
+            self.standard_secrets[r.path], r.standard, r.body)
+
+
+def standard_verified(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """What `standardwebhooks` (the specification's Python library) says of a delivery."""
+    try:
+        Webhook(secret).verify(body, headers)
+    except WebhookVerificationError:
+        return False
+    return True
 
 
 @contextmanager
@@ -74,7 +98,8 @@ def receiving() -> Iterator[Receiver]:
                 receiver.got.append(Received(self.path, self.headers[signing.DELIVERY],
                                              self.headers[signing.EVENT], raw,
                                              self.headers[signing.TIMESTAMP],
-                                             self.headers[signing.SIGNATURE]))
+                                             self.headers[signing.SIGNATURE],
+                                             {k: self.headers[k] for k in STANDARD_HEADERS}))
                 seen = len([r for r in receiver.got if r.path == self.path])
             if self.path == "/hang":
                 receiver.stop.wait(30)

@@ -44,7 +44,7 @@ def _add(stack: Stack, receiver: Receiver, path: str) -> dict:
                      "--json", env=ALLOW)
     assert proc.returncode == 0, proc.stderr
     created = json.loads(proc.stdout)
-    receiver.secrets[path] = created["secret"]
+    receiver.add(path, created)
     return created
 
 

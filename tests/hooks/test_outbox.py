@@ -38,7 +38,7 @@ def _settings(stack: Stack, **more: object) -> Settings:
 
 def _hook(s: Settings, receiver: Receiver, path: str, events: list[str]) -> int:
     created = sender.add_hook(s, receiver.url(path), events, "admin")
-    receiver.secrets[path] = created["secret"]
+    receiver.add(path, created)
     return created["id"]
 
 

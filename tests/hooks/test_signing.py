@@ -18,6 +18,10 @@ DELIVERY = "dlv_0123456789abcdef"
 TIMESTAMP = 1767225600
 BODY = b'{"data":{"job":{"id":42}},"event":"job.finished","id":"dlv_0123456789abcdef"}'
 SIGNED = "sha256=f2e4cf0e1682f3772c130967e04542bfb8d678a838e2023c3ca3fb9f5ee88987"  # OpenSSL's answer
+# The same HMAC in Standard Webhooks' form (OpenSSL's `-binary | base64`), and the secret as its
+# libraries take it (`printf '%s' "$SECRET" | base64`, after `whsec_`).
+STANDARD_SIGNED = "v1,8uTPDhaC83csEwln4EVCv7jWeKg44gI8PKP7n17oiYc="
+STANDARD_SECRET = "whsec_dGVzdC1zZWNyZXQtbm90LWZvci1wcm9kdWN0aW9u"
 
 
 def _headers(delivery: str = DELIVERY, timestamp: str = str(TIMESTAMP), sent: str = SIGNED) -> dict[str, str]:
@@ -75,3 +79,33 @@ def _product(headers: dict[str, str], body: bytes) -> bool:
 
 def _docs(verify: Verify) -> Callable[[dict[str, str], bytes], bool]:
     return lambda headers, body: verify(SECRET, headers, body)
+
+
+def test_the_standard_webhooks_headers_give_the_vector_and_its_library_verifies_them() -> None:
+    """Issue 62: a delivery carries webhook-id, webhook-timestamp and webhook-signature, which the
+    `standardwebhooks` library verifies with the endpoint's secret in its whsec_ form; a
+    tampered body, id or timestamp, or the raw secret, is refused."""
+    from datetime import UTC, datetime
+
+    from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+    sent = signing.headers(SECRET, DELIVERY, "job.finished", TIMESTAMP, BODY)
+    standard = {k: sent[k] for k in (signing.STANDARD_ID, signing.STANDARD_TIMESTAMP,
+                                     signing.STANDARD_SIGNATURE)}
+    assert standard == {"webhook-id": DELIVERY, "webhook-timestamp": str(TIMESTAMP),
+                        "webhook-signature": STANDARD_SIGNED}
+    assert signing.standard_secret(SECRET) == STANDARD_SECRET
+    hook = Webhook(STANDARD_SECRET)
+    assert hook.sign(DELIVERY, datetime.fromtimestamp(TIMESTAMP, UTC), BODY) == STANDARD_SIGNED
+    now = int(time.time())  # the library checks the timestamp against its own clock
+    fresh = signing.headers(SECRET, DELIVERY, "job.finished", now, BODY)
+    standard = {k: fresh[k] for k in standard}
+    assert hook.verify(BODY, standard)["id"] == DELIVERY
+    for tampered in ({**standard, "webhook-id": "dlv_other"},
+                     {**standard, "webhook-timestamp": str(now + 1)}):
+        with pytest.raises(WebhookVerificationError):
+            hook.verify(BODY, tampered)
+    with pytest.raises(WebhookVerificationError):
+        hook.verify(BODY.replace(b"42", b"43"), standard)
+    with pytest.raises(WebhookVerificationError):  # the raw secret is not the whsec_ form
+        Webhook(SECRET).verify(BODY, standard)

@@ -53,7 +53,8 @@ def add_hook(settings: Settings, url: str, events: list[str], owner: str | None)
     """An endpoint added once its URL passed the allowlist and its addresses resolved to what
     the allowlist allows; the answer carries its secret, shown this once."""
     targets.checked(url, settings.hook_allowlist)
-    return endpoints.add_hook(settings.database, url, events, owner)
+    created = endpoints.add_hook(settings.database, url, events, owner)
+    return {**created, "standard_secret": signing.standard_secret(created["secret"])}
 
 
 class _Cut(Exception):
