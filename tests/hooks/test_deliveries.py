@@ -24,7 +24,7 @@ from mxq.db.webhooks import outbox
 from mxq.workers.settings import Settings
 from mxq.workers.webhooks import sender
 from tests.conftest import Stack
-from tests.hooks.receiver import Receiver, receiving
+from tests.hooks.receiver import Receiver, receiving, standard_verified
 
 ALLOW = {"MXQ_HOOK_ALLOWED_HOSTS": "127.0.0.1"}
 TOKEN = "hooks-admin-token-0123"
@@ -76,7 +76,9 @@ def test_a_finished_job_is_delivered_signed_retried_and_redelivered(
     [delivered] = _of(workers, ok["id"], job_id)
     assert (delivered["status"], delivered["attempts"], delivered["last_code"]) == ("delivered", 1, 200)
     [got] = [r for r in receiver.on("/ok") if r.delivery == delivered["id"]]
-    assert receiver.verified(got) and got.event == "job.finished"
+    assert receiver.verified(got) and got.event == "job.finished"  # both ways, the library's too
+    assert not standard_verified(receiver.standard_secrets["/ok"], got.standard,
+                                 got.body.replace(b'"succeeded"', b'"failed"'))  # a tampered body
     body = json.loads(got.body)
     assert body["id"] == delivered["id"] and body["data"]["job"]["status"] == "succeeded"
 
