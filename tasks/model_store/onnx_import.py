@@ -120,6 +120,60 @@ def _shown(dims: list[int | None]) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
 
 
+# Converters' classifier nodes (ai.onnx.ml, as skl2onnx and onnxmltools write them) and ZipMap:
+# where the class labels are kept.
+LABEL_ATTRIBUTES = ("classlabels_int64s", "classlabels_ints", "classlabels_strings")
+
+
+def _is_tensor(value: Any, rank: int | None = None) -> bool:
+    kind = value.type.tensor_type
+    known = kind.HasField("shape")
+    return value.type.HasField("tensor_type") and (rank is None or not known or len(kind.shape.dim) == rank)
+
+
+def _class_labels(model: Any) -> list[Any] | None:
+    """The class labels a converter's classifier (or its ZipMap) names, in the order of the
+    probability columns; None when the graph names none."""
+    from onnx import helper
+
+    for node in reversed(model.graph.node):
+        for attr in node.attribute:
+            if attr.name in LABEL_ATTRIBUTES:
+                found = helper.get_attribute_value(attr)
+                return [v.decode() if isinstance(v, bytes) else int(v) for v in found]
+    return None
+
+
+def _unzipped(model: Any, out: Any) -> Any:
+    """A ZipMap's output (a sequence of maps, label -> probability) replaced by its input, the
+    probability tensor the classifier made: the node goes, the tensor becomes the output."""
+    from onnx import TensorProto, helper
+
+    node = next((n for n in model.graph.node if n.op_type == "ZipMap" and out.name in n.output), None)
+    if node is None:
+        return out
+    model.graph.node.remove(node)
+    return helper.make_tensor_value_info(node.input[0], TensorProto.FLOAT, [BATCH, None])
+
+
+def _exported_classifier(model: Any) -> list[Any] | None:
+    """A classifier as converters export it (skl2onnx, onnxmltools): a label output (integers or
+    strings, rank 1) beside its probabilities (a tensor, or ZipMap's maps). The graph is left
+    with the probabilities alone, the one output mxq serves; the class labels, if it names any.
+    Any other graph is left as it is (and `_the_output` judges it)."""
+    if len(model.graph.output) < 2:
+        return None
+    labels = _class_labels(model)  # before ZipMap, which may be where they are, goes
+    outputs = [_unzipped(model, o) for o in model.graph.output]
+    floats = [o for o in outputs if _is_tensor(o, 2) and o.type.tensor_type.elem_type == 1]
+    predicted = [o for o in outputs if _is_tensor(o) and o.type.tensor_type.elem_type in (7, 8)]
+    if len(floats) != 1 or len(predicted) + 1 != len(outputs):
+        return None
+    del model.graph.output[:]
+    model.graph.output.append(floats[0])
+    return labels
+
+
 def _the_output(model: Any, path: Path) -> Any:
     """The graph's one output, a tensor of rank 2 where the graph records its rank."""
     outputs = list(model.graph.output)
@@ -297,6 +351,7 @@ def add_onnx(settings: Settings, name: str, path: Path, input_shape: tuple[int, 
     if (missing := onnx_export.missing()) is not None:
         raise ModelError(f"cannot import {path.name} here: {missing}")
     model = _load(path)
+    labels = _exported_classifier(model)
     data, out = _the_input(model, path), _the_output(model, path)
     shape = sample_shape(data, path, input_shape)
     _dynamic_batch(model, data, out)
@@ -308,12 +363,15 @@ def add_onnx(settings: Settings, name: str, path: Path, input_shape: tuple[int, 
     preprocess.check(shape)
     return _store(settings, name, path, model, {
         "arch": "onnx", "input_shape": list(shape), "classes": int(trial.shape[1]),
-        "source": f"onnx:{path.name}"[:256], "outputs": kind, "preprocess": preprocess.as_dict()})
+        "source": f"onnx:{path.name}"[:256], "outputs": kind, "preprocess": preprocess.as_dict()},
+        labels)
 
 
-def _store(settings: Settings, name: str, path: Path, model: Any, fields: dict[str, Any]) -> ModelRecord:
+def _store(settings: Settings, name: str, path: Path, model: Any, fields: dict[str, Any],
+           labels: list[Any] | None = None) -> ModelRecord:
     """The version's folder (the user's file, the served graph), uploaded to a bucket store,
-    then its row; files undone on failure."""
+    then its row (the converter's class labels, if any, in its `onnx` record: column i of the
+    probabilities is `class_labels[i]`); files undone on failure."""
     url = settings.database
     version = registry.next_version(url, name)
     folder = _new_folder(store_dir(settings.home_path, url, name, version), name, version)
@@ -321,6 +379,8 @@ def _store(settings: Settings, name: str, path: Path, model: Any, fields: dict[s
         kept = folder / IMPORTED_FILE
         shutil.copyfile(path, kept)
         onnx = _served(folder, path, model, fields["outputs"], tuple(fields["input_shape"]))
+        if labels is not None:
+            onnx["class_labels"] = labels
         publish(settings, url, name, version, [kept, Path(onnx["file"])])
         added = registry.add_model(url, {**fields, "name": name, "version": version,
                                          "params_file": str(kept), "symbol_file": None,

@@ -202,13 +202,14 @@ def _unknown_op(path: Path) -> Path:
                      {"": 17, "my.ops": 1})
 
 
-def _label_and_probabilities(path: Path) -> Path:
-    """As skl2onnx writes a classifier: its label and its probabilities."""
-    nodes = [helper.make_node("ArgMax", ["x"], ["label"], axis=1),
-             helper.make_node("Softmax", ["x"], ["probabilities"], axis=1)]
+def _two_probabilities(path: Path) -> Path:
+    """Two float outputs: which one mxq should serve is not for it to guess (a label beside
+    probabilities, as converters write a classifier, is tests/imported/test_exporters.py's)."""
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=1),
+             helper.make_node("Softmax", ["x"], ["q"], axis=0)]
     return _one_node(path, nodes, {"": 17},
-                     [helper.make_tensor_value_info("label", TensorProto.INT64, ["N", 1]),
-                      helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 4])])
+                     [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 4]),
+                      helper.make_tensor_value_info("q", TensorProto.FLOAT, ["N", 4])])
 
 
 def _endless_loop(path: Path) -> Path:
@@ -258,7 +259,7 @@ def _not_onnx(path: Path) -> Path:
     (lambda p: mlp(p, batch=4), "bad.onnx: input x fixes the batch to 4"),
     (lambda p: mlp(p, out_shape=["N", 10, 1]), "bad.onnx: output scores has rank 3"),
     (_unknown_op, "ONNX Runtime cannot load bad.onnx: "),
-    (_label_and_probabilities, "bad.onnx has 2 outputs (label, probabilities); mxq needs exactly one"),
+    (_two_probabilities, "bad.onnx has 2 outputs (p, q); mxq needs exactly one"),
 ], ids=["not-onnx", "two-inputs", "rank-1-output", "fixed-batch", "rank-3-output", "unknown-op",
         "two-outputs"])
 def test_a_file_mxq_cannot_serve_is_refused_in_one_line(store: Settings, tmp_path: Path, make: Any,

@@ -1,0 +1,97 @@
+"""ONNX as exporters write it (issue 62): scikit-learn models exported by skl2onnx, the usual
+way, register as exported (a classifier's label output beside its probabilities, as a tensor or
+through ZipMap's maps; a regressor's values) and serve what the library's own `predict_proba` /
+`predict` give, through the registration's own check and through real workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from skl2onnx import to_onnx
+from sklearn.datasets import load_digits
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.neural_network import MLPClassifier
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from mxq.tasks.model_store.onnx_import import add_onnx
+from mxq.tasks.runtimes import onnx_runtime
+from mxq.workers.settings import Settings
+from tests.conftest import Stack
+
+OPSETS = {"": 17, "ai.onnx.ml": 3}
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    d = load_digits()
+    return d.data.astype(np.float32), d.target
+
+
+def _exported(path: Path, model: Any, zipmap: bool = True) -> Path:
+    """`model`, fitted on the digits, exported by skl2onnx as a team would (ZipMap kept, the
+    default, or `zipmap: False`)."""
+    x, y = _digits()
+    model.fit(x, y)
+    last = model.steps[-1][1] if hasattr(model, "steps") else model
+    options = None if zipmap or not hasattr(last, "predict_proba") else {id(last): {"zipmap": False}}
+    path.write_bytes(to_onnx(model, x[:1], options=options, target_opset=OPSETS).SerializeToString())
+    return path
+
+
+CLASSIFIERS = {
+    "scaled-logistic": lambda: make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)),
+    "random-forest": lambda: RandomForestClassifier(n_estimators=20, random_state=0),
+    "mlp": lambda: MLPClassifier(hidden_layer_sizes=(32,), max_iter=300, random_state=0),
+}
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("zipmap", [True, False], ids=["zipmap", "tensor"])
+@pytest.mark.parametrize("kind", list(CLASSIFIERS))
+def test_a_classifier_registers_as_exported_and_serves_its_probabilities(
+        store: Settings, tmp_path: Path, kind: str, zipmap: bool) -> None:
+    model = CLASSIFIERS[kind]()
+    path = _exported(tmp_path / f"{kind}.onnx", model, zipmap)
+    record = add_onnx(store, kind.replace("-", ""), path, None)
+    assert (record["outputs"], record["classes"], record["input_shape"]) == ("probabilities", 10, [64])
+    onnx_record = record["onnx"] or {}
+    labels = onnx_record.get("class_labels")
+    assert labels is None or labels == list(range(10))  # the label output's classes, when named
+    x, _ = _digits()
+    served = onnx_runtime.run(onnx_runtime.session(Path(onnx_record["file"]))[0], x)
+    theirs = model.predict_proba(x)
+    assert (served.argmax(axis=1) == theirs.argmax(axis=1)).mean() == 1.0
+    np.testing.assert_allclose(served, theirs, atol=1e-4)
+
+
+def test_a_regressor_registers_and_serves_its_values(store: Settings, tmp_path: Path) -> None:
+    model = Ridge()
+    record = add_onnx(store, "ridge", _exported(tmp_path / "ridge.onnx", model), None)
+    assert (record["outputs"], record["classes"]) == ("regression", 1)
+    x, _ = _digits()
+    served = onnx_runtime.run(onnx_runtime.session(Path((record["onnx"] or {})["file"]))[0], x)
+    np.testing.assert_allclose(served[:, 0], model.predict(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_zipmap_classifier_serves_through_real_workers(workers: Stack, tmp_path: Path) -> None:
+    """The default export (label and ZipMap) through `mxq models add` and `mxq infer`: every
+    stored class and score is the pipeline's own."""
+    model = CLASSIFIERS["scaled-logistic"]()
+    path = _exported(tmp_path / "exported.onnx", model)
+    added = workers.mxq("models", "add", "skl-logistic", "--onnx", str(path))
+    assert added.returncode == 0, added.stderr
+    x, _ = _digits()
+    np.save(workers.home / "data" / "skl.npy", x)
+    job = workers.mxq_json("infer", "skl-logistic", "skl.npy", "--wait")
+    assert job["status"] == "succeeded", job["error"]
+    shown = workers.mxq("results", str(job["id"]), "--format", "json", "--limit", "2000")
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    theirs = model.predict_proba(x)
+    assert [r["predicted_class"] for r in rows] == list(theirs.argmax(axis=1))
+    np.testing.assert_allclose([r["score"] for r in rows], theirs.max(axis=1), atol=1e-4)
