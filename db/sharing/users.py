@@ -10,7 +10,7 @@ from typing import TypedDict
 
 from sqlalchemy import ColumnElement, delete, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from mxq import tokens
 from mxq.db.engine import session_scope
@@ -117,7 +117,7 @@ def remove(url: str, name: str) -> None:
         session.execute(update(Hook).where(Hook.owner == name).values(enabled=False))
 
 
-def owned_by_removed(owner: ColumnElement[str | None]) -> ColumnElement[bool]:
+def owned_by_removed(owner: InstrumentedAttribute[str | None]) -> ColumnElement[bool]:
     """Whether `owner` (a schedule's, an endpoint's column) names a removed user: what acts in
     a user's name stops with the user, even if paused things were resumed."""
     return exists().where(User.name == owner, User.removed_at.is_not(None))

@@ -129,7 +129,7 @@ class Claimed:
 
 def _due(now: datetime, skip_hooks: Iterable[int] = ()) -> tuple[ColumnElement[bool], ...]:
     """Deliveries due at `now` to enabled endpoints (of a user not removed), but `skip_hooks`'."""
-    return (HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled,
+    return (HookDelivery.status.in_(SENDABLE), HookDelivery.next_attempt_at <= now, Hook.enabled.is_(True),
             ~owned_by_removed(Hook.owner), HookDelivery.hook_id.not_in(list(skip_hooks)))
 
 

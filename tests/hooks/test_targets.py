@@ -5,6 +5,7 @@ and httpx's own log never writes a hook's path or query."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import uuid
@@ -50,7 +51,7 @@ def test_a_name_resolving_to_an_ipv6_form_of_ipv4_is_refused(
         targets.resolve(point, NAMED)
     # the same address is reached once the allowlist names its network
     opened = HookAllowlist.parse(f"hooks.example.com,{address}")
-    assert str(targets.resolve(point, opened)) == str(targets.ipaddress.ip_address(address))
+    assert str(targets.resolve(point, opened)) == str(ipaddress.ip_address(address))
 
 
 def test_a_public_ipv6_address_is_still_reached(monkeypatch: pytest.MonkeyPatch) -> None:
