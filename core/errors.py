@@ -67,7 +67,14 @@ class DeviceFault(RuntimeError):
 # What MXNet 1.9.1 and ONNX Runtime say when the device failed, not the model: CUDA, cuDNN,
 # cuBLAS, NCCL and NVML errors, a GPU they cannot see or use.
 DEVICE_FAULT = re.compile(r"CUDA|cuda[A-Z]|cuDNN|CUDNN|cuBLAS|CUBLAS|NCCL|NVML|GPU usage requires"
-                          r"|GPU is not enabled|implemented for GPU|no CUDA-capable device|CUDA driver")
+                          r"|GPU is not enabled|no CUDA-capable device|CUDA driver")
+
+# ... but these are the model's, on any healthy GPU: an operator the build has no GPU kernel for
+# (MXNet's "Operator X is not implemented for GPU"), and what the Kubernetes device plugin counts
+# as the application's Xids (13 and 31: an illegal or misaligned address, an illegal instruction,
+# a device-side assert): taken for faults, one such job took healthy GPU after GPU out.
+MODEL_FAULT = re.compile(r"not implemented for GPU|illegal memory access|illegal address"
+                         r"|misaligned address|illegal instruction|device-side assert", re.IGNORECASE)
 
 
 # ... but running out of memory is not: the job's batch or model is too big for the device, which
@@ -78,10 +85,12 @@ OUT_OF_MEMORY = re.compile(r"out of memory|alloc_failed|memoryallocation|bad_all
 
 def device_fault(exc: BaseException) -> bool:
     """Whether `exc` is the device's fault: a DeviceFault, or an error whose message is one of
-    the CUDA stack's (DEVICE_FAULT) other than running out of memory."""
+    the CUDA stack's (DEVICE_FAULT) other than running out of memory or the model's own
+    (MODEL_FAULT)."""
     text = str(exc)
     return isinstance(exc, DeviceFault) or (bool(DEVICE_FAULT.search(text))
-                                            and not OUT_OF_MEMORY.search(text))
+                                            and not OUT_OF_MEMORY.search(text)
+                                            and not MODEL_FAULT.search(text))
 
 
 def reason(exc: BaseException, limit: int = 300) -> str:

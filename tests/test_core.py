@@ -469,8 +469,8 @@ def test_a_device_fault_is_the_cuda_stacks_error_but_not_running_out_of_memory()
     job's own (a batch halved), and taken for a fault it took out device after device."""
     from mxq.errors import DeviceFault, device_fault
 
-    assert device_fault(RuntimeError("Check failed: e == cudaSuccess (700 vs. 0) : CUDA: an "
-                                     "illegal memory access was encountered"))
+    assert device_fault(RuntimeError("Check failed: e == cudaSuccess (214 vs. 0) : CUDA: "
+                                     "uncorrectable ECC error encountered"))
     assert device_fault(RuntimeError("[ONNXRuntimeError] : 1 : FAIL : CUDNN failure 4: "
                                      "CUDNN_STATUS_INTERNAL_ERROR"))
     assert device_fault(DeviceFault("the session has no CUDA provider"))
@@ -478,6 +478,12 @@ def test_a_device_fault_is_the_cuda_stacks_error_but_not_running_out_of_memory()
                    "CUDNN_STATUS_ALLOC_FAILED", "CUDA failure 2: out of memory"):
         assert not device_fault(RuntimeError(memory)), memory
     assert not device_fault(ValueError("params file does not match symbol"))
+    # the model's, on any GPU (issue 60): an op without a GPU kernel, the application's Xids 13/31
+    for model in ("Operator _contrib_box_nms is not implemented for GPU.",
+                  "Check failed: e == cudaSuccess (700 vs. 0) : CUDA: an illegal memory access was "
+                  "encountered", "CUDA error: misaligned address",
+                  "CUDA error: device-side assert triggered"):
+        assert not device_fault(RuntimeError(model)), model
 
 
 def test_a_job_after_others_goes_waits_or_fails_by_their_outcomes() -> None:

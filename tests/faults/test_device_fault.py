@@ -1,6 +1,6 @@
 """A device that fails mid-job takes itself out, not the job (issue 45), with real workers: a
 GPU cannot exist here, so a `sitecustomize` makes one CPU worker's MXNet raise the error a GPU
-that faults mid-job raises (`MXNetError: … CUDA: an illegal memory access was encountered`),
+that faults mid-job raises (`MXNetError: … CUDA: uncorrectable ECC error encountered`),
 once, after some batches; the other device finishes the job."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ if marker and os.environ.get("MXQ_DEVICE"):
             else:
                 raise mx.base.MXNetError(
                     "[12:00:00] src/storage/storage.cc:123: Check failed: e == cudaSuccess "
-                    "(700 vs. 0) : CUDA: an illegal memory access was encountered")
+                    "(214 vs. 0) : CUDA: uncorrectable ECC error encountered")
         return real(*args, **kwargs)
 
     models.probabilities = probabilities
@@ -103,7 +103,7 @@ def test_a_device_fault_mid_job_requeues_the_job_to_a_healthy_device_and_takes_t
                 if e["kind"] == "device-fault"]
         assert len(said) == 1 and said[0]["message"].startswith(
             f"device fault on {out} during job {job['id']}: "), said
-        assert "CUDA: an illegal memory access was encountered" in said[0]["message"]
+        assert "CUDA: uncorrectable ECC error encountered" in said[0]["message"]
 
         assert np.array_equal(_stored_rows(isolated, job["id"]), np.arange(SAMPLES)), \
             "a row lost or stored twice"

@@ -349,8 +349,9 @@ def test_a_training_child_that_died_of_a_device_fault_is_the_devices_not_the_job
 
     out = tmp_path / "job-6.n-2.json"
     child_report.write(out, child_report.Refused(
-        error="MXNetError: Check failed: e == cudaSuccess (700 vs. 0) : CUDA: an illegal memory access"))
-    with pytest.raises(DeviceFault, match="illegal memory access"):
+        error="MXNetError: Check failed: e == cudaSuccess (214 vs. 0) : CUDA: uncorrectable ECC error "
+              "encountered"))
+    with pytest.raises(DeviceFault, match="uncorrectable ECC error"):
         _outcome(1, out)
     for own in ("ValueError: the loss is NaN", "MXNetError: cudaMalloc retry failed: out of memory"):
         child_report.write(out, child_report.Refused(error=own))
