@@ -230,7 +230,7 @@ class ArchRequest(JsonBody):
 
 
 HookEvent = Literal["job.finished", "job.failed", "version.registered", "version.promoted",
-                   "schedule.fire_failed", "device.out"]
+                   "schedule.fire_failed", "device.out", "device.back"]
 assert get_args(HookEvent) == HOOK_EVENTS  # one list of events: mxq.db.records.HOOK_EVENTS
 
 

@@ -27,10 +27,16 @@ REFUSAL_KEYS = ("refused", "refused_at")
 def register(url: str, name: str, node: str, device: str, queue: str, pid: int | None,
              info: dict[str, Any], alive: bool = True, engines: tuple[str, ...] | None = None) -> None:
     """Insert or refresh a worker's row; `alive` says it consumes from now on, `engines` what its
-    device runs (kept when not given)."""
+    device runs (kept when not given). A device that was out (its worker refused it) and whose
+    worker now starts consuming is back: a `device.back` webhook, in the same transaction."""
     now = utcnow()
     with session_scope(url) as session:
         row = session.get(WorkerBeat, name) or WorkerBeat(name=name)
+        was = row.info or {}
+        if alive and was.get("refused"):  # out until now: its worker took it again
+            outbox.emit(session, "device.back", {"device": {
+                "worker": name, "node": node, "device": device, "out_reason": was["refused"],
+                "out_since": was.get("refused_at"), "back_at": iso(now)}})
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
         row.info = {k: v for k, v in (info or row.info or {}).items() if k not in REFUSAL_KEYS}
         if engines is not None:

@@ -349,7 +349,7 @@ class ScheduleDetail(ScheduleRecord):
 # Webhooks (migration 0033): an endpoint as mxq shows it (never its secret, which only the
 # answer to its creation carries, once), and one delivery of an event to it.
 HOOK_EVENTS = ("job.finished", "job.failed", "version.registered", "version.promoted",
-               "schedule.fire_failed", "device.out")
+               "schedule.fire_failed", "device.out", "device.back")
 DELIVERY_STATUSES = ("pending", "delivered", "failed", "gave_up")
 
 

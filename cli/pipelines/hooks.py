@@ -24,7 +24,7 @@ DELIVERY_COLUMNS = ["id", "hook_id", "event", "status", "attempts", "last_code",
 
 @app.command()
 def add(url: Annotated[str, typer.Argument(help="https://HOST/PATH (its host in MXQ_HOOK_ALLOWED_HOSTS).")],
-        events: Annotated[str, typer.Option(help="Comma-separated: job.finished, job.failed, version.registered, version.promoted, schedule.fire_failed, device.out.")],  # noqa: E501
+        events: Annotated[str, typer.Option(help="Comma-separated: job.finished, job.failed, version.registered, version.promoted, schedule.fire_failed, device.out, device.back.")],  # noqa: E501
         json_: JsonOpt = False) -> None:
     """Register URL for EVENTS: each is POSTed as JSON, signed with the secret printed here once
     (keep it: it is not shown again)."""

@@ -15,6 +15,7 @@ from mxq.api.schemas import DeviceRecord
 from mxq.cli import render
 from mxq.db import fleet, jobs
 from mxq.db.records import WorkerRecord
+from mxq.db.webhooks import endpoints, outbox
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.jobs.queue_view import queue_view
 from tests.conftest import NODE, Stack, run_cli
@@ -65,11 +66,20 @@ def test_workers_are_healthy_out_with_why_and_since_when_or_offline(isolated: St
 def test_a_device_that_passes_its_check_again_is_healthy_and_its_old_reason_is_gone(
         isolated: Stack) -> None:
     url = isolated.settings.database
+    hook = endpoints.add_hook(url, "https://hooks.example.com/in", ["device.out", "device.back"],
+                              "admin")
     name = _fleet(url)["out"]
+    since = _by_name(url)[name]["out_since"]
     # Its worker starts again and passes: the heartbeat's registration (workers/fleet/heartbeat).
     fleet.register(url, name, NODE, "cpu:1", f"{NODE}.cpu.1", 1234, {}, alive=True)
     row = _by_name(url)[name]
     assert (row["health"], row["out_reason"], row["out_since"]) == ("healthy", None, None)
+    told = {d["event"]: d["payload"]["device"] for d in outbox.list_deliveries(url, hook["id"])}
+    assert set(told) == {"device.out", "device.back"}  # issue 60: back is told as out is
+    assert (told["device.back"]["device"], told["device.back"]["out_reason"],
+            told["device.back"]["out_since"]) == ("cpu:1", REASON, since)
+    fleet.register(url, name, NODE, "cpu:1", f"{NODE}.cpu.1", 1234, {}, alive=True)  # a restart
+    assert len(outbox.list_deliveries(url, hook["id"])) == 2  # back once, not at each start
     assert row["info"] == {"device": "cpu:1"}  # the launcher's device info stays, the refusal not
     fleet.mark_dead(url, name)  # stopped later: offline, not out for the reason it had healed from
     assert _by_name(url)[name]["health"] == "offline"

@@ -415,3 +415,28 @@ def test_a_refused_device_is_probed_again_and_its_worker_starts_when_it_heals(tm
         assert flaky.proc is started and flaky.refusals == 1
     finally:
         launcher._stop_all()
+
+
+def test_a_worker_running_a_minute_has_its_refusals_forgotten(tmp_path: Path) -> None:
+    """Issue 60: a device's refusals lengthen its next probe's wait (doubling, up to 30 minutes)
+    and were never forgotten, so after a few transient faults every outage cost 30 minutes.
+    A worker that has run STABLE_SECONDS since its last start has them reset."""
+    from mxq.workers.launch.launcher import STABLE_SECONDS
+
+    settings = _settings(tmp_path, broker_url="redis://127.0.0.1:1/0")  # no embedded Redis to watch
+    spec = WorkerSpec(None, "healed@supnode", [], [sys.executable, "-c", "import time; time.sleep(60)"],
+                      dict(os.environ))
+    launcher = Launcher(settings, [spec])
+    child = launcher.children[0]
+    launcher._start(child)
+    try:
+        child.refusals, child.restart_at = 3, time.monotonic() - STABLE_SECONDS / 2
+        launcher._watch()
+        assert child.refusals == 3  # not yet
+        child.restart_at = time.monotonic() - STABLE_SECONDS - 1
+        launcher._watch()
+        assert child.refusals == 0 and child.proc is not None and child.proc.poll() is None
+    finally:
+        assert child.proc is not None
+        os.killpg(child.proc.pid, signal.SIGKILL)
+        child.proc.wait()

@@ -50,6 +50,7 @@ MAX_BACKOFF_SECONDS = 30.0
 # after each refusal up to REPROBE_MAX_SECONDS: a GPU that heals (reset, driver reloaded) comes
 # back, and the jobs queued to it run, with no one restarting the node.
 REPROBE_MAX_SECONDS = 1800.0
+STABLE_SECONDS = 60.0  # a worker running this long has its crash and refusal counts forgotten
 
 
 @dataclass
@@ -315,8 +316,10 @@ class Launcher:
                     log.warning("%s left %d processes behind; ended them", child.spec.name, strays)
                 child.proc = None
                 self._on_exit(child, code)
-            elif child.crashes and now - child.restart_at > 60:
-                child.crashes = 0  # stable for a minute: forget old crashes
+            elif (child.crashes or child.refusals) and now - child.restart_at > STABLE_SECONDS:
+                # running for a while: forget old crashes, and the refusals that lengthen the
+                # next probe's wait (never reset, every outage cost 30 minutes after a few)
+                child.crashes = child.refusals = 0
 
     def _end_stopped_writer(self, now: float) -> None:
         """Kill the group of a child stopped while it holds the SQLite database's write lock for
