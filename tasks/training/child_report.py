@@ -48,6 +48,7 @@ class Refused(_Report):
     """The training ended without a model (past its time limit: its finished epochs kept)."""
 
     error: str  # why, in one line
+    device_fault: bool = False  # the child judged its error, whole, to be the device's
 
 
 Report = Trained | Stopped | Preempted | Refused

@@ -30,7 +30,7 @@ from mxq.db.records import EpochResult, ModelRecord
 from mxq.db.registry import ModelNotFound
 from mxq.db.stack import stack_id
 from mxq.device import Device
-from mxq.errors import MxqError, first_line, typed_line
+from mxq.errors import MxqError, device_fault, first_line, reason, typed_line
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
@@ -433,9 +433,16 @@ def _trained(s: Settings, t: Training, fence: Fence) -> int:
 def report_crash(s: Settings, fence: Fence, exc: BaseException) -> None:
     """Tell the leader, through the run file, why the child died (one line): an expected failure
     (a database unreachable past its retry window, say) as its own words, anything else with its
-    type, instead of "training process exited with 1"."""
-    error = first_line(exc, 500) if isinstance(exc, MxqError) else typed_line(exc)
-    child_report.write(run_file(s, fence), Refused(error=error))
+    type, instead of "training process exited with 1".
+
+    A device fault is judged here, on the whole error: MXNet 1.9.1's errors start "Traceback
+    (most recent call last):" whatever went wrong, so their first line tells the leader nothing;
+    such a one is reported by its line that says what happened (`reason`), marked the device's."""
+    if device_fault(exc):
+        report = Refused(error=f"{type(exc).__name__}: {reason(exc, 500)}", device_fault=True)
+    else:
+        report = Refused(error=first_line(exc, 500) if isinstance(exc, MxqError) else typed_line(exc))
+    child_report.write(run_file(s, fence), report)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ kvstore: see tasks/training/dist.py.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -53,6 +54,9 @@ CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cance
 CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
 CHILD_PREEMPTED = 6  # the child stopped at an epoch's checkpoint to yield to a waiting job
 CHILD_TIMED_OUT = 7  # the child stopped at an epoch's checkpoint: the job ran past its time limit
+# A child killed by one of these without a report died in native code, as CUDA and the driver
+# kill a process on a fatal device error (SIGABRT most often): the device's fault, not the job's.
+DEVICE_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL}
 RELAY_CHUNK = 65536  # the most of one line the relay reads at once (a longer one comes in pieces)
 RELAY_JOIN_SECONDS = 5.0  # how long the relay may take to drain the pipes after the child ended
 LEASE_TTL_FACTOR = 5  # a lease outlives this many missed renewals (heartbeats)
@@ -316,12 +320,15 @@ def _outcome(returncode: int, out: Path) -> Outcome:
         raise JobPreempted(yielded.to, yielded.samples)
     refused = child_report.read(out, child_report.Refused)
     error = refused.error if refused is not None else None
+    if refused is None and -returncode in DEVICE_SIGNALS:
+        raise DeviceFault(f"the training process died by {signal.Signals(-returncode).name} during "
+                          "its device work (as CUDA aborts a process on a fatal device error)")
     if returncode == CHILD_LOST:
         raise JobLost(error or "the job was handed to another attempt")
     if returncode == CHILD_INPUT_ERROR:
         raise JobInputError(error or "training input error")
     if returncode == CHILD_TIMED_OUT:
         raise JobTimedOut(error or "time limit reached: the training stopped after an epoch")
-    if error is not None and device_fault(RuntimeError(error)):
-        raise DeviceFault(error)  # the device's (a CUDA error in the child): resumed elsewhere
+    if refused is not None and (refused.device_fault or device_fault(RuntimeError(refused.error))):
+        raise DeviceFault(refused.error)  # the device's (a CUDA error in the child): resumed elsewhere
     raise JobFailed(error or f"training process exited with {returncode}")

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import mxnet as mx
@@ -17,6 +19,7 @@ from mxq.tasks.training import datasets
 from mxq.tasks.training.train_loop import fit, lr_at, make_net, make_trainer
 from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
 from mxq.workers.jobs.submit import submit
+from mxq.workers.settings import Settings
 from tests.conftest import Stack, wait_until
 from tests.support.workers import pid_of, wait_alive
 
@@ -357,3 +360,42 @@ def test_a_training_child_that_died_of_a_device_fault_is_the_devices_not_the_job
         child_report.write(out, child_report.Refused(error=own))
         with pytest.raises(JobFailed, match=own):
             _outcome(1, out)
+
+
+# MXNet 1.9.1's error as its C++ side raises it: the traceback header first, the words last.
+MXNET_CUDA_ERROR = ('Traceback (most recent call last):\n  File "../src/storage/./gpu_device_storage.h", '
+                    'line 75\nCheck failed: e == cudaSuccess (214 vs. 0) : CUDA: '
+                    'uncorrectable ECC error encountered')
+
+
+def test_a_childs_device_fault_is_judged_on_its_whole_error_and_a_fatal_signal_is_one(
+        store: Settings, tmp_path: Path) -> None:
+    """Issue 60: the child reported its error's first line, which MXNet 1.9.1 makes "Traceback
+    (most recent call last):" for every error, so a CUDA fault failed the job and the GPU stayed
+    in service; a child CUDA aborts (SIGABRT) failed as "exited with -6". The child now judges
+    the whole error, and a child dead of a fatal signal without a report is the device's."""
+    from mxq.db.fence import Fence
+    from mxq.errors import DeviceFault
+    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.training.train_child import report_crash
+    from mxq.tasks.training.train_task import _outcome, run_file
+
+    fence = Fence(7, "cpu0@node", 1)
+    run_file(store, fence).parent.mkdir(parents=True, exist_ok=True)  # the leader makes it
+    report_crash(store, fence, mx.base.MXNetError(MXNET_CUDA_ERROR))
+    with pytest.raises(DeviceFault) as fault:
+        _outcome(1, run_file(store, fence))
+    assert str(fault.value) == ("MXNetError: Check failed: e == cudaSuccess (214 vs. 0) : CUDA: "
+                                "uncorrectable ECC error encountered")
+    report_crash(store, fence, mx.base.MXNetError(
+        'Traceback (most recent call last):\n  File "../src/ndarray/ndarray.cc", line 250\n'
+        'NDArray.Reshape: Check failed: shape_.Size() >= shape.Size() (4 vs. 9)'))
+    with pytest.raises(JobFailed, match="Traceback"):  # the model's own: a failed job, as before
+        _outcome(1, run_file(store, fence))
+    run_file(store, fence).unlink()
+    aborted = subprocess.run([sys.executable, "-c", "import os; os.abort()"], capture_output=True)
+    assert aborted.returncode == -signal.SIGABRT
+    with pytest.raises(DeviceFault, match="died by SIGABRT during its device work"):
+        _outcome(aborted.returncode, run_file(store, fence))
+    with pytest.raises(JobFailed, match="exited with -9"):  # SIGKILL: the OOM killer's, say
+        _outcome(-9, run_file(store, fence))
