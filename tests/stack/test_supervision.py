@@ -440,3 +440,31 @@ def test_a_worker_running_a_minute_has_its_refusals_forgotten(tmp_path: Path) ->
         assert child.proc is not None
         os.killpg(child.proc.pid, signal.SIGKILL)
         child.proc.wait()
+
+
+def test_a_node_whose_every_device_is_out_keeps_its_launcher_and_comes_back(tmp_path: Path) -> None:
+    """Issue 60: a launcher whose every worker refused its device exited (a one-GPU node, an
+    `mxq worker` node; under Compose it was restarted and told device.out again each time). It
+    now keeps probing, and starts the worker once its device passes."""
+    from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+    s = _settings(tmp_path, broker_url="redis://127.0.0.1:1/0", reprobe_seconds=0.5)
+    script = REFUSES_ONCE % (REFUSAL_PREFIX, REFUSED_EXIT)
+    only = WorkerSpec(None, "lonely@supnode", ["q"], [sys.executable, "-c", script,
+                                                      str(tmp_path / "marker")], dict(os.environ))
+    launcher = Launcher(s, [only])
+    launcher._register = lambda: None  # type: ignore[method-assign]  # no database to register in
+    child = launcher.children[0]
+    ended: list[int] = []
+    running = threading.Thread(target=lambda: ended.append(launcher.run()), daemon=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(signal, "signal", lambda *a: None)  # run() sets handlers: main thread only
+        running.start()
+        try:
+            wait_until(lambda: child.refusals, 30, "its only device to refuse", until=lambda n: n >= 1)
+            wait_until(lambda: child.proc, 30, "the launcher to probe it again and start it",
+                       until=lambda proc: proc is not None and proc.poll() is None and not child.refused)
+            assert running.is_alive() and ended == []
+        finally:
+            launcher.stopping = True
+            running.join(30)
+    assert ended == [0]

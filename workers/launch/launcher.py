@@ -281,8 +281,12 @@ class Launcher:
         return said[-1].strip() if said else f"see {path}"
 
     def run(self) -> int:
-        """Supervise until stopped; 0 on a clean stop, 1 when every worker refused (a node
-        with no worker at all stops; one with some probes the refused devices again)."""
+        """Supervise until stopped; 0 on a clean stop. A node whose every device is out keeps
+        its launcher and probes them again (it exited, and under Compose was restarted and told
+        `device.out` again at every restart); a device that passes is back. 1 at once when it
+        has nothing to supervise (no device could be planned)."""
+        if not self.children:
+            return 1
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         self._register()
@@ -290,8 +294,6 @@ class Launcher:
             self._start(child)
         while not self.stopping:
             self._watch()
-            if all(c.refused for c in self.children):
-                return 1
             time.sleep(POLL_SECONDS)
         self._stop_all()
         return 0
