@@ -370,12 +370,14 @@ def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
     assert job.fence is not None  # set by the claim
     run = Run(job.id, job.parent_id, w.settings, w.heartbeat, job.fence.attempt, job.fence.worker,
               tuple(job.devices or [job.device]))
-    for hook in w.hooks:
-        hook.before(run)
+    started: list[Hook] = []
     try:
+        for hook in w.hooks:
+            hook.before(run)
+            started.append(hook)  # a `before` that raises: its own `after` is not called
         return _outcome_of(w, job, body)
     finally:
-        _after(w.hooks, run)
+        _after(tuple(started), run)  # every hook whose `before` ran gets its `after`
 
 
 def _after(hooks: tuple[Hook, ...], run: Run) -> None:

@@ -2,7 +2,8 @@
 
 The runner calls every hook's `before` once the job is claimed, and every hook's `after` once the
 run ended however it ended (its outcome recorded, or an exception on its way out), in reverse
-order; one `after` that raises does not keep the others from running.
+order; one `after` that raises does not keep the others from running. A `before` that raises
+ends the run there: the hooks started before it get their `after`, it and those after it none.
 """
 
 from __future__ import annotations

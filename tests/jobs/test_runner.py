@@ -219,14 +219,18 @@ def test_a_chunk_counts_its_time_limit_from_its_parents_first_start(isolated: St
 
 @dataclass
 class Recorder:
-    """A hook that notes its calls (and, with `fail`, raises in `after`)."""
+    """A hook that notes its calls (and, with `fail`, raises in `after`; with `fail_before`, in
+    `before`)."""
 
     name: str
     calls: list[str]
     fail: bool = False
+    fail_before: bool = False
 
     def before(self, run: Run) -> None:
         self.calls.append(f"{self.name}.before {run.job_id}")
+        if self.fail_before:
+            raise RuntimeError(f"{self.name} broke before")
 
     def after(self, run: Run) -> None:
         self.calls.append(f"{self.name}.after {run.job_id}")
@@ -254,6 +258,21 @@ def test_hooks_run_around_the_body_and_every_after_runs(isolated: Stack) -> None
     assert isolated.job(job_id)["status"] == "succeeded"  # recorded before the hooks' after
     calls.clear()
     assert run_job(job_id, body, worker=w) is Claim.FINISHED and calls == []
+
+
+def test_a_before_that_raises_leaves_no_started_hook_without_its_after(isolated: Stack) -> None:
+    """Issue 59: the `before` calls sat outside the `try`, so one that raised left the hooks
+    already started (the job's log recording, the heartbeat naming the job) without their
+    `after`. Those started get it; the one that raised and those after it run neither."""
+    calls: list[str] = []
+    hooks = (Recorder("a", calls), Recorder("b", calls), Recorder("c", calls, fail_before=True),
+             Recorder("d", calls))
+    w = Worker(AT, isolated.settings, heartbeat=None, hooks=hooks)
+    job_id = _job(isolated)
+    with pytest.raises(RuntimeError, match="c broke before"):
+        run_job(job_id, lambda job: Outcome(1, 1.0), worker=w)
+    assert calls == [f"a.before {job_id}", f"b.before {job_id}", f"c.before {job_id}",
+                     f"b.after {job_id}", f"a.after {job_id}"]
 
 
 def test_the_current_job_hook_names_the_job_to_the_heartbeat_while_it_runs(isolated: Stack) -> None:
