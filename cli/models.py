@@ -144,7 +144,7 @@ def add(name: str,
             "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
             "preprocess": prep.as_dict(), "outputs": outputs})
         try:
-            from mxq.tasks.model_store.models import add_version  # loads MXNet: only for this command
+            from mxq.tasks.model_store.add import add_version  # loads MXNet: only for this command
         except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
             record = register_on_a_worker(request, reason(exc))
         else:

@@ -37,7 +37,7 @@ from mxq.tasks.model_store.checksums import sha256, verify
 from mxq.tasks.model_store.locations import local_file, publish, store_dir
 from mxq.tasks.model_store.zoo import build
 from mxq.tasks.runtimes.mx import DeviceFault, device_fault, gluon, mx
-from mxq.workers.jobs.jobspecs import RegisterParams, parse_heads
+from mxq.workers.jobs.jobspecs import parse_heads
 from mxq.workers.settings import Settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
@@ -354,21 +354,6 @@ def _check_outputs_count(name: str, sym: mx.sym.Symbol, stated: list[tuple[str, 
         raise ModelError(f"model {name} has {len(outputs)} outputs ({shown}) and --outputs names "
                          f"{want}; allowed: name each output in order, --outputs NAME=KIND,NAME=KIND "
                          "(one output: a kind, or auto)")
-
-
-def add_version(settings: Settings, r: RegisterParams) -> ModelRecord:
-    """A version as `mxq models add` asks for it: a built-in architecture with seeded weights,
-    the exported `symbol` and `params` files, or a plain ONNX file (local paths)."""
-    prep, shape = Preprocess.from_dict(r.preprocess), r.input_shape
-    if r.onnx is not None:
-        from mxq.tasks.model_store.onnx_import import add_onnx  # it imports this module
-
-        return add_onnx(settings, r.name, Path(r.onnx), tuple(shape) if shape else None, prep, r.outputs)
-    if r.arch is not None and shape:
-        return add_builtin(settings, r.name, r.arch, tuple(shape), r.classes, r.seed, preprocess=prep)
-    assert r.symbol is not None and r.params is not None  # RegisterParams holds one or the other
-    return add_exported(settings, r.name, Path(r.symbol), Path(r.params),
-                        tuple(shape) if shape else None, prep, outputs=r.outputs)
 
 
 def add_exported(settings: Settings, name: str, symbol: Path, params: Path,
