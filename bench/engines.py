@@ -64,7 +64,7 @@ ROUNDS = 3  # turns of each bare loop and job, alternated (`alternated`): each f
 # in the next: a neighbour's load on this shared host falls on a turn or two, rarely on all three)
 
 
-def _dataset(arch: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def _dataset(arch: str, shape: tuple[int, ...], generated: int = GENERATED) -> tuple[np.ndarray, np.ndarray]:
     """What `arch` trains on, as float32 in [0, 1]-ish and labels: the digits scaled up (each
     pixel a 3x3 block, centred in 28x28), or ten smooth random patterns under noise."""
     if TRAINED_ON[arch] == "digits":
@@ -78,8 +78,8 @@ def _dataset(arch: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]
     rng = np.random.default_rng(0)
     cells = shape[-1] // 8
     patterns = np.kron(rng.normal(size=(10, shape[0], 8, 8)), np.ones((cells, cells))).astype(np.float32)
-    y = rng.integers(0, 10, GENERATED).astype(np.int32)
-    return patterns[y] + rng.normal(scale=0.8, size=(GENERATED, *shape)).astype(np.float32), y
+    y = rng.integers(0, 10, generated).astype(np.int32)
+    return patterns[y] + rng.normal(scale=0.8, size=(generated, *shape)).astype(np.float32), y
 
 
 def _tiled(path: Path, x: np.ndarray, samples: int) -> Path:
@@ -92,13 +92,13 @@ def _tiled(path: Path, x: np.ndarray, samples: int) -> Path:
     return path
 
 
-def _trained(s: Settings, arch: str, shape: tuple[int, ...], epochs: int
+def _trained(s: Settings, arch: str, shape: tuple[int, ...], epochs: int, generated: int = GENERATED
              ) -> tuple[np.ndarray, dict[str, Any]]:
     """`mxq train` of `arch` on its dataset, building both variants from that (labeled) dataset;
     the dataset's samples (the inference input tiles them) and the training's figures."""
     from mxq.workers.jobs.submit import submit
 
-    x, y = _dataset(arch, shape)
+    x, y = _dataset(arch, shape, generated)
     data = s.home_path / f"{arch}-train.npz"
     np.savez(data, X=x, y=y)
     job = wait_job(s, submit(s, "train", {"arch": arch, "dataset": str(data), "name": arch,
@@ -260,7 +260,7 @@ def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict
 
 
 def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale: float,
-              epochs: int, rounds: int) -> dict[str, Any]:
+              epochs: int, rounds: int, generated: int = GENERATED) -> dict[str, Any]:
     from mxq.db.registry import resolve
     from mxq.tasks.model_store.models import add_builtin
     from mxq.workers.jobs.submit import submit
@@ -268,7 +268,7 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
     training: dict[str, Any] = {"trained_on": None}
     x: np.ndarray | None = None
     if arch in TRAINED_ON:
-        x, training = _trained(s, arch, shape, epochs)
+        x, training = _trained(s, arch, shape, epochs, generated)
         model = resolve(s.database, arch)
     else:
         model = add_builtin(s, arch, arch, shape, 10)
@@ -330,13 +330,13 @@ def _precision(s: Settings, arch: str, path: Path, batch: int, cores: list[int],
             "ratio": rate(job) / bare[best]}
 
 
-def run(scale: float = 1.0, epochs: int = 3, rounds: int = ROUNDS, root: Path | None = None
-        ) -> dict[str, Any]:
+def run(scale: float = 1.0, epochs: int = 3, rounds: int = ROUNDS, root: Path | None = None,
+        generated: int = GENERATED) -> dict[str, Any]:
     results = []
     with running_stack(cpu_devices=1, root=root, prefix="engines-") as s:
         peak = peak_gflops(len(worker_cores(s, "cpu:0")))
         for arch, shape, batch in MODELS:
-            r = one_model(s, arch, shape, batch, scale, epochs, rounds)
+            r = one_model(s, arch, shape, batch, scale, epochs, rounds, generated)
             r["gflops"] = r["mxq_precision"] * r["flops_per_sample"] / 1e9
             results.append(r)
             print(f"  {arch:12} {str(tuple(shape)):14} batch {batch:4}: bare MXNet "

@@ -313,7 +313,8 @@ class Sampler:
 
 
 def run_size(root: Path, url: str, history: int, n: int, jobs: int, window: float, scale: float,
-             heartbeat: float, reconcile_every: float, drain: bool) -> dict[str, Any]:
+             heartbeat: float, reconcile_every: float, drain: bool, idle_seconds: float = 20.0
+             ) -> dict[str, Any]:
     home = root / f"fleet-{n}"
     home.mkdir(parents=True, exist_ok=True)
     fleet_history.reset_live(url, history)
@@ -336,8 +337,8 @@ def run_size(root: Path, url: str, history: int, n: int, jobs: int, window: floa
         extra.append(_role(env, home, "poll", "--api", f"http://127.0.0.1:{api_port}",
                            "--history", str(history)))
         say(f"  {n} devices up ({len(fleet.groups) + 1} processes); idle latency")
-        idle = _submit_idle(s, n, 20.0, scale)
-        time.sleep(max(2.0, 20.0 * scale))
+        idle = _submit_idle(s, n, idle_seconds, scale)
+        time.sleep(max(2.0, idle_seconds * scale))
         first_load = idle[-1] + 1
         b = broker.client()
         mem0, len0 = int(b.info("memory")["used_memory"]), _queue_length(b, n)
@@ -508,7 +509,7 @@ def _figures(home: Path, fleet: Fleet, elapsed: float, n: int, jobs: int) -> dic
 
 def run(root: Path, devices: list[int], jobs: int, window: float, scale: float, history: int,
         heartbeat: float, reconcile_every: float, drain: bool, postgres: str | None = None,
-        jobs_per_device: int | None = None) -> dict[str, Any]:
+        jobs_per_device: int | None = None, idle_seconds: float = 20.0) -> dict[str, Any]:
     if not postgres:
         raise RuntimeError("the fleet case needs PostgreSQL (--postgres URL)")
     say(f"  history: {history:,} jobs in PostgreSQL")
@@ -518,7 +519,7 @@ def run(root: Path, devices: list[int], jobs: int, window: float, scale: float, 
         count = min(jobs, jobs_per_device * n) if jobs_per_device else jobs
         say(f"  fleet of {n} devices, {count:,} jobs")
         r = sizes[str(n)] = run_size(root, url, rows, n, count, window, scale, heartbeat,
-                                     reconcile_every, drain)
+                                     reconcile_every, drain, idle_seconds)
         say(f"  {n} devices: claim p99 {r['claim_p99_ms']:.1f} ms, reconcile pass "
             f"{r['reconcile_pass_s']:.2f} s, history p95 {r['history_p95_ms']:.1f} ms, lost {r['lost']}, "
             f"duplicated {r['duplicated']}")

@@ -1,5 +1,5 @@
-"""The fleet benchmark's quick variant (10 and 50 simulated devices, a few thousand jobs, a
-history of 100,000): every job runs to its end exactly once through killed devices and a broker
+"""The fleet benchmark's quick variant (10 and 30 simulated devices, a thousand jobs, a history
+of 50,000): every job runs to its end exactly once through killed devices and a broker
 restart. Figures are written, never judged here."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from bench.__main__ import SIZES
 from tests.conftest import SYSTEM_PG, missing
 
 # One benchmark at a time in a run: they share the machine's Redis database 0 and measure the cores.
@@ -35,7 +36,7 @@ def test_quick_fleet_loses_and_repeats_nothing(tmp_path: Path) -> None:
     case = json.loads((out / "results.json").read_text())["cases"]["fleet"]
     assert case["status"] == "ok", case
     sizes = case["result"]["by_devices"]
-    assert set(sizes) == {"10", "50"}
+    assert set(sizes) == {str(n) for n in SIZES["fleet"]["quick"]["devices"]}
     for n, f in sizes.items():
         assert f["lost"] == 0, (n, f["lost_jobs"], f["statuses"])
         assert f["duplicated"] == 0, n
