@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mxq.since import DurationError, format_duration, parse_duration
-from mxq.workers.jobs.jobspecs import MAX_TIME_LIMIT
+from mxq.since import MAX_TIME_LIMIT, DurationError, format_duration, parse_duration
 
 PriorityOpt = Annotated[str, typer.Option(
     "--priority", help="high, normal or low: a worker takes a higher level first, first in first "

@@ -22,6 +22,9 @@ class SinceError(UserError):
     """A since that is neither an age nor an ISO time."""
 
 
+MAX_TIME_LIMIT = 30 * 86400  # a job's --time-limit: at most 30 days (30d), the API's and the CLI's
+
+
 class DurationError(UserError):
     """A duration that is not one (`5x`, `1.5h`, `30m2h`, empty)."""
 

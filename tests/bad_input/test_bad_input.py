@@ -16,6 +16,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -303,8 +304,11 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                                    name="../../etc")),
         "probe size too small": by_schema(probe("size=1: Input should be greater than or equal to 16",
                                                 REJECTED, size=1)),
-        "time limit over 30 days": by_schema(probe(
-            "Input should be less than or equal to 2592000", REJECTED, time_limit="31d")),
+        # refused alike, nothing recorded: by the API's schema, by the CLI's option (issue 58)
+        "time limit over 30 days": replace(probe("Input should be less than or equal to 2592000",
+                                                 time_limit="31d"), channels=("api",)),
+        "time limit over 30 days, CLI": replace(probe("--time-limit '31d': allowed: 1s to 30d",
+                                                      time_limit="31d"), channels=("cli",)),
         "time limit not a duration": probe(
             "'5x': expected a duration such as 90s, 45m, 2h or 1h30m (or whole seconds)",
             time_limit="5x"),
@@ -335,8 +339,10 @@ JOB_CASE_KINDS: dict[str, dict[str, JobCase]] = {
                                                  dataset="../../*.npz"),
         "schedule epochs over the max": schedule("epochs=20000: Input should be less than or equal to 10000",
                                                  epochs=20000),
-        "schedule time limit 0": schedule("time_limit=0: Input should be greater than or equal to 1",
-                                          time_limit="0"),
+        "schedule time limit 0": replace(schedule(
+            "time_limit=0: Input should be greater than or equal to 1", time_limit="0"), channels=("api",)),
+        "schedule time limit 0, CLI": replace(schedule("--time-limit '0': allowed: 1s to 30d",
+                                                       time_limit="0"), channels=("cli",)),
         "schedule time limit not a duration": schedule("'2 hours': expected a duration such as 90s",
                                                        time_limit="2 hours"),
     },

@@ -1,4 +1,4 @@
-"""Which webhook URLs and addresses the sender may reach, without a stack: a malformed URL or
+"""Which webhook URLs and addresses the sender may reach: a malformed URL or
 port is one line of refusal (never a traceback or a 500), an IPv6 address that carries an IPv4
 one (NAT64, 6to4, mapped, translated, compatible, Teredo, site-local) is never taken for public,
 and httpx's own log never writes a hook's path or query."""
@@ -75,9 +75,9 @@ def test_httpx_never_logs_a_hooks_query(caplog: pytest.LogCaptureFixture) -> Non
 
 
 @pytest.fixture
-def api(stack: Stack) -> Any:
+def api(isolated: Stack) -> Any:
     token = "hooks-target-admin-0123"
-    s = stack.settings.model_copy(update={"api_token": SecretStr(token),
+    s = isolated.settings.model_copy(update={"api_token": SecretStr(token),
                                           "hook_allowed_hosts": "127.0.0.1"})
     app.dependency_overrides[routes.settings] = lambda: s
     try:
@@ -93,13 +93,13 @@ def test_the_api_refuses_a_broken_ipv6_url_with_a_4xx(api: TestClient) -> None:
     assert "1 to 65535" in answer.text
 
 
-def test_a_non_admin_is_told_what_the_hooks_routes_need(api: TestClient, stack: Stack) -> None:
+def test_a_non_admin_is_told_what_the_hooks_routes_need(api: TestClient, isolated: Stack) -> None:
     """The 403 names the work (webhooks), not another route family's (an architecture's code)."""
     from mxq.db.sharing import users
     from mxq.users import Role
 
     name = f"hooker{uuid.uuid4().hex[:6]}"
-    token = users.add(stack.settings.database, name, Role.SUBMIT)
+    token = users.add(isolated.settings.database, name, Role.SUBMIT)
     for method, path in (("GET", "/api/v1/hooks"), ("DELETE", "/api/v1/hooks/1"),
                          ("GET", "/api/v1/hooks/deliveries")):
         answer = api.request(method, path, headers={"Authorization": f"Bearer {token}"})

@@ -26,7 +26,7 @@ from mxq.device import Device
 from mxq.errors import UserError
 from mxq.names import MAX_ID, NAME_PATTERN, shown
 from mxq.preprocess import Preprocess, PreprocessError
-from mxq.since import DURATION_EXAMPLES, DURATION_PATTERN, DurationError, parse_duration
+from mxq.since import DURATION_EXAMPLES, DURATION_PATTERN, MAX_TIME_LIMIT, DurationError, parse_duration
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -54,7 +54,6 @@ def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
     return value
 
 
-MAX_TIME_LIMIT = 30 * 86400  # a job's --time-limit: at most 30 days (30d)
 # What the API's schema says `time_limit` is: seconds, or a duration string the validator reads.
 _TIME_LIMIT_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TIME_LIMIT},
                                 {"type": "string", "pattern": DURATION_PATTERN}, {"type": "null"}]}
