@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import threading
 import uuid
 from datetime import timedelta
@@ -344,7 +345,7 @@ def test_a_file_name_with_terminal_escapes_is_shown_escaped(isolated: Stack) -> 
     markup: `mxq job` and `mxq lineage` show it as characters, never as the terminal's commands."""
     _model(isolated, "escaped")
     inbox = isolated.home / "data" / "escaped"
-    _drop(inbox, "x\x1b]0;owned\x07\x1b[2J[bold red].npy", 1)
+    _drop(inbox, "x\x1b]0;owned\x07\x1b[2J[red].npy", 1)
     add_infer_schedule(isolated.settings, "escaped-inbox", "@every 1m", "UTC", "escaped/*.npy",
                        {"model": "escaped", "output": "npy"}, now=T0)
     run_now(isolated.settings, "escaped-inbox", T0)
@@ -355,4 +356,5 @@ def test_a_file_name_with_terminal_escapes_is_shown_escaped(isolated: Stack) -> 
         # its sequences never reach the terminal raw (Rich's own styling may, on a colour terminal)
         assert "\x1b]0;owned" not in proc.stdout and "\x1b[2J" not in proc.stdout, command
         assert "\x07" not in proc.stdout, command
-        assert r"x\x1b]0;owned\x07\x1b[2J[bold red].npy" in proc.stdout.replace("\n", ""), command
+        shown = re.sub(r"[\s│]+", "", proc.stdout)  # a long path wraps inside its table cell
+        assert r"x\x1b]0;owned\x07\x1b[2J[red].npy" in shown, command
