@@ -233,3 +233,32 @@ def test_a_schedule_trains_on_the_built_in_digits(isolated: Stack) -> None:
     fire = schedules.fires(isolated.settings.database, "digits")[0]
     assert fire["error"] is None and fire["job_id"] is not None, fire
     assert require_job(isolated.settings.database, fire["job_id"])["params"]["dataset"] == "digits"
+
+
+def test_a_long_fire_never_holds_the_control_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 58: the schedule process's one worker ran the tick, the reconciler and the webhook
+    sender one after another, so a fire that took long (a large folder to hash, a slow bucket)
+    held the other two behind it. The tick task now hands its fires to a thread of its own and
+    returns; another tick waits until that one ended."""
+    import threading
+
+    from mxq.workers import control
+
+    release, started = threading.Event(), threading.Event()
+
+    def a_long_fire(settings: object) -> list[int]:
+        started.set()
+        release.wait(60)
+        return []
+
+    monkeypatch.setattr(control, "tick", a_long_fire)
+    assert control.tick_task() is True  # returns while the fire runs
+    assert started.wait(10) and not release.is_set()
+    assert control.tick_task() is False  # the last tick still runs: not a second beside it
+    release.set()
+    for _ in range(100):  # the fire's thread lets go of the tick once it ended
+        if control._ticking.acquire(blocking=False):
+            control._ticking.release()
+            break
+        threading.Event().wait(0.05)
+    assert control.tick_task() is True
