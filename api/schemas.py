@@ -44,6 +44,7 @@ from mxq.workers.jobs.jobspecs import (
     TrainRequest,
 )
 from mxq.workers.schedules.cron import MAX_CRON_CHARS
+from mxq.workers.webhooks.targets import MAX_URL, URL_PATTERN
 
 Status = JobStatus  # a job's status as the API takes it (`?status=`): one of mxq.status's values
 # `since` as `mxq jobs --since` takes it (mxq.since): an age such as 45s, 30m, 2h or 1d; an ISO
@@ -240,7 +241,7 @@ class HookRequest(JsonBody):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(min_length=8, max_length=2000, pattern=r"^https?://[^\x00\s]+$",
+    url: str = Field(min_length=8, max_length=MAX_URL, pattern=URL_PATTERN,
                      description="https://HOST[:PORT]/PATH (or http://) the events are POSTed to.")
     events: list[HookEvent] = Field(min_length=1, max_length=len(HOOK_EVENTS),
                                     description="The events it gets.")

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mxq.since import MAX_TIME_LIMIT, DurationError, format_duration, parse_duration
+from mxq import since
 
 PriorityOpt = Annotated[str, typer.Option(
     "--priority", help="high, normal or low: a worker takes a higher level first, first in first "
@@ -41,10 +41,7 @@ def parse_time_limit(text: str | None) -> int | None:
     before anything is submitted (as the API's schema refuses it: no failed job recorded)."""
     if text is None:
         return None
-    seconds = parse_duration(text, "--time-limit")
-    if not 1 <= seconds <= MAX_TIME_LIMIT:
-        raise DurationError(f"--time-limit {text!r}: allowed: 1s to {format_duration(MAX_TIME_LIMIT)}")
-    return seconds
+    return since.parse_time_limit(text, "--time-limit")
 
 
 AfterOpt = Annotated[str | None, typer.Option(

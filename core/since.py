@@ -22,7 +22,15 @@ class SinceError(UserError):
     """A since that is neither an age nor an ISO time."""
 
 
-MAX_TIME_LIMIT = 30 * 86400  # a job's --time-limit: at most 30 days (30d), the API's and the CLI's
+# A job's --time-limit as the API's schema states it, so that every value the schema allows is
+# accepted: a duration that is not zero, whole seconds of at most 9 digits or amounts of at most 4
+# digits each. The largest value either form can name is under MAX_TIME_LIMIT (9999d9999h9999m9999s
+# is 900,519,939 s), so the bound never refuses what the pattern allows.
+TIME_LIMIT_PATTERN = (r"^(?=.*[1-9])(?:[0-9]{1,9}|"
+                      r"(?:[0-9]{1,4}d)?(?:[0-9]{1,4}h)?(?:[0-9]{1,4}m)?(?:[0-9]{1,4}s)?)$")
+MAX_TIME_LIMIT = 999_999_999  # seconds: about 31 years, the API's and the CLI's
+TIME_LIMIT_EXAMPLES = ("a duration of at least 1s, such as 90s, 45m, 2h or 1h30m (each amount at "
+                       "most 4 digits), or whole seconds (at most 9 digits)")
 
 
 class DurationError(UserError):
@@ -52,6 +60,14 @@ def parse_duration(text: str, name: str = "duration") -> int:
     if text.isdecimal():
         return int(text)
     return sum(int(amount) * _SECONDS[unit] for amount, unit in re.findall(r"(\d+)([dhms])", text))
+
+
+def parse_time_limit(text: str, name: str = "time limit") -> int:
+    """A time limit's seconds: what TIME_LIMIT_PATTERN allows (so the CLI refuses what the API's
+    schema refuses), DurationError naming `name`, the value and what is allowed otherwise."""
+    if not re.fullmatch(TIME_LIMIT_PATTERN, text):
+        raise DurationError(f"{name} {text!r}: expected {TIME_LIMIT_EXAMPLES}")
+    return parse_duration(text, name)
 
 
 def format_duration(seconds: int) -> str:

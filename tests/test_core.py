@@ -6,6 +6,7 @@ No database and no broker: each rule is driven with values, as `mxq.db` hands th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -275,6 +276,20 @@ def test_a_duration_is_whole_seconds_or_amounts_of_d_h_m_s() -> None:
     assert [format_duration(s) for s in (90, 7200, 5400, 1, 86400 + 61)] == \
         ["1m30s", "2h", "1h30m", "1s", "1d1m1s"]
     assert all(parse_duration(format_duration(s)) == s for s in (1, 59, 61, 3599, 3601, 2592000))
+
+
+def test_a_time_limit_is_what_the_schema_pattern_allows_and_always_within_its_bound() -> None:
+    """The API's schema states time_limit exactly (issue 58: "0" was schema-valid, then refused):
+    what the pattern allows parses within 1..MAX_TIME_LIMIT, and what it does not is refused."""
+    from mxq.since import MAX_TIME_LIMIT, TIME_LIMIT_PATTERN, parse_time_limit
+
+    largest = ("999999999", "9999d9999h9999m9999s", "9999d")
+    assert all(1 <= parse_time_limit(t) <= MAX_TIME_LIMIT for t in largest + ("1", "1s", "0d1s"))
+    assert parse_time_limit("999999999") == MAX_TIME_LIMIT
+    for bad in ("0", "0s", "0d0h0m0s", "", "10000d", "1000000000", "5x", "30m2h"):
+        assert re.fullmatch(TIME_LIMIT_PATTERN, bad) is None
+        with pytest.raises(DurationError, match=r"^--time-limit '.*': expected a duration of at least 1s"):
+            parse_time_limit(bad, "--time-limit")
 
 
 def test_an_error_says_what_happened_first_for_a_driver_and_last_for_mxnet() -> None:

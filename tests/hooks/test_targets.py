@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import socket
 import uuid
 from typing import Any
@@ -87,10 +88,23 @@ def api(isolated: Stack) -> Any:
         app.dependency_overrides.clear()
 
 
-def test_the_api_refuses_a_broken_ipv6_url_with_a_4xx(api: TestClient) -> None:
-    answer = api.post("/api/v1/hooks", json={"url": "http://[::1", "events": ["job.failed"]})
+@pytest.mark.parametrize("url", ["http://[::1", "http://0", "http://127.0.0.1:0/x", "http://a:b@127.0.0.1/"])
+def test_the_api_refuses_a_url_its_schema_does_not_allow_with_a_4xx(api: TestClient, url: str) -> None:
+    """The schema states what a URL may be (issue 58: `http://0` was schema-valid, then refused),
+    and the API refuses by it."""
+    answer = api.post("/api/v1/hooks", json={"url": url, "events": ["job.failed"]})
     assert answer.status_code == 422, answer.text
-    assert "1 to 65535" in answer.text
+    assert f"url={url!r}: String should match pattern" in answer.json()["detail"]
+    assert re.fullmatch(targets.URL_PATTERN, url) is None
+
+
+def test_a_url_the_schema_allows_is_refused_only_for_its_host(api: TestClient) -> None:
+    """Added as the schema allows it: a listed loopback host on any port is accepted, an unlisted
+    one refused naming MXQ_HOOK_ALLOWED_HOSTS."""
+    ok = api.post("/api/v1/hooks", json={"url": "http://127.0.0.1:65535/in#x", "events": ["job.failed"]})
+    assert ok.status_code in (200, 201), ok.text
+    refused = api.post("/api/v1/hooks", json={"url": "http://hooks.example.com/", "events": ["job.failed"]})
+    assert refused.status_code == 422 and "MXQ_HOOK_ALLOWED_HOSTS" in refused.json()["detail"]
 
 
 def test_a_non_admin_is_told_what_the_hooks_routes_need(api: TestClient, isolated: Stack) -> None:

@@ -26,7 +26,7 @@ from mxq.device import Device
 from mxq.errors import UserError
 from mxq.names import MAX_ID, NAME_PATTERN, shown
 from mxq.preprocess import Preprocess, PreprocessError
-from mxq.since import DURATION_EXAMPLES, DURATION_PATTERN, MAX_TIME_LIMIT, DurationError, parse_duration
+from mxq.since import MAX_TIME_LIMIT, TIME_LIMIT_EXAMPLES, TIME_LIMIT_PATTERN, DurationError, parse_time_limit
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_EPOCHS, Settings, get_settings
 
@@ -56,7 +56,7 @@ def _at_most(value: int, info: ValidationInfo, setting: str) -> int:
 
 # What the API's schema says `time_limit` is: seconds, or a duration string the validator reads.
 _TIME_LIMIT_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TIME_LIMIT},
-                                {"type": "string", "pattern": DURATION_PATTERN}, {"type": "null"}]}
+                                {"type": "string", "pattern": TIME_LIMIT_PATTERN}, {"type": "null"}]}
 
 
 class TimeLimited(BaseModel):
@@ -77,9 +77,9 @@ class TimeLimited(BaseModel):
         if not isinstance(value, str):
             return value  # seconds: pydantic's own checks name what is wrong with them
         try:
-            return parse_duration(value)
+            return parse_time_limit(value)
         except DurationError:
-            raise PydanticCustomError("duration", f"expected {DURATION_EXAMPLES}") from None
+            raise PydanticCustomError("duration", f"expected {TIME_LIMIT_EXAMPLES}") from None
 
 
 # The probe's convolution: a batch of RGB 64x64 images through 16 3x3 filters, padded to size.

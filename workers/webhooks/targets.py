@@ -17,6 +17,13 @@ from mxq.workers.settings import HookAllowlist, IPAddress
 
 SCHEMES = ("https", "http")
 MAX_URL = 2000
+# What the API's schema states a webhook URL is (so that a URL it allows is refused only for what
+# no schema can say: a host outside MXQ_HOOK_ALLOWED_HOSTS, addresses that are not public): http
+# or https, no credentials, a host that is a name with a letter, a dotted IPv4 address or a
+# bracketed IPv6 one (never `0` or `1.2`), a port from 1 to 65535, then a path, query or fragment.
+_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_HOST = r"(?:\[[0-9A-Fa-f:.]{2,45}\]|[0-9]{1,3}(?:\.[0-9]{1,3}){3}|[A-Za-z0-9.-]*[A-Za-z][A-Za-z0-9.-]*)"
+URL_PATTERN = rf"^https?://{_HOST}(?::{_PORT})?(?:[/?#][^\x00\s]*)?$"
 
 
 class HookRefused(UserError):
