@@ -61,7 +61,27 @@ class Forbidden(Unauthorized):
 class DeviceFault(RuntimeError):
     """The device failed (a CUDA, cuDNN or NVML error, ONNX Runtime without the device's provider),
     not the job's input: the job goes back to its queue without using an attempt, and the device's
-    worker stops until the device passes its start check again (`mxq.tasks.runner`)."""
+    worker stops until the device passes its start check again (`mxq.tasks.runner`).
+
+    `devices`: the job's devices the fault came from, where that is known (an error that names
+    its context); empty when not, and then every device of the job is suspect."""
+
+    def __init__(self, message: str, devices: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.devices = devices
+
+
+# How MXNet names a context in its messages (`gpu(1)`): the device a fault came from, when said.
+_CONTEXT = re.compile(r"\bgpu\((\d+)\)")
+
+
+def named_device(text: str, devices: list[str]) -> str | None:
+    """The one device of `devices` (a process's contexts 0..K-1, in order) that `text` names as
+    `gpu(i)`; None when it names none, several, or one out of range."""
+    named = {int(i) for i in _CONTEXT.findall(text)}
+    if len(named) != 1 or (index := named.pop()) >= len(devices):
+        return None
+    return devices[index]
 
 
 # What MXNet 1.9.1 and ONNX Runtime say when the device failed, not the model: CUDA, cuDNN,

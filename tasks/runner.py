@@ -28,7 +28,7 @@ from mxq.db.retry import DatabaseUnreachable, db_retry
 from mxq.db.schema import utcnow
 from mxq.db.sharing import preemption
 from mxq.device import Device
-from mxq.errors import UserError, device_fault, first_line, reason, typed_line
+from mxq.errors import DeviceFault, UserError, device_fault, first_line, reason, typed_line
 from mxq.priorities import NORMAL, Level
 from mxq.since import format_duration
 from mxq.tasks.hooks.admission import AdmitNext
@@ -39,7 +39,7 @@ from mxq.tasks.hooks.parent import SettleParent
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
-from mxq.workers.fleet import heartbeat, leases
+from mxq.workers.fleet import heartbeat, leases, suspects
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.jobs import admit
 from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, Raw, stored, validated
@@ -329,6 +329,8 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
     if holder not in (None, job_id):
         return _defer(s, job, f"{at.device} is leased by job {holder}")
+    if (suspect := _probe_first(w)) is not None:
+        return _defer(s, job, f"{at.device} is to be probed first: {suspect}")
     if admit is not None:
         devices = admit(job)
         if devices is None:
@@ -442,11 +444,12 @@ def _yield(s: Settings, job: JobContext, fence: Fence, to: int) -> Delivery:
 
 def _device_failed(w: Worker, job: JobContext, fence: Fence, exc: Exception) -> Delivery:
     """The device failed under the job: queue the job again to resume on a healthy device (no
-    attempt used; its `MAX_DEVICE_FAULTS`th fails it), and mark this worker's device out."""
+    attempt used; its `MAX_DEVICE_FAULTS`th fails it), and take the faulty device out: this
+    worker's own, and each other device of the job that may be it (`_blame`)."""
     s = w.settings
     why = f"device fault on {', '.join(job.devices)} during job {job.id}: {reason(exc)}"
     log.error("%s", why)
-    w.faults.append(why)
+    _blame(w, job, exc, why)
     requeued = jobs.device_faulted(s.database, fence, MAX_DEVICE_FAULTS)
     if requeued is None:
         return _outcome(False, Delivery.DEVICE_FAULT, job)
@@ -458,6 +461,46 @@ def _device_failed(w: Worker, job: JobContext, fence: Fence, exc: Exception) -> 
                   "healthy device, no attempt used", attempt=fence.attempt, devices=job.devices)
     publish(s, job.id, job.kind, job.queue, patient=True, turn=Turn(job.priority, started=True))
     return Delivery.DEVICE_FAULT
+
+
+def _blame(w: Worker, job: JobContext, exc: Exception, why: str) -> None:
+    """Take out the devices the fault may have come from: the one its error names, else every
+    device of the job (a K-device training's error rarely says which). This worker's own goes
+    out as the delivery ends (`take_out`); the others' workers each take theirs out before their
+    next job or at their next idle beat (`workers.fleet.suspects`), so that all are probed before
+    the job, queued again, can run on a faulty one."""
+    named = exc.devices if isinstance(exc, DeviceFault) else ()
+    blamed = list(named) or list(job.devices or [job.device])
+    if w.at.device in blamed:
+        w.faults.append(why)
+    if others := [d for d in blamed if d != w.at.device]:
+        suspects.suspect(w.settings.broker, w.at.node, others, why)
+        log.error("job %s: %s to be probed before they take work", job.id, ", ".join(others))
+
+
+def _probe_first(w: Worker) -> str | None:
+    """Why this worker's device is to be probed before it takes a job (another device's training
+    faulted on it), clearing that; the delivery then ends with the device taken out."""
+    why = suspects.take(w.settings.broker, w.at.node, w.at.device)
+    if why is not None:
+        w.faults.append(f"{why} (one of its devices, probed before it takes work)")
+    return why
+
+
+def _probe_first_when_idle() -> None:
+    """At an idle beat: a worker whose device is suspect goes out now, not at its next job."""
+    s = get_settings()
+    if s.device is None or not DELIVERY.acquire(blocking=False):  # a job runs: its start checks
+        return
+    try:
+        w = this_worker()
+        if _probe_first(w) is not None:
+            take_out(w, w.faults[-1])
+    finally:
+        DELIVERY.release()
+
+
+heartbeat.on_idle.append(_probe_first_when_idle)
 
 
 def take_out(w: Worker, why: str) -> None:

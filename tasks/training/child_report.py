@@ -49,6 +49,7 @@ class Refused(_Report):
 
     error: str  # why, in one line
     device_fault: bool = False  # the child judged its error, whole, to be the device's
+    faulted: str | None = None  # which of its devices the error named (`gpu(1)`), when it did
 
 
 Report = Trained | Stopped | Preempted | Refused

@@ -30,7 +30,7 @@ from mxq.db.records import EpochResult, ModelRecord
 from mxq.db.registry import ModelNotFound
 from mxq.db.stack import stack_id
 from mxq.device import Device
-from mxq.errors import MxqError, device_fault, first_line, reason, typed_line
+from mxq.errors import MxqError, device_fault, first_line, named_device, reason, typed_line
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
@@ -430,16 +430,18 @@ def _trained(s: Settings, t: Training, fence: Fence) -> int:
     return t.samples * (len(epoch_rows.list_epochs(s.database, fence.job_id)) - t.done)
 
 
-def report_crash(s: Settings, fence: Fence, exc: BaseException) -> None:
+def report_crash(s: Settings, fence: Fence, exc: BaseException, devices: list[str]) -> None:
     """Tell the leader, through the run file, why the child died (one line): an expected failure
     (a database unreachable past its retry window, say) as its own words, anything else with its
     type, instead of "training process exited with 1".
 
     A device fault is judged here, on the whole error: MXNet 1.9.1's errors start "Traceback
     (most recent call last):" whatever went wrong, so their first line tells the leader nothing;
-    such a one is reported by its line that says what happened (`reason`), marked the device's."""
+    such a one is reported by its line that says what happened (`reason`), marked the device's,
+    with the device of `devices` (the contexts gpu(0)... in order) it names, if it names one."""
     if device_fault(exc):
-        report = Refused(error=f"{type(exc).__name__}: {reason(exc, 500)}", device_fault=True)
+        report = Refused(error=f"{type(exc).__name__}: {reason(exc, 500)}", device_fault=True,
+                         faulted=named_device(str(exc), devices))
     else:
         report = Refused(error=first_line(exc, 500) if isinstance(exc, MxqError) else typed_line(exc))
     child_report.write(run_file(s, fence), report)
@@ -455,7 +457,7 @@ if __name__ == "__main__":
         code = main(settings, fence, devs)
     except BaseException as exc:  # reported to the leader through the run file
         traceback.print_exc()
-        report_crash(settings, fence, exc)
+        report_crash(settings, fence, exc, devs)
         code = 1
     if code != 0 and os.environ.get("DMLC_ROLE") == "worker":
         sys.stdout.flush()

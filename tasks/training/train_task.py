@@ -44,7 +44,7 @@ from mxq.tasks.runner import (
 )
 from mxq.tasks.training import child_report, dist
 from mxq.workers.broker.queues import pool_queues
-from mxq.workers.fleet import leases
+from mxq.workers.fleet import leases, suspects
 from mxq.workers.hardware.pinning import cpu_cores
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.settings import Settings
@@ -103,7 +103,9 @@ def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
         known = model_mates(known, own, p.devices, movable, s.node)
     live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
     held = leases.holders(s.broker, s.node, [w["device"] for w in live])
-    free = [w for w in live if held.get(w["device"]) is None and w["device"] != own]
+    probing = suspects.pending(s.broker, s.node, [w["device"] for w in live])  # going out
+    free = [w for w in live if held.get(w["device"]) is None and w["device"] != own
+            and w["device"] not in probing]
     if len(free) + 1 < p.devices:
         raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
     return free
@@ -330,5 +332,6 @@ def _outcome(returncode: int, out: Path) -> Outcome:
     if returncode == CHILD_TIMED_OUT:
         raise JobTimedOut(error or "time limit reached: the training stopped after an epoch")
     if refused is not None and (refused.device_fault or device_fault(RuntimeError(refused.error))):
-        raise DeviceFault(refused.error)  # the device's (a CUDA error in the child): resumed elsewhere
+        # the device's (a CUDA error in the child): resumed elsewhere once the suspects are probed
+        raise DeviceFault(refused.error, (refused.faulted,) if refused.faulted else ())
     raise JobFailed(error or f"training process exited with {returncode}")

@@ -27,6 +27,7 @@ from mxq.tasks.runner import Delivery, FanOut, JobContext, JobInputError, Outcom
 from mxq.users import Role
 from mxq.workers.broker.messages import in_broker
 from mxq.workers.broker.queues import device_queue
+from mxq.workers.fleet import suspects
 from mxq.workers.fleet.heartbeat import Heartbeat
 from mxq.workers.jobs.jobspecs import InferParams, ProbeParams, stored
 from tests.conftest import Stack
@@ -100,6 +101,9 @@ def test_stored_parameters_that_no_longer_fit_fail_the_job_with_one_line(isolate
                                              "greater than or equal to 1")
 
 
+CUDA_FAULT = "CUDA error: an uncorrectable ECC error was encountered"
+
+
 def test_a_device_fault_queues_the_job_again_and_marks_the_worker(isolated: Stack) -> None:
     w, job_id = _worker(isolated), _job(isolated)
 
@@ -111,6 +115,42 @@ def test_a_device_fault_queues_the_job_again_and_marks_the_worker(isolated: Stac
     assert record["status"] == "queued" and record["error"] is None
     assert w.faults and "illegal memory access" in w.faults[0]  # its worker takes itself out
     assert job_id in in_broker(isolated.settings.broker, {OWN})[0]  # published again
+
+
+TWO = ["cpu:0", "cpu:1"]
+
+
+@pytest.mark.parametrize(("fault", "leader_out", "suspect"), [
+    (DeviceFault(CUDA_FAULT), True, ["cpu:1"]),
+    (DeviceFault(CUDA_FAULT + " on gpu(1)", ("cpu:1",)), False, ["cpu:1"]),
+    (DeviceFault(CUDA_FAULT, ("cpu:0",)), True, []),
+], ids=["unnamed: every device", "names another", "names the leader's"])
+def test_a_k_device_fault_takes_out_the_devices_it_may_have_come_from(
+        isolated: Stack, fault: DeviceFault, leader_out: bool, suspect: list[str]) -> None:
+    """Issue 60: a 2-device training's fault took out only its leader's device; the requeued job
+    ran on the faulty one again. Unnamed, both go out (the other's worker before its next job);
+    named, only that one. That worker defers the job it is handed and ends taken out."""
+    s, w, job_id = isolated.settings, _worker(isolated), _job(isolated)
+
+    def body(_job: JobContext) -> Outcome:
+        raise fault
+
+    assert run_job(job_id, body, admit=lambda job: list(TWO), worker=w) is Delivery.DEVICE_FAULT
+    assert bool(w.faults) is leader_out
+    assert sorted(suspects.pending(s.broker, NODE, TWO)) == suspect
+    mate = Worker(Placement(worker=f"cpu1@{NODE}", node=NODE, device="cpu:1"), s, heartbeat=None)
+    other = _job(isolated, device_queue(NODE, "cpu", 1))
+    ran: list[int] = []
+
+    def runs(job: JobContext) -> Outcome:
+        ran.append(job.id)
+        return Outcome(1, 1.0)
+
+    assert run_job(other, runs, worker=mate) is (Delivery.DEFERRED if suspect else Delivery.SUCCEEDED)
+    assert bool(mate.faults) is bool(suspect) and suspects.pending(s.broker, NODE, TWO) == set()
+    if suspect:
+        assert not ran and isolated.job(other)["status"] == "queued"
+        assert f"device fault on cpu:0, cpu:1 during job {job_id}" in mate.faults[0]
 
 
 def test_a_delivery_for_another_device_is_sent_to_its_queue(isolated: Stack) -> None:

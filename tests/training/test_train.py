@@ -281,7 +281,7 @@ def test_a_training_child_that_dies_tells_its_leader_why(tmp_path: Path,
         for exc, said in ((DatabaseUnreachable("database unreachable at db:5432 for 120 s: refused\nmore"),
                            "database unreachable at db:5432 for 120 s: refused"),
                           (KeyError("w"), "KeyError: 'w'")):
-            report_crash(get_settings(), fence, exc)
+            report_crash(get_settings(), fence, exc, ["cpu:0"])
             with pytest.raises(JobFailed) as failed:
                 _outcome(1, out)
             assert str(failed.value) == said
@@ -382,14 +382,20 @@ def test_a_childs_device_fault_is_judged_on_its_whole_error_and_a_fatal_signal_i
 
     fence = Fence(7, "cpu0@node", 1)
     run_file(store, fence).parent.mkdir(parents=True, exist_ok=True)  # the leader makes it
-    report_crash(store, fence, mx.base.MXNetError(MXNET_CUDA_ERROR))
+    report_crash(store, fence, mx.base.MXNetError(MXNET_CUDA_ERROR), ["gpu:2", "gpu:5"])
     with pytest.raises(DeviceFault) as fault:
         _outcome(1, run_file(store, fence))
     assert str(fault.value) == ("MXNetError: Check failed: e == cudaSuccess (214 vs. 0) : CUDA: "
                                 "uncorrectable ECC error encountered")
+    assert fault.value.devices == ()  # it names no context: every device of the job is suspect
+    # one that names its context (the child's gpu(1), the job's second device) blames that one
+    report_crash(store, fence, mx.base.MXNetError(MXNET_CUDA_ERROR + " on gpu(1)"), ["gpu:2", "gpu:5"])
+    with pytest.raises(DeviceFault) as fault:
+        _outcome(1, run_file(store, fence))
+    assert fault.value.devices == ("gpu:5",)
     report_crash(store, fence, mx.base.MXNetError(
         'Traceback (most recent call last):\n  File "../src/ndarray/ndarray.cc", line 250\n'
-        'NDArray.Reshape: Check failed: shape_.Size() >= shape.Size() (4 vs. 9)'))
+        'NDArray.Reshape: Check failed: shape_.Size() >= shape.Size() (4 vs. 9)'), ["gpu:2", "gpu:5"])
     with pytest.raises(JobFailed, match="Traceback"):  # the model's own: a failed job, as before
         _outcome(1, run_file(store, fence))
     run_file(store, fence).unlink()
