@@ -515,3 +515,29 @@ class HookDelivery(Base):
 
     __table_args__ = (Index("ix_hook_deliveries_due", "status", "next_attempt_at"),
                       Index("ix_hook_deliveries_hook", "hook_id", "created_at"))
+
+
+class OpenLineageRun(Base):
+    """Which OpenLineage events of a job the export has sent (migration 0036): the jobs table is
+    its outbox (`mxq.db.lineage.openlineage`), so an event is sent after a crash as before it, and a row
+    here only says START and the end (COMPLETE, FAIL or ABORT) went, or why the last try did not."""
+
+    __tablename__ = "openlineage_runs"
+
+    job_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    started_sent_at: Mapped[datetime | None]
+    ended_sent_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # failed tries since the last send
+    next_attempt_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class OpenLineageCursor(Base):
+    """The export's one row: jobs below `low_job_id` need nothing more (sent, or before the export
+    was turned on: it starts with the jobs submitted after, never with the whole history)."""
+
+    __tablename__ = "openlineage_cursor"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    low_job_id: Mapped[int] = mapped_column(Integer)
+    enabled_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -56,17 +56,21 @@ LEG_CHOICES = ("embedded", "system", "both")
 
 
 # The caller's own settings, which a test session must not read: a user's shell exports
-# MXQ_DATA_ROOT or MXQ_HOME as docs/settings.md says, and AWS_* for their cloud.
-CALLERS_SETTINGS = ("MXQ_", "AWS_")
+# MXQ_DATA_ROOT or MXQ_HOME as docs/settings.md says, AWS_* for their cloud, and OPENLINEAGE_*
+# for their lineage catalog (the tests that export lineage say where, in their own environment).
+CALLERS_SETTINGS = ("MXQ_", "AWS_", "OPENLINEAGE_")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start the session from none of the caller's MXQ_* and AWS_* settings, before any test or
+    """Start the session from none of the caller's MXQ_*, AWS_* and OPENLINEAGE_* settings, before any test or
     fixture reads one: each stack sets what its processes need, in their own environment."""
     from mxq.workers.settings import get_settings
 
     for name in [k for k in os.environ if k.startswith(CALLERS_SETTINGS)]:
         del os.environ[name]
+    # Nor a lineage catalog's openlineage.yml in the caller's home: no stack exports, unless a
+    # test turns the export on for itself (tests/lineage/test_openlineage.py).
+    os.environ["OPENLINEAGE_DISABLED"] = "true"
     get_settings.cache_clear()
     # The width tables print at (mxq.cli.render reads it once, when first imported): the same in
     # every session, whichever test imports it first and whatever terminal runs pytest.

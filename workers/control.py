@@ -1,6 +1,7 @@
 """The Celery tasks of the control queue, which only the schedule process consumes: the tick
 that fires due schedules, the reconciler's pass and the retention policy, each run by Celery
-beat, the webhook sender's pass, and the fires the API hands over (run-now).
+beat, the webhook sender's pass, the OpenLineage export's pass, and the fires the API hands over
+(run-now).
 
 The process's one worker runs them one at a time, so a fire, which may hash a large folder or
 list a slow bucket, runs in a thread of its own (`_in_background`): the reconciler and the
@@ -16,6 +17,7 @@ from dataclasses import asdict
 
 from mxq.db import schedules
 from mxq.workers.broker.app import app
+from mxq.workers.openlineage import sender as openlineage
 from mxq.workers.repair.reconcile import reconcile
 from mxq.workers.repair.retention import collect
 from mxq.workers.schedules.fires import submit_fire, tick
@@ -24,6 +26,7 @@ from mxq.workers.webhooks.sender import send_due
 
 log = logging.getLogger(__name__)
 _ticking = threading.Lock()  # one tick at a time: the next waits for its turn in the next beat
+_exporting = threading.Lock()  # one OpenLineage pass at a time
 
 
 def _in_background(name: str, work: Callable[[], object], done: threading.Lock | None = None) -> None:
@@ -66,6 +69,17 @@ def hooks_task() -> int:
     """Claim the due webhook deliveries and send them from threads of their own (the task
     returns at once, so a hung endpoint never holds the tick): how many were claimed."""
     return send_due(get_settings())
+
+
+@app.task(name="mxq.openlineage")  # type: ignore[untyped-decorator]
+def openlineage_task() -> bool:
+    """Send the due OpenLineage events in the background (a slow receiver holds only that
+    thread); False when OpenLineage is not configured or the last pass still runs."""
+    if not openlineage.configured() or not _exporting.acquire(blocking=False):
+        return False
+    settings = get_settings()
+    _in_background("mxq-openlineage", lambda: openlineage.send_due(settings), _exporting)
+    return True
 
 
 @app.task(name="mxq.fire")  # type: ignore[untyped-decorator]

@@ -17,7 +17,8 @@ from tests.conftest import ROOT
 # Where tasks/ may read the process's settings: a worker's or a training child's start, and
 # hooks of the worker process itself (its heartbeat's idle beat), never a job body.
 SETTINGS_EDGES = {
-    "tasks/runner.py": {"this_worker"},  # a device worker's frame, made per delivery
+    "tasks/runner.py": {"this_worker",  # a device worker's frame, made per delivery
+                        "_probe_first_when_idle"},  # the heartbeat's idle beat
     "tasks/training/train_child.py": {"<module>"},  # the child's start (`__main__`)
     "tasks/runtimes/onnx_worker.py": {"_refuse_unusable_gpu"},  # Celery's worker_init
     "tasks/runtimes/mx_context.py": {"_refuse_unusable_device"},  # Celery's worker_init
@@ -26,8 +27,10 @@ SETTINGS_EDGES = {
 # The modules that read os.environ: the settings themselves, the client (a user's script), and
 # those that start processes with the environment (the launcher, a training's leader and its
 # nodes) or are the start of one (the training child: its kvstore role); ONNX Runtime reads the
-# thread count the launcher pinned the worker to.
+# thread count the launcher pinned the worker to; OpenLineage's export reads the configuration
+# of OpenLineage's own client (OPENLINEAGE_*), as that client does.
 ENVIRON_EDGES = {"workers/settings.py", "workers/launch/launcher.py", "client/api.py",
+                 "workers/openlineage/sender.py",
                  "tasks/training/train_task.py", "tasks/training/dist.py",
                  "tasks/training/train_child.py", "tasks/runtimes/onnx_runtime.py"}
 PACKAGE = ("core", "db", "workers", "tasks", "api", "cli", "client")
@@ -77,7 +80,7 @@ WORKERS_EDGES = {
     "workers/broker/app.py": {"<module>"},  # the process-wide app's config, read when first used
     "workers/fleet/heartbeat.py": {"start"},  # worker_ready
     "workers/control.py": {"tick_task", "reconcile_task", "retention_task", "fire_task",
-                           "hooks_task"},  # its tasks
+                           "hooks_task", "openlineage_task"},  # its tasks
     "workers/jobs/jobspecs.py": {"_at_most", "_within_budget"},  # no limits in the context
 }
 

@@ -66,6 +66,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                                           "expires": settings.reconcile_seconds}},
             "mxq-hooks": {"task": "mxq.hooks", "schedule": settings.hook_seconds,
                           "options": {"queue": CONTROL_QUEUE, "expires": settings.hook_seconds}},
+            "mxq-openlineage": {"task": "mxq.openlineage", "schedule": settings.hook_seconds,
+                                "options": {"queue": CONTROL_QUEUE, "expires": settings.hook_seconds}},
             "mxq-retention": {"task": "mxq.retention", "schedule": RETENTION_SECONDS,
                               "options": {"queue": CONTROL_QUEUE, "expires": RETENTION_SECONDS}},
         },
