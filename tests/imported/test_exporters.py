@@ -1,7 +1,8 @@
-"""ONNX as exporters write it (issue 62): scikit-learn models exported by skl2onnx, the usual
-way, register as exported (a classifier's label output beside its probabilities, as a tensor or
-through ZipMap's maps; a regressor's values) and serve what the library's own `predict_proba` /
-`predict` give, through the registration's own check and through real workers."""
+"""ONNX as exporters write it (issue 62): scikit-learn models exported by skl2onnx, and LightGBM
+and XGBoost models by onnxmltools, the usual way, register as exported (a classifier's label
+output beside its probabilities, as a tensor or through ZipMap's maps; a regressor's values) and
+serve what the library's own `predict_proba` / `predict` give, through the registration's own
+check and through real workers."""
 
 from __future__ import annotations
 
@@ -76,6 +77,55 @@ def test_a_regressor_registers_and_serves_its_values(store: Settings, tmp_path: 
     x, _ = _digits()
     served = onnx_runtime.run(onnx_runtime.session(Path((record["onnx"] or {})["file"]))[0], x)
     np.testing.assert_allclose(served[:, 0], model.predict(x), rtol=1e-4, atol=1e-4)
+
+
+GBM_OPSET = 15  # the newest onnxmltools 1.16 converts to
+# Each boosted model: its library, its class, and the converter's ZipMap choices (XGBoost's has
+# none). The libraries load in the tests that use them, not at collection (each brings OpenMP).
+BOOSTED: dict[str, tuple[str, str, tuple[bool | None, ...]]] = {
+    "lightgbm": ("lightgbm", "LGBMClassifier", (True, False)),
+    "xgboost": ("xgboost", "XGBClassifier", (None,)),
+    "lightgbm-regressor": ("lightgbm", "LGBMRegressor", (None,)),
+    "xgboost-regressor": ("xgboost", "XGBRegressor", (None,)),
+}
+
+
+def _boosted(path: Path, kind: str, zipmap: bool | None) -> tuple[Any, Path]:
+    """A LightGBM or XGBoost model fitted on the digits and exported by onnxmltools as its docs
+    show (`zipmap` where the converter has the option)."""
+    import importlib
+
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    library, name, _ = BOOSTED[kind]
+    quiet = {"verbose": -1} if library == "lightgbm" else {}
+    model = getattr(importlib.import_module(library), name)(n_estimators=20, **quiet)
+    convert = getattr(onnxmltools, f"convert_{library}")
+    x, y = _digits()
+    model.fit(x, y)
+    options = {} if zipmap is None else {"zipmap": zipmap}
+    graph = convert(model, initial_types=[("input", FloatTensorType([None, 64]))],
+                    target_opset=GBM_OPSET, **options)
+    path.write_bytes(graph.SerializeToString())
+    return model, path
+
+
+@pytest.mark.parametrize(("kind", "zipmap"), [(k, z) for k, (_, _, zs) in BOOSTED.items() for z in zs])
+def test_a_boosted_model_registers_as_exported_and_serves_its_outputs(
+        store: Settings, tmp_path: Path, kind: str, zipmap: bool | None) -> None:
+    model, path = _boosted(tmp_path / f"{kind}.onnx", kind, zipmap)
+    record = add_onnx(store, kind.replace("-", ""), path, None)
+    x, _ = _digits()
+    served = onnx_runtime.run(onnx_runtime.session(Path((record["onnx"] or {})["file"]))[0], x)
+    if kind.endswith("regressor"):
+        assert (record["outputs"], record["classes"]) == ("regression", 1)
+        np.testing.assert_allclose(served[:, 0], model.predict(x), rtol=1e-4, atol=1e-4)
+        return
+    assert (record["outputs"], record["classes"], record["input_shape"]) == ("probabilities", 10, [64])
+    theirs = model.predict_proba(x)
+    assert (served.argmax(axis=1) == theirs.argmax(axis=1)).mean() == 1.0
+    np.testing.assert_allclose(served, theirs, atol=1e-4)
 
 
 def test_a_zipmap_classifier_serves_through_real_workers(workers: Stack, tmp_path: Path) -> None:
