@@ -34,11 +34,12 @@ test-fast: venv
 
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the slowest tests of each part listed.
-# The fast tier runs in two sessions, as `make test`; the slow tier in one, as it keeps both cores
-# busy by itself (two sessions made it slower and its timing-sensitive fault tests flaky).
+# Both tiers run in two sessions, as `make test`: the slow tier used under half of two cores in one
+# (it waits on restarts, outages and its workers). The fault suite stays one group, one test at a
+# time (tests/conftest.py `_group`), and the benchmarks another.
 test-all: venv browser prometheus compose lint
 	$(BIN)/pytest $(XDIST) -m "not slow and not gpu_install" --legs both --durations=10
-	$(BIN)/pytest -m "slow and not gpu_install" --legs both --durations=25
+	$(BIN)/pytest $(XDIST) -m "slow and not gpu_install" --legs both --durations=25
 
 # The benchmarks at their full sizes, the figures to judge by (docs/benchmarks.md), into var/bench;
 # CI runs them only at their quick sizes, as smoke tests of the slow tier (tests/benchmarks/).

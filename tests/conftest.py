@@ -109,10 +109,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         wanted = _wanted(_leg(item), legs, item.get_closest_marker("both_legs") is not None)
         (keep if wanted else drop).append(item)
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::", 1)[0])))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _group(path: str) -> str:
+    """A test file's xdist group: the file itself, but the fault suite's files are one group, run
+    one test at a time in one session (their SIGKILLs, outages and pauses are timed against
+    recoveries: the other session's load is enough beside them, never another fault test's)."""
+    return "faults" if path.startswith("tests/faults/") else path
 
 
 def wait_until(get: Callable[[], T], timeout: float, what: str,

@@ -128,17 +128,40 @@ def test_a_boosted_model_registers_as_exported_and_serves_its_outputs(
     np.testing.assert_allclose(served, theirs, atol=1e-4)
 
 
-def test_a_zipmap_classifier_serves_through_real_workers(workers: Stack, tmp_path: Path) -> None:
-    """The default export (label and ZipMap) through `mxq models add` and `mxq infer`: every
-    stored class and score is the pipeline's own."""
-    model = CLASSIFIERS["scaled-logistic"]()
-    path = _exported(tmp_path / "exported.onnx", model)
-    added = workers.mxq("models", "add", "skl-logistic", "--onnx", str(path))
+# Every exporter's model, through `mxq models add` and `mxq infer` on real workers: a classifier
+# of each exporter with the default export (ZipMap where it has one), and a regressor of each.
+THROUGH_WORKERS = ["skl2onnx-logistic", "skl2onnx-forest", "skl2onnx-mlp", "skl2onnx-ridge",
+                   "lightgbm", "xgboost", "lightgbm-regressor", "xgboost-regressor"]
+
+
+def _any_exported(path: Path, kind: str) -> Any:
+    """The fitted model of `kind` (THROUGH_WORKERS), exported to `path` by its exporter."""
+    if kind in BOOSTED:
+        return _boosted(path, kind, BOOSTED[kind][2][0])[0]
+    sklearn_kind = {"skl2onnx-logistic": "scaled-logistic", "skl2onnx-forest": "random-forest",
+                    "skl2onnx-mlp": "mlp"}.get(kind)
+    model = CLASSIFIERS[sklearn_kind]() if sklearn_kind else Ridge()
+    _exported(path, model)
+    return model
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("kind", THROUGH_WORKERS)
+def test_each_exporters_model_serves_through_real_workers(workers: Stack, tmp_path: Path,
+                                                          kind: str) -> None:
+    """Every stored class and score (or value) is the library's own."""
+    name = f"exp-{kind}"
+    model = _any_exported(tmp_path / f"{kind}.onnx", kind)
+    added = workers.mxq("models", "add", name, "--onnx", str(tmp_path / f"{kind}.onnx"))
     assert added.returncode == 0, added.stderr
     x, _ = _digits()
-    np.save(workers.home / "data" / "skl.npy", x)
-    job = workers.mxq_json("infer", "skl-logistic", "skl.npy", "--wait")
+    np.save(workers.home / "data" / f"{name}.npy", x)
+    out = [] if hasattr(model, "predict_proba") else ["--output", "npy"]
+    job = workers.mxq_json("infer", name, f"{name}.npy", *out, "--wait")
     assert job["status"] == "succeeded", job["error"]
+    if not hasattr(model, "predict_proba"):  # a regressor: its values, as stored
+        np.testing.assert_allclose(np.load(job["output"])[:, 0], model.predict(x), rtol=1e-4, atol=1e-4)
+        return
     shown = workers.mxq("results", str(job["id"]), "--format", "json", "--limit", "2000")
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)

@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from openlineage.client.event_v2 import InputDataset, OutputDataset, Run, RunEvent, RunState
+from openlineage.client.event_v2 import Job as OLJob
+from openlineage.client.facet_v2 import dataset_version_dataset, schema_dataset
 from sqlalchemy import update
 
 from mxq.db import jobs
@@ -42,16 +45,6 @@ def exporting(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     sender.client.cache_clear()
 
 
-def _to_file(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", str(path))
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def test_off_unless_configured_as_the_client_reads_it(exporting: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     exporting.chdir(tmp_path)
@@ -74,50 +67,90 @@ def sender_settings() -> Any:
     return get_settings()
 
 
-def test_every_inference_sends_start_and_its_end_with_its_datasets(
+def _parsed(event: dict[str, Any]) -> RunEvent:
+    """`event` read back into the client's own classes (their validators check the run id, the
+    time, the URIs), with the facets this test reads."""
+    def dataset(d: dict[str, Any], kind: type[InputDataset] | type[OutputDataset]) -> Any:
+        facets: dict[str, Any] = {}
+        if "version" in d["facets"]:
+            facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(
+                datasetVersion=d["facets"]["version"]["datasetVersion"])
+        if "schema" in d["facets"]:
+            facets["schema"] = schema_dataset.SchemaDatasetFacet(fields=[
+                schema_dataset.SchemaDatasetFacetFields(name=f["name"], type=f.get("type"))
+                for f in d["facets"]["schema"]["fields"]])
+        return kind(namespace=d["namespace"], name=d["name"], facets=facets)
+
+    return RunEvent(eventType=RunState(event["eventType"]), eventTime=event["eventTime"],
+                    run=Run(runId=event["run"]["runId"]),
+                    job=OLJob(namespace=event["job"]["namespace"], name=event["job"]["name"]),
+                    inputs=[dataset(d, InputDataset) for d in event["inputs"]],
+                    outputs=[dataset(d, OutputDataset) for d in event["outputs"]],
+                    producer=event["producer"])
+
+
+def _runs(got: list[dict[str, Any]], stack: Stack, *job_ids: int) -> list[list[dict[str, Any]]]:
+    """Each job's events as received, in order, every one parsed by the client's classes."""
+    for event in got:
+        _parsed(event)
+    runs = {run_id(stack_id(stack.settings.database), j): j for j in job_ids}
+    return [[e for e in got if runs.get(e["run"]["runId"]) == j] for j in job_ids]
+
+
+def test_real_jobs_send_start_and_their_end_to_a_real_receiver(
         workers: Stack, mlp: dict, exporting: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A job to Parquet: START, then COMPLETE naming its input file (its identity as the
-    dataset's version) and its Parquet output with the file's schema and row count, the model
-    version and engine as run facets. A job that fails: FAIL with its error. Sent once."""
+    """Through OPENLINEAGE_URL to a real HTTP server: an inference to Parquet (START, COMPLETE
+    naming its input file with its identity as the version, and its Parquet file with the file's
+    schema and row count; the model version and engine as run facets), a 2-device training
+    (START, COMPLETE with the registered version as output), a failed inference (FAIL with its
+    error). Each event is sent once."""
     s = workers.settings
-    events = tmp_path / "events.jsonl"
-    _to_file(exporting, events)
-    sender.send_due(s)  # the first pass: the export starts from the next job on
-    assert _read(events) == []
-    x = np.random.default_rng(5).normal(size=(300, 64)).astype(np.float32)
-    path = save_npy(workers, "ol.npy", x)
-    done = infer_and_wait(workers, "mlp64", "ol.npy", "--output", "parquet", "--device", "cpu:0")
-    save_npy(workers, "ol-nan.npy", np.full((20, 64), np.nan, dtype=np.float32))
-    bad = infer_and_wait(workers, "mlp64", "ol-nan.npy", "--device", "cpu:0")
-    assert done["status"] == "succeeded" and bad["status"] == "failed", (done["error"], bad)
-    assert sender.send_due(s) >= 3
-    sent = _read(events)
-    mine: dict[str, list[dict[str, Any]]] = {e["run"]["runId"]: [] for e in sent}
-    for e in sent:
-        mine[e["run"]["runId"]].append(e)
-    ran = mine[run_id(stack_id(s.database), done["id"])]
-    assert [e["eventType"] for e in ran] == ["START", "COMPLETE"]
-    start, complete = ran
-    assert complete["job"] == {**complete["job"], "namespace": "mxq", "name": "infer.mlp64"}
-    assert start["inputs"][0]["namespace"] == "file" and start["inputs"][0]["name"] == str(path)
+    with _lineage_receiver() as (url, got):
+        exporting.setenv("OPENLINEAGE_URL", url)
+        sender.send_due(s)  # the first pass: the export starts from the next job on
+        assert got == []
+        x = np.random.default_rng(5).normal(size=(300, 64)).astype(np.float32)
+        path = save_npy(workers, "ol.npy", x)
+        done = infer_and_wait(workers, "mlp64", "ol.npy", "--output", "parquet", "--device", "cpu:0")
+        save_npy(workers, "ol-nan.npy", np.full((20, 64), np.nan, dtype=np.float32))
+        bad = infer_and_wait(workers, "mlp64", "ol-nan.npy", "--device", "cpu:0")
+        trained = workers.mxq_json("train", "mlp", "digits", "--name", "olnet", "--devices", "2",
+                                   "--epochs", "1", "--wait")
+        assert (done["status"], bad["status"], trained["status"]) == ("succeeded", "failed", "succeeded")
+        assert sender.send_due(s) == 6
+        assert sender.send_due(s) == 0  # each event once
+    inferred, failed, training = _runs(got, workers, done["id"], bad["id"], trained["id"])
+    assert [e["eventType"] for e in inferred] == ["START", "COMPLETE"]
+    assert {e["path"] for e in got} == {"/api/v1/lineage"}
+    start, complete = inferred
+    assert (complete["job"]["namespace"], complete["job"]["name"]) == ("mxq", "infer.mlp64")
+    assert (start["inputs"][0]["namespace"], start["inputs"][0]["name"]) == ("file", str(path))
     record = workers.job(done["id"])
     params, result = record["params"], record["result"] or {}
-    version = complete["inputs"][0]["facets"]["version"]["datasetVersion"]
-    assert version == params["input_identity"]
+    assert complete["inputs"][0]["facets"]["version"]["datasetVersion"] == params["input_identity"]
     out = complete["outputs"][0]
     assert (out["namespace"], out["name"]) == ("file", done["output"])
-    fields = [f["name"] for f in out["facets"]["schema"]["fields"]]
-    assert fields == pq.read_schema(done["output"]).names
+    assert [f["name"] for f in out["facets"]["schema"]["fields"]] == pq.read_schema(done["output"]).names
     assert out["outputFacets"]["outputStatistics"]["rowCount"] == 300
     model = complete["run"]["facets"]["mxq_model"]
     assert (model["name"], model["version"], model["engine"]) == \
         ("mlp64", result["model_version"], result["engine"])
     assert complete["run"]["facets"]["processing_engine"]["name"] == "mxq"
-    failed = mine[run_id(stack_id(s.database), bad["id"])]
-    assert failed[-1]["eventType"] == "FAIL"
+    assert [e["eventType"] for e in failed][-1] == "FAIL" and failed[-1]["outputs"] == []
     assert failed[-1]["run"]["facets"]["errorMessage"]["message"] == bad["error"]
-    assert failed[-1]["outputs"] == []
-    assert sender.send_due(s) == 0 and len(_read(events)) == len(sent)  # each event once
+    assert [e["eventType"] for e in training] == ["START", "COMPLETE"]
+    assert training[1]["job"]["name"] == "train.olnet"
+    assert training[0]["inputs"][0]["name"] == "datasets/digits"
+    assert training[1]["outputs"][0]["name"] == "models/olnet"
+    version = training[1]["outputs"][0]["facets"]["version"]["datasetVersion"]
+    assert version == str((workers.job(trained["id"])["result"] or {})["model_version"])
+    assert len(training[1]["run"]["facets"]["mxq_model"]["devices"]) == 2
+
+
+def test_nothing_is_sent_when_not_configured(workers: Stack, mlp: dict) -> None:
+    """The session's OPENLINEAGE_DISABLED (and no other OpenLineage setting): no pass sends."""
+    assert not sender.configured()
+    assert sender.send_due(workers.settings) == 0
 
 
 @contextmanager
