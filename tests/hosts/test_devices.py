@@ -8,6 +8,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,22 @@ def test_a_hanging_nvidia_smi_is_never_silent(tmp_path: Path, monkeypatch: pytes
     assert any("timed out" in r.getMessage() for r in caplog.records)
 
 
+def test_an_nvidia_smi_that_hangs_after_two_rows_plans_those_two(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 60: the timeout dropped what it printed (a hang while querying the third GPU lost the
+    node's two good ones). A process of it that outlives the kill holds its output open, as one
+    stuck in the driver would: `subprocess.run` waited for it."""
+    monkeypatch.setattr(devices_module, "NVIDIA_SMI_TIMEOUT", 1.0)
+    listing = (SMI / "a100x4.csv").read_text().splitlines()
+    rows = "\n".join(listing[:3])
+    exe = str(_script(tmp_path, f"printf '%s\\n' '{rows}'\nsleep 30 &\nexec sleep 30"))
+    started = time.monotonic()
+    gpus = discover(exe, 1, expect_gpus=True)
+    assert time.monotonic() - started < 10  # bounded: never the hang's 30 s
+    assert [g.label for g in gpus] == ["gpu:0", "gpu:1"]
+    assert any("timed out" in r.getMessage() and "gpu:0" in r.getMessage() for r in caplog.records)
+
+
 def test_expected_gpus_without_nvidia_smi_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(DeviceError, match="GPUs are expected"):
         discover(str(tmp_path / "absent"), 2, expect_gpus=True)
@@ -279,12 +296,13 @@ def test_the_schedule_process_and_the_api_never_load_mxnet(tmp_path: Path) -> No
     upgrade(f"sqlite:///{tmp_path / 'mxq.db'}")
     control = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=120)
-    tasks = "['mxq.fire', 'mxq.hooks', 'mxq.reconcile', 'mxq.retention', 'mxq.tick'] False"
+    tasks = ("['mxq.fire', 'mxq.hooks', 'mxq.openlineage', 'mxq.reconcile', 'mxq.retention', "
+             "'mxq.tick'] False")
     assert control.stdout.strip() == tasks, control.stderr
     device = subprocess.run([sys.executable, "-c", NO_MXNET], cwd=ROOT, env={**env, "MXQ_DEVICE": "cpu:0"},
                             capture_output=True, text=True, timeout=120)
-    assert device.stdout.strip() == ("['mxq.arch', 'mxq.fire', 'mxq.hooks', 'mxq.infer', 'mxq.probe', "
-                                     "'mxq.reconcile', "
+    assert device.stdout.strip() == ("['mxq.arch', 'mxq.fire', 'mxq.hooks', 'mxq.infer', "
+                                     "'mxq.openlineage', 'mxq.probe', 'mxq.reconcile', "
                                      "'mxq.register', 'mxq.retention', 'mxq.tick', 'mxq.train'] "
                                      "True"), device.stderr
 

@@ -73,7 +73,8 @@ def test_an_onnx_only_worker_never_loads_mxnet(tmp_path: Path) -> None:
     env = _env(tmp_path, MXQ_DEVICE="gpu:0", MXQ_MXNET_UNUSABLE="gpu:0 (NVIDIA H200) cannot run MXNet")
     proc = subprocess.run([sys.executable, "-c", TASKS], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
-    assert proc.stdout.strip() == ("['mxq.fire', 'mxq.hooks', 'mxq.infer', 'mxq.probe', 'mxq.reconcile', "
+    assert proc.stdout.strip() == ("['mxq.fire', 'mxq.hooks', 'mxq.infer', 'mxq.openlineage', "
+                                   "'mxq.probe', 'mxq.reconcile', "
                                    "'mxq.retention', 'mxq.tick', 'mxq.train'] "
                                    "False"), proc.stderr
 

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from mxq.errors import Unavailable
+from mxq.workers.hardware import bounded
 from mxq.workers.hardware.kernels import RECORDED, kernels_of
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,7 @@ DEV_NVIDIA0 = Path("/dev/nvidia0")
 # cannot load: MXNet's runtime-compiled (fused) kernels would fail, so fusion is turned off there.
 NVRTC_MIN_DRIVER = 520
 
-
-# The status given to an nvidia-smi run that did not answer in time (a process never exits with it).
-TIMED_OUT = 255 << 8
+TIMED_OUT = bounded.TIMED_OUT  # an nvidia-smi run that did not answer in time
 
 
 class DeviceError(Unavailable):
@@ -152,11 +151,9 @@ def _fields(row: list[str]) -> list[str]:
 
 
 def _run(exe: str, fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-    command = [exe, f"--query-gpu={','.join(fields)}", "--format=csv"]
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(command, TIMED_OUT, "", f"no answer in {NVIDIA_SMI_TIMEOUT} s")
+    """nvidia-smi's query, bounded by NVIDIA_SMI_TIMEOUT whatever it does: what it printed before
+    it hung is kept, so the GPUs it listed start (`bounded.run`)."""
+    return bounded.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv"], NVIDIA_SMI_TIMEOUT)
 
 
 def _besides_rows(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

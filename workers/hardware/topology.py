@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import subprocess
+
+from mxq.workers.hardware import bounded
 
 log = logging.getLogger(__name__)
 TOPOLOGY_TIMEOUT = 20
@@ -20,10 +21,12 @@ def read_topology(nvidia_smi: str) -> dict[tuple[int, int], str]:
     """`nvidia-smi topo -m` parsed; empty (so GPUs are chosen in index order) when it fails,
     hangs or prints nothing, which a topology must never turn into a failed job."""
     try:
-        proc = subprocess.run([nvidia_smi, "topo", "-m"], capture_output=True, text=True,
-                              timeout=TOPOLOGY_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = bounded.run([nvidia_smi, "topo", "-m"], TOPOLOGY_TIMEOUT)
+    except OSError as exc:
         log.warning("nvidia-smi topo -m failed (%s): GPUs are chosen in index order", exc)
+        return {}
+    if proc.returncode == bounded.TIMED_OUT:
+        log.warning("nvidia-smi topo -m timed out (%s): GPUs are chosen in index order", proc.stderr)
         return {}
     if proc.returncode != 0:
         log.warning("nvidia-smi topo -m exited with %s: GPUs are chosen in index order", proc.returncode)
