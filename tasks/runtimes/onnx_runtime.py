@@ -133,20 +133,18 @@ def _load_cuda_wheels(ort: Any) -> None:
 
 def cuda_problem(device: str) -> str | None:
     """Whether ONNX Runtime's CUDA provider really runs on this worker's GPU: it falls back to
-    the CPU when CUDA cannot start (no GPU, no driver), so a one-node graph is run through it."""
+    the CPU when CUDA cannot start (no GPU, no driver), so a real check graph is run through it,
+    a matrix multiply (cuBLAS) and a convolution (cuDNN), and its results are compared with
+    NumPy's: a GPU that loads the libraries but computes wrong is refused too."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "check", [x],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model, feeds, expected = check_graph()
     said = io.StringIO()  # ONNX Runtime prints why CUDA failed, then falls back to the CPU
     try:
         _load_cuda_wheels(ort)
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            sess = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDERS["gpu"]])
-        sess.run(None, {"x": np.zeros(1, np.float32)})
+            sess = ort.InferenceSession(model, providers=[PROVIDERS["gpu"]])
+        got = sess.run(None, feeds)
     except Exception as exc:
         return f"ONNX Runtime's CUDA provider cannot start on {device}: {first_line(exc)}"
     if PROVIDERS["gpu"] not in sess.get_providers():
@@ -154,4 +152,50 @@ def cuda_problem(device: str) -> str | None:
         cause = f" ({found.group(0).strip()})" if found else ""
         return (f"ONNX Runtime's CUDA provider cannot start on {device}{cause}: no GPU visible, or "
                 "the driver is missing or older than R525, which CUDA 12 needs; it would run on the CPU")
+    return wrong_results(device, got, expected)
+
+
+# The start check's work: a 64x64 matrix multiply and a 3x3 convolution of a 3x16x16 image into
+# 8 channels, on fixed inputs, with NumPy's answers.
+CHECK_SIDE, CHECK_IMAGE, CHECK_FILTERS = 64, (1, 3, 16, 16), 8
+
+
+def check_graph() -> tuple[bytes, dict[str, NDArray[np.float32]], list[NDArray[np.float64]]]:
+    """The check graph (MatMul and Conv), its inputs and what they must give."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((CHECK_SIDE, CHECK_SIDE)).astype(np.float32)
+    b = rng.standard_normal((CHECK_SIDE, CHECK_SIDE)).astype(np.float32)
+    image = rng.standard_normal(CHECK_IMAGE).astype(np.float32)
+    weights = rng.standard_normal((CHECK_FILTERS, CHECK_IMAGE[1], 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["product"]),
+         helper.make_node("Conv", ["image", "weights"], ["features"], pads=[1, 1, 1, 1])],
+        "start-check",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
+         helper.make_tensor_value_info("image", TensorProto.FLOAT, list(image.shape))],
+        [helper.make_tensor_value_info("product", TensorProto.FLOAT, [CHECK_SIDE, CHECK_SIDE]),
+         helper.make_tensor_value_info("features", TensorProto.FLOAT,
+                                       [1, CHECK_FILTERS, *CHECK_IMAGE[2:]])],
+        initializer=[numpy_helper.from_array(b, "b"), numpy_helper.from_array(weights, "weights")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    padded = np.pad(image.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # 1,C,H,W,3,3
+    features = np.einsum("nchwij,fcij->nfhw", windows, weights.astype(np.float64))
+    return model.SerializeToString(), {"a": a, "image": image}, \
+        [a.astype(np.float64) @ b.astype(np.float64), features]
+
+
+def wrong_results(device: str, got: list[Any], expected: list[NDArray[np.float64]]) -> str | None:
+    """Why the check graph's results `got` on `device` are not NumPy's (`expected`), or None:
+    float32 rounding allowed, a wrong value or a NaN not."""
+    for name, out, want in zip(("matrix multiply", "convolution"), got, expected, strict=True):
+        out = np.asarray(out, dtype=np.float64)
+        if out.shape != want.shape or not np.allclose(out, want, rtol=1e-3, atol=1e-3):
+            off = float(np.max(np.abs(out - want))) if out.shape == want.shape else float("nan")
+            return (f"{device} computed the start check's {name} wrong through ONNX Runtime's CUDA "
+                    f"provider (off by up to {off:.3g}; shape {out.shape}): the GPU or its driver "
+                    "is faulty")
     return None
