@@ -31,11 +31,11 @@ from mxq.device import Device
 from mxq.errors import DeviceFault, UserError, device_fault, first_line, reason, typed_line
 from mxq.priorities import NORMAL, Level
 from mxq.since import format_duration
-from mxq.tasks.hooks.admission import AdmitNext
-from mxq.tasks.hooks.current_job import CurrentJob
-from mxq.tasks.hooks.hook import Hook, Run
-from mxq.tasks.hooks.job_log import JobLog
-from mxq.tasks.hooks.parent import SettleParent
+from mxq.tasks.middleware.admission import AdmitNext
+from mxq.tasks.middleware.current_job import CurrentJob
+from mxq.tasks.middleware.job_log import JobLog
+from mxq.tasks.middleware.middleware import Middleware, Run
+from mxq.tasks.middleware.parent import SettleParent
 from mxq.workers.broker.app import app
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
@@ -252,11 +252,11 @@ def placement(s: Settings) -> Placement:
     return Placement(worker=worker_name(s.node, spec.kind, spec.index), node=s.node, device=device)
 
 
-# What runs around every run of a job, outside its body (`tasks/hooks/`). Their `after`s run in
+# What runs around every run of a job, outside its body (`tasks/middleware/`). Their `after`s run in
 # reverse: the heartbeat lets go of the job, then its parent is settled, then admission counts
 # what is free (a parent still running would count against its owner's quota), and the job's
 # log, recording from the first `before`, is flushed last with its attempt's end note.
-HOOKS: tuple[Hook, ...] = (JobLog(), AdmitNext(), SettleParent(), CurrentJob())
+MIDDLEWARE: tuple[Middleware, ...] = (JobLog(), AdmitNext(), SettleParent(), CurrentJob())
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ class Worker:
     settings: Settings
     heartbeat: heartbeat.Heartbeat | None
     faults: list[str] = field(default_factory=list)  # its device failed under a job: why
-    hooks: tuple[Hook, ...] = HOOKS  # around each run
+    middleware: tuple[Middleware, ...] = MIDDLEWARE  # around each run
 
 
 def this_worker() -> Worker:
@@ -368,29 +368,29 @@ def _redirect(s: Settings, job: JobContext, queue: str) -> Delivery:
 
 
 def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
-    """Run the claimed job's body between its worker's hooks, and record its outcome."""
+    """Run the claimed job's body inside its worker's middleware, and record its outcome."""
     assert job.fence is not None  # set by the claim
     run = Run(job.id, job.parent_id, w.settings, w.heartbeat, job.fence.attempt, job.fence.worker,
               tuple(job.devices or [job.device]))
-    started: list[Hook] = []
+    started: list[Middleware] = []
     try:
-        for hook in w.hooks:
-            hook.before(run)
-            started.append(hook)  # a `before` that raises: its own `after` is not called
+        for layer in w.middleware:
+            layer.before(run)
+            started.append(layer)  # a `before` that raises: its own `after` is not called
         return _outcome_of(w, job, body)
     finally:
-        _after(tuple(started), run)  # every hook whose `before` ran gets its `after`
+        _after(tuple(started), run)  # every middleware whose `before` ran gets its `after`
 
 
-def _after(hooks: tuple[Hook, ...], run: Run) -> None:
-    """Every hook's `after`, in reverse order, each even when one before it raised; the first
+def _after(middleware: tuple[Middleware, ...], run: Run) -> None:
+    """Every middleware's `after`, in reverse order, each even when one before it raised; the first
     exception is raised once all ran."""
     first: Exception | None = None
-    for hook in reversed(hooks):
+    for layer in reversed(middleware):
         try:
-            hook.after(run)
+            layer.after(run)
         except Exception as exc:
-            log.exception("job %s: hook %s failed after its run", run.job_id, type(hook).__name__)
+            log.exception("job %s: middleware %s failed after its run", run.job_id, type(layer).__name__)
             first = first or exc
     if first is not None:
         raise first

@@ -1,6 +1,6 @@
 """Training: the data-parallel job, its loop and child process, multi-node training, and the training
 datasets.
 
-Imports (of mxq): core, db, workers, tasks.hooks, tasks.inference, tasks.model_store, tasks.runtimes,
+Imports (of mxq): core, db, workers, tasks.middleware, tasks.inference, tasks.model_store, tasks.runtimes,
 tasks.runner.
 """

@@ -28,8 +28,8 @@ from mxq.db.outputs import epochs as epoch_rows
 from mxq.db.records import WorkerRecord
 from mxq.device import Device
 from mxq.errors import DeviceFault, device_fault
-from mxq.tasks.hooks import job_log
 from mxq.tasks.inference import device_memory
+from mxq.tasks.middleware import job_log
 from mxq.tasks.runner import (
     FanOut,
     JobCancelled,
@@ -279,7 +279,7 @@ def _run_child(s: Settings, job: JobContext, p: TrainParams, env: dict[str, str]
 
 
 def relays(child: subprocess.Popen[bytes], job_id: int) -> list[threading.Thread]:
-    """Threads that hand the child's stdout and stderr to the job's log (`tasks/hooks/job_log.py`)
+    """Threads that hand the child's stdout and stderr to the job's log (`tasks/middleware/job_log.py`)
     and echo them, as they come, to this worker's own (where the child's output went before)."""
     assert child.stdout is not None and child.stderr is not None
     threads = [threading.Thread(target=_relay, args=(stream, fd, job_id), daemon=True,

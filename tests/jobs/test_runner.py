@@ -19,10 +19,10 @@ from mxq.db.schema import Job, as_utc
 from mxq.db.sharing import users
 from mxq.errors import DeviceFault
 from mxq.shares import Share
-from mxq.tasks.hooks.admission import AdmitNext
-from mxq.tasks.hooks.current_job import CurrentJob
-from mxq.tasks.hooks.hook import Run
-from mxq.tasks.hooks.parent import SettleParent
+from mxq.tasks.middleware.admission import AdmitNext
+from mxq.tasks.middleware.current_job import CurrentJob
+from mxq.tasks.middleware.middleware import Run
+from mxq.tasks.middleware.parent import SettleParent
 from mxq.tasks.runner import Delivery, FanOut, JobContext, JobInputError, Outcome, Worker, run_job
 from mxq.users import Role
 from mxq.workers.broker.messages import in_broker
@@ -283,8 +283,8 @@ def test_hooks_run_around_the_body_and_every_after_runs(isolated: Stack) -> None
     each `after` even when one raised (that error then reaches the caller); a delivery the
     claim refuses runs none."""
     calls: list[str] = []
-    hooks = (Recorder("a", calls), Recorder("b", calls, fail=True), Recorder("c", calls))
-    w = Worker(AT, isolated.settings, heartbeat=None, hooks=hooks)
+    layers = (Recorder("a", calls), Recorder("b", calls, fail=True), Recorder("c", calls))
+    w = Worker(AT, isolated.settings, heartbeat=None, middleware=layers)
     job_id = _job(isolated)
 
     def body(job: JobContext) -> Outcome:
@@ -305,9 +305,9 @@ def test_a_before_that_raises_leaves_no_started_hook_without_its_after(isolated:
     already started (the job's log recording, the heartbeat naming the job) without their
     `after`. Those started get it; the one that raised and those after it run neither."""
     calls: list[str] = []
-    hooks = (Recorder("a", calls), Recorder("b", calls), Recorder("c", calls, fail_before=True),
+    layers = (Recorder("a", calls), Recorder("b", calls), Recorder("c", calls, fail_before=True),
              Recorder("d", calls))
-    w = Worker(AT, isolated.settings, heartbeat=None, hooks=hooks)
+    w = Worker(AT, isolated.settings, heartbeat=None, middleware=layers)
     job_id = _job(isolated)
     with pytest.raises(RuntimeError, match="c broke before"):
         run_job(job_id, lambda job: Outcome(1, 1.0), worker=w)

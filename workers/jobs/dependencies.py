@@ -4,7 +4,7 @@ succeed, and fails, naming the one that did not, when one fails or is cancelled.
 It reuses admission's hold rather than a second path: a submit with `after` writes its jobs
 `held` (nothing publishes them) and `awaiting` (admission does not see them: they take no turn
 and count as no owner's waiting work). The dependency pass (`settle`) runs where the admitter
-runs, after a submit, at every job's end (the job frame's hook `tasks/hooks/admission.py`), after
+runs, after a submit, at every job's end (the job frame's hook `tasks/middleware/admission.py`), after
 a cancel and at every reconciler pass, whether or not any user has a share or a quota: it reads
 the waiting jobs and the outcomes of the jobs they wait for, lets `mxq.status.after_verdict`
 decide, and with one guarded UPDATE each either fails a job or ends its wait. A job whose wait

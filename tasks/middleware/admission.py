@@ -6,7 +6,7 @@ reconciler settles and admits)."""
 
 from __future__ import annotations
 
-from mxq.tasks.hooks.hook import Run
+from mxq.tasks.middleware.middleware import Run
 from mxq.workers.jobs import admit, dependencies
 
 

@@ -3,7 +3,7 @@ by it, and the heartbeat stops a worker stuck in a job taken from it."""
 
 from __future__ import annotations
 
-from mxq.tasks.hooks.hook import Run
+from mxq.tasks.middleware.middleware import Run
 
 
 class CurrentJob:

@@ -1,9 +1,9 @@
-"""A hook around a job's run: what it sees of the run, and the two calls it answers.
+"""A middleware around a job's run: what it sees of the run, and the two calls it answers.
 
-The runner calls every hook's `before` once the job is claimed, and every hook's `after` once the
+The runner calls every middleware's `before` once the job is claimed, and every one's `after` once the
 run ended however it ended (its outcome recorded, or an exception on its way out), in reverse
 order; one `after` that raises does not keep the others from running. A `before` that raises
-ends the run there: the hooks started before it get their `after`, it and those after it none.
+ends the run there: those started before it get their `after`, it and those after it none.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mxq.workers.settings import Settings
 
 @dataclass(frozen=True)
 class Run:
-    """One claimed run of a job, as the hooks around it see it."""
+    """One claimed run of a job, as the middleware around it sees it."""
 
     job_id: int
     parent_id: int | None  # the job it is a chunk (or a node's part) of
@@ -28,7 +28,7 @@ class Run:
     devices: tuple[str, ...] = ()  # what it runs on (a training's leased devices)
 
 
-class Hook(Protocol):
+class Middleware(Protocol):
     def before(self, run: Run) -> None:
         """Called once the job is claimed, before its body runs."""
 

@@ -19,7 +19,7 @@ from collections import deque
 from mxq.db.outputs import logs
 from mxq.db.outputs.logs import Gap, Line
 from mxq.db.schema import utcnow
-from mxq.tasks.hooks.hook import Run
+from mxq.tasks.middleware.middleware import Run
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ succeeded with the samples of all once every chunk did, failed with the first on
 from __future__ import annotations
 
 from mxq.db import jobs
-from mxq.tasks.hooks.hook import Run
+from mxq.tasks.middleware.middleware import Run
 
 
 class SettleParent:
