@@ -1,5 +1,5 @@
 """`mxq gc`, `mxq pin`, `mxq unpin`: the retention policy applied now (or what it would remove),
-and the outputs a user keeps whatever it says (`mxq.workers.repair.retention`, docs/retention.md).
+and the outputs a user keeps whatever it says (`mxq.workers.retention`, docs/retention.md).
 
 Run on the stack's machine, as its local admin (like `mxq users`): each node applies the policy
 to its own home.
@@ -26,7 +26,7 @@ def gc(dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would g
     """Apply the retention policy now: finished trainings' checkpoints, finished jobs' run files,
     stale staging files, and (when set) outputs past MXQ_KEEP_OUTPUT_DAYS and unpromoted versions
     beyond MXQ_KEEP_VERSIONS."""
-    from mxq.workers.repair.retention import collect
+    from mxq.workers.retention import collect
 
     removals = collect(get_settings(), dry_run=dry_run)
     if json_:

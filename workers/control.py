@@ -19,7 +19,7 @@ from mxq.db import schedules
 from mxq.workers.broker.app import app
 from mxq.workers.openlineage import sender as openlineage
 from mxq.workers.repair.reconcile import reconcile
-from mxq.workers.repair.retention import collect
+from mxq.workers.retention import collect
 from mxq.workers.schedules.fires import submit_fire, tick
 from mxq.workers.settings import get_settings
 from mxq.workers.webhooks.sender import send_due

@@ -1,4 +1,4 @@
-"""What the retention policy reads and writes (`mxq.workers.repair.retention` applies it): which
+"""What the retention policy reads and writes (`mxq.workers.retention` applies it): which
 jobs are finished, which inference outputs are older than the policy keeps, which versions lie
 beyond the newest it keeps, and the marks it leaves (`output_removed_at`, `removed_at`) so that
 the history says what went, when. A pin (`mxq pin`) keeps a job's output whatever the policy."""
