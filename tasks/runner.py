@@ -326,11 +326,8 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     job.worker, job.node = at.worker, at.node
     if (elsewhere := _meant_for_another(at.node, job.parsed_device, job.queue)) is not None:
         return _redirect(s, job, elsewhere)
-    holder = leases.holders(s.broker, s.node, [at.device]).get(at.device)
-    if holder not in (None, job_id):
-        return _defer(s, job, f"{at.device} is leased by job {holder}")
-    if (suspect := _probe_first(w)) is not None:
-        return _defer(s, job, f"{at.device} is to be probed first: {suspect}")
+    if (held := _held_back(w, job)) is not None:
+        return held
     if admit is not None:
         devices = admit(job)
         if devices is None:
@@ -349,6 +346,18 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
     finally:
         if release is not None:
             release(job)
+
+
+def _held_back(w: Worker, job: JobContext) -> Delivery | None:
+    """The job deferred when its device is not this delivery's to use now: leased by another
+    job's training, or to be probed first (a suspect of a training's fault)."""
+    s, device = w.settings, w.at.device
+    holder = leases.holders(s.broker, s.node, [device]).get(device)
+    if holder not in (None, job.id):
+        return _defer(s, job, f"{device} is leased by job {holder}")
+    if (suspect := _probe_first(w)) is not None:
+        return _defer(s, job, f"{device} is to be probed first: {suspect}")
+    return None
 
 
 def _meant_for_another(node: str, device: Device, queue: str) -> str | None:

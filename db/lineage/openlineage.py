@@ -80,14 +80,20 @@ def due(url: str, now: datetime | None = None) -> list[RunFacts]:
         facts: list[RunFacts] = []
         settled: list[int] = []
         for job, sent in rows:
-            start = job.first_started_at is not None and (sent is None or sent.started_sent_at is None)
-            end = job.status in ENDED and (sent is None or sent.ended_sent_at is None)
+            start, end = _unsent(job, sent)
             if not (start or end) and job.status in ENDED:
                 settled.append(job.id)
             if (start or end) and not _waiting(sent, now):
                 facts.append(_facts(job, fires.get(job.id), start, end))
         _advance(session, low, [job for job, _ in rows], settled, now)
         return facts
+
+
+def _unsent(job: Job, sent: OpenLineageRun | None) -> tuple[bool, bool]:
+    """Whether the job's START and its end are due: it started (ended) and that event did not go."""
+    start = job.first_started_at is not None and (sent is None or sent.started_sent_at is None)
+    end = job.status in ENDED and (sent is None or sent.ended_sent_at is None)
+    return start, end
 
 
 def _fires(session: Any, job_ids: list[int]) -> dict[int, tuple[int, str | None]]:
