@@ -35,8 +35,8 @@ test-fast: venv
 # CI: the slow tier too (fault suite, SIGKILL, multi-node, out-of-memory, bench, browser, load), and
 # the tests marked both_legs on Redis + PostgreSQL as well; the slowest tests of each part listed.
 # Both tiers run in two sessions, as `make test`: the slow tier used under half of two cores in one
-# (it waits on restarts, outages and its workers). The fault suite stays one group, one test at a
-# time (tests/conftest.py `_group`), and the benchmarks another.
+# (it waits on restarts, outages and its workers). Each file runs whole in one session, and the
+# benchmarks, one group, one at a time (tests/conftest.py).
 test-all: venv browser prometheus compose lint
 	$(BIN)/pytest $(XDIST) -m "not slow and not gpu_install" --legs both --durations=10
 	$(BIN)/pytest $(XDIST) -m "slow and not gpu_install" --legs both --durations=25

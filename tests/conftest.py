@@ -109,17 +109,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         wanted = _wanted(_leg(item), legs, item.get_closest_marker("both_legs") is not None)
         (keep if wanted else drop).append(item)
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::", 1)[0])))
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
-def _group(path: str) -> str:
-    """A test file's xdist group: the file itself, but the fault suite's files are one group, run
-    one test at a time in one session (their SIGKILLs, outages and pauses are timed against
-    recoveries: the other session's load is enough beside them, never another fault test's)."""
-    return "faults" if path.startswith("tests/faults/") else path
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the collected ids
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Put each item's xdist group in its id, as pytest-xdist's `--dist loadgroup` means to: its
+    3.8 sets `item._nodeid`, which pytest 9 no longer reads (a node's id is `_id`), so every test
+    went to whichever session was free, a file's tests split across both and its module's stacks
+    started twice."""
+    from _pytest.nodeid import NodeId  # pytest 9's own id type (pinned in the test extra)
+
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and not item.nodeid.endswith(f"@{mark.args[0]}"):
+            item._id = NodeId.parse(f"{item.nodeid}@{mark.args[0]}")
 
 
 def wait_until(get: Callable[[], T], timeout: float, what: str,

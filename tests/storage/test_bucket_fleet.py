@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxq.db import events
+from mxq.db.registry import list_models
 from mxq.db.stack import stack_id
 from tests.conftest import Stack, _stack, wait_until
 from tests.support.inference import committed_position
@@ -53,6 +54,16 @@ def _env(stack: Stack, node: str) -> dict[str, str]:
             "MXQ_DATA_ROOT": str(stack.home / node / "data")}
 
 
+def _add_model(stack: Stack) -> None:
+    """The MLP both tests infer with, registered on node A unless it is already: each test stands
+    alone (in two sessions, a file's tests may each get a fleet of their own)."""
+    if list_models(stack.settings.database, "mlp64"):
+        return
+    add = stack.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64", "--classes",
+                    "10", env=_env(stack, "nodeA"))
+    assert add.returncode == 0, add.stderr
+
+
 def _model_files(stack: Stack, node: str) -> list[Any]:
     return [p for p in (stack.home / node / "models").rglob("*") if p.is_file()]
 
@@ -78,9 +89,7 @@ def _reference(stack: Stack, url: str) -> np.ndarray:
 def test_two_nodes_share_a_bucket_and_no_folder(fleet: tuple[Stack, dict[str, Any]]) -> None:
     stack, launchers = fleet
     s3 = S3Server.shared()
-    add = stack.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64", "--classes",
-                    "10", env=_env(stack, "nodeA"))
-    assert add.returncode == 0, add.stderr
+    _add_model(stack)
     assert not _model_files(stack, "nodeB")  # registered on node A only
     x = np.random.default_rng(7).normal(size=(60_000, 64)).astype(np.float32)
     url = s3.put("in/fleet.npy", _npy(x))
@@ -108,6 +117,7 @@ def test_a_node_killed_mid_read_and_upload_leaves_one_whole_output(
         fleet: tuple[Stack, dict[str, Any]]) -> None:
     stack, launchers = fleet
     s3 = S3Server.shared()
+    _add_model(stack)
     x = np.random.default_rng(8).normal(size=(300_000, 64)).astype(np.float32)
     url = s3.put("in/fleet-long.npy", _npy(x))
     proc = stack.mxq("infer", "mlp64", url, "--output", "parquet", "--output-to", OUT,
