@@ -5,6 +5,7 @@ users configure it (OPENLINEAGE__* variables, OPENLINEAGE_URL): a file, and an H
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,11 +39,16 @@ pytestmark = pytest.mark.both_legs  # the export's scan is SQL: both backends
 
 @pytest.fixture
 def exporting(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """OpenLineage turned on for this test (the session turns it off), its client made afresh."""
+    """OpenLineage turned on for this test (the session turns it off), its client made afresh.
+    The client writes variables of its own (OPENLINEAGE_URL becomes OPENLINEAGE__TRANSPORT__…):
+    those go with the test, or the next test would find OpenLineage configured."""
+    before = {k for k in os.environ if k.startswith("OPENLINEAGE")}
     monkeypatch.delenv("OPENLINEAGE_DISABLED")
     sender.client.cache_clear()
     yield monkeypatch
     sender.client.cache_clear()
+    for name in [k for k in os.environ if k.startswith("OPENLINEAGE") and k not in before]:
+        os.environ.pop(name)  # not through monkeypatch, whose undo would set them again
 
 
 def test_off_unless_configured_as_the_client_reads_it(exporting: pytest.MonkeyPatch,
