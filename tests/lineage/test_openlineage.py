@@ -184,7 +184,8 @@ def _lineage_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 def test_a_receiver_that_is_down_gets_the_events_later_and_a_fire_is_the_parent(
         isolated: Stack, exporting: pytest.MonkeyPatch) -> None:
     """OPENLINEAGE_URL at a closed port: nothing is lost, the job waits its backoff; once the
-    receiver answers, START and COMPLETE go, the training's schedule fire as their parent run."""
+    receiver answers, START and FAIL go, the training's schedule fire as their parent run, and a
+    job cancelled while queued sends its ABORT alone."""
     s = isolated.settings
     exporting.setenv("OPENLINEAGE_URL", f"http://127.0.0.1:{free_port()}")
     outbox.due(s.database)  # the cursor: from the next job on
@@ -206,8 +207,12 @@ def test_a_receiver_that_is_down_gets_the_events_later_and_a_fire_is_the_parent(
             session.execute(update(OpenLineageRun).values(next_attempt_at=utcnow() - timedelta(seconds=1)))
         fence = jobs.take(s.database, job_id, Placement("cpu0@n", "n", "cpu:0"), 3, 60)
         jobs.fail(s.database, job_id, "boom", fence=fence if not isinstance(fence, jobs.Claim) else None)
-        assert sender.send_due(s) == 2
-    assert [e["eventType"] for e in got] == ["START", "FAIL"]
+        cancelled = jobs.create_job(s.database, "infer", {"model": "m", "input": "/data/x.npy"},
+                                    "cpu:0", "q")
+        jobs.cancel(s.database, cancelled)  # queued: cancelled at once, never started
+        assert sender.send_due(s) == 3
+    assert [e["eventType"] for e in got] == ["START", "FAIL", "ABORT"]
+    assert got[2]["job"]["name"] == "infer.m" and got[2]["outputs"] == []
     assert got[0]["path"] == "/api/v1/lineage" and got[0]["job"]["name"] == "train.nightly"
     assert got[0]["inputs"][0]["namespace"] == "mxq" and got[0]["inputs"][0]["name"] == "datasets/digits"
     parent = got[0]["run"]["facets"]["parent"]
