@@ -302,8 +302,10 @@ def test_a_jobs_log_is_read_by_its_owner_team_and_admins(team: Team, workers: St
     """An inference job's worker log lines (what it ran, where) are in its log, which reads as
     its predictions do: 403 for another user, 404 for no job."""
     np.save(workers.home / "data" / "logged.npy", np.ones((300, 64), np.float32))
+    # Its output to a file: a small job stored as rows may run as a member of another queued
+    # job's merged batch, with no attempt (and no log) of its own.
     submitted = team.client.post("/api/v1/jobs", headers=team.auth("alice"), json={
-        "kind": "infer", "model": "mlp64", "input": "logged.npy", "team": team.team})
+        "kind": "infer", "model": "mlp64", "input": "logged.npy", "output": "npy", "team": team.team})
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["id"]
     path = f"/api/v1/jobs/{job_id}/logs"
