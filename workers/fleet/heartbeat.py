@@ -40,6 +40,7 @@ class Heartbeat:
         self.current_job: int | None = None
         self._lost: tuple[int, float] | None = None  # (job, when it was first seen not ours)
         self._stop = threading.Event()
+        self._idling = threading.Lock()  # the idle hooks run one pass at a time
         self._thread = threading.Thread(target=self._run, name="mxq-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -47,9 +48,12 @@ class Heartbeat:
 
     def beat(self) -> None:
         job = self.current_job
-        if job is None:
-            self._idle()
-        if fleet.beat(self.url, self.name, job) or job is None:
+        ours = fleet.beat(self.url, self.name, job)
+        if job is None and self._idling.acquire(blocking=False):
+            # In a thread of its own: a hook blocked on a broker that does not answer (paused,
+            # partitioned) must never hold the beats back, or the worker would look dead.
+            threading.Thread(target=self._idle_once, name="mxq-idle", daemon=True).start()
+        if ours or job is None:
             self._lost = None
             return
         if self._lost is None or self._lost[0] != job:
@@ -59,6 +63,12 @@ class Heartbeat:
                       "not come back from it in %.0f s (MXQ_CANCEL_GRACE_SECONDS): exiting so "
                       "that the launcher starts a fresh worker", job, job, self.stuck_after)
             os._exit(STUCK_EXIT)
+
+    def _idle_once(self) -> None:
+        try:
+            self._idle()
+        finally:
+            self._idling.release()
 
     @staticmethod
     def _idle() -> None:
