@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from mxq.db.engine import session_scope
 from mxq.db.retry import db_retry
 from mxq.db.schema import Fire, Job, OpenLineageCursor, OpenLineageRun, ScoredInput, as_utc, utcnow
+from mxq.db.webhooks.outbox import backoff
 from mxq.status import JobStatus
 
 KINDS = ("infer", "train")
@@ -27,7 +28,6 @@ SCAN = 500  # jobs read per pass, from the cursor on
 # A job submitted this recently may have an id below one already seen (its transaction commits
 # later): the cursor never passes it until it is this old.
 SETTLE = timedelta(minutes=1)
-BACKOFF_FIRST, BACKOFF_MOST = 30.0, 3600.0
 MAX_ERROR_CHARS = 300
 
 
@@ -41,8 +41,6 @@ class RunFacts:
     params: dict[str, Any]
     result: dict[str, Any]
     error: str | None
-    owner: str | None
-    node: str | None
     devices: list[str]
     started_at: datetime | None  # its first start
     finished_at: datetime | None
@@ -129,7 +127,7 @@ def _advance(session: Any, low: int, jobs: list[Job], settled: list[int], now: d
 
 def _facts(job: Job, fire: tuple[int, str | None] | None, start: bool, end: bool) -> RunFacts:
     return RunFacts(job.id, job.kind, job.status, job.params or {}, job.result or {}, job.error,
-                    job.owner, job.node, list(job.devices or ([job.device] if job.device else [])),
+                    list(job.devices or ([job.device] if job.device else [])),
                     as_utc(job.first_started_at), as_utc(job.finished_at), job.samples,
                     job.samples_per_sec, fire[1] if fire else None, fire[0] if fire else None,
                     start, end)
@@ -155,7 +153,6 @@ def failed(url: str, job_id: int, error: str) -> None:
     with session_scope(url) as session:
         row = session.get(OpenLineageRun, job_id) or OpenLineageRun(job_id=job_id, attempts=0)
         row.attempts = (row.attempts or 0) + 1
-        wait = min(BACKOFF_FIRST * 2 ** min(row.attempts - 1, 20), BACKOFF_MOST)
-        row.next_attempt_at = utcnow() + timedelta(seconds=wait)
+        row.next_attempt_at = utcnow() + backoff(row.attempts)  # the webhooks' waits
         row.last_error = error[:MAX_ERROR_CHARS]
         session.add(row)
