@@ -39,6 +39,16 @@ def test_the_contract_names_every_part_of_mxq_but_db() -> None:
     assert {"sqlalchemy", "alembic", "psycopg"} <= set(contract["forbidden_modules"])
 
 
+
+def test_the_layers_contract_puts_every_core_module_at_the_bottom() -> None:
+    """core/ (the package `mxq` itself) is the lowest layer: each of its modules is listed there,
+    so a new one cannot import upwards unnoticed."""
+    folders = _project()["tool"]["setuptools"]["package-dir"]
+    core = {p.stem for p in (ROOT / folders["mxq"]).glob("*.py") if p.name != "__init__.py"}
+    contracts = _project()["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["containers"] == ["mxq"] and c["type"] == "layers")["layers"]
+    assert {name.strip() for name in layers[-1].split(":")} == core
+
 def test_a_sqlalchemy_import_in_workers_breaks_the_contract(tmp_path: Path) -> None:
     """The package laid out as `make lint` lays it out (tools/package_view.py), copied, with one
     `import sqlalchemy` added to a workers module: import-linter names that import."""
