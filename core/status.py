@@ -1,5 +1,5 @@
-"""A job's status: the values stored in SQL, shown by the CLI and the API; and what a job that
-waits for others (`--after`) does given theirs."""
+"""A job's kind and status and a webhook delivery's status: the values stored in SQL, shown by the
+CLI and the API; and what a job that waits for others (`--after`) does given theirs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,26 @@ class JobStatus(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+class JobKind(enum.StrEnum):
+    """What a job does: its task is `mxq.<kind>` and its parameters the kind's model
+    (workers/jobs/)."""
+
+    PROBE = "probe"
+    INFER = "infer"
+    TRAIN = "train"
+    REGISTER = "register"  # a model version's registration (checks, ONNX export)
+    ARCH = "arch"  # a user architecture's trial run
+
+
+class DeliveryStatus(enum.StrEnum):
+    """A webhook delivery's state: failed ones are retried at their next attempt; gave_up is final."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    GAVE_UP = "gave_up"
 
 
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)  # a job ends in one
