@@ -2,17 +2,21 @@
 payloads and event facets, where `Any` would let any value through unchecked.
 
 `JsonValue` is recursive: a list or object holds JSON again. Parameters take `JsonMapping`
-(read-only, so a `dict[str, int]` is one too); builders return `JsonObject`.
+(read-only, so a `dict[str, int]` is one too); builders return `JsonObject`. The aliases are
+`TypeAliasType`s, not plain recursive aliases, because pydantic (the API's answers, the records'
+TypedDicts) resolves only those.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias
 
-JsonScalar: TypeAlias = str | int | float | bool | None
-JsonValue: TypeAlias = JsonScalar | list["JsonValue"] | dict[str, "JsonValue"]
-JsonObject: TypeAlias = dict[str, JsonValue]
+from typing_extensions import TypeAliasType
+
+JsonScalar = str | int | float | bool | None
+JsonValue = TypeAliasType("JsonValue", "JsonScalar | list[JsonValue] | dict[str, JsonValue]")
+JsonObject = TypeAliasType("JsonObject", "dict[str, JsonValue]")
 # Read-only views, for parameters: Mapping and Sequence are covariant, dict and list are not.
-JsonMapping: TypeAlias = Mapping[str, "JsonReadable"]
-JsonReadable: TypeAlias = JsonScalar | Sequence["JsonReadable"] | Mapping[str, "JsonReadable"]
+JsonReadable = TypeAliasType(
+    "JsonReadable", "JsonScalar | Sequence[JsonReadable] | Mapping[str, JsonReadable]")
+JsonMapping = TypeAliasType("JsonMapping", "Mapping[str, JsonReadable]")
