@@ -1,5 +1,9 @@
 """Schedules and their fires in SQL. A fire is taken by moving `next_fire_at` with a
-compare-and-set, and recorded under a unique (schedule, fire time): two ticks never fire twice."""
+compare-and-set, and recorded under a unique (schedule, fire time): two ticks never fire twice.
+An inference schedule's fires claim each input's bytes once (`claims.py`) before they submit.
+
+Imports (of mxq): core, db.
+"""
 
 from __future__ import annotations
 
