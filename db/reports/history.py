@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -301,21 +301,35 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
              .where(key.is_not(None)).group_by(key, Job.status))
         if by == "model":  # a request refused at submit names a model it never ran (or none)
             q = q.where(~_refused_at_submit())
-        rows: dict[Any, dict[str, Any]] = {}
+        tallies: dict[str, _Tally] = {}
         for k, status, n, samples, seconds in session.execute(q):
-            r = rows.setdefault(k, {by: k, "jobs": 0, **{str(end): 0 for end in FINISHED},
-                                    "samples": 0, "seconds": 0.0})
-            r["jobs"] += n
-            if status in FINISHED:
-                r[status] += n
-            if status == JobStatus.SUCCEEDED:
-                r["samples"] += samples or 0
-                r["seconds"] += seconds or 0.0
-    for r in rows.values():
-        done = sum(r[end] for end in FINISHED)
-        r["success_rate"] = r[JobStatus.SUCCEEDED] / done if done else None
-        r["samples_per_sec"] = r["samples"] / r["seconds"] if r["seconds"] else None
-    return sorted(rows.values(), key=lambda r: str(r[by]))
+            tallies.setdefault(k, _Tally()).add(status, n, samples or 0, seconds or 0.0)
+    return [tallies[k].record(by, k) for k in sorted(tallies, key=str)]
+
+
+@dataclass
+class _Tally:
+    """One row of `stats` as its jobs are counted: successes alone count samples and seconds."""
+
+    jobs: int = 0
+    ended: dict[str, int] = field(default_factory=lambda: {str(end): 0 for end in FINISHED})
+    samples: int = 0
+    seconds: float = 0.0
+
+    def add(self, status: str, n: int, samples: int, seconds: float) -> None:
+        self.jobs += n
+        if status in FINISHED:
+            self.ended[status] += n
+        if status == JobStatus.SUCCEEDED:
+            self.samples += samples
+            self.seconds += seconds
+
+    def record(self, by: str, key: str) -> dict[str, Any]:  # Any: its readers sum the counts
+        done = sum(self.ended.values())
+        return {by: key, "jobs": self.jobs, **self.ended, "samples": self.samples,
+                "seconds": self.seconds,
+                "success_rate": self.ended[JobStatus.SUCCEEDED] / done if done else None,
+                "samples_per_sec": self.samples / self.seconds if self.seconds else None}
 
 
 def device_rates(url: str, since: datetime) -> dict[tuple[str, str], float]:
