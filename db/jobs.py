@@ -41,7 +41,7 @@ from mxq.db.schema import Job, JobMetric, as_utc, utcnow
 from mxq.db.webhooks.outbox import job_ended
 from mxq.errors import Conflict
 from mxq.priorities import Priority
-from mxq.status import FINISHED, JobStatus
+from mxq.status import FINISHED, JobKind, JobStatus
 
 
 class Claim(enum.StrEnum):
@@ -143,7 +143,7 @@ ROUTE = (Job.kind, Job.queue, Job.priority, Job.attempts)
 
 def route_of(row: Row[*tuple[Any, ...]]) -> JobRoute:
     """The route of a row read or returned with the ROUTE columns: its task, its queue, its turn."""
-    return {"kind": row.kind, "queue": row.queue, "priority": row.priority,
+    return {"kind": JobKind(row.kind), "queue": row.queue, "priority": row.priority,
             "started": row.attempts > 0}
 
 
@@ -188,8 +188,8 @@ def job_row(url: str, job_id: int) -> JobRow | None:
         job = session.get(Job, job_id)
         if job is None:
             return None
-        return {"id": job.id, "kind": job.kind, "status": job.status, "params": dict(job.params),
-                "queue": job.queue, "requested_device": job.requested_device,
+        return {"id": job.id, "kind": JobKind(job.kind), "status": JobStatus(job.status),
+                "params": dict(job.params), "queue": job.queue, "requested_device": job.requested_device,
                 "parent_id": job.parent_id, "heartbeat_at": job.heartbeat_at,
                 "committed": job.committed, "attempts": job.attempts, "worker": job.worker,
                 "priority": job.priority, "preemptions": job.preemptions,

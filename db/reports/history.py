@@ -17,7 +17,7 @@ from mxq.db.schedules import ScheduleNotFound, fire_of
 from mxq.db.schema import Job, JobMetric, as_utc, iso
 from mxq.errors import NotFound
 from mxq.priorities import LEVELS, attempts
-from mxq.status import FINISHED, JobStatus
+from mxq.status import FINISHED, JobKind, JobStatus
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ def job_record(job: Job) -> JobRecord:
     """The stable JSON shape of one job (`mxq job ID --json`)."""
     return {
         "id": job.id,
-        "kind": job.kind,
-        "status": job.status,
+        "kind": JobKind(job.kind),
+        "status": JobStatus(job.status),
         "params": job.params,
         "requested_device": job.requested_device,
         "queue": job.queue,

@@ -34,7 +34,7 @@ from mxq.db.sharing.users import owned_by_removed
 from mxq.db.webhooks import outbox
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
-from mxq.status import FINISHED
+from mxq.status import FINISHED, JobKind
 
 
 class ScheduleNotFound(NotFound):
@@ -57,7 +57,7 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
             "min_metric": sched.min_metric, "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
             "owner": sched.owner, "team": sched.team, "priority": sched.priority,
-            "preemptible": sched.preemptible, "kind": sched.kind, "rescore": sched.rescore,
+            "preemptible": sched.preemptible, "kind": JobKind(sched.kind), "rescore": sched.rescore,
             "followed_version": sched.followed_version}
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, overload
+from typing import overload
 
 from sqlalchemy import JSON, DateTime
 from sqlalchemy.orm import DeclarativeBase
+
+from mxq.json_types import JsonObject
 
 
 def utcnow() -> datetime:
@@ -35,4 +37,4 @@ NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
+    type_annotation_map = {datetime: DateTime(timezone=True), JsonObject: JSON}

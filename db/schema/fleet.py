@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from mxq.db.schema.base import Base, utcnow
+from mxq.json_types import JsonObject
 
 
 class StackRow(Base):
@@ -35,7 +35,7 @@ class WorkerBeat(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen: Mapped[datetime | None]  # None: stopped or known dead
     current_job: Mapped[int | None]
-    info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    info: Mapped[JsonObject] = mapped_column(default=dict)
     # The engines its device runs ("mxnet,onnx"; None: not said, taken as both): routing's filter.
     engines: Mapped[str | None] = mapped_column(String(32))
 

@@ -9,6 +9,7 @@ from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String,
 from sqlalchemy.orm import Mapped, mapped_column
 
 from mxq.db.schema.base import NEVER_REUSE_IDS, Base, utcnow
+from mxq.json_types import JsonObject
 from mxq.status import JobStatus
 
 
@@ -20,7 +21,8 @@ class Job(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     kind: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
-    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The kind's parameters, read by key (typed by mxq.workers.jobs.jobspecs where they are made).
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     requested_device: Mapped[str] = mapped_column(String(64))
     queue: Mapped[str] = mapped_column(String(128))
     node: Mapped[str | None] = mapped_column(String(64))
@@ -41,7 +43,7 @@ class Job(Base):
     samples: Mapped[int | None]
     seconds: Mapped[float | None] = mapped_column(Float)
     samples_per_sec: Mapped[float | None] = mapped_column(Float)
-    result: Mapped[dict[str, Any] | None]
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the kind's result, read by key
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # A large job fans out into chunk jobs: the parent holds `chunks`, each child its index.
@@ -119,7 +121,7 @@ class JobEvent(Base):
     at: Mapped[datetime] = mapped_column(default=utcnow)
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
-    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    data: Mapped[JsonObject] = mapped_column(default=dict)
 
     __table_args__ = (Index("ix_job_events_job", "job_id", "id"), NEVER_REUSE_IDS)
 
@@ -167,7 +169,7 @@ class Epoch(Base):
     val_accuracy: Mapped[float | None] = mapped_column(Float)
     seconds: Mapped[float] = mapped_column(Float)
     samples_per_sec: Mapped[float] = mapped_column(Float)
-    per_device: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    per_device: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
     checkpoint: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -181,4 +183,4 @@ class Prediction(Base):
     idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     predicted_class: Mapped[int]
     score: Mapped[float] = mapped_column(Float)
-    top_k: Mapped[list[Any] | None] = mapped_column(JSON)
+    top_k: Mapped[list[tuple[int, float]] | None] = mapped_column(JSON)  # [class, probability] pairs

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import JSON, Boolean, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from mxq.db.schema.base import NEVER_REUSE_IDS, Base, utcnow
+from mxq.json_types import JsonObject
 
 
 class Model(Base):
@@ -28,21 +28,21 @@ class Model(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     source: Mapped[str] = mapped_column(String(256))
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
-    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    metrics: Mapped[JsonObject] = mapped_column(default=dict)
     # The ONNX export: {"file", "max_diff", "argmax_agreement"} or {"file": None, "error"}.
-    onnx: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    onnx: Mapped[JsonObject | None] = mapped_column(nullable=True)
     # Measured samples/s per device kind: {"cpu": {"mxnet": 4100.0, "onnx": 15800.0}}.
-    engines: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    engines: Mapped[dict[str, dict[str, float]] | None] = mapped_column(JSON, nullable=True)
     # How inputs are scaled before the model sees them: {"scale", "mean", "std", "layout"}.
-    preprocess: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    preprocess: Mapped[JsonObject | None] = mapped_column(nullable=True)
     # What the model outputs: "logits" (mxq applies a softmax) or "probabilities" (used as is).
     outputs: Mapped[str] = mapped_column(String(16), default="logits", server_default="logits")
     # Lower-precision builds of the ONNX export and how they agree with it (`mxq models
     # quantize`): {"int8": {"file", "sha256", "agreement", "max_diff", "accuracy", ...}}.
-    variants: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    variants: Mapped[dict[str, JsonObject] | None] = mapped_column(JSON, nullable=True)
     # Several outputs (migration 0030): [{"name", "kind", "width"}, ...] in order; `outputs` is
     # then "heads" and `classes` the widths' sum. NULL for one output.
-    heads: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    heads: Mapped[list[JsonObject] | None] = mapped_column(JSON, nullable=True)
     # Who may register and promote its versions (migration 0023): its owner (a user's name),
     # the members of `team`, admins; a model without an owner is the admins' alone.
     owner: Mapped[str | None] = mapped_column(String(128))

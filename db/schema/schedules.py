@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from sqlalchemy import (
     JSON,
@@ -20,6 +20,16 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from mxq.db.schema.base import NEVER_REUSE_IDS, Base, utcnow
+from mxq.json_types import JsonObject
+
+
+class StoredPolicy(TypedDict):
+    """A schedule's promotion policy as its fire keeps it."""
+
+    promote: str
+    metric: str
+    min_gain: float
+    min_metric: NotRequired[float | None]  # none before migration 0026
 
 
 class Schedule(Base):
@@ -32,7 +42,7 @@ class Schedule(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     cron: Mapped[str] = mapped_column(String(128))
     tz: Mapped[str] = mapped_column(String(64))
-    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)  # training params, dataset aside
+    spec: Mapped[JsonObject] = mapped_column(default=dict)  # training params, dataset aside
     dataset: Mapped[str] = mapped_column(Text)  # a path, folder or glob inside the data root
     promote: Mapped[str] = mapped_column(String(16))  # always | if-better | never
     metric: Mapped[str] = mapped_column(String(64))
@@ -69,7 +79,7 @@ class Fire(Base):
     schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
     schedule_name: Mapped[str | None] = mapped_column(String(128))
     # {"promote", "metric", "min_gain", "min_metric"} as the schedule had them when it fired.
-    policy: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    policy: Mapped[StoredPolicy | None] = mapped_column(JSON, nullable=True)
     fire_time: Mapped[datetime]
     fired_at: Mapped[datetime] = mapped_column(default=utcnow)
     manual: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -77,7 +87,7 @@ class Fire(Base):
     dataset_file: Mapped[str | None] = mapped_column(Text)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
     error: Mapped[str | None] = mapped_column(Text)
-    promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    promotion: Mapped[JsonObject | None] = mapped_column(JSON)
     owner: Mapped[str | None] = mapped_column(String(128))  # the schedule's owner when it fired
     # An inference fire: how many files it submitted (None while it submits), and the version
     # whose promotion made it, if one did (migration 0031).

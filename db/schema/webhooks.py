@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from mxq.db.schema.base import NEVER_REUSE_IDS, Base, utcnow
+from mxq.json_types import JsonObject
 
 
 class Hook(Base):
@@ -39,7 +39,7 @@ class HookDelivery(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     hook_id: Mapped[int] = mapped_column(ForeignKey("hooks.id", ondelete="CASCADE"))
     event: Mapped[str] = mapped_column(String(32))
-    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    payload: Mapped[JsonObject] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|delivered|failed|gave_up
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # When the next attempt is due; a claimed attempt moves it past its send (a lease), so a
