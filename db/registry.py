@@ -76,7 +76,7 @@ def share(url: str, name: str, owner: str | None, team: str | None,
     if team is not None:
         check_team(url, team, "local:admin")
     with session_scope(url) as session:
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         if owner is not None:
             values["owner"] = owner
         if team is not None or no_team:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, Select, func, select
 
 from mxq.db.engine import session_scope
 from mxq.db.events import list_events
@@ -18,6 +18,8 @@ from mxq.db.schema import Job, JobMetric, as_utc, iso
 from mxq.errors import NotFound
 from mxq.priorities import LEVELS, attempts
 from mxq.status import FINISHED, JobKind, JobStatus
+
+_Row = TypeVar("_Row")
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def _schedule_of(url: str, fire_id: int | None) -> FirePolicy | None:
         return None
 
 
-def _filtered(q: Any, f: JobFilter) -> Any:
+def _filtered(q: Select[_Row], f: JobFilter) -> Select[_Row]:
     for column, value in ((Job.status, f.status), (Job.kind, f.kind),
                           (Job.device, f.device), (Job.node, f.node), (Job.owner, f.owner)):
         if value is not None:
@@ -266,7 +268,7 @@ def pool_depths(url: str) -> dict[str, int]:
             if status == JobStatus.QUEUED and q.startswith("pool.")}
 
 
-def _refused_at_submit() -> Any:
+def _refused_at_submit() -> ColumnElement[bool]:
     """Jobs recorded failed at submit (`JobRejected`: an unknown model, bad parameters): they
     never reached a worker, so they have no start and no attempt."""
     return (Job.status == JobStatus.FAILED) & Job.started_at.is_(None) & (Job.attempts == 0)

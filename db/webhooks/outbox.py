@@ -81,7 +81,7 @@ def emit(session: Session, event: str, data: dict[str, Any],
     if not targets:
         return []
     now = utcnow()
-    rows: list[dict[str, Any]] = [{"id": new_id(), "hook_id": hook_id, "event": event, "payload": data,
+    rows: list[dict[str, object]] = [{"id": new_id(), "hook_id": hook_id, "event": event, "payload": data,
              "status": PENDING, "attempts": 0, "next_attempt_at": now, "expires_at": now + WINDOW,
              "created_at": now} for hook_id in targets]
     session.execute(insert(HookDelivery), rows)
@@ -186,7 +186,7 @@ def settle(url: str, claimed: Claimed, now: datetime, code: int | None, error: s
             return None
         later = now + backoff(claimed.attempt)
         status = DELIVERED if ok else GAVE_UP if later > as_utc(expires) else FAILED
-        values: dict[str, Any] = {"status": status, "last_code": code,
+        values: dict[str, object] = {"status": status, "last_code": code,
                                   "last_error": None if ok else one_line(error or f"answered {code}")}
         if ok:
             values["delivered_at"] = now
