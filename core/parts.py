@@ -2,7 +2,7 @@
 multi-node training. Once every part has finished, the parent's status, error and figures
 follow from the parts' alone.
 
-Pure: `mxq.db.jobs.settle_parent` reads the parts and stores what `settle` returns.
+Pure: `mxq.db.chunks.settle_parent` reads the parts and stores what `settle` returns.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
@@ -30,13 +29,13 @@ PREEMPTED = "preempted"  # it yielded its devices to a waiting job of a higher l
 
 
 @db_retry
-def record(url: str, job_id: int, kind: str, message: str, **data: Any) -> None:
+def record(url: str, job_id: int, kind: str, message: str, **data: object) -> None:
     with session_scope(url) as session:
         add(session, job_id, kind, message, **data)
     logged(job_id, kind, message)
 
 
-def add(session: Session, job_id: int, kind: str, message: str, **data: Any) -> None:
+def add(session: Session, job_id: int, kind: str, message: str, **data: object) -> None:
     """An event inside the caller's transaction: it commits with the change it explains, or not at
     all (a reader who sees a job ended also sees why). The caller logs it (`logged`) once the
     transaction committed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -17,9 +18,7 @@ import psycopg
 from sqlalchemy import (
     ColumnElement,
     Row,
-    Table,
     and_,
-    bindparam,
     exists,
     func,
     insert,
@@ -31,20 +30,18 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
-from mxq import parts
 from mxq.db import events
+from mxq.db.chunks import settle_parent
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.fence import RunCheck as RunCheck  # re-exported: what a running attempt does next
-from mxq.db.outputs import predictions
-from mxq.db.outputs.epochs import merge_parts
 from mxq.db.records import JobRoute, JobRow
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobMetric, as_utc, utcnow
 from mxq.db.webhooks.outbox import job_ended
 from mxq.errors import Conflict
 from mxq.priorities import Priority
-from mxq.status import FINISHED, JobStatus
+from mxq.status import FINISHED, JobKind, JobStatus
 
 
 class Claim(enum.StrEnum):
@@ -146,7 +143,7 @@ ROUTE = (Job.kind, Job.queue, Job.priority, Job.attempts)
 
 def route_of(row: Row[*tuple[Any, ...]]) -> JobRoute:
     """The route of a row read or returned with the ROUTE columns: its task, its queue, its turn."""
-    return {"kind": row.kind, "queue": row.queue, "priority": row.priority,
+    return {"kind": JobKind(row.kind), "queue": row.queue, "priority": row.priority,
             "started": row.attempts > 0}
 
 
@@ -191,8 +188,8 @@ def job_row(url: str, job_id: int) -> JobRow | None:
         job = session.get(Job, job_id)
         if job is None:
             return None
-        return {"id": job.id, "kind": job.kind, "status": job.status, "params": dict(job.params),
-                "queue": job.queue, "requested_device": job.requested_device,
+        return {"id": job.id, "kind": JobKind(job.kind), "status": JobStatus(job.status),
+                "params": dict(job.params), "queue": job.queue, "requested_device": job.requested_device,
                 "parent_id": job.parent_id, "heartbeat_at": job.heartbeat_at,
                 "committed": job.committed, "attempts": job.attempts, "worker": job.worker,
                 "priority": job.priority, "preemptions": job.preemptions,
@@ -206,7 +203,7 @@ def _clock_from(session: Session, job: Job) -> datetime | None:
     return as_utc((parent.first_started_at if parent is not None else None) or job.first_started_at)
 
 
-def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
+def taken_by(at: Placement, now: datetime) -> dict[str, object]:
     """The columns a claim sets: the job runs for `at` from `now`, one more attempt."""
     return dict(status=JobStatus.RUNNING, worker=at.worker, node=at.node, device=at.device,
                 attempts=Job.attempts + 1, started_at=now,
@@ -214,14 +211,16 @@ def _taken_by(at: Placement, now: datetime) -> dict[str, Any]:
                 progress_at=now, error=None)
 
 
-def _succeeded(samples: int, seconds: float, result: dict[str, Any], now: datetime) -> dict[str, Any]:
+def succeeded(samples: int, seconds: float, result: Mapping[str, object], now: datetime) -> dict[str, object]:
+    """The columns a success sets (one job's, or a batch member's)."""
     return dict(status=JobStatus.SUCCEEDED, finished_at=now, progress=1.0, samples=samples,
                 seconds=seconds, samples_per_sec=samples / seconds if seconds > 0 else None,
                 result=result, heartbeat_at=None)
 
 
-def _metric(job_id: int, step: int, device: str, samples: int, seconds: float,
-            now: datetime) -> dict[str, Any]:
+def metric_point(job_id: int, step: int, device: str, samples: int, seconds: float,
+                 now: datetime) -> dict[str, object]:
+    """One throughput point's row (`job_metrics`)."""
     return dict(job_id=job_id, step=step, at=now, device=device, samples=samples, seconds=seconds,
                 samples_per_sec=samples / seconds if seconds > 0 else 0.0)
 
@@ -241,7 +240,7 @@ def take(url: str, job_id: int, at: Placement, max_attempts: int, ttl: float) ->
         attempt = session.scalar(
             update(Job)
             .where(Job.id == job_id, charged() < max_attempts, claimable(cutoff))
-            .values(**_taken_by(at, now))
+            .values(**taken_by(at, now))
             .returning(Job.attempts)
         )
         if attempt is not None:
@@ -269,80 +268,6 @@ def _fail_exhausted(session: Session, job_id: int, cutoff: datetime, max_attempt
     if failed:
         job_ended(session, [job_id])
     return failed
-
-
-@db_retry
-def queued_infer(url: str, queues: list[str], limit: int,
-                 level: str = "normal") -> list[tuple[int, dict[str, Any]]]:
-    """The oldest queued, unchunked inference jobs on `queues` of priority `level` (a batch never
-    takes a lower level ahead of its turn) that no attempt started storing and admission does not
-    hold (`held`: a batch never takes a job past its owner's quota): (id, params)."""
-    with session_scope(url) as session:
-        return [(r.id, r.params) for r in session.execute(
-            select(Job.id, Job.params).where(Job.status == JobStatus.QUEUED, Job.kind == "infer",
-                                             Job.queue.in_(queues), Job.parent_id.is_(None),
-                                             Job.committed.is_(None), Job.priority == level,
-                                             Job.held.is_(False))
-            .order_by(Job.id).limit(limit))]
-
-
-@db_retry
-def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
-    """Take those of `ids` still queued for `at` in one update; return the ones taken."""
-    if not ids:
-        return []
-    now = utcnow()
-    with session_scope(url) as session:
-        return sorted(session.scalars(
-            update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
-            .values(**_taken_by(at, now))
-            .returning(Job.id)))
-
-
-@db_retry
-def finish_batch(url: str, outcomes: dict[int, tuple[int, float, dict[str, Any]]], fence: Fence,
-                 at: Placement, rows: list[predictions.Row] | None = None) -> set[int]:
-    """One transaction for a dynamic batch: of the jobs `outcomes` names (id -> samples, seconds,
-    result), those still this batch's (the lead, `fence`'s job, while its attempt holds it; the
-    others while running on `at`'s worker) get their rows (`rows`, replacing any stored before:
-    a redelivered lead's), a throughput point, and, all but the lead (which its own task
-    finishes), success. A job taken over meanwhile keeps what its new attempt writes. Returns
-    the jobs finished so."""
-    now = utcnow()
-    with session_scope(url) as session:
-        ours = _still_batched(session, set(outcomes), fence, at)
-        if not ours:
-            return ours
-        if rows is not None:
-            predictions.clear(session, sorted(ours))
-            predictions.add(session, [r for r in rows if r[0] in ours])
-        session.query(JobMetric).filter(JobMetric.job_id.in_(ours), JobMetric.step == 0).delete()
-        session.execute(insert(JobMetric), [_metric(i, 0, at.device, n, sec, now)
-                                            for i, (n, sec, _) in outcomes.items() if i in ours])
-        done = [{"job_id": job_id, **_succeeded(samples, seconds, result, now)}
-                for job_id, (samples, seconds, result) in outcomes.items()
-                if job_id != fence.job_id and job_id in ours]
-        if done:  # one executemany, not a statement per job
-            table = Job.__table__
-            assert isinstance(table, Table)
-            session.execute(update(table).where(table.c.id == bindparam("job_id"),
-                                                table.c.worker == at.worker,
-                                                table.c.status == JobStatus.RUNNING), done)
-            job_ended(session, [d["job_id"] for d in done])
-        return ours
-
-
-def _still_batched(session: Session, ids: set[int], fence: Fence, at: Placement) -> set[int]:
-    """Of `ids`, the jobs the batch still holds, their rows locked for the transaction."""
-    lead = {fence.job_id} & ids
-    ours = {fence.job_id} if lead and still_ours(session, fence) else set()
-    others = ids - lead
-    if others:
-        ours |= set(session.scalars(select(Job.id).where(
-            Job.id.in_(others), Job.worker == at.worker, Job.status == JobStatus.RUNNING)
-            .with_for_update()))
-    return ours
-
 
 def stuck(url: str, no_progress_before: datetime, cancel_before: datetime) -> tuple[list[int], list[int]]:
     """Running jobs that made no progress since `no_progress_before`, and running jobs whose
@@ -408,7 +333,7 @@ def record_metric(url: str, fence: Fence, step: int, device: str, samples: int,
             return False
         session.query(JobMetric).filter(JobMetric.job_id == fence.job_id,
                                         JobMetric.step == step).delete()
-        session.execute(insert(JobMetric).values(**_metric(fence.job_id, step, device, samples,
+        session.execute(insert(JobMetric).values(**metric_point(fence.job_id, step, device, samples,
                                                            seconds, utcnow())))
     return True
 
@@ -425,7 +350,7 @@ def succeed(url: str, fence: Fence, samples: int, seconds: float, result: dict[s
     """The attempt's job succeeded (False: the job is no longer this attempt's)."""
     with session_scope(url) as session:
         done = bool(rowcount(session.execute(
-            update(Job).where(*fence.holds()).values(**_succeeded(samples, seconds, result, utcnow()))
+            update(Job).where(*fence.holds()).values(**succeeded(samples, seconds, result, utcnow()))
         )))
         if done:
             job_ended(session, [fence.job_id])
@@ -470,21 +395,6 @@ def device_faulted(url: str, fence: Fence, limit: int) -> bool | None:
 
 
 @db_retry
-def hand_back(url: str, ids: list[int], worker: str) -> list[tuple[int, str, str]]:
-    """Jobs a dynamic batch took (`claim_many`) whose device failed under the batch: queued again
-    as `device_faulted` queues a job (the attempt not counted, `device_faults` one more); each
-    one's (id, queue, priority) for its message."""
-    if not ids:
-        return []
-    with session_scope(url) as session:
-        rows = session.execute(
-            update(Job).where(Job.id.in_(ids), Job.worker == worker, Job.status == JobStatus.RUNNING)
-            .values(status=JobStatus.QUEUED, heartbeat_at=None, device_faults=Job.device_faults + 1)
-            .returning(Job.id, Job.queue, Job.priority))
-        return sorted((job_id, queue, priority) for job_id, queue, priority in rows)
-
-
-@db_retry
 def clear_heartbeat(url: str, job_id: int, stale_before: datetime | None = None) -> bool:
     """A running job taken for dead: the next delivery may claim it at once.
 
@@ -513,72 +423,6 @@ def orphan(url: str, worker: str) -> list[int]:
                             .values(heartbeat_at=None))
         return ids
 
-
-@db_retry
-def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, Any]],
-            queue: str | list[str], requested: str | list[str],
-            held: bool = False) -> list[tuple[int, bool, str]]:
-    """Create the parent's chunk jobs once (on `queue`, or chunk i on queue[i]; `held` for the
-    admitter to release while admission is on, so its owner's quota counts each); return
-    (child id, to be published now: queued and not held, its queue) for each chunk.
-
-    Run again after a redelivery it creates nothing new, so chunks are never doubled.
-    """
-    queues = [queue] * len(chunk_params) if isinstance(queue, str) else queue
-    asked = [requested] * len(chunk_params) if isinstance(requested, str) else requested
-    with session_scope(url) as session:
-        parent = session.get_one(Job, parent_id)  # its chunks are its owner's, at its priority
-        existing = {c.chunk_index: c for c in session.scalars(select(Job).where(Job.parent_id == parent_id))}
-        for index, params in enumerate(chunk_params):
-            if index not in existing:
-                existing[index] = Job(kind=kind, params=params, requested_device=asked[index],
-                                      queue=queues[index], status=JobStatus.QUEUED, progress=0.0,
-                                      attempts=0, parent_id=parent_id, chunk_index=index,
-                                      owner=parent.owner, team=parent.team,
-                                      priority=parent.priority,
-                                      preemptible=parent.preemptible, held=held)
-                session.add(existing[index])
-        session.execute(update(Job).where(Job.id == parent_id)
-                        .values(chunks=len(chunk_params), heartbeat_at=None))
-        session.flush()
-        return [(existing[i].id, existing[i].status == JobStatus.QUEUED and not existing[i].held,
-                 existing[i].queue) for i in range(len(chunk_params))]
-
-
-@db_retry
-def settle_parent(url: str, parent_id: int, why: str | None = None) -> bool:
-    """Finish the parent once every chunk has, as `mxq.parts.settle` says (a multi-node
-    training: its epochs merged first); with `why` (the reconciler's), a `settled` event saying so
-    in the same transaction."""
-    with session_scope(url) as session:
-        children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
-                                        .order_by(Job.chunk_index)))
-        if not children or any(c.status not in FINISHED for c in children):
-            return False
-        kind = session.scalar(select(Job.kind).where(Job.id == parent_id))
-    if kind == "train":
-        merge_parts(url, parent_id)
-    with session_scope(url) as session:
-        children = list(session.scalars(select(Job).where(Job.parent_id == parent_id)
-                                        .order_by(Job.chunk_index)))
-        values = parts.settle(str(kind), children, utcnow())
-        settled = rowcount(session.execute(update(Job).where(Job.id == parent_id,
-                                                             Job.status == JobStatus.RUNNING)
-                                           .values(**values)))
-        if settled:
-            job_ended(session, [parent_id])
-        if settled and why is not None:
-            events.add(session, parent_id, events.SETTLED, why)
-    if settled and why is not None:
-        events.logged(parent_id, events.SETTLED, why)
-    return bool(settled)
-
-
-def chunk_statuses(url: str, parent_id: int, but: int) -> list[str]:
-    """The statuses of a parent's chunks other than `but`."""
-    with session_scope(url) as session:
-        return list(session.scalars(select(Job.status).where(Job.parent_id == parent_id,
-                                                             Job.id != but)))
 
 
 def earlier_seconds(url: str, job_id: int) -> float:

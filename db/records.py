@@ -12,6 +12,13 @@ from typing import Any, Literal, NotRequired
 # pydantic (the API's answers) reads TypedDicts from typing_extensions only, on Python 3.11
 from typing_extensions import TypedDict
 
+from mxq.json_types import JsonObject
+from mxq.status import DeliveryStatus, JobKind, JobStatus
+
+# The records the API answers with keep their free-form JSON `dict[str, Any]`: pydantic cannot
+# build a schema of the recursive `mxq.json_types` aliases inside a TypedDict (class not fully
+# defined). JobRow, read only inside mxq, is typed JSON.
+
 # A device's health (`mxq.db.fleet.health`): its worker beats; its worker refused it (the device
 # failed its start check or faulted during a job) and does not beat; or neither (stopped).
 Health = Literal["healthy", "out", "offline"]
@@ -29,7 +36,7 @@ class WorkerRecord(TypedDict):
     heartbeat_age: float | None
     last_seen: str | None
     current_job: int | None
-    info: dict[str, Any] | None
+    info: dict[str, Any] | None  # Any: its readers take the device's figures out by name
     started_at: str | None  # when its process registered: a restart moves it
     engines: list[str]  # what its device runs: "mxnet", "onnx" (both when not said)
     health: Health  # "healthy" (alive), "out" (refused and not alive), "offline"
@@ -92,9 +99,9 @@ class JobRecord(TypedDict):
     """The stable JSON shape of one job (`mxq job ID --json`, `GET /api/v1/jobs/ID`)."""
 
     id: int
-    kind: str
-    status: str
-    params: dict[str, Any]
+    kind: JobKind
+    status: JobStatus
+    params: dict[str, Any]  # free-form JSON, read by key (typed by mxq.workers.jobs.jobspecs)
     requested_device: str | None
     queue: str | None
     device: str | None
@@ -108,7 +115,7 @@ class JobRecord(TypedDict):
     submitted_at: str | None
     started_at: str | None
     finished_at: str | None
-    result: dict[str, Any] | None
+    result: dict[str, Any] | None  # Any: read by key (an arch job's is its ArchRecord)
     error: str | None
     parent_id: int | None
     chunk_index: int | None
@@ -170,8 +177,8 @@ class ModelRecord(TypedDict):
     created_at: str | None
     source: str
     promoted: bool
-    metrics: dict[str, Any]
-    onnx: dict[str, Any] | None  # the ONNX export and its agreement with MXNet
+    metrics: dict[str, Any]  # free-form JSON: the training's figures, read by name
+    onnx: dict[str, Any] | None  # the ONNX export and its agreement with MXNet (Any: read by key)
     engines: dict[str, dict[str, float]]  # samples/s per device kind and engine
     auto_engine: dict[str, dict[str, str]]  # what `--engine auto` runs per kind, and why
     preprocess: dict[str, Any]  # how inputs are scaled for it (`mxq.preprocess`)
@@ -202,9 +209,9 @@ class JobRow(TypedDict):
     trains and a requeue before it publishes (`mxq.db.jobs.job_row`); inside mxq only."""
 
     id: int
-    kind: str
-    status: str
-    params: dict[str, Any]  # free-form JSON: the kind's parameters (mxq.workers.jobs.jobspecs)
+    kind: JobKind
+    status: JobStatus
+    params: JsonObject  # free-form JSON: the kind's parameters (mxq.workers.jobs.jobspecs)
     queue: str
     requested_device: str
     parent_id: int | None
@@ -222,7 +229,7 @@ class QueuedJob(TypedDict):
     """A waiting job as the queue view shows it (`mxq.db.reports.queue.waiting`)."""
 
     id: int
-    kind: str
+    kind: JobKind
     owner: str | None
     priority: str
     preemptible: bool
@@ -244,7 +251,7 @@ class JobRoute(TypedDict):
     """Where a job's message goes: its task (`mxq.<kind>`), its queue, and its turn there: its
     priority level, and whether an attempt of it ran before (`mxq.db.repair`)."""
 
-    kind: str
+    kind: JobKind
     queue: str
     priority: str
     started: bool
@@ -280,7 +287,7 @@ class LogPage(TypedDict):
 
     items: list[LogLine]
     next: int
-    status: str  # the job's
+    status: JobStatus  # the job's
     ended: bool
 
 
@@ -290,7 +297,7 @@ class ScheduleRecord(TypedDict):
     name: str
     cron: str
     tz: str
-    spec: dict[str, Any]  # free-form JSON: the training options each fire submits, as given
+    spec: dict[str, Any]  # free-form JSON: the options each fire submits, as given (read by key)
     dataset: str
     promote: str
     metric: str
@@ -304,7 +311,7 @@ class ScheduleRecord(TypedDict):
     team: str | None  # the team its fires' jobs are shared with
     priority: str  # the level of its fires' jobs (mxq.priorities)
     preemptible: bool | None  # whether they may yield (None: as their level says)
-    kind: str  # train, or infer: `spec` is an inference request less its input (`dataset`)
+    kind: JobKind  # train, or infer: `spec` is an inference request less its input (`dataset`)
     rescore: str | None  # infer: the level of the jobs a promotion's fire makes (None: none)
     followed_version: int | None  # infer: the version its newest fire scored with
 
@@ -331,9 +338,9 @@ class FireRecord(TypedDict):
     catch_up: bool
     dataset_file: str | None
     job_id: int | None
-    job_status: str | None
+    job_status: str | None  # its job's status; without a job, skipped or failed (None: not yet)
     error: str | None
-    promotion: dict[str, Any] | None  # free-form JSON: `mxq.promotion.decision_record`
+    promotion: dict[str, Any] | None  # free-form JSON, read by key: `mxq.promotion.decision_record`
     owner: str | None  # the schedule's owner when it fired: its job's owner
     scored: int | None  # an inference fire: the files it submitted (None while it submits)
     jobs: list[int]  # an inference fire's jobs, one per new file
@@ -350,7 +357,7 @@ class ScheduleDetail(ScheduleRecord):
 # answer to its creation carries, once), and one delivery of an event to it.
 HOOK_EVENTS = ("job.finished", "job.failed", "version.registered", "version.promoted",
                "schedule.fire_failed", "device.out", "device.back")
-DELIVERY_STATUSES = ("pending", "delivered", "failed", "gave_up")
+DELIVERY_STATUSES = tuple(DeliveryStatus)
 
 
 class HookRecord(TypedDict):
@@ -374,7 +381,7 @@ class DeliveryRecord(TypedDict):
     id: str  # the delivery id the receiver sees (X-Mxq-Delivery), the same on every attempt
     hook_id: int
     event: str
-    status: str  # pending | delivered | failed (retried at next_attempt_at) | gave_up
+    status: DeliveryStatus  # failed: retried at next_attempt_at
     attempts: int
     last_code: int | None
     last_error: str | None
@@ -382,14 +389,14 @@ class DeliveryRecord(TypedDict):
     next_attempt_at: str | None
     expires_at: str | None
     delivered_at: str | None
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # free-form JSON: the event's body, read by key
 
 
 class LineageRecord(TypedDict):
     """What produced one inference job's output (`prediction_lineage`, `mxq lineage JOB`)."""
 
     job_id: int
-    status: str
+    status: JobStatus
     owner: str | None
     team: str | None
     model: str | None

@@ -76,7 +76,7 @@ def share(url: str, name: str, owner: str | None, team: str | None,
     if team is not None:
         check_team(url, team, "local:admin")
     with session_scope(url) as session:
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         if owner is not None:
             values["owner"] = owner
         if team is not None or no_team:
@@ -151,15 +151,21 @@ def resolve(url: str, name: str, version: int | None = None) -> ModelRecord:
         if version is None:
             promoted = [m for m in kept if m.promoted]
             return model_record(promoted[-1] if promoted else (kept or versions)[-1])
-        for m in versions:
-            if m.version == version and m.removed_at is None:
-                return model_record(m)
-            if m.version == version:
-                raise ModelNotFound(f"model {name!r} version {version} was removed by the "
-                                    f"retention policy on {iso(m.removed_at)} (MXQ_KEEP_VERSIONS); "
-                                    f"versions kept: {', '.join(str(k.version) for k in kept)}")
-        raise ModelNotFound(f"model {name!r} has no version {version}; versions: "
-                            f"{', '.join(str(m.version) for m in versions)}")
+        return model_record(_version_of(name, version, versions, kept))
+
+
+def _version_of(name: str, version: int, versions: list[Model], kept: list[Model]) -> Model:
+    """Version `version` of the model's `versions`, unless the retention policy removed it
+    (ModelNotFound, naming the versions `kept`, or those that exist)."""
+    for m in versions:
+        if m.version == version and m.removed_at is None:
+            return m
+        if m.version == version:
+            raise ModelNotFound(f"model {name!r} version {version} was removed by the "
+                                f"retention policy on {iso(m.removed_at)} (MXQ_KEEP_VERSIONS); "
+                                f"versions kept: {', '.join(str(k.version) for k in kept)}")
+    raise ModelNotFound(f"model {name!r} has no version {version}; versions: "
+                        f"{', '.join(str(m.version) for m in versions)}")
 
 
 def list_models(url: str, name: str | None = None) -> list[ModelRecord]:

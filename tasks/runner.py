@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 
 from mxq.db import events, jobs
 from mxq.db import fleet as beats
+from mxq.db.chunks import fan_out
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
 from mxq.db.records import JobRow
@@ -543,7 +544,7 @@ def _fan_out(s: Settings, job: JobContext, split: FanOut) -> Delivery:
     this job's frame ends), so that its owner's quota counts every chunk (two ran at once
     under a quota of one)."""
     held = admit.holding(s)
-    children = jobs.fan_out(job.url, job.id, job.kind, [stored(c) for c in split.chunks],
+    children = fan_out(job.url, job.id, job.kind, [stored(c) for c in split.chunks],
                             split.queues or job.queue, split.requested or job.requested, held)
     for child_id, queued, queue in children:
         if queued:

@@ -5,15 +5,16 @@ mxq's version."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import DateTime, Integer, String, case, column, distinct, func, or_, select, table
+from sqlalchemy import DateTime, Integer, RowMapping, String, case, column, distinct, func, or_, select, table
 from sqlalchemy.sql.elements import ColumnElement
 
 from mxq.db.engine import session_scope
 from mxq.db.records import LineageRecord, VersionScored
 from mxq.db.schema import iso
 from mxq.errors import NotFound
+from mxq.status import JobStatus
 
 _TEXT = ("status", "owner", "team", "model", "variant", "engine", "input", "input_identity",
          "input_bytes", "output_format", "output", "mxq_version", "schedule")
@@ -29,16 +30,16 @@ class NoLineage(NotFound):
     """A job that is not an inference job's top level (a training, a chunk, an unknown id)."""
 
 
-def _record(row: Any) -> LineageRecord:
-    found = {**row._mapping, "submitted_at": iso(row.submitted_at),
-             "finished_at": iso(row.finished_at), "output_removed_at": iso(row.output_removed_at)}
+def _record(row: RowMapping) -> LineageRecord:
+    found = {**row, "status": JobStatus(row["status"]), "submitted_at": iso(row["submitted_at"]),
+             "finished_at": iso(row["finished_at"]), "output_removed_at": iso(row["output_removed_at"])}
     return cast(LineageRecord, found)  # the view's columns are the record's keys
 
 
 def _rows(url: str, *where: ColumnElement[bool], limit: int = MOST) -> list[LineageRecord]:
     with session_scope(url) as session:
         q = select(VIEW).where(*where).order_by(VIEW.c.job_id).limit(limit)
-        return [_record(r) for r in session.execute(q)]
+        return [_record(r) for r in session.execute(q).mappings()]
 
 
 def of_job(url: str, job_id: int) -> LineageRecord:

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from mxq.db.engine import session_scope
 from mxq.db.retry import db_retry
@@ -52,7 +53,7 @@ class RunFacts:
     end_due: bool  # its end is to be sent
 
 
-def _cursor(session: Any) -> int:
+def _cursor(session: Session) -> int:
     """The cursor, made at the first pass: from the next job submitted on."""
     row = session.get(OpenLineageCursor, 1)
     if row is None:
@@ -94,7 +95,7 @@ def _unsent(job: Job, sent: OpenLineageRun | None) -> tuple[bool, bool]:
     return start, end
 
 
-def _fires(session: Any, job_ids: list[int]) -> dict[int, tuple[int, str | None]]:
+def _fires(session: Session, job_ids: list[int]) -> dict[int, tuple[int, str | None]]:
     """The fire that made each of `job_ids` and its schedule's name: a training's fire names its
     job, an inference fire's jobs are in its claims (scored_inputs)."""
     if not job_ids:
@@ -112,7 +113,7 @@ def _waiting(sent: OpenLineageRun | None, now: datetime) -> bool:
     return sent is not None and sent.next_attempt_at is not None and as_utc(sent.next_attempt_at) > now
 
 
-def _advance(session: Any, low: int, jobs: list[Job], settled: list[int], now: datetime) -> None:
+def _advance(session: Session, low: int, jobs: list[Job], settled: list[int], now: datetime) -> None:
     """Move the cursor past the leading jobs that need nothing more (ended, both events sent)."""
     done = set(settled)
     new_low = low
@@ -122,7 +123,7 @@ def _advance(session: Any, low: int, jobs: list[Job], settled: list[int], now: d
             break
         new_low = job.id + 1
     if new_low != low:
-        session.get(OpenLineageCursor, 1).low_job_id = new_low
+        session.get_one(OpenLineageCursor, 1).low_job_id = new_low  # made by `_cursor`
 
 
 def _facts(job: Job, fire: tuple[int, str | None] | None, start: bool, end: bool) -> RunFacts:

@@ -83,21 +83,8 @@ def trim(entries: Sequence[Entry], note_seq: int | None, next_seq: int, limit: i
     note's seq where lines were dropped before (None: never). The head (the lines before the
     note, or while none was dropped the first lines up to half the limit) stays; of the rest the
     oldest go, through the last gap at least. None: nothing to drop."""
-    if note_seq is None:
-        head, used = 0, 0
-        for _, size in entries:
-            if size is None or used + size > limit // 2:
-                break
-            head, used = head + 1, used + size
-    else:
-        head = sum(seq < note_seq for seq, _ in entries)
-    tail = list(entries[head:])
-    total = sum(size or 0 for _, size in entries)
-    drop = max((i + 1 for i, (_, size) in enumerate(tail) if size is None), default=0)
-    total -= sum(size or 0 for _, size in tail[:drop])
-    while drop < len(tail) and total > limit:
-        total -= tail[drop][1] or 0
-        drop += 1
+    tail = list(entries[_head(entries, note_seq, limit):])
+    drop = _dropped(tail, sum(size or 0 for _, size in entries), limit)
     if drop == 0:
         return None
     first = tail[0][0]
@@ -107,6 +94,30 @@ def trim(entries: Sequence[Entry], note_seq: int | None, next_seq: int, limit: i
     if tail[drop - 1][1] is None:  # a gap spans its lines up to the next entry
         last = after - 1
     return Trim(first, last, note, after - note)
+
+
+def _head(entries: Sequence[Entry], note_seq: int | None, limit: int) -> int:
+    """How many entries the head keeps: those before the note, or while none was dropped the
+    first lines up to half the limit (up to the first gap)."""
+    if note_seq is not None:
+        return sum(seq < note_seq for seq, _ in entries)
+    head, used = 0, 0
+    for _, size in entries:
+        if size is None or used + size > limit // 2:
+            break
+        head, used = head + 1, used + size
+    return head
+
+
+def _dropped(tail: Sequence[Entry], total: int, limit: int) -> int:
+    """How many of the entries after the head go (`total`: every entry's size): through the
+    last gap at least, then the oldest until the rest fit `limit`."""
+    drop = max((i + 1 for i, (_, size) in enumerate(tail) if size is None), default=0)
+    total -= sum(size or 0 for _, size in tail[:drop])
+    while drop < len(tail) and total > limit:
+        total -= tail[drop][1] or 0
+        drop += 1
+    return drop
 
 
 def dropped_note(dropped: int, limit: int) -> str:
@@ -134,33 +145,51 @@ def append(url: str, job_id: int, items: Sequence[Line | Gap], limit: int) -> No
         where = JobLogLine.job_id == job_id
         last, total = session.execute(select(func.max(JobLogLine.seq), func.coalesce(func.sum(
             JobLogLine.size), 0)).where(where)).one()
-        seq = (last or 0) + 1
-        new: list[Entry] = []
-        rows: dict[int, Line] = {}
-        for item in items:
-            if isinstance(item, Gap):
-                new.append((seq, None))
-                seq += item.lines
-            else:
-                new.append((seq, size_of(item.text)))
-                rows[seq] = item
-                seq += 1
-        cut = None
-        if any(size is None for _, size in new) or total + sum(s or 0 for _, s in new) > limit:
-            stored = session.execute(select(JobLogLine.seq, JobLogLine.size).where(where)
-                                     .order_by(JobLogLine.seq)).all()
-            note_seq = next((r.seq for r in stored if r.size == 0), None)
-            cut = trim([(r.seq, r.size) for r in stored if r.size > 0] + new, note_seq, seq, limit)
+        new, rows, seq = _numbered(items, (last or 0) + 1)
+        cut = _trim_stored(session, job_id, new, seq, limit) if _overflows(new, total, limit) else None
         if cut is not None:
             session.execute(delete(JobLogLine).where(where, JobLogLine.seq.between(cut.first, cut.last),
                                                      JobLogLine.size > 0))
             rows = {n: line for n, line in rows.items() if not cut.first <= n <= cut.last}
-        if rows:
-            session.execute(insert(JobLogLine), [
-                {"job_id": job_id, "seq": n, "at": line.at, "source": line.source, "text": line.text,
-                 "size": size_of(line.text)} for n, line in rows.items()])
+        _insert(session, job_id, rows)
         if cut is not None:
             _write_note(session, job_id, cut, limit)
+
+
+def _overflows(new: Sequence[Entry], total: int, limit: int) -> bool:
+    """Whether a chunk makes the log drop lines: it holds a gap, or the sizes pass the bound."""
+    return any(size is None for _, size in new) or total + sum(s or 0 for _, s in new) > limit
+
+
+def _insert(session: Session, job_id: int, rows: dict[int, Line]) -> None:
+    if rows:
+        session.execute(insert(JobLogLine), [
+            {"job_id": job_id, "seq": n, "at": line.at, "source": line.source, "text": line.text,
+             "size": size_of(line.text)} for n, line in rows.items()])
+
+
+def _numbered(items: Sequence[Line | Gap], seq: int) -> tuple[list[Entry], dict[int, Line], int]:
+    """The chunk numbered from `seq`: its entries, its lines by number, and the number after it
+    (a gap takes its lines' numbers)."""
+    new: list[Entry] = []
+    rows: dict[int, Line] = {}
+    for item in items:
+        if isinstance(item, Gap):
+            new.append((seq, None))
+            seq += item.lines
+        else:
+            new.append((seq, size_of(item.text)))
+            rows[seq] = item
+            seq += 1
+    return new, rows, seq
+
+
+def _trim_stored(session: Session, job_id: int, new: list[Entry], next_seq: int, limit: int) -> Trim | None:
+    """What to drop of the job's stored lines and the `new` ones so that they fit `limit`."""
+    stored = session.execute(select(JobLogLine.seq, JobLogLine.size).where(JobLogLine.job_id == job_id)
+                             .order_by(JobLogLine.seq)).all()
+    note_seq = next((r.seq for r in stored if r.size == 0), None)
+    return trim([(r.seq, r.size) for r in stored if r.size > 0] + new, note_seq, next_seq, limit)
 
 
 def _write_note(session: Session, job_id: int, cut: Trim, limit: int) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -327,7 +326,7 @@ def export_parquet(url: str, home: Path, record: JobRecord, out: Path, limit: in
     return rows
 
 
-def prediction_csv(rows: list[PredictionRow]) -> Iterator[list[Any]]:
+def prediction_csv(rows: list[PredictionRow]) -> Iterator[list[object]]:
     """The predictions' CSV, the same from the CLI and the API: `index,predicted_class,score`,
     then `top_1,top_score_1,…` when top-k was stored; the header first. Every stored value goes
     through `csv_cell`, as every CSV mxq writes (the score is a number's own text)."""

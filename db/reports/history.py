@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, Select, func, select
 
 from mxq.db.engine import session_scope
 from mxq.db.events import list_events
@@ -17,7 +17,9 @@ from mxq.db.schedules import ScheduleNotFound, fire_of
 from mxq.db.schema import Job, JobMetric, as_utc, iso
 from mxq.errors import NotFound
 from mxq.priorities import LEVELS, attempts
-from mxq.status import FINISHED, JobStatus
+from mxq.status import FINISHED, JobKind, JobStatus
+
+_Row = TypeVar("_Row")
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ def job_record(job: Job) -> JobRecord:
     """The stable JSON shape of one job (`mxq job ID --json`)."""
     return {
         "id": job.id,
-        "kind": job.kind,
-        "status": job.status,
+        "kind": JobKind(job.kind),
+        "status": JobStatus(job.status),
         "params": job.params,
         "requested_device": job.requested_device,
         "queue": job.queue,
@@ -155,7 +157,7 @@ def _schedule_of(url: str, fire_id: int | None) -> FirePolicy | None:
         return None
 
 
-def _filtered(q: Any, f: JobFilter) -> Any:
+def _filtered(q: Select[_Row], f: JobFilter) -> Select[_Row]:
     for column, value in ((Job.status, f.status), (Job.kind, f.kind),
                           (Job.device, f.device), (Job.node, f.node), (Job.owner, f.owner)):
         if value is not None:
@@ -266,7 +268,7 @@ def pool_depths(url: str) -> dict[str, int]:
             if status == JobStatus.QUEUED and q.startswith("pool.")}
 
 
-def _refused_at_submit() -> Any:
+def _refused_at_submit() -> ColumnElement[bool]:
     """Jobs recorded failed at submit (`JobRejected`: an unknown model, bad parameters): they
     never reached a worker, so they have no start and no attempt."""
     return (Job.status == JobStatus.FAILED) & Job.started_at.is_(None) & (Job.attempts == 0)
@@ -301,21 +303,35 @@ def stats(url: str, by: str) -> list[dict[str, Any]]:
              .where(key.is_not(None)).group_by(key, Job.status))
         if by == "model":  # a request refused at submit names a model it never ran (or none)
             q = q.where(~_refused_at_submit())
-        rows: dict[Any, dict[str, Any]] = {}
+        tallies: dict[str, _Tally] = {}
         for k, status, n, samples, seconds in session.execute(q):
-            r = rows.setdefault(k, {by: k, "jobs": 0, **{str(end): 0 for end in FINISHED},
-                                    "samples": 0, "seconds": 0.0})
-            r["jobs"] += n
-            if status in FINISHED:
-                r[status] += n
-            if status == JobStatus.SUCCEEDED:
-                r["samples"] += samples or 0
-                r["seconds"] += seconds or 0.0
-    for r in rows.values():
-        done = sum(r[end] for end in FINISHED)
-        r["success_rate"] = r[JobStatus.SUCCEEDED] / done if done else None
-        r["samples_per_sec"] = r["samples"] / r["seconds"] if r["seconds"] else None
-    return sorted(rows.values(), key=lambda r: str(r[by]))
+            tallies.setdefault(k, _Tally()).add(status, n, samples or 0, seconds or 0.0)
+    return [tallies[k].record(by, k) for k in sorted(tallies, key=str)]
+
+
+@dataclass
+class _Tally:
+    """One row of `stats` as its jobs are counted: successes alone count samples and seconds."""
+
+    jobs: int = 0
+    ended: dict[str, int] = field(default_factory=lambda: {str(end): 0 for end in FINISHED})
+    samples: int = 0
+    seconds: float = 0.0
+
+    def add(self, status: str, n: int, samples: int, seconds: float) -> None:
+        self.jobs += n
+        if status in FINISHED:
+            self.ended[status] += n
+        if status == JobStatus.SUCCEEDED:
+            self.samples += samples
+            self.seconds += seconds
+
+    def record(self, by: str, key: str) -> dict[str, Any]:  # Any: its readers sum the counts
+        done = sum(self.ended.values())
+        return {by: key, "jobs": self.jobs, **self.ended, "samples": self.samples,
+                "seconds": self.seconds,
+                "success_rate": self.ended[JobStatus.SUCCEEDED] / done if done else None,
+                "samples_per_sec": self.samples / self.seconds if self.seconds else None}
 
 
 def device_rates(url: str, since: datetime) -> dict[tuple[str, str], float]:

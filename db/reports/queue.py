@@ -9,7 +9,7 @@ from mxq.db.engine import session_scope
 from mxq.db.records import QueuedJob
 from mxq.db.schema import Job, iso
 from mxq.priorities import RANK
-from mxq.status import JobStatus
+from mxq.status import JobKind, JobStatus
 
 # What runs next first: the higher priority, then a job that started before (preempted, or its
 # worker died: published ahead of its priority's new jobs), then the oldest.
@@ -22,7 +22,7 @@ def waiting(url: str, limit: int) -> list[QueuedJob]:
     with session_scope(url) as session:
         rows = session.scalars(select(Job).where(Job.status == JobStatus.QUEUED, Job.chunks.is_(None))
                                .order_by(*NEXT_FIRST).limit(limit))
-        return [{"id": j.id, "kind": j.kind, "owner": j.owner, "priority": j.priority,
+        return [{"id": j.id, "kind": JobKind(j.kind), "owner": j.owner, "priority": j.priority,
                  "preemptible": j.preemptible, "queue": j.queue, "submitted_at": iso(j.submitted_at),
                  "started_before": j.attempts > 0, "preemptions": j.preemptions, "held": j.held}
                 for j in rows]

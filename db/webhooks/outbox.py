@@ -25,7 +25,7 @@ from mxq.db.records import DELIVERY_STATUSES, HOOK_EVENTS, DeliveryRecord
 from mxq.db.schema import Hook, HookDelivery, Job, as_utc, iso, utcnow
 from mxq.db.sharing.users import owned_by_removed
 from mxq.errors import NotFound, UserError
-from mxq.status import JobStatus
+from mxq.status import DeliveryStatus, JobStatus
 
 PENDING, DELIVERED, FAILED, GAVE_UP = DELIVERY_STATUSES
 SENDABLE = (PENDING, FAILED)
@@ -81,7 +81,7 @@ def emit(session: Session, event: str, data: dict[str, Any],
     if not targets:
         return []
     now = utcnow()
-    rows: list[dict[str, Any]] = [{"id": new_id(), "hook_id": hook_id, "event": event, "payload": data,
+    rows: list[dict[str, object]] = [{"id": new_id(), "hook_id": hook_id, "event": event, "payload": data,
              "status": PENDING, "attempts": 0, "next_attempt_at": now, "expires_at": now + WINDOW,
              "created_at": now} for hook_id in targets]
     session.execute(insert(HookDelivery), rows)
@@ -186,7 +186,7 @@ def settle(url: str, claimed: Claimed, now: datetime, code: int | None, error: s
             return None
         later = now + backoff(claimed.attempt)
         status = DELIVERED if ok else GAVE_UP if later > as_utc(expires) else FAILED
-        values: dict[str, Any] = {"status": status, "last_code": code,
+        values: dict[str, object] = {"status": status, "last_code": code,
                                   "last_error": None if ok else one_line(error or f"answered {code}")}
         if ok:
             values["delivered_at"] = now
@@ -198,7 +198,7 @@ def settle(url: str, claimed: Claimed, now: datetime, code: int | None, error: s
 
 
 def delivery_record(d: HookDelivery) -> DeliveryRecord:
-    return {"id": d.id, "hook_id": d.hook_id, "event": d.event, "status": d.status,
+    return {"id": d.id, "hook_id": d.hook_id, "event": d.event, "status": DeliveryStatus(d.status),
             "attempts": d.attempts, "last_code": d.last_code, "last_error": d.last_error,
             "created_at": iso(d.created_at), "next_attempt_at": iso(d.next_attempt_at),
             "expires_at": iso(d.expires_at), "delivered_at": iso(d.delivered_at),

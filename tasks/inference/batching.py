@@ -19,7 +19,7 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.db import jobs
+from mxq.db import batches, jobs
 from mxq.db.fence import Fence
 from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
@@ -78,7 +78,7 @@ def _candidates(job: JobContext, model: ModelRecord, room: int,
                 taken: set[int]) -> list[Candidate]:
     """Queued jobs that ask for the same model version, engine and precision (whether each is
     mergeable is decided once its input is open)."""
-    found = jobs.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)),
+    found = batches.queued_infer(job.url, _queues(job), limit=min(MAX_CANDIDATES, max(8, room * CANDIDATES)),
                               level=job.priority)
     asks = {k: job.stored.get(k) for k in ASKS}
     return [(i, params) for i, params in found if i not in taken
@@ -130,7 +130,7 @@ def _take(job: JobContext, model: ModelRecord, found: list[Candidate],
         item = _open(s, params, model, open_input)
         if isinstance(item, str) or mergeable(item[0], item[1].count, s):
             opened[job_id] = item
-    claimed = jobs.claim_many(job.url, list(opened), at)
+    claimed = batches.claim_many(job.url, list(opened), at)
     messages.drop_waiting(s.broker, _queues(job), claimed)
     added = 0
     for job_id in claimed:
@@ -162,14 +162,14 @@ def _open(s: Settings, params: Raw, model: ModelRecord,
 def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float32]], seconds: float,
            result: dict[str, object], rows_of: RowsOf) -> tuple[int, float, dict[str, object]]:
     """Store the rows of every member the batch still holds and finish each with its share of
-    the time, in one transaction (`jobs.finish_batch`); return the lead's (first member's)
+    the time, in one transaction (`batches.finish_batch`); return the lead's (first member's)
     outcome, which its own task records."""
     total = float(sum(len(m.x) for m in members))
     rows = [r for m, pr in zip(members, probs, strict=True) for r in rows_of(m.id, 0, pr, m.p.top_k)]
     outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
                        {**result, "input": m.p.input, "range": [0, len(m.x)],
                         "batch_size": m.p.batch_size}) for m in members}
-    jobs.finish_batch(job.url, outcomes, lead_fence(job), job.at, rows)
+    batches.finish_batch(job.url, outcomes, lead_fence(job), job.at, rows)
     # Messages published after the claim (a submit still under way) are dropped too.
     messages.drop_waiting(job.settings.broker, _queues(job), [m.id for m in members[1:]])
     return outcomes[members[0].id]
@@ -186,5 +186,5 @@ def hand_back(job: JobContext, members: list[Member]) -> None:
     sends back as a device fault) is queued again without using an attempt, to run elsewhere;
     before, they stayed running on a worker that left, until the reconciler charged them one."""
     s, worker = job.settings, job.worker
-    for job_id, queue, priority in jobs.hand_back(job.url, [m.id for m in members[1:]], worker):
+    for job_id, queue, priority in batches.hand_back(job.url, [m.id for m in members[1:]], worker):
         publish(s, job_id, job.kind, queue, patient=True, turn=Turn(Level(priority), started=True))

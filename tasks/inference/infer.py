@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mxq.db import events, jobs, registry
+from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.errors import device_fault
 from mxq.objects import ObjectURLError
@@ -247,7 +248,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
         "batch_lead": job.id, "mxq_version": mxq_version()}, rows)
     if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
-        jobs.finish_batch(job.url, {members[0].id: (samples, share, result)},
+        finish_batch(job.url, {members[0].id: (samples, share, result)},
                           batching.lead_fence(job), job.at)
         raise JobInputError(lead_error)
     return Outcome(samples=samples, seconds=share, result=result)

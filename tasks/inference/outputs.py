@@ -35,7 +35,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from mxq.db import events, jobs
+from mxq.db import events
+from mxq.db.chunks import chunk_statuses
 from mxq.db.fence import Fence, RunCheck
 from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
@@ -337,7 +338,7 @@ class JobOutputs:
     def _siblings_done(self) -> bool:
         """Every other chunk of the parent succeeded: this one was the last to merge."""
         assert self.job.parent_id is not None
-        others = jobs.chunk_statuses(self.job.url, self.job.parent_id, but=self.job.id)
+        others = chunk_statuses(self.job.url, self.job.parent_id, but=self.job.id)
         return all(s == JobStatus.SUCCEEDED for s in others)
 
     def abandon(self) -> None:

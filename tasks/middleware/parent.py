@@ -1,10 +1,10 @@
 """A chunk's (or a node's part's) end may be its parent's: the parent is settled after each one,
 succeeded with the samples of all once every chunk did, failed with the first one's error
-(`db/jobs.settle_parent`); the reconciler settles one whose last chunk's worker died first."""
+(`db/chunks.settle_parent`); the reconciler settles one whose last chunk's worker died first."""
 
 from __future__ import annotations
 
-from mxq.db import jobs
+from mxq.db.chunks import settle_parent
 from mxq.tasks.middleware.middleware import Run
 
 
@@ -14,4 +14,4 @@ class SettleParent:
 
     def after(self, run: Run) -> None:
         if run.parent_id is not None:
-            jobs.settle_parent(run.settings.database, run.parent_id)
+            settle_parent(run.settings.database, run.parent_id)

@@ -20,7 +20,7 @@ to ZeroMQ for both; there is no separate bind address): a node whose host does n
 container's published address behind NAT) fails at once (`check_address`), and a container
 takes part under host networking only.
 
-The last part to finish settles the job (`db.jobs.settle_parent`): samples/s summed over the
+The last part to finish settles the job (`db.chunks.settle_parent`): samples/s summed over the
 nodes, per node in `result.per_node`, per device (`cpu:0@node`) in the epochs. Rank 0 registers
 the model, once.
 """

@@ -21,6 +21,7 @@ from mxq.api.app import app
 from mxq.db import jobs
 from mxq.db.engine import session_scope
 from mxq.db.schema import JobMetric, utcnow
+from mxq.status import JobKind
 from mxq.tasks.training import datasets
 from tests.conftest import FINAL, NODE, ROOT, Stack, wait_until
 
@@ -100,11 +101,11 @@ def test_a_large_total_is_counted_only_past_the_page(client: TestClient, workers
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """At 10 million jobs an exact total cost a read of every match on each dashboard refresh."""
     for _ in range(12):
-        jobs.create_job(workers.settings.database, "capped", {}, "auto", "nowhere", rejected="test")
+        jobs.create_job(workers.settings.database, JobKind.ARCH, {}, "auto", "nowhere", rejected="test")
     monkeypatch.setattr(routes, "TOTAL_COUNTED", 3)
-    first = client.get("/api/v1/jobs", params={"kind": "capped", "limit": 2}).json()
+    first = client.get("/api/v1/jobs", params={"kind": JobKind.ARCH, "limit": 2}).json()
     assert (first["total"], first["total_capped"], len(first["items"])) == (5, True, 2)
-    last = client.get("/api/v1/jobs", params={"kind": "capped", "limit": 2, "offset": 8}).json()
+    last = client.get("/api/v1/jobs", params={"kind": JobKind.ARCH, "limit": 2, "offset": 8}).json()
     assert (last["total"], last["total_capped"], len(last["items"])) == (12, False, 2)
 
 

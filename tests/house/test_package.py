@@ -34,8 +34,8 @@ def _package_dir() -> dict[str, str]:
 
 
 def product_modules() -> list[str]:
-    """Every module of the source tree by the name it has installed (db/lineage/scored.py is
-    mxq.db.lineage.scored): read from the folders, not from any packaging list."""
+    """Every module of the source tree by the name it has installed (db/schedules/claims.py is
+    mxq.db.schedules.claims): read from the folders, not from any packaging list."""
     names: list[str] = []
     for name, folder in _package_dir().items():
         for path in sorted((ROOT / folder).rglob("*.py")):

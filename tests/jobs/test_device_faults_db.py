@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mxq.db import jobs
+from mxq.db.batches import claim_many, hand_back
 from mxq.db.fence import Fence
 from mxq.db.jobs import Placement
 from mxq.db.outputs import predictions
@@ -62,9 +63,9 @@ def test_a_merged_batchs_members_go_back_without_an_attempt(stack: Stack) -> Non
     members = [jobs.create_job(url, "infer", {}, "cpu:0", f"q.{i}",
                                priority=Priority.of("high" if i else "normal", False))
                for i in range(3)]
-    assert jobs.claim_many(url, members, A) == members
-    assert jobs.hand_back(url, members[1:], "another-worker") == []  # not that worker's
-    assert jobs.hand_back(url, members[1:], A.worker) == [(members[1], "q.1", "high"),
+    assert claim_many(url, members, A) == members
+    assert hand_back(url, members[1:], "another-worker") == []  # not that worker's
+    assert hand_back(url, members[1:], A.worker) == [(members[1], "q.1", "high"),
                                                            (members[2], "q.2", "high")]
     for job_id in members[1:]:
         record = require_job(url, job_id)

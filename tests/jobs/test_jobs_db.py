@@ -14,6 +14,7 @@ from sqlalchemy import inspect, update
 from sqlalchemy.pool import QueuePool
 
 from mxq.db import jobs, registry
+from mxq.db.batches import claim_many, finish_batch
 from mxq.db.engine import IDLE_IN_TRANSACTION_SECONDS, get_engine, session_scope
 from mxq.db.fence import Fence, Superseded
 from mxq.db.jobs import Claim, Placement
@@ -131,14 +132,14 @@ def test_a_batch_finishes_only_the_members_it_still_holds(stack: Stack) -> None:
     lead, kept, taken = _new(stack), _new(stack), _new(stack)
     fence = jobs.take(url, lead, A, 3, TTL)
     assert isinstance(fence, Fence)
-    assert jobs.claim_many(url, [kept, taken], A) == [kept, taken]
+    assert claim_many(url, [kept, taken], A) == [kept, taken]
     _silence(url, taken)
     again = jobs.take(url, taken, B, 3, TTL)
     assert isinstance(again, Fence)
     assert predictions.commit(url, again, [(taken, 0, 7, 0.9, None)], 1) is jobs.RunCheck.GO_ON
     rows: list[predictions.Row] = [(i, 0, 1, 0.5, None) for i in (lead, kept, taken)]
     outcome = (1, 0.1, {"output": "db"})
-    assert jobs.finish_batch(url, {i: outcome for i in (lead, kept, taken)}, fence, A,
+    assert finish_batch(url, {i: outcome for i in (lead, kept, taken)}, fence, A,
                              rows) == {lead, kept}
     assert [r["predicted_class"] for r in predictions.read(url, taken)] == [7]
     assert [r["predicted_class"] for r in predictions.read(url, kept)] == [1]
@@ -146,7 +147,7 @@ def test_a_batch_finishes_only_the_members_it_still_holds(stack: Stack) -> None:
     assert _status(stack, lead).status == "running"  # its own task finishes it
     _silence(url, lead)
     assert isinstance(jobs.take(url, lead, B, 3, TTL), Fence)
-    assert jobs.finish_batch(url, {lead: outcome}, fence, A, rows) == set()  # not the lead's any more
+    assert finish_batch(url, {lead: outcome}, fence, A, rows) == set()  # not the lead's any more
     assert [r["predicted_class"] for r in predictions.read(url, lead)] == [1]
 
 

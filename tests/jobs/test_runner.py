@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from mxq.db import jobs
+from mxq.db.chunks import chunk_statuses, fan_out
 from mxq.db.engine import session_scope
 from mxq.db.fence import Fence
 from mxq.db.jobs import Claim, Placement
@@ -171,12 +172,12 @@ def test_a_fan_out_makes_its_chunks_once(isolated: Stack) -> None:
     job_id = _job(isolated)
     split = FanOut([_chunk(0, 2), _chunk(2, 4)])
     assert run_job(job_id, lambda _job: split, worker=_worker(isolated)) is Delivery.SPLIT
-    chunks = jobs.chunk_statuses(isolated.settings.database, job_id, but=-1)
+    chunks = chunk_statuses(isolated.settings.database, job_id, but=-1)
     assert sorted(chunks) == ["queued", "queued"]
     assert isolated.job(job_id)["status"] == "running"  # until its chunks end
     # A redelivery of the parent (its heartbeat is cleared once split) makes no chunk twice.
     assert run_job(job_id, lambda _job: split, worker=_worker(isolated)) is Delivery.SPLIT
-    assert len(jobs.chunk_statuses(isolated.settings.database, job_id, but=-1)) == 2
+    assert len(chunk_statuses(isolated.settings.database, job_id, but=-1)) == 2
 
 
 def test_a_parent_settles_when_its_last_chunk_ends(isolated: Stack) -> None:
@@ -329,7 +330,7 @@ def test_the_parent_hook_settles_a_parent_once_its_last_chunk_ended(isolated: St
     s = isolated.settings
     parent = _job(isolated)
     assert isinstance(jobs.take(s.database, parent, AT, 3, 60), Fence)
-    [(first, _, _), (second, _, _)] = jobs.fan_out(
+    [(first, _, _), (second, _, _)] = fan_out(
         s.database, parent, "infer", [stored(_chunk(0, 2)), stored(_chunk(2, 4))], OWN, "cpu:0", False)
     for chunk in (first, second):
         fence = jobs.take(s.database, chunk, AT, 3, 60)

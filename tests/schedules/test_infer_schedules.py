@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from mxq.db import schedules
-from mxq.db.lineage import scored
 from mxq.db.reports.history import require_job
+from mxq.db.schedules import claims
 from mxq.errors import MxqError
 from mxq.workers.jobs.submit import submit_request
 from mxq.workers.schedules import scoring
@@ -132,21 +132,21 @@ def test_a_fire_that_died_mid_submit_makes_each_job_once(isolated: Stack) -> Non
     sched = schedules.get(isolated.settings.database, "crashy-inbox")
     dead = schedules.record_manual(isolated.settings.database, sched["id"], T0)
     db = isolated.settings.database
-    by = scored.Scorer(sched["id"], "crashy", 1)
-    claim_a = scored.claim(db, by, _sighting(a), dead)
-    claim_b = scored.claim(db, by, _sighting(b), dead)
+    by = claims.Scorer(sched["id"], "crashy", 1)
+    claim_a = claims.claim(db, by, _sighting(a), dead)
+    claim_b = claims.claim(db, by, _sighting(b), dead)
     first_b = submit_request(isolated.settings, "infer", {"model": "crashy", "model_version": 1,
                                                           "input": str(b)},
-                             idempotency_key=scored.key_of(claim_b.id), owner=sched["owner"],
+                             idempotency_key=claims.key_of(claim_b.id), owner=sched["owner"],
                              allow_offline=True)
     run_now(isolated.settings, "crashy-inbox", T0 + timedelta(minutes=1))
     fires = schedules.fires(db, "crashy-inbox")
     made = sorted(j for f in fires for j in f["jobs"])
     assert len(made) == 2 and first_b.job_id in made, fires
-    assert scored.claim(db, by, _sighting(a), dead).id == claim_a.id
+    assert claims.claim(db, by, _sighting(a), dead).id == claim_a.id
 
 
-def _sighting(path: Path) -> scored.Sighting:
+def _sighting(path: Path) -> claims.Sighting:
     from mxq.workers.schedules.scoring import sighting_of
     from mxq.workers.schedules.sources import Found
 

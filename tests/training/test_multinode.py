@@ -257,6 +257,7 @@ TRAIN = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
 
 def _split_job(url: str) -> tuple[int, list[int]]:
     from mxq.db import jobs
+    from mxq.db.chunks import fan_out
     from mxq.db.jobs import Placement
     from mxq.workers.jobs.jobspecs import stored, validate
 
@@ -267,7 +268,7 @@ def _split_job(url: str) -> tuple[int, list[int]]:
            "DMLC_NUM_WORKER": "2"}
     parts = [{**params, "dist": {"parent": parent, "index": i, "node": node, "host": i == 0,
                                  "env": env}} for i, node in enumerate("ab")]
-    made = jobs.fan_out(url, parent, "train", parts, ["a.cpu.0", "b.cpu.0"], ["cpu:0", "cpu:0"])
+    made = fan_out(url, parent, "train", parts, ["a.cpu.0", "b.cpu.0"], ["cpu:0", "cpu:0"])
     assert [q for _, _, q in made] == ["a.cpu.0", "b.cpu.0"]
     return parent, [i for i, _, _ in made]
 
@@ -313,6 +314,7 @@ def _run_parts(s: Settings, ids: list[int]) -> list[tuple[JobContext, TrainParam
 
 def test_a_part_that_died_stops_the_others_and_the_job_names_it(db: Settings) -> None:
     from mxq.db import jobs
+    from mxq.db.chunks import settle_parent
     from mxq.tasks.runner import JobFailed
     from mxq.tasks.training.dist import _check_peers
 
@@ -326,7 +328,7 @@ def test_a_part_that_died_stops_the_others_and_the_job_names_it(db: Settings) ->
                             "on node b died while running it")
     assert _job(db.database, ids[1])["status"] == "failed"
     jobs.fail(db.database, ids[0], str(verdict), worker="cpu0@a")
-    assert jobs.settle_parent(db.database, parent)
+    assert settle_parent(db.database, parent)
     done = _job(db.database, parent)
     assert done["status"] == "failed"
     assert done["error"] == (f"part 1 on node b (job {ids[1]}) failed: its worker on node b died "
@@ -368,6 +370,7 @@ def test_cancelling_the_job_stops_every_part(db: Settings) -> None:
 
 def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db: Settings) -> None:
     from mxq.db import jobs
+    from mxq.db.chunks import settle_parent
     from mxq.db.fence import Fence
     from mxq.db.outputs import epochs
 
@@ -385,7 +388,7 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db: Settings)
                   **({"model_version": 1} if rank == 0 else {})}
         assert jobs.succeed(db.database, Fence(job_id, f"cpu0@{node}", 1), 1000, 1000 / rate, result)
     epochs.merge_parts(db.database, parent)  # a part merges after each epoch; settling again
-    assert jobs.settle_parent(db.database, parent)
+    assert settle_parent(db.database, parent)
     done = _job(db.database, parent)
     assert done["status"] == "succeeded"
     assert done["samples_per_sec"] == pytest.approx(400.0) and done["samples"] == 2000

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from mxq.db import events, jobs, repair, schedules
+from mxq.db.chunks import settle_parent
 from mxq.db.fleet import list_workers
 from mxq.db.records import JobRoute
 from mxq.db.schema import utcnow
@@ -159,7 +160,7 @@ def _requeue_dead(settings: Settings, dead: dict[int, JobRoute], report: Report)
 
 def _settle_parents(settings: Settings, report: Report) -> None:
     for parent in repair.running_parents(settings.database):
-        if jobs.settle_parent(settings.database, parent,
+        if settle_parent(settings.database, parent,
                               "every chunk had finished; the parent was closed by the reconciler"):
             report.settled.append(parent)
 

@@ -4,7 +4,7 @@ it follows (the promoted one, or the one it pins).
 A file is new to a version when the version never scored its bytes: a local file is known by its
 size and SHA-256 (so a file rewritten in place is new, a file renamed or copied is not), an object
 by its size and ETag. The hash is read only for a file whose path, size and mtime the version has
-not seen (`scored.seen`). All of it is the schedule's own: another schedule over the same bytes
+not seen (`claims.seen`). All of it is the schedule's own: another schedule over the same bytes
 scores them for itself. Each new file is claimed in SQL before its job is submitted, and the job
 carries an idempotency key made from the claim: a fire that dies anywhere (the schedule process
 killed mid-fire) is finished by the reconciler or the next fire with every file's job made once.
@@ -22,10 +22,10 @@ from datetime import datetime
 from typing import Any
 
 from mxq.db import schedules
-from mxq.db.lineage import scored
-from mxq.db.lineage.scored import Scorer, Sighting
 from mxq.db.records import ScheduleRecord, StoredSchedule, UnscoredInput
 from mxq.db.registry import resolve
+from mxq.db.schedules import claims
+from mxq.db.schedules.claims import Scorer, Sighting
 from mxq.db.schema import utcnow
 from mxq.db.sharing.teams import check_team
 from mxq.errors import Conflict, JobRejected
@@ -101,10 +101,10 @@ def fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int:
     for found, sighting in _unseen(settings, by, sched["dataset"]):
         if sighting is None:
             continue  # still being written, or gone: the next fire looks again
-        claim = scored.claim(settings.database, by, sighting, fire_id)
+        claim = claims.claim(settings.database, by, sighting, fire_id)
         if not claim.settled:
             _score(settings, sched, version, priority, claim.id, found.location)
-    made = len(scored.jobs_of_fire(settings.database, fire_id))
+    made = len(claims.jobs_of_fire(settings.database, fire_id))
     schedules.settle_fire(settings.database, fire_id, scored=made, dataset_file=sched["dataset"])
     return made
 
@@ -114,7 +114,7 @@ def _unseen(settings: Settings, by: Scorer, source: str) -> Iterator[tuple[Found
     and mtime, with its bytes' identity (read now: None for a file that changed while read, or
     went)."""
     for found in every_file(settings, source):
-        if found.mtime_ns is None or not scored.seen(settings.database, by, found.location,
+        if found.mtime_ns is None or not claims.seen(settings.database, by, found.location,
                                                      found.size, found.mtime_ns):
             yield found, sighting_of(found)
 
@@ -127,19 +127,19 @@ def _score(settings: Settings, sched: StoredSchedule, version: int, priority: Pr
     params.update(input=location, model_version=version)
     try:
         done = submit_request(settings, "infer", params, sched["spec"].get("device") or "auto",
-                              allow_offline=True, idempotency_key=scored.key_of(claim_id),
+                              allow_offline=True, idempotency_key=claims.key_of(claim_id),
                               owner=sched["owner"], priority=priority, team=sched["team"])
     except JobRejected as exc:
-        scored.settle(settings.database, claim_id, exc.job_id, str(exc))
+        claims.settle(settings.database, claim_id, exc.job_id, str(exc))
         return
     except IdempotencyConflict as exc:  # the file changed between a dead fire's submit and now
-        scored.settle(settings.database, claim_id, None, str(exc))
+        claims.settle(settings.database, claim_id, None, str(exc))
         return
     except (PathError, StorageError) as exc:
         log.info("schedule %s: %s went away before its job was made (%s)", sched["name"], location, exc)
-        scored.release(settings.database, claim_id)
+        claims.release(settings.database, claim_id)
         return
-    scored.settle(settings.database, claim_id, done.job_id)
+    claims.settle(settings.database, claim_id, done.job_id)
 
 
 def model_and_version(text: str) -> tuple[str, int | None]:
@@ -199,4 +199,4 @@ def unscored(settings: Settings, name: str, version: int | None = None) -> tuple
     by = Scorer(sched["id"], model, version)
     return version, [{"location": found.location, "size": found.size}
                      for found, sighting in _unseen(settings, by, sched["dataset"])
-                     if sighting is None or not scored.has(settings.database, by, sighting.identity)]
+                     if sighting is None or not claims.has(settings.database, by, sighting.identity)]

@@ -1,5 +1,9 @@
 """Schedules and their fires in SQL. A fire is taken by moving `next_fire_at` with a
-compare-and-set, and recorded under a unique (schedule, fire time): two ticks never fire twice."""
+compare-and-set, and recorded under a unique (schedule, fire time): two ticks never fire twice.
+An inference schedule's fires claim each input's bytes once (`claims.py`) before they submit.
+
+Imports (of mxq): core, db.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,15 @@ from sqlalchemy.orm import Session
 
 from mxq import promotion
 from mxq.db.engine import rowcount, session_scope
-from mxq.db.records import DueSchedule, FirePolicy, FireRecord, ScheduleDetail, ScheduleRecord, StoredSchedule
+from mxq.db.records import (
+    DueSchedule,
+    FirePolicy,
+    FireRecord,
+    ModelRecord,
+    ScheduleDetail,
+    ScheduleRecord,
+    StoredSchedule,
+)
 from mxq.db.registry import list_models, ownership, promote
 from mxq.db.schema import Fire, Job, Schedule, ScoredInput, as_utc, iso
 from mxq.db.sharing.teams import rights_of
@@ -22,7 +34,7 @@ from mxq.db.sharing.users import owned_by_removed
 from mxq.db.webhooks import outbox
 from mxq.errors import Conflict, NotFound
 from mxq.promotion import PromotionPolicy
-from mxq.status import FINISHED
+from mxq.status import FINISHED, JobKind
 
 
 class ScheduleNotFound(NotFound):
@@ -45,7 +57,7 @@ def schedule_record(sched: Schedule) -> ScheduleRecord:
             "min_metric": sched.min_metric, "enabled": sched.enabled, "next_fire_at": iso(sched.next_fire_at),
             "last_fire_at": iso(sched.last_fire_at), "created_at": iso(sched.created_at),
             "owner": sched.owner, "team": sched.team, "priority": sched.priority,
-            "preemptible": sched.preemptible, "kind": sched.kind, "rescore": sched.rescore,
+            "preemptible": sched.preemptible, "kind": JobKind(sched.kind), "rescore": sched.rescore,
             "followed_version": sched.followed_version}
 
 
@@ -334,6 +346,15 @@ def _may_not_promote(url: str, fire_id: int, name: str) -> str | None:
             f"{owned[0] or 'the admins'}{f', team {owned[1]}' if owned[1] else ''} and admins may)")
 
 
+def _rejudged(metric: str, current: ModelRecord | None,
+              rejudged: tuple[int, dict[str, float]] | None) -> float | None:
+    """The promoted version's figure measured again on the new version's validation split, if
+    the training measured it (None: the figure stored at its registration stands)."""
+    if current is None or rejudged is None or rejudged[0] != current["version"]:
+        return None
+    return rejudged[1].get(metric)
+
+
 def decide_promotion(url: str, fire_id: int, name: str, version: int, metrics: dict[str, Any],
                      rejudged: tuple[int, dict[str, float]] | None = None) -> dict[str, Any]:
     """Compare the new version with the promoted one by the schedule's policy; promote or keep.
@@ -346,11 +367,8 @@ def decide_promotion(url: str, fire_id: int, name: str, version: int, metrics: d
                              stored["min_metric"])
     new = metrics.get(policy.metric)
     current = next((m for m in list_models(url, name) if m["promoted"]), None)
-    old = current["metrics"].get(policy.metric) if current else None
-    again = rejudged[1].get(policy.metric) if current and rejudged and \
-        rejudged[0] == current["version"] else None
-    if again is not None:
-        old = again
+    again = _rejudged(policy.metric, current, rejudged)
+    old = again if again is not None else current["metrics"].get(policy.metric) if current else None
     decision = promotion.decide(policy, new, old, has_current=current is not None)
     if decision.promoted and (refused := _may_not_promote(url, fire_id, name)) is not None:
         decision = promotion.Decision(False, refused)
