@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from mxq.errors import UserError
-from mxq.workers.settings import HookAllowlist, IPAddress
+from mxq.workers.settings.webhooks import HookAllowlist, IPAddress
 
 SCHEMES = ("https", "http")
 MAX_URL = 2000
