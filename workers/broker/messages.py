@@ -56,7 +56,7 @@ def stored_names(queues: set[str] | list[str]) -> list[str]:
             for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in STEPS_ABOVE_0))]
 
 
-def unreadable(message: Any) -> str | None:
+def unreadable(message: object) -> str | None:
     """Why a queue item (parsed from JSON) is not a message kombu can read, else None."""
     if not isinstance(message, dict):
         return f"not a message envelope but a JSON {type(message).__name__}"
