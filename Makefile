@@ -102,7 +102,7 @@ lint: venv
 
 # The documentation site (mkdocs.yml, docs/) into var/site; `make lint` builds it with --strict (a
 # broken link, a page left out of the nav fails it). Its CLI and HTTP references are generated from
-# the code as it builds (docs/hooks.py). `$(BIN)/mkdocs serve` serves it live while you edit.
+# the code as it builds (docs/reference_pages.py). `$(BIN)/mkdocs serve` serves it live while you edit.
 # (NO_MKDOCS_2_WARNING: Material for MkDocs' banner about MkDocs 2.0, printed on every build.)
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 docs: venv

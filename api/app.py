@@ -26,11 +26,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mxq.api.auth import scraper, settings
 from mxq.api.guard import RequestGuard
-from mxq.api.hooks import router as hooks_router
 from mxq.api.lineage import router as lineage_router
 from mxq.api.metrics import render_metrics
 from mxq.api.routes import router
 from mxq.api.session import router as session_router
+from mxq.api.webhooks import router as hooks_router
 from mxq.db.errors import DATABASE_UNAVAILABLE, unavailable
 from mxq.errors import (
     Conflict,

@@ -38,9 +38,9 @@ from mxq.cli.options import (
     parse_variants,
     preprocess_fields,
 )
-from mxq.cli.pipelines import hooks as hooks_cli
 from mxq.cli.pipelines import lineage as lineage_cli
 from mxq.cli.pipelines import schedule as schedule_cli
+from mxq.cli.pipelines import webhooks as hooks_cli
 from mxq.cli.settings import get_settings
 from mxq.names import MAX_ID
 from mxq.priorities import Priority

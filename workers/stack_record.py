@@ -3,7 +3,7 @@
 passwords), written by `record_stack` and read by every process and command of the home
 (`with_recorded_stack`), so that a shell without those variables reaches the stack it started
 and one that names another is told so. Settings are passed in, never imported at run time here
-(`workers/settings.py` imports this module)."""
+(`workers/settings/` imports this module)."""
 
 from __future__ import annotations
 

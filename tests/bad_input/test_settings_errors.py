@@ -81,8 +81,8 @@ def test_no_folder_fits_the_socket_is_one_line(tmp_path: Path, monkeypatch: pyte
     deep = "/" + "d" * 120
     monkeypatch.setenv("XDG_RUNTIME_DIR", deep)
     monkeypatch.setattr(tempfile, "gettempdir", lambda: deep)
-    monkeypatch.setattr("mxq.workers.settings.tempfile.gettempdir", lambda: deep)
-    monkeypatch.setattr("mxq.workers.settings.FALLBACK_SOCKET_ROOT", deep)
+    monkeypatch.setattr("mxq.workers.settings.broker.tempfile.gettempdir", lambda: deep)
+    monkeypatch.setattr("mxq.workers.settings.broker.FALLBACK_SOCKET_ROOT", deep)
     home = _long_home(tmp_path)
     result = run_cli(["devices"], {"MXQ_HOME": str(home)})
     line = one_line(result.stderr)

@@ -69,7 +69,7 @@ def test_httpx_never_logs_a_hooks_query(caplog: pytest.LogCaptureFixture) -> Non
     with receiving() as receiver:
         claimed = Claimed("dlv_" + "0" * 32, 1, "job.failed", {"job": {"id": 1}}, None, 1,
                           receiver.url("/ok?token=tok-7c1e4d"), "secret")
-        code, error = sender.post(Settings(hook_allowed_hosts="127.0.0.1"), claimed)
+        code, error = sender.post(Settings(hook_allowed_hosts="127.0.0.1").webhooks, claimed)
         assert (code, error) == (200, None)
         assert [r.path for r in receiver.got] == ["/ok?token=tok-7c1e4d"]
     assert "tok-7c1e4d" not in caplog.text

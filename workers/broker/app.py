@@ -12,7 +12,7 @@ from celery import Celery
 
 from mxq.workers.broker.queues import CONTROL_QUEUE, PRIORITY_STEPS
 from mxq.workers.broker.transport import transport_url
-from mxq.workers.settings import Settings, get_settings
+from mxq.workers.settings import BrokerSettings, Settings, get_settings
 
 # Task modules a worker imports at start. Device workers (the launcher sets MXQ_DEVICE) run the
 # job tasks, which load MXNet (tasks/runtimes/mx_context checks the device at start); a worker
@@ -80,12 +80,12 @@ def make_app(settings: Settings) -> Celery:
     return app
 
 
-def publisher_transport_options(settings: Settings) -> dict[str, Any]:
+def publisher_transport_options(broker: BrokerSettings) -> dict[str, object]:
     """Socket timeouts for the connections a publisher opens (redis-py waits forever by default):
     a paused Redis accepts connections and never answers, and a publish must give up. Only the
     publishing apps get them; a worker's consumer keeps kombu's own waiting."""
-    seconds = settings.broker_timeout_seconds
-    return {"visibility_timeout": settings.visibility_timeout, "priority_steps": list(PRIORITY_STEPS),
+    seconds = broker.timeout_seconds
+    return {"visibility_timeout": broker.visibility_timeout, "priority_steps": list(PRIORITY_STEPS),
             "socket_timeout": seconds, "socket_connect_timeout": seconds}
 
 
@@ -93,17 +93,17 @@ def app_for(settings: Settings) -> Celery:
     """A publishing app for the broker of `settings` (tests and tools talk to several stacks in
     one process), whose broker calls time out after its MXQ_BROKER_TIMEOUT_SECONDS: one per
     broker and timeouts, made once."""
-    return _publisher(settings.broker, settings.broker_timeout_seconds, settings.visibility_timeout)
+    return _publisher(settings.broker_settings)
 
 
 @lru_cache(maxsize=4)
-def _publisher(broker: str, timeout: float, visibility_timeout: int) -> Celery:
-    # A publisher's config is made of these three alone (the rest are defaults it never uses:
-    # it runs no task and no beat), so nothing here reads the process's settings.
-    settings = Settings.model_construct(broker_url=broker, broker_timeout_seconds=timeout,
-                                        visibility_timeout=visibility_timeout)
+def _publisher(broker: BrokerSettings) -> Celery:
+    # A publisher's config is made of the broker's settings alone (the rest are defaults it never
+    # uses: it runs no task and no beat), so nothing here reads the process's settings.
+    settings = Settings.model_construct(broker_url=broker.url, broker_timeout_seconds=broker.timeout_seconds,
+                                        visibility_timeout=broker.visibility_timeout)
     app = make_app(settings)
-    app.conf.broker_transport_options = publisher_transport_options(settings)
+    app.conf.broker_transport_options = publisher_transport_options(broker)
     return app
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypedDict
 
 import redis
 
@@ -23,15 +23,27 @@ MAX_RAW_CHARS = 4096  # of each message, as text
 log = logging.getLogger(__name__)
 
 
-def entry(queue: str, raw: Any, reason: str) -> str:
+class DeadLetter(TypedDict):
+    """One dead letter as stored: its queue, when it was moved, why, and the message as text
+    (cut at MAX_RAW_CHARS; `chars` is its whole length)."""
+
+    queue: str
+    at: str
+    reason: str
+    message: str
+    chars: int
+
+
+def entry(queue: str, raw: object, reason: str) -> str:
     """One dead letter as stored: where, when, why, and the message as text (cut)."""
     text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) \
         else json.dumps(raw, default=str)
-    return json.dumps({"queue": queue, "at": datetime.now(UTC).isoformat(), "reason": reason[:300],
-                       "message": text[:MAX_RAW_CHARS], "chars": len(text)})
+    letter: DeadLetter = {"queue": queue, "at": datetime.now(UTC).isoformat(), "reason": reason[:300],
+                          "message": text[:MAX_RAW_CHARS], "chars": len(text)}
+    return json.dumps(letter)
 
 
-def store(client: redis.Redis, queue: str, raw: Any, reason: str) -> None:
+def store(client: redis.Redis, queue: str, raw: object, reason: str) -> None:
     """Keep a message no one can read (newest first, at most MAX_KEPT), and log it."""
     log.error("moved an unreadable message of %s to %s: %s", queue, KEY, reason)
     pipe = client.pipeline()
@@ -40,7 +52,7 @@ def store(client: redis.Redis, queue: str, raw: Any, reason: str) -> None:
     pipe.execute()
 
 
-def listed(client: redis.Redis) -> list[dict[str, Any]]:
+def listed(client: redis.Redis) -> list[DeadLetter]:
     """The dead letters, newest first."""
     return [json.loads(item) for item in client.lrange(KEY, 0, -1)]
 

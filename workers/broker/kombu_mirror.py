@@ -31,8 +31,7 @@ import inspect
 import sys
 import textwrap
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
+from types import FunctionType, ModuleType
 
 KOMBU_VERSION = "5.7.0"
 # What the JSON writer is asked to write (its text is recorded): a task id as messages carry it.
@@ -115,10 +114,10 @@ RECORD = {
 }
 
 
-def _resolve(module: ModuleType, path: str) -> Any:
+def _resolve(module: ModuleType, path: str) -> object:
     """The object at `path` from `module`, as defined (a property's function, not its value);
     AttributeError when kombu has no such thing any more."""
-    found: Any = module
+    found: object = module
     for name in path.split("."):
         found = inspect.getattr_static(found, name)
     for unwrap in ("fget", "func", "__func__"):  # property, cached_property, static/classmethod
@@ -126,7 +125,7 @@ def _resolve(module: ModuleType, path: str) -> Any:
     return found
 
 
-def _source_digest(function: Any) -> str:
+def _source_digest(function: FunctionType) -> str:
     """A digest of a function's code as Python reads it: comments, blank lines, formatting and
     its docstring do not count, so only a change of what it does changes the digest."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
@@ -147,7 +146,7 @@ def fingerprint(module: ModuleType, path: str) -> str:
         found = _resolve(module, path)
     except AttributeError:
         return "missing"
-    if path == "dumps":
+    if path == "dumps" and callable(found):
         return f"writes {found(JSON_PROBE)!r}"
     if inspect.isfunction(found):
         return f"source {_source_digest(found)}"

@@ -14,7 +14,6 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from kombu.transport.redis import Channel as KombuChannel
 from kombu.utils.json import dumps as kombu_dumps
@@ -56,7 +55,7 @@ def stored_names(queues: set[str] | list[str]) -> list[str]:
             for suffix in ("", *(f"{PRIORITY_SEP}{p}" for p in STEPS_ABOVE_0))]
 
 
-def unreadable(message: Any) -> str | None:
+def unreadable(message: object) -> str | None:
     """Why a queue item (parsed from JSON) is not a message kombu can read, else None."""
     if not isinstance(message, dict):
         return f"not a message envelope but a JSON {type(message).__name__}"
@@ -89,9 +88,10 @@ def job_id(raw: str) -> int | None:
     return _job_of(message)
 
 
-def _job_of(message: dict[str, Any]) -> int | None:
+def _job_of(message: dict[str, object]) -> int | None:
     """The job id in a readable envelope's task id (`job-<id>`), else None."""
-    task_id = str((message.get("headers") or {}).get("id", ""))
+    headers = message.get("headers") or {}
+    task_id = str(headers.get("id", "")) if isinstance(headers, dict) else ""
     return int(task_id[4:]) if task_id.startswith("job-") and task_id[4:].isdigit() else None
 
 

@@ -8,14 +8,24 @@ mxq's broker URLs come in two forms: `redis://…` (redis-py reads it) and the e
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TypedDict, Unpack
 
 import redis
+from redis.retry import Retry
 
 SOCKET_SCHEME = "redis+socket://"
 
 
-def connect(broker: str, **options: Any) -> redis.Redis:
+class Options(TypedDict, total=False):
+    """The redis-py options mxq sets on a client of its own."""
+
+    socket_connect_timeout: float
+    socket_timeout: float
+    retry: Retry
+    decode_responses: bool
+
+
+def connect(broker: str, **options: Unpack[Options]) -> redis.Redis:
     """A new Redis client for the broker URL, with redis-py's `options` (timeouts, retries…)."""
     if broker.startswith(SOCKET_SCHEME):
         return redis.Redis(unix_socket_path=broker.removeprefix(SOCKET_SCHEME), **options)

@@ -63,19 +63,27 @@ def route(settings: Settings, spec: DeviceSpec, allow_offline: bool = False,
     worker = mine.get(str(spec))
     if worker is None and not allow_offline:
         raise _unknown(settings, spec, mine)
-    if worker is not None and worker["health"] == "out" and not allow_offline:
+    if worker is not None:
+        _check_serves(settings, spec, worker, allow_offline, need, mine)
+    assert spec.kind is not None and spec.index is not None  # not auto
+    return Route(device_queue(settings.node, spec.kind, spec.index), str(spec))
+
+
+def _check_serves(settings: Settings, spec: DeviceSpec, worker: WorkerRecord, allow_offline: bool,
+                  need: Need, mine: dict[str, WorkerRecord]) -> None:
+    """The named device's worker can take the job now (unless `allow_offline`: it may wait for
+    its check or its start), with the engine the job needs."""
+    if worker["health"] == "out" and not allow_offline:
         raise RoutingError(f"device {spec} on node {settings.node} is "
                            f"{out_note(worker['out_reason'], worker['out_since'])}; pass "
                            "--allow-offline to queue the job until it passes its check again "
                            f"(probed every MXQ_REPROBE_SECONDS, doubling), or --device auto:{spec.kind}")
-    if worker is not None and not worker["alive"] and not allow_offline:
+    if not worker["alive"] and not allow_offline:
         raise RoutingError(f"device {spec} on node {settings.node} has no live worker; "
                            "start workers with `mxq up` (or `mxq worker`), or pass "
                            "--allow-offline to queue the job until one starts")
-    if worker is not None and need.engine and need.engine not in worker["engines"]:
+    if need.engine and need.engine not in worker["engines"]:
         raise RoutingError(_cannot_run(settings, worker, need, list(mine.values())))
-    assert spec.kind is not None and spec.index is not None  # not auto
-    return Route(device_queue(settings.node, spec.kind, spec.index), str(spec))
 
 
 def describe(worker: WorkerRecord) -> str:

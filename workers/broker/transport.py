@@ -12,7 +12,7 @@ Celery uses this transport for every broker URL mxq builds (`transport_url`: `re
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
@@ -23,6 +23,8 @@ from mxq.workers.broker import deadletters
 from mxq.workers.broker.messages import unreadable
 
 ALIAS = "mxq"
+# What redis-py makes of a BRPOP reply: (the list's key, the item), or None when none came.
+BrpopReply = tuple[bytes, bytes] | None
 TRANSPORT_ALIASES[ALIAS] = "mxq.workers.broker.transport:Transport"
 
 
@@ -41,7 +43,7 @@ class Unreadable(Exception):
 class Message(virtual.Message):
     """kombu's message, built only from an item kombu can read: else `Unreadable` says why."""
 
-    def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+    def __init__(self, payload: object, channel: object = None, **kwargs: object) -> None:
         reason = unreadable(payload)
         if reason is None:
             try:
@@ -62,13 +64,13 @@ class Channel(kombu_redis.Channel):
 
     Message = Message
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         parse = self.client.response_callbacks.get("BRPOP", lambda reply, **_: reply)
         self.client.set_response_callback(
             "BRPOP", lambda reply, **options: self._readable(parse(reply, **options)))
 
-    def _readable(self, reply: Any) -> Any:
+    def _readable(self, reply: BrpopReply) -> BrpopReply:
         """A BRPOP reply `(list, item)` whose item is JSON, else None (kombu's "nothing came"),
         the item moved to the dead-letter list."""
         if not reply:
@@ -82,17 +84,17 @@ class Channel(kombu_redis.Channel):
             return None
         return reply
 
-    def _dead_letter(self, queue: str, raw: Any, reason: str) -> None:
+    def _dead_letter(self, queue: str, raw: object, reason: str) -> None:
         with self.conn_or_acquire() as client:
             deadletters.store(client, queue, raw, reason)
 
-    def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str,
-                      **kwargs: Any) -> None:
+    def basic_consume(self, queue: str, no_ack: bool, callback: Callable[[object], object], consumer_tag: str,
+                      **kwargs: object) -> None:
         """kombu's consumer, whose callback for `queue` moves an item it cannot read aside."""
         super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
         deliver = self.connection._callbacks[queue]
 
-        def guarded(raw_message: Any) -> Any:
+        def guarded(raw_message: object) -> object:
             try:
                 return deliver(raw_message)
             except Unreadable as exc:

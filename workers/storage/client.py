@@ -18,13 +18,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from mxq.errors import MxqError, Unavailable, UserError
 from mxq.objects import ObjectURL
-
-if TYPE_CHECKING:
-    from mxq.workers.settings import Settings
+from mxq.workers.settings import Settings
+from mxq.workers.settings.storage import StorageSettings
 
 # Each call waits at most MXQ_S3_TIMEOUT_SECONDS (45 s by default), its retries included
 # (botocore's "standard" mode retries throttling, 5xx answers and timeouts, with a backoff of a
@@ -42,6 +41,14 @@ DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", 
 
 _lock = threading.Lock()
 T = TypeVar("T")
+# boto3 ships no types: its S3 client, and each answer and listed object (a dict of the server's
+# fields), are untyped; these two names say where they flow.
+S3Client = Any
+S3Answer = dict[str, Any]
+# What every function here takes: a process's settings or object storage's part of them alone.
+StorageConfig = Settings | StorageSettings
+# One uploaded part of a multipart upload, as CompleteMultipartUpload takes it.
+UploadedPart = dict[str, str | int]
 
 
 class StorageError(UserError):
@@ -66,7 +73,7 @@ def bounds(seconds: float) -> tuple[float, float, int]:
 
 
 @lru_cache(maxsize=4)
-def _client(endpoint: str | None, seconds: float) -> Any:
+def _client(endpoint: str | None, seconds: float) -> S3Client:
     import boto3
     from botocore.config import Config
 
@@ -81,10 +88,17 @@ def _client(endpoint: str | None, seconds: float) -> Any:
                                             max_pool_connections=16))
 
 
-def client(settings: Settings) -> Any:
+def storage_of(settings: StorageConfig) -> StorageSettings:
+    """Object storage's part of `settings` (every function here takes a process's settings or
+    that part alone, so that a caller holding either passes it as it is)."""
+    return settings if isinstance(settings, StorageSettings) else settings.storage
+
+
+def client(settings: StorageConfig) -> S3Client:
     """This process's S3 client for the stack's endpoint and bound (boto3 clients are
     thread-safe): one per endpoint and MXQ_S3_TIMEOUT_SECONDS, so a changed setting takes effect."""
-    return _client(settings.s3_endpoint_url, settings.s3_timeout_seconds)
+    storage = storage_of(settings)
+    return _client(storage.endpoint_url, storage.timeout_seconds)
 
 
 def _code(exc: Exception) -> str | None:
@@ -94,7 +108,7 @@ def _code(exc: Exception) -> str | None:
     return str(exc.response.get("Error", {}).get("Code", "?")) if isinstance(exc, ClientError) else None
 
 
-def explained(exc: Exception, operation: str, url: ObjectURL, settings: Settings) -> Exception:
+def explained(exc: Exception, operation: str, url: ObjectURL, settings: StorageConfig) -> Exception:
     """A botocore error as mxq's: what was done to which object, and the server's code only."""
     from botocore.exceptions import BotoCoreError, ConnectTimeoutError, NoCredentialsError, ReadTimeoutError
 
@@ -110,9 +124,10 @@ def explained(exc: Exception, operation: str, url: ObjectURL, settings: Settings
     if code is not None:
         return StorageUnavailable(f"cannot {operation} {url}: the object store answered {code}")
     if isinstance(exc, ConnectTimeoutError | ReadTimeoutError):
-        _, read, tries = bounds(settings.s3_timeout_seconds)
+        seconds = storage_of(settings).timeout_seconds
+        _, read, tries = bounds(seconds)
         return StorageUnavailable(f"cannot {operation} {url}: the object store gave no answer in "
-                                  f"{settings.s3_timeout_seconds:g} s ({tries} tries of {read:g} s, "
+                                  f"{seconds:g} s ({tries} tries of {read:g} s, "
                                   "MXQ_S3_TIMEOUT_SECONDS; is it up, and MXQ_S3_ENDPOINT_URL right?)")
     if isinstance(exc, BotoCoreError):
         return StorageUnavailable(f"cannot {operation} {url}: {type(exc).__name__} (is the object "
@@ -121,7 +136,7 @@ def explained(exc: Exception, operation: str, url: ObjectURL, settings: Settings
 
 
 @contextmanager
-def _as_mxq(settings: Settings, operation: str, url: ObjectURL) -> Iterator[None]:
+def _as_mxq(settings: StorageConfig, operation: str, url: ObjectURL) -> Iterator[None]:
     """botocore's errors inside the block raised as mxq's (`explained`), without their chain."""
     try:
         yield
@@ -138,7 +153,7 @@ class ObjectChanged(StorageError):
     """The object was replaced while a job read it: its ETag is not the one it was opened with."""
 
 
-def head(settings: Settings, url: ObjectURL) -> tuple[int, str]:
+def head(settings: StorageConfig, url: ObjectURL) -> tuple[int, str]:
     """The object's size in bytes and its ETag, from one HEAD request."""
     with _as_mxq(settings, "read", url):
         answer = client(settings).head_object(Bucket=url.bucket, Key=url.key)
@@ -148,7 +163,7 @@ def head(settings: Settings, url: ObjectURL) -> tuple[int, str]:
 READ_CHUNK_BYTES = 1 << 20  # a ranged GET's body is copied into its buffer this much at a time
 
 
-def read_range(settings: Settings, url: ObjectURL, start: int, stop: int,
+def read_range(settings: StorageConfig, url: ObjectURL, start: int, stop: int,
                into: bytearray | None = None, etag: str | None = None) -> memoryview:
     """Bytes [start, stop) of the object, from one ranged GET, read a chunk at a time into `into`
     (reused by a reader: fresh buffers of megabytes, freed from several threads, fragment the
@@ -177,7 +192,7 @@ def read_range(settings: Settings, url: ObjectURL, start: int, stop: int,
     return view[:done]
 
 
-def get(settings: Settings, url: ObjectURL, writer: str | None = None) -> bytes:
+def get(settings: StorageConfig, url: ObjectURL, writer: str | None = None) -> bytes:
     """A small object whole (a part, an image), from one GET; with `writer`, only an object that
     mxq job created (ObjectTaken for another writer's)."""
     with _as_mxq(settings, "read", url):
@@ -203,7 +218,7 @@ def taken(url: ObjectURL, writer: str) -> ObjectTaken:
                        "another --output-to")
 
 
-def writer_of(settings: Settings, url: ObjectURL) -> str | None:
+def writer_of(settings: StorageConfig, url: ObjectURL) -> str | None:
     """The mxq job whose write created the object (its `WRITER` metadata; "" for an object no
     mxq job wrote), or None when there is none."""
     try:
@@ -215,7 +230,7 @@ def writer_of(settings: Settings, url: ObjectURL) -> str | None:
     return str(answer.get("Metadata", {}).get(WRITER, ""))
 
 
-def own(settings: Settings, url: ObjectURL, writer: str) -> bool:
+def own(settings: StorageConfig, url: ObjectURL, writer: str) -> bool:
     """Whether `writer` created the object (False: there is none); ObjectTaken when another did."""
     found = writer_of(settings, url)
     if found is not None and found != writer:
@@ -223,7 +238,7 @@ def own(settings: Settings, url: ObjectURL, writer: str) -> bool:
     return found is not None
 
 
-def owned(settings: Settings, url: ObjectURL, keys: list[str], writer: str) -> list[str]:
+def owned(settings: StorageConfig, url: ObjectURL, keys: list[str], writer: str) -> list[str]:
     """Those of `keys` (in `url`'s bucket) that `writer` created, each checked by a HEAD: what a
     job may delete of what it listed (an object another writer put there stays)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -237,7 +252,7 @@ def owned(settings: Settings, url: ObjectURL, keys: list[str], writer: str) -> l
         return [key for key, ok in zip(keys, pool.map(mine, keys), strict=True) if ok]
 
 
-def create(settings: Settings, url: ObjectURL, data: bytes, writer: str) -> None:
+def create(settings: StorageConfig, url: ObjectURL, data: bytes, writer: str) -> None:
     """One object written whole by a single PUT, only where there is none (If-None-Match: *),
     its metadata naming `writer`. An object already there is accepted only as `writer`'s own
     earlier write (a PUT whose answer was lost, retried); another writer's: ObjectTaken."""
@@ -254,7 +269,7 @@ UPLOAD_PART_BYTES = 8 << 20  # a multipart upload's part, at least (S3 allows 10
 UPLOAD_THREADS = 8
 
 
-def create_from(settings: Settings, path: str, url: ObjectURL, writer: str) -> None:
+def create_from(settings: StorageConfig, path: str, url: ObjectURL, writer: str) -> None:
     """A local file written as one object only where there is none, as `create` does: one PUT up
     to a part's size, else a multipart upload (parts sent by a few threads) completed with
     If-None-Match: * (the object appears whole when complete, or not at all)."""
@@ -278,14 +293,14 @@ def create_from(settings: Settings, path: str, url: ObjectURL, writer: str) -> N
                 raise
 
 
-def _upload_parts(s3: Any, path: str, size: int, url: ObjectURL, upload_id: str) -> list[dict[str, Any]]:
+def _upload_parts(s3: S3Client, path: str, size: int, url: ObjectURL, upload_id: str) -> list[UploadedPart]:
     """The file's parts sent, each read at its offset (os.pread) by one of a few threads."""
     from concurrent.futures import ThreadPoolExecutor
 
     step = max(UPLOAD_PART_BYTES, -(-size // 9_000))
     fd = os.open(path, os.O_RDONLY)
 
-    def send(number: int) -> dict[str, Any]:
+    def send(number: int) -> UploadedPart:
         body = os.pread(fd, step, (number - 1) * step)
         answer = s3.upload_part(Bucket=url.bucket, Key=url.key, UploadId=upload_id,
                                 PartNumber=number, Body=body)
@@ -298,14 +313,14 @@ def _upload_parts(s3: Any, path: str, size: int, url: ObjectURL, upload_id: str)
         os.close(fd)
 
 
-def upload(settings: Settings, path: str, url: ObjectURL) -> None:
+def upload(settings: StorageConfig, path: str, url: ObjectURL) -> None:
     """A local file uploaded as one object (multipart past 8 MiB, by s3transfer): the object
     appears when its last part is in, never half."""
     with _as_mxq(settings, "write", url):
         client(settings).upload_file(path, url.bucket, url.key)
 
 
-def download(settings: Settings, url: ObjectURL, path: str) -> None:
+def download(settings: StorageConfig, url: ObjectURL, path: str) -> None:
     """An object saved as the local file `path` (by ranged parts, by s3transfer)."""
     with _as_mxq(settings, "read", url):
         client(settings).download_file(url.bucket, url.key, path)
@@ -314,19 +329,19 @@ def download(settings: Settings, url: ObjectURL, path: str) -> None:
 UNBOUNDED = 2**62  # a listing of what mxq wrote itself (a job's parts) needs no bound
 
 
-def listed(settings: Settings, url: ObjectURL, most: int = UNBOUNDED) -> list[tuple[str, float, int]]:
+def listed(settings: StorageConfig, url: ObjectURL, most: int = UNBOUNDED) -> list[tuple[str, float, int]]:
     """(key, last modified as a POSIX time, size) of the objects whose key starts with `url`'s,
     at most `most` of them (StorageError past it: a listing of a user's prefix stays bounded)."""
     return _listing(settings, url, most, lambda o: (o["Key"], o["LastModified"].timestamp(), int(o["Size"])))
 
 
-def versions(settings: Settings, url: ObjectURL, most: int = UNBOUNDED) -> list[tuple[str, int, str]]:
+def versions(settings: StorageConfig, url: ObjectURL, most: int = UNBOUNDED) -> list[tuple[str, int, str]]:
     """(key, size, ETag) of the objects whose key starts with `url`'s, bounded as `listed`: the
     version of each that a reader then asks for (If-Match)."""
     return _listing(settings, url, most, lambda o: (o["Key"], int(o["Size"]), str(o.get("ETag", ""))))
 
 
-def _listing(settings: Settings, url: ObjectURL, most: int, row: Callable[[dict[str, Any]], T]) -> list[T]:
+def _listing(settings: StorageConfig, url: ObjectURL, most: int, row: Callable[[S3Answer], T]) -> list[T]:
     """`row` of each object listed (only what it keeps is held: a prefix may list a million)."""
     found: list[T] = []
     with _as_mxq(settings, "list", url):
@@ -339,7 +354,7 @@ def _listing(settings: Settings, url: ObjectURL, most: int, row: Callable[[dict[
     return found
 
 
-def delete(settings: Settings, url: ObjectURL, keys: list[str]) -> None:
+def delete(settings: StorageConfig, url: ObjectURL, keys: list[str]) -> None:
     """Remove `keys` of `url`'s bucket (a missing one is no error), a thousand per request."""
     with _as_mxq(settings, "delete", url):
         for i in range(0, len(keys), 1000):
@@ -347,7 +362,7 @@ def delete(settings: Settings, url: ObjectURL, keys: list[str]) -> None:
                 "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
-def abort_uploads(settings: Settings, url: ObjectURL) -> None:
+def abort_uploads(settings: StorageConfig, url: ObjectURL) -> None:
     """Abort the unfinished multipart uploads of `url`'s key (a merge that died mid-upload
     leaves its parts billed and invisible)."""
     with _as_mxq(settings, "clean up", url):

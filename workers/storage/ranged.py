@@ -17,12 +17,20 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from mxq.objects import ObjectURL
-from mxq.workers.storage.client import ObjectChanged, StorageError, head, read_range, versions
+from mxq.workers.settings.storage import StorageSettings
+from mxq.workers.storage.client import (
+    ObjectChanged,
+    StorageConfig,
+    StorageError,
+    head,
+    read_range,
+    storage_of,
+    versions,
+)
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-    from mxq.workers.settings import Settings
 
 BLOCK_BYTES = 8 << 20
 AHEAD = 2
@@ -36,14 +44,15 @@ class RemoteObject:
     """An object in the store with its size (read once, at open): what readers take in place of
     a local path. Its text is its URL, which names it in every message."""
 
-    settings: Settings
+    storage: StorageSettings
     url: ObjectURL
     size: int
     etag: str | None = None  # the version opened: every ranged read asks for it (If-Match)
 
     @classmethod
-    def at(cls, settings: Settings, url: ObjectURL) -> RemoteObject:
-        return cls(settings, url, *head(settings, url))
+    def at(cls, settings: StorageConfig, url: ObjectURL) -> RemoteObject:
+        storage = storage_of(settings)
+        return cls(storage, url, *head(storage, url))
 
     def __str__(self) -> str:
         return str(self.url)
@@ -62,14 +71,15 @@ class RemotePrefix:
     each (its ETag), the only one a read takes (If-Match): a folder of images in a bucket. Its
     text is its URL."""
 
-    settings: Settings
+    storage: StorageSettings
     url: ObjectURL
     objects: tuple[tuple[str, int, str], ...]  # (key, size, ETag), by key
 
     @classmethod
-    def at(cls, settings: Settings, url: ObjectURL) -> RemotePrefix:
-        found = versions(settings, url, MAX_PREFIX_OBJECTS)
-        return cls(settings, url, tuple(sorted(o for o in found if "/" not in o[0][len(url.key):])))
+    def at(cls, settings: StorageConfig, url: ObjectURL) -> RemotePrefix:
+        storage = storage_of(settings)
+        found = versions(storage, url, MAX_PREFIX_OBJECTS)
+        return cls(storage, url, tuple(sorted(o for o in found if "/" not in o[0][len(url.key):])))
 
     def __str__(self) -> str:
         return str(self.url)
@@ -92,7 +102,7 @@ class RemotePrefix:
         listed: ObjectChanged, naming it, where it was replaced since."""
         url = ObjectURL(self.url.bucket, key)
         try:
-            return bytes(read_range(self.settings, url, 0, size, etag=etag))
+            return bytes(read_range(self.storage, url, 0, size, etag=etag))
         except ObjectChanged:
             raise ObjectChanged(f"input {url} changed since the job listed {self} (then ETag "
                                 f"{etag}): submit the job again to score the new contents") from None
@@ -141,7 +151,7 @@ class ObjectReader(io.RawIOBase):
 
     def _fetch(self, index: int, into: bytearray) -> memoryview:
         start = index * self.block
-        return read_range(self.obj.settings, self.obj.url, start, min(start + self.block, self.obj.size),
+        return read_range(self.obj.storage, self.obj.url, start, min(start + self.block, self.obj.size),
                           into, self.obj.etag)
 
     def _buffer(self) -> bytearray:

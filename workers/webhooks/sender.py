@@ -34,7 +34,8 @@ from mxq.db.records import HookCreated
 from mxq.db.schema import utcnow
 from mxq.db.webhooks import endpoints, outbox
 from mxq.db.webhooks.outbox import Claimed
-from mxq.workers.settings import IPAddress, Settings
+from mxq.workers.settings import Settings
+from mxq.workers.settings.webhooks import IPAddress, WebhookSettings
 from mxq.workers.webhooks import signing, targets
 from mxq.workers.webhooks.targets import Endpoint
 
@@ -52,7 +53,7 @@ _in_flight: Counter[int] = Counter()  # endpoint id -> its attempts being made n
 def add_hook(settings: Settings, url: str, events: list[str], owner: str | None) -> HookCreated:
     """An endpoint added once its URL passed the allowlist and its addresses resolved to what
     the allowlist allows; the answer carries its secret, shown this once."""
-    targets.checked(url, settings.hook_allowlist)
+    targets.checked(url, settings.webhooks.allowlist)
     created = endpoints.add_hook(settings.database, url, events, owner)
     return {**created, "standard_secret": signing.standard_secret(created["secret"])}
 
@@ -99,16 +100,16 @@ def _exchange(point: Endpoint, address: IPAddress, raw: bytes, head: dict[str, s
             opened.close()
 
 
-def post(settings: Settings, claimed: Claimed) -> tuple[int | None, str | None]:
+def post(hooks: WebhookSettings, claimed: Claimed) -> tuple[int | None, str | None]:
     """One attempt: (the answer's status or None, why it failed or None)."""
     try:
-        point, address = targets.checked(claimed.url, settings.hook_allowlist)
+        point, address = targets.checked(claimed.url, hooks.allowlist)
     except targets.HookRefused as exc:
         return None, f"refused: {exc}"
     raw = signing.body(claimed.id, claimed.event, claimed.created_at, claimed.payload)
     head = {**signing.headers(claimed.secret, claimed.id, claimed.event, int(time.time()), raw),
             "Host": point.host_header, "Content-Length": str(len(raw))}
-    seconds = settings.hook_timeout_seconds
+    seconds = hooks.timeout_seconds
     try:
         status, location = _exchange(point, address, raw, head, seconds)
     except (_Cut, TimeoutError):
@@ -129,37 +130,39 @@ def _host_of(location: str | None) -> str | None:
         return None
 
 
-def deliver(settings: Settings, claimed: Claimed, now: datetime | None = None) -> str | None:
-    """Make one claimed attempt and record its answer (at `now`, or the time it ended)."""
+def deliver(database: str, hooks: WebhookSettings, claimed: Claimed,
+            now: datetime | None = None) -> str | None:
+    """Make one claimed attempt and record its answer in `database` (at `now`, or the time it
+    ended)."""
     host = targets.endpoint_host(claimed.url)
     try:
-        code, error = post(settings, claimed)
+        code, error = post(hooks, claimed)
     except Exception as exc:  # a bug must not lose the attempt's record
         code, error = None, f"{type(exc).__name__}: {exc}"
         log.exception("webhook %s delivery %s failed unexpectedly", claimed.hook_id, claimed.id)
-    status = outbox.settle(settings.database, claimed, now or utcnow(), code, error)
+    status = outbox.settle(database, claimed, now or utcnow(), code, error)
     log.info("webhook %s (%s) delivery %s %s attempt %d: %s", claimed.hook_id, host, claimed.id,
              claimed.event, claimed.attempt, status if error is None else f"{status}, {error}")
     return status
 
 
-def _claim_next(settings: Settings, now: datetime | None) -> Claimed | None:
+def _claim_next(database: str, now: datetime | None) -> Claimed | None:
     """The next due delivery to an endpoint with fewer than PER_ENDPOINT attempts in flight,
     counted in flight once claimed (None when none is due)."""
     with _lock:
         full = [hook for hook, n in _in_flight.items() if n >= PER_ENDPOINT]
-        claimed = outbox.claim_due(settings.database, now or utcnow(), 1, skip_hooks=full)
+        claimed = outbox.claim_due(database, now or utcnow(), 1, skip_hooks=full)
         if not claimed:
             return None
         _in_flight[claimed[0].hook_id] += 1
         return claimed[0]
 
 
-def _sender(settings: Settings, now: datetime | None, sent: list[int]) -> None:
+def _sender(database: str, hooks: WebhookSettings, now: datetime | None, sent: list[int]) -> None:
     """A sender thread: deliver one due delivery after another until none is due."""
-    while (claimed := _claim_next(settings, now)) is not None:
+    while (claimed := _claim_next(database, now)) is not None:
         try:
-            deliver(settings, claimed, now)
+            deliver(database, hooks, claimed, now)
             sent.append(1)
         finally:
             with _lock:
@@ -179,9 +182,10 @@ def send_due(settings: Settings, now: datetime | None = None, wait: bool = False
     also dates their answers: tests pass a clock). Returns at once with how many threads it
     started; with `wait`, once they all ended, with how many deliveries they made."""
     sent: list[int] = []
+    database, hooks = settings.database, settings.webhooks
     free = MAX_SENDING - _busy()
-    wanted = min(free, outbox.count_due(settings.database, now or utcnow(), free)) if free else 0
-    threads = [threading.Thread(target=_sender, args=(settings, now, sent), daemon=True,
+    wanted = min(free, outbox.count_due(database, now or utcnow(), free)) if free else 0
+    threads = [threading.Thread(target=_sender, args=(database, hooks, now, sent), daemon=True,
                                 name="webhook-sender") for _ in range(wanted)]
     with _lock:
         _sending.update(threads)

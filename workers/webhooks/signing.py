@@ -20,7 +20,8 @@ import base64
 import hashlib
 import hmac
 import json
-from typing import Any
+
+from mxq.json_types import JsonMapping
 
 DELIVERY = "X-Mxq-Delivery"
 TIMESTAMP = "X-Mxq-Timestamp"
@@ -32,7 +33,7 @@ STANDARD_PREFIX = "whsec_"
 TOLERANCE_SECONDS = 300  # what `verify` accepts between the timestamp and the receiver's clock
 
 
-def body(delivery_id: str, event: str, created_at: str | None, data: dict[str, Any]) -> bytes:
+def body(delivery_id: str, event: str, created_at: str | None, data: JsonMapping) -> bytes:
     """The JSON a delivery POSTs: its id, event, when the event happened, and what it says."""
     return json.dumps({"id": delivery_id, "event": event, "created_at": created_at, "data": data},
                       sort_keys=True, separators=(",", ":")).encode()

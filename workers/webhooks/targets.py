@@ -10,10 +10,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from mxq.errors import UserError
-from mxq.workers.settings import HookAllowlist, IPAddress
+from mxq.workers.settings.webhooks import HookAllowlist, IPAddress
 
 SCHEMES = ("https", "http")
 MAX_URL = 2000
@@ -48,6 +48,15 @@ class Endpoint:
 
 def endpoint(url: str, allowlist: HookAllowlist) -> Endpoint:
     """`url` parsed, its host checked against MXQ_HOOK_ALLOWED_HOSTS."""
+    parts, hostname, port = _parsed(url)
+    _check_listed(hostname, allowlist)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Endpoint(parts.scheme, hostname, port or (443 if parts.scheme == "https" else 80), target)
+
+
+def _parsed(url: str) -> tuple[SplitResult, str, int | None]:
+    """`url` split, with its host and port, once it is an http(s) URL of a host without
+    credentials (else the one-line reason)."""
     if len(url) > MAX_URL:
         raise HookRefused(f"a webhook URL is at most {MAX_URL} characters")
     try:
@@ -62,13 +71,16 @@ def endpoint(url: str, allowlist: HookAllowlist) -> Endpoint:
         raise HookRefused("a webhook URL must not hold credentials: its deliveries are signed")
     if port == 0:
         raise HookRefused(f"a webhook URL's port is a number from 1 to 65535, not 0: {url[:80]!r}")
+    return parts, hostname, port
+
+
+def _check_listed(hostname: str, allowlist: HookAllowlist) -> None:
+    """The host is in MXQ_HOOK_ALLOWED_HOSTS (an unset one allows none)."""
     if not allowlist:
         raise HookRefused("no webhook host is allowed: MXQ_HOOK_ALLOWED_HOSTS is unset; set it to "
                           "the hosts (or *.domain) your endpoints are at")
     if not allowlist.names_host(hostname):
         raise HookRefused(f"host {hostname} is not in MXQ_HOOK_ALLOWED_HOSTS")
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Endpoint(parts.scheme, hostname, port or (443 if parts.scheme == "https" else 80), target)
 
 
 # IPv6 networks whose addresses carry an IPv4 address (a translator or a tunnel delivers them to

@@ -5,13 +5,14 @@ the schedule process's, so no request here waits on an endpoint."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from mxq.api.auth import settings
 from mxq.api.routes import WRITE_ERRORS, Admin, problems
 from mxq.api.schemas import DeliveryRecord, HookCreated, HookRecord, HookRequest
+from mxq.db import records
 from mxq.db.records import DELIVERY_STATUSES
 from mxq.db.webhooks import endpoints, outbox
 from mxq.names import MAX_ID
@@ -25,7 +26,7 @@ DeliveryId = Annotated[str, Path(pattern=r"^dlv_[0-9a-f]{32}$")]
 
 @router.post("/hooks", status_code=201, response_model=HookCreated,
              responses=problems(*WRITE_ERRORS))
-def create_hook(req: HookRequest, who: Admin, s: Settings = Depends(settings)) -> Any:
+def create_hook(req: HookRequest, who: Admin, s: Settings = Depends(settings)) -> records.HookCreated:
     """Add an endpoint for `events` (admins only): the answer's `secret` signs its deliveries and
     is shown this once. A host outside MXQ_HOOK_ALLOWED_HOSTS, or resolving to a private address
     it does not name, is refused (422)."""
@@ -33,7 +34,7 @@ def create_hook(req: HookRequest, who: Admin, s: Settings = Depends(settings)) -
 
 
 @router.get("/hooks", response_model=list[HookRecord], responses=problems())
-def list_hooks(_: Admin, s: Settings = Depends(settings)) -> Any:
+def list_hooks(_: Admin, s: Settings = Depends(settings)) -> list[records.HookRecord]:
     """Every endpoint and its events (admins only; never a secret)."""
     return endpoints.list_hooks(s.database)
 
@@ -42,14 +43,14 @@ def list_hooks(_: Admin, s: Settings = Depends(settings)) -> Any:
 def list_deliveries(_: Admin, s: Settings = Depends(settings),
                     hook_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
                     status: Annotated[str | None, Query(pattern="^(" + "|".join(DELIVERY_STATUSES) + ")$")] = None,  # noqa: E501
-                    limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Any:
+                    limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[records.DeliveryRecord]:
     """The latest deliveries, newest first: each one's status, attempts and last answer."""
     return outbox.list_deliveries(s.database, hook_id, status, limit)
 
 
 @router.post("/hooks/deliveries/{delivery_id}/redeliver", response_model=DeliveryRecord,
              responses=problems(404, *WRITE_ERRORS))
-def redeliver(delivery_id: DeliveryId, _: Admin, s: Settings = Depends(settings)) -> Any:
+def redeliver(delivery_id: DeliveryId, _: Admin, s: Settings = Depends(settings)) -> records.DeliveryRecord:
     """Send a delivery again now, with the same delivery id (admins only)."""
     return outbox.redeliver(s.database, delivery_id)
 
