@@ -8,7 +8,7 @@ Imports (of mxq): core.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mxq.client.api import Client, Job
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["Client", "Job"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in __all__:
         from mxq.client import api
 
