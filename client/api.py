@@ -217,7 +217,7 @@ class Client:
         if body.get("preemptible") is None:
             body.pop("preemptible", None)
         after = body.pop("after", None)
-        if isinstance(after, list | tuple):
+        if isinstance(after, Sequence):
             body["after"] = [j.id if isinstance(j, Job) else j for j in after]
         elif after is not None:
             body["after"] = after
@@ -451,7 +451,7 @@ class Job:
         schedule fire that made it."""
         return _object(self.client.request("GET", f"/jobs/{self.id}/lineage"))
 
-    def logs(self, follow: bool = False) -> Iterator[JsonObject]:
+    def logs(self, follow: bool = False) -> Iterator[dict[str, object]]:
         """What the job printed, line by line (`seq`, `at`, `source`: worker, child or mxq,
         `text`); with `follow`, each new line as it comes until the job ended, as `mxq logs
         --follow`."""
