@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mxq.client.api import Client, Job
+    from mxq.client.api import Client
+    from mxq.client.job import Job
 
 __all__ = ["Client", "Job"]
 

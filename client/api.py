@@ -1,9 +1,10 @@
-"""The client: `Client(url, token=…)` submits jobs, reads their history and predictions over the
-HTTP API (`/api/v1`, typed in its OpenAPI description), and raises the API's errors as mxq's own
-(`mxq.errors`: NotFound, Conflict, UserError, JobRejected with its job id, Unavailable,
-Unauthorized for a 401: no token or a wrong one, Forbidden for a 403: the token's user may not do
-this, such as a `read` user's submit or a cancel of another user's job). Forbidden is a subclass of
-Unauthorized, so catch Forbidden first to tell them apart; both are MxqErrors.
+"""The client: `Client(url, token=…)` submits jobs (each a `Job`, `mxq.client.job`), reads their
+history and predictions over the HTTP API (`/api/v1`, typed in its OpenAPI description), and
+raises the API's errors as mxq's own (`mxq.errors`: NotFound, Conflict, UserError, JobRejected
+with its job id, Unavailable, Unauthorized for a 401: no token or a wrong one, Forbidden for a
+403: the token's user may not do this, such as a `read` user's submit or a cancel of another
+user's job). Forbidden is a subclass of Unauthorized, so catch Forbidden first to tell them
+apart; both are MxqErrors.
 
 It needs only httpx (and NumPy, pyarrow or pandas for the predictions' format asked): pipeline
 code in Airflow, Prefect or Dagster calls it as plain Python.
@@ -11,17 +12,16 @@ code in Airflow, Prefect or Dagster calls it as plain Python.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
 
 import httpx
 
+from mxq.client.answers import json_object, json_objects
+from mxq.client.job import Job
 from mxq.errors import (
     Conflict,
     Forbidden,
@@ -33,45 +33,15 @@ from mxq.errors import (
     UserError,
 )
 from mxq.json_types import JsonObject, JsonValue
-from mxq.status import FINISHED
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
-    import pandas as pd
-    import pyarrow as pa
 
 Query = Mapping[str, str | int | float | bool | None]  # a request's query parameters
 
-PAGE = 100_000  # predictions fetched per request (the API's most)
 POLL_SECONDS = 0.5  # how often `Job.wait` asks again, unless the Client says (`poll_seconds`)
-LOG_PAGE = 10_000  # log lines fetched per request (the API's most)
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470  # mxq's own defaults (MXQ_API_HOST, MXQ_API_PORT)
 STACK_RECORD = "stack.json"  # what `mxq up` records in $MXQ_HOME (workers/stack_record.record_stack)
 WILDCARDS = ("0.0.0.0", "::", "")  # an API bound to every interface is reached on loopback
 FIRST_BEFORE_ID = 2**31 - 1  # `before_id` of a walk's first page: above every id (mxq.names.MAX_ID)
-
-
-def _object(value: JsonValue) -> JsonObject:
-    """An answer the API documents as one JSON object."""
-    if not isinstance(value, dict):
-        raise MxqError(f"the mxq API answered {type(value).__name__}, expected an object")
-    return value
-
-
-def _objects(value: JsonValue) -> list[JsonObject]:
-    """An answer (or an answer's `items`) the API documents as a list of JSON objects."""
-    if not isinstance(value, list):
-        raise MxqError(f"the mxq API answered {type(value).__name__}, expected a list")
-    return [_object(item) for item in value]
-
-
-def _int(value: JsonValue) -> int:
-    """A field the API documents as a number."""
-    if not isinstance(value, int | float | str):
-        raise MxqError(f"the mxq API answered {value!r}, expected a number")
-    return int(value)
 
 
 def _error(answer: httpx.Response) -> MxqError:
@@ -221,7 +191,7 @@ class Client:
             body["after"] = [j.id if isinstance(j, Job) else j for j in after]
         elif after is not None:
             body["after"] = after
-        job = Job(self, _object(self.request("POST", "/jobs", json=body, headers=headers)))
+        job = Job(self, json_object(self.request("POST", "/jobs", json=body, headers=headers)))
         return job.wait() if wait else job
 
     def infer(self, model: str, input: str, device: str = "auto", wait: bool = False,
@@ -253,14 +223,14 @@ class Client:
         its `result["arch"]` is the registered version and `train(name, …)` trains it; a refused
         trial fails it with its one-line `error`."""
         file = Path(path)
-        job = Job(self, _object(self.request("POST", "/archs", json={
+        job = Job(self, json_object(self.request("POST", "/archs", json={
             "name": name, "code": file.read_text(), "file_name": file.name, "factory": factory,
             "classes": classes, "input_shape": list(input_shape)})))
         return job.wait() if wait else job
 
     def archs(self) -> list[JsonObject]:
         """Every registered architecture's versions (`mxq arch ls`)."""
-        return _objects(self.request("GET", "/archs"))
+        return json_objects(self.request("GET", "/archs"))
 
     def schedule_inference(self, name: str, model: str, input: str, cron: str | None = None,
                            every: str | None = None, rescore: str | None = "low",
@@ -272,17 +242,17 @@ class Client:
         on promotion). Returns the schedule's record."""
         body = {"name": name, "model": model, "input": input, "cron": cron, "every": every,
                 "rescore": rescore, **options}
-        return _object(self.request("POST", "/schedules/inference", json=body))
+        return json_object(self.request("POST", "/schedules/inference", json=body))
 
     def schedule(self, name: str) -> JsonObject:
         """One schedule and its fires (an inference fire's `jobs`: one per file it scored)."""
-        return _object(self.request("GET", f"/schedules/{name}"))
+        return json_object(self.request("GET", f"/schedules/{name}"))
 
     def unscored(self, schedule: str, version: int | None = None) -> JsonObject:
         """The files of an inference schedule's input whose bytes `version` (default: the one
         it scores with now) has not scored (`mxq lineage --unscored`): {schedule, version, inputs}."""
         query = {"version": version} if version is not None else {}
-        return _object(self.request("GET", f"/schedules/{schedule}/unscored", params=query))
+        return json_object(self.request("GET", f"/schedules/{schedule}/unscored", params=query))
 
     def lineage(self, model: str | None = None, version: int | None = None,
                 output: str | None = None, limit: int = 1000, after: int = 0) -> list[JsonObject]:
@@ -292,16 +262,16 @@ class Client:
         the last one's `job_id` as `after` to read on); a job's own is `Job.lineage()`."""
         query = {k: v for k, v in {"model": model, "version": version, "output": output}.items()
                  if v is not None}
-        return _objects(self.request("GET", "/lineage", params={**query, "limit": limit, "after": after}))
+        return json_objects(self.request("GET", "/lineage", params={**query, "limit": limit, "after": after}))
 
     def add_hook(self, url: str, events: list[str]) -> JsonObject:
         """Add a webhook endpoint for `events` (`mxq hooks add`; the token must be an admin's):
         the answer's `secret` signs its deliveries and is not shown again."""
-        return _object(self.request("POST", "/hooks", json={"url": url, "events": list(events)}))
+        return json_object(self.request("POST", "/hooks", json={"url": url, "events": list(events)}))
 
     def hooks(self) -> list[JsonObject]:
         """Every webhook endpoint (`mxq hooks ls`), without secrets."""
-        return _objects(self.request("GET", "/hooks"))
+        return json_objects(self.request("GET", "/hooks"))
 
     def remove_hook(self, hook_id: int) -> None:
         """Forget a webhook endpoint and its deliveries (`mxq hooks rm`)."""
@@ -311,18 +281,18 @@ class Client:
                    limit: int = 100) -> list[JsonObject]:
         """Webhook deliveries, newest first (`mxq hooks deliveries`)."""
         query = {k: v for k, v in {"hook_id": hook_id, "status": status}.items() if v is not None}
-        return _objects(self.request("GET", "/hooks/deliveries", params={**query, "limit": limit}))
+        return json_objects(self.request("GET", "/hooks/deliveries", params={**query, "limit": limit}))
 
     def redeliver(self, delivery_id: str) -> JsonObject:
         """Send a webhook delivery again now, with the same delivery id (`mxq hooks redeliver`)."""
-        return _object(self.request("POST", f"/hooks/deliveries/{delivery_id}/redeliver"))
+        return json_object(self.request("POST", f"/hooks/deliveries/{delivery_id}/redeliver"))
 
     def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
               **options: object) -> Job:
         return self._queue("probe", wait, idempotency_key, {"device": device, **options})
 
     def job(self, job_id: int) -> Job:
-        return Job(self, _object(self.request("GET", f"/jobs/{job_id}")))
+        return Job(self, json_object(self.request("GET", f"/jobs/{job_id}")))
 
     def jobs(self, status: str | None = None, since: str | None = None, kind: str | None = None,
              device: str | None = None, node: str | None = None, limit: int = 50) -> list[Job]:
@@ -335,9 +305,9 @@ class Client:
         before = FIRST_BEFORE_ID
         while len(found) < limit:
             asked = min(JOBS_PAGE, limit - len(found))
-            page = _object(self.request("GET", "/jobs", params={**query, "before_id": before,
+            page = json_object(self.request("GET", "/jobs", params={**query, "before_id": before,
                                                                 "limit": asked}))
-            items = _objects(page["items"])
+            items = json_objects(page["items"])
             found += [Job(self, r) for r in items]
             if len(items) < asked:
                 break
@@ -346,150 +316,4 @@ class Client:
 
     def cancel(self, job_id: int) -> Job:
         """Cancel: at once if queued, at the next batch or epoch if running."""
-        return Job(self, _object(self.request("POST", f"/jobs/{job_id}/cancel")))
-
-
-class Job:
-    """A job as the API last described it (`record`); `refresh`, `wait` and `predictions` ask
-    again."""
-
-    def __init__(self, client: Client, record: JsonObject) -> None:
-        self.client, self.record = client, record
-
-    def __repr__(self) -> str:
-        return f"Job({self.id}, {self.kind}, {self.status})"
-
-    def __len__(self) -> int:
-        """The samples it processed (0 until it has)."""
-        return _int(self.record.get("samples") or 0)
-
-    @property
-    def id(self) -> int:
-        return _int(self.record["id"])
-
-    @property
-    def kind(self) -> str:
-        return str(self.record["kind"])
-
-    @property
-    def status(self) -> str:
-        return str(self.record["status"])
-
-    @property
-    def error(self) -> str | None:
-        error = self.record.get("error")
-        return None if error is None else str(error)
-
-    @property
-    def replayed(self) -> bool:
-        """Submitted before with the same idempotency key: this is the job that submit made."""
-        return bool(self.record.get("replayed"))
-
-    @property
-    def published(self) -> bool | None:
-        """False when the server's broker did not take the job's message in time (the job is
-        queued; the reconciler publishes it); None for a replay or a job read back later."""
-        published = self.record.get("published")
-        return published if published is None else bool(published)
-
-    def refresh(self) -> Job:
-        self.record = _object(self.client.request("GET", f"/jobs/{self.id}"))
-        return self
-
-    def wait(self, timeout: float | None = None, progress: bool = False) -> Job:
-        """Poll until the job is over (TimeoutError past `timeout` seconds); with `progress`,
-        a progress bar on stderr."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        bar = None
-        if progress:
-            from mxq.client.progress import JobBar  # (Rich, only when a bar is asked for)
-
-            bar = JobBar(self.id)
-        with bar or contextlib.nullcontext():
-            while self.refresh().status not in FINISHED:
-                if bar:
-                    progress_done = self.record.get("progress")
-                    bar.show(self.status, progress_done if isinstance(progress_done, int | float) else None)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"job {self.id} still {self.status} after {timeout:g} s")
-                time.sleep(self.client.poll_seconds)
-        return self
-
-    def rows(self) -> Iterator[JsonObject]:
-        """Every stored prediction (`index`, `predicted_class`, `score`, `top_k`), paged."""
-        offset = 0
-        while True:
-            page = _object(self.client.request("GET", f"/jobs/{self.id}/predictions",
-                                               params={"offset": offset, "limit": PAGE}))
-            items = _objects(page["items"])
-            yield from items
-            offset += len(items)
-            if not items or offset >= _int(page["total"]):
-                return
-
-    def values(self, output: str | None = None) -> npt.NDArray[np.float32]:
-        """One output's stored values (an embedding's, regression values, one of several
-        outputs by `output`'s name) as a NumPy array, (rows, width) float32, fetched a page
-        at a time (`GET /jobs/ID/values`)."""
-        import io
-
-        import numpy as np
-
-        pages, offset = [], 0
-        while True:
-            answer = self.client.download(f"/jobs/{self.id}/values", offset=offset, limit=PAGE,
-                                          **({"output": output} if output else {}))
-            page = np.load(io.BytesIO(answer.content), allow_pickle=False)
-            pages.append(page)
-            offset += len(page)
-            if not len(page) or offset >= int(answer.headers.get("X-Total-Rows", offset)):
-                return np.concatenate(pages) if len(pages) > 1 else page
-
-    def lineage(self) -> JsonObject:
-        """What produced this inference job's output (`mxq lineage JOB`): model, version,
-        variant, engine, the input's identity, the output's location, mxq's version, the
-        schedule fire that made it."""
-        return _object(self.client.request("GET", f"/jobs/{self.id}/lineage"))
-
-    def logs(self, follow: bool = False) -> Iterator[dict[str, object]]:
-        """What the job printed, line by line (`seq`, `at`, `source`: worker, child or mxq,
-        `text`); with `follow`, each new line as it comes until the job ended, as `mxq logs
-        --follow`."""
-        from mxq.client.follow import lines
-
-        def read(after: int) -> JsonObject:
-            return _object(self.client.request("GET", f"/jobs/{self.id}/logs",
-                                               params={"after": after, "limit": LOG_PAGE}))
-
-        for line in lines(read, follow):
-            yield dict(line)
-
-    @overload
-    def predictions(self, format: Literal["numpy"] = "numpy") -> npt.NDArray[np.void]: ...
-    @overload
-    def predictions(self, format: Literal["pandas"]) -> pd.DataFrame: ...
-    @overload
-    def predictions(self, format: Literal["arrow"]) -> pa.Table: ...
-
-    def predictions(self, format: Literal["numpy", "pandas", "arrow"] = "numpy"
-                    ) -> npt.NDArray[np.void] | pd.DataFrame | pa.Table:
-        """The predictions as a NumPy structured array (`index`, `predicted_class`, `score`), a
-        pandas DataFrame or a pyarrow Table (those two with `top_k` when stored)."""
-        rows = list(self.rows())
-        if format == "numpy":
-            import numpy as np
-
-            out = np.zeros(len(rows), dtype=[("index", "i8"), ("predicted_class", "i8"), ("score", "f4")])
-            for i, r in enumerate(rows):
-                out[i] = (r["index"], r["predicted_class"], r["score"])
-            return out
-        columns = {key: [r[key] for r in rows] for key in ("index", "predicted_class", "score", "top_k")}
-        if format == "arrow":
-            import pyarrow as pa
-
-            return pa.table(columns)
-        if format == "pandas":
-            import pandas as pd  # not a dependency of mxq: its `pandas` extra pins one that fits numpy
-
-            return pd.DataFrame(columns)
-        raise UserError(f"format {format!r}: expected numpy, pandas or arrow")
+        return Job(self, json_object(self.request("POST", f"/jobs/{job_id}/cancel")))
