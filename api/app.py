@@ -15,12 +15,12 @@ import sys
 from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,6 +42,7 @@ from mxq.errors import (
     UserError,
     first_line,
 )
+from mxq.json_types import JsonObject, JsonValue
 from mxq.names import shown
 from mxq.workers.settings import Settings
 
@@ -68,7 +69,7 @@ MAX_JSON_DEPTH = 500
 
 
 def problem(status: int, detail: str, headers: dict[str, str] | None = None,
-            **extra: Any) -> JSONResponse:
+            **extra: JsonValue) -> JSONResponse:
     """The one error shape (RFC 9457); `extra` adds members such as a rejected job's `job_id`."""
     body = {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status,
             "detail": detail, **extra}
@@ -164,11 +165,11 @@ class BodyLimit:
         await self.app(scope, capped, send)
 
 
-def _where(loc: tuple[Any, ...]) -> str:
+def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(map(str, loc[1:] if loc and loc[0] in ("body", "query", "path") else loc))
 
 
-def _problem_of(e: Any) -> str:
+def _problem_of(e: ErrorDetails) -> str:
     """One validation error as `field=value: what is allowed`; where pydantic's input is the
     whole body (a missing field, a check across fields) the body is not repeated."""
     if e["type"] == "json_invalid":
@@ -187,14 +188,22 @@ async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
     return problem(422, "invalid request: " + "; ".join(map(_problem_of, exc.errors())))
 
 
-def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+def _problem_media_types(schema: JsonObject) -> JsonObject:
     """Declare every error answer as `application/problem+json`, as the handlers send it."""
-    for operation in (op for path in schema.get("paths", {}).values() for op in path.values()):
-        for status, answer in operation.get("responses", {}).items():
-            content = answer.get("content", {})
-            if status[0] in "45" and "application/json" in content:
-                content[PROBLEM] = content.pop("application/json")
+    for _, path in _members(schema.get("paths")):
+        for _, operation in _members(path):
+            for status, answer in _members(operation.get("responses")):
+                content = answer.get("content")
+                if isinstance(content, dict) and status[0] in "45" and "application/json" in content:
+                    content[PROBLEM] = content.pop("application/json")
     return schema
+
+
+def _members(value: JsonValue | None) -> list[tuple[str, JsonObject]]:
+    """The members of a JSON object (none of anything else) whose values are objects."""
+    if not isinstance(value, dict):
+        return []
+    return [(key, member) for key, member in value.items() if isinstance(member, dict)]
 
 
 def create_app() -> FastAPI:
@@ -214,7 +223,7 @@ def create_app() -> FastAPI:
     app.add_middleware(BodyLimit)
     app.add_middleware(RequestGuard, settings=scope_settings, answer=problem)  # runs first
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> JsonObject:
         if app.openapi_schema is None:
             app.openapi_schema = _problem_media_types(get_openapi(
                 title=app.title, version=app.version, description=app.description,

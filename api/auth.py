@@ -198,7 +198,7 @@ def admin(request: Request, who: Annotated[Caller, Depends(caller)]) -> Caller:
 
 
 def reader(who: Annotated[Caller, Depends(caller)]) -> Caller:
-    """Any user: every read needs one (what it may read of others' is checked per route)."""
+    """A user of any role: every read needs one (what it may read of others' is checked per route)."""
     return who
 
 

@@ -55,23 +55,40 @@ def refusal(s: Settings, method: str, headers: dict[bytes, bytes],
             has_body: bool) -> tuple[int, str] | None:
     """(status, why) for a request the API must not serve, else None."""
     host_header = headers.get(b"host", b"").decode("latin-1").strip().lower()
+    wrong_host = _wrong_host(s, host_header)
+    if wrong_host is not None or method not in WRITES:
+        return wrong_host
+    foreign = _foreign_origin(s, headers.get(b"origin"), host_header)
+    if foreign is not None or not has_body:
+        return foreign
+    return _not_json(headers)
+
+
+def _wrong_host(s: Settings, host_header: str) -> tuple[int, str] | None:
+    """421 for a Host this API does not serve (a DNS rebinding page's, say)."""
     host = _host_name(host_header)
     names = served_names(s)
     if names is not None and host not in names and not (is_loopback(host) and s.api_on_loopback):
         return 421, (f"Host {host or '(none)'!r} is not a name this API serves "
                      f"({', '.join(sorted(names))}; more with MXQ_API_HOSTS)")
-    if method not in WRITES:
-        return None
-    origin = headers.get(b"origin")
+    return None
+
+
+def _foreign_origin(s: Settings, origin: bytes | None, host_header: str) -> tuple[int, str] | None:
+    """403 for a write from another origin's page while no token guards the API."""
     if s.api_token is None and origin is not None:  # same origin: the same host and port
         if urlsplit(origin.decode("latin-1").strip()).netloc.lower() != host_header:
             return 403, (f"a write from the page origin {origin.decode('latin-1')[:100]!r} is refused: "
                          "without MXQ_API_TOKEN only this API's own pages and programs may write")
-    if has_body:
-        kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
-        if kind != "application/json":
-            return 415, (f"Content-Type {kind or '(none)'!r} is refused: a request body must be "
-                         "application/json")
+    return None
+
+
+def _not_json(headers: dict[bytes, bytes]) -> tuple[int, str] | None:
+    """415 for a body that is not JSON (a form a page may post across origins without asking)."""
+    kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+    if kind != "application/json":
+        return 415, (f"Content-Type {kind or '(none)'!r} is refused: a request body must be "
+                     "application/json")
     return None
 
 

@@ -5,7 +5,7 @@ results': its owner, its team and admins read it; a list holds only the rows the
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from typing_extensions import TypedDict
@@ -32,7 +32,7 @@ class Unscored(TypedDict):
 
 
 @router.get("/jobs/{job_id}/lineage", response_model=LineageRecord, responses=problems(403, 404))
-def job_lineage(job_id: JobId, who: Reader, s: Settings = Depends(settings)) -> Any:
+def job_lineage(job_id: JobId, who: Reader, s: Settings = Depends(settings)) -> LineageRecord:
     """What produced the inference job's output: model, version, variant, engine, the input's
     identity, where the output went, mxq's version, the schedule fire that made it."""
     record = lineage.of_job(s.database, job_id)
@@ -51,7 +51,7 @@ def lineage_rows(request: Request, response: Response, who: Reader,
                  limit: Annotated[int, Query(ge=1, le=lineage.MOST)] = 1000,
                  after: Annotated[int, Query(ge=0, le=MAX_ID, description="Only jobs above this "
                                              "id: the last row's `job_id`, to read on.")] = 0,
-                 s: Settings = Depends(settings)) -> Any:
+                 s: Settings = Depends(settings)) -> list[LineageRecord]:
     """The prediction sets `model` (its `version`) produced, or the job that wrote `output`,
     each filter narrowing (none: every set), of those the caller may read, by job id; a page of
     `limit`, and a `Link` header to the next while more follow."""
@@ -64,7 +64,7 @@ def lineage_rows(request: Request, response: Response, who: Reader,
 
 
 @router.get("/lineage/versions", response_model=list[VersionScored], responses=problems())
-def versions_scored(who: Reader, s: Settings = Depends(settings)) -> Any:
+def versions_scored(who: Reader, s: Settings = Depends(settings)) -> list[VersionScored]:
     """Per model version, the prediction sets it produced and over how many inputs, counting the
     jobs the caller may read (the dashboard's versions panel)."""
     return lineage.versions_scored(s.database, None if who.role is Role.ADMIN else (who.name, who.teams))
@@ -73,7 +73,7 @@ def versions_scored(who: Reader, s: Settings = Depends(settings)) -> Any:
 @router.get("/schedules/{name}/unscored", response_model=Unscored, responses=problems(403, 404, 409))
 def unscored_inputs(name: Name, who: Reader,
                     version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-                    s: Settings = Depends(settings)) -> Any:
+                    s: Settings = Depends(settings)) -> Unscored:
     """The files of the inference schedule's input whose bytes `version` (default: the one it
     scores with now) has not scored; its owner, team and admins only (it lists their files)."""
     sched = schedules.get(s.database, name)

@@ -22,6 +22,7 @@ from mxq.db.reports.history import (
     queued_by_priority,
 )
 from mxq.db.schema import utcnow
+from mxq.json_types import JsonObject, JsonValue
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.broker.queues import all_pools
 from mxq.workers.fleet.device_table import RATE_WINDOW, device_table
@@ -45,68 +46,95 @@ class Collector:
 
     def _from_sql(self) -> Iterator[Metric]:
         url = self.s.database
-        jobs = GaugeMetricFamily("mxq_jobs", "Jobs by status and kind", labels=["status", "kind"])
-        # A summary: `_sum` (run time of finished jobs) and `_count` (how many) per kind.
-        durations = SummaryMetricFamily("mxq_job_duration_seconds", "Run time of finished jobs by kind",
-                                        labels=["kind"])
-        rate = GaugeMetricFamily("mxq_device_samples_per_second",
-                                 "Samples/s per device over the last 5 minutes",
-                                 labels=["node", "device"])
-        for (status, kind), n in counts_by_status_and_kind(url).items():
-            jobs.add_metric([status, kind], n)
-        owners = GaugeMetricFamily("mxq_user_jobs", "Queued and running jobs per owner",
-                                   labels=["owner", "status"])
-        for (owner, status), n in sorted(active_by_owner(url).items()):
-            owners.add_metric([owner, status], n)
-        levels = GaugeMetricFamily("mxq_queued_jobs", "Queued jobs per priority (high is taken "
-                                   "first)", labels=["priority"])
-        for level, n in queued_by_priority(url).items():
-            levels.add_metric([level], n)
-        for kind, (n, total) in durations_by_kind(url).items():  # every finished job, start to end
-            durations.add_metric([kind], count_value=n, sum_value=total)
-        for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
-            rate.add_metric([node, device], per_sec)
-        depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue (also of a "
-                                  "device with no worker: --allow-offline)", labels=["node", "device"])
-        wait = GaugeMetricFamily("mxq_queue_oldest_wait_seconds", "How long the oldest queued job "
-                                 "of each device queue has waited", labels=["node", "device"])
-        alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",
-                                  labels=["node", "device"])
-        healthy = GaugeMetricFamily("mxq_device_healthy", "1 while the device's worker beats; 0 "
-                                    "when it is out (refused: failed its check or faulted) or "
-                                    "offline", labels=["node", "device"])
-        out_since = GaugeMetricFamily("mxq_device_out_since_seconds", "When a device that is out "
-                                      "went out (Unix time); only devices that are out",
-                                      labels=["node", "device"])
-        started = GaugeMetricFamily("mxq_worker_start_time_seconds", "When the device's worker "
-                                    "process started (Unix time): changes() counts restarts",
-                                    labels=["node", "device"])
-        memory = GaugeMetricFamily("mxq_device_memory_used_bytes", "A GPU's memory in use as "
-                                   "nvidia-smi reported it when its worker was planned (by any "
-                                   "process)", labels=["node", "device"])
-        memory_total = GaugeMetricFamily("mxq_device_memory_total_bytes", "A GPU's memory",
-                                         labels=["node", "device"])
-        for d in device_table(self.s):
-            if d.get("memory_used_mib") is not None and d.get("memory_total_mib") is not None:
-                memory.add_metric([d["node"], d["device"]], d["memory_used_mib"] * 2.0**20)
-                memory_total.add_metric([d["node"], d["device"]], d["memory_total_mib"] * 2.0**20)
-            depth.add_metric([d["node"], d["device"]], d["queued"])
-            if d.get("oldest_wait_seconds") is not None:
-                wait.add_metric([d["node"], d["device"]], d["oldest_wait_seconds"])
-            alive.add_metric([d["node"], d["device"]], 1.0 if d["alive"] else 0.0)
-            healthy.add_metric([d["node"], d["device"]], 1.0 if d["health"] == "healthy" else 0.0)
-            if d["health"] == "out" and d.get("out_since"):
-                out_since.add_metric([d["node"], d["device"]],
-                                     datetime.fromisoformat(d["out_since"]).timestamp())
-            if d.get("started_at"):
-                started.add_metric([d["node"], d["device"]],
-                                   datetime.fromisoformat(d["started_at"]).timestamp())
+        yield from _job_families(url)
+        yield from _device_families(device_table(self.s))
         pools = GaugeMetricFamily("mxq_pool_queue_depth", "Queued jobs per shared pool queue",
                                   labels=["queue"])
         for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
             pools.add_metric([queue], n)
-        yield from (jobs, owners, levels, durations, rate, depth, wait, alive, healthy, out_since,
-                    memory, memory_total, started, pools)
+        yield pools
+
+
+def _job_families(url: str) -> list[Metric]:
+    """Jobs by status and kind, per owner and priority; run times; the devices' samples/s."""
+    jobs = GaugeMetricFamily("mxq_jobs", "Jobs by status and kind", labels=["status", "kind"])
+    # A summary: `_sum` (run time of finished jobs) and `_count` (how many) per kind.
+    durations = SummaryMetricFamily("mxq_job_duration_seconds", "Run time of finished jobs by kind",
+                                    labels=["kind"])
+    rate = GaugeMetricFamily("mxq_device_samples_per_second",
+                             "Samples/s per device over the last 5 minutes",
+                             labels=DEVICE_LABELS)
+    for (status, kind), n in counts_by_status_and_kind(url).items():
+        jobs.add_metric([status, kind], n)
+    owners = GaugeMetricFamily("mxq_user_jobs", "Queued and running jobs per owner",
+                               labels=["owner", "status"])
+    for (owner, status), n in sorted(active_by_owner(url).items()):
+        owners.add_metric([owner, status], n)
+    levels = GaugeMetricFamily("mxq_queued_jobs", "Queued jobs per priority (high is taken "
+                               "first)", labels=["priority"])
+    for level, n in queued_by_priority(url).items():
+        levels.add_metric([level], n)
+    for kind, (n, total) in durations_by_kind(url).items():  # every finished job, start to end
+        durations.add_metric([kind], count_value=n, sum_value=total)
+    for (node, device), per_sec in device_rates(url, utcnow() - RATE_WINDOW).items():
+        rate.add_metric([node, device], per_sec)
+    return [jobs, owners, levels, durations, rate]
+
+
+DEVICE_LABELS = ["node", "device"]
+
+
+def _device_families(rows: list[JsonObject]) -> list[Metric]:
+    """Per device (a row of the device table): its queue, health, worker start and memory."""
+    depth = GaugeMetricFamily("mxq_queue_depth", "Queued jobs per device queue (also of a "
+                              "device with no worker: --allow-offline)", labels=DEVICE_LABELS)
+    wait = GaugeMetricFamily("mxq_queue_oldest_wait_seconds", "How long the oldest queued job "
+                             "of each device queue has waited", labels=DEVICE_LABELS)
+    alive = GaugeMetricFamily("mxq_device_alive", "1 while the device's worker beats",
+                              labels=DEVICE_LABELS)
+    healthy = GaugeMetricFamily("mxq_device_healthy", "1 while the device's worker beats; 0 "
+                                "when it is out (refused: failed its check or faulted) or "
+                                "offline", labels=DEVICE_LABELS)
+    out_since = GaugeMetricFamily("mxq_device_out_since_seconds", "When a device that is out "
+                                  "went out (Unix time); only devices that are out",
+                                  labels=DEVICE_LABELS)
+    started = GaugeMetricFamily("mxq_worker_start_time_seconds", "When the device's worker "
+                                "process started (Unix time): changes() counts restarts",
+                                labels=DEVICE_LABELS)
+    memory = GaugeMetricFamily("mxq_device_memory_used_bytes", "A GPU's memory in use as "
+                               "nvidia-smi reported it when its worker was planned (by any "
+                               "process)", labels=DEVICE_LABELS)
+    memory_total = GaugeMetricFamily("mxq_device_memory_total_bytes", "A GPU's memory",
+                                     labels=DEVICE_LABELS)
+    for d in rows:
+        where = [str(d["node"]), str(d["device"])]
+        used, total = _number(d.get("memory_used_mib")), _number(d.get("memory_total_mib"))
+        if used is not None and total is not None:
+            memory.add_metric(where, used * 2.0**20)
+            memory_total.add_metric(where, total * 2.0**20)
+        depth.add_metric(where, _number(d["queued"]) or 0.0)
+        _add(wait, where, _number(d.get("oldest_wait_seconds")))
+        alive.add_metric(where, 1.0 if d["alive"] else 0.0)
+        healthy.add_metric(where, 1.0 if d["health"] == "healthy" else 0.0)
+        if d["health"] == "out":
+            _add(out_since, where, _unix_time(d.get("out_since")))
+        _add(started, where, _unix_time(d.get("started_at")))
+    return [depth, wait, alive, healthy, out_since, memory, memory_total, started]
+
+
+def _add(family: GaugeMetricFamily, where: list[str], value: float | None) -> None:
+    """A device's sample, when it has one."""
+    if value is not None:
+        family.add_metric(where, value)
+
+
+def _number(value: JsonValue) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _unix_time(value: JsonValue) -> float | None:
+    """An ISO time of the device table (None or empty: none) as Unix time."""
+    return datetime.fromisoformat(value).timestamp() if isinstance(value, str) and value else None
 
 
 def render_metrics(s: Settings, with_sql: bool = True) -> tuple[bytes, str]:

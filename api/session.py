@@ -6,7 +6,7 @@ page never keeps the token; the answer's `csrf` goes with every write the page m
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import Field
@@ -40,19 +40,19 @@ class SessionAnswer(JsonBody):
     expires_at: str | None
 
 
-def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def _problems(*statuses: int) -> dict[int | str, dict[str, object]]:
     return {status: {"model": Problem, "description": "a problem document"}
             for status in sorted({*statuses, 421, 422, 503})}
 
 
-def _answer(who: Caller, csrf: str | None, expires_at: str | None) -> dict[str, Any]:
-    return {"user": who.name, "role": who.role.value, "teams": sorted(who.teams), "csrf": csrf,
-            "expires_at": expires_at}
+def _answer(who: Caller, csrf: str | None, expires_at: str | None) -> SessionAnswer:
+    return SessionAnswer(user=who.name, role=who.role.value, teams=sorted(who.teams), csrf=csrf,
+                         expires_at=expires_at)
 
 
 @router.post("/session", response_model=SessionAnswer, responses=_problems(401, 403, 413, 415))
 def login(req: Login, request: Request, response: Response,
-          s: Settings = Depends(settings)) -> Any:
+          s: Settings = Depends(settings)) -> SessionAnswer:
     """Log in: the token for a session cookie (the dashboard's; scripts send the token itself)."""
     who = from_token(s, req.token)
     cookie, opened = sessions.open_session(s.database, who.name)
@@ -64,7 +64,7 @@ def login(req: Login, request: Request, response: Response,
 @router.get("/session", response_model=SessionAnswer, responses=_problems(401, 403))
 def whoami(who: Annotated[Caller, Depends(caller)],
            cookie: Annotated[str | None, Depends(session_cookie)],
-           s: Settings = Depends(settings)) -> Any:
+           s: Settings = Depends(settings)) -> SessionAnswer:
     """Who the request is made as (the page learns its user and csrf again after a reload)."""
     found = sessions.find(s.database, cookie) if cookie and who.csrf else None
     return _answer(who, who.csrf, found["expires_at"] if found else None)

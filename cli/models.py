@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 from typer.core import TyperGroup
@@ -14,6 +14,7 @@ from mxq.cli import render
 from mxq.cli.options import LayoutOpt, MeanOpt, ScaleOpt, StdOpt
 from mxq.cli.settings import get_settings
 from mxq.errors import UserError, reason
+from mxq.json_types import JsonObject
 from mxq.names import MAX_ID
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return dims
 
 
-def describe(stored: dict[str, Any]) -> str:
+def describe(stored: JsonObject) -> str:
     """A version's preprocessing in one short line: `x*0.00392 -0.5 /0.25 NCHW`, or `none`."""
     from mxq.preprocess import Preprocess  # NumPy: imported by the commands that show versions
 
@@ -120,55 +121,83 @@ def add(name: str,
 
     check_name(name)  # refused before MXNet is even loaded, as bad preprocessing is
     prep = Preprocess.parse(scale, mean, std, layout)
-    if outputs not in OUTPUTS and "=" not in outputs:
-        raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}, or NAME=KIND,… "
-                           "for a model with several outputs")
+    _check_outputs(outputs)
     shape = parse_shape(input_shape)
-    if onnx is not None:
-        if arch or symbol or params:
-            raise ShapeError("--onnx goes alone: give one of --arch, --symbol/--params or --onnx")
-    elif arch and not (symbol or params):
-        if outputs not in ("auto", "logits"):
-            raise OutputsError(f"--outputs {outputs}: a built-in architecture outputs logits; "
-                               "allowed with --arch: auto or logits")
-        if shape is None:
-            raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
-    elif not (symbol and params and not arch):
-        raise ShapeError("give either --arch (with --input-shape, --classes), both --symbol and "
-                         "--params, or --onnx")
+    _check_sources(arch, symbol, params, onnx, outputs, shape)
     with fetched_files(symbol, params, onnx) as (symbol_file, params_file, onnx_file):
         request = validated(RegisterParams, {
-            "name": name, "arch": arch, "symbol": None if symbol_file is None else str(symbol_file),
-            "params": None if params_file is None else str(params_file),
-            "onnx": None if onnx_file is None else str(onnx_file),
-            "input_shape": list(shape) if shape else None, "classes": classes, "seed": seed,
-            "preprocess": prep.as_dict(), "outputs": outputs})
-        try:
-            from mxq.tasks.model_store.add import add_version  # loads MXNet: only for this command
-        except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
-            record = register_on_a_worker(request, reason(exc))
-        else:
-            s = get_settings()
-            record = add_version(s, request)
+            "name": name, "arch": arch, "symbol": _text(symbol_file), "params": _text(params_file),
+            "onnx": _text(onnx_file), "input_shape": list(shape) if shape else None,
+            "classes": classes, "seed": seed, "preprocess": prep.as_dict(), "outputs": outputs})
+        record = _register(request)
     if owner is not None or team is not None:
         record = _shared(record, owner, team)
     if json_:
         render.print_json(record)
     else:
-        render.out.print(f"added {record['name']}:{record['version']} ({record['arch']}, input "
-                         f"{tuple(record['input_shape'])}, {_width(record)}, "
-                         f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
+        render.out.print(_added(record))
 
 
-def _width(record: Any) -> str:
+def _check_outputs(outputs: str) -> None:
+    """--outputs: one kind for the whole output, or NAME=KIND for each of several outputs."""
+    if outputs not in OUTPUTS and "=" not in outputs:
+        raise OutputsError(f"--outputs {outputs!r}: allowed: {', '.join(OUTPUTS)}, or NAME=KIND,… "
+                           "for a model with several outputs")
+
+
+def _check_sources(arch: str | None, symbol: str | None, params: str | None, onnx: str | None,
+                   outputs: str, shape: tuple[int, ...] | None) -> None:
+    """The options name one source of the model (a built-in, an export's two files, or an ONNX
+    file), refused before MXNet loads when they do not."""
+    if onnx is not None:
+        if any((arch, symbol, params)):
+            raise ShapeError("--onnx goes alone: give one of --arch, --symbol/--params or --onnx")
+    elif arch and not any((symbol, params)):
+        _check_builtin(outputs, shape)
+    elif not all((symbol, params, not arch)):
+        raise ShapeError("give either --arch (with --input-shape, --classes), both --symbol and "
+                         "--params, or --onnx")
+
+
+def _check_builtin(outputs: str, shape: tuple[int, ...] | None) -> None:
+    """A built-in architecture outputs logits, and needs the shape of its samples."""
+    if outputs not in ("auto", "logits"):
+        raise OutputsError(f"--outputs {outputs}: a built-in architecture outputs logits; "
+                           "allowed with --arch: auto or logits")
+    if shape is None:
+        raise ShapeError("--input-shape is needed with --arch (e.g. 64 for mlp, 1,8,8 for lenet)")
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _register(request: RegisterParams) -> ModelRecord:
+    """The version registered here, or by a device worker when this process cannot load MXNet."""
+    try:
+        from mxq.tasks.model_store.add import add_version  # loads MXNet: only for this command
+    except ImportError as exc:  # a GPU build without its driver, an ONNX-only install
+        return register_on_a_worker(request, reason(exc))
+    return add_version(get_settings(), request)
+
+
+def _added(record: ModelRecord) -> str:
+    """The version just added, in one line."""
+    return (f"added {record['name']}:{record['version']} ({record['arch']}, input "
+            f"{tuple(record['input_shape'])}, {_width(record)}, "
+            f"outputs {record['outputs']}, preprocessing {describe(record['preprocess'])})")
+
+
+def _width(record: ModelRecord) -> str:
     """What the version's output width is, in words: classes, labels or values."""
     words = {"multilabel": "labels", "regression": "values", "embedding": "dimensions"}
-    if record.get("heads"):
-        return "outputs " + ", ".join(f"{h['name']} ({h['width']} {h['kind']})" for h in record["heads"])
+    heads = record.get("heads")
+    if heads:
+        return "outputs " + ", ".join(f"{h['name']} ({h['width']} {h['kind']})" for h in heads)
     return f"{record['classes']} {words.get(record['outputs'], 'classes')}"
 
 
-def _shared(record: Any, owner: str | None, team: str | None) -> Any:
+def _shared(record: ModelRecord, owner: str | None, team: str | None) -> ModelRecord:
     """The version just added, with its model's new owner and team (a new model only: an
     existing one keeps its own, and says how to change it)."""
     from mxq.db.registry import resolve, share
@@ -215,7 +244,7 @@ def fetched_files(*given: str | None) -> Iterator[list[Path | None]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def register_on_a_worker(r: RegisterParams, why: str) -> Any:
+def register_on_a_worker(r: RegisterParams, why: str) -> ModelRecord:
     """Registration by a worker whose device MXNet runs (the `register` job), for a process that
     cannot load MXNet (`why`): the files staged under $MXQ_HOME/staging, the job awaited."""
     import shutil
@@ -244,7 +273,7 @@ def register_on_a_worker(r: RegisterParams, why: str) -> Any:
     job = require_job(s.database, job_id)
     if job["status"] != "succeeded" or job["result"] is None:
         raise RegistrationFailed(f"registration job {job_id} {job['status']}: {job['error']}")
-    return job["result"]["model"]
+    return cast("ModelRecord", job["result"]["model"])  # the version the worker stored
 
 
 class RegistrationFailed(UserError):

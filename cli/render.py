@@ -9,7 +9,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -27,7 +26,7 @@ err = Console(stderr=True, soft_wrap=True)  # a one-line error stays one line, h
 WAIT_POLL_SECONDS = 0.25
 
 
-def finite(data: Any) -> Any:
+def finite(data: object) -> object:
     """`data` with every NaN and infinity as None: JSON has no such numbers (Python's bare
     `NaN` is not JSON), and a score that is not a number is unknown (null)."""
     if isinstance(data, float):
@@ -39,12 +38,12 @@ def finite(data: Any) -> Any:
     return data
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     """Valid JSON always: non-finite numbers are written as null (`finite`)."""
     sys.stdout.write(json.dumps(finite(data), indent=2, default=str, allow_nan=False) + "\n")
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -52,7 +51,7 @@ def _fmt(value: Any) -> str:
     return visible(str(value))  # a file name from outside may hold a terminal's escapes
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: list[str], title: str | None = None) -> None:
+def table(rows: Sequence[Mapping[str, object]], columns: list[str], title: str | None = None) -> None:
     t = Table(title=title)
     for c in columns:
         t.add_column(c)
@@ -66,7 +65,7 @@ JOB_LISTS = {"epochs": ["epoch", "train_loss", "train_accuracy", "val_accuracy",
              "events": ["at", "kind", "message"]}
 
 
-def job_detail(record: Mapping[str, Any], title: str | None = None) -> None:
+def job_detail(record: Mapping[str, object], title: str | None = None) -> None:
     t = Table(show_header=False, title=title or f"job {record['id']}")
     t.add_column("field", style="bold")
     t.add_column("value")
@@ -79,12 +78,18 @@ def job_detail(record: Mapping[str, Any], title: str | None = None) -> None:
             value = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
         t.add_row(key, Text(_fmt(value)))
     out.print(t)
+    _job_lists(record)
+
+
+def _job_lists(record: Mapping[str, object]) -> None:
+    """A job's epochs and events, each a table of its own."""
     for key, columns in JOB_LISTS.items():
-        if record.get(key):
-            table(record[key], columns, key)
+        rows = record.get(key)
+        if rows and isinstance(rows, list):
+            table(rows, columns, key)
 
 
-def csv_rows(rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
+def csv_rows(rows: Sequence[Mapping[str, object]], columns: list[str]) -> None:
     """`columns` of `rows` as CSV, None as an empty cell; text that a spreadsheet would read as a
     formula (a model name `=…` of a refused submit) is written as text (`mxq.names.csv_cell`)."""
     writer = csv.writer(sys.stdout, lineterminator="\n")

@@ -8,15 +8,16 @@ Imports (of mxq): core.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mxq.client.api import Client, Job
+    from mxq.client.api import Client
+    from mxq.client.job import Job
 
 __all__ = ["Client", "Job"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in __all__:
         from mxq.client import api
 

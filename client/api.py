@@ -1,9 +1,10 @@
-"""The client: `Client(url, token=…)` submits jobs, reads their history and predictions over the
-HTTP API (`/api/v1`, typed in its OpenAPI description), and raises the API's errors as mxq's own
-(`mxq.errors`: NotFound, Conflict, UserError, JobRejected with its job id, Unavailable,
-Unauthorized for a 401: no token or a wrong one, Forbidden for a 403: the token's user may not do
-this, such as a `read` user's submit or a cancel of another user's job). Forbidden is a subclass of
-Unauthorized, so catch Forbidden first to tell them apart; both are MxqErrors.
+"""The client: `Client(url, token=…)` submits jobs (each a `Job`, `mxq.client.job`), reads their
+history and predictions over the HTTP API (`/api/v1`, typed in its OpenAPI description), and
+raises the API's errors as mxq's own (`mxq.errors`: NotFound, Conflict, UserError, JobRejected
+with its job id, Unavailable, Unauthorized for a 401: no token or a wrong one, Forbidden for a
+403: the token's user may not do this, such as a `read` user's submit or a cancel of another
+user's job). Forbidden is a subclass of Unauthorized, so catch Forbidden first to tell them
+apart; both are MxqErrors.
 
 It needs only httpx (and NumPy, pyarrow or pandas for the predictions' format asked): pipeline
 code in Airflow, Prefect or Dagster calls it as plain Python.
@@ -11,17 +12,16 @@ code in Airflow, Prefect or Dagster calls it as plain Python.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
 
 import httpx
 
+from mxq.client.answers import json_object, json_objects
+from mxq.client.job import Job
 from mxq.errors import (
     Conflict,
     Forbidden,
@@ -32,11 +32,11 @@ from mxq.errors import (
     Unavailable,
     UserError,
 )
-from mxq.status import FINISHED
+from mxq.json_types import JsonObject, JsonValue
 
-PAGE = 100_000  # predictions fetched per request (the API's most)
+Query = Mapping[str, str | int | float | bool | None]  # a request's query parameters
+
 POLL_SECONDS = 0.5  # how often `Job.wait` asks again, unless the Client says (`poll_seconds`)
-LOG_PAGE = 10_000  # log lines fetched per request (the API's most)
 JOBS_PAGE = 1000  # jobs fetched per request (the API's most)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470  # mxq's own defaults (MXQ_API_HOST, MXQ_API_PORT)
 STACK_RECORD = "stack.json"  # what `mxq up` records in $MXQ_HOME (workers/stack_record.record_stack)
@@ -48,13 +48,14 @@ def _error(answer: httpx.Response) -> MxqError:
     """The API's problem document as the matching mxq error: 401 (who are you?) and 403 (you
     may not) apart, since a script fixes them differently (a token, or a role or owner)."""
     try:
-        body = answer.json()
+        parsed: JsonValue = answer.json()
     except ValueError:
-        body = {"detail": answer.text[:300]}
+        parsed = None
+    body = parsed if isinstance(parsed, dict) else {"detail": answer.text[:300]}
     detail = str(body.get("detail", answer.reason_phrase))
     status = answer.status_code
-    if status == 422 and isinstance(body.get("job_id"), int):
-        job_id = body["job_id"]
+    job_id = body.get("job_id")
+    if status == 422 and isinstance(job_id, int):
         return JobRejected(job_id, detail.removeprefix(f"job {job_id} failed: "))
     kinds: dict[int, type[MxqError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound,
                                         409: Conflict, 503: Unavailable}
@@ -135,17 +136,19 @@ class Client:
             http.close()
         self._local = threading.local()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def request(self, method: str, path: str, params: Query | None = None,
+                json: object = None, headers: Mapping[str, str] | None = None) -> JsonValue:
         """One call; the decoded JSON, or the API's error raised."""
         try:
-            answer = self.http.request(method, path, **kwargs)
+            answer = self.http.request(method, path, params=params, json=json, headers=headers)
         except httpx.TransportError as exc:
             raise Unavailable(f"mxq API at {self.base_url} unreachable: {exc}") from None
         if answer.status_code >= 400:
             raise _error(answer)
-        return answer.json() if answer.content else None
+        decoded: JsonValue = answer.json() if answer.content else None
+        return decoded
 
-    def download(self, path: str, **params: Any) -> httpx.Response:
+    def download(self, path: str, **params: str | int) -> httpx.Response:
         """One GET whose answer is a file, not JSON; the API's error raised."""
         try:
             answer = self.http.request("GET", path, params=params)
@@ -157,7 +160,7 @@ class Client:
 
     def submit(self, kind: str, wait: bool = False, idempotency_key: str | None = None,
                priority: str = "normal", preemptible: bool | None = None,
-               after: Sequence[int | Job] | None = None, **params: Any) -> Job:
+               after: Sequence[int | Job] | None = None, **params: object) -> Job:
         """Queue a job of `kind` (the options of `mxq KIND`; `device` routes it) at `priority`
         (high, normal or low; `preemptible`: may it yield to a waiting job of a higher level,
         None: only low jobs do). `infer`, `train` and `probe` take both as options too.
@@ -172,36 +175,46 @@ class Client:
         job stops at its next checkpoint, keeps what it committed and fails naming the limit.
         `after=[12, job]` (ids or `Job`s, `mxq KIND --after 12,15`) makes the job wait until
         those succeeded: it fails, naming the one, if one fails or is cancelled."""
+        return self._queue(kind, wait, idempotency_key, {
+            "priority": priority, "preemptible": preemptible, "after": after, **params})
+
+    def _queue(self, kind: str, wait: bool, idempotency_key: str | None,
+               params: Mapping[str, object]) -> Job:
+        """`submit` with its options in one mapping, so that the kinds' own methods pass theirs
+        (`priority`, `preemptible` and `after` among them) along as they came."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
-        body = {"kind": kind, "priority": priority, **params}
-        if preemptible is not None:
-            body["preemptible"] = preemptible
-        if after is not None:
+        body: dict[str, object] = {"kind": kind, "priority": "normal", **params}
+        if body.get("preemptible") is None:
+            body.pop("preemptible", None)
+        after = body.pop("after", None)
+        if isinstance(after, Sequence):
             body["after"] = [j.id if isinstance(j, Job) else j for j in after]
-        record = self.request("POST", "/jobs", json=body, headers=headers)
-        job = Job(self, record)
+        elif after is not None:
+            body["after"] = after
+        job = Job(self, json_object(self.request("POST", "/jobs", json=body, headers=headers)))
         return job.wait() if wait else job
 
     def infer(self, model: str, input: str, device: str = "auto", wait: bool = False,
-              idempotency_key: str | None = None, **options: Any) -> Job:
+              idempotency_key: str | None = None, **options: object) -> Job:
         """Bulk inference of `model` (NAME or NAME:VERSION) over `input` (inside the data root)."""
-        return self.submit("infer", wait, idempotency_key, model=model, input=input, device=device,
-                           **options)
+        return self._queue("infer", wait, idempotency_key,
+                           {"model": model, "input": input, "device": device, **options})
 
     def train(self, arch: str, dataset: str, name: str, device: str = "auto", wait: bool = False,
-              idempotency_key: str | None = None, **options: Any) -> Job:
+              idempotency_key: str | None = None, **options: object) -> Job:
         """Data-parallel training of `arch` on `dataset`; registers a version of `name`."""
-        return self.submit("train", wait, idempotency_key, arch=arch, dataset=dataset, name=name,
-                           device=device, **options)
+        return self._queue("train", wait, idempotency_key, {
+            "arch": arch, "dataset": dataset, "name": name, "device": device, **options})
 
     def retrain(self, model: str, dataset: str, name: str | None = None, version: int | None = None,
                 reinit: bool = False, device: str = "auto", wait: bool = False,
-                idempotency_key: str | None = None, **options: Any) -> Job:
+                idempotency_key: str | None = None, **options: object) -> Job:
         """Data-parallel training of a registered model's own graph (`version`, else its promoted
         one) on `dataset`, from its weights (or fresh ones: `reinit`), with its preprocessing;
         registers the next version of `name` (default: `model`). `mxq train --from`."""
-        return self.submit("train", wait, idempotency_key, from_model=model, from_version=version,
-                           reinit=reinit, dataset=dataset, device=device, name=name or "", **options)
+        return self._queue("train", wait, idempotency_key, {
+            "from_model": model, "from_version": version, "reinit": reinit, "dataset": dataset,
+            "device": device, "name": name or "", **options})
 
     def add_arch(self, name: str, path: str | Path, factory: str, input_shape: list[int],
                  classes: int = 10, wait: bool = False) -> Job:
@@ -210,19 +223,18 @@ class Client:
         its `result["arch"]` is the registered version and `train(name, …)` trains it; a refused
         trial fails it with its one-line `error`."""
         file = Path(path)
-        record = self.request("POST", "/archs", json={
+        job = Job(self, json_object(self.request("POST", "/archs", json={
             "name": name, "code": file.read_text(), "file_name": file.name, "factory": factory,
-            "classes": classes, "input_shape": list(input_shape)})
-        job = Job(self, record)
+            "classes": classes, "input_shape": list(input_shape)})))
         return job.wait() if wait else job
 
-    def archs(self) -> list[dict[str, Any]]:
+    def archs(self) -> list[JsonObject]:
         """Every registered architecture's versions (`mxq arch ls`)."""
-        return list(self.request("GET", "/archs"))
+        return json_objects(self.request("GET", "/archs"))
 
     def schedule_inference(self, name: str, model: str, input: str, cron: str | None = None,
                            every: str | None = None, rescore: str | None = "low",
-                           **options: Any) -> dict[str, Any]:
+                           **options: object) -> JsonObject:
         """An inference schedule (`mxq schedule add NAME --infer MODEL --input GLOB`): at each
         `cron` time or `every` interval ("10m"), score each file of `input` that `model`'s
         version (its promoted one, or "NAME:VERSION") has not scored yet, a job each, with the
@@ -230,57 +242,57 @@ class Client:
         on promotion). Returns the schedule's record."""
         body = {"name": name, "model": model, "input": input, "cron": cron, "every": every,
                 "rescore": rescore, **options}
-        return dict(self.request("POST", "/schedules/inference", json=body))
+        return json_object(self.request("POST", "/schedules/inference", json=body))
 
-    def schedule(self, name: str) -> dict[str, Any]:
+    def schedule(self, name: str) -> JsonObject:
         """One schedule and its fires (an inference fire's `jobs`: one per file it scored)."""
-        return dict(self.request("GET", f"/schedules/{name}"))
+        return json_object(self.request("GET", f"/schedules/{name}"))
 
-    def unscored(self, schedule: str, version: int | None = None) -> dict[str, Any]:
+    def unscored(self, schedule: str, version: int | None = None) -> JsonObject:
         """The files of an inference schedule's input whose bytes `version` (default: the one
         it scores with now) has not scored (`mxq lineage --unscored`): {schedule, version, inputs}."""
         query = {"version": version} if version is not None else {}
-        return dict(self.request("GET", f"/schedules/{schedule}/unscored", params=query))
+        return json_object(self.request("GET", f"/schedules/{schedule}/unscored", params=query))
 
     def lineage(self, model: str | None = None, version: int | None = None,
-                output: str | None = None, limit: int = 1000, after: int = 0) -> list[dict[str, Any]]:
+                output: str | None = None, limit: int = 1000, after: int = 0) -> list[JsonObject]:
         """What produced prediction sets (`mxq lineage --model`/`--output`): those `model`'s
         `version` produced, or the one whose output is `output`, each filter narrowing (none:
         every set the token's user may read), by job id above `after`, at most `limit` (pass
         the last one's `job_id` as `after` to read on); a job's own is `Job.lineage()`."""
         query = {k: v for k, v in {"model": model, "version": version, "output": output}.items()
                  if v is not None}
-        return list(self.request("GET", "/lineage", params={**query, "limit": limit, "after": after}))
+        return json_objects(self.request("GET", "/lineage", params={**query, "limit": limit, "after": after}))
 
-    def add_hook(self, url: str, events: list[str]) -> dict[str, Any]:
+    def add_hook(self, url: str, events: list[str]) -> JsonObject:
         """Add a webhook endpoint for `events` (`mxq hooks add`; the token must be an admin's):
         the answer's `secret` signs its deliveries and is not shown again."""
-        return dict(self.request("POST", "/hooks", json={"url": url, "events": list(events)}))
+        return json_object(self.request("POST", "/hooks", json={"url": url, "events": list(events)}))
 
-    def hooks(self) -> list[dict[str, Any]]:
+    def hooks(self) -> list[JsonObject]:
         """Every webhook endpoint (`mxq hooks ls`), without secrets."""
-        return list(self.request("GET", "/hooks"))
+        return json_objects(self.request("GET", "/hooks"))
 
     def remove_hook(self, hook_id: int) -> None:
         """Forget a webhook endpoint and its deliveries (`mxq hooks rm`)."""
         self.request("DELETE", f"/hooks/{hook_id}")
 
     def deliveries(self, hook_id: int | None = None, status: str | None = None,
-                   limit: int = 100) -> list[dict[str, Any]]:
+                   limit: int = 100) -> list[JsonObject]:
         """Webhook deliveries, newest first (`mxq hooks deliveries`)."""
         query = {k: v for k, v in {"hook_id": hook_id, "status": status}.items() if v is not None}
-        return list(self.request("GET", "/hooks/deliveries", params={**query, "limit": limit}))
+        return json_objects(self.request("GET", "/hooks/deliveries", params={**query, "limit": limit}))
 
-    def redeliver(self, delivery_id: str) -> dict[str, Any]:
+    def redeliver(self, delivery_id: str) -> JsonObject:
         """Send a webhook delivery again now, with the same delivery id (`mxq hooks redeliver`)."""
-        return dict(self.request("POST", f"/hooks/deliveries/{delivery_id}/redeliver"))
+        return json_object(self.request("POST", f"/hooks/deliveries/{delivery_id}/redeliver"))
 
     def probe(self, device: str = "auto", wait: bool = False, idempotency_key: str | None = None,
-              **options: Any) -> Job:
-        return self.submit("probe", wait, idempotency_key, device=device, **options)
+              **options: object) -> Job:
+        return self._queue("probe", wait, idempotency_key, {"device": device, **options})
 
     def job(self, job_id: int) -> Job:
-        return Job(self, self.request("GET", f"/jobs/{job_id}"))
+        return Job(self, json_object(self.request("GET", f"/jobs/{job_id}")))
 
     def jobs(self, status: str | None = None, since: str | None = None, kind: str | None = None,
              device: str | None = None, node: str | None = None, limit: int = 50) -> list[Job]:
@@ -293,149 +305,15 @@ class Client:
         before = FIRST_BEFORE_ID
         while len(found) < limit:
             asked = min(JOBS_PAGE, limit - len(found))
-            page = self.request("GET", "/jobs", params={**query, "before_id": before,
-                                                        "limit": asked})
-            found += [Job(self, r) for r in page["items"]]
-            if len(page["items"]) < asked:
+            page = json_object(self.request("GET", "/jobs", params={**query, "before_id": before,
+                                                                "limit": asked}))
+            items = json_objects(page["items"])
+            found += [Job(self, r) for r in items]
+            if len(items) < asked:
                 break
             before = found[-1].id
         return found
 
     def cancel(self, job_id: int) -> Job:
         """Cancel: at once if queued, at the next batch or epoch if running."""
-        return Job(self, self.request("POST", f"/jobs/{job_id}/cancel"))
-
-
-class Job:
-    """A job as the API last described it (`record`); `refresh`, `wait` and `predictions` ask
-    again."""
-
-    def __init__(self, client: Client, record: dict[str, Any]) -> None:
-        self.client, self.record = client, record
-
-    def __repr__(self) -> str:
-        return f"Job({self.id}, {self.kind}, {self.status})"
-
-    def __len__(self) -> int:
-        """The samples it processed (0 until it has)."""
-        return int(self.record.get("samples") or 0)
-
-    @property
-    def id(self) -> int:
-        return int(self.record["id"])
-
-    @property
-    def kind(self) -> str:
-        return str(self.record["kind"])
-
-    @property
-    def status(self) -> str:
-        return str(self.record["status"])
-
-    @property
-    def error(self) -> str | None:
-        return self.record.get("error")
-
-    @property
-    def replayed(self) -> bool:
-        """Submitted before with the same idempotency key: this is the job that submit made."""
-        return bool(self.record.get("replayed"))
-
-    @property
-    def published(self) -> bool | None:
-        """False when the server's broker did not take the job's message in time (the job is
-        queued; the reconciler publishes it); None for a replay or a job read back later."""
-        return self.record.get("published")
-
-    def refresh(self) -> Job:
-        self.record = self.client.request("GET", f"/jobs/{self.id}")
-        return self
-
-    def wait(self, timeout: float | None = None, progress: bool = False) -> Job:
-        """Poll until the job is over (TimeoutError past `timeout` seconds); with `progress`,
-        a progress bar on stderr."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        bar = None
-        if progress:
-            from mxq.client.progress import JobBar  # (Rich, only when a bar is asked for)
-
-            bar = JobBar(self.id)
-        with bar or contextlib.nullcontext():
-            while self.refresh().status not in FINISHED:
-                if bar:
-                    bar.show(self.status, self.record.get("progress"))
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"job {self.id} still {self.status} after {timeout:g} s")
-                time.sleep(self.client.poll_seconds)
-        return self
-
-    def rows(self) -> Iterator[dict[str, Any]]:
-        """Every stored prediction (`index`, `predicted_class`, `score`, `top_k`), paged."""
-        offset = 0
-        while True:
-            page = self.client.request("GET", f"/jobs/{self.id}/predictions",
-                                       params={"offset": offset, "limit": PAGE})
-            yield from page["items"]
-            offset += len(page["items"])
-            if not page["items"] or offset >= page["total"]:
-                return
-
-    def values(self, output: str | None = None) -> Any:
-        """One output's stored values (an embedding's, regression values, one of several
-        outputs by `output`'s name) as a NumPy array, (rows, width) float32, fetched a page
-        at a time (`GET /jobs/ID/values`)."""
-        import io
-
-        import numpy as np
-
-        pages, offset = [], 0
-        while True:
-            answer = self.client.download(f"/jobs/{self.id}/values", offset=offset, limit=PAGE,
-                                          **({"output": output} if output else {}))
-            page = np.load(io.BytesIO(answer.content), allow_pickle=False)
-            pages.append(page)
-            offset += len(page)
-            if not len(page) or offset >= int(answer.headers.get("X-Total-Rows", offset)):
-                return np.concatenate(pages) if len(pages) > 1 else page
-
-    def lineage(self) -> dict[str, Any]:
-        """What produced this inference job's output (`mxq lineage JOB`): model, version,
-        variant, engine, the input's identity, the output's location, mxq's version, the
-        schedule fire that made it."""
-        return dict(self.client.request("GET", f"/jobs/{self.id}/lineage"))
-
-    def logs(self, follow: bool = False) -> Iterator[dict[str, Any]]:
-        """What the job printed, line by line (`seq`, `at`, `source`: worker, child or mxq,
-        `text`); with `follow`, each new line as it comes until the job ended, as `mxq logs
-        --follow`."""
-        from mxq.client.follow import lines
-
-        def read(after: int) -> dict[str, Any]:
-            page: dict[str, Any] = self.client.request("GET", f"/jobs/{self.id}/logs",
-                                                       params={"after": after, "limit": LOG_PAGE})
-            return page
-
-        for line in lines(read, follow):
-            yield dict(line)
-
-    def predictions(self, format: Literal["numpy", "pandas", "arrow"] = "numpy") -> Any:
-        """The predictions as a NumPy structured array (`index`, `predicted_class`, `score`), a
-        pandas DataFrame or a pyarrow Table (those two with `top_k` when stored)."""
-        rows = list(self.rows())
-        if format == "numpy":
-            import numpy as np
-
-            out = np.zeros(len(rows), dtype=[("index", "i8"), ("predicted_class", "i8"), ("score", "f4")])
-            for i, r in enumerate(rows):
-                out[i] = (r["index"], r["predicted_class"], r["score"])
-            return out
-        columns = {key: [r[key] for r in rows] for key in ("index", "predicted_class", "score", "top_k")}
-        if format == "arrow":
-            import pyarrow as pa
-
-            return pa.table(columns)
-        if format == "pandas":
-            import pandas as pd  # not a dependency of mxq: its `pandas` extra pins one that fits numpy
-
-            return pd.DataFrame(columns)
-        raise UserError(f"format {format!r}: expected numpy, pandas or arrow")
+        return Job(self, json_object(self.request("POST", f"/jobs/{job_id}/cancel")))

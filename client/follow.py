@@ -11,31 +11,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from mxq.status import FINISHED
 
 POLL_SECONDS = 1.0  # a running job's log reaches SQL about every second
 GRACE_SECONDS = 10.0
 
-Page = Mapping[str, Any]  # {"items": [{"seq", "at", "source", "text"}], "next", "status", "ended"}
+Page = Mapping[str, object]  # {"items": [{"seq", "at", "source", "text"}], "next", "status", "ended"}
+Line = Mapping[str, object]  # {"seq", "at", "source", "text"}
 
 
 def lines(read: Callable[[int], Page], follow: bool, poll: float = POLL_SECONDS,
-          grace: float = GRACE_SECONDS) -> Iterator[Mapping[str, Any]]:
+          grace: float = GRACE_SECONDS) -> Iterator[Line]:
     """The log's lines from its first: what is there now, or with `follow` every new one as it
     comes until the log ended."""
     after, finished_at = 0, None
     while True:
-        page = read(after)
-        yield from page["items"]
-        after = page["next"]
-        if page["ended"] or not follow:
+        items, after, status, ended = _parts(read(after))
+        yield from items
+        if ended or not follow:
             return
-        if page["items"]:
+        if items:
             continue  # a full page: read on at once
-        if page["status"] in FINISHED:
+        if status in FINISHED:
             finished_at = finished_at or time.monotonic()
             if time.monotonic() - finished_at > grace:
                 return
         time.sleep(poll)
+
+
+def _parts(page: Page) -> tuple[list[Line], int, object, bool]:
+    """A page's lines, the number to read after, the job's status, and whether the log ended."""
+    items, after = page["items"], page["next"]
+    if not isinstance(items, list) or not isinstance(after, int):
+        raise TypeError(f"not a page of a job's log: {sorted(page)}")
+    return items, after, page["status"], bool(page["ended"])

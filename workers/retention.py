@@ -29,7 +29,6 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from mxq.db.engine import answers_within
 from mxq.db.outputs import retention as rows
@@ -53,7 +52,7 @@ class Removal:
     bytes: int
     why: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int]:
         return asdict(self)
 
 

@@ -4,12 +4,15 @@ inputs of an inference schedule a version has not scored yet."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mxq.cli import render
 from mxq.cli.settings import get_settings
+
+if TYPE_CHECKING:
+    from mxq.workers.settings import Settings
 
 COLUMNS = ["job_id", "status", "model", "model_version", "variant", "engine", "input", "output",
            "schedule", "finished_at"]
@@ -29,21 +32,37 @@ def lineage(job_id: Annotated[int | None, typer.Argument(help="An inference job.
                                  "--unscored SCHEDULE (--version goes with --unscored)")
     s = get_settings()
     if unscored is not None:
-        from mxq.workers.schedules.scoring import unscored as missing
+        _unscored(s, unscored, version, json_)
+    elif job_id is not None:
+        _of_job(s, job_id, json_)
+    else:
+        _prediction_sets(s, model, output, json_)
 
-        scoring_version, files = missing(s, unscored, version)
-        _show({"schedule": unscored, "version": scoring_version, "inputs": files}, files,
-              ["location", "size"], json_, f"inputs version {scoring_version} has not scored")
-        return
+
+def _unscored(s: Settings, schedule: str, version: int | None, json_: bool) -> None:
+    """The files of an inference schedule's input that `version` (default: its own) has not scored."""
+    from mxq.workers.schedules.scoring import unscored as missing
+
+    scoring_version, files = missing(s, schedule, version)
+    _show({"schedule": schedule, "version": scoring_version, "inputs": files}, files,
+          ["location", "size"], json_, f"inputs version {scoring_version} has not scored")
+
+
+def _of_job(s: Settings, job_id: int, json_: bool) -> None:
+    """What produced one job's prediction set."""
     from mxq.db.lineage import lineage as read
 
-    if job_id is not None:
-        record = read.of_job(s.database, job_id)
-        if json_:
-            render.print_json(record)
-        else:
-            render.job_detail(_shown(record), title=f"lineage of job {job_id}")
-        return
+    record = read.of_job(s.database, job_id)
+    if json_:
+        render.print_json(record)
+    else:
+        render.job_detail(_shown(record), title=f"lineage of job {job_id}")
+
+
+def _prediction_sets(s: Settings, model: str | None, output: str | None, json_: bool) -> None:
+    """The sets a model (or one version of it) produced, or the one written to `output`."""
+    from mxq.db.lineage import lineage as read
+
     if model is not None:
         name, _, pinned = model.partition(":")
         if pinned and not pinned.isdecimal():
@@ -58,7 +77,7 @@ def lineage(job_id: Annotated[int | None, typer.Argument(help="An inference job.
                          markup=False)
 
 
-def _shown(record: Mapping[str, Any]) -> dict[str, Any]:
+def _shown(record: Mapping[str, object]) -> dict[str, object]:
     """A lineage row as a table shows it: an output `mxq gc` removed says so where it is named."""
     if record.get("output_removed_at"):
         return {**record, "output": f"{record['output']} (removed by mxq gc at "
@@ -66,7 +85,7 @@ def _shown(record: Mapping[str, Any]) -> dict[str, Any]:
     return dict(record)
 
 
-def _show(document: object, rows: Sequence[Mapping[str, Any]], columns: list[str], json_: bool,
+def _show(document: object, rows: Sequence[Mapping[str, object]], columns: list[str], json_: bool,
           title: str) -> None:
     if json_:
         render.print_json(document)

@@ -95,33 +95,29 @@ def add(name: str,
     if infer is not None:
         from mxq.workers.schedules.scoring import add_infer_schedule
 
-        if input is None or dataset is not None or model is not None or arch is not None:
-            raise typer.BadParameter("--infer MODEL takes --input GLOB (not --dataset, --model "
-                                     "or --arch, which are a retraining's)", param_hint="--infer")
+        glob = _inference_input(input, dataset, model, arch)
         request = {"model": infer, "output": output, "output_to": output_to, "engine": engine,
                    "precision": precision, "min_agreement": min_agreement, "top_k": top_k,
                    "threshold": threshold, "key": key, "time_limit": options.parse_time_limit(time_limit),
-                   "columns": None if columns is None else [c.strip() for c in columns.split(",")],
+                   "columns": _split(columns),
                    "batch_size": _batch(batch_size, 256)}
-        record = add_infer_schedule(get_settings(), name, timing, tz, input, request,
+        record = add_infer_schedule(get_settings(), name, timing, tz, glob, request,
                                     device or "auto", None if rescore == "off" else rescore,
                                     priority=turn, team=team)
     else:
         from mxq.workers.schedules.fires import add_schedule
 
-        if dataset is None or model is None or input is not None:
-            raise typer.BadParameter("a retraining takes --dataset and --model (or give --infer "
-                                     "MODEL --input GLOB for inference)", param_hint="--dataset/--model")
+        dataset, model = _retraining_inputs(dataset, model, input)
         spec = {"arch": arch, "name": model, **options.from_fields(from_model), "reinit": reinit,
                 **options.preprocess_fields(scale, mean, std, layout), "devices": devices,
                 "nodes": nodes,
-                "device_list": [d.strip() for d in device.split(",")] if device else None,
+                "device_list": _split(device or None),
                 "epochs": epochs, "batch_size": _batch(batch_size, 64), "lr": lr,
                 "optimizer": optimizer, "momentum": momentum, "weight_decay": weight_decay,
                 "lr_schedule": lr_schedule, "lr_step": lr_step, "lr_factor": lr_factor,
                 "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
                 "label_column": label_column,
-                "input_shape": list(parse_shape(input_shape) or ()) if input_shape else None,
+                "input_shape": _shape(input_shape),
                 "calibration": calibration, "min_agreement": min_agreement,
                 "variants": parse_variants(variants), "time_limit": options.parse_time_limit(time_limit)}
         record = add_schedule(get_settings(), name, timing, tz, dataset, spec, promote, metric,
@@ -130,6 +126,34 @@ def add(name: str,
         render.print_json(record)
     else:
         render.out.print(f"schedule {name}: next fire {record['next_fire_at']}")
+
+
+def _inference_input(input: str | None, dataset: str | None, model: str | None,
+                     arch: str | None) -> str:
+    """--input GLOB, which --infer takes instead of a retraining's options."""
+    if input is None or dataset is not None or model is not None or arch is not None:
+        raise typer.BadParameter("--infer MODEL takes --input GLOB (not --dataset, --model "
+                                 "or --arch, which are a retraining's)", param_hint="--infer")
+    return input
+
+
+def _retraining_inputs(dataset: str | None, model: str | None, input: str | None
+                       ) -> tuple[str, str]:
+    """--dataset and --model, which a retraining takes (and not --input, an inference's)."""
+    if dataset is None or model is None or input is not None:
+        raise typer.BadParameter("a retraining takes --dataset and --model (or give --infer "
+                                 "MODEL --input GLOB for inference)", param_hint="--dataset/--model")
+    return dataset, model
+
+
+def _split(text: str | None) -> list[str] | None:
+    """A comma-separated option (--columns, --device) as its items."""
+    return None if text is None else [item.strip() for item in text.split(",")]
+
+
+def _shape(text: str | None) -> list[int] | None:
+    """--input-shape as the spec stores it."""
+    return list(parse_shape(text) or ()) if text else None
 
 
 def _batch(text: str | None, default: int) -> int | str:

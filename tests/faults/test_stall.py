@@ -36,8 +36,9 @@ def embedded(tmp_path: Path) -> Iterator[Stack]:
 
 
 def _worker_pid(stack: Stack) -> int | None:
-    return next((d["pid"] for d in device_table(stack.settings)
-                 if d["device"] == "cpu:0" and d["node"] == NODE and d["alive"]), None)
+    return next((pid for d in device_table(stack.settings)
+                 if d["device"] == "cpu:0" and d["node"] == NODE and d["alive"]
+                 and isinstance(pid := d["pid"], int)), None)
 
 
 @pytest.mark.parametrize("case", list(CASES))

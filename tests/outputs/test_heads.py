@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxq.client import Client
-from mxq.client import api as client_api
+from mxq.client import job as client_job
 from mxq.errors import NotFound
 from mxq.tasks.model_store.models import ModelError, add_exported
 from mxq.workers.settings import Settings
@@ -151,7 +151,7 @@ def test_the_client_reads_each_outputs_values_a_page_at_a_time(workers: Stack, a
     x = np.random.default_rng(9).standard_normal((2_500, 12)).astype(np.float32)
     save_npy(workers, "heads-client.npy", x)
     cls, box = _expected(net, x)
-    monkeypatch.setattr(client_api, "PAGE", 1_000)  # three pages
+    monkeypatch.setattr(client_job, "PAGE", 1_000)  # three pages
     with Client(api.url, token=TOKEN) as client:
         for output in ("npy", "parquet"):
             job = client.infer(label, "heads-client.npy", output=output).wait(timeout=300)

@@ -143,8 +143,9 @@ def pids(workers: Stack, mlp: dict) -> dict[str, int]:
 
 def live_workers(stack: Stack) -> dict[str, int]:
     """The PID of each live device worker of this node, by device."""
-    return {d["device"]: d["pid"] for d in device_table(stack.settings)
-            if d["alive"] and d["node"] == NODE}
+    return {device: pid for d in device_table(stack.settings)
+            if d["alive"] and d["node"] == NODE
+            and isinstance(device := d["device"], str) and isinstance(pid := d["pid"], int)}
 
 
 def still_standing(stack: Stack, pids: dict[str, int]) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Any
 
 import redis
 
 from mxq.db.fleet import health
 from mxq.db.reports.history import device_rates, device_records, oldest_queued
 from mxq.db.schema import utcnow
+from mxq.json_types import JsonObject
 from mxq.workers.broker.queues import worker_name
 from mxq.workers.fleet import leases
 from mxq.workers.settings import Settings
@@ -28,7 +28,7 @@ RATE_WINDOW = timedelta(minutes=5)  # a device's samples/s is averaged over this
 DEVICE_QUEUE = re.compile(r"^(?P<node>[^.]+)\.(?P<kind>cpu|gpu)\.(?P<index>\d+)$")
 
 
-def device_table(s: Settings) -> list[dict[str, Any]]:
+def device_table(s: Settings) -> list[JsonObject]:
     """One record per device worker, with `leased_by` (the job holding it, else None), then one
     per device queue that has queued jobs and no worker (`offline_rows`)."""
     records = device_records(s.database, s.heartbeat_ttl)
@@ -40,17 +40,17 @@ def device_table(s: Settings) -> list[dict[str, Any]]:
     rates = device_rates(s.database, utcnow() - RATE_WINDOW)
     waiting = oldest_queued(s.database)
     now = utcnow()
-    rows = [{**r, "leased_by": held.get((r["node"], r["device"])),
+    rows: list[JsonObject] = [{**r, "leased_by": held.get((r["node"], r["device"])),
              "samples_per_sec": rates.get((r["node"], r["device"])), "offline": False,
              "oldest_wait_seconds": _age(waiting.get(r["queue"]), now),
              **_health(r)} for r in records]
     return rows + offline_rows(waiting, {r["queue"] for r in records}, now)
 
 
-def _health(record: dict[str, Any]) -> dict[str, Any]:
+def _health(record: JsonObject) -> JsonObject:
     """`health`, `out_reason`, `out_since` of a device record (its worker's info, `refused` and
     `refused_at`, is spread into it)."""
-    state, reason, since = health(record["alive"], record)
+    state, reason, since = health(bool(record["alive"]), record)
     return {"health": state, "out_reason": reason, "out_since": since}
 
 
@@ -59,10 +59,10 @@ def _age(entry: tuple[int, datetime] | None, now: datetime) -> float | None:
 
 
 def offline_rows(waiting: dict[str, tuple[int, datetime]], served: set[str],
-                 now: datetime) -> list[dict[str, Any]]:
+                 now: datetime) -> list[JsonObject]:
     """A row for each device queue holding queued jobs that no known worker serves: the jobs
     would otherwise wait unseen until a worker for that device starts."""
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     for queue, entry in sorted(waiting.items()):
         match = DEVICE_QUEUE.match(queue)
         if queue in served or match is None:

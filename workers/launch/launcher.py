@@ -12,6 +12,7 @@ outlives a restart of the stack's processes).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import resource
@@ -21,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mxq.db import fleet as beats
 from mxq.workers.broker.queues import CONTROL_QUEUE, device_queue, pool_queues, worker_name
@@ -120,35 +122,59 @@ def onnx_python(settings: Settings) -> tuple[str, str | None]:
 def plan(settings: Settings, devices: list[DiscoveredDevice], build: str | None) -> tuple[list[WorkerSpec],
                                                                             list[str]]:
     """The worker to start for each usable device, and why the others are refused."""
-    specs, refused = [], []
+    specs: list[WorkerSpec] = []
+    refused: list[str] = []
     cpus = [d for d in devices if d.kind == "cpu"]
     if len(cpus) < len(devices) and (broken := wheels.problems()):
         return [], [f"every GPU of this host: {problem}" for problem in broken]
-    onnx: tuple[str, str | None] | None = None  # asked once, for the first GPU MXNet cannot run
+    # The ONNX Runtime Python is asked for once, for the first GPU MXNet cannot run.
+    onnx = functools.cache(functools.partial(onnx_python, settings))
     for device in devices:
-        if busy := memory_busy(device):
-            refused.append(busy)
+        runtime = _runtime(device, build, onnx)
+        if isinstance(runtime, str):
+            refused.append(runtime)
             continue
-        python, engines = sys.executable, engines_for(device.kind)
-        mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
-        if mxnet_unusable:
-            onnx = onnx or onnx_python(settings)
-            python, cannot = onnx
-            too_old, warning = onnx_driver_gate(device)
-            if device.mig or cannot or too_old:
-                refused.append(mxnet_unusable if device.mig else f"{mxnet_unusable}; {cannot or too_old}")
-                continue
-            if warning:
-                log.warning("%s", warning)
-            engines = ("onnx",)
-            log.warning("%s; it serves inference with ONNX Runtime (%s) and refuses training",
-                        mxnet_unusable, python)
-        elif device.kind == "gpu" and fusion_off(device):
-            log.warning("%s: driver %s is older than R%s, which the PTX of NVRTC 11.8 needs: its "
-                        "worker runs with MXNet's kernel fusion off (MXNET_USE_FUSION=0)",
-                        device.label, device.driver_version, NVRTC_MIN_DRIVER)
-        specs.append(_worker_spec(settings, device, len(cpus), mxnet_unusable, python, engines))
+        specs.append(_worker_spec(settings, device, len(cpus), runtime.mxnet_unusable,
+                                  runtime.python, runtime.engines))
     return specs, refused
+
+
+class Runtime(NamedTuple):
+    """What a device's worker runs: its Python, its engines, and why MXNet cannot (None: it can)."""
+
+    python: str
+    engines: tuple[str, ...]
+    mxnet_unusable: str | None
+
+
+def _runtime(device: DiscoveredDevice, build: str | None,
+             onnx: Callable[[], tuple[str, str | None]]) -> Runtime | str:
+    """The runtime of `device`'s worker, or why the device is refused."""
+    if busy := memory_busy(device):
+        return busy
+    mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
+    if mxnet_unusable:
+        return _onnx_runtime(device, mxnet_unusable, onnx())
+    if device.kind == "gpu" and fusion_off(device):
+        log.warning("%s: driver %s is older than R%s, which the PTX of NVRTC 11.8 needs: its "
+                    "worker runs with MXNet's kernel fusion off (MXNET_USE_FUSION=0)",
+                    device.label, device.driver_version, NVRTC_MIN_DRIVER)
+    return Runtime(sys.executable, engines_for(device.kind), None)
+
+
+def _onnx_runtime(device: DiscoveredDevice, mxnet_unusable: str,
+                  onnx: tuple[str, str | None]) -> Runtime | str:
+    """A GPU MXNet cannot run serves inference with ONNX Runtime (the `onnx` Python, and why
+    it cannot when it cannot), unless it is a MIG slice or its driver is too old for it."""
+    python, cannot = onnx
+    too_old, warning = onnx_driver_gate(device)
+    if device.mig or cannot or too_old:
+        return mxnet_unusable if device.mig else f"{mxnet_unusable}; {cannot or too_old}"
+    if warning:
+        log.warning("%s", warning)
+    log.warning("%s; it serves inference with ONNX Runtime (%s) and refuses training",
+                mxnet_unusable, python)
+    return Runtime(python, ("onnx",), mxnet_unusable)
 
 
 def _worker_spec(settings: Settings, device: DiscoveredDevice, cpu_count: int, mxnet_unusable: str | None,

@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import attr
@@ -126,7 +125,7 @@ def _run_facets(facts: RunFacts, source: Source, model: str, ended: bool) -> dic
     return facets
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -148,7 +147,7 @@ def _inputs(facts: RunFacts) -> list[InputDataset]:
     else:
         ns, name = dataset_name(source)
     identity = facts.params.get("input_identity")
-    facets: dict[str, Any] = {}
+    facets: dict[str, DatasetFacet] = {}
     if isinstance(identity, str) and identity:
         facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(
             datasetVersion=identity, producer=PRODUCER)
