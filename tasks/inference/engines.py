@@ -22,10 +22,10 @@ from mxq.db import registry
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.device import Device
 from mxq.errors import device_fault, first_line
+from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.model_store.locations import local_file
-from mxq.tasks.runner import JobContext, JobInputError
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import Settings
 
@@ -129,7 +129,9 @@ def mxnet_engine(settings: Settings, model: ModelRecord, device: Device, reason:
     """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
     Each new batch size is checked by shape inference before it runs: running a symbol that
     fixes its batch can corrupt memory and crash the worker."""
-    from mxq.tasks.model_store.models import ModelError, check_batch, load, probabilities
+    from mxq.tasks.model_store.batch_proof import check_batch
+    from mxq.tasks.model_store.model_error import ModelError
+    from mxq.tasks.model_store.models import load, probabilities
     from mxq.tasks.runtimes.mx_context import context
 
     ctx = context(device)

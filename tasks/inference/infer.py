@@ -40,7 +40,7 @@ from mxq.tasks.inference.inputs import InputError, InputSource, Limits, open_inp
 from mxq.tasks.inference.inputs.source import Fetch
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
-from mxq.tasks.runner import (
+from mxq.tasks.job_context import (
     FanOut,
     JobCancelled,
     JobContext,
@@ -49,8 +49,8 @@ from mxq.tasks.runner import (
     JobPreempted,
     JobTimedOut,
     Outcome,
-    job_task,
 )
+from mxq.tasks.runner import job_task
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams
 from mxq.workers.paths import PathError

@@ -48,8 +48,8 @@ from mxq.status import JobStatus
 from mxq.tasks.inference.inputs.npy import parse_header
 from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore, probability_part
 from mxq.tasks.inference.pipeline import at_idle_priority
+from mxq.tasks.job_context import JobContext, JobFailed, JobLost
 from mxq.tasks.model_store import output_kinds
-from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import ObjectTaken

@@ -29,18 +29,18 @@ from mxq.engines import MAX_DIFF
 from mxq.errors import reason
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export, output_kinds
+from mxq.tasks.model_store.batch_proof import TRIAL_BATCHES
 from mxq.tasks.model_store.checksums import sha256
 from mxq.tasks.model_store.locations import publish, store_dir
-from mxq.tasks.model_store.models import (
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.output_detection import (
     SOFTMAX_OPS,
-    TRIAL_BATCHES,
     TRIAL_SAMPLES,
-    ModelError,
-    _look_like_probabilities,
-    _new_folder,
-    _sums,
+    look_like_probabilities,
+    row_sums,
     value_kind,
 )
+from mxq.tasks.model_store.version_folder import new_folder
 from mxq.workers.settings import Settings
 
 IMPORTED_FILE = "imported.onnx"  # the user's file as given, beside the served model.onnx
@@ -280,9 +280,9 @@ def _last_op(model: Any, out: Any) -> str | None:
 
 
 def detect(model: Any, out: Any, trial: NDArray[np.float32], stated: str) -> str:
-    """What the graph outputs, as `models.detect_outputs` tells it for MXNet: `logits` or
+    """What the graph outputs, as `output_detection.detect_outputs` tells it for MXNet: `logits` or
     `probabilities` by a last Softmax, else trial rows summing to 1 (a stated kind the evidence
-    contradicts is refused); a kind that is no classifier's as stated (`models.value_kind`), and
+    contradicts is refused); a kind that is no classifier's as stated (`output_detection.value_kind`), and
     `regression` for `auto` of an output of width 1."""
     if stated not in (*CLASSIFIER_OUTPUTS, "auto") or (stated == "auto" and trial.shape[1] == 1):
         return value_kind(stated, trial)
@@ -290,7 +290,7 @@ def detect(model: Any, out: Any, trial: NDArray[np.float32], stated: str) -> str
         raise ModelError(f"--outputs {stated}: the output has width 1, and a classifier has 2 classes "
                          "or more; allowed: --outputs regression or auto")
     op = _last_op(model, out)
-    if op in SOFTMAX_OPS or _look_like_probabilities(trial):
+    if op in SOFTMAX_OPS or look_like_probabilities(trial):
         found = "probabilities"
     else:
         found = "logits"
@@ -298,7 +298,7 @@ def detect(model: Any, out: Any, trial: NDArray[np.float32], stated: str) -> str
         return found
     if stated == "probabilities":
         raise ModelError(f"--outputs probabilities: the model's outputs on {TRIAL_SAMPLES} random "
-                         f"samples are not probabilities (row sums {_sums(trial)}, smallest value "
+                         f"samples are not probabilities (row sums {row_sums(trial)}, smallest value "
                          f"{trial.min():.4g}); allowed: --outputs logits or auto")
     raise ModelError(f"--outputs logits: the model outputs probabilities (last op {op}, or rows "
                      "summing to 1), and a softmax of them would squash every score; allowed: "
@@ -374,7 +374,7 @@ def _store(settings: Settings, name: str, path: Path, model: Any, fields: dict[s
     probabilities is `class_labels[i]`); files undone on failure."""
     url = settings.database
     version = registry.next_version(url, name)
-    folder = _new_folder(store_dir(settings.home_path, url, name, version), name, version)
+    folder = new_folder(store_dir(settings.home_path, url, name, version), name, version)
     try:
         kept = folder / IMPORTED_FILE
         shutil.copyfile(path, kept)

@@ -50,7 +50,7 @@ from mxq.db.schema import utcnow
 from mxq.device import Device
 from mxq.parts import knock_on
 from mxq.status import JobStatus
-from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
+from mxq.tasks.job_context import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
 from mxq.workers.broker.queues import device_queue
 from mxq.workers.fleet import leases
 from mxq.workers.jobs.jobspecs import DistRole, TrainParams

@@ -34,20 +34,15 @@ from mxq.errors import MxqError, device_fault, first_line, named_device, reason,
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
+from mxq.tasks.job_context import JobCancelled, JobContext, JobLost, JobPreempted, JobTimedOut, context_of
 from mxq.tasks.model_store import user_code
 from mxq.tasks.model_store.locations import CodeMissing, arch_file
-from mxq.tasks.model_store.models import TrainedVersion, add_trained, input_dtype, load, trainable
+from mxq.tasks.model_store.models import load, trainable
+from mxq.tasks.model_store.mxnet_files import input_dtype
+from mxq.tasks.model_store.mxnet_versions import TrainedVersion, add_trained
 from mxq.tasks.model_store.user_code import CodeError, check_output
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
-from mxq.tasks.runner import (
-    JobCancelled,
-    JobContext,
-    JobLost,
-    JobPreempted,
-    JobTimedOut,
-    context_of,
-)
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.training import calibration, child_report, datasets
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained

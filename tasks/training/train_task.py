@@ -29,8 +29,7 @@ from mxq.db.records import WorkerRecord
 from mxq.device import Device
 from mxq.errors import DeviceFault, device_fault
 from mxq.tasks.inference import device_memory
-from mxq.tasks.middleware import job_log
-from mxq.tasks.runner import (
+from mxq.tasks.job_context import (
     FanOut,
     JobCancelled,
     JobContext,
@@ -40,8 +39,9 @@ from mxq.tasks.runner import (
     JobPreempted,
     JobTimedOut,
     Outcome,
-    job_task,
 )
+from mxq.tasks.middleware import job_log
+from mxq.tasks.runner import job_task
 from mxq.tasks.training import child_report, dist
 from mxq.workers.broker.queues import pool_queues
 from mxq.workers.fleet import leases, suspects

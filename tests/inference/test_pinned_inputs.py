@@ -16,7 +16,7 @@ import pytest
 from mxq.tasks.inference import engines, infer
 from mxq.tasks.inference.infer import _open
 from mxq.tasks.inference.inputs import InputError
-from mxq.tasks.runner import JobContext, JobInputError
+from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.jobs.submit import _resolve_infer
 from mxq.workers.settings import get_settings
