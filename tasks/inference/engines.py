@@ -273,23 +273,35 @@ def _precision(job: JobContext, model: ModelRecord, asked: str, p: Precision, fp
                             "fp16 or auto there, or run it on a CPU device")
     which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
     if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
-        mxnet_unusable = job.settings.mxnet_unusable
-        both = mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), None)
-        try:
-            speeds = _measure(job, model, batch_size, [*which, *(rule.RUNTIMES if both else [fp32.engine])])
-        except StoreChanged:
-            raise
-        except Exception as exc:  # a variant could not run here: full precision serves
-            if device_fault(exc):
-                raise
-            return fp32, rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: "
-                                                      f"{first_line(exc)}")
-        if both:
-            fp32 = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+        measured = _measure_variants(job, model, asked, fp32, which, batch_size)
+        if isinstance(measured, rule.PrecisionChoice):
+            return fp32, measured
+        fp32, speeds = measured
     chosen = rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
     if left_out and chosen.reason != "asked":
         chosen = rule.PrecisionChoice("fp32", f"{chosen.reason}; {left_out}")
     return fp32, chosen
+
+
+def _measure_variants(job: JobContext, model: ModelRecord, asked: str, fp32: rule.Choice,
+                      which: list[str], batch_size: int
+                      ) -> tuple[rule.Choice, dict[str, float]] | rule.PrecisionChoice:
+    """Measure the variants `which` with full precision in the same turns (both engines where
+    `auto` chooses between them, then chosen again): the full-precision engine and the speeds,
+    or full precision's choice when a variant could not run here."""
+    mxnet_unusable = job.settings.mxnet_unusable
+    both = mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), None)
+    try:
+        speeds = _measure(job, model, batch_size, [*which, *(rule.RUNTIMES if both else [fp32.engine])])
+    except StoreChanged:
+        raise
+    except Exception as exc:  # a variant could not run here: full precision serves
+        if device_fault(exc):
+            raise
+        return rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: {first_line(exc)}")
+    if both:
+        fp32 = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+    return fp32, speeds
 
 
 @dataclass(frozen=True)

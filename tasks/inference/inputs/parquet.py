@@ -40,13 +40,7 @@ def _listed(schema: pa.Schema) -> str:
 def _chosen(path: Location, schema: pa.Schema, columns: list[str] | None) -> list[str]:
     """The columns a sample is read from, checked against the file's schema."""
     if columns is None:
-        lists = [f.name for f in schema if _is_list(f.type)]
-        if len(lists) == 1:
-            return lists
-        if not lists and all(_numeric(f.type) for f in schema):
-            return list(schema.names)
-        raise InputError(f"input {path} has columns {_listed(schema)}: choose the list column or "
-                         "the numeric columns of a sample with --columns")
+        return _guessed(path, schema)
     for name in columns:
         if name not in schema.names:
             raise InputError(f"input {path} has no column {name[:80]!r}; available: {_listed(schema)}")
@@ -61,6 +55,18 @@ def _chosen(path: Location, schema: pa.Schema, columns: list[str] | None) -> lis
         raise InputError(f"input {path} columns {', '.join(bad)} are not numbers (integers, floats "
                          "or booleans); a list column is read alone")
     return columns
+
+
+def _guessed(path: Location, schema: pa.Schema) -> list[str]:
+    """The columns of a sample when the job names none: the file's one list column, or all its
+    columns when every one is numeric."""
+    lists = [f.name for f in schema if _is_list(f.type)]
+    if len(lists) == 1:
+        return lists
+    if not lists and all(_numeric(f.type) for f in schema):
+        return list(schema.names)
+    raise InputError(f"input {path} has columns {_listed(schema)}: choose the list column or "
+                     "the numeric columns of a sample with --columns")
 
 
 class _Groups:
