@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,7 +31,7 @@ CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one 
 _cache: OrderedDict[tuple[str, int, str, str], gluon.SymbolBlock] = OrderedDict()
 
 
-def probabilities(net: gluon.Block, ctx: mx.Context, x: NDArray[Any],
+def probabilities(net: gluon.Block, ctx: mx.Context, x: NDArray[np.generic],
                   outputs: str = "logits", heads: list[Head] | None = None) -> NDArray[np.float32]:
     """One batch's outputs as jobs store them, in float32 whatever the net's dtype (a float16 net
     is fed float16): a softmax of logits, any other kind's output as it is (a second softmax of

@@ -9,7 +9,7 @@ has one shape), and no value may be null: a model cannot score a missing number.
 from __future__ import annotations
 
 import bisect
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -105,7 +105,7 @@ def _width(groups: _Groups) -> int:
 
 
 def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | None,
-            first_row: int) -> NDArray[Any]:
+            first_row: int) -> NDArray[np.generic]:
     """One row group as a (rows, width) array: a list column's values, or the columns stacked."""
     if width is None:
         for name in columns:
@@ -141,15 +141,15 @@ def _first_null(values: pa.Array | pa.ChunkedArray) -> int:
 def _row_groups(groups: _Groups, width: int | None) -> Fetch:
     """Samples [start, stop) from the row groups they cover; the last one read stays decoded."""
     starts = groups.starts
-    held: dict[int, NDArray[Any]] = {}
+    held: dict[int, NDArray[np.generic]] = {}
 
-    def group_rows(group: int) -> NDArray[Any]:
+    def group_rows(group: int) -> NDArray[np.generic]:
         if group not in held:
             held.clear()
             held[group] = _matrix(groups.path, groups.read(group), groups.columns, width, starts[group])
         return held[group]
 
-    def fetch(start: int, stop: int) -> NDArray[Any]:
+    def fetch(start: int, stop: int) -> NDArray[np.generic]:
         parts, at = [], start
         while at < stop:
             group = bisect.bisect_right(starts, at) - 1
