@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -90,7 +89,7 @@ class Engine:
     precision_reason: str = "full precision"
 
 
-def _release(net: Any) -> None:
+def _release(net: object) -> None:
     """Drop the net's compiled graph and the memory it holds; the next call builds it anew.
 
     A `static_alloc` graph (tasks.models.load) keeps the buffers it got before an allocation

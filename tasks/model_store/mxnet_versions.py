@@ -6,6 +6,7 @@ MXNet's export format with its ONNX export beside it, then its row.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from mxq.workers.jobs.jobspecs import parse_heads
 from mxq.workers.settings import Settings
 
 
-def _register(settings: Settings, name: str, write: Any, fields: dict[str, Any],
+def _register(settings: Settings, name: str, write: Callable[[Path], None], fields: dict[str, Any],
               preprocess: Preprocess | None = None, fence: Fence | None = None) -> ModelRecord:
     """Write the files of the next version with `write(folder)` and its ONNX export (ending in
     a softmax only for logits), then its row; undo files on failure."""
@@ -146,7 +147,7 @@ def _export(net: gluon.HybridBlock, prefix: Path, input_shape: tuple[int, ...]) 
 
 
 def add_trained(settings: Settings, name: str, net: gluon.HybridBlock, trained: TrainedVersion,
-                metrics: dict[str, Any], job_id: int, fence: Fence | None = None) -> ModelRecord:
+                metrics: dict[str, float | None], job_id: int, fence: Fence | None = None) -> ModelRecord:
     """A new version of `name` from a finished training job, with its validation metrics; with
     the attempt's `fence`, registered only while the job is that attempt's, and once per job."""
     source = (f"train:job-{job_id}" + (f" from {trained.start}" if trained.start else "")
