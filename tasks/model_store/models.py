@@ -25,8 +25,6 @@ from mxq.tasks.runtimes.mx import gluon, mx
 from mxq.workers.settings import Settings
 
 CACHE_SIZE = 2  # models kept loaded per worker process; most workers serve one model at a time
-
-
 # Loaded nets by (name, version, checksum, context).
 _cache: OrderedDict[tuple[str, int, str, str], gluon.SymbolBlock] = OrderedDict()
 

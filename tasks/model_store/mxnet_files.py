@@ -15,9 +15,7 @@ from mxq.errors import reason
 from mxq.tasks.model_store.model_error import ModelError
 from mxq.tasks.runtimes.mx import DeviceFault, device_fault, gluon, mx
 
-PREFIX = "model"
-
-
+PREFIX = "model"  # the files' prefix: model-symbol.json, model-0000.params
 PARAMS_MAGIC = 0x112  # MXNet's NDArray-list files start with it (then 8 reserved bytes, a count)
 
 
