@@ -128,9 +128,9 @@ def mxnet_engine(settings: Settings, model: ModelRecord, device: Device, reason:
     """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
     Each new batch size is checked by shape inference before it runs: running a symbol that
     fixes its batch can corrupt memory and crash the worker."""
-    from mxq.tasks.model_store.batch_proof import check_batch
     from mxq.tasks.model_store.model_error import ModelError
     from mxq.tasks.model_store.models import load, probabilities
+    from mxq.tasks.model_store.mxnet.batch_proof import check_batch
     from mxq.tasks.runtimes.mx_context import context
 
     ctx = context(device)

@@ -2,7 +2,7 @@
 outputs they store, and a version's net opened for a training --from it.
 
 Every version is stored in MXNet's export format (`model-symbol.json` + `model-0000.params`), so
-one loader (`SymbolBlock.imports`, `mxnet_files.open_net`) serves built-in, imported and trained
+one loader (`SymbolBlock.imports`, `mxnet.files.open_net`) serves built-in, imported and trained
 models alike; what its output is (`outputs`) says how a batch's outputs are stored
 (`output_detection`).
 """
@@ -20,7 +20,7 @@ from mxq.engines import onnx_only, plain_onnx
 from mxq.tasks.model_store.checksums import verify
 from mxq.tasks.model_store.locations import local_file
 from mxq.tasks.model_store.model_error import ModelError
-from mxq.tasks.model_store.mxnet_files import input_dtype, open_net
+from mxq.tasks.model_store.mxnet.files import input_dtype, open_net
 from mxq.tasks.runtimes.mx import gluon, mx
 from mxq.workers.settings import Settings
 

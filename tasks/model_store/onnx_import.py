@@ -31,10 +31,10 @@ from mxq.errors import reason
 from mxq.json_types import JsonObject
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export, output_kinds
-from mxq.tasks.model_store.batch_proof import TRIAL_BATCHES
 from mxq.tasks.model_store.checksums import sha256
 from mxq.tasks.model_store.locations import publish, store_dir
 from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.mxnet.batch_proof import TRIAL_BATCHES
 from mxq.tasks.model_store.output_detection import (
     SOFTMAX_OPS,
     TRIAL_SAMPLES,

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from mxq.db.records import CLASSIFIER_OUTPUTS, Head
 from mxq.tasks.model_store.model_error import ModelError
-from mxq.tasks.model_store.mxnet_files import input_dtype
+from mxq.tasks.model_store.mxnet.files import input_dtype
 from mxq.tasks.runtimes.mx import gluon, mx
 
 # A symbol whose last op is one of these outputs probabilities. (log_softmax outputs

@@ -38,8 +38,8 @@ from mxq.tasks.job_context import JobCancelled, JobContext, JobLost, JobPreempte
 from mxq.tasks.model_store import user_code
 from mxq.tasks.model_store.locations import CodeMissing, arch_file
 from mxq.tasks.model_store.models import load, trainable
-from mxq.tasks.model_store.mxnet_files import input_dtype
-from mxq.tasks.model_store.mxnet_versions import TrainedVersion, add_trained
+from mxq.tasks.model_store.mxnet.files import input_dtype
+from mxq.tasks.model_store.mxnet.versions import TrainedVersion, add_trained
 from mxq.tasks.model_store.user_code import CodeError, check_output
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape

@@ -74,7 +74,7 @@ def _two_headed(folder: Path) -> tuple[Path, Path]:
 def test_a_model_with_several_unnamed_outputs_is_refused_at_registration(tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
     from mxq.tasks.model_store.model_error import ModelError
-    from mxq.tasks.model_store.mxnet_versions import add_exported
+    from mxq.tasks.model_store.mxnet.versions import add_exported
     from mxq.workers.settings import Settings
 
     url = f"sqlite:///{tmp_path / 'mxq.db'}"

@@ -10,7 +10,7 @@ import pytest
 
 from mxq.device import Device
 from mxq.tasks.model_store.model_error import ModelError
-from mxq.tasks.model_store.mxnet_files import open_net
+from mxq.tasks.model_store.mxnet.files import open_net
 from mxq.tasks.runtimes import mx_context
 from mxq.tasks.runtimes.mx import DeviceFault, gluon, mx
 

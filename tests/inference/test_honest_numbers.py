@@ -24,7 +24,7 @@ from mxq.tasks.inference import engines, infer
 from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.job_context import JobInputError
 from mxq.tasks.model_store.model_error import ModelError
-from mxq.tasks.model_store.mxnet_versions import add_builtin, add_exported
+from mxq.tasks.model_store.mxnet.versions import add_builtin, add_exported
 from mxq.workers.settings import Settings
 from tests.conftest import Stack, run_cli
 from tests.support.inference import infer_and_wait, save_npy

@@ -17,12 +17,12 @@ from mxq.db.records import HEADS, ModelRecord
 from mxq.errors import reason
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export
-from mxq.tasks.model_store.batch_proof import prove_batches
 from mxq.tasks.model_store.checksums import sha256
 from mxq.tasks.model_store.locations import publish, store_dir
 from mxq.tasks.model_store.model_error import ModelError
 from mxq.tasks.model_store.models import probabilities
-from mxq.tasks.model_store.mxnet_files import (
+from mxq.tasks.model_store.mxnet.batch_proof import prove_batches
+from mxq.tasks.model_store.mxnet.files import (
     PREFIX,
     check_outputs_count,
     check_params_file,
