@@ -48,7 +48,7 @@ CHUNK = 50_000  # rows compared at a time (the full input's arrays are 100 MB ea
 
 def register(s: Settings, shape: tuple[int, ...], seed: int = 0) -> ModelRecord:
     """The CNN, seeded, exported beside the stack's home and registered as an embedding."""
-    from mxq.tasks.model_store.models import add_exported
+    from mxq.tasks.model_store.mxnet.versions import add_exported
     from mxq.tasks.runtimes.mx import mx
 
     nn = mx.gluon.nn

@@ -262,7 +262,7 @@ def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict
 def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale: float,
               epochs: int, rounds: int, generated: int = GENERATED) -> dict[str, Any]:
     from mxq.db.registry import resolve
-    from mxq.tasks.model_store.models import add_builtin
+    from mxq.tasks.model_store.mxnet.versions import add_builtin
     from mxq.workers.jobs.submit import submit
 
     training: dict[str, Any] = {"trained_on": None}

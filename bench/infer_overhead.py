@@ -53,7 +53,7 @@ def pinned_bare(s: Settings, path: Path, batch: int, cores: list[int]) -> float:
 
 
 def register(s: Settings, arch: str, shape: tuple[int, ...], classes: int = 10) -> ModelRecord:
-    from mxq.tasks.model_store.models import add_builtin
+    from mxq.tasks.model_store.mxnet.versions import add_builtin
 
     return add_builtin(s, MODEL, arch, shape, classes)
 

@@ -85,7 +85,7 @@ def main() -> None:
         upgrade(settings.database)
         nodes: list[subprocess.Popen] = []
         try:
-            from mxq.tasks.model_store.models import add_builtin
+            from mxq.tasks.model_store.mxnet.versions import add_builtin
 
             add_builtin(settings, "bench", args.arch, shape, 10)
             path = home / "input.npy"

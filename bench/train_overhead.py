@@ -98,7 +98,7 @@ def data(copies: int) -> tuple[np.ndarray, np.ndarray]:
 def register_user_cnn(s: Any, shape: tuple[int, ...]) -> str:
     """The user's CNN, exported by Gluon and registered as `mxq models add --symbol/--params`
     does; what `mxq train --from` then trains."""
-    from mxq.tasks.model_store.models import add_exported
+    from mxq.tasks.model_store.mxnet.versions import add_exported
     from mxq.tasks.runtimes.mx import mx
 
     net = user_cnn()

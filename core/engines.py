@@ -6,8 +6,22 @@ MXNet, each engine's measured samples/s on this kind of device) and runs what th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+# A stored JSON record of a version, read key by key (its `onnx` export's: file, agreement,
+# max diff), each figure checked where it is read (`as_float`).
+Record = Mapping[str, object]
+# A version's lower-precision variants by name (`int8`, `fp16`), each its stored record: its
+# file, its agreement with full precision and the bound it was quantized with.
+Variants = Mapping[str, Record]
+
+
+def as_float(value: object) -> float:
+    """A figure of a stored record (a JSON number) as a float; TypeError for anything else."""
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise TypeError(f"not a number: {value!r}")
 
 ENGINES = ("auto", "mxnet", "onnx")
 # ONNX serves `auto` only when it agrees with MXNet on the check batch: every argmax the same
@@ -28,7 +42,7 @@ def figures_key(kind: str, device_model: str | None) -> str:
     return f"{kind}:{device_model}" if kind == "gpu" and device_model else kind
 
 
-def plain_onnx(onnx: dict[str, Any] | None) -> bool:
+def plain_onnx(onnx: Record | None) -> bool:
     """A version registered from a plain ONNX file (`mxq models add --onnx`): it has no MXNet
     graph, so ONNX Runtime alone serves it, whatever a job asks."""
     return bool(onnx and onnx.get("imported"))
@@ -40,23 +54,23 @@ def onnx_only(model: str) -> str:
             "or auto")
 
 
-def engine_problem(asked: str, onnx: dict[str, Any] | None, model: str) -> str | None:
+def engine_problem(asked: str, onnx: Record | None, model: str) -> str | None:
     """Why a job of `model` cannot run on the engine it asked for (refused at submit), else None."""
     return onnx_only(model) if asked == "mxnet" and plain_onnx(onnx) else None
 
 
-def disagreement(onnx: dict[str, Any] | None) -> str | None:
+def disagreement(onnx: Record | None) -> str | None:
     """Why the ONNX export may not serve `auto` (none, or it disagrees), else None."""
     if not onnx or not onnx.get("file"):
         return f"no ONNX export ({(onnx or {}).get('error') or 'not exported'})"
-    if onnx["argmax_agreement"] < 1.0 or onnx["max_diff"] > MAX_DIFF:
-        return (f"ONNX disagrees with MXNet (max diff {onnx['max_diff']:.2g}, "
-                f"{onnx.get('measure') or 'argmax agreement'} {onnx['argmax_agreement']:.2%}; "
+    if as_float(onnx["argmax_agreement"]) < 1.0 or as_float(onnx["max_diff"]) > MAX_DIFF:
+        return (f"ONNX disagrees with MXNet (max diff {as_float(onnx['max_diff']):.2g}, "
+                f"{onnx.get('measure') or 'argmax agreement'} {as_float(onnx['argmax_agreement']):.2%}; "
                 f"allowed {MAX_DIFF:g} and 100%)")
     return None
 
 
-def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None) -> bool:
+def needs_measuring(asked: str, onnx: Record | None, speeds: dict[str, float] | None) -> bool:
     """`auto` with an agreeing export and no speeds measured yet on this kind of device."""
     return asked == "auto" and disagreement(onnx) is None and not speeds and not plain_onnx(onnx)
 
@@ -66,7 +80,7 @@ def needs_measuring(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, f
 RUNTIMES = ("mxnet", "onnx")
 
 
-def needed(kind: str, asked: str | None = None, onnx: dict[str, Any] | None = None,
+def needed(kind: str, asked: str | None = None, onnx: Record | None = None,
            precision: str | None = None) -> str | None:
     """The engine a job cannot run without, or None when either serves it: training and probes
     run on MXNet; inference on the engine it asked for (ONNX Runtime for a variant), on
@@ -85,7 +99,7 @@ class NoEngine(ValueError):
     """Neither engine may run the job on this device; the message says why and what to do."""
 
 
-def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | None,
+def choose(asked: str, onnx: Record | None, speeds: dict[str, float] | None,
            mxnet_unusable: str | None = None) -> Choice:
     """The engine for a job that asked `asked`: an explicit engine as asked; `auto` the faster
     measured one (MXNet on a tie), MXNet where the export is missing or disagrees. On a device
@@ -109,7 +123,7 @@ def choose(asked: str, onnx: dict[str, Any] | None, speeds: dict[str, float] | N
     return Choice(winner, f"measured faster: onnx {onnx_rate:.0f} vs mxnet {mxnet:.0f} samples/s")
 
 
-def _onnx_only(asked: str, onnx: dict[str, Any] | None, why: str) -> Choice:
+def _onnx_only(asked: str, onnx: Record | None, why: str) -> Choice:
     if asked == "mxnet":
         raise NoEngine(f"--engine mxnet cannot run here: {why}")
     if asked == "onnx":
@@ -133,7 +147,7 @@ VARIANTS = ("int8", "fp16")  # the lower precisions a version may have (`mxq mod
 VARIANTS_ON = {"cpu": ("int8", "fp16"), "gpu": ("fp16",)}
 
 
-def variants_for(kind: str, variants: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def variants_for(kind: str, variants: Variants) -> tuple[Variants, str | None]:
     """The variants a `kind` device runs, and a note naming those it leaves out (None if none)."""
     runs = {n: v for n, v in variants.items() if n in VARIANTS_ON.get(kind, VARIANTS)}
     left = sorted(set(variants) - set(runs))
@@ -157,7 +171,7 @@ def no_variant(model: str, precision: str = "int8") -> str:
 
 
 def precision_problem(asked: str | None, min_agreement: float | None,
-                      variants: dict[str, Any], model: str, engine: str = "auto") -> str | None:
+                      variants: Variants, model: str, engine: str = "auto") -> str | None:
     """Why a job's precision cannot be honoured (the job is refused with it), else None: a
     variant needs to exist and ONNX Runtime to run it; `auto` needs a bound, its own or the
     version's."""
@@ -173,12 +187,12 @@ def precision_problem(asked: str | None, min_agreement: float | None,
     return None
 
 
-def _version_bound(variants: dict[str, Any]) -> float | None:
+def _version_bound(variants: Variants) -> float | None:
     """The bound a version was quantized with, if any of its variants has one."""
-    return next((float(v["bound"]) for v in variants.values() if v.get("bound") is not None), None)
+    return next((as_float(v["bound"]) for v in variants.values() if v.get("bound") is not None), None)
 
 
-def _effective(asked: str | None, variants: dict[str, Any]) -> str | None:
+def _effective(asked: str | None, variants: Variants) -> str | None:
     """A job's precision, unset following the version: `auto` where it was quantized with a
     bound, else None (float32, nothing allowed)."""
     if asked is None and _version_bound(variants) is not None:
@@ -186,25 +200,25 @@ def _effective(asked: str | None, variants: dict[str, Any]) -> str | None:
     return asked
 
 
-def _within(name: str, min_agreement: float | None, variants: dict[str, Any]) -> str | None:
+def _within(name: str, min_agreement: float | None, variants: Variants) -> str | None:
     """Why the version's variant `name` may not serve `auto` by its agreement (below the bound,
     or quantized with no bound while the job gives none), else None."""
     variant = variants[name]
     bound = min_agreement if min_agreement is not None else variant.get("bound")
     if bound is None:
         return f"{name} variant has no bound (quantized without --min-agreement)"
-    agreement = float(variant["agreement"])
-    if agreement < float(bound):
-        return f"{name} variant agreement {agreement:.2%} is below the bound {float(bound):.2%}"
+    agreement = as_float(variant["agreement"])
+    if agreement < as_float(bound):
+        return f"{name} variant agreement {agreement:.2%} is below the bound {as_float(bound):.2%}"
     return None
 
 
-def _eligible(min_agreement: float | None, variants: dict[str, Any]) -> list[str]:
+def _eligible(min_agreement: float | None, variants: Variants) -> list[str]:
     """The variants of the version whose agreement meets the job's bound (else their own)."""
     return [n for n in VARIANTS if n in variants and _within(n, min_agreement, variants) is None]
 
 
-def unmeasured(asked: str | None, min_agreement: float | None, variants: dict[str, Any],
+def unmeasured(asked: str | None, min_agreement: float | None, variants: Variants,
                speeds: dict[str, float] | None) -> list[str]:
     """For `auto`: the variants within their bound whose speed on this kind of device is not
     known; the job measures them before it chooses."""
@@ -213,7 +227,7 @@ def unmeasured(asked: str | None, min_agreement: float | None, variants: dict[st
     return [n for n in _eligible(min_agreement, variants) if not (speeds or {}).get(n)]
 
 
-def choose_precision(asked: str | None, min_agreement: float | None, variants: dict[str, Any],
+def choose_precision(asked: str | None, min_agreement: float | None, variants: Variants,
                      speeds: dict[str, float] | None, fp32: str) -> PrecisionChoice:
     """The precision a job runs in, beside `fp32`, the engine chosen for full precision. Unset
     follows the version: `auto` with the bound it was quantized with, else float32. `auto` runs
@@ -228,6 +242,23 @@ def choose_precision(asked: str | None, min_agreement: float | None, variants: d
         return PrecisionChoice("fp32", "no lower-precision variant (mxq models quantize)")
     full = (speeds or {}).get(fp32, 0.0)
     why = [w for n in VARIANTS if n in variants and (w := _within(n, min_agreement, variants))]
+    faster = _faster(min_agreement, variants, speeds, fp32, why)
+    if not faster:
+        return PrecisionChoice("fp32", "; ".join(why))
+    best = max(faster, key=lambda n: faster[n])
+    agreement = as_float(variants[best]["agreement"])
+    bound = min_agreement if min_agreement is not None else as_float(variants[best]["bound"])
+    why += [f"{n} slower than {best}: {faster[n]:.0f} samples/s" for n in faster if n != best]
+    return PrecisionChoice(best, "; ".join([
+        f"{best} agreement {agreement:.2%} meets the bound {bound:.2%} and measured faster: "
+        f"{faster[best]:.0f} vs {fp32} {full:.0f} samples/s", *why]))
+
+
+def _faster(min_agreement: float | None, variants: Variants, speeds: dict[str, float] | None,
+            fp32: str, why: list[str]) -> dict[str, float]:
+    """The variants within their bound that measured faster than `fp32` on this kind of device,
+    with their speed; why each other one is not is added to `why`."""
+    full = (speeds or {}).get(fp32, 0.0)
     faster: dict[str, float] = {}
     for name in _eligible(min_agreement, variants):
         low = (speeds or {}).get(name, 0.0)
@@ -237,12 +268,4 @@ def choose_precision(asked: str | None, min_agreement: float | None, variants: d
             why.append(f"{name} not faster: {low:.0f} vs {fp32} {full:.0f} samples/s")
         else:
             faster[name] = low
-    if not faster:
-        return PrecisionChoice("fp32", "; ".join(why))
-    best = max(faster, key=lambda n: faster[n])
-    agreement = float(variants[best]["agreement"])
-    bound = min_agreement if min_agreement is not None else float(variants[best]["bound"])
-    why += [f"{n} slower than {best}: {faster[n]:.0f} samples/s" for n in faster if n != best]
-    return PrecisionChoice(best, "; ".join([
-        f"{best} agreement {agreement:.2%} meets the bound {bound:.2%} and measured faster: "
-        f"{faster[best]:.0f} vs {fp32} {full:.0f} samples/s", *why]))
+    return faster

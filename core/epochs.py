@@ -6,7 +6,9 @@ Pure: `mxq.db.outputs.epochs.merge_parts` reads the parts' rows and stores what 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
+
+from mxq.json_types import JsonObject, JsonValue
 
 
 class EpochFigures(Protocol):
@@ -23,9 +25,22 @@ class EpochFigures(Protocol):
     @property
     def samples_per_sec(self) -> float: ...
     @property
-    def per_device(self) -> dict[str, Any] | None: ...
+    def per_device(self) -> Mapping[str, JsonValue] | None: ...
     @property
     def checkpoint(self) -> str | None: ...
+
+
+class MergedEpoch(TypedDict):
+    """One epoch of the whole training, as its parent's row stores it (`merge`)."""
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_accuracy: float | None
+    seconds: float
+    samples_per_sec: float
+    per_device: JsonObject
+    checkpoint: str | None
 
 
 def ready(by_epoch: Mapping[int, Sequence[EpochFigures]], parts: int, merged: set[int]) -> list[int]:
@@ -34,15 +49,24 @@ def ready(by_epoch: Mapping[int, Sequence[EpochFigures]], parts: int, merged: se
     return sorted(n for n, rows in by_epoch.items() if len(rows) == parts and n not in merged)
 
 
-def merge(epoch: int, rows: Sequence[EpochFigures]) -> dict[str, Any]:
+def merge(epoch: int, rows: Sequence[EpochFigures]) -> MergedEpoch:
     """The mean loss and accuracy, the slowest node's seconds, samples/s summed, every node's
     devices in `per_device` (labelled `cpu:0@node`), the first checkpoint any part names."""
     vals = [r.val_accuracy for r in rows if r.val_accuracy is not None]
     return {"epoch": epoch,
-            "train_loss": sum(r.train_loss for r in rows) / len(rows),
-            "train_accuracy": sum(r.train_accuracy for r in rows) / len(rows),
-            "val_accuracy": sum(vals) / len(vals) if vals else None,
+            "train_loss": _mean([r.train_loss for r in rows]),
+            "train_accuracy": _mean([r.train_accuracy for r in rows]),
+            "val_accuracy": _mean(vals) if vals else None,
             "seconds": max(r.seconds for r in rows),
             "samples_per_sec": sum(r.samples_per_sec for r in rows),
-            "per_device": {k: v for r in rows for k, v in (r.per_device or {}).items()},
+            "per_device": _per_device(rows),
             "checkpoint": next((r.checkpoint for r in rows if r.checkpoint), None)}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _per_device(rows: Sequence[EpochFigures]) -> JsonObject:
+    """Every node's devices' figures in one object (each device already labelled with its node)."""
+    return {k: v for r in rows for k, v in (r.per_device or {}).items()}

@@ -11,9 +11,11 @@ spreadsheet formula (`csv_cell`), and on a terminal as characters, never as its 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypeVar
 
 from mxq.errors import UserError
+
+T = TypeVar("T")
 
 MAX_ID = 2**31 - 1
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
@@ -50,7 +52,7 @@ def check_name(name: str, what: str = "model name") -> str:
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def csv_cell(value: Any) -> Any:
+def csv_cell(value: T) -> T | str:
     """`value` as a CSV cell that a spreadsheet shows and never runs: a string starting like a
     formula gets a leading `'` (a model name `=HYPERLINK(...)` of a refused submit would
     otherwise open a link, or run a command, in whoever opens `mxq jobs --format csv`). Only

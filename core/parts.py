@@ -131,14 +131,31 @@ def train_summary(parts: Sequence[Part]) -> dict[str, Any]:
     """A multi-node training's figures: per node, and summed over nodes (samples/s)."""
     results = [p.result or {} for p in parts]
     rank0 = next((r for r in results if r.get("rank") == 0), results[0])
-    per_node = {p.node: _node_figures(p, r) for p, r in zip(parts, results, strict=True)}
-    rate = sum(p.samples_per_sec or 0.0 for p in parts)
-    seconds = max((p.seconds or 0.0 for p in parts), default=0.0)
-    devices = [d for r in results for d in (r.get("per_device") or {})]
+    rate, seconds = _summed_rate(parts), _slowest(parts)
+    devices = _devices(results)
     result = {**{k: rank0.get(k) for k in RANK0_KEYS}, "nodes": len(parts), "devices": devices,
-              "samples_per_sec": rate, "per_node": per_node}
+              "samples_per_sec": rate, "per_node": _per_node(parts, results)}
     return dict(samples=sum(p.samples or 0 for p in parts), seconds=seconds or None,
                 samples_per_sec=rate or None, result=result, devices=devices)
+
+
+def _devices(results: list[dict[str, Any]]) -> list[str]:
+    """Every node's devices, as each part's result labels them (`cpu:0@node`)."""
+    return [d for r in results for d in (r.get("per_device") or {})]
+
+
+def _summed_rate(parts: Sequence[Part]) -> float:
+    """Samples/s over every node: the nodes train side by side."""
+    return sum(p.samples_per_sec or 0.0 for p in parts)
+
+
+def _slowest(parts: Sequence[Part]) -> float:
+    """The seconds of the slowest node: the training's own."""
+    return max((p.seconds or 0.0 for p in parts), default=0.0)
+
+
+def _per_node(parts: Sequence[Part], results: list[dict[str, Any]]) -> dict[str | None, dict[str, Any]]:
+    return {p.node: _node_figures(p, r) for p, r in zip(parts, results, strict=True)}
 
 
 def _node_figures(part: Part, result: dict[str, Any]) -> dict[str, Any]:

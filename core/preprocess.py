@@ -158,7 +158,7 @@ class Preprocess:
         shape[-1 if self.layout == "NHWC" else 1] = len(values)
         return array.reshape(shape)
 
-    def apply(self, batch: NDArray[Any]) -> NDArray[np.float32]:
+    def apply(self, batch: NDArray[np.generic]) -> NDArray[np.float32]:
         """A batch (N, *sample_shape) as the model expects it, in float32."""
         import numpy as np
 

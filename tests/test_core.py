@@ -432,7 +432,8 @@ def test_object_urls_are_parsed_and_confined_to_allowed_prefixes() -> None:
 def test_a_job_out_of_host_memory_says_so_and_where() -> None:
     """Python raises a bare MemoryError wherever an allocation fails (a 1 MiB read, say): the
     failed job names it and its devices, not a class name alone."""
-    from mxq.tasks.runner import JobContext, _unexpected
+    from mxq.tasks.job_context import JobContext
+    from mxq.tasks.runner import _unexpected
     from mxq.workers.settings import Settings
 
     job = JobContext(7, "infer", {}, "cpu:0", Settings(database_url="sqlite://"), "q", "cpu:0", None)

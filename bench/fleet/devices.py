@@ -40,7 +40,8 @@ from mxq.db import engine, fleet, jobs
 from mxq.db.fleet import list_workers
 from mxq.db.jobs import Placement
 from mxq.shares import devices_needed
-from mxq.tasks.runner import JobContext, Outcome, Worker, run_job
+from mxq.tasks.job_context import JobContext, Outcome
+from mxq.tasks.runner import Worker, run_job
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
 from mxq.workers.fleet import heartbeat, leases

@@ -25,7 +25,7 @@ from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
 from mxq.priorities import Level
 from mxq.tasks.inference.inputs import InputSource
-from mxq.tasks.runner import JobContext, JobInputError
+from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.workers.broker import messages
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -22,10 +21,10 @@ from mxq.db import registry
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.device import Device
 from mxq.errors import device_fault, first_line
+from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import ChangedFile, verify
 from mxq.tasks.model_store.locations import local_file
-from mxq.tasks.runner import JobContext, JobInputError
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import Settings
 
@@ -90,7 +89,7 @@ class Engine:
     precision_reason: str = "full precision"
 
 
-def _release(net: Any) -> None:
+def _release(net: object) -> None:
     """Drop the net's compiled graph and the memory it holds; the next call builds it anew.
 
     A `static_alloc` graph (tasks.models.load) keeps the buffers it got before an allocation
@@ -129,7 +128,9 @@ def mxnet_engine(settings: Settings, model: ModelRecord, device: Device, reason:
     """MXNet on the worker's device (imported here: a worker serving ONNX only never loads it).
     Each new batch size is checked by shape inference before it runs: running a symbol that
     fixes its batch can corrupt memory and crash the worker."""
-    from mxq.tasks.model_store.models import ModelError, check_batch, load, probabilities
+    from mxq.tasks.model_store.model_error import ModelError
+    from mxq.tasks.model_store.models import load, probabilities
+    from mxq.tasks.model_store.mxnet.batch_proof import check_batch
     from mxq.tasks.runtimes.mx_context import context
 
     ctx = context(device)
@@ -271,23 +272,35 @@ def _precision(job: JobContext, model: ModelRecord, asked: str, p: Precision, fp
                             "fp16 or auto there, or run it on a CPU device")
     which = rule.unmeasured(p.asked, p.min_agreement, variants, speeds)
     if which and onnx_runtime.unavailable(job.parsed_device.kind) is None:
-        mxnet_unusable = job.settings.mxnet_unusable
-        both = mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), None)
-        try:
-            speeds = _measure(job, model, batch_size, [*which, *(rule.RUNTIMES if both else [fp32.engine])])
-        except StoreChanged:
-            raise
-        except Exception as exc:  # a variant could not run here: full precision serves
-            if device_fault(exc):
-                raise
-            return fp32, rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: "
-                                                      f"{first_line(exc)}")
-        if both:
-            fp32 = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+        measured = _measure_variants(job, model, asked, fp32, which, batch_size)
+        if isinstance(measured, rule.PrecisionChoice):
+            return fp32, measured
+        fp32, speeds = measured
     chosen = rule.choose_precision(p.asked, p.min_agreement, variants, speeds, fp32.engine)
     if left_out and chosen.reason != "asked":
         chosen = rule.PrecisionChoice("fp32", f"{chosen.reason}; {left_out}")
     return fp32, chosen
+
+
+def _measure_variants(job: JobContext, model: ModelRecord, asked: str, fp32: rule.Choice,
+                      which: list[str], batch_size: int
+                      ) -> tuple[rule.Choice, dict[str, float]] | rule.PrecisionChoice:
+    """Measure the variants `which` with full precision in the same turns (both engines where
+    `auto` chooses between them, then chosen again): the full-precision engine and the speeds,
+    or full precision's choice when a variant could not run here."""
+    mxnet_unusable = job.settings.mxnet_unusable
+    both = mxnet_unusable is None and rule.needs_measuring(asked, model.get("onnx"), None)
+    try:
+        speeds = _measure(job, model, batch_size, [*which, *(rule.RUNTIMES if both else [fp32.engine])])
+    except StoreChanged:
+        raise
+    except Exception as exc:  # a variant could not run here: full precision serves
+        if device_fault(exc):
+            raise
+        return rule.PrecisionChoice("fp32", f"{' and '.join(which)} not measured: {first_line(exc)}")
+    if both:
+        fp32 = rule.choose(asked, model.get("onnx"), speeds, mxnet_unusable)
+    return fp32, speeds
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,6 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,14 +32,12 @@ from mxq.db import events, jobs, registry
 from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.errors import device_fault
-from mxq.objects import ObjectURLError
-from mxq.preprocess import Preprocess
 from mxq.tasks.inference import batching, engines
-from mxq.tasks.inference.inputs import InputError, InputSource, Limits, open_input
-from mxq.tasks.inference.inputs.source import Fetch
+from mxq.tasks.inference.inputs import InputError, InputSource
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
-from mxq.tasks.runner import (
+from mxq.tasks.inference.submitted_input import open_submitted, unchanged
+from mxq.tasks.job_context import (
     FanOut,
     JobCancelled,
     JobContext,
@@ -50,14 +46,11 @@ from mxq.tasks.runner import (
     JobPreempted,
     JobTimedOut,
     Outcome,
-    job_task,
 )
+from mxq.tasks.runner import job_task
 from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams
-from mxq.workers.paths import PathError
-from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError
-from mxq.workers.storage.locate import identity, locate
 
 log = logging.getLogger(__name__)
 
@@ -83,57 +76,6 @@ def flush_rows(held: bool, classes: int, samples: int) -> int:
     return max(FLUSH_ROWS, min(FLUSH_BYTES // (4 * classes), samples // 10))
 
 
-def _open(s: Settings, p: InferParams, model: ModelRecord) -> InputSource:
-    """The job's input as it was submitted (`p.input_identity`): an object read only at the
-    ETag it had (If-Match on every range), a file whose size, mtime and inode are checked again
-    after every read and after the model computed it (`_unchanged`), a folder's or a prefix's
-    images as listed at submit, each read checked against its listing (`inputs.images`); a
-    change fails the job, naming it, before anything of the new bytes is stored."""
-    try:
-        path = locate(s, p.input)
-        folder = isinstance(path, Path) and path.is_dir()
-        if not folder:  # a folder's identity (a listing and a stat per image) is taken once, below
-            _same_input(p, identity(path))
-        source = open_input(path, tuple(model["input_shape"]), p.key,
-                            Preprocess.from_dict(model["preprocess"]), Limits.of(s), p.columns)
-        if folder:  # the listing the reads are held to: submit's
-            _same_input(p, identity(path))
-    except (PathError, ObjectURLError, StorageError, InputError) as exc:
-        raise JobInputError(str(exc)) from None
-    if isinstance(path, Path) and not folder and p.input_identity is not None:
-        source.fetch = _pinned(p, path, source.fetch)
-    source.model = f"{model['name']}:{model['version']}"
-    return source
-
-
-def _same_input(p: InferParams, now: str | None) -> None:
-    if p.input_identity is not None and now != p.input_identity:
-        raise InputError(f"input {p.input} changed since the job was submitted (then: "
-                         f"{p.input_identity}; now: {now or 'gone'}): submit the job again to "
-                         "score the new contents")
-
-
-def _pinned(p: InferParams, path: Path, fetch: Fetch) -> Fetch:
-    """`fetch`, checking after each read that the file is still the one submitted: a file
-    rewritten in place under a mapped read changes the bytes already read, not only later ones."""
-    def checked(start: int, stop: int) -> Any:
-        samples = fetch(start, stop)
-        _same_input(p, identity(path))  # (an InputError: the read's caller fails the job with it)
-        return samples
-    return checked
-
-
-def _unchanged(p: InferParams, source: InputSource) -> None:
-    """Fail the job if its local input is no longer the one submitted. Checked once the model has
-    read a batch: a mapped .npy's fetch is a view of the file, so a rewrite after the fetch's own
-    check (during the last batch too) would otherwise reach the predictions of a job that succeeds."""
-    if isinstance(source.path, Path) and not source.path.is_dir() and p.input_identity is not None:
-        try:  # (a folder's images are copied as they are read, each checked then)
-            _same_input(p, identity(source.path))
-        except InputError as exc:
-            raise JobInputError(str(exc)) from None
-
-
 def _chunks(p: InferParams, count: int) -> list[InferParams]:
     """The job's chunks: its request over [start, stop) each (a chunk splits no further)."""
     size = p.chunk_size or count
@@ -144,7 +86,18 @@ def _chunks(p: InferParams, count: int) -> list[InferParams]:
 @job_task("infer")
 def infer(job: JobContext) -> Outcome | FanOut:
     p = job.params(InferParams)
-    settings = job.settings
+    model = _model(job, p)
+    source = open_submitted(job.settings, p, model)
+    if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
+        return FanOut(_chunks(p, source.count))
+    if job.parent_id is None and batching.mergeable(p, source.count, job.settings) \
+            and model["outputs"] in CLASSIFIER_OUTPUTS:  # a merged batch's rows rank classes
+        return _merged(job, p, model, source)
+    return _ranged(job, p, model, source)
+
+
+def _model(job: JobContext, p: InferParams) -> ModelRecord:
+    """The version the job asks for, once its --top-k fits it (JobInputError otherwise)."""
     try:
         model = registry.resolve(job.url, p.model, p.model_version)
     except LookupError as exc:
@@ -152,21 +105,18 @@ def infer(job: JobContext) -> Outcome | FanOut:
     if p.top_k > (most := _top_k_bound(model)):
         raise JobInputError(f"top-k {p.top_k} exceeds the {most} classes of "
                             f"{model['name']}:{model['version']}")
-    source = _open(settings, p, model)
-    if job.parent_id is None and p.chunk_size and source.count > p.chunk_size:
-        return FanOut(_chunks(p, source.count))
-    if job.parent_id is None and batching.mergeable(p, source.count, settings) \
-            and model["outputs"] in CLASSIFIER_OUTPUTS:  # a merged batch's rows rank classes
-        return _merged(job, p, model, source)
+    return model
+
+
+def _ranged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource) -> Outcome:
+    """The job's samples (all of the input's, or its chunk's), streamed batch by batch into its
+    outputs from where earlier attempts stopped."""
     start, stop = p.start or 0, p.stop or source.count
     if stop > source.count:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
-    fit = _Fit(job, _start_batch(p, stop - start, settings.max_batch_size))
-    engine = engines.pick(job, model, p.engine, fit.size, _precision(p))
-    if engine.precision != "fp32":  # every chunk checks the same samples, and decides alike
-        first = _read(p, source, 0, source.count, lambda _: engines.CHECK_SAMPLES)
-        engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
+    fit = _Fit(job, _start_batch(p, stop - start, job.settings.max_batch_size))
+    engine = _engine(job, p, model, source, fit.size)
     _announce(job, model, engine, f"samples {start}..{stop} of {source.count}, batch {fit.size}")
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop,
@@ -174,6 +124,32 @@ def infer(job: JobContext) -> Outcome | FanOut:
     begin = out.resume()
     earlier = jobs.earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()
+    _stream_all(job, p, source, engine, out, begin, fit)
+    # Every sample the output holds, over the compute time of every attempt that stored them.
+    seconds = earlier + time.perf_counter() - began
+    log.info("job %s: %s samples stored (%s)", job.id, stop - start, out.shown)
+    return Outcome(samples=stop - start, seconds=seconds, result={
+        **_ran(model, engine, source, (start, stop), begin), "batch_size": p.batch_size,
+        "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
+        **({"output_files": out.files} if out.files else {}), "mxq_version": mxq_version(),
+    })
+
+
+def _engine(job: JobContext, p: InferParams, model: ModelRecord, source: InputSource,
+            batch: int) -> engines.Engine:
+    """The engine the job runs on, a reduced precision's vetted on the input's first samples."""
+    engine = engines.pick(job, model, p.engine, batch, _precision(p))
+    if engine.precision == "fp32":
+        return engine
+    # every chunk checks the same samples, and decides alike
+    first = _read(p, source, 0, source.count, lambda _: engines.CHECK_SAMPLES)
+    return engines.vetted(job, model, engine, first, p.engine, _precision(p))
+
+
+def _stream_all(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
+                out: JobOutputs, begin: int, fit: _Fit) -> None:
+    """Stream the samples from `begin` into `out` and finish it; what it stored is dropped on a
+    failure, unless the job stopped in a way that keeps it."""
     try:
         _stream(job, p, source, engine, out, begin, fit)
         out.finish()
@@ -182,17 +158,16 @@ def infer(job: JobContext) -> Outcome | FanOut:
         if not isinstance(exc, JobLost | JobCancelled | JobTimedOut | JobPreempted):
             out.abandon()
         raise
-    # Every sample the output holds, over the compute time of every attempt that stored them.
-    seconds = earlier + time.perf_counter() - began
-    log.info("job %s: %s samples stored (%s)", job.id, stop - start, out.shown)
-    return Outcome(samples=stop - start, seconds=seconds, result={
-        "model": model["name"], "model_version": model["version"],
-        "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
-        "input": str(source.path), "range": [start, stop],
-        "resumed_from": begin if begin > start else None, "batch_size": p.batch_size,
-        "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
-        **({"output_files": out.files} if out.files else {}), "mxq_version": mxq_version(),
-    })
+
+
+def _ran(model: ModelRecord, engine: engines.Engine, source: InputSource, span: tuple[int, int],
+         begin: int) -> dict[str, object]:
+    """What a job's result says of what it ran: the version, the engine, the input and range."""
+    start, stop = span
+    return {"model": model["name"], "model_version": model["version"],
+            "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
+            "input": str(source.path), "range": [start, stop],
+            "resumed_from": begin if begin > start else None}
 
 
 @functools.cache
@@ -219,7 +194,7 @@ def _read_all(p: InferParams, source: InputSource) -> NDArray[np.float32]:
     """A small input whole, read and checked as one batch: copied, then the file checked again
     (a mapped .npy's read is a view, read by the model only after the fetch's own check)."""
     x = np.array(next(_batches(p, source, 0, source.count, lambda _: source.count))[1])
-    _unchanged(p, source)
+    unchanged(p, source)
     return x
 
 
@@ -231,7 +206,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
     _announce(job, model, engine, f"{source.count} samples in one batch with the small jobs of "
               "its model that wait")
-    members += batching.gather(job, model, _open, _read_all, source.count)
+    members += batching.gather(job, model, open_submitted, _read_all, source.count)
     began = time.perf_counter()
     try:
         probs, fit, lead_error = _predict_members(job, p, engine, members)
@@ -460,7 +435,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
                 probs = fit.predict(engine, x)
             except engines.NonFiniteOutput as exc:
                 raise JobInputError(exc.describe(first + exc.row, x[exc.row])) from None
-            _unchanged(p, source)  # before the output takes them: `x` may be a view of the file
+            unchanged(p, source)  # before the output takes them: `x` may be a view of the file
             out.add(first, probs)
             now = time.perf_counter()
             if now - since >= FLUSH_SECONDS or last - mark >= most or last == out.stop:

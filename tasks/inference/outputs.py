@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -49,13 +49,14 @@ from mxq.status import JobStatus
 from mxq.tasks.inference.inputs.npy import parse_header
 from mxq.tasks.inference.part_stores import BucketParts, LocalParts, PartStore, probability_part
 from mxq.tasks.inference.pipeline import at_idle_priority
+from mxq.tasks.job_context import JobContext, JobFailed, JobLost
 from mxq.tasks.model_store import output_kinds
-from mxq.tasks.runner import JobContext, JobFailed, JobLost
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import ObjectTaken
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def output_path(settings: Settings, job_id: int, suffix: str = ".npy") -> Path:
@@ -305,11 +306,11 @@ class JobOutputs:
             raise self._lost(fence)
         self.job.progress((flush.last - self.start) / (self.stop - self.start))
 
-    def _files(self, write: Callable[..., T], *args: Any) -> T:
+    def _files(self, write: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`write(*args)`, a write of the output's files: on a CPU device at idle priority."""
         if self.job.parsed_device.kind == "cpu":
-            return at_idle_priority(write, *args)
-        return write(*args)
+            return at_idle_priority(write, *args, **kwargs)
+        return write(*args, **kwargs)
 
     def _lost(self, fence: Fence) -> JobLost:
         return JobLost(f"job {self.job.id} now belongs to another attempt (this one, "

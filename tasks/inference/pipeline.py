@@ -19,10 +19,10 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Generic, ParamSpec, TypeVar
 
 T = TypeVar("T")
-_DONE = object()  # put after the last item
+P = ParamSpec("P")
 _idle: ThreadPoolExecutor | None = None  # this process's idle-priority helper (`at_idle_priority`)
 _idle_made = threading.Lock()
 
@@ -46,7 +46,7 @@ def yield_cores() -> None:
         pass
 
 
-def at_idle_priority(work: Callable[..., T], *args: Any) -> T:
+def at_idle_priority(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`work(*args)` on this process's idle-priority thread (`yield_cores`), waited for: only for
     work that takes no lock another thread may wait on (file writes, not SQL). A thread cannot
     leave idle priority again without privilege, so such work goes to a thread of its own."""
@@ -54,14 +54,14 @@ def at_idle_priority(work: Callable[..., T], *args: Any) -> T:
     with _idle_made:
         if _idle is None:
             _idle = ThreadPoolExecutor(1, thread_name_prefix="mxq-idle", initializer=yield_cores)
-    return _idle.submit(work, *args).result()
+    return _idle.submit(work, *args, **kwargs).result()
 
 
 def prefetch(items: Iterator[T], depth: int = 2, idle: bool = False) -> Iterator[T]:
     """Yield `items`, produced `depth` ahead on a thread (at idle priority with `idle`:
     `yield_cores`); its exceptions surface here."""
-    # (True, item or _DONE) or (False, the exception the producer met)
-    q: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    # (item,), the exception the producer met, or None after the last item
+    q: queue.Queue[tuple[T] | BaseException | None] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
     def produce() -> None:
@@ -71,28 +71,28 @@ def prefetch(items: Iterator[T], depth: int = 2, idle: bool = False) -> Iterator
             for item in items:
                 if stop.is_set():
                     return
-                q.put((True, item))
+                q.put((item,))
         except BaseException as exc:  # handed to the consumer, raised there
-            q.put((False, exc))
+            q.put(exc)
             return
-        q.put((True, _DONE))
+        q.put(None)
 
     threading.Thread(target=produce, name="mxq-prefetch", daemon=True).start()
     try:
         while True:
-            ok, item = q.get()
-            if not ok:
-                raise item
-            if item is _DONE:
+            got = q.get()
+            if isinstance(got, BaseException):
+                raise got
+            if got is None:
                 return
-            yield item
+            yield got[0]
     finally:
         stop.set()
         while not q.empty():  # unblock a producer waiting on a full queue
             q.get_nowait()
 
 
-class BackgroundWriter:
+class BackgroundWriter(Generic[T]):
     """Runs `write(item)` for each submitted item on one thread, in order.
 
     At most `in_flight` items are submitted and not yet written: `submit` waits for the writer
@@ -102,9 +102,9 @@ class BackgroundWriter:
     never reports success for results that were not stored.
     """
 
-    def __init__(self, write: Callable[[Any], None], in_flight: int = 4) -> None:
+    def __init__(self, write: Callable[[T], None], in_flight: int = 4) -> None:
         self._write = write
-        self._q: queue.Queue[Any] = queue.Queue()  # items for `write`, then _DONE
+        self._q: queue.Queue[tuple[T] | None] = queue.Queue()  # (item,) for `write`, then None
         self._slots = threading.Semaphore(in_flight)
         self._in_flight = in_flight
         self._error: BaseException | None = None
@@ -112,19 +112,19 @@ class BackgroundWriter:
         self._thread.start()
 
     def _run(self) -> None:
-        while (item := self._q.get()) is not _DONE:
+        while (item := self._q.get()) is not None:
             if self._error is None:
                 try:
-                    self._write(item)
+                    self._write(item[0])
                 except BaseException as exc:
                     self._error = exc
             self._slots.release()
 
-    def submit(self, item: Any) -> None:
+    def submit(self, item: T) -> None:
         if self._error is not None:
             raise self._error
         self._slots.acquire()
-        self._q.put(item)
+        self._q.put((item,))
 
     def drain(self) -> None:
         """Wait until everything submitted is written (re-raising a failure); it takes more after."""
@@ -136,7 +136,7 @@ class BackgroundWriter:
             raise self._error
 
     def close(self) -> None:
-        self._q.put(_DONE)
+        self._q.put(None)
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -1,6 +1,7 @@
 """Adding a version as `mxq models add` asks for it, whichever kind of file it is: the one place
-that knows both the MXNet files (`models`) and a plain ONNX file (`onnx_import`), which itself
-builds on `models`; neither imports the other back."""
+that knows both the MXNet files (`mxnet.versions`) and a plain ONNX file (`onnx_import`), which
+itself builds on the store's shared parts (`output_detection`, `version_folder`); neither imports
+the other."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from mxq.db.records import ModelRecord
 from mxq.preprocess import Preprocess
-from mxq.tasks.model_store.models import add_builtin, add_exported
+from mxq.tasks.model_store.mxnet.versions import add_builtin, add_exported
 from mxq.tasks.model_store.onnx_import import add_onnx
 from mxq.workers.jobs.jobspecs import RegisterParams
 from mxq.workers.settings import Settings

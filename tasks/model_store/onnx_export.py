@@ -28,7 +28,7 @@ ONNX_FILE = "model.onnx"
 CHECK_BATCH = 16  # samples of the agreement check
 # A second, different batch size: an export whose output does not follow its input's batch is
 # refused (ONNX Runtime is not run at MXQ_MAX_BATCH_SIZE: that could take gigabytes; the MXNet
-# symbol's shapes were inferred at it before the export, tasks.models.prove_batches).
+# symbol's shapes were inferred at it before the export, tasks.model_store.mxnet.batch_proof.prove_batches).
 SECOND_BATCH = 3
 OUTPUT = "probabilities"
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,21 +28,26 @@ from mxq.db import registry
 from mxq.db.records import CLASSIFIER_OUTPUTS, OUTPUT_KINDS, ModelRecord
 from mxq.engines import MAX_DIFF
 from mxq.errors import reason
+from mxq.json_types import JsonObject
 from mxq.preprocess import Preprocess
 from mxq.tasks.model_store import onnx_export, output_kinds
 from mxq.tasks.model_store.checksums import sha256
 from mxq.tasks.model_store.locations import publish, store_dir
-from mxq.tasks.model_store.models import (
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.mxnet.batch_proof import TRIAL_BATCHES
+from mxq.tasks.model_store.output_detection import (
     SOFTMAX_OPS,
-    TRIAL_BATCHES,
     TRIAL_SAMPLES,
-    ModelError,
-    _look_like_probabilities,
-    _new_folder,
-    _sums,
+    look_like_probabilities,
+    row_sums,
     value_kind,
 )
+from mxq.tasks.model_store.version_folder import new_folder
 from mxq.workers.settings import Settings
+
+if TYPE_CHECKING:  # imported where they run: a worker that serves MXNet only never loads them
+    from onnx import ModelProto, ValueInfoProto
+    from onnxruntime import InferenceSession
 
 IMPORTED_FILE = "imported.onnx"  # the user's file as given, beside the served model.onnx
 BATCH = "batch"  # the name of the dynamic batch dimension
@@ -53,7 +59,7 @@ QUIET = 4  # ONNX Runtime's log severity: fatal only (its coloured error line pr
 PASS_OPS = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"}  # looked through
 
 
-def _load(path: Path) -> Any:
+def _load(path: Path) -> ModelProto:
     """The ONNX model in `path`, checked (ModelError naming the file and why)."""
     import onnx
 
@@ -67,13 +73,13 @@ def _load(path: Path) -> Any:
     return model
 
 
-def _dims(value: Any) -> list[int | None]:
+def _dims(value: ValueInfoProto) -> list[int | None]:
     """A value's dimensions: sizes, None where dynamic or unknown."""
     shape = value.type.tensor_type.shape
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in shape.dim]
 
 
-def _the_input(model: Any, path: Path) -> Any:
+def _the_input(model: ModelProto, path: Path) -> ValueInfoProto:
     """The graph's one float32 input (initializers listed as inputs are weights, not inputs)."""
     from onnx import TensorProto
 
@@ -82,14 +88,14 @@ def _the_input(model: Any, path: Path) -> Any:
     if len(inputs) != 1:
         raise ModelError(f"{path.name} has {len(inputs)} inputs ({_names(inputs)}); "
                          "mxq serves models with exactly one input")
-    data = inputs[0]
+    data: ValueInfoProto = inputs[0]
     if data.type.tensor_type.elem_type != TensorProto.FLOAT:
         raise ModelError(f"{path.name}: input {data.name} is not a float32 tensor; allowed: one "
                          "float32 input of shape (batch, ...)")
     return data
 
 
-def sample_shape(data: Any, path: Path, given: tuple[int, ...] | None) -> tuple[int, ...]:
+def sample_shape(data: ValueInfoProto, path: Path, given: tuple[int, ...] | None) -> tuple[int, ...]:
     """One sample's shape: the input's dimensions after the batch (dynamic or 1), or `given`
     (--input-shape) where the graph leaves some open; a `given` the graph contradicts is refused."""
     dims = _dims(data)
@@ -111,7 +117,7 @@ def sample_shape(data: Any, path: Path, given: tuple[int, ...] | None) -> tuple[
     return given
 
 
-def _names(values: list[Any]) -> str:
+def _names(values: Sequence[ValueInfoProto]) -> str:
     """The first few values' names, for a one-line error."""
     return ", ".join(v.name for v in values[:5]) + (", ..." if len(values) > 5 else "") or "none"
 
@@ -125,13 +131,13 @@ def _shown(dims: list[int | None]) -> str:
 LABEL_ATTRIBUTES = ("classlabels_int64s", "classlabels_ints", "classlabels_strings")
 
 
-def _is_tensor(value: Any, rank: int | None = None) -> bool:
+def _is_tensor(value: ValueInfoProto, rank: int | None = None) -> bool:
     kind = value.type.tensor_type
     known = kind.HasField("shape")
     return value.type.HasField("tensor_type") and (rank is None or not known or len(kind.shape.dim) == rank)
 
 
-def _class_labels(model: Any) -> list[Any] | None:
+def _class_labels(model: ModelProto) -> list[int | str] | None:
     """The class labels a converter's classifier (or its ZipMap) names, in the order of the
     probability columns; None when the graph names none."""
     from onnx import helper
@@ -144,7 +150,7 @@ def _class_labels(model: Any) -> list[Any] | None:
     return None
 
 
-def _unzipped(model: Any, out: Any) -> Any:
+def _unzipped(model: ModelProto, out: ValueInfoProto) -> ValueInfoProto:
     """A ZipMap's output (a sequence of maps, label -> probability) replaced by its input, the
     probability tensor the classifier made: the node goes, the tensor becomes the output."""
     from onnx import TensorProto, helper
@@ -156,7 +162,7 @@ def _unzipped(model: Any, out: Any) -> Any:
     return helper.make_tensor_value_info(node.input[0], TensorProto.FLOAT, [BATCH, None])
 
 
-def _exported_classifier(model: Any) -> list[Any] | None:
+def _exported_classifier(model: ModelProto) -> list[int | str] | None:
     """A classifier as converters export it (skl2onnx, onnxmltools): a label output (integers or
     strings, rank 1) beside its probabilities (a tensor, or ZipMap's maps). The graph is left
     with the probabilities alone, the one output mxq serves; the class labels, if it names any.
@@ -174,13 +180,13 @@ def _exported_classifier(model: Any) -> list[Any] | None:
     return labels
 
 
-def _the_output(model: Any, path: Path) -> Any:
+def _the_output(model: ModelProto, path: Path) -> ValueInfoProto:
     """The graph's one output, a tensor of rank 2 where the graph records its rank."""
     outputs = list(model.graph.output)
     if len(outputs) != 1:
         raise ModelError(f"{path.name} has {len(outputs)} outputs ({_names(outputs)}); "
                          "mxq needs exactly one, of shape (batch, classes)")
-    out = outputs[0]
+    out: ValueInfoProto = outputs[0]
     if not out.type.HasField("tensor_type"):
         raise ModelError(f"{path.name}: output {out.name} is not a tensor; mxq needs one of shape "
                          "(batch, classes)")
@@ -190,7 +196,7 @@ def _the_output(model: Any, path: Path) -> Any:
     return out
 
 
-def _dynamic_batch(model: Any, data: Any, out: Any) -> None:
+def _dynamic_batch(model: ModelProto, data: ValueInfoProto, out: ValueInfoProto) -> None:
     """The input's and output's first dimension made dynamic (a graph exported at batch 1 serves
     any batch where its ops allow; the trial run says whether they do). Shapes inferred for
     values in between are dropped: they may say batch 1."""
@@ -202,7 +208,7 @@ def _dynamic_batch(model: Any, data: Any, out: Any) -> None:
     del model.graph.value_info[:]
 
 
-def _rename_output(model: Any, out: Any) -> None:
+def _rename_output(model: ModelProto, out: ValueInfoProto) -> None:
     """An output named as the served graph's own (`probabilities`) renamed, so the softmax (or
     Identity) appended after it has a name of its own."""
     old, new = out.name, f"{out.name}_imported"
@@ -212,7 +218,7 @@ def _rename_output(model: Any, out: Any) -> None:
     out.name = new
 
 
-def _session(model: Any, path: Path) -> Any:
+def _session(model: ModelProto, path: Path) -> InferenceSession:
     """An ONNX Runtime session (CPU) on the graph in memory, or ModelError naming the file."""
     import onnxruntime as ort
 
@@ -224,7 +230,8 @@ def _session(model: Any, path: Path) -> Any:
         raise ModelError(f"ONNX Runtime cannot load {path.name}: {reason(exc)}") from None
 
 
-def _run_bounded(sess: Any, feed: dict[str, Any], seconds: float) -> Any:
+def _run_bounded(sess: InferenceSession, feed: dict[str, NDArray[np.float32]], seconds: float
+                 ) -> list[NDArray[np.float32]]:
     """`sess.run` stopped after `seconds` (a Loop of 2^62 turns would run for ever): ONNX Runtime
     checks its run options' terminate flag between nodes and loop turns. TimeoutError then."""
     import onnxruntime as ort
@@ -235,7 +242,8 @@ def _run_bounded(sess: Any, feed: dict[str, Any], seconds: float) -> Any:
     timer.daemon = True
     timer.start()
     try:
-        return sess.run(None, feed, options)
+        outputs: list[NDArray[np.float32]] = sess.run(None, feed, options)
+        return outputs
     except Exception:
         if options.terminate:
             raise TimeoutError from None
@@ -244,7 +252,7 @@ def _run_bounded(sess: Any, feed: dict[str, Any], seconds: float) -> Any:
         timer.cancel()
 
 
-def _trial(sess: Any, path: Path, shape: tuple[int, ...], seconds: float) -> NDArray[np.float32]:
+def _trial(sess: InferenceSession, path: Path, shape: tuple[int, ...], seconds: float) -> NDArray[np.float32]:
     """The output on seeded random samples at each trial batch, each within `seconds`, checked:
     one finite row of the same width per sample (a classifier's at least 2 classes: `detect`).
     The last batch's output."""
@@ -270,7 +278,7 @@ def _trial(sess: Any, path: Path, shape: tuple[int, ...], seconds: float) -> NDA
     return out
 
 
-def _last_op(model: Any, out: Any) -> str | None:
+def _last_op(model: ModelProto, out: ValueInfoProto) -> str | None:
     """The op that computes the output, looking through ops that only reshape or copy."""
     producers = {o: n for n in model.graph.node for o in n.output}
     node = producers.get(out.name)
@@ -279,10 +287,10 @@ def _last_op(model: Any, out: Any) -> str | None:
     return None if node is None else str(node.op_type)
 
 
-def detect(model: Any, out: Any, trial: NDArray[np.float32], stated: str) -> str:
-    """What the graph outputs, as `models.detect_outputs` tells it for MXNet: `logits` or
+def detect(model: ModelProto, out: ValueInfoProto, trial: NDArray[np.float32], stated: str) -> str:
+    """What the graph outputs, as `output_detection.detect_outputs` tells it for MXNet: `logits` or
     `probabilities` by a last Softmax, else trial rows summing to 1 (a stated kind the evidence
-    contradicts is refused); a kind that is no classifier's as stated (`models.value_kind`), and
+    contradicts is refused); a kind that is no classifier's as stated (`output_detection.value_kind`), and
     `regression` for `auto` of an output of width 1."""
     if stated not in (*CLASSIFIER_OUTPUTS, "auto") or (stated == "auto" and trial.shape[1] == 1):
         return value_kind(stated, trial)
@@ -290,7 +298,7 @@ def detect(model: Any, out: Any, trial: NDArray[np.float32], stated: str) -> str
         raise ModelError(f"--outputs {stated}: the output has width 1, and a classifier has 2 classes "
                          "or more; allowed: --outputs regression or auto")
     op = _last_op(model, out)
-    if op in SOFTMAX_OPS or _look_like_probabilities(trial):
+    if op in SOFTMAX_OPS or look_like_probabilities(trial):
         found = "probabilities"
     else:
         found = "logits"
@@ -298,7 +306,7 @@ def detect(model: Any, out: Any, trial: NDArray[np.float32], stated: str) -> str
         return found
     if stated == "probabilities":
         raise ModelError(f"--outputs probabilities: the model's outputs on {TRIAL_SAMPLES} random "
-                         f"samples are not probabilities (row sums {_sums(trial)}, smallest value "
+                         f"samples are not probabilities (row sums {row_sums(trial)}, smallest value "
                          f"{trial.min():.4g}); allowed: --outputs logits or auto")
     raise ModelError(f"--outputs logits: the model outputs probabilities (last op {op}, or rows "
                      "summing to 1), and a softmax of them would squash every score; allowed: "
@@ -311,7 +319,7 @@ def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:
     return probs
 
 
-def _served(folder: Path, path: Path, model: Any, kind: str, shape: tuple[int, ...]) -> dict[str, Any]:
+def _served(folder: Path, path: Path, model: ModelProto, kind: str, shape: tuple[int, ...]) -> JsonObject:
     """Write the graph jobs run (`model.onnx`, ending in probabilities) and compare it with the
     user's graph run by hand (a softmax applied for logits): the `onnx` record of the version."""
     import onnx
@@ -361,27 +369,29 @@ def add_onnx(settings: Settings, name: str, path: Path, input_shape: tuple[int, 
     kind = detect(model, out, trial, outputs)
     preprocess = preprocess or Preprocess()
     preprocess.check(shape)
-    return _store(settings, name, path, model, {
+    return _store(settings, name, path, model, (kind, shape), {
         "arch": "onnx", "input_shape": list(shape), "classes": int(trial.shape[1]),
         "source": f"onnx:{path.name}"[:256], "outputs": kind, "preprocess": preprocess.as_dict()},
         labels)
 
 
-def _store(settings: Settings, name: str, path: Path, model: Any, fields: dict[str, Any],
-           labels: list[Any] | None = None) -> ModelRecord:
+def _store(settings: Settings, name: str, path: Path, model: ModelProto,
+           served: tuple[str, tuple[int, ...]], fields: JsonObject,
+           labels: list[int | str] | None = None) -> ModelRecord:
     """The version's folder (the user's file, the served graph), uploaded to a bucket store,
     then its row (the converter's class labels, if any, in its `onnx` record: column i of the
-    probabilities is `class_labels[i]`); files undone on failure."""
+    probabilities is `class_labels[i]`); files undone on failure. `served`: what the version
+    outputs and one sample's shape, as `fields` records them."""
     url = settings.database
     version = registry.next_version(url, name)
-    folder = _new_folder(store_dir(settings.home_path, url, name, version), name, version)
+    folder = new_folder(store_dir(settings.home_path, url, name, version), name, version)
     try:
         kept = folder / IMPORTED_FILE
         shutil.copyfile(path, kept)
-        onnx = _served(folder, path, model, fields["outputs"], tuple(fields["input_shape"]))
+        onnx = _served(folder, path, model, *served)
         if labels is not None:
-            onnx["class_labels"] = labels
-        publish(settings, url, name, version, [kept, Path(onnx["file"])])
+            onnx["class_labels"] = [*labels]
+        publish(settings, url, name, version, [kept, Path(str(onnx["file"]))])
         added = registry.add_model(url, {**fields, "name": name, "version": version,
                                          "params_file": str(kept), "symbol_file": None,
                                          "checksum": sha256(kept), "onnx": onnx})

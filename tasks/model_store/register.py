@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 from mxq.preprocess import PreprocessError
+from mxq.tasks.job_context import JobContext, JobInputError, Outcome
 from mxq.tasks.model_store.add import add_version
-from mxq.tasks.model_store.models import ModelError
-from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.runner import job_task
 from mxq.workers.jobs.jobspecs import RegisterParams
 from mxq.workers.paths import PathError, staging_dir, within
 

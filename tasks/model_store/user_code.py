@@ -71,7 +71,7 @@ def build(path: Path, sha256: str, name: str, factory: str, shown: str, classes:
 
 
 def check_output(net: gluon.HybridBlock, name: str, classes: int, input_shape: tuple[int, ...],
-                 ctx: Any, dtype: str = "float32") -> tuple[int, ...]:
+                 ctx: mx.Context, dtype: str = "float32") -> tuple[int, ...]:
     """Forward TRIAL_SAMPLES random samples through an initialized net: its output shape, or
     CodeError unless it is (N, classes)."""
     batch = (TRIAL_SAMPLES, *input_shape)

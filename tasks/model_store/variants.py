@@ -201,7 +201,7 @@ def build_variant(settings: Settings, model: ModelRecord, precision: str, data: 
                                    variant)
 
 
-def calibration_from(x: NDArray[Any], y: NDArray[Any] | None, source: str,
+def calibration_from(x: NDArray[np.generic], y: NDArray[np.generic] | None, source: str,
                      model: ModelRecord) -> Calibration:
     """Samples as stored, checked against the version (shape, labels within its classes) and
     preprocessed as it takes them."""
@@ -230,7 +230,7 @@ def calibration_from(x: NDArray[Any], y: NDArray[Any] | None, source: str,
     return Calibration(scaled, None if y is None else y.astype(np.int32), source)
 
 
-def _non_finite_row(x: NDArray[Any]) -> int | None:
+def _non_finite_row(x: NDArray[np.generic]) -> int | None:
     """The first sample holding NaN or an infinity in float32 (the quantizer computes no scale
     from one), or None. Asked of the file's samples, then of the preprocessed ones, so an error
     says which of the two made it."""

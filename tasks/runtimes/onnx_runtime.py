@@ -15,15 +15,19 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from mxq.errors import DeviceFault, first_line
 
+if TYPE_CHECKING:  # imported where a session is made: a worker that serves MXNet only never loads it
+    from onnxruntime import InferenceSession
+
 CACHE_SIZE = 2  # sessions kept per worker process, as for MXNet models (tasks.models)
-_sessions: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
+_sessions: OrderedDict[tuple[str, int, str], InferenceSession] = OrderedDict()
 
 
 # The execution provider that runs a kind of device.
@@ -48,7 +52,7 @@ def threads() -> int:
     return int(pinned) if pinned.isdigit() and int(pinned) > 0 else len(os.sched_getaffinity(0))
 
 
-def session(path: Path, kind: str = "cpu") -> tuple[Any, bool]:
+def session(path: Path, kind: str = "cpu") -> tuple[InferenceSession, bool]:
     """The loaded session for the ONNX file `path` on `kind` devices (reloaded when the file
     changes), and whether it came from this process's cache; a GPU worker sees only its own GPU
     (CUDA_VISIBLE_DEVICES), device 0 to it."""
@@ -80,7 +84,7 @@ class ProviderFallback(DeviceFault):
     device's fault (CUDA cannot start there), never the model's."""
 
 
-def check_providers(sess: Any, kind: str) -> None:
+def check_providers(sess: InferenceSession, kind: str) -> None:
     """Refuse a session whose first provider is not `kind`'s: asked for the CUDA provider and
     unable to start CUDA, ONNX Runtime falls back to the CPU with a warning, and a job recorded
     on a GPU computed on the CPU in silence."""
@@ -108,12 +112,12 @@ def forget_all() -> int:
     return count
 
 
-def run(sess: Any, x: NDArray[np.float32]) -> NDArray[np.float32]:
+def run(sess: InferenceSession, x: NDArray[np.float32]) -> NDArray[np.float32]:
     """Class probabilities of one batch (the exported graph ends in a softmax), as float32."""
     return runner(sess)(x)
 
 
-def runner(sess: Any) -> Callable[[NDArray[np.float32]], NDArray[np.float32]]:
+def runner(sess: InferenceSession) -> Callable[[NDArray[np.float32]], NDArray[np.float32]]:
     """`run` for one session, its input name looked up once (a job calls it for every batch)."""
     name = sess.get_inputs()[0].name
 
@@ -125,7 +129,7 @@ def runner(sess: Any) -> Callable[[NDArray[np.float32]], NDArray[np.float32]]:
 
 
 @cache
-def _load_cuda_wheels(ort: Any) -> None:
+def _load_cuda_wheels(ort: ModuleType) -> None:
     """CUDA 12 and cuDNN 9 from the gpu-onnx extra's nvidia-*-cu12 wheels, loaded by ONNX
     Runtime itself from site-packages (no LD_LIBRARY_PATH), once per process."""
     ort.preload_dlls(cuda=True, cudnn=True, msvc=False)
@@ -190,11 +194,12 @@ def check_graph() -> tuple[bytes, dict[str, NDArray[np.float32]], list[NDArray[n
         [a.astype(np.float64) @ b.astype(np.float64), features]
 
 
-def wrong_results(device: str, got: list[Any], expected: list[NDArray[np.float64]]) -> str | None:
+def wrong_results(device: str, got: list[NDArray[np.generic]],
+                  expected: list[NDArray[np.float64]]) -> str | None:
     """Why the check graph's results `got` on `device` are not NumPy's (`expected`), or None:
     float32 rounding allowed, a wrong value or a NaN not."""
-    for name, out, want in zip(("matrix multiply", "convolution"), got, expected, strict=True):
-        out = np.asarray(out, dtype=np.float64)
+    for name, raw, want in zip(("matrix multiply", "convolution"), got, expected, strict=True):
+        out = np.asarray(raw, dtype=np.float64)
         if out.shape != want.shape or not np.allclose(out, want, rtol=1e-3, atol=1e-3):
             off = float(np.max(np.abs(out - want))) if out.shape == want.shape else float("nan")
             return (f"{device} computed the start check's {name} wrong through ONNX Runtime's CUDA "

@@ -16,7 +16,8 @@ import sys
 
 from celery import signals
 
-from mxq.tasks.runner import JobContext, JobInputError, Outcome, job_task
+from mxq.tasks.job_context import JobContext, JobInputError, Outcome
+from mxq.tasks.runner import job_task
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.settings import get_settings

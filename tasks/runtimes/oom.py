@@ -15,7 +15,7 @@ buffer of size N" from its arenas, "CUDA failure 2: out of memory" on a GPU.
 
 from __future__ import annotations
 
-from mxq.tasks.runner import JobInputError
+from mxq.tasks.job_context import JobInputError
 
 NEEDLES = (
     "out of memory",  # GPU: cudaMalloc, CUDA calls

@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from mxq.tasks.runner import JobContext, Outcome, job_task
+from mxq.tasks.job_context import JobContext, Outcome
+from mxq.tasks.runner import job_task
 from mxq.tasks.runtimes.mx import mx
 from mxq.tasks.runtimes.mx_context import context, memory  # also checks the device at worker start
 from mxq.workers.jobs.jobspecs import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ProbeParams

@@ -2,5 +2,5 @@
 datasets.
 
 Imports (of mxq): core, db, workers, tasks.middleware, tasks.inference, tasks.model_store, tasks.runtimes,
-tasks.runner.
+tasks.runner, tasks.job_context.
 """

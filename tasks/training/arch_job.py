@@ -22,10 +22,11 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from mxq.db import registry
+from mxq.tasks.job_context import JobContext, JobFailed, JobInputError, Outcome
 from mxq.tasks.model_store.locations import sha256_of, store_arch
 from mxq.tasks.model_store.register import staged
 from mxq.tasks.model_store.user_code import TRIAL_INPUT_ERROR
-from mxq.tasks.runner import JobContext, JobFailed, JobInputError, Outcome, job_task
+from mxq.tasks.runner import job_task
 from mxq.tasks.training import dist
 from mxq.tasks.training.train_task import RELAY_JOIN_SECONDS, child_env, relays, run_file
 from mxq.workers.jobs.jobspecs import MAX_ARCH_BYTES, ArchParams

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mxq.tasks.runner import JobFailed
+from mxq.tasks.job_context import JobFailed
 
 
 class _Report(BaseModel):

@@ -50,7 +50,7 @@ from mxq.db.schema import utcnow
 from mxq.device import Device
 from mxq.parts import knock_on
 from mxq.status import JobStatus
-from mxq.tasks.runner import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
+from mxq.tasks.job_context import FanOut, JobCancelled, JobContext, JobFailed, JobInputError, JobLost
 from mxq.workers.broker.queues import device_queue
 from mxq.workers.fleet import leases
 from mxq.workers.jobs.jobspecs import DistRole, TrainParams
@@ -70,18 +70,8 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
     training steps at the pace of its slowest GPU. JobInputError: fewer than N nodes have K
     such devices at all. LookupError: they do, but fewer are live now (the job waits, as for
     devices)."""
-    kind = Device.parse(own).kind
-    by_node = _workers_by_node(s, kind)
-    mine = next((w for w in by_node.get(s.node, []) if w["device"] == own), None)
-    model = gpu_model(mine) if mine is not None else None
-    if mine is not None:
-        by_node = {n: [w for w in ws if gpu_model(w) == model] for n, ws in by_node.items()}
-    label = model or kind
-    big_enough = sum(len(ws) >= p.devices for ws in by_node.values())
-    if big_enough < p.nodes:
-        have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
-        raise JobInputError(f"{p.nodes} nodes with {p.devices} {label} devices each asked but only "
-                            f"{big_enough} have that many; {label} devices per node: {have}")
+    by_node, label = _like_own(s, own)
+    _check_big_enough(p, by_node, label)
     live, idle = _live_and_idle(s, by_node)
     ready = [n for n in live if len(live[n]) >= p.devices]
     if s.node not in ready or len(ready) < p.nodes:
@@ -90,6 +80,27 @@ def choose_nodes(s: Settings, p: TrainParams, own: str) -> list[tuple[str, str]]
     others = sorted((n for n in ready if n != s.node), key=lambda n: (-len(idle[n]), n))
     return [(s.node, own), *((node, min(idle[node] or live[node], key=Device.parse))
                              for node in others[:p.nodes - 1])]
+
+
+def _like_own(s: Settings, own: str) -> tuple[dict[str, list[WorkerRecord]], str]:
+    """Per node, the workers that can train of `own`'s kind and (when `own`'s row names one) GPU
+    model, and the label of that kind or model in messages."""
+    kind = Device.parse(own).kind
+    by_node = _workers_by_node(s, kind)
+    mine = next((w for w in by_node.get(s.node, []) if w["device"] == own), None)
+    if mine is None:
+        return by_node, kind
+    model = gpu_model(mine)
+    return {n: [w for w in ws if gpu_model(w) == model] for n, ws in by_node.items()}, model or kind
+
+
+def _check_big_enough(p: TrainParams, by_node: dict[str, list[WorkerRecord]], label: str) -> None:
+    """JobInputError when fewer than N nodes have K such devices at all, live or not."""
+    big_enough = sum(len(ws) >= p.devices for ws in by_node.values())
+    if big_enough < p.nodes:
+        have = ", ".join(f"{n} ({len(ws)})" for n, ws in sorted(by_node.items())) or "none"
+        raise JobInputError(f"{p.nodes} nodes with {p.devices} {label} devices each asked but only "
+                            f"{big_enough} have that many; {label} devices per node: {have}")
 
 
 def _workers_by_node(s: Settings, kind: str) -> dict[str, list[WorkerRecord]]:

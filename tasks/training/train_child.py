@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from mxq.db import jobs, registry, schedules
 from mxq.db.fence import Fence, Superseded
@@ -34,21 +34,16 @@ from mxq.errors import MxqError, device_fault, first_line, named_device, reason,
 from mxq.objects import ObjectURLError
 from mxq.preprocess import Preprocess, PreprocessError
 from mxq.tasks.inference.inputs import InputError, Limits
+from mxq.tasks.job_context import JobCancelled, JobContext, JobLost, JobPreempted, JobTimedOut, context_of
 from mxq.tasks.model_store import user_code
 from mxq.tasks.model_store.locations import CodeMissing, arch_file
-from mxq.tasks.model_store.models import TrainedVersion, add_trained, input_dtype, load, trainable
+from mxq.tasks.model_store.models import load, trainable
+from mxq.tasks.model_store.mxnet.files import input_dtype
+from mxq.tasks.model_store.mxnet.versions import TrainedVersion, add_trained
 from mxq.tasks.model_store.user_code import CodeError, check_output
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.tasks.model_store.zoo import ArchError, check_shape
-from mxq.tasks.runner import (
-    JobCancelled,
-    JobContext,
-    JobLost,
-    JobPreempted,
-    JobTimedOut,
-    context_of,
-)
-from mxq.tasks.runtimes.mx import mx
+from mxq.tasks.runtimes.mx import gluon, mx
 from mxq.tasks.training import calibration, child_report, datasets
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
 from mxq.tasks.training.train_loop import (
@@ -152,7 +147,8 @@ def checkpoint_dir(s: Settings, fence: Fence) -> Path:
     return s.home_path / "checkpoints" / stack_id(s.database) / f"job-{fence.job_id}" / fence.tag
 
 
-def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]) -> int:
+def resume(url: str, job_id: int, net: gluon.HybridBlock, trainer: gluon.Trainer,
+           ctxs: list[mx.Context]) -> int:
     """The last epoch an earlier attempt finished and checkpointed (0: none), loaded into net."""
     for e in epoch_rows.list_epochs(url, job_id)[::-1]:  # the last epoch first
         params, states = Path(f"{e['checkpoint']}.params"), Path(f"{e['checkpoint']}.states")
@@ -164,7 +160,7 @@ def resume(url: str, job_id: int, net: Any, trainer: Any, ctxs: list[mx.Context]
 
 
 def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
-          ) -> tuple[Any, int, int, list[str]]:
+          ) -> tuple[mx.kv.KVStore | None, int, int, list[str]]:
     """The kvstore, this worker's rank, the number of workers and the device labels: for one
     node's part of a multi-node training (DMLC_* set by the leader) after joining the others."""
     if p.dist is None:
@@ -174,8 +170,8 @@ def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
     return kv, kv.rank, kv.num_workers, [f"{d}@{s.node}" for d in devices]
 
 
-def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, data: Data,
-              metrics: dict[str, float | None], ctx: Any) -> dict[str, object]:
+def _register(s: Settings, p: TrainParams, fence: Fence, net: gluon.HybridBlock, data: Data,
+              metrics: dict[str, float | None], ctx: mx.Context) -> dict[str, object]:
     """Register the trained version (and, for a scheduled retraining, promote it or not)."""
     owner = p.dist.parent if p.dist is not None else fence.job_id
     try:
@@ -193,7 +189,8 @@ def _register(s: Settings, p: TrainParams, fence: Fence, net: Any, data: Data,
     return done
 
 
-def rejudge(s: Settings, p: TrainParams, data: Data, ctx: Any) -> tuple[int, dict[str, float]] | None:
+def rejudge(s: Settings, p: TrainParams, data: Data, ctx: mx.Context
+            ) -> tuple[int, dict[str, float]] | None:
     """The promoted version of `p.name` and its val_accuracy on this training's validation split,
     its inputs scaled as it serves them: what a fair `if-better` compares the new version with.
     None (its registered figure stands) without a validation split, a promoted version, or one
@@ -282,9 +279,9 @@ class Training:
     fence: Fence
     p: TrainParams
     data: Data
-    net: Any
-    trainer: Any
-    ctxs: list[Any]  # mx.Context, one per device
+    net: gluon.HybridBlock
+    trainer: gluon.Trainer
+    ctxs: list[mx.Context]  # one per device
     labels: list[str]  # the devices' names in its figures
     rank: int  # this worker's, of `workers` (one but for a multi-node part)
     workers: int
@@ -348,7 +345,7 @@ def _prepare(s: Settings, job: JobContext, fence: Fence, p: TrainParams, data: D
                     len(train.y) // workers)
 
 
-def _own_block(s: Settings, p: TrainParams, data: Data) -> Any:
+def _own_block(s: Settings, p: TrainParams, data: Data) -> gluon.HybridBlock | None:
     """A registered architecture's net, built in this child by its code as pinned at submit
     (None: a built-in's)."""
     if p.arch_sha256 is None or p.arch_factory is None:

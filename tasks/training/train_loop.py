@@ -68,7 +68,7 @@ def reinitialize(net: gluon.Block, seed: int) -> None:
 
 
 def make_trainer(p: TrainParams, net: gluon.HybridBlock, on_gpu: bool,
-                 kvstore: Any = None) -> gluon.Trainer:
+                 kvstore: mx.kv.KVStore | None = None) -> gluon.Trainer:
     """With a `dist_sync` kvstore the servers only sum gradients and each worker steps its own
     optimizer on the same sums (update_on_kvstore=False): the weights stay equal, the batch size
     may change between steps, and the optimizer states can be checkpointed like on one node."""
@@ -138,7 +138,7 @@ class TrainStep(gluon.HybridBlock):  # type: ignore[misc]  # MXNet has no types:
     batch, each an engine push; here they ride along the forward pass. Only the per-sample loss
     carries gradients."""
 
-    def __init__(self, net: gluon.HybridBlock, probabilities: bool = False, **kwargs: Any) -> None:
+    def __init__(self, net: gluon.HybridBlock, probabilities: bool = False, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.net = net
         # A net that ends in a softmax (a registered version whose outputs are probabilities)

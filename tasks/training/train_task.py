@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 from mxq.db.fence import Fence
 from mxq.db.fleet import describe_groups, gpu_model, list_workers, model_groups
@@ -29,8 +29,7 @@ from mxq.db.records import WorkerRecord
 from mxq.device import Device
 from mxq.errors import DeviceFault, device_fault
 from mxq.tasks.inference import device_memory
-from mxq.tasks.middleware import job_log
-from mxq.tasks.runner import (
+from mxq.tasks.job_context import (
     FanOut,
     JobCancelled,
     JobContext,
@@ -40,8 +39,9 @@ from mxq.tasks.runner import (
     JobPreempted,
     JobTimedOut,
     Outcome,
-    job_task,
 )
+from mxq.tasks.middleware import job_log
+from mxq.tasks.runner import job_task
 from mxq.tasks.training import child_report, dist
 from mxq.workers.broker.queues import pool_queues
 from mxq.workers.fleet import leases, suspects
@@ -93,12 +93,7 @@ def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
     """The live, unleased devices of `own`'s kind (GPUs: of its model) on this node besides
     `own` that run MXNet (an H200 beside A100s serves inference only). JobInputError: the node
     has fewer than K such devices at all; LookupError: fewer are free now (wait)."""
-    known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
-    if len(known) < p.devices:  # waiting would never end: fail with what there is
-        raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
-                            f"{kind} devices that run MXNet "
-                            f"({', '.join(w['device'] for w in known) or 'none'})")
+    known = _known_devices(s, p, kind)
     if kind == "gpu":
         known = model_mates(known, own, p.devices, movable, s.node)
     live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
@@ -109,6 +104,18 @@ def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
     if len(free) + 1 < p.devices:
         raise LookupError(f"{p.devices} devices wanted, {len(free) + 1} free now")
     return free
+
+
+def _known_devices(s: Settings, p: TrainParams, kind: str) -> list[WorkerRecord]:
+    """This node's workers of `kind` that run MXNet, live or not; JobInputError when they are
+    fewer than K (waiting would never end: fail with what there is)."""
+    known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
+    if len(known) < p.devices:
+        raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
+                            f"{kind} devices that run MXNet "
+                            f"({', '.join(w['device'] for w in known) or 'none'})")
+    return known
 
 
 def model_mates(known: list[WorkerRecord], own: str, k: int, movable: bool,
@@ -122,9 +129,15 @@ def model_mates(known: list[WorkerRecord], own: str, k: int, movable: bool,
     mates = [w for w in known if gpu_model(w) == model]
     if len(mates) >= k:
         return mates
+    _too_few_mates(known, mates, f"{own} ({model or 'model unknown'})", own, k, movable, node)
+
+
+def _too_few_mates(known: list[WorkerRecord], mates: list[WorkerRecord], name: str, own: str, k: int,
+                   movable: bool, node: str) -> NoReturn:
+    """Why `own` (`name`: with its model) cannot train on `k` GPUs of its model (`mates`): to
+    wait for a worker of a model that has `k` (LookupError), or never here (JobInputError)."""
     groups = model_groups(known)
     able = [m for m, devices in groups.items() if len(devices) >= k]
-    name = f"{own} ({model or 'model unknown'})"
     if movable and able:
         beside = sum(w["device"] != own for w in mates)
         raise LookupError(f"{k} devices of one GPU model wanted: {name} has {beside} of its "
@@ -320,17 +333,27 @@ def _outcome(returncode: int, out: Path) -> Outcome:
         raise JobCancelled(stopped.samples if stopped is not None else None)
     if returncode == CHILD_PREEMPTED and (yielded := child_report.read(out, child_report.Preempted)):
         raise JobPreempted(yielded.to, yielded.samples)
-    refused = child_report.read(out, child_report.Refused)
+    _refused(returncode, child_report.read(out, child_report.Refused))
+
+
+# The child's exit statuses that say why it stopped, with the job's exception and its message
+# when the child's report gives none.
+_STOPPED_BY: dict[int, tuple[type[Exception], str]] = {
+    CHILD_LOST: (JobLost, "the job was handed to another attempt"),
+    CHILD_INPUT_ERROR: (JobInputError, "training input error"),
+    CHILD_TIMED_OUT: (JobTimedOut, "time limit reached: the training stopped after an epoch"),
+}
+
+
+def _refused(returncode: int, refused: child_report.Refused | None) -> NoReturn:
+    """The exception of a child that failed (exit status `returncode`, its report `refused`):
+    the device's when a device signal killed it or its error is a device fault, else the job's."""
     error = refused.error if refused is not None else None
     if refused is None and -returncode in DEVICE_SIGNALS:
         raise DeviceFault(f"the training process died by {signal.Signals(-returncode).name} during "
                           "its device work (as CUDA aborts a process on a fatal device error)")
-    if returncode == CHILD_LOST:
-        raise JobLost(error or "the job was handed to another attempt")
-    if returncode == CHILD_INPUT_ERROR:
-        raise JobInputError(error or "training input error")
-    if returncode == CHILD_TIMED_OUT:
-        raise JobTimedOut(error or "time limit reached: the training stopped after an epoch")
+    if (stopped := _STOPPED_BY.get(returncode)) is not None:
+        raise stopped[0](error or stopped[1])
     if refused is not None and (refused.device_fault or device_fault(RuntimeError(refused.error))):
         # the device's (a CUDA error in the child): resumed elsewhere once the suspects are probed
         raise DeviceFault(refused.error, (refused.faulted,) if refused.faulted else ())

@@ -73,7 +73,8 @@ def _two_headed(folder: Path) -> tuple[Path, Path]:
 
 def test_a_model_with_several_unnamed_outputs_is_refused_at_registration(tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
-    from mxq.tasks.model_store.models import ModelError, add_exported
+    from mxq.tasks.model_store.model_error import ModelError
+    from mxq.tasks.model_store.mxnet.versions import add_exported
     from mxq.workers.settings import Settings
 
     url = f"sqlite:///{tmp_path / 'mxq.db'}"
@@ -142,7 +143,7 @@ def test_a_full_disk_fails_an_npy_job_at_creation_naming_the_disk(
         small_disk: Path, tmp_path: Path) -> None:
     from mxq.db.migrate import upgrade
     from mxq.tasks.inference.outputs import _output_npy, output_path
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.workers.settings import Settings
 
     url = f"sqlite:///{tmp_path / 'mxq.db'}"

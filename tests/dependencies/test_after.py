@@ -22,7 +22,8 @@ from mxq.db.sharing import admission, users
 from mxq.db.webhooks import endpoints, outbox
 from mxq.shares import Share
 from mxq.status import MOST_AFTER
-from mxq.tasks.runner import Delivery, JobContext, JobInputError, Outcome, Worker, run_job
+from mxq.tasks.job_context import JobContext, JobInputError, Outcome
+from mxq.tasks.runner import Delivery, Worker, run_job
 from mxq.users import Role
 from mxq.workers.broker.messages import in_broker
 from mxq.workers.broker.queues import device_queue

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mxq.device import Device
-from mxq.tasks.model_store.models import ModelError, _open
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.mxnet.files import open_net
 from mxq.tasks.runtimes import mx_context
 from mxq.tasks.runtimes.mx import DeviceFault, gluon, mx
 
@@ -52,10 +53,10 @@ def test_a_device_that_fails_while_loading_is_not_the_users_mismatch(tmp_path: P
     symbol, params = _exported(tmp_path)
     with pytest.raises(DeviceFault, match=r"^the device \(gpu\(0\)\) failed while loading the model: "
                                           r"MXNetError: GPU is not enabled"):
-        _open(symbol, params, mx.gpu(0))
+        open_net(symbol, params, mx.gpu(0))
     other = tmp_path / "other"
     other.mkdir()
     _, wrong = _exported(other)
     symbol.write_text(symbol.read_text().replace('"num_hidden": "3"', '"num_hidden": "5"'))
     with pytest.raises(ModelError, match="does not match symbol"):  # a real mismatch stays one
-        _open(symbol, wrong, mx.cpu())
+        open_net(symbol, wrong, mx.cpu())

@@ -16,7 +16,7 @@ import pytest
 from mxq.db.fleet import register
 from mxq.db.reports.history import require_job
 from mxq.errors import JobRejected
-from mxq.tasks.runner import JobInputError
+from mxq.tasks.job_context import JobInputError
 from mxq.tasks.training.train_task import choose_devices
 from mxq.workers.broker.routing import RoutingError
 from mxq.workers.hardware.devices import parse_nvidia_smi

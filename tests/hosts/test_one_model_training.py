@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mxq.db.fleet import beat, register
-from mxq.tasks.runner import JobContext, JobInputError
+from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.tasks.training import train_task
 from mxq.tasks.training.dist import choose_nodes
 from mxq.tasks.training.train_task import choose_devices

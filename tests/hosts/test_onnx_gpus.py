@@ -100,7 +100,7 @@ def test_a_worker_for_a_gpu_onnx_runtime_cannot_use_refuses_to_start(tmp_path: P
 REFUSE = """
 from types import SimpleNamespace
 from mxq.tasks.runtimes import onnx_worker
-from mxq.tasks.runner import JobInputError
+from mxq.tasks.job_context import JobInputError
 from mxq.workers.settings import get_settings
 for body in (onnx_worker.train, onnx_worker.probe):
     try:

@@ -20,14 +20,14 @@ from tests.conftest import ROOT
 from tests.house.test_settings_edges import _calls_of
 
 # Submit, the runner, and the task bodies with what they call per job (not the model store).
-JOB_PATH = ("workers/jobs", "tasks/runner.py", "tasks/inference", "tasks/training", "tasks/runtimes",
-            "tasks/model_store/register.py")
+JOB_PATH = ("workers/jobs", "tasks/runner.py", "tasks/job_context.py", "tasks/inference", "tasks/training",
+            "tasks/runtimes", "tasks/model_store/register.py")
 # Where a typed job becomes JSON: the rows submit writes and chunks fan out to, and a training
 # child's report file (json.dumps, so that a NaN loss stays NaN).
 SERIALISED_AT = {"workers/jobs/jobspecs.py": {"stored"}, "tasks/training/child_report.py": {"write"}}
 # Who reads a job's parameters as SQL stored them: the runner (which types them for the body) and
 # a dynamic batch, which compares queued jobs' stored parameters before it opens their inputs.
-READS_STORED = {"tasks/runner.py", "tasks/inference/batching.py"}
+READS_STORED = {"tasks/job_context.py", "tasks/inference/batching.py"}
 
 
 def _job_path() -> dict[str, ast.AST]:

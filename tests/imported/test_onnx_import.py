@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mxq.tasks.model_store.models import ModelError
+from mxq.tasks.model_store.model_error import ModelError
 from mxq.tasks.model_store.onnx_import import add_onnx
 from mxq.workers.settings import Settings
 from tests.conftest import ROOT, Stack

@@ -14,7 +14,7 @@ from mxq.db import registry
 from mxq.db.migrate import upgrade
 from mxq.db.outputs import predictions
 from mxq.engines import MAX_DIFF
-from mxq.tasks.model_store.models import add_builtin, add_exported
+from mxq.tasks.model_store.mxnet.versions import add_builtin, add_exported
 from mxq.tasks.runtimes import onnx_runtime
 from mxq.workers.settings import Settings
 from tests.conftest import Stack

@@ -22,15 +22,16 @@ from mxq.device import Device
 from mxq.preprocess import FLOAT32_TINY, INPUT_BOUND, Preprocess, PreprocessError
 from mxq.tasks.inference import engines, infer
 from mxq.tasks.inference.inputs import InputSource
-from mxq.tasks.model_store.models import ModelError, add_builtin, add_exported
-from mxq.tasks.runner import JobInputError
+from mxq.tasks.job_context import JobInputError
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.mxnet.versions import add_builtin, add_exported
 from mxq.workers.settings import Settings
 from tests.conftest import Stack, run_cli
 from tests.support.inference import infer_and_wait, save_npy
 
 if TYPE_CHECKING:
     from mxq.db.records import ModelRecord
-    from mxq.tasks.runner import JobContext
+    from mxq.tasks.job_context import JobContext
 
 
 def _export(folder: Path, name: str, *tail: mx.gluon.HybridBlock) -> tuple[Path, Path, Any]:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mxq.tasks.inference import engines, infer
-from mxq.tasks.inference.infer import _open
 from mxq.tasks.inference.inputs import InputError
-from mxq.tasks.runner import JobContext, JobInputError
+from mxq.tasks.inference.submitted_input import open_submitted
+from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.jobs.submit import _resolve_infer
 from mxq.workers.settings import get_settings
@@ -36,7 +36,7 @@ def _npy(x: np.ndarray) -> bytes:
 
 @pytest.fixture
 def in_stack(workers: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    """This process reads the stack's settings, as its device workers do (`_open` reads the
+    """This process reads the stack's settings, as its device workers do (`open_submitted` reads the
     process's)."""
     for name, value in workers.env.items():
         if name.startswith(("MXQ_", "AWS_")):
@@ -59,7 +59,7 @@ def test_a_file_rewritten_before_or_during_the_read_fails_the_job(in_stack: Stac
     path = workers.home / "data" / "pinned.npy"
     np.save(path, np.ones((4000, 64), np.float32))
     p, model = _prepared(workers, mlp, "pinned.npy")
-    source = _open(in_stack.settings, p, model)
+    source = open_submitted(in_stack.settings, p, model)
     first = source.read(0, 100)
     assert first.shape == (100, 64)
     with open(path, "r+b") as f:  # the same size, other bytes, in place (the same inode)
@@ -68,7 +68,7 @@ def test_a_file_rewritten_before_or_during_the_read_fails_the_job(in_stack: Stac
     with pytest.raises(InputError, match="changed since the job was submitted"):
         source.read(100, 200)
     with pytest.raises(JobInputError, match=r"pinned.npy changed since the job was submitted"):
-        _open(in_stack.settings, p, model)  # a later attempt (a resume) is refused too
+        open_submitted(in_stack.settings, p, model)  # a later attempt (a resume) is refused too
 
 
 def test_an_object_replaced_while_it_is_read_fails_the_read(in_stack: Stack, mlp: dict) -> None:
@@ -84,11 +84,11 @@ def test_an_object_replaced_while_it_is_read_fails_the_read(in_stack: Stack, mlp
         with pytest.raises(ObjectChanged, match="was replaced while the job read it"):
             reader.read(4096)
     with pytest.raises(JobInputError, match="changed since the job was submitted"):
-        _open(in_stack.settings, p, model)
+        open_submitted(in_stack.settings, p, model)
 
 
 def _images(mlp: dict) -> Any:
-    """The model record `_open` reads, as one that takes 3x4x6 images (`solid`'s)."""
+    """The model record `open_submitted` reads, as one that takes 3x4x6 images (`solid`'s)."""
     return {**mlp, "input_shape": [3, 4, 6]}
 
 
@@ -100,7 +100,7 @@ def test_an_image_rewritten_in_a_listed_folder_fails_the_job(in_stack: Stack, ml
     for i, name in enumerate(["a.png", "b.png", "c.png"]):
         (folder / name).write_bytes(png_bytes(solid((40 * i, 100, 200))))
     p, model = _prepared(in_stack, mlp, "pinned-imgs")
-    source = _open(in_stack.settings, p, _images(model))
+    source = open_submitted(in_stack.settings, p, _images(model))
     assert source.read(0, 1).shape == (1, 3, 4, 6)
     with open(folder / "b.png", "r+b") as f:  # other pixels, the same size, in place
         f.write(png_bytes(solid((250, 0, 0))))
@@ -110,7 +110,7 @@ def test_an_image_rewritten_in_a_listed_folder_fails_the_job(in_stack: Stack, ml
     with pytest.raises(InputError, match=r"pinned-imgs/b.png changed since the job listed its folder"):
         source.read(1, 2)
     with pytest.raises(JobInputError, match=r"pinned-imgs changed since the job was submitted"):
-        _open(in_stack.settings, p, _images(model))  # a chunk or a later attempt lists anew: refused
+        open_submitted(in_stack.settings, p, _images(model))  # a chunk or a later attempt lists anew: refused
 
 
 def test_an_image_replaced_under_a_listed_prefix_fails_the_job(in_stack: Stack, mlp: dict) -> None:
@@ -120,7 +120,7 @@ def test_an_image_replaced_under_a_listed_prefix_fails_the_job(in_stack: Stack, 
     for i, name in enumerate(["a.png", "b.png", "c.png"]):
         s3.put(f"in/pinned-scans/{name}", png_bytes(solid((40 * i, 100, 200))))
     p, model = _prepared(in_stack, mlp, "s3://mxq-tests/in/pinned-scans/")
-    source = _open(in_stack.settings, p, _images(model))
+    source = open_submitted(in_stack.settings, p, _images(model))
     assert isinstance(source.path, RemotePrefix)
     assert source.read(0, 1).shape == (1, 3, 4, 6)
     s3.put("in/pinned-scans/b.png", png_bytes(solid((250, 0, 0))))  # the same size, a new ETag
@@ -128,7 +128,7 @@ def test_an_image_replaced_under_a_listed_prefix_fails_the_job(in_stack: Stack, 
                                             "since the job listed s3://mxq-tests/in/pinned-scans/"):
         source.read(1, 2)
     with pytest.raises(JobInputError, match=r"pinned-scans/ changed since the job was submitted"):
-        _open(in_stack.settings, p, _images(model))
+        open_submitted(in_stack.settings, p, _images(model))
 
 
 class _Kept:
@@ -154,7 +154,7 @@ def test_a_file_rewritten_while_the_model_reads_the_last_batch_fails_the_job(
     path = in_stack.home / "data" / "pinned-last.npy"
     np.save(path, np.ones((8000, 64), np.float32))  # 2 MiB: memory-mapped, not read whole
     p, model = _prepared(in_stack, mlp, "pinned-last.npy")
-    source, out, seen = _open(in_stack.settings, p, model), _Kept(), [0]
+    source, out, seen = open_submitted(in_stack.settings, p, model), _Kept(), [0]
     submitted = identity(path)
 
     def forward(x: np.ndarray) -> np.ndarray:

@@ -20,11 +20,12 @@ from mxq.db.schema import Job, as_utc
 from mxq.db.sharing import users
 from mxq.errors import DeviceFault
 from mxq.shares import Share
+from mxq.tasks.job_context import FanOut, JobContext, JobInputError, Outcome
 from mxq.tasks.middleware.admission import AdmitNext
 from mxq.tasks.middleware.current_job import CurrentJob
 from mxq.tasks.middleware.middleware import Run
 from mxq.tasks.middleware.parent import SettleParent
-from mxq.tasks.runner import Delivery, FanOut, JobContext, JobInputError, Outcome, Worker, run_job
+from mxq.tasks.runner import Delivery, Worker, run_job
 from mxq.users import Role
 from mxq.workers.broker.messages import in_broker
 from mxq.workers.broker.queues import device_queue

@@ -17,7 +17,8 @@ import pytest
 from mxq.client import Client
 from mxq.client import job as client_job
 from mxq.errors import NotFound
-from mxq.tasks.model_store.models import ModelError, add_exported
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.mxnet.versions import add_exported
 from mxq.workers.settings import Settings
 from tests.api_server import Api, start_api
 from tests.conftest import Stack

@@ -19,7 +19,8 @@ import pytest
 
 from mxq.db.outputs import predictions, results
 from mxq.tasks.model_store import output_kinds
-from mxq.tasks.model_store.models import ModelError, add_exported
+from mxq.tasks.model_store.model_error import ModelError
+from mxq.tasks.model_store.mxnet.versions import add_exported
 from mxq.tasks.model_store.variants import Calibration, build_variant
 from mxq.workers.settings import Settings
 from tests.conftest import Stack

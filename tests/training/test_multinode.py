@@ -25,7 +25,7 @@ from tests.support.workers import wait_alive
 
 if TYPE_CHECKING:
     from mxq.db.records import JobRecord, WorkerRecord
-    from mxq.tasks.runner import JobContext
+    from mxq.tasks.job_context import JobContext
     from mxq.workers.jobs.jobspecs import TrainParams
     from mxq.workers.settings import Settings
 
@@ -274,7 +274,7 @@ def _split_job(url: str) -> tuple[int, list[int]]:
 
 
 def _context(s: Settings, job_id: int, node: str) -> JobContext:
-    from mxq.tasks.runner import JobContext
+    from mxq.tasks.job_context import JobContext
 
     record = _job(s.database, job_id)
     assert record["queue"] is not None
@@ -315,7 +315,7 @@ def _run_parts(s: Settings, ids: list[int]) -> list[tuple[JobContext, TrainParam
 def test_a_part_that_died_stops_the_others_and_the_job_names_it(db: Settings) -> None:
     from mxq.db import jobs
     from mxq.db.chunks import settle_parent
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.tasks.training.dist import _check_peers
 
     parent, ids = _split_job(db.database)
@@ -338,7 +338,7 @@ def test_a_part_that_died_stops_the_others_and_the_job_names_it(db: Settings) ->
 def test_nodes_that_do_not_all_join_in_time_fail_the_job(db: Settings) -> None:
     from mxq.db import jobs
     from mxq.db.jobs import Placement
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.tasks.training.dist import _check_peers
     from mxq.workers.jobs.jobspecs import TrainParams
 
@@ -358,7 +358,7 @@ def test_nodes_that_do_not_all_join_in_time_fail_the_job(db: Settings) -> None:
 
 def test_cancelling_the_job_stops_every_part(db: Settings) -> None:
     from mxq.db import jobs
-    from mxq.tasks.runner import JobCancelled
+    from mxq.tasks.job_context import JobCancelled
     from mxq.tasks.training.dist import _check_peers
 
     parent, ids = _split_job(db.database)

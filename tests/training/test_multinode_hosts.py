@@ -39,7 +39,7 @@ from mxq.db.fleet import alive_since, list_workers
 from mxq.db.registry import list_models
 from mxq.db.reports.history import get_job, require_job
 from mxq.db.schema import utcnow
-from mxq.tasks.runner import JobFailed
+from mxq.tasks.job_context import JobFailed
 from mxq.tasks.training import dist
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.jobs.submit import submit

@@ -15,7 +15,8 @@ from mxq.db import registry
 from mxq.db.outputs import predictions
 from mxq.db.records import ModelRecord
 from mxq.preprocess import Preprocess
-from mxq.tasks.model_store.models import TrainedVersion, add_exported, add_trained, trainable
+from mxq.tasks.model_store.models import trainable
+from mxq.tasks.model_store.mxnet.versions import TrainedVersion, add_exported, add_trained
 from mxq.tasks.training import datasets
 from mxq.tasks.training.train_child import load_data, rejudge
 from mxq.tasks.training.train_loop import fit, make_trainer, source_net

@@ -267,7 +267,7 @@ def test_a_training_child_that_dies_tells_its_leader_why(tmp_path: Path,
     job's one-line error, not "training process exited with 1"."""
     from mxq.db.fence import Fence
     from mxq.db.retry import DatabaseUnreachable
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.tasks.training.train_child import report_crash
     from mxq.tasks.training.train_task import _outcome, run_file
     from mxq.workers.settings import get_settings
@@ -303,7 +303,7 @@ def test_a_malformed_training_report_fails_the_job_in_one_line(
         tmp_path: Path, code: int, report: str, said: str) -> None:
     """The leader reads the child's report as the shape its exit status says; one that does not
     fit fails the job with one line naming the file and the field, not a KeyError."""
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.tasks.training.train_task import _outcome
 
     out = tmp_path / "job-5.n-2.json"
@@ -316,7 +316,7 @@ def test_a_malformed_training_report_fails_the_job_in_one_line(
 
 
 def test_a_training_report_reads_back_as_the_child_wrote_it(tmp_path: Path) -> None:
-    from mxq.tasks.runner import JobCancelled, JobInputError, JobLost
+    from mxq.tasks.job_context import JobCancelled, JobInputError, JobLost
     from mxq.tasks.training import child_report
     from mxq.tasks.training.train_task import CHILD_CANCELLED, CHILD_INPUT_ERROR, CHILD_LOST, _outcome
 
@@ -346,7 +346,7 @@ def test_a_training_child_that_died_of_a_device_fault_is_the_devices_not_the_job
     """The child's CUDA error was a failed training (JobFailed, no retry); it is a device fault:
     the job resumes from its checkpoint elsewhere (`mxq.tasks.runner`). Its own errors stay its."""
     from mxq.errors import DeviceFault
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.tasks.training import child_report
     from mxq.tasks.training.train_task import _outcome
 
@@ -376,7 +376,7 @@ def test_a_childs_device_fault_is_judged_on_its_whole_error_and_a_fatal_signal_i
     the whole error, and a child dead of a fatal signal without a report is the device's."""
     from mxq.db.fence import Fence
     from mxq.errors import DeviceFault
-    from mxq.tasks.runner import JobFailed
+    from mxq.tasks.job_context import JobFailed
     from mxq.tasks.training.train_child import report_crash
     from mxq.tasks.training.train_task import _outcome, run_file
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,8 @@ class Limits:
         """The limits a worker's settings set (a job passes its own: `JobContext.settings`)."""
         return cls(s.max_input_bytes, s.max_image_pixels)
 
-    def check_bytes(self, path: Location, what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    def check_bytes(self, path: Location, what: str, shape: tuple[int, ...],
+                    dtype: np.dtype[np.generic]) -> None:
         size = math.prod(shape) * dtype.itemsize
         if size > self.max_bytes:
             raise InputError(f"input {path} {what}holds {size:,} bytes of {dtype} {shape} when read, "

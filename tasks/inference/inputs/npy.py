@@ -9,7 +9,7 @@ import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,7 +33,7 @@ DROP_STEP_BYTES = 16 << 20
 _NUMPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
                            r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \} *\n?")
 
-Header = tuple[tuple[int, ...], bool, np.dtype[Any]]
+Header = tuple[tuple[int, ...], bool, np.dtype[np.generic]]
 """What an .npy header says: the array's shape, whether it is in Fortran order, its dtype."""
 
 # NumPy's own readers of the magic string and of each header version (untyped in its stubs).
@@ -91,7 +91,7 @@ def count(path: Location) -> int:
         return read_header(f, path)[0][0]
 
 
-def load(path: Path, limits: Limits | None = None) -> NDArray[Any]:
+def load(path: Path, limits: Limits | None = None) -> NDArray[np.generic]:
     """The .npy array, its header read once: memory-mapped read-only, or read whole when small
     (mapping a file costs more than reading a few pages)."""
     with regular_file(path).open("rb") as f:
@@ -111,7 +111,7 @@ def load(path: Path, limits: Limits | None = None) -> NDArray[Any]:
         raise InputError(f"input {path} is truncated or corrupt: {e}") from e
 
 
-def batches(array: NDArray[Any]) -> Fetch:
+def batches(array: NDArray[np.generic]) -> Fetch:
     """Batches sliced from an array in memory, or read in place from a mapped one, whose pages
     are then dropped from this process behind the reads.
 
@@ -129,7 +129,7 @@ def batches(array: NDArray[Any]) -> Fetch:
     row, base = array.strides[0], array.offset % mmap.ALLOCATIONGRANULARITY  # data's start in the map
     dropped = 0  # the mapping's bytes before this are dropped
 
-    def fetch(start: int, stop: int) -> NDArray[Any]:
+    def fetch(start: int, stop: int) -> NDArray[np.generic]:
         nonlocal dropped
         behind = (base + start * row - KEEP_MAPPED_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
         if behind - dropped >= DROP_STEP_BYTES:
@@ -156,7 +156,7 @@ def ranged(obj: RemoteObject, limits: Limits) -> Samples:
                          f"bytes of data, the object holds {obj.size - offset:,}")
     reader = obj.open()
 
-    def fetch(start: int, stop: int) -> NDArray[Any]:
+    def fetch(start: int, stop: int) -> NDArray[np.generic]:
         reader.seek(offset + start * row)
         data = bytearray((stop - start) * row)
         if reader.readinto(data) != len(data):

@@ -4,7 +4,6 @@ size read from its header, loaded whole on the first read: zipped members cannot
 from __future__ import annotations
 
 import zipfile
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -62,9 +61,9 @@ def count(path: Location, key: str | None = None) -> int:
 
 def _batches(path: Location, key: str) -> Fetch:
     """The member is loaded on the first read: members are zipped, so they can't be memory-mapped."""
-    cache: dict[str, NDArray[Any]] = {}
+    cache: dict[str, NDArray[np.generic]] = {}
 
-    def fetch(start: int, stop: int) -> NDArray[Any]:
+    def fetch(start: int, stop: int) -> NDArray[np.generic]:
         if key not in cache:
             try:
                 with open_binary(path) as raw, np.load(raw) as npz:

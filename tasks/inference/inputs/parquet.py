@@ -9,7 +9,7 @@ has one shape), and no value may be null: a model cannot score a missing number.
 from __future__ import annotations
 
 import bisect
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -40,13 +40,7 @@ def _listed(schema: pa.Schema) -> str:
 def _chosen(path: Location, schema: pa.Schema, columns: list[str] | None) -> list[str]:
     """The columns a sample is read from, checked against the file's schema."""
     if columns is None:
-        lists = [f.name for f in schema if _is_list(f.type)]
-        if len(lists) == 1:
-            return lists
-        if not lists and all(_numeric(f.type) for f in schema):
-            return list(schema.names)
-        raise InputError(f"input {path} has columns {_listed(schema)}: choose the list column or "
-                         "the numeric columns of a sample with --columns")
+        return _guessed(path, schema)
     for name in columns:
         if name not in schema.names:
             raise InputError(f"input {path} has no column {name[:80]!r}; available: {_listed(schema)}")
@@ -61,6 +55,18 @@ def _chosen(path: Location, schema: pa.Schema, columns: list[str] | None) -> lis
         raise InputError(f"input {path} columns {', '.join(bad)} are not numbers (integers, floats "
                          "or booleans); a list column is read alone")
     return columns
+
+
+def _guessed(path: Location, schema: pa.Schema) -> list[str]:
+    """The columns of a sample when the job names none: the file's one list column, or all its
+    columns when every one is numeric."""
+    lists = [f.name for f in schema if _is_list(f.type)]
+    if len(lists) == 1:
+        return lists
+    if not lists and all(_numeric(f.type) for f in schema):
+        return list(schema.names)
+    raise InputError(f"input {path} has columns {_listed(schema)}: choose the list column or "
+                     "the numeric columns of a sample with --columns")
 
 
 class _Groups:
@@ -99,7 +105,7 @@ def _width(groups: _Groups) -> int:
 
 
 def _matrix(path: Location, table: pa.Table, columns: list[str], width: int | None,
-            first_row: int) -> NDArray[Any]:
+            first_row: int) -> NDArray[np.generic]:
     """One row group as a (rows, width) array: a list column's values, or the columns stacked."""
     if width is None:
         for name in columns:
@@ -135,15 +141,15 @@ def _first_null(values: pa.Array | pa.ChunkedArray) -> int:
 def _row_groups(groups: _Groups, width: int | None) -> Fetch:
     """Samples [start, stop) from the row groups they cover; the last one read stays decoded."""
     starts = groups.starts
-    held: dict[int, NDArray[Any]] = {}
+    held: dict[int, NDArray[np.generic]] = {}
 
-    def group_rows(group: int) -> NDArray[Any]:
+    def group_rows(group: int) -> NDArray[np.generic]:
         if group not in held:
             held.clear()
             held[group] = _matrix(groups.path, groups.read(group), groups.columns, width, starts[group])
         return held[group]
 
-    def fetch(start: int, stop: int) -> NDArray[Any]:
+    def fetch(start: int, stop: int) -> NDArray[np.generic]:
         parts, at = [], start
         while at < stop:
             group = bisect.bisect_right(starts, at) - 1

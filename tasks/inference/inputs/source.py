@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -15,7 +14,7 @@ from mxq.tasks.inference.inputs.files import InputError, Location
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-Fetch = Callable[[int, int], NDArray[Any]]
+Fetch = Callable[[int, int], NDArray[np.generic]]
 """Samples [start, stop) of an input as its format holds them (any numeric dtype)."""
 
 
@@ -59,7 +58,7 @@ class InputSource:
                 f"{index} of input {self.path} into {found}; the sample itself is finite (register "
                 "the version again with a --scale, --mean or --std that keeps it finite in float32)")
 
-    def _check_float32_range(self, raw: NDArray[Any], start: int) -> None:
+    def _check_float32_range(self, raw: NDArray[np.generic], start: int) -> None:
         """A finite float64 beyond float32's range would become inf without a word."""
         over = np.isfinite(raw) & (np.abs(raw) > FLOAT32_MAX)
         if over.any():
