@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mxq import epochs, parts, priorities, promotion, shares
+from mxq import parts, priorities, promotion, shares
 from mxq.device import Device
 from mxq.promotion import PromotionPolicy
 from mxq.since import DurationError, SinceError, format_duration, parse_duration, parse_since
@@ -82,7 +82,7 @@ def test_a_promotion_floor_keeps_a_version_below_it_whatever_the_policy(
 
 def epoch_row(train_loss: float, train_accuracy: float, val_accuracy: float | None, seconds: float,
              samples_per_sec: float, per_device: dict[str, Any] | None,
-             checkpoint: str | None = None) -> epochs.EpochFigures:
+             checkpoint: str | None = None) -> parts.EpochFigures:
     """One part's epoch as `mxq.db` reads it (an Epoch row has these attributes)."""
     return SimpleNamespace(train_loss=train_loss, train_accuracy=train_accuracy,
                            val_accuracy=val_accuracy, seconds=seconds, samples_per_sec=samples_per_sec,
@@ -92,7 +92,7 @@ def epoch_row(train_loss: float, train_accuracy: float, val_accuracy: float | No
 def test_epoch_merge_means_accuracy_and_sums_rate() -> None:
     a = epoch_row(0.4, 0.8, 0.7, 10.0, 100.0, {"cpu:0@a": 50.0, "cpu:1@a": 50.0}, "ck/a")
     b = epoch_row(0.2, 0.6, None, 12.0, 80.0, {"cpu:0@b": 80.0})
-    merged = epochs.merge(3, [a, b])
+    merged = parts.merge_epochs(3, [a, b])
     assert merged["epoch"] == 3
     assert merged["train_loss"] == pytest.approx(0.3) and merged["train_accuracy"] == pytest.approx(0.7)
     assert merged["val_accuracy"] == pytest.approx(0.7)  # a part without validation does not count
@@ -104,8 +104,8 @@ def test_epoch_merge_means_accuracy_and_sums_rate() -> None:
 def test_only_epochs_every_part_finished_are_merged_once() -> None:
     row = epoch_row(0.1, 0.9, 0.9, 1.0, 1.0, None)
     by_epoch = {0: [row, row], 1: [row, row], 2: [row]}
-    assert epochs.ready(by_epoch, parts=2, merged={0}) == [1]
-    assert epochs.ready(by_epoch, parts=2, merged=set()) == [0, 1]
+    assert parts.epochs_ready(by_epoch, parts=2, merged={0}) == [1]
+    assert parts.epochs_ready(by_epoch, parts=2, merged=set()) == [0, 1]
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from mxq import epochs
+from mxq import parts as part_rules
 from mxq.db.engine import session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.records import EpochRecord
@@ -42,7 +42,7 @@ def set_devices(url: str, job_id: int, devices: list[str]) -> None:
 
 
 def merge_parts(url: str, parent_id: int) -> None:
-    """Store a multi-node training's merged epochs (`mxq.epochs`) once every part has them; two
+    """Store a multi-node training's merged epochs (`mxq.parts.merge_epochs`) once every part has them; two
     parts merging the same epoch at once write it once."""
     try:
         _merge(url, parent_id)
@@ -58,5 +58,5 @@ def _merge(url: str, parent_id: int) -> None:
         for e in session.scalars(select(Epoch).where(Epoch.job_id.in_(parts))):
             by_epoch.setdefault(e.epoch, []).append(e)
         merged = set(session.scalars(select(Epoch.epoch).where(Epoch.job_id == parent_id)))
-        for n in epochs.ready(by_epoch, len(parts), merged):
-            session.execute(insert(Epoch).values(job_id=parent_id, **epochs.merge(n, by_epoch[n])))
+        for n in part_rules.epochs_ready(by_epoch, len(parts), merged):
+            session.execute(insert(Epoch).values(job_id=parent_id, **part_rules.merge_epochs(n, by_epoch[n])))
