@@ -38,6 +38,7 @@ from mxq.api.schemas import (
     ScheduleRequest,
     Status,
     SubmitAnswer,
+    TrainJob,
 )
 from mxq.db import registry, schedules
 from mxq.db.outputs import logs, results, retention
@@ -53,7 +54,7 @@ from mxq.workers.jobs.archs import queue_trial
 from mxq.workers.jobs.cancel import cancel_job
 from mxq.workers.jobs.jobspecs import InferRequest, TrainOptions
 from mxq.workers.jobs.queue_view import queue_view
-from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
+from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, SubmitOptions, submit_jobs
 from mxq.workers.schedules.cron import every
 from mxq.workers.schedules.fires import add_schedule, request_fire, resume
 from mxq.workers.schedules.scoring import add_infer_schedule
@@ -142,14 +143,10 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
     limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`. A broker
     that does not answer within MXQ_BROKER_TIMEOUT_SECONDS leaves the job queued with
     `published` false: the reconciler publishes it."""
-    params = req.model_dump(exclude={"kind", "device", "allow_offline", "priority", "preemptible",
-                                     "team", "after"})
-    device = req.device
-    if req.kind == "train" and params.get("device_list"):
-        device = params["device_list"][0]
-    done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key,
-                          owner=who.name, priority=Priority.of(req.priority, req.preemptible),
-                          team=req.team, after=req.after)
+    device = req.device_list[0] if isinstance(req, TrainJob) and req.device_list else req.device
+    [done] = submit_jobs(s, [req], SubmitOptions(
+        device, req.allow_offline, idempotency_key, who.name,
+        Priority.of(req.priority, req.preemptible), req.team, req.after))
     if done.replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"

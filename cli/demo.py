@@ -15,6 +15,7 @@ import typer
 
 from mxq.cli import render
 from mxq.cli.settings import get_settings
+from mxq.json_types import JsonMapping
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,7 +68,7 @@ def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
 
     kind = Device.parse(devices[0]).kind
     group = [d for d in devices if Device.parse(d).kind == kind]
-    params = {"arch": "lenet", "dataset": "digits", "name": MODEL, "devices": len(group),
+    params: JsonMapping = {"arch": "lenet", "dataset": "digits", "name": MODEL, "devices": len(group),
               "device_list": group, "epochs": epochs, "batch_size": 64, "optimizer": "adam",
               "lr": 0.005}
     render.out.print(f"training {MODEL} (lenet) on digits over {', '.join(group)}, {epochs} epochs")

@@ -222,7 +222,6 @@ def register_on_a_worker(r: RegisterParams, why: str) -> Any:
     import uuid
 
     from mxq.db.reports.history import require_job
-    from mxq.workers.jobs.jobspecs import stored
     from mxq.workers.jobs.submit import submit
     from mxq.workers.paths import staging_dir
 
@@ -236,7 +235,7 @@ def register_on_a_worker(r: RegisterParams, why: str) -> Any:
     render.err.print(f"mxq: this process cannot load MXNet ({why}); a worker whose device runs "
                      "it registers the model", markup=False, soft_wrap=True)
     try:
-        job_id = submit(s, "register", stored(r))
+        job_id = submit(s, r.job_kind, r)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

@@ -29,6 +29,7 @@ from mxq.db.schema import utcnow
 from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.errors import DeviceFault, UserError, device_fault, first_line, reason, typed_line
+from mxq.json_types import JsonMapping
 from mxq.priorities import NORMAL, Level
 from mxq.since import format_duration
 from mxq.tasks.middleware.admission import AdmitNext
@@ -42,7 +43,7 @@ from mxq.workers.broker.queues import device_queue, pool_queues, worker_name
 from mxq.workers.fleet import heartbeat, leases, suspects
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.jobs import admit
-from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, Raw, stored, validated
+from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, stored, validated
 from mxq.workers.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class FanOut:
 class JobContext:
     id: int
     kind: str
-    stored: Raw  # its parameters as SQL holds them: a body reads them typed, with `params`
+    stored: JsonMapping  # its parameters as SQL holds them: a body reads them typed, with `params`
     device: str  # "cpu:1"
     settings: Settings  # the worker's, passed in: a job body reads no process-wide settings
     queue: str
