@@ -17,8 +17,8 @@ from mxq.tasks.inference import engines, infer
 from mxq.tasks.inference.infer import _open
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.runner import JobContext, JobInputError
-from mxq.workers.jobs.infer import resolve_infer
 from mxq.workers.jobs.jobspecs import InferParams
+from mxq.workers.jobs.kinds.infer import resolve_infer
 from mxq.workers.settings import get_settings
 from mxq.workers.storage.client import ObjectChanged
 from mxq.workers.storage.locate import identity, locate

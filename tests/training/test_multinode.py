@@ -403,7 +403,7 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db: Settings)
 
 def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
     from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate, validated
-    from mxq.workers.jobs.train import check_nodes
+    from mxq.workers.jobs.kinds.train import check_nodes
 
     def asked(nodes: int, devices: int) -> TrainParams:
         return TrainParams.model_validate({**TRAIN, "nodes": nodes, "devices": devices})

@@ -10,8 +10,8 @@ import uuid
 
 from mxq.errors import UserError
 from mxq.status import JobKind
-from mxq.workers.jobs.arch import MAX_ARCH_BYTES, ArchParams
-from mxq.workers.jobs.params import validated
+from mxq.workers.jobs.kinds.arch import MAX_ARCH_BYTES, ArchParams
+from mxq.workers.jobs.kinds.params import validated
 from mxq.workers.jobs.submit import submit
 from mxq.workers.paths import staging_dir
 from mxq.workers.settings import Settings

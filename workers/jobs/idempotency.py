@@ -14,7 +14,7 @@ from mxq.json_types import JsonObject
 from mxq.priorities import Priority
 from mxq.status import JobKind
 from mxq.workers.broker.routing import Route
-from mxq.workers.jobs.params import ParamsError
+from mxq.workers.jobs.kinds.params import ParamsError
 from mxq.workers.jobs.submitted import Submitted
 from mxq.workers.settings import Settings
 

@@ -2,8 +2,8 @@
 model its jobs are validated, stored and run with, and `validate`, which reads a kind's parameters
 from JSON (at the edge: a CLI command's options, a stored row).
 
-Each kind's model lives with its submit-time checks (workers/jobs/probe.py, infer.py, train.py,
-register.py, arch.py), what they share in workers/jobs/params.py; this module re-exports the
+Each kind's model lives with its submit-time checks (workers/jobs/kinds/probe.py, infer.py, train.py,
+register.py, arch.py), what they share in workers/jobs/kinds/params.py; this module re-exports the
 names the task bodies import.
 """
 
@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from typing import TypeAlias
 
 from mxq.status import JobKind
-from mxq.workers.jobs.arch import ARCHS, FACTORY_PATTERN, MAX_ARCH_BYTES, MAX_ARCH_NAME, ArchParams
-from mxq.workers.jobs.infer import AUTO_BATCH_START, InferParams, InferRequest
-from mxq.workers.jobs.params import P, ParamsError, Spec, TimeLimited, stored, validated
-from mxq.workers.jobs.probe import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ProbeParams, probe_flops
-from mxq.workers.jobs.register import RegisterParams, parse_heads
-from mxq.workers.jobs.train import BUILTIN_DATASETS, DistRole, TrainOptions, TrainParams, TrainRequest
+from mxq.workers.jobs.kinds.arch import ARCHS, FACTORY_PATTERN, MAX_ARCH_BYTES, MAX_ARCH_NAME, ArchParams
+from mxq.workers.jobs.kinds.infer import AUTO_BATCH_START, InferParams, InferRequest
+from mxq.workers.jobs.kinds.params import P, ParamsError, Spec, TimeLimited, stored, validated
+from mxq.workers.jobs.kinds.probe import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ProbeParams, probe_flops
+from mxq.workers.jobs.kinds.register import RegisterParams, parse_heads
+from mxq.workers.jobs.kinds.train import BUILTIN_DATASETS, DistRole, TrainOptions, TrainParams, TrainRequest
 from mxq.workers.settings import Settings
 
 __all__ = ["ARCHS", "AUTO_BATCH_START", "BUILTIN_DATASETS", "CONV_FILTERS", "CONV_KERNEL", "CONV_SHAPE",

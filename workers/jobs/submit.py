@@ -45,12 +45,12 @@ from mxq.workers.jobs.idempotency import (
     keys_of,
     replay,
 )
-from mxq.workers.jobs.infer import InferParams, Models, need_of, resolve_infer
 from mxq.workers.jobs.jobspecs import SPECS, JobParams, JobRequest, Options, known_kind, validate
-from mxq.workers.jobs.params import ParamsError, Spec, check_no_nul, fields_of, stored
+from mxq.workers.jobs.kinds.infer import InferParams, Models, need_of, resolve_infer
+from mxq.workers.jobs.kinds.params import ParamsError, Spec, check_no_nul, fields_of, stored
+from mxq.workers.jobs.kinds.train import TrainParams, resolve_train
 from mxq.workers.jobs.publishing import broker_late, check_broker, check_database, publish_all
 from mxq.workers.jobs.submitted import DEFAULT_OPTIONS, SubmitOptions, Submitted
-from mxq.workers.jobs.train import TrainParams, resolve_train
 from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings
 from mxq.workers.storage.client import StorageError

@@ -31,9 +31,9 @@ from mxq.status import JobKind
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import CONTROL_QUEUE
-from mxq.workers.jobs.params import ParamsError, validated
+from mxq.workers.jobs.kinds.params import ParamsError, validated
+from mxq.workers.jobs.kinds.train import TrainParams, check_calibration, pinned_code
 from mxq.workers.jobs.submit import submit
-from mxq.workers.jobs.train import TrainParams, check_calibration, pinned_code
 from mxq.workers.schedules import scoring
 from mxq.workers.schedules.cron import check, due, next_after
 from mxq.workers.schedules.sources import check_source, newest_file

@@ -36,8 +36,8 @@ from mxq.users import local_owner
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import check_known
 from mxq.workers.jobs.idempotency import IdempotencyConflict
-from mxq.workers.jobs.infer import InferParams, check_against_model
 from mxq.workers.jobs.jobspecs import ParamsError, validate
+from mxq.workers.jobs.kinds.infer import InferParams, check_against_model
 from mxq.workers.jobs.submit import submit_request
 from mxq.workers.paths import PathError
 from mxq.workers.schedules.cron import check, next_after

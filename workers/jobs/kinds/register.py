@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from mxq.db.records import OUTPUT_KINDS
 from mxq.names import NAME_PATTERN
 from mxq.status import JobKind
-from mxq.workers.jobs.params import Spec
+from mxq.workers.jobs.kinds.params import Spec
 
 HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")  # a file's and a Parquet column's name
 MOST_HEADS = 16

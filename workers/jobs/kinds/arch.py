@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from mxq.names import NAME_PATTERN
 from mxq.status import JobKind
-from mxq.workers.jobs.params import Spec
+from mxq.workers.jobs.kinds.params import Spec
 
 ARCHS = ("mlp", "lenet", "resnet18_v1")  # the built-in architectures (tasks/model_store/zoo.py builds them)
 MAX_ARCH_NAME = 64  # a registered architecture's name (it is a model version's `arch`)

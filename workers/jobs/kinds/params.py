@@ -2,7 +2,7 @@
 the error a wrong parameter raises, and the two places parameters cross JSON: validated from it
 (at the edge, and where a worker reads a stored job) and dumped to it (where SQL stores them).
 
-One pydantic model per kind (workers/jobs/probe.py, infer.py, train.py, register.py, arch.py):
+One pydantic model per kind (workers/jobs/kinds/: probe.py, infer.py, train.py, register.py, arch.py):
 the error names the field, the value and what is allowed.
 """
 

@@ -17,7 +17,7 @@ from mxq.names import MAX_ID
 from mxq.objects import check_output_prefix
 from mxq.status import JobKind
 from mxq.workers.broker.routing import Need
-from mxq.workers.jobs.params import ParamsError, TimeLimited, Variant, at_most
+from mxq.workers.jobs.kinds.params import ParamsError, TimeLimited, Variant, at_most
 from mxq.workers.paths import PathError
 from mxq.workers.settings import DEFAULT_MAX_BATCH_SIZE, Settings
 from mxq.workers.storage.locate import allowed_url, identity, locate, size_of

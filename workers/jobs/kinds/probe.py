@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from mxq.status import JobKind
-from mxq.workers.jobs.params import TimeLimited
+from mxq.workers.jobs.kinds.params import TimeLimited
 from mxq.workers.settings import get_settings
 
 # The probe's convolution: a batch of RGB 64x64 images through 16 3x3 filters, padded to size.

@@ -20,8 +20,8 @@ from mxq.preprocess import Preprocess, PreprocessError
 from mxq.status import JobKind
 from mxq.workers.broker.queues import DeviceSpecError, parse_device
 from mxq.workers.broker.routing import describe
-from mxq.workers.jobs.arch import ARCHS, FACTORY_PATTERN, MAX_ARCH_NAME, SHA256_PATTERN
-from mxq.workers.jobs.params import ParamsError, TimeLimited, Variant, at_most
+from mxq.workers.jobs.kinds.arch import ARCHS, FACTORY_PATTERN, MAX_ARCH_NAME, SHA256_PATTERN
+from mxq.workers.jobs.kinds.params import ParamsError, TimeLimited, Variant, at_most
 from mxq.workers.settings import DEFAULT_MAX_EPOCHS, Settings
 from mxq.workers.storage.locate import locate
 
