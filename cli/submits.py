@@ -33,12 +33,12 @@ from mxq.cli.options import (
     preprocess_fields,
 )
 from mxq.cli.settings import get_settings
-from mxq.json_types import JsonMapping
 from mxq.priorities import Priority
-from mxq.status import UNSUCCESSFUL, JobKind
+from mxq.status import UNSUCCESSFUL
 
 if TYPE_CHECKING:
     from mxq.db.records import JobRecord
+    from mxq.workers.jobs.jobspecs import JobRequest, Rejected
 
 
 def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "auto",
@@ -51,10 +51,12 @@ def probe(device: Annotated[str, typer.Option(help="auto, gpu:N or cpu:N")] = "a
           preemptible: PreemptibleOpt = None, team: TeamOpt = None,
           time_limit: TimeLimitOpt = None, after: AfterOpt = None) -> None:
     """Queue a probe: matmul and convolution GFLOP/s and memory figures of one device."""
-    _submit_and_report(JobKind.PROBE, {"size": size, "batch": batch, "repeat": repeat,
-                                 "time_limit": parse_time_limit(time_limit)}, device,
-                       allow_offline, wait, json_, idempotency_key, (priority, preemptible),
-                       team, parse_after(after))
+    from mxq.workers.jobs.jobspecs import ProbeParams, requested
+
+    request = requested(ProbeParams, size=size, batch=batch, repeat=repeat,
+                        time_limit=parse_time_limit(time_limit))
+    _submit_and_report(request, device, allow_offline, wait, json_, idempotency_key,
+                       (priority, preemptible), team, parse_after(after))
 
 
 def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
@@ -78,14 +80,16 @@ def infer(model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION")],
           preemptible: PreemptibleOpt = None, team: TeamOpt = None,
           time_limit: TimeLimitOpt = None, after: AfterOpt = None) -> None:
     """Queue bulk inference of MODEL over INPUT; every prediction is stored."""
-    params = {"model": model, "input": input,
-              "batch_size": int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
-              "output": output, "engine": engine, "precision": precision,
-              "min_agreement": min_agreement, "top_k": top_k, "threshold": threshold,
-              "chunk_size": chunk_size, "key": key, "reject_nan": reject_nan,
-              "columns": None if columns is None else [c.strip() for c in columns.split(",")],
-              "output_to": output_to, "time_limit": parse_time_limit(time_limit)}
-    _submit_and_report(JobKind.INFER, params, device, allow_offline, wait, json_, idempotency_key,
+    from mxq.workers.jobs.jobspecs import InferRequest, requested
+
+    request = requested(
+        InferRequest, model=model, input=input,
+        batch_size=int(batch_size) if batch_size.lstrip("-").isdigit() else batch_size,
+        output=output, engine=engine, precision=precision, min_agreement=min_agreement,
+        top_k=top_k, threshold=threshold, chunk_size=chunk_size, key=key, reject_nan=reject_nan,
+        columns=None if columns is None else [c.strip() for c in columns.split(",")],
+        output_to=output_to, time_limit=parse_time_limit(time_limit))
+    _submit_and_report(request, device, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team, parse_after(after))
 
 
@@ -120,18 +124,19 @@ def train(arch: Annotated[str, typer.Argument(help="mlp, lenet, resnet18_v1 or o
     DATASET over K devices (of N nodes); registers a version of NAME."""
     route, device_list = _train_devices(device)
     source, data = _arch_and_dataset(arch, dataset, from_model)
-    params = {"arch": source, "dataset": data, "name": name or "", "devices": devices, "nodes": nodes,
-              **from_fields(from_model), "reinit": reinit,
-              **preprocess_fields(scale, mean, std, layout),
-              "device_list": device_list, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-              "optimizer": optimizer, "momentum": momentum, "weight_decay": weight_decay,
-              "lr_schedule": lr_schedule, "lr_step": lr_step, "lr_factor": lr_factor,
-              "dtype": dtype, "val_fraction": val_fraction, "seed": seed,
-              "label_column": label_column,
-              "input_shape": list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
-              "calibration": calibration, "min_agreement": min_agreement,
-              "variants": parse_variants(variants), "time_limit": parse_time_limit(time_limit)}
-    _submit_and_report(JobKind.TRAIN, params, route, allow_offline, wait, json_, idempotency_key,
+    from mxq.workers.jobs.jobspecs import TrainRequest, requested
+
+    request = requested(
+        TrainRequest, arch=source, dataset=data, name=name or "", devices=devices, nodes=nodes,
+        **from_fields(from_model), reinit=reinit, **preprocess_fields(scale, mean, std, layout),
+        device_list=device_list, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer,
+        momentum=momentum, weight_decay=weight_decay, lr_schedule=lr_schedule, lr_step=lr_step,
+        lr_factor=lr_factor, dtype=dtype, val_fraction=val_fraction, seed=seed,
+        label_column=label_column,
+        input_shape=list(models_cli.parse_shape(input_shape) or ()) if input_shape else None,
+        calibration=calibration, min_agreement=min_agreement, variants=parse_variants(variants),
+        time_limit=parse_time_limit(time_limit))
+    _submit_and_report(request, route, allow_offline, wait, json_, idempotency_key,
                        (priority, preemptible), team, parse_after(after))
 
 
@@ -164,15 +169,17 @@ def _train_devices(device: str | None) -> tuple[str, list[str] | None]:
     return entries[0], entries
 
 
-def _submit_and_report(kind: JobKind, params: JsonMapping, device: str, allow_offline: bool,
+def _submit_and_report(request: JobRequest | Rejected, device: str, allow_offline: bool,
                        wait: bool, json_: bool, idempotency_key: str | None,
                        turn: tuple[str, bool | None], team: str | None = None,
                        after: list[int] | None = None) -> None:
     from mxq.db.reports.history import require_job
+    from mxq.workers.jobs.jobspecs import Rejected
     from mxq.workers.jobs.submit import submit_request
 
     s = get_settings()
-    done = submit_request(s, kind, params, device, allow_offline, idempotency_key,
+    kind = request.kind if isinstance(request, Rejected) else request.job_kind
+    done = submit_request(s, kind, request, device, allow_offline, idempotency_key,
                           priority=Priority.of(*turn), team=team, after=after)
     job_id = done.job_id
     if not wait:

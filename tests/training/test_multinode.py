@@ -18,6 +18,7 @@ import pytest
 
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.schema import utcnow
+from mxq.json_types import JsonObject
 from mxq.workers.jobs.submit import submit
 from mxq.workers.launch import groups
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
@@ -252,7 +253,7 @@ def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -
 
 # The watching and settling rules on the database alone (no workers, no MXNet processes).
 
-TRAIN = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
+TRAIN: JsonObject = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
 
 
 def _split_job(url: str) -> tuple[int, list[int]]:

@@ -9,13 +9,22 @@ names the task bodies import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TypeAlias
 
+from mxq.json_types import JsonMapping
 from mxq.status import JobKind
 from mxq.workers.jobs.kinds.arch import ARCHS, FACTORY_PATTERN, MAX_ARCH_BYTES, MAX_ARCH_NAME, ArchParams
 from mxq.workers.jobs.kinds.infer import AUTO_BATCH_START, InferParams, InferRequest
-from mxq.workers.jobs.kinds.params import P, ParamsError, Spec, TimeLimited, stored, validated
+from mxq.workers.jobs.kinds.params import (
+    P,
+    ParamsError,
+    Rejected,
+    Spec,
+    TimeLimited,
+    requested,
+    stored,
+    validated,
+)
 from mxq.workers.jobs.kinds.probe import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ProbeParams, probe_flops
 from mxq.workers.jobs.kinds.register import RegisterParams, parse_heads
 from mxq.workers.jobs.kinds.train import BUILTIN_DATASETS, DistRole, TrainOptions, TrainParams, TrainRequest
@@ -24,8 +33,9 @@ from mxq.workers.settings import Settings
 __all__ = ["ARCHS", "AUTO_BATCH_START", "BUILTIN_DATASETS", "CONV_FILTERS", "CONV_KERNEL", "CONV_SHAPE",
            "FACTORY_PATTERN", "MAX_ARCH_BYTES", "MAX_ARCH_NAME", "SPECS", "ArchParams", "DistRole",
            "InferParams", "InferRequest", "JobParams", "JobRequest", "P", "ParamsError",
-           "ProbeParams", "RegisterParams", "TimeLimited", "TrainOptions", "TrainParams",
-           "TrainRequest", "kind_of", "parse_heads", "probe_flops", "stored", "validate", "validated"]
+           "ProbeParams", "RegisterParams", "Rejected", "TimeLimited", "TrainOptions", "TrainParams",
+           "TrainRequest", "kind_of", "parse_heads", "probe_flops", "request_of", "requested", "stored",
+           "validate", "validated"]
 
 # A job's parameters, typed: what `validate` returns and every step after it passes on, from the
 # submit to the task body. They become JSON once, where they are stored (SQL) and read back from it.
@@ -33,8 +43,6 @@ JobParams: TypeAlias = ProbeParams | InferParams | TrainParams | RegisterParams 
 # What a submit takes: a kind's request as a user gives it (`mxq infer`, the API's body) or its
 # parameters as mxq makes them (a schedule's fire, a registration, an architecture's trial).
 JobRequest: TypeAlias = ProbeParams | InferRequest | TrainRequest | RegisterParams | ArchParams
-# A kind's options before validation, as a script, a bench or a stored schedule gives them.
-Options: TypeAlias = Mapping[str, object]
 SPECS: dict[JobKind, type[JobParams]] = {
     JobKind.PROBE: ProbeParams, JobKind.INFER: InferParams, JobKind.TRAIN: TrainParams,
     JobKind.REGISTER: RegisterParams, JobKind.ARCH: ArchParams}
@@ -53,7 +61,16 @@ def known_kind(kind: str) -> JobKind:
         raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}") from None
 
 
-def validate(kind: JobKind | str, params: Options, settings: Settings | None = None) -> JobParams:
+def validate(kind: JobKind | str, params: JsonMapping, settings: Settings | None = None) -> JobParams:
     """The typed parameters of a job of `kind`, defaults filled in, or ParamsError saying what
     is wrong. Size limits come from `settings` (default: the process settings)."""
     return validated(SPECS[known_kind(kind)], params, settings)
+
+
+def request_of(kind: JobKind, options: JsonMapping, settings: Settings) -> JobParams | Rejected:
+    """Options given as JSON (a script's, a bench's, a stored schedule's) as a job of `kind`, or
+    the Rejected request a submit records as a failed job (`validate`, within `settings`' limits)."""
+    try:
+        return validate(kind, options, settings)
+    except ParamsError as exc:
+        return Rejected(kind, options, str(exc))

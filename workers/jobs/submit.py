@@ -26,7 +26,7 @@ from mxq.db.sharing import admission
 from mxq.db.sharing.teams import check_team
 from mxq.engines import needed
 from mxq.errors import JobRejected, UserError
-from mxq.json_types import JsonObject, JsonReadable, JsonValue
+from mxq.json_types import JsonMapping, JsonObject, JsonReadable, JsonValue
 from mxq.objects import ObjectURLError
 from mxq.priorities import Priority
 from mxq.shares import Share, beyond_quota, devices_needed
@@ -45,9 +45,9 @@ from mxq.workers.jobs.idempotency import (
     keys_of,
     replay,
 )
-from mxq.workers.jobs.jobspecs import SPECS, JobParams, JobRequest, Options, known_kind, validate
+from mxq.workers.jobs.jobspecs import SPECS, JobParams, JobRequest, known_kind, request_of
 from mxq.workers.jobs.kinds.infer import InferParams, Models, need_of, resolve_infer
-from mxq.workers.jobs.kinds.params import ParamsError, Spec, check_no_nul, fields_of, stored
+from mxq.workers.jobs.kinds.params import ParamsError, Rejected, check_model_no_nul, fields_of, stored
 from mxq.workers.jobs.kinds.train import TrainParams, resolve_train
 from mxq.workers.jobs.publishing import broker_late, check_broker, check_database, publish_all
 from mxq.workers.jobs.submitted import DEFAULT_OPTIONS, SubmitOptions, Submitted
@@ -63,9 +63,13 @@ log = logging.getLogger(__name__)
 
 JOBS_IN_WORDS = {JobKind.TRAIN: "a training", JobKind.PROBE: "a probe",
                  JobKind.REGISTER: "a model's registration", JobKind.ARCH: "an architecture's trial"}
-# A job as a submit is given it: its kind's typed request, or (`submit_json`) options as JSON
-# that the submit reads as that request first, recording a failed job when they do not fit.
-Asked: TypeAlias = JobRequest | Options
+# A job as the pipeline takes it: its kind's typed request, or a request that could not be read
+# as one (`params.Rejected`: a CLI command's or a script's options that do not fit), which the
+# submit records as a failed job. The pipeline never validates a dict itself.
+Asked: TypeAlias = JobRequest | Rejected
+# A job as the one-job and many-job helpers take it: also options as JSON (a script's, a bench's,
+# a stored schedule's), read as the kind's request first (`jobspecs.request_of`).
+Given: TypeAlias = JobRequest | Rejected | JsonMapping
 
 # The most of one rejected string a failed job's row keeps: a path of a megabyte is refused,
 # not stored whole in the history.
@@ -109,14 +113,13 @@ def _params_of(request: JobRequest) -> JobParams:
     return spec.model_construct(request.model_fields_set, **values)  # type: ignore[arg-type]  # its own
 
 
-def _prepare(settings: Settings, kind: JobKind, asked: Asked, models: Models) -> JobParams:
-    """Typed parameters (read from JSON options, or the request's own), with what the job will
-    use pinned (model version, paths)."""
-    if isinstance(asked, Spec):
-        p = _params_of(asked)
-        check_no_nul(kind, fields_of(p))
-    else:
-        p = validate(kind, asked, settings)
+def _prepare(settings: Settings, asked: Asked, models: Models) -> JobParams:
+    """A request's stored parameters, with what the job will use pinned (model version, paths);
+    ParamsError for a rejected request."""
+    if isinstance(asked, Rejected):
+        raise ParamsError(asked.reason)
+    p = _params_of(asked)
+    check_model_no_nul(p)
     if isinstance(p, InferParams):
         return resolve_infer(settings, p, models)
     if isinstance(p, TrainParams):
@@ -126,7 +129,7 @@ def _prepare(settings: Settings, kind: JobKind, asked: Asked, models: Models) ->
 
 def _shown(asked: Asked) -> JsonObject:
     """What a failed job's row keeps of a request: its parameters as given, within bounds."""
-    shown = _storable(fields_of(_params_of(asked)) if isinstance(asked, Spec) else asked)
+    shown = _storable(asked.given if isinstance(asked, Rejected) else fields_of(_params_of(asked)))
     assert isinstance(shown, dict)
     return shown
 
@@ -213,7 +216,7 @@ def _check_quota(kind: JobKind, params: JsonObject, owner: str, share: Share) ->
 
 def _trained_name(asked: Asked) -> str | None:
     """The model a training registers a version of (--name, else the --from NAME it retrains)."""
-    values = fields_of(asked) if isinstance(asked, Spec) else asked
+    values = asked.given if isinstance(asked, Rejected) else fields_of(asked)
     name = values.get("name") or values.get("from_model")
     return name if isinstance(name, str) else None
 
@@ -236,7 +239,7 @@ def _prepare_all(settings: Settings, asked: Request, params: Sequence[Asked], wh
     checked: list[JobParams] = []
     for i, p in enumerate(params):
         try:
-            checked.append(_prepare(settings, asked.kind, p, models))
+            checked.append(_prepare(settings, p, models))
         except REJECTED as exc:
             which = f"job {i} of {len(params)} (nothing else was queued): " if len(params) > 1 else ""
             raise _reject(settings, asked.kind, p, where, exc, asked, which) from exc
@@ -351,28 +354,35 @@ def submit_jobs(settings: Settings, requests: Sequence[JobRequest],
     return _submit(settings, kind, requests, options)
 
 
-def submit_json(settings: Settings, kind: JobKind | str, params: Sequence[Options], device: str = "auto",
+def _typed(settings: Settings, kind: JobKind, given: Given) -> Asked:
+    """A job as the pipeline takes it: options given as JSON read as the kind's request."""
+    return request_of(kind, given, settings) if isinstance(given, Mapping) else given
+
+
+def submit_json(settings: Settings, kind: JobKind | str, params: Sequence[JsonMapping], device: str = "auto",
                 allow_offline: bool = False, idempotency_key: str | None = None,
                 owner: str | None = None, priority: Priority = Priority(),
                 team: str | None = None, after: Sequence[int] | None = None) -> list[Submitted]:
     """`submit_jobs` of options given as JSON (a script's, a bench's): each read as its kind's
     request (`jobspecs.validate`, within `settings`' limits) where the submit prepares it, so
     options that do not fit are recorded as a failed job, as wrong inputs are."""
-    return _submit(settings, known_kind(kind), params, SubmitOptions(
+    known = known_kind(kind)
+    return _submit(settings, known, [request_of(known, p, settings) for p in params], SubmitOptions(
         device, allow_offline, idempotency_key, owner, priority, team, after))
 
 
-def submit_request(settings: Settings, kind: JobKind | str, params: Asked, device: str = "auto",
+def submit_request(settings: Settings, kind: JobKind | str, params: Given, device: str = "auto",
                    allow_offline: bool = False, idempotency_key: str | None = None,
                    owner: str | None = None, priority: Priority = Priority(),
                    team: str | None = None, after: Sequence[int] | None = None) -> Submitted:
     """Queue one job (`submit_jobs` with one): what happened to it."""
-    [done] = _submit(settings, known_kind(kind), [params], SubmitOptions(
+    known = known_kind(kind)
+    [done] = _submit(settings, known, [_typed(settings, known, params)], SubmitOptions(
         device, allow_offline, idempotency_key, owner, priority, team, after))
     return done
 
 
-def submit(settings: Settings, kind: JobKind | str, params: Asked, device: str = "auto",
+def submit(settings: Settings, kind: JobKind | str, params: Given, device: str = "auto",
            allow_offline: bool = False, owner: str | None = None,
            priority: Priority = Priority(), team: str | None = None) -> int:
     """Queue one job and return its id (`submit_jobs`, for callers that need only the id:
@@ -381,10 +391,12 @@ def submit(settings: Settings, kind: JobKind | str, params: Asked, device: str =
                           priority=priority, team=team).job_id
 
 
-def submit_many(settings: Settings, kind: JobKind | str, params: Sequence[Asked], device: str = "auto",
+def submit_many(settings: Settings, kind: JobKind | str, params: Sequence[Given], device: str = "auto",
                 allow_offline: bool = False, owner: str | None = None,
                 priority: Priority = Priority(), team: str | None = None) -> list[int]:
     """Queue many jobs of one kind and return their ids (`submit_jobs`: one check, one
     transaction, pipelined publishes)."""
-    return [done.job_id for done in _submit(settings, known_kind(kind), params, SubmitOptions(
+    known = known_kind(kind)
+    typed = [_typed(settings, known, p) for p in params]
+    return [done.job_id for done in _submit(settings, known, typed, SubmitOptions(
         device, allow_offline, owner=owner, priority=priority, team=team))]

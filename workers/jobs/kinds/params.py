@@ -8,14 +8,15 @@ the error names the field, the value and what is allowed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from mxq.errors import UserError
-from mxq.json_types import JsonObject
+from mxq.json_types import JsonMapping, JsonObject, JsonReadable
 from mxq.names import shown
 from mxq.since import MAX_TIME_LIMIT, TIME_LIMIT_EXAMPLES, TIME_LIMIT_PATTERN, DurationError, parse_time_limit
 from mxq.status import JobKind
@@ -87,13 +88,22 @@ def _has_nul(value: object) -> bool:
     return False
 
 
-def check_no_nul(kind: JobKind, values: Mapping[str, object]) -> None:
-    """ParamsError naming the first value with a NUL character: PostgreSQL cannot store one,
-    and no path or name has one."""
-    for key, value in values.items():
+def _check_no_nul(kind: JobKind, items: Iterable[tuple[str, object]]) -> None:
+    for key, value in items:
         if _has_nul(key) or _has_nul(value):
             where = f"{key}={value!r}".replace("\x00", "\\x00")
             raise ParamsError(f"invalid {kind} parameters: {where}: NUL characters are not allowed")
+
+
+def check_no_nul(kind: JobKind, values: JsonMapping) -> None:
+    """ParamsError naming the first value with a NUL character: PostgreSQL cannot store one,
+    and no path or name has one."""
+    _check_no_nul(kind, values.items())
+
+
+def check_model_no_nul(p: Spec) -> None:
+    """`check_no_nul` of a typed request's fields (the API's body, a CLI command's request)."""
+    _check_no_nul(p.job_kind, fields_of(p).items())
 
 
 def fields_of(p: BaseModel) -> dict[str, object]:
@@ -112,7 +122,12 @@ def _problem(e: ErrorDetails) -> str:
 P = TypeVar("P", bound=Spec)  # one kind's parameters (a `jobspecs.SPECS` entry)
 
 
-def validated(spec: type[P], params: Mapping[str, object], settings: Settings | None = None) -> P:
+def params_error(kind: JobKind, exc: ValidationError) -> ParamsError:
+    """A kind's wrong parameters in one line: each wrong field, its value and what is allowed."""
+    return ParamsError(f"invalid {kind} parameters: {'; '.join(map(_problem, exc.errors()))}")
+
+
+def validated(spec: type[P], params: JsonMapping, settings: Settings | None = None) -> P:
     """`params` as a `spec`, or ParamsError naming each wrong field, its value and what is
     allowed (checked at the edge, and again where a worker reads a stored job). Size limits
     come from `settings` (default: the process settings)."""
@@ -122,8 +137,30 @@ def validated(spec: type[P], params: Mapping[str, object], settings: Settings | 
     try:
         return spec.model_validate(params, context=limits)
     except ValidationError as exc:
-        problems = "; ".join(map(_problem, exc.errors()))
-        raise ParamsError(f"invalid {spec.job_kind} parameters: {problems}") from None
+        raise params_error(spec.job_kind, exc) from None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A request that could not be read as its kind's model (`requested`): its kind, its options
+    as given, and why, in one line. A submit records it as a failed job, as it does wrong inputs,
+    so the history says why."""
+
+    kind: JobKind
+    given: JsonMapping
+    reason: str
+
+
+def requested(spec: type[P], **fields: JsonReadable) -> P | Rejected:
+    """A CLI command's options as its kind's request (the model the API validates, within the
+    process settings' limits), or the Rejected request its submit records as a failed job."""
+    try:
+        check_no_nul(spec.job_kind, fields)
+        return spec(**fields)
+    except ValidationError as exc:
+        return Rejected(spec.job_kind, fields, str(params_error(spec.job_kind, exc)))
+    except ParamsError as exc:
+        return Rejected(spec.job_kind, fields, str(exc))
 
 
 def stored(params: Spec) -> JsonObject:
