@@ -292,9 +292,7 @@ def check_calibration(settings: Settings, where: str | None) -> None:
 def _check_one_node(settings: Settings, p: TrainParams) -> None:
     """Refuse more devices than this node has of the kind, or a listed device it does not have
     (no worker known yet: the job waits for them)."""
-    kind = Device.parse(p.device_list[0]).kind if p.device_list else None
-    workers = [w for w in list_workers(settings.database, settings.heartbeat_ttl, settings.node)
-               if kind is None or Device.parse(w["device"]).kind == kind]
+    workers = _node_workers(settings, Device.parse(p.device_list[0]).kind if p.device_list else None)
     trainers = [w for w in workers if "mxnet" in w["engines"]]
     have = sorted(w["device"] for w in trainers)
     if have and not p.device_list:
@@ -302,6 +300,12 @@ def _check_one_node(settings: Settings, p: TrainParams) -> None:
     for device in p.device_list or []:
         if device not in have:
             raise ParamsError(_not_trainable(settings, device, workers, have))
+
+
+def _node_workers(settings: Settings, kind: str | None) -> list[WorkerRecord]:
+    """This node's live workers, of one device kind where a device list names it."""
+    workers = list_workers(settings.database, settings.heartbeat_ttl, settings.node)
+    return [w for w in workers if kind is None or Device.parse(w["device"]).kind == kind]
 
 
 def _check_alike(settings: Settings, p: TrainParams, trainers: list[WorkerRecord]) -> None:
