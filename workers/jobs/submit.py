@@ -105,9 +105,11 @@ REJECTED = (ParamsError, PathError, ObjectURLError, StorageError, LookupError)
 
 def _params_of(request: JobRequest) -> JobParams:
     """A request as its kind's stored parameters: the API's body and `mxq infer`'s request carry
-    no field only mxq sets (a chunk's range, a schedule's fire), so those take their defaults."""
+    no field only mxq sets (a chunk's range, a schedule's fire), so those take their defaults;
+    the API's body (a subclass: `api.schemas.ProbeJob`) also carries its routing, which is not
+    stored."""
     spec = SPECS[request.job_kind]
-    if isinstance(request, spec):
+    if type(request) is spec:
         return request
     values = {k: v for k, v in fields_of(request).items() if k in spec.model_fields}
     return spec.model_construct(request.model_fields_set, **values)  # type: ignore[arg-type]  # its own
