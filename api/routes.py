@@ -38,8 +38,10 @@ from mxq.api.schemas import (
     ScheduleRequest,
     Status,
     SubmitAnswer,
+    TrainJob,
 )
 from mxq.db import registry, schedules
+from mxq.db.jobs import CancelOutcome
 from mxq.db.outputs import logs, results, retention
 from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
@@ -53,7 +55,7 @@ from mxq.workers.jobs.archs import queue_trial
 from mxq.workers.jobs.cancel import cancel_job
 from mxq.workers.jobs.jobspecs import InferRequest, TrainOptions
 from mxq.workers.jobs.queue_view import queue_view
-from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, submit_request
+from mxq.workers.jobs.submit import IDEMPOTENCY_KEY_PATTERN, SubmitOptions, submit_jobs
 from mxq.workers.schedules.cron import every
 from mxq.workers.schedules.fires import add_schedule, request_fire, resume
 from mxq.workers.schedules.scoring import add_infer_schedule
@@ -69,19 +71,22 @@ Filter = Annotated[str | None, Query(max_length=128, pattern=NO_NUL)]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
-def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def problems(*statuses: int) -> dict[int | str, dict[str, object]]:
     """The OpenAPI entries of the errors a route can answer: each a Problem document (every
     route needs a user: 401, 403)."""
     return {status: {"model": Problem, "description": HTTPStatus(status).phrase}
             for status in sorted({*statuses, *READ_ERRORS, 421, 422, 503})}
 
 
-def _visible(who: Caller, record: Any) -> Any:
+def _visible(who: Caller, record: JobRecord) -> JobRecord:
     """A job's record as `who` may see it: whole for its owner, team and admins; for another
     user, the history row without its results (`result`, `output` null)."""
     if who.may_read(record["owner"], record["team"]):
         return record
-    return {**record, "result": None, "output": None}
+    shown = record.copy()
+    shown["result"] = None
+    shown["output"] = None
+    return shown
 
 
 Reader = Annotated[Caller, Depends(reader)]
@@ -111,7 +116,7 @@ def jobs(status: Status | None = None, kind: Filter = None, device: Filter = Non
          user: Annotated[str | None, Query(
              max_length=128, pattern=NO_NUL, description="Who submitted it: a user's name, `admin` "
              "(MXQ_API_TOKEN), `local:LOGIN` (the CLI on the stack's machine).")] = None,
-         who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+         who: Caller = Depends(reader), s: Settings = Depends(settings)) -> JobPage:
     """Job history, newest first, filtered like `mxq jobs`, in pages (another user's jobs without
     their results)."""
     f = JobFilter(status, kind, device, node, None if since is None else parse_since(since, utcnow()),
@@ -136,20 +141,16 @@ IdempotencyKey = Annotated[str | None, Header(
                         **problems(409, *WRITE_ERRORS)})
 def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: Response,
                who: Submitter, idempotency_key: IdempotencyKey = None,
-               s: Settings = Depends(settings)) -> Any:
+               s: Settings = Depends(settings)) -> SubmitAnswer:
     """Queue a job. A request the schema refuses is answered 422 and recorded nowhere; one that
     fits but cannot run (an unknown model, an input outside the data root or over the size
     limit, devices this node lacks) is recorded as a failed job: 422 with its `job_id`. A broker
     that does not answer within MXQ_BROKER_TIMEOUT_SECONDS leaves the job queued with
     `published` false: the reconciler publishes it."""
-    params = req.model_dump(exclude={"kind", "device", "allow_offline", "priority", "preemptible",
-                                     "team", "after"})
-    device = req.device
-    if req.kind == "train" and params.get("device_list"):
-        device = params["device_list"][0]
-    done = submit_request(s, req.kind, params, device, req.allow_offline, idempotency_key,
-                          owner=who.name, priority=Priority.of(req.priority, req.preemptible),
-                          team=req.team, after=req.after)
+    device = req.device_list[0] if isinstance(req, TrainJob) and req.device_list else req.device
+    [done] = submit_jobs(s, [req], SubmitOptions(
+        device, req.allow_offline, idempotency_key, who.name,
+        Priority.of(req.priority, req.preemptible), req.team, req.after))
     if done.replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
@@ -160,7 +161,7 @@ def submit_job(req: Annotated[JobRequest, Body(title="JobRequest")], response: R
 @router.get("/queue", response_model=list[QueueEntry], responses=problems())
 def waiting_queue(limit: Annotated[int, Query(ge=1, le=1000, description="At most this many, "
                                               "the first ones.")] = 100,
-                  _: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+                  _: Caller = Depends(reader), s: Settings = Depends(settings)) -> list[QueueEntry]:
     """The waiting jobs in the order workers take them (priority, then a job that started
     before, then the oldest), each with its `position` and `why` it waits."""
     return queue_view(s, limit)
@@ -170,36 +171,42 @@ def waiting_queue(limit: Annotated[int, Query(ge=1, le=1000, description="At mos
 def job(job_id: JobId, points: Annotated[int | None, Query(
             ge=2, le=100_000, description="At most this many throughput points per device: "
             "consecutive ones merged (samples and seconds summed). Default: every point.")] = None,
-        who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+        who: Caller = Depends(reader), s: Settings = Depends(settings)) -> JobRecord:
     """One job with its throughput over time (and epochs, for training); another user's
     without its results."""
     return _visible(who, require_job(s.database, job_id, with_metrics=True, points=points))
 
 
+# A cancel's outcome as the answer names it (a missing job is a 404 before it is answered).
+CANCEL_OUTCOMES: dict[CancelOutcome, Literal["cancelled", "requested", "finished"]] = {
+    CancelOutcome.CANCELLED: "cancelled", CancelOutcome.REQUESTED: "requested",
+    CancelOutcome.FINISHED: "finished"}
+
+
 @router.post("/jobs/{job_id}/cancel", response_model=CancelAnswer,
              responses=problems(404, *WRITE_ERRORS))
-def cancel(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def cancel(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> CancelAnswer:
     """Cancel at once if queued, at the next batch or epoch boundary if running: its owner or
     an admin."""
     who.may_change(require_job(s.database, job_id)["owner"], f"job {job_id}")
     outcome = cancel_job(s, job_id)
-    return {"outcome": outcome.value, **require_job(s.database, job_id)}
+    return {"outcome": CANCEL_OUTCOMES[outcome], **require_job(s.database, job_id)}
 
 
 @router.put("/jobs/{job_id}/pin", response_model=JobRecord, responses=problems(403, 404))
-def pin(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def pin(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> JobRecord:
     """Keep the job's output whatever the retention policy (MXQ_KEEP_OUTPUT_DAYS) says: its
     owner or an admin."""
     return _set_pin(job_id, who, s, True)
 
 
 @router.delete("/jobs/{job_id}/pin", response_model=JobRecord, responses=problems(403, 404))
-def unpin(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def unpin(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> JobRecord:
     """Let the retention policy remove the job's output again when it is old enough."""
     return _set_pin(job_id, who, s, False)
 
 
-def _set_pin(job_id: int, who: Caller, s: Settings, pinned: bool) -> Any:
+def _set_pin(job_id: int, who: Caller, s: Settings, pinned: bool) -> JobRecord:
     """A job's pin set by its owner or an admin (403 for anyone else, 404 for no such job)."""
     who.may_change(require_job(s.database, job_id)["owner"], f"job {job_id}")
     return retention.set_pinned(s.database, job_id, pinned)
@@ -211,7 +218,8 @@ def _set_pin(job_id: int, who: Caller, s: Settings, pinned: bool) -> Any:
                            "content": {"text/csv": {"schema": {"type": "string"}}}}})
 def job_predictions(job_id: JobId, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
                     offset: Offset = 0, format: Literal["json", "csv"] = "json",
-                    who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+                    who: Caller = Depends(reader),
+                    s: Settings = Depends(settings)) -> PredictionPage | Response:
     """Predictions `offset` onwards, ordered by sample index: to the job's owner, its team's
     members and admins (403 to anyone else)."""
     record = require_job(s.database, job_id)
@@ -253,7 +261,7 @@ def job_logs(job_id: JobId, after: Annotated[int, Query(
                  ge=0, le=MAX_ID, description="Only the lines numbered above this: pass the last "
                  "page's `next` to read on (a dropped line's number is never reused).")] = 0,
              limit: Annotated[int, Query(ge=1, le=logs.MOST_READ)] = 1000,
-             who: Caller = Depends(reader), s: Settings = Depends(settings)) -> Any:
+             who: Caller = Depends(reader), s: Settings = Depends(settings)) -> LogPage:
     """What the job printed (its training child's stdout and stderr, its worker's log lines
     while it ran, mxq's notes), numbered, after `after`: to the job's owner, its team's members
     and admins (403 to anyone else). `ended`: the job finished and its last line is written."""
@@ -263,7 +271,7 @@ def job_logs(job_id: JobId, after: Annotated[int, Query(
 
 
 @router.get("/devices", response_model=list[DeviceRecord], responses=problems())
-def devices(_: Reader, s: Settings = Depends(settings)) -> Any:
+def devices(_: Reader, s: Settings = Depends(settings)) -> list[dict[str, Any]]:
     """Every device worker: live state, queue depth, the job holding it, heartbeat age. The
     health check: 503, a problem saying which, when the broker or the database is unreachable."""
     problem = broker_problem(s)
@@ -273,13 +281,13 @@ def devices(_: Reader, s: Settings = Depends(settings)) -> Any:
 
 
 @router.get("/models", response_model=list[ModelRecord], responses=problems())
-def models(_: Reader, s: Settings = Depends(settings)) -> Any:
+def models(_: Reader, s: Settings = Depends(settings)) -> list[ModelRecord]:
     """Every version of every model."""
     return registry.list_models(s.database)
 
 
 @router.get("/models/{name}", response_model=list[ModelRecord], responses=problems(404))
-def model_versions(name: Name, _: Reader, s: Settings = Depends(settings)) -> Any:
+def model_versions(name: Name, _: Reader, s: Settings = Depends(settings)) -> list[ModelRecord]:
     """The versions of one model."""
     registry.resolve(s.database, name)  # 404 for an unknown name
     return registry.list_models(s.database, name)
@@ -287,7 +295,7 @@ def model_versions(name: Name, _: Reader, s: Settings = Depends(settings)) -> An
 
 @router.post("/models/{name}/promote", response_model=ModelRecord,
              responses=problems(404, *WRITE_ERRORS))
-def promote(name: Name, req: PromoteRequest, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def promote(name: Name, req: PromoteRequest, who: Submitter, s: Settings = Depends(settings)) -> ModelRecord:
     """Make a version the one inference uses by default: its owner, its team's members (role
     submit) and admins may."""
     registry.resolve(s.database, name)  # 404, naming the models there are
@@ -296,14 +304,14 @@ def promote(name: Name, req: PromoteRequest, who: Submitter, s: Settings = Depen
 
 
 @router.get("/archs", response_model=list[ArchRecord], responses=problems())
-def archs(_: Reader, s: Settings = Depends(settings)) -> Any:
+def archs(_: Reader, s: Settings = Depends(settings)) -> list[ArchRecord]:
     """Every version of every registered architecture (`mxq arch ls`): a training of NAME uses
     its newest."""
     return registry.list_archs(s.database)
 
 
 @router.post("/archs", status_code=202, response_model=JobRecord, responses=problems(*WRITE_ERRORS))
-def add_arch(req: ArchRequest, who: Admin, s: Settings = Depends(settings)) -> Any:
+def add_arch(req: ArchRequest, who: Admin, s: Settings = Depends(settings)) -> JobRecord:
     """Register an architecture's code (admins only): its trial is queued as an `arch` job (the
     answer), which a device worker runs in a child process; once it succeeds, its `result.arch`
     is the registered version and a training may name it. A refused trial fails the job with its
@@ -322,14 +330,14 @@ def delete_arch(name: Name, _: Admin, s: Settings = Depends(settings)) -> Respon
 
 
 @router.get("/schedules", response_model=list[ScheduleRecord], responses=problems())
-def list_schedules(_: Reader, s: Settings = Depends(settings)) -> Any:
+def list_schedules(_: Reader, s: Settings = Depends(settings)) -> list[ScheduleRecord]:
     """Every schedule with its next fire time."""
     return schedules.list_schedules(s.database)
 
 
 @router.post("/schedules", status_code=201, response_model=ScheduleRecord,
              responses=problems(409, *WRITE_ERRORS))
-def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(settings)) -> ScheduleRecord:
     """A schedule: its own fields plus the options of the training it fires (`model` is the
     name the training registers)."""
     spec = {**req.model_dump(include=set(TrainOptions.model_fields)), "name": req.model}
@@ -342,7 +350,7 @@ def create_schedule(req: ScheduleRequest, who: Submitter, s: Settings = Depends(
 @router.post("/schedules/inference", status_code=201, response_model=ScheduleRecord,
              responses=problems(404, 409, *WRITE_ERRORS))
 def create_inference_schedule(req: InferScheduleRequest, who: Submitter,
-                              s: Settings = Depends(settings)) -> Any:
+                              s: Settings = Depends(settings)) -> ScheduleRecord:
     """An inference schedule: each fire scores every file of `input` that `model`'s version has
     not scored yet, once, a job each, as `who`."""
     request = req.model_dump(include=set(InferRequest.model_fields) - {"input"})
@@ -362,14 +370,14 @@ def _owned(s: Settings, who: Caller, name: str) -> None:
 
 
 @router.get("/schedules/{name}", response_model=ScheduleDetail, responses=problems(404))
-def schedule(name: Name, _: Reader, s: Settings = Depends(settings)) -> Any:
+def schedule(name: Name, _: Reader, s: Settings = Depends(settings)) -> ScheduleDetail:
     """One schedule and its fires, with their jobs, outcomes and promotion decisions."""
     return _schedule(s, name)
 
 
 @router.post("/schedules/{name}/pause", response_model=ScheduleDetail,
              responses=problems(404, *WRITE_ERRORS))
-def pause(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def pause(name: Name, who: Submitter, s: Settings = Depends(settings)) -> ScheduleDetail:
     """Stop firing until resumed."""
     _owned(s, who, name)
     schedules.set_enabled(s.database, name, False)
@@ -378,7 +386,7 @@ def pause(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
 
 @router.post("/schedules/{name}/resume", response_model=ScheduleDetail,
              responses=problems(404, *WRITE_ERRORS))
-def resume_schedule(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def resume_schedule(name: Name, who: Submitter, s: Settings = Depends(settings)) -> ScheduleDetail:
     """Fire again from the next cron time."""
     _owned(s, who, name)
     resume(s, name)
@@ -387,7 +395,7 @@ def resume_schedule(name: Name, who: Submitter, s: Settings = Depends(settings))
 
 @router.post("/schedules/{name}/run-now", status_code=202,
              response_model=ScheduleDetail, responses=problems(404, *WRITE_ERRORS))
-def fire_now(name: Name, who: Submitter, s: Settings = Depends(settings)) -> Any:
+def fire_now(name: Name, who: Submitter, s: Settings = Depends(settings)) -> ScheduleDetail:
     """Fire once, now: the fire is recorded at once (listed last, with no job yet) and the
     schedule process resolves its dataset and submits its job."""
     _owned(s, who, name)

@@ -20,6 +20,7 @@ import numpy as np
 from bench.infer_overhead import MODEL, register, warm
 from bench.stack import running_stack, wait_jobs
 from mxq.db.schema import utcnow
+from mxq.json_types import JsonObject
 
 
 def one_mode(on: bool, jobs: int, arch: str, shape: tuple[int, ...],
@@ -34,7 +35,7 @@ def one_mode(on: bool, jobs: int, arch: str, shape: tuple[int, ...],
         folder = s.home_path / "inputs"
         folder.mkdir()
         rng = np.random.default_rng(0)
-        params = []
+        params: list[JsonObject] = []
         for i in range(jobs):
             path = folder / f"{i}.npy"
             np.save(path, rng.normal(size=(1, *shape)).astype(np.float32))

@@ -43,6 +43,7 @@ from bench.infer_overhead import bare_loop, make_input
 from bench.report import against_peak, meminfo_bytes
 from bench.stack import rate, run_pinned, running_stack, wait_job, worker_cores
 from mxq.engines import VARIANTS
+from mxq.json_types import JsonObject
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
     samples = _sized(s, arch, shape, batch, cores, scale)
     path = (make_input(s.home_path / f"{arch}.npy", samples, shape) if x is None else
             _tiled(s.home_path / f"{arch}.npy", x, samples))
-    params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
+    params: JsonObject = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
     first = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))  # measures, stores
     loops = {e: partial(_pinned, s, e, arch, path, batch, cores) for e in ("mxnet", "onnx")}
     bare, job = _with_job(s, loops, {**params, "output": "npy"}, rounds)
@@ -314,7 +315,7 @@ def _precision(s: Settings, arch: str, path: Path, batch: int, cores: list[int],
     from mxq.workers.jobs.submit import submit
 
     variants = _variants(s, arch, path)["variants"]
-    params = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto",
+    params: JsonObject = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto",
               "output": "npy", "precision": "auto", "min_agreement": BOUND}
     wait_job(s, submit(s, "infer", params, "cpu:0"))  # measures the variants that could serve
     loops = {v: partial(_pinned, s, v, arch, path, batch, cores) for v in VARIANTS}

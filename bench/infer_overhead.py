@@ -22,6 +22,7 @@ import numpy as np
 from bench import embedding
 from bench.report import figures
 from bench.stack import peak_rss_mib, rate, run_pinned, running_stack, wait_job, worker_cores, worker_pids
+from mxq.json_types import JsonObject
 from mxq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def memory(s: Settings, samples: int, shape: tuple[int, ...], batch: int) -> dic
     from mxq.workers.jobs.submit import submit
 
     path = make_input(s.home_path / "input.npy", samples, shape)
-    params = {"model": MODEL, "batch_size": batch}
+    params: JsonObject = {"model": MODEL, "batch_size": batch}
     wait_job(s, submit(s, "infer", {**params, "input": str(path)}, "cpu:0"))
     pid = worker_pids(s)["cpu:0"]
     small = peak_rss_mib(pid)

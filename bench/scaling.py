@@ -19,13 +19,14 @@ from typing import Any
 
 from bench.infer_overhead import MODEL, make_input, register, warm
 from bench.stack import children, running_stack, wait_job, worker_cores
+from mxq.json_types import JsonObject
 from mxq.workers.settings import Settings
 
 
 def one_run(s: Settings, path: Path, samples: int, batch: int, devices: int) -> dict[str, Any]:
     from mxq.workers.jobs.submit import submit
 
-    params = {"model": MODEL, "input": str(path), "batch_size": batch, "chunk_size": samples // 2}
+    params: JsonObject = {"model": MODEL, "input": str(path), "batch_size": batch, "chunk_size": samples // 2}
     t0 = time.perf_counter()
     job = wait_job(s, submit(s, "infer", params, "cpu:0" if devices == 1 else "auto"))
     wall = time.perf_counter() - t0

@@ -28,6 +28,7 @@ from typing import Any
 
 from bench.infer_overhead import MODEL, make_input, register, warm
 from bench.stack import running_stack, wait_job
+from mxq.json_types import JsonObject
 from mxq.tasks.inference.infer import FLUSH_ROWS, FLUSH_SECONDS
 from mxq.workers.settings import Settings
 
@@ -40,7 +41,7 @@ def _submit(s: Settings, path: Path, level: str, preemptible: bool | None = None
     from mxq.priorities import Priority
     from mxq.workers.jobs.submit import submit
 
-    params = {"model": MODEL, "input": str(path), "batch_size": BATCH, "engine": engine}
+    params: JsonObject = {"model": MODEL, "input": str(path), "batch_size": BATCH, "engine": engine}
     return submit(s, "infer", params, "auto", priority=Priority.of(level, preemptible))
 
 
@@ -48,7 +49,7 @@ def _backlog(s: Settings, path: Path, n: int, preemptible: bool) -> list[int]:
     from mxq.priorities import Priority
     from mxq.workers.jobs.submit import submit_many
 
-    params = {"model": MODEL, "input": str(path), "batch_size": BATCH}
+    params: JsonObject = {"model": MODEL, "input": str(path), "batch_size": BATCH}
     return submit_many(s, "infer", [dict(params) for _ in range(n)], "auto",
                        priority=Priority.of("low", preemptible))
 
@@ -195,7 +196,7 @@ def fair_share(s: Settings, path: Path, per_user: int) -> dict[str, Any]:
 
     for name, weights in (("w1", Share(1.0)), ("w3", Share(3.0)), ("capped", Share(1.0, 1))):
         users.add(s.database, name, Role.SUBMIT, weights)
-    params = {"model": MODEL, "input": str(path), "batch_size": BATCH, "output": "npy"}
+    params: JsonObject = {"model": MODEL, "input": str(path), "batch_size": BATCH, "output": "npy"}
     ids = {name: submit_many(s, "infer", [dict(params) for _ in range(n)], "auto", owner=name)
            for name, n in (("w1", per_user), ("w3", per_user), ("capped", max(4, per_user // 10)))}
     for job_ids in ids.values():

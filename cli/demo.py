@@ -9,12 +9,13 @@ beside accuracy against the digits' labels.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mxq.cli import render
 from mxq.cli.settings import get_settings
+from mxq.json_types import JsonMapping
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,7 +54,22 @@ def _wait(s: Settings, job_id: int) -> JobRecord:
     return require_job(s.database, job_id, with_metrics=True)
 
 
-def _run(s: Settings, kind: str, params: dict[str, Any], devices: list[str]) -> list[JobRecord]:
+def _trained_version(trained: JobRecord) -> int:
+    """The version the demo's training registered, its figures shown; exit 1 if it failed."""
+    if trained["status"] != "succeeded":
+        render.err.print(f"mxq: training job {trained['id']} {trained['status']}: {trained['error']}",
+                         markup=False)
+        raise typer.Exit(1)
+    version: int = (trained["result"] or {})["model_version"]
+    epochs_run = trained.get("epochs") or []
+    val = epochs_run[-1].get("val_accuracy") if epochs_run else None
+    render.out.print(f"trained {MODEL}:{version} in {trained['seconds'] or 0:.1f} s, "
+                     f"{trained['samples_per_sec'] or 0:,.0f} samples/s"
+                     + (f", validation accuracy {val:.3f}" if val is not None else ""))
+    return version
+
+
+def _run(s: Settings, kind: str, params: JsonMapping, devices: list[str]) -> list[JobRecord]:
     """One job of `kind` per device, queued at once, each waited for with its progress shown."""
     from mxq.workers.jobs.submit import submit
 
@@ -67,7 +83,7 @@ def _train(s: Settings, devices: list[str], epochs: int) -> JobRecord:
 
     kind = Device.parse(devices[0]).kind
     group = [d for d in devices if Device.parse(d).kind == kind]
-    params = {"arch": "lenet", "dataset": "digits", "name": MODEL, "devices": len(group),
+    params: JsonMapping = {"arch": "lenet", "dataset": "digits", "name": MODEL, "devices": len(group),
               "device_list": group, "epochs": epochs, "batch_size": 64, "optimizer": "adam",
               "lr": 0.005}
     render.out.print(f"training {MODEL} (lenet) on digits over {', '.join(group)}, {epochs} epochs")
@@ -106,17 +122,7 @@ def demo(copies: Annotated[int, typer.Option(min=1, max=1000, help="Repeat the 1
     probes = _run(s, "probe", PROBE, devices)
     render.table([{**(r["result"] or {}), **r, "job": r["id"], "device": d}
                   for d, r in zip(devices, probes, strict=True)], PROBE_COLUMNS, "probe per device")
-    trained = _train(s, devices, epochs)
-    if trained["status"] != "succeeded":
-        render.err.print(f"mxq: training job {trained['id']} {trained['status']}: {trained['error']}",
-                         markup=False)
-        raise typer.Exit(1)
-    version = (trained["result"] or {})["model_version"]
-    epochs_run = trained.get("epochs") or []
-    val = epochs_run[-1].get("val_accuracy") if epochs_run else None
-    render.out.print(f"trained {MODEL}:{version} in {trained['seconds'] or 0:.1f} s, "
-                     f"{trained['samples_per_sec'] or 0:,.0f} samples/s"
-                     + (f", validation accuracy {val:.3f}" if val is not None else ""))
+    version = _trained_version(_train(s, devices, epochs))
     data, labels = demo_input(s, copies)
     render.out.print(f"bulk inference of {MODEL}:{version} over {data} ({len(labels):,} samples) "
                      f"on {', '.join(devices)}")

@@ -251,7 +251,6 @@ def register_on_a_worker(r: RegisterParams, why: str) -> ModelRecord:
     import uuid
 
     from mxq.db.reports.history import require_job
-    from mxq.workers.jobs.jobspecs import stored
     from mxq.workers.jobs.submit import submit
     from mxq.workers.paths import staging_dir
 
@@ -265,7 +264,7 @@ def register_on_a_worker(r: RegisterParams, why: str) -> ModelRecord:
     render.err.print(f"mxq: this process cannot load MXNet ({why}); a worker whose device runs "
                      "it registers the model", markup=False, soft_wrap=True)
     try:
-        job_id = submit(s, "register", stored(r))
+        job_id = submit(s, r.job_kind, r)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

@@ -9,7 +9,12 @@ from typing import Annotated
 import typer
 
 from mxq import since
+from mxq.json_types import JsonObject
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+KeyOpt = Annotated[str | None, typer.Option(
+    "--idempotency-key", help="Makes a retry safe: a submit with a key used before shows the job "
+    "that first submit made instead of queuing another (a UUID fits).")]
 PriorityOpt = Annotated[str, typer.Option(
     "--priority", help="high, normal or low: a worker takes a higher level first, first in first "
     "out within one.")]
@@ -79,7 +84,7 @@ ReinitOpt = Annotated[bool, typer.Option(
 
 
 def preprocess_fields(scale: str | None, mean: str | None, std: str | None,
-                      layout: str | None) -> dict[str, object]:
+                      layout: str | None) -> JsonObject:
     """A training's --scale/--mean/--std/--layout as request fields (None where not given), read
     as `mxq models add` reads them (1/255, 0.485,0.456,0.406)."""
     from mxq.preprocess import Preprocess
@@ -91,7 +96,7 @@ def preprocess_fields(scale: str | None, mean: str | None, std: str | None,
             "layout": None if layout is None else prep.layout}
 
 
-def from_fields(source: str | None) -> dict[str, object]:
+def from_fields(source: str | None) -> JsonObject:
     """`--from NAME[:VERSION]` as request fields (the job's parameters check the name)."""
     if source is None:
         return {"from_model": None, "from_version": None}

@@ -5,6 +5,8 @@ as `mxq.parts.settle` says).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from sqlalchemy import select, update
 
 from mxq import parts
@@ -18,7 +20,7 @@ from mxq.status import FINISHED, JobKind, JobStatus
 
 
 @db_retry
-def fan_out(url: str, parent_id: int, kind: str, chunk_params: list[dict[str, object]],
+def fan_out(url: str, parent_id: int, kind: str, chunk_params: Sequence[Mapping[str, object]],
             queue: str | list[str], requested: str | list[str],
             held: bool = False) -> list[tuple[int, bool, str]]:
     """Create the parent's chunk jobs once (on `queue`, or chunk i on queue[i]; `held` for the

@@ -19,9 +19,10 @@ from mxq.db.schema import utcnow
 from mxq.db.sharing import preemption
 from mxq.device import Device
 from mxq.errors import UserError
+from mxq.json_types import JsonMapping
 from mxq.priorities import NORMAL, Level
 from mxq.since import format_duration
-from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, Raw, validated
+from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, validated
 from mxq.workers.settings import Settings
 
 
@@ -84,7 +85,7 @@ class FanOut:
 class JobContext:
     id: int
     kind: str
-    stored: Raw  # its parameters as SQL holds them: a body reads them typed, with `params`
+    stored: JsonMapping  # its parameters as SQL holds them: a body reads them typed, with `params`
     device: str  # "cpu:1"
     settings: Settings  # the worker's, passed in: a job body reads no process-wide settings
     queue: str

@@ -378,7 +378,7 @@ def _fan_out(s: Settings, job: JobContext, split: FanOut) -> Delivery:
     under a quota of one)."""
     held = admit.holding(s)
     children = fan_out(job.url, job.id, job.kind, [stored(c) for c in split.chunks],
-                            split.queues or job.queue, split.requested or job.requested, held)
+                       split.queues or job.queue, split.requested or job.requested, held)
     for child_id, queued, queue in children:
         if queued:
             publish(s, child_id, job.kind, queue, patient=True, turn=Turn(job.priority))

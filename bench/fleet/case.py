@@ -42,6 +42,7 @@ from bench.stack import free_port
 from mxq.db.engine import session_scope
 from mxq.db.fleet import list_workers
 from mxq.db.schema import Job
+from mxq.json_types import JsonObject
 from mxq.status import FINISHED, JobStatus
 from mxq.workers.broker.messages import in_broker, stored_names
 from mxq.workers.broker.queues import device_queue, pool_queues
@@ -54,8 +55,8 @@ KILLED_LOG = "devices-victim.jsonl"  # the log of the process that gets killed
 KILLED_SHARE = 0.05  # of the devices, killed without warning
 BATCH = 5_000  # jobs per submit_many
 TRAIN_SHARE, NAMED_SHARE = 0.02, 0.05  # of the jobs: multi-device trainings, jobs for a named device
-PROBE = {"size": 64, "repeat": 1, "batch": 1}
-TRAIN = {"arch": "lenet", "dataset": "digits", "name": "fleet-train", "epochs": 5}
+PROBE: JsonObject = {"size": 64, "repeat": 1, "batch": 1}
+TRAIN: JsonObject = {"arch": "lenet", "dataset": "digits", "name": "fleet-train", "epochs": 5}
 
 
 def say(text: str) -> None:

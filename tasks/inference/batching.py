@@ -23,6 +23,7 @@ from mxq.db import batches, jobs
 from mxq.db.fence import Fence
 from mxq.db.outputs.predictions import Row
 from mxq.db.records import ModelRecord
+from mxq.json_types import JsonMapping
 from mxq.priorities import Level
 from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.job_context import JobContext, JobInputError
@@ -30,7 +31,7 @@ from mxq.workers.broker import messages
 from mxq.workers.broker.publish import Turn, publish
 from mxq.workers.broker.queues import device_queue, pool_queues
 from mxq.workers.hardware.devices import engines_for
-from mxq.workers.jobs.jobspecs import InferParams, ParamsError, Raw, validated
+from mxq.workers.jobs.jobspecs import InferParams, ParamsError, validated
 from mxq.workers.settings import Settings
 
 POLL_SECONDS = 0.001  # how often the wait for more jobs looks again
@@ -45,7 +46,7 @@ GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many
 OpenInput = Callable[[Settings, InferParams, ModelRecord], InputSource]
 ReadAll = Callable[[InferParams, InputSource], NDArray[np.float32]]
 RowsOf = Callable[[int, int, NDArray[np.float32], int], list[Row]]
-Candidate = tuple[int, Raw]  # a queued job's id and parameters as stored
+Candidate = tuple[int, JsonMapping]  # a queued job's id and parameters as stored
 T = TypeVar("T")
 
 
@@ -147,7 +148,7 @@ def _take(job: JobContext, model: ModelRecord, found: list[Candidate],
     return added
 
 
-def _open(s: Settings, params: Raw, model: ModelRecord,
+def _open(s: Settings, params: JsonMapping, model: ModelRecord,
           open_input: OpenInput) -> tuple[InferParams, InputSource] | str:
     """A candidate's parameters and input, or why its job fails."""
     try:

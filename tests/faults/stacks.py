@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, Prediction, WorkerBeat
+from mxq.json_types import JsonValue
 from mxq.workers.launch.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
 
@@ -133,7 +134,7 @@ class FaultStack(Stack):
         np.save(self.home / "data" / name, data)
         return name
 
-    def infer(self, model: str, input_name: str, device: str = "auto", **params: object) -> int:
+    def infer(self, model: str, input_name: str, device: str = "auto", **params: JsonValue) -> int:
         from mxq.workers.jobs.submit import submit
 
         return submit(self.settings, "infer", {"model": model, "input": input_name, **params}, device,

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxq.db.outputs import predictions
+from mxq.json_types import JsonObject
 from mxq.tasks.inference.inputs import npy
 from tests.faults.stacks import FaultStack, report
 
@@ -51,7 +52,7 @@ def test_a_million_samples_to_parquet_in_no_more_memory_than_to_sql(faulty: Faul
     faulty.model()
     faulty.samples("million.npy", SAMPLES, seed=5)
     faulty.samples("warm.npy", 5000, seed=6)
-    params = {"engine": "onnx", "batch_size": 1024}
+    params: JsonObject = {"engine": "onnx", "batch_size": 1024}
     growth: dict[str, list[float]] = {}
     jobs: dict[str, JobRecord] = {}
     for output in ("db", "parquet", "db", "parquet"):  # twice each, interleaved

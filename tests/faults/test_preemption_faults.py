@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from mxq.json_types import JsonObject
 from mxq.priorities import Priority
 from mxq.workers.jobs.submit import submit
 from tests.conftest import wait_until
@@ -27,7 +28,7 @@ LOW_BATCH, HIGH_BATCH = 8, 128  # at 128 a low job ended within a second on a fa
 
 def _submit(stack: FaultStack, name: str, level: str) -> int:
     batch = LOW_BATCH if level == "low" else HIGH_BATCH
-    params = {"model": "lenet-faults", "input": name, "batch_size": batch, "engine": "onnx"}
+    params: JsonObject = {"model": "lenet-faults", "input": name, "batch_size": batch, "engine": "onnx"}
     return submit(stack.settings, "infer", params, "auto", allow_offline=True,
                   priority=Priority.of(level))
 

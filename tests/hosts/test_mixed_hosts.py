@@ -16,6 +16,7 @@ import pytest
 from mxq.db.fleet import register
 from mxq.db.reports.history import require_job
 from mxq.errors import JobRejected
+from mxq.json_types import JsonObject
 from mxq.tasks.job_context import JobInputError
 from mxq.tasks.training.train_task import choose_devices
 from mxq.workers.broker.routing import RoutingError
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.both_legs
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "compute_cap": "8.0"}
 L40S = {"name": "NVIDIA L40S", "compute_cap": "8.9"}
 H200 = {"name": "NVIDIA H200", "compute_cap": "9.0"}
-TRAIN = {"arch": "mlp", "dataset": "digits", "name": "mixed", "epochs": 1}
+TRAIN: JsonObject = {"arch": "mlp", "dataset": "digits", "name": "mixed", "epochs": 1}
 
 
 def _mixed(stack: Stack) -> Settings:

@@ -81,7 +81,8 @@ WORKERS_EDGES = {
     "workers/fleet/heartbeat.py": {"start"},  # worker_ready
     "workers/control.py": {"tick_task", "reconcile_task", "retention_task", "fire_task",
                            "hooks_task", "openlineage_task"},  # its tasks
-    "workers/jobs/jobspecs.py": {"_at_most", "_within_budget"},  # no limits in the context
+    "workers/jobs/kinds/params.py": {"at_most"},  # no limits in the context
+    "workers/jobs/kinds/probe.py": {"_within_budget"},
 }
 
 

@@ -24,7 +24,7 @@ JOB_PATH = ("workers/jobs", "tasks/runner.py", "tasks/job_context.py", "tasks/in
             "tasks/runtimes", "tasks/model_store/register.py")
 # Where a typed job becomes JSON: the rows submit writes and chunks fan out to, and a training
 # child's report file (json.dumps, so that a NaN loss stays NaN).
-SERIALISED_AT = {"workers/jobs/jobspecs.py": {"stored"}, "tasks/training/child_report.py": {"write"}}
+SERIALISED_AT = {"workers/jobs/kinds/params.py": {"stored"}, "tasks/training/child_report.py": {"write"}}
 # Who reads a job's parameters as SQL stored them: the runner (which types them for the body) and
 # a dynamic batch, which compares queued jobs' stored parameters before it opens their inputs.
 READS_STORED = {"tasks/job_context.py", "tasks/inference/batching.py"}

@@ -18,7 +18,7 @@ from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.inference.submitted_input import open_submitted
 from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.workers.jobs.jobspecs import InferParams
-from mxq.workers.jobs.submit import _resolve_infer
+from mxq.workers.jobs.kinds.infer import resolve_infer
 from mxq.workers.settings import get_settings
 from mxq.workers.storage.client import ObjectChanged
 from mxq.workers.storage.locate import identity, locate
@@ -49,7 +49,7 @@ def in_stack(workers: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]
 
 def _prepared(stack: Stack, mlp: dict, where: str) -> tuple[InferParams, Any]:
     """The job's parameters as submit stores them, and the model record."""
-    params = _resolve_infer(stack.settings, InferParams(model="mlp64", input=where), {})
+    params = resolve_infer(stack.settings, InferParams(model="mlp64", input=where), {})
     assert params.input_identity is not None
     return params, mlp
 

@@ -16,7 +16,7 @@ from sqlalchemy import update
 from mxq.db.engine import session_scope
 from mxq.db.schema import Job, utcnow
 from mxq.workers.broker.messages import look
-from mxq.workers.jobs.submit import submit_jobs, submit_request
+from mxq.workers.jobs.submit import submit_json, submit_request
 from mxq.workers.repair.reconcile import reconcile
 from tests.conftest import Stack, paused
 
@@ -55,9 +55,9 @@ def test_a_batch_against_a_paused_broker_is_queued_for_the_reconciler_as_one_job
     its rows when the publish did: now it answers as one job does."""
     s = isolated.settings.model_copy(update={"broker_timeout_seconds": 1.0})
     with _paused(isolated):
-        done = submit_jobs(s, "probe", [dict(PROBE)] * 3, "cpu:0", allow_offline=True,
+        done = submit_json(s, "probe", [dict(PROBE)] * 3, "cpu:0", allow_offline=True,
                            idempotency_key="pause-3")
-        again = submit_jobs(s, "probe", [dict(PROBE)] * 3, "cpu:0", allow_offline=True,
+        again = submit_json(s, "probe", [dict(PROBE)] * 3, "cpu:0", allow_offline=True,
                             idempotency_key="pause-3")
     ids = [d.job_id for d in done]
     assert len(set(ids)) == 3 and [d.published for d in done] == [False] * 3

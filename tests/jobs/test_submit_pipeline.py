@@ -1,6 +1,6 @@
-"""One submit path for one job and for many (`submit_jobs`): a wrong request is recorded as a
-failed job whichever the path, and an idempotency key returns the jobs first made with it, on
-both backends. (A paused broker: tests/jobs/test_submit_deadline.py.)"""
+"""One submit path for one job and for many (`submit_jobs`, here as `submit_json`): a wrong
+request is recorded as a failed job whichever the path, and an idempotency key returns the jobs
+first made with it, on both backends. (A paused broker: tests/jobs/test_submit_deadline.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from mxq.db.reports.history import JobFilter, list_jobs
 from mxq.errors import JobRejected
 from mxq.workers.broker.messages import in_broker
 from mxq.workers.jobs.jobspecs import ParamsError
-from mxq.workers.jobs.submit import IdempotencyConflict, submit_jobs, submit_request
+from mxq.workers.jobs.submit import IdempotencyConflict, submit_json, submit_request
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.both_legs
@@ -24,7 +24,7 @@ def _statuses(stack: Stack) -> list[tuple[str, str | None]]:
 
 def test_a_wrong_job_in_a_batch_is_recorded_and_nothing_else_is_queued(isolated: Stack) -> None:
     with pytest.raises(JobRejected) as batch:
-        submit_jobs(isolated.settings, "probe", [GOOD, GOOD, {**GOOD, "size": 1}], "cpu:0",
+        submit_json(isolated.settings, "probe", [GOOD, GOOD, {**GOOD, "size": 1}], "cpu:0",
                     allow_offline=True)
     assert "job 2 of 3 (nothing else was queued)" in str(batch.value) and "size=1" in str(batch.value)
     with pytest.raises(JobRejected) as one:
@@ -37,7 +37,7 @@ def test_a_wrong_job_in_a_batch_is_recorded_and_nothing_else_is_queued(isolated:
 
 
 def test_a_batch_is_queued_and_published_whole(isolated: Stack) -> None:
-    done = submit_jobs(isolated.settings, "probe", [GOOD] * 3, "cpu:0", allow_offline=True)
+    done = submit_json(isolated.settings, "probe", [GOOD] * 3, "cpu:0", allow_offline=True)
     ids = [d.job_id for d in done]
     assert [d.published for d in done] == [True] * 3 and _statuses(isolated) == [("queued", None)] * 3
     queue = isolated.job(ids[0])["queue"]
@@ -46,14 +46,14 @@ def test_a_batch_is_queued_and_published_whole(isolated: Stack) -> None:
 
 def test_an_idempotency_key_returns_a_batch_as_it_returns_one_job(isolated: Stack) -> None:
     s = isolated.settings
-    first = submit_jobs(s, "probe", [GOOD, {**GOOD, "size": 32}], "cpu:0", allow_offline=True,
+    first = submit_json(s, "probe", [GOOD, {**GOOD, "size": 32}], "cpu:0", allow_offline=True,
                         idempotency_key="nightly-7")
-    again = submit_jobs(s, "probe", [GOOD, {**GOOD, "size": 32}], "cpu:0", allow_offline=True,
+    again = submit_json(s, "probe", [GOOD, {**GOOD, "size": 32}], "cpu:0", allow_offline=True,
                         idempotency_key="nightly-7")
     assert [a.job_id for a in again] == [f.job_id for f in first]
     assert all(a.replayed and a.published is None and a.note and "nightly-7" in a.note for a in again)
     with pytest.raises(IdempotencyConflict):  # the same key, another batch
-        submit_jobs(s, "probe", [GOOD, GOOD], "cpu:0", allow_offline=True, idempotency_key="nightly-7")
+        submit_json(s, "probe", [GOOD, GOOD], "cpu:0", allow_offline=True, idempotency_key="nightly-7")
     with pytest.raises(IdempotencyConflict):  # the same key, one job of the batch's
         submit_request(s, "probe", GOOD, "cpu:0", allow_offline=True, idempotency_key="nightly-7")
     single = submit_request(s, "probe", GOOD, "cpu:0", allow_offline=True, idempotency_key="one-7")
@@ -61,4 +61,4 @@ def test_an_idempotency_key_returns_a_batch_as_it_returns_one_job(isolated: Stac
                           idempotency_key="one-7").job_id == single.job_id
     assert len(list_jobs(s.database, JobFilter(limit=10))) == 3
     with pytest.raises(ParamsError, match="too long for a batch of 2 jobs: at most 126"):
-        submit_jobs(s, "probe", [GOOD, GOOD], "cpu:0", allow_offline=True, idempotency_key="k" * 128)
+        submit_json(s, "probe", [GOOD, GOOD], "cpu:0", allow_offline=True, idempotency_key="k" * 128)

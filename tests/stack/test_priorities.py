@@ -13,6 +13,7 @@ from mxq.db import events
 from mxq.db.engine import session_scope
 from mxq.db.records import EventRecord, JobRecord
 from mxq.db.schema import Prediction
+from mxq.json_types import JsonObject
 from mxq.priorities import Priority
 from mxq.workers.jobs.submit import submit
 from tests.conftest import Stack, wait_until
@@ -125,7 +126,7 @@ def test_a_low_inference_yields_to_a_high_one_and_resumes_with_every_sample_once
 @pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_a_low_training_yields_at_an_epoch_and_resumes_from_its_checkpoint(workers: Stack) -> None:
     s = workers.settings
-    params = {"arch": "mlp", "dataset": "digits", "name": "preempted-mlp", "epochs": EPOCHS,
+    params: JsonObject = {"arch": "mlp", "dataset": "digits", "name": "preempted-mlp", "epochs": EPOCHS,
               "batch_size": 8, "device_list": ["cpu:1"]}
     train = submit(s, "train", params, "cpu:1", priority=LOW)
     wait_until(lambda: (workers.job(train).get("progress") or 0), 120, "the first epoch",

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mxq.db.sharing import users
+from mxq.json_types import JsonObject
 from mxq.shares import Share
 from mxq.users import Role
 from mxq.workers.jobs.submit import BeyondQuota, submit
@@ -55,7 +56,7 @@ def _span(stack: Stack, job_id: int) -> tuple[datetime, datetime]:
 @pytest.mark.slow  # long real-process work: make test-all (CI) runs it
 def test_jobs_beyond_a_quota_wait_saying_why_and_never_run_at_once(workers: Stack, lenet: str,
                                                                     capped: str) -> None:
-    params = {"model": lenet, "input": "quota.npy", "batch_size": 128}
+    params: JsonObject = {"model": lenet, "input": "quota.npy", "batch_size": 128}
     ids = [submit(workers.settings, "infer", dict(params), "auto", owner=capped) for _ in range(3)]
     wait_until(lambda: workers.job(ids[0])["status"], 60, "the first job to run",
                until=lambda s: s == "running", interval=0.05)
@@ -79,7 +80,7 @@ def test_an_idle_device_is_lent_beyond_a_quota_and_taken_back_first(workers: Sta
     # so the borrowed one is still running when the taker arrives.
     save_npy(workers, "borrow.npy", np.random.default_rng(10).standard_normal(
         (BORROW_SAMPLES, 1, 28, 28), dtype=np.float32))
-    params = {"model": lenet, "input": "borrow.npy", "batch_size": 1}
+    params: JsonObject = {"model": lenet, "input": "borrow.npy", "batch_size": 1}
     mine, lent = (submit(s, "infer", dict(params), "auto", owner=capped) for _ in range(2))
     wait_until(lambda: [committed_position(workers, i) > 0 for i in (mine, lent)], 60,
                "both to store a flush", until=lambda stored: all(stored), interval=0.05)
@@ -99,7 +100,7 @@ def test_a_chunked_job_runs_its_chunks_one_at_a_time_under_a_quota_of_one(worker
                                                                           capped: str) -> None:
     """Its chunks are held and admitted like any job of its owner (two ran at once, on the two
     devices, under a quota of one)."""
-    params = {"model": lenet, "input": "quota.npy", "batch_size": 128, "chunk_size": 10_000}
+    params: JsonObject = {"model": lenet, "input": "quota.npy", "batch_size": 128, "chunk_size": 10_000}
     parent = submit(workers.settings, "infer", params, "auto", owner=capped)
     assert workers.wait(parent, timeout=300)["status"] == "succeeded"
     chunks = [j["id"] for j in workers.mxq_json("jobs", "--limit", "1000")

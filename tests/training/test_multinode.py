@@ -18,6 +18,7 @@ import pytest
 
 from mxq.db.fleet import alive_since, list_workers
 from mxq.db.schema import utcnow
+from mxq.json_types import JsonObject
 from mxq.workers.jobs.submit import submit
 from mxq.workers.launch import groups
 from tests.conftest import ROOT, Stack, _stack, free_port, wait_until
@@ -252,7 +253,7 @@ def test_auto_jobs_use_both_nodes_and_move_off_a_killed_node(cluster: Cluster) -
 
 # The watching and settling rules on the database alone (no workers, no MXNet processes).
 
-TRAIN = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
+TRAIN: JsonObject = {"arch": "mlp", "dataset": "digits", "name": "m", "nodes": 2}
 
 
 def _split_job(url: str) -> tuple[int, list[int]]:
@@ -266,8 +267,9 @@ def _split_job(url: str) -> tuple[int, list[int]]:
     assert jobs.claim(url, parent, Placement("cpu0@a", "a", "cpu:0"), 3, 60) is jobs.Claim.RUN
     env = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1", "DMLC_NUM_SERVER": "1",
            "DMLC_NUM_WORKER": "2"}
-    parts = [{**params, "dist": {"parent": parent, "index": i, "node": node, "host": i == 0,
-                                 "env": env}} for i, node in enumerate("ab")]
+    parts: list[dict[str, object]] = [
+        {**params, "dist": {"parent": parent, "index": i, "node": node, "host": i == 0, "env": env}}
+        for i, node in enumerate("ab")]
     made = fan_out(url, parent, "train", parts, ["a.cpu.0", "b.cpu.0"], ["cpu:0", "cpu:0"])
     assert [q for _, _, q in made] == ["a.cpu.0", "b.cpu.0"]
     return parent, [i for i, _, _ in made]
@@ -405,7 +407,7 @@ def test_the_job_sums_its_nodes_throughput_and_merges_their_epochs(db: Settings)
 
 def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
     from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate, validated
-    from mxq.workers.jobs.submit import _check_nodes
+    from mxq.workers.jobs.kinds.train import check_nodes
 
     def asked(nodes: int, devices: int) -> TrainParams:
         return TrainParams.model_validate({**TRAIN, "nodes": nodes, "devices": devices})
@@ -416,11 +418,11 @@ def test_submit_refuses_more_nodes_than_have_the_devices() -> None:
              {"node": "a", "device": "cpu:1", "engines": both},
              {"node": "b", "device": "cpu:0", "engines": both},
              {"node": "c", "device": "gpu:0", "engines": ["onnx"]}])  # (an H200 trains nothing)
-    _check_nodes(known, asked(2, 1))
+    check_nodes(known, asked(2, 1))
     with pytest.raises(ParamsError, match="3 nodes with 1 devices each asked but 2 nodes have"):
-        _check_nodes(known, asked(3, 1))
+        check_nodes(known, asked(3, 1))
     with pytest.raises(ParamsError, match="2 nodes with 2 devices each asked but 1 nodes have"):
-        _check_nodes(known, asked(2, 2))
+        check_nodes(known, asked(2, 2))
     with pytest.raises(ParamsError, match="names devices of one node, not of --nodes 2: use --devices K"):
         validate("train", {**TRAIN, "device_list": ["cpu:0"]})
     assert validated(TrainParams, {k: v for k, v in TRAIN.items() if k != "nodes"}).nodes == 1

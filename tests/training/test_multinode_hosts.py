@@ -39,6 +39,7 @@ from mxq.db.fleet import alive_since, list_workers
 from mxq.db.registry import list_models
 from mxq.db.reports.history import get_job, require_job
 from mxq.db.schema import utcnow
+from mxq.json_types import JsonObject
 from mxq.tasks.job_context import JobFailed
 from mxq.tasks.training import dist
 from mxq.workers.jobs.jobspecs import TrainParams
@@ -53,7 +54,7 @@ NODES = tuple(ADDRESS)
 UNOWNED = f"{NET}.3"  # on the link, owned by neither namespace: a published address behind NAT
 REDIS_PORT = 6379  # inside namespace A: taken by nothing else there
 EPOCHS = 3
-TRAIN = {"arch": "mlp", "dataset": "digits", "epochs": EPOCHS, "seed": 1, "nodes": 2}
+TRAIN: JsonObject = {"arch": "mlp", "dataset": "digits", "epochs": EPOCHS, "seed": 1, "nodes": 2}
 
 
 @dataclass

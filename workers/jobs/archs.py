@@ -9,7 +9,9 @@ import shutil
 import uuid
 
 from mxq.errors import UserError
-from mxq.workers.jobs.jobspecs import MAX_ARCH_BYTES, ArchParams, stored, validated
+from mxq.status import JobKind
+from mxq.workers.jobs.kinds.arch import MAX_ARCH_BYTES, ArchParams
+from mxq.workers.jobs.kinds.params import validated
 from mxq.workers.jobs.submit import submit
 from mxq.workers.paths import staging_dir
 from mxq.workers.settings import Settings
@@ -38,7 +40,7 @@ def queue_trial(settings: Settings, name: str, code: bytes, file_name: str, fact
     folder.mkdir(parents=True)
     try:
         (folder / file_name).write_bytes(code)
-        return submit(settings, "arch", stored(params), owner=owner)
+        return submit(settings, JobKind.ARCH, params, owner=owner)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

@@ -102,16 +102,25 @@ def settle(settings: Settings) -> Settled:
             if dependencies.fail(url, job_id, verdict.error):
                 done.failed.append(job_id)
                 outcomes[job_id] = ("failed", verdict.error)
-        elif verdict.ready and (route := dependencies.met(url, job_id, release)) is not None:
-            if release:
-                republish(settings, job_id, route)
-                done.released.append(job_id)
-            else:
-                done.admitting.append(job_id)
+        elif verdict.ready:
+            _end_wait(settings, job_id, release, done)
     if done.failed or done.released or done.admitting:
         log.info("dependencies: released %s, to the admitter %s, failed %s", done.released,
                  done.admitting, done.failed)
     return done
+
+
+def _end_wait(settings: Settings, job_id: int, release: bool, done: Settled) -> None:
+    """End the wait of a job whose jobs all succeeded: published now while admission is off,
+    else handed to the admitter (nothing when another pass ended it first)."""
+    route = dependencies.met(settings.database, job_id, release)
+    if route is None:
+        return
+    if release:
+        republish(settings, job_id, route)
+        done.released.append(job_id)
+    else:
+        done.admitting.append(job_id)
 
 
 def settle_quietly(settings: Settings) -> None:

@@ -56,6 +56,12 @@ def _why(job: QueuedJob, devices: frozenset[str], ahead: int, running: list[Runn
     if ahead:
         runs = "jobs that run" if ahead > 1 else "job that runs"
         return f"behind {ahead} {runs} first on the devices it could use"
+    return _next_why(job, devices, running)
+
+
+def _next_why(job: QueuedJob, devices: frozenset[str], running: list[Running]) -> str:
+    """Why the next job on its devices waits: a job yields to it, a device is free, or its
+    devices are busy (and whether any of their jobs may yield to it)."""
     if (asked := next((r for r in running if r.yielding_to == job["id"]), None)) is not None:
         return f"next: job {asked.id} yields to it at its next checkpoint"
     busy = frozenset().union(*(r.devices for r in running))

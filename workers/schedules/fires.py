@@ -27,11 +27,13 @@ from mxq.db.sharing.teams import check_team
 from mxq.errors import JobRejected, MxqError
 from mxq.names import check_name
 from mxq.priorities import Priority
+from mxq.status import JobKind
 from mxq.users import local_owner
 from mxq.workers.broker.app import app_for
 from mxq.workers.broker.queues import CONTROL_QUEUE
-from mxq.workers.jobs.jobspecs import ParamsError, validate
-from mxq.workers.jobs.submit import check_calibration, pinned_code, submit
+from mxq.workers.jobs.kinds.params import ParamsError, validated
+from mxq.workers.jobs.kinds.train import TrainParams, check_calibration, pinned_code
+from mxq.workers.jobs.submit import submit
 from mxq.workers.schedules import scoring
 from mxq.workers.schedules.cron import check, due, next_after
 from mxq.workers.schedules.sources import check_source, newest_file
@@ -59,7 +61,7 @@ def submit_fire(settings: Settings, sched: StoredSchedule, fire_id: int) -> int 
         schedules.settle_fire(settings.database, fire_id, dataset_file=str(dataset))
         params = {**sched["spec"], "dataset": str(dataset), "fire_id": fire_id}
         route = params["device_list"][0] if params.get("device_list") else "auto"
-        job_id = submit(settings, "train", params, route, allow_offline=True, owner=sched["owner"],
+        job_id = submit(settings, JobKind.TRAIN, params, route, allow_offline=True, owner=sched["owner"],
                         priority=Priority.of(sched["priority"], sched["preemptible"]),
                         team=sched["team"])
         schedules.settle_fire(settings.database, fire_id, job_id=job_id)
@@ -191,11 +193,12 @@ def add_schedule(settings: Settings, name: str, cron: str, tz: str, dataset: str
     for option, value in (("--min-gain", min_gain), ("--min-metric", min_metric)):
         if value is not None and not math.isfinite(value):
             raise ParamsError(f"{option} {value}: give a finite number")
-    validate("train", {**spec, "dataset": dataset})  # the training options, checked now, not at 3 am
-    check_registrant(settings.database, spec["name"], owner)
+    # the training options, checked now, not at 3 am
+    typed = validated(TrainParams, {**spec, "dataset": dataset})
+    check_registrant(settings.database, typed.name, owner)
     check_source(settings, dataset)
-    check_calibration(settings, spec.get("calibration"))
-    pinned_code(settings.database, spec.get("arch"))  # a registered one known now (a fire pins its newest)
+    check_calibration(settings, typed.calibration)
+    pinned_code(settings.database, typed.arch)  # a registered one known now (a fire pins its newest)
     return schedules.add(settings.database, {
         "name": name, "cron": cron, "tz": tz, "spec": spec, "dataset": dataset, "promote": promote,
         "metric": metric, "min_gain": min_gain, "min_metric": min_metric, "enabled": True,

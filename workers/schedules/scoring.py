@@ -19,7 +19,6 @@ import os
 import stat
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 from mxq.db import schedules
 from mxq.db.records import ScheduleRecord, StoredSchedule, UnscoredInput
@@ -29,13 +28,17 @@ from mxq.db.schedules.claims import Scorer, Sighting
 from mxq.db.schema import utcnow
 from mxq.db.sharing.teams import check_team
 from mxq.errors import Conflict, JobRejected
+from mxq.json_types import JsonMapping
 from mxq.names import check_name
 from mxq.priorities import Priority, parse
+from mxq.status import JobKind
 from mxq.users import local_owner
 from mxq.workers.broker.queues import parse_device
 from mxq.workers.broker.routing import check_known
-from mxq.workers.jobs.jobspecs import InferParams, ParamsError, validate
-from mxq.workers.jobs.submit import IdempotencyConflict, check_against_model, submit_request
+from mxq.workers.jobs.idempotency import IdempotencyConflict
+from mxq.workers.jobs.jobspecs import ParamsError, validate
+from mxq.workers.jobs.kinds.infer import InferParams, check_against_model
+from mxq.workers.jobs.submit import submit_request
 from mxq.workers.paths import PathError
 from mxq.workers.schedules.cron import check, next_after
 from mxq.workers.schedules.sources import Found, check_source, every_file
@@ -126,7 +129,7 @@ def _score(settings: Settings, sched: StoredSchedule, version: int, priority: Pr
     params = {k: v for k, v in sched["spec"].items() if k != "device"}
     params.update(input=location, model_version=version)
     try:
-        done = submit_request(settings, "infer", params, sched["spec"].get("device") or "auto",
+        done = submit_request(settings, JobKind.INFER, params, sched["spec"].get("device") or "auto",
                               allow_offline=True, idempotency_key=claims.key_of(claim_id),
                               owner=sched["owner"], priority=priority, team=sched["team"])
     except JobRejected as exc:
@@ -152,7 +155,7 @@ def model_and_version(text: str) -> tuple[str, int | None]:
 
 
 def add_infer_schedule(settings: Settings, name: str, cron: str, tz: str, source: str,
-                       request: dict[str, Any], device: str = "auto", rescore: str | None = "low",
+                       request: JsonMapping, device: str = "auto", rescore: str | None = "low",
                        now: datetime | None = None, owner: str | None = None,
                        priority: Priority = Priority(), team: str | None = None) -> ScheduleRecord:
     """Check everything a fire will need (the request against the version it scores with, the
@@ -166,15 +169,16 @@ def add_infer_schedule(settings: Settings, name: str, cron: str, tz: str, source
     team = check_team(settings.database, team, owner)
     check(cron, tz)
     model, pinned = model_and_version(str(request.get("model", "")))
-    pinned = pinned or request.get("model_version")  # the API's field, as `mxq infer` takes it
+    given = request.get("model_version")  # the API's field, as `mxq infer` takes it
+    pinned = pinned or (given if isinstance(given, int) else None)
     if rescore is not None:
         rescore = parse(rescore).value
         if pinned is not None:
             raise ParamsError(f"--infer {model}:{pinned} pins a version, which no promotion "
                               "changes: give --rescore off, or follow the promoted version (NAME)")
     spec = {**{k: v for k, v in request.items() if v is not None}, "model": model,
-            "model_version": pinned}
-    typed = validate("infer", {**spec, "input": source})
+            "model_version": given if pinned is None else pinned}
+    typed = validate(JobKind.INFER, {**spec, "input": source})
     assert isinstance(typed, InferParams)
     check_against_model(settings, typed, resolve(settings.database, model, pinned))
     check_source(settings, source)
