@@ -117,7 +117,7 @@ class JobContext:
         """The job's parameters as `spec` (its kind's), checked again here against this worker's
         limits; JobInputError (the job fails with it) when they do not fit."""
         try:
-            return validated(spec, self.stored, self.settings)
+            return validated(spec, self.stored, self.settings.limits)
         except ParamsError as exc:
             raise JobInputError(str(exc)) from None
 

@@ -152,7 +152,7 @@ def _open(s: Settings, params: JsonMapping, model: ModelRecord,
           open_input: OpenInput) -> tuple[InferParams, InputSource] | str:
     """A candidate's parameters and input, or why its job fails."""
     try:
-        p = validated(InferParams, params, s)
+        p = validated(InferParams, params, s.limits)
         return p, open_input(s, p, model)
     except (JobInputError, ParamsError) as exc:
         return str(exc)

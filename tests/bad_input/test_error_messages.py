@@ -169,7 +169,7 @@ def test_a_device_list_error_names_the_field_and_value_not_the_whole_request(
 
     with pytest.raises(ParamsError) as refused:
         validate("train", {"arch": "mlp", "dataset": "d.npz", "name": "m", "device_list": devices},
-                 Settings())
+                 Settings().limits)
     assert str(refused.value) == said
 
 

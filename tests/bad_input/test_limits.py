@@ -36,14 +36,14 @@ def test_cpu_devices_are_bounded_by_the_cores_unless_raised() -> None:
 
 def test_probes_are_bounded_by_a_flop_budget() -> None:
     assert probe_flops(1024, 32, 5) / 1e9 < DEFAULT_MAX_PROBE_GFLOP  # the default probe fits
-    assert validated(ProbeParams, {}, Settings(max_probe_gflop=DEFAULT_MAX_PROBE_GFLOP)).size == 1024
+    assert validated(ProbeParams, {}, Settings(max_probe_gflop=DEFAULT_MAX_PROBE_GFLOP).limits).size == 1024
     with pytest.raises(ParamsError, match=r"size=16384, batch=32, repeat=10000 is 87,970,859 "
                                           r"GFLOP of work; at most 100 GFLOP \(MXQ_MAX_PROBE_GFLOP\)"):
-        validate("probe", {"size": 16384, "repeat": 10000}, Settings(max_probe_gflop=100))
+        validate("probe", {"size": 16384, "repeat": 10000}, Settings(max_probe_gflop=100).limits)
     big = {"size": 4096, "repeat": 1}  # 275 GFLOP: refused by default, allowed when raised
     with pytest.raises(ParamsError, match="275 GFLOP"):
-        validate("probe", big, Settings(max_probe_gflop=100))
-    assert validated(ProbeParams, big, Settings(max_probe_gflop=300)).size == 4096
+        validate("probe", big, Settings(max_probe_gflop=100).limits)
+    assert validated(ProbeParams, big, Settings(max_probe_gflop=300).limits).size == 4096
 
 
 def test_a_probe_over_the_budget_is_refused_at_submit(isolated: Stack) -> None:

@@ -28,7 +28,7 @@ from mxq.workers.jobs.kinds.params import (
 from mxq.workers.jobs.kinds.probe import CONV_FILTERS, CONV_KERNEL, CONV_SHAPE, ProbeParams, probe_flops
 from mxq.workers.jobs.kinds.register import RegisterParams, parse_heads
 from mxq.workers.jobs.kinds.train import BUILTIN_DATASETS, DistRole, TrainOptions, TrainParams, TrainRequest
-from mxq.workers.settings import Settings
+from mxq.workers.settings import Limits
 
 __all__ = ["ARCHS", "AUTO_BATCH_START", "BUILTIN_DATASETS", "CONV_FILTERS", "CONV_KERNEL", "CONV_SHAPE",
            "FACTORY_PATTERN", "MAX_ARCH_BYTES", "MAX_ARCH_NAME", "SPECS", "ArchParams", "DistRole",
@@ -61,16 +61,16 @@ def known_kind(kind: str) -> JobKind:
         raise ParamsError(f"unknown job kind {kind!r}; known kinds: {', '.join(SPECS)}") from None
 
 
-def validate(kind: JobKind | str, params: JsonMapping, settings: Settings | None = None) -> JobParams:
+def validate(kind: JobKind | str, params: JsonMapping, limits: Limits | None = None) -> JobParams:
     """The typed parameters of a job of `kind`, defaults filled in, or ParamsError saying what
-    is wrong. Size limits come from `settings` (default: the process settings)."""
-    return validated(SPECS[known_kind(kind)], params, settings)
+    is wrong. Size limits come from `limits` (default: the process settings')."""
+    return validated(SPECS[known_kind(kind)], params, limits)
 
 
-def request_of(kind: JobKind, options: JsonMapping, settings: Settings) -> JobParams | Rejected:
+def request_of(kind: JobKind, options: JsonMapping, limits: Limits) -> JobParams | Rejected:
     """Options given as JSON (a script's, a bench's, a stored schedule's) as a job of `kind`, or
-    the Rejected request a submit records as a failed job (`validate`, within `settings`' limits)."""
+    the Rejected request a submit records as a failed job (`validate`, within `limits`)."""
     try:
-        return validate(kind, options, settings)
+        return validate(kind, options, limits)
     except ParamsError as exc:
         return Rejected(kind, options, str(exc))

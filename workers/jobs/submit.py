@@ -358,7 +358,7 @@ def submit_jobs(settings: Settings, requests: Sequence[JobRequest],
 
 def _typed(settings: Settings, kind: JobKind, given: Given) -> Asked:
     """A job as the pipeline takes it: options given as JSON read as the kind's request."""
-    return request_of(kind, given, settings) if isinstance(given, Mapping) else given
+    return request_of(kind, given, settings.limits) if isinstance(given, Mapping) else given
 
 
 def submit_json(settings: Settings, kind: JobKind | str, params: Sequence[JsonMapping], device: str = "auto",
@@ -369,7 +369,7 @@ def submit_json(settings: Settings, kind: JobKind | str, params: Sequence[JsonMa
     request (`jobspecs.validate`, within `settings`' limits) where the submit prepares it, so
     options that do not fit are recorded as a failed job, as wrong inputs are."""
     known = known_kind(kind)
-    return _submit(settings, known, [request_of(known, p, settings) for p in params], SubmitOptions(
+    return _submit(settings, known, [request_of(known, p, settings.limits) for p in params], SubmitOptions(
         device, allow_offline, idempotency_key, owner, priority, team, after))
 
 

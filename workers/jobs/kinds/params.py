@@ -20,7 +20,7 @@ from mxq.json_types import JsonMapping, JsonObject, JsonReadable
 from mxq.names import shown
 from mxq.since import MAX_TIME_LIMIT, TIME_LIMIT_EXAMPLES, TIME_LIMIT_PATTERN, DurationError, parse_time_limit
 from mxq.status import JobKind
-from mxq.workers.settings import Settings, get_settings
+from mxq.workers.settings import Limits, get_settings
 
 # The lower precisions a version may have, as `mxq.engines.VARIANTS` names them.
 Variant = Literal["int8", "fp16"]
@@ -29,7 +29,7 @@ Variant = Literal["int8", "fp16"]
 def at_most(value: int, info: ValidationInfo, setting: str) -> int:
     """`value` if it is within the MXQ_<SETTING> limit (from the validation context, else the
     process settings), or the same error pydantic gives for `le`, naming the setting."""
-    limit = (info.context or {}).get(setting) or getattr(get_settings(), setting)
+    limit = (info.context or {}).get(setting) or getattr(get_settings().limits, setting)
     if value > limit:
         raise PydanticCustomError("less_than_equal",
                                   "Input should be less than or equal to {le} (MXQ_{setting})",
@@ -127,15 +127,15 @@ def params_error(kind: JobKind, exc: ValidationError) -> ParamsError:
     return ParamsError(f"invalid {kind} parameters: {'; '.join(map(_problem, exc.errors()))}")
 
 
-def validated(spec: type[P], params: JsonMapping, settings: Settings | None = None) -> P:
+def validated(spec: type[P], params: JsonMapping, limits: Limits | None = None) -> P:
     """`params` as a `spec`, or ParamsError naming each wrong field, its value and what is
     allowed (checked at the edge, and again where a worker reads a stored job). Size limits
-    come from `settings` (default: the process settings)."""
+    come from `limits` (default: the process settings')."""
     check_no_nul(spec.job_kind, params)
-    limits = {"max_batch_size": settings.max_batch_size, "max_epochs": settings.max_epochs,
-              "max_probe_gflop": settings.max_probe_gflop} if settings is not None else None
+    context = {"max_batch_size": limits.max_batch_size, "max_epochs": limits.max_epochs,
+               "max_probe_gflop": limits.max_probe_gflop} if limits is not None else None
     try:
-        return spec.model_validate(params, context=limits)
+        return spec.model_validate(params, context=context)
     except ValidationError as exc:
         raise params_error(spec.job_kind, exc) from None
 

@@ -38,7 +38,7 @@ class ProbeParams(TimeLimited):
 
     @model_validator(mode="after")
     def _within_budget(self, info: ValidationInfo) -> ProbeParams:
-        limit = (info.context or {}).get("max_probe_gflop") or get_settings().max_probe_gflop
+        limit = (info.context or {}).get("max_probe_gflop") or get_settings().limits.max_probe_gflop
         gflop = probe_flops(self.size, self.batch, self.repeat) / 1e9
         if gflop > limit:
             raise PydanticCustomError(
