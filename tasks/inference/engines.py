@@ -21,6 +21,7 @@ from mxq.db import registry
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.device import Device
 from mxq.errors import device_fault, first_line
+from mxq.tasks.inference import verdicts
 from mxq.tasks.job_context import JobContext, JobInputError
 from mxq.tasks.model_store import output_kinds
 from mxq.tasks.model_store.checksums import ChangedFile, verify
@@ -87,6 +88,17 @@ class Engine:
     reason: str  # why this engine
     precision: str = "fp32"  # or a variant of the version: "int8", "fp16" (tasks.model_store.variants)
     precision_reason: str = "full precision"
+    # the variant's check on the job's first samples (`vetted`): its seconds, and whether its
+    # figure was remembered from an earlier check of the same input (`verdicts`); None for fp32
+    check: VariantCheck | None = None
+
+
+@dataclass(frozen=True)
+class VariantCheck:
+    """What vetting a variant cost a job: a fixed cost, reported with the job's result."""
+
+    seconds: float
+    remembered: bool
 
 
 def _release(net: object) -> None:
@@ -342,29 +354,39 @@ def pick(job: JobContext, model: ModelRecord, asked: str, batch_size: int,
 CHECK_SAMPLES = 256
 
 
-def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Batch, asked: str,
-           precision: Precision) -> Engine:
-    """`engine` once its variant agrees with float32 on `first` (the input's first samples) as
-    the job's bound asks; else the float32 engine, saying why. A variant's figure comes from
-    held-out samples of its calibration file, which may not be like the job's input (a constant
-    file gave "100.00 %", and 1,609 of 1,797 real predictions then differed). Asked by name, a
-    variant serves whatever it measures, and the job's record says what it measured."""
+def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Callable[[], Batch],
+           asked: str, precision: Precision, seen: verdicts.InputSeen | None = None) -> Engine:
+    """`engine` once its variant agrees with float32 on `first()` (the input's first
+    CHECK_SAMPLES samples) as the job's bound asks; else the float32 engine, saying why. A
+    variant's figure comes from held-out samples of its calibration file, which may not be like
+    the job's input (a constant file gave "100.00 %", and 1,609 of 1,797 real predictions then
+    differed). Asked by name, a variant serves whatever it measures, and the job's record says
+    what it measured. For an input this worker checked before (`seen`), the figure is
+    remembered (`verdicts`): neither the samples nor the two forwards are needed again."""
     if engine.precision == "fp32":
         return engine
-    full = onnx_engine(job.settings, model, job.parsed_device.kind, "", "fp32")
-    ours, theirs = engine.forward(first), full.forward(first)
-    kind = output_kinds.judged(model)
-    agreement = output_kinds.agreement(kind, ours, theirs)
+    began = time.perf_counter()
     variant = model["variants"][engine.precision]
+    kind = output_kinds.judged(model)
+    key = verdicts.checked_on(model["name"], model["version"], variant.get("sha256"), seen)
+    figure = remembered = verdicts.recall(key)
+    if figure is None:
+        samples = first()
+        full = onnx_engine(job.settings, model, job.parsed_device.kind, "", "fp32")
+        figure = verdicts.Figure(output_kinds.agreement(kind, engine.forward(samples), full.forward(samples)),
+                                 len(samples))
+        verdicts.remember(key, figure)
+    engine.check = VariantCheck(round(time.perf_counter() - began, 4), remembered is not None)
     bound = precision.min_agreement if precision.min_agreement is not None else variant.get("bound")
-    seen = (f"{engine.precision} agreed with float32 on {agreement:.2%} of this input's first "
-            f"{len(first)} samples" + ("" if kind in CLASSIFIER_OUTPUTS else
-                                       f" ({output_kinds.measure(kind)})"))
-    if precision.asked == engine.precision or bound is None or agreement >= float(bound):
-        engine.precision_reason = f"{engine.precision_reason}; {seen}"
+    said = (f"{engine.precision} agreed with float32 on {figure.agreement:.2%} of this input's first "
+            f"{figure.samples} samples" + ("" if kind in CLASSIFIER_OUTPUTS else
+                                           f" ({output_kinds.measure(kind)})"))
+    if precision.asked == engine.precision or bound is None or figure.agreement >= float(bound):
+        engine.precision_reason = f"{engine.precision_reason}; {said}"
         return engine
-    fallback = pick(job, model, asked, len(first), Precision("fp32"))
-    fallback.precision_reason = (f"{seen}, below the bound {float(bound):.2%} (its figure, "
+    fallback = pick(job, model, asked, figure.samples, Precision("fp32"))
+    fallback.precision_reason = (f"{said}, below the bound {float(bound):.2%} (its figure, "
                                  f"{float(variant['agreement']):.2%}, is of held-out samples of "
                                  f"{variant['calibration']['source']}): full precision serves")
+    fallback.check = engine.check
     return fallback

@@ -32,7 +32,7 @@ from mxq.db import events, jobs, registry
 from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.errors import device_fault
-from mxq.tasks.inference import batching, engines
+from mxq.tasks.inference import batching, engines, verdicts
 from mxq.tasks.inference.inputs import InputError, InputSource
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
@@ -142,8 +142,14 @@ def _engine(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     if engine.precision == "fp32":
         return engine
     # every chunk checks the same samples, and decides alike
-    first = _read(p, source, 0, source.count, lambda _: engines.CHECK_SAMPLES)
-    return engines.vetted(job, model, engine, first, p.engine, _precision(p))
+    return engines.vetted(job, model, engine,
+                          lambda: _read(p, source, 0, source.count, lambda _: engines.CHECK_SAMPLES),
+                          p.engine, _precision(p), _seen(p, source))
+
+
+def _seen(p: InferParams, source: InputSource) -> verdicts.InputSeen:
+    """The job's input as submitted: what a variant's check of its first samples is kept under."""
+    return verdicts.InputSeen.of(str(source.path), p.input_identity, p.columns)
 
 
 def _stream_all(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
@@ -203,7 +209,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     engine = engines.pick(job, model, p.engine, source.count, _precision(p))
     members = [batching.Member(job.id, p, _read_all(p, source))]
     first = members[0].x[:engines.CHECK_SAMPLES]
-    engine = engines.vetted(job, model, engine, first, p.engine, _precision(p))
+    engine = engines.vetted(job, model, engine, lambda: first, p.engine, _precision(p), _seen(p, source))
     _announce(job, model, engine, f"{source.count} samples in one batch with the small jobs of "
               "its model that wait")
     members += batching.gather(job, model, open_submitted, _read_all, source.count)
@@ -328,9 +334,14 @@ def _check_finite(p: InferParams, source: InputSource, first: int, x: NDArray[np
     raise JobInputError(f"input {p.input} has {found} in sample {first + row} ({why})")
 
 
-def _engine_fields(engine: engines.Engine) -> dict[str, str]:
+def _engine_fields(engine: engines.Engine) -> dict[str, object]:
+    """What a job's result says of its engine and precision, and what vetting a variant cost it
+    (`variant_check`: its seconds, and whether the figure was remembered; null in float32)."""
+    check = engine.check
     return {"engine": engine.name, "engine_reason": engine.reason, "precision": engine.precision,
-            "precision_reason": engine.precision_reason}
+            "precision_reason": engine.precision_reason,
+            "variant_check": None if check is None else {"seconds": check.seconds,
+                                                         "remembered": check.remembered}}
 
 
 def _precision(p: InferParams) -> engines.Precision:

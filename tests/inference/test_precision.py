@@ -197,6 +197,24 @@ def test_int8_serves_when_faster_and_its_predictions_are_the_variants(workers: S
     assert int8["precision_reason"].endswith(" of this input's first 256 samples")
 
 
+def test_a_variants_check_of_an_input_is_remembered_until_the_input_changes(workers: Stack) -> None:
+    """A worker that checked the int8 variant on an input's first samples keeps the figure: the
+    next job over the same input (on the same device: the figure is the worker's) reads no
+    samples for the check and says so in `variant_check`; the same input rewritten is checked
+    again, as its identity at submit changed."""
+    _untrained_lenet(workers, "q-memo")
+    name, x = _digits_input(workers, "q-memo.npy")
+    ran = [_infer(workers, "q-memo", name, "--precision", "int8", "--device", "cpu:0")["result"]
+           for _ in range(2)]
+    assert [r["variant_check"]["remembered"] for r in ran] == [False, True]
+    assert ran[0]["variant_check"]["seconds"] > ran[1]["variant_check"]["seconds"] >= 0
+    assert ran[0]["precision_reason"] == ran[1]["precision_reason"]  # the same figure, on 256 samples
+    np.save(workers.home / "data" / name, x[::-1].copy())  # other bytes, another identity
+    again = _infer(workers, "q-memo", name, "--precision", "int8", "--device", "cpu:0")["result"]
+    assert again["variant_check"]["remembered"] is False
+    fp32 = _infer(workers, "q-memo", name, "--precision", "fp32", "--device", "cpu:0")["result"]
+    assert fp32["variant_check"] is None
+
 def test_an_fp16_variant_is_checked_and_serves_beside_int8_by_measured_speed(workers: Stack) -> None:
     int8 = _untrained_lenet(workers, "q-fp16")
     fp16 = _mxq_json(workers, "models", "quantize", "q-fp16", "--calibration", "digits",
