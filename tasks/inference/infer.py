@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from mxq.db import events, jobs, registry
 from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
+from mxq.db.retry import db_retry
 from mxq.errors import device_fault
 from mxq.tasks.inference import batching, engines, verdicts
 from mxq.tasks.inference.inputs import InputError, InputSource
@@ -96,10 +97,17 @@ def infer(job: JobContext) -> Outcome | FanOut:
     return _ranged(job, p, model, source)
 
 
+# A job's reads ride out a short database outage as its writes do (mxq.db.retry): a job that
+# started during one failed at its model's lookup (tests/faults/test_outages.py, once in CI).
+_resolve = db_retry(registry.resolve)
+_earlier_seconds = db_retry(jobs.earlier_seconds)
+_next_metric_step = db_retry(jobs.next_metric_step)
+
+
 def _model(job: JobContext, p: InferParams) -> ModelRecord:
     """The version the job asks for, once its --top-k fits it (JobInputError otherwise)."""
     try:
-        model = registry.resolve(job.url, p.model, p.model_version)
+        model = _resolve(job.url, p.model, p.model_version)
     except LookupError as exc:
         raise JobInputError(str(exc)) from None
     if p.top_k > (most := _top_k_bound(model)):
@@ -122,7 +130,7 @@ def _ranged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop,
                      model.get("outputs") or "logits", model.get("heads"))
     begin = out.resume()
-    earlier = jobs.earlier_seconds(job.url, job.id) if begin > start else 0.0
+    earlier = _earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()
     _stream_all(job, p, source, engine, out, begin, fit)
     # Every sample the output holds, over the compute time of every attempt that stored them.
@@ -423,7 +431,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
     side threads. A flush is due every FLUSH_SECONDS or `flush_rows` samples, and at the end."""
     writer = BackgroundWriter(out.store, in_flight=1)  # a kill loses the flush in store and the next
-    step = jobs.next_metric_step(job.url, job.id) if begin > out.start else 0  # after earlier points
+    step = _next_metric_step(job.url, job.id) if begin > out.start else 0  # after earlier points
     since, mark = time.perf_counter(), begin
     most = flush_rows(out.holds_results, out.classes, out.stop - out.start)
     try:
