@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import plots, report
 from mxq.errors import typed_line
 
 # Sizes: quick (checks that each case works, in seconds) and full (the figures to judge by).
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                          checks=report.checks(case, result))
             aimed = [c["pass"] for c in entry["checks"] if c["pass"] is not None]
             entry["pass"] = all(aimed) if aimed else None
-            entry["plot"] = report.plot_case(case, result, out)
+            entry["plot"] = plots.plot_case(case, result, out)
         except Exception as exc:  # one broken case must not lose the others' figures
             traceback.print_exc()
             entry.update(status="error", error=typed_line(exc, 300),
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         results["seconds"] = time.perf_counter() - started
         results["load_average_end"] = report.machine()["load_average"]
         report.write(results, out)  # after each case: a long run that is stopped keeps its figures
-    results["summary_plot"] = report.plot_summary(results, out)
+    results["summary_plot"] = plots.plot_summary(results, out)
     report.write(results, out)
     if tmp.is_dir() and not any(tmp.iterdir()):
         tmp.rmdir()
