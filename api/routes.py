@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from http import HTTPStatus
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
@@ -41,7 +41,6 @@ from mxq.api.schemas import (
     TrainJob,
 )
 from mxq.db import registry, schedules
-from mxq.db.jobs import CancelOutcome
 from mxq.db.outputs import logs, results, retention
 from mxq.db.reports.history import JobFilter, count_jobs, list_jobs, require_job
 from mxq.db.schema import utcnow
@@ -177,12 +176,6 @@ def job(job_id: JobId, points: Annotated[int | None, Query(
     return _visible(who, require_job(s.database, job_id, with_metrics=True, points=points))
 
 
-# A cancel's outcome as the answer names it (a missing job is a 404 before it is answered).
-CANCEL_OUTCOMES: dict[CancelOutcome, Literal["cancelled", "requested", "finished"]] = {
-    CancelOutcome.CANCELLED: "cancelled", CancelOutcome.REQUESTED: "requested",
-    CancelOutcome.FINISHED: "finished"}
-
-
 @router.post("/jobs/{job_id}/cancel", response_model=CancelAnswer,
              responses=problems(404, *WRITE_ERRORS))
 def cancel(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> CancelAnswer:
@@ -190,7 +183,9 @@ def cancel(job_id: JobId, who: Submitter, s: Settings = Depends(settings)) -> Ca
     an admin."""
     who.may_change(require_job(s.database, job_id)["owner"], f"job {job_id}")
     outcome = cancel_job(s, job_id)
-    return {"outcome": CANCEL_OUTCOMES[outcome], **require_job(s.database, job_id)}
+    # the enum's value is the answer's word (a missing job is a 404 before it is answered)
+    said = cast(Literal["cancelled", "requested", "finished"], outcome.value)
+    return {"outcome": said, **require_job(s.database, job_id)}
 
 
 @router.put("/jobs/{job_id}/pin", response_model=JobRecord, responses=problems(403, 404))
