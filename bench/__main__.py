@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import plots, report
+from bench.report import markdown as report
+from bench.report import plots
 from mxq.errors import typed_line
 
 # Sizes: quick (checks that each case works, in seconds) and full (the figures to judge by).

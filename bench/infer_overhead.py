@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench import embedding
-from bench.report import figures
+from bench.report.markdown import figures
 from bench.stack import peak_rss_mib, rate, run_pinned, running_stack, wait_job, worker_cores, worker_pids
 from mxq.json_types import JsonObject
 from mxq.workers.settings import Settings
