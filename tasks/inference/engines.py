@@ -91,14 +91,19 @@ class Engine:
     # the variant's check on the job's first samples (`vetted`): its seconds, and whether its
     # figure was remembered from an earlier check of the same input (`verdicts`); None for fp32
     check: VariantCheck | None = None
+    # its outputs on the input's first samples, computed by that check: the job's own first
+    # outputs, not computed again (tasks.inference.infer takes them); None once taken
+    first_outputs: Batch | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class VariantCheck:
-    """What vetting a variant cost a job: a fixed cost, reported with the job's result."""
+    """What vetting a variant cost a job: a fixed cost, reported with the job's result, and how
+    many of the check's outputs the job kept as its own (`samples_reused`)."""
 
     seconds: float
     remembered: bool
+    samples_reused: int = 0
 
 
 def _release(net: object) -> None:
@@ -370,10 +375,12 @@ def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Callable[
     kind = output_kinds.judged(model)
     key = verdicts.checked_on(model["name"], model["version"], variant.get("sha256"), seen)
     figure = remembered = verdicts.recall(key)
+    full_outputs = None
     if figure is None:
         samples = first()
         full = onnx_engine(job.settings, model, job.parsed_device.kind, "", "fp32")
-        figure = verdicts.Figure(output_kinds.agreement(kind, engine.forward(samples), full.forward(samples)),
+        engine.first_outputs, full_outputs = engine.forward(samples), full.forward(samples)
+        figure = verdicts.Figure(output_kinds.agreement(kind, engine.first_outputs, full_outputs),
                                  len(samples))
         verdicts.remember(key, figure)
     engine.check = VariantCheck(round(time.perf_counter() - began, 4), remembered is not None)
@@ -389,4 +396,6 @@ def vetted(job: JobContext, model: ModelRecord, engine: Engine, first: Callable[
                                  f"{float(variant['agreement']):.2%}, is of held-out samples of "
                                  f"{variant['calibration']['source']}): full precision serves")
     fallback.check = engine.check
+    if fallback.name == "onnx":  # the same float32 export the check ran
+        fallback.first_outputs = full_outputs
     return fallback

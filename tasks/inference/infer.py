@@ -348,8 +348,9 @@ def _engine_fields(engine: engines.Engine) -> dict[str, object]:
     check = engine.check
     return {"engine": engine.name, "engine_reason": engine.reason, "precision": engine.precision,
             "precision_reason": engine.precision_reason,
-            "variant_check": None if check is None else {"seconds": check.seconds,
-                                                         "remembered": check.remembered}}
+            "variant_check": None if check is None else {
+                "seconds": check.seconds, "remembered": check.remembered,
+                "samples_reused": check.samples_reused}}
 
 
 def _precision(p: InferParams) -> engines.Precision:
@@ -426,6 +427,25 @@ def _stopped_at(first: int, out: JobOutputs) -> str:
     return f"stopped at sample {first} of {of} (the predictions before it are kept)"
 
 
+def _reuse_checked(engine: engines.Engine, p: InferParams, source: InputSource, out: JobOutputs,
+                   begin: int) -> int:
+    """Where computing starts: after the input's first samples when the variant's check
+    (`engines.vetted`) computed this engine's outputs for them, which the job keeps as its own
+    (`variant_check.samples_reused`). A job that starts elsewhere (a later chunk, a resumed
+    attempt) computes its own; outputs that are not finite are computed again, to fail the job
+    on the sample that caused them."""
+    held, engine.first_outputs = engine.first_outputs, None
+    if held is None or begin != 0 or engine.check is None:
+        return begin
+    held = held[:out.stop]
+    if engines.first_non_finite(held) is not None:
+        return begin
+    unchanged(p, source)  # as after every read: the check read these samples before
+    out.add(0, held)
+    engine.check.samples_reused = len(held)
+    return len(held)
+
+
 def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
             out: JobOutputs, begin: int, fit: _Fit) -> None:
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
@@ -435,6 +455,9 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     since, mark = time.perf_counter(), begin
     most = flush_rows(out.holds_results, out.classes, out.stop - out.start)
     try:
+        begin = _reuse_checked(engine, p, source, out, begin)
+        if mark < begin == out.stop:  # the check's outputs were the whole job
+            writer.submit(out.take(step, begin - mark, time.perf_counter() - since, begin))
         idle = job.parsed_device.kind == "cpu"  # the engine's threads hold the cores (pipeline)
         for first, x in prefetch(_batches(p, source, begin, out.stop, fit.read_size), idle=idle):
             try:

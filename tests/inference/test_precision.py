@@ -201,12 +201,25 @@ def test_a_variants_check_of_an_input_is_remembered_until_the_input_changes(work
     """A worker that checked the int8 variant on an input's first samples keeps the figure: the
     next job over the same input (on the same device: the figure is the worker's) reads no
     samples for the check and says so in `variant_check`; the same input rewritten is checked
-    again, as its identity at submit changed."""
+    again, as its identity at submit changed. A job that checks keeps the variant's outputs on
+    the checked samples as its own first predictions (`samples_reused`), the same as a job that
+    computes them in its batches."""
     _untrained_lenet(workers, "q-memo")
     name, x = _digits_input(workers, "q-memo.npy")
-    ran = [_infer(workers, "q-memo", name, "--precision", "int8", "--device", "cpu:0")["result"]
-           for _ in range(2)]
+    jobs = [_infer(workers, "q-memo", name, "--precision", "int8", "--device", "cpu:0")
+            for _ in range(2)]
+    ran = [j["result"] for j in jobs]
     assert [r["variant_check"]["remembered"] for r in ran] == [False, True]
+    assert [r["variant_check"]["samples_reused"] for r in ran] == [256, 0]
+    kept, computed = (predictions.read(workers.settings.database, j["id"]) for j in jobs)
+    assert [r["index"] for r in kept] == list(range(len(x)))
+    assert [r["predicted_class"] for r in kept] == [r["predicted_class"] for r in computed]
+    np.testing.assert_allclose([r["score"] for r in kept], [r["score"] for r in computed], rtol=1e-5)
+    np.save(workers.home / "data" / "q-memo-few.npy", x[:100])  # the check's samples are the job
+    few = _infer(workers, "q-memo", "q-memo-few.npy", "--precision", "int8", "--device", "cpu:0")
+    assert few["result"]["variant_check"]["samples_reused"] == 100
+    assert [r["predicted_class"] for r in predictions.read(workers.settings.database, few["id"])] \
+        == [r["predicted_class"] for r in computed[:100]]
     assert ran[0]["variant_check"]["seconds"] > ran[1]["variant_check"]["seconds"] >= 0
     assert ran[0]["precision_reason"] == ran[1]["precision_reason"]  # the same figure, on 256 samples
     np.save(workers.home / "data" / name, x[::-1].copy())  # other bytes, another identity
