@@ -95,6 +95,7 @@ class JobContext:
     worker: str = ""  # the worker that claimed it
     node: str = ""  # that worker's node ("": its settings' node)
     fence: Fence | None = None  # this attempt's, from the claim: every write it makes carries it
+    claimed_at: float | None = None  # when that claim succeeded (perf_counter): its fixed costs' start
     # Inference: where earlier attempts stopped storing results (read with the row: a worker
     # still writing then is fenced off by the claim, and what it adds is cleared on resume).
     committed: int | None = None

@@ -5,7 +5,7 @@ in batches of a fixed shape (the last one may be short); results are stored (`ta
 SQL rows, an .npy or Parquet) at most every FLUSH_SECONDS or `flush_rows` samples, each flush
 committing the job's position with its results, a throughput point and the progress; a later
 attempt of a killed job resumes after the last committed sample.
-A batch that runs out of device memory is split: the batch size is halved (down to
+A batch that runs out of device memory is split (`batch_fit`): the batch size is halved (down to
 MIN_BATCH_SIZE) and kept for the rest of the job; each halving is recorded as a job event.
 
 Every score stored is finite, on every engine and output kind: a sample whose input (after
@@ -23,17 +23,18 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.db import events, jobs, registry
+from mxq.db import jobs, registry
 from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.db.retry import db_retry
 from mxq.errors import device_fault
 from mxq.tasks.inference import batching, engines, verdicts
+from mxq.tasks.inference.batch_fit import BatchFit
+from mxq.tasks.inference.fixed_costs import FixedCosts
 from mxq.tasks.inference.inputs import InputError, InputSource
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
@@ -49,7 +50,7 @@ from mxq.tasks.job_context import (
     Outcome,
 )
 from mxq.tasks.runner import job_task
-from mxq.tasks.runtimes.oom import OutOfMemory, is_out_of_memory
+from mxq.tasks.runtimes.oom import OutOfMemory
 from mxq.workers.jobs.jobspecs import AUTO_BATCH_START, InferParams
 from mxq.workers.storage.client import StorageError
 
@@ -62,7 +63,6 @@ READ_BYTES = 4 << 20  # the prefetch thread reads at most about this much at onc
 READ_SECONDS = 0.05  # ... and at most this much compute, as the last batch took
 READ_OOM_SECONDS = 10.0  # a read that runs out of host memory is tried again this long ...
 READ_RETRY_SECONDS = 0.05  # ... this often (`_read`)
-MIN_BATCH_SIZE = 1  # the floor: a batch that runs out of memory at this size fails the job
 
 
 def flush_rows(held: bool, classes: int, samples: int) -> int:
@@ -123,8 +123,10 @@ def _ranged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     if stop > source.count:
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
-    fit = _Fit(job, _start_batch(p, stop - start, job.settings.max_batch_size))
+    fit = BatchFit(job, _start_batch(p, stop - start, job.settings.max_batch_size))
+    costs, since = FixedCosts(job.claimed_at or time.perf_counter()), time.perf_counter()
     engine = _engine(job, p, model, source, fit.size)
+    costs.engine_ready(since, engine.check.seconds if engine.check else 0.0)
     _announce(job, model, engine, f"samples {start}..{stop} of {source.count}, batch {fit.size}")
     owner = job.parent_id or job.id  # predictions of chunks belong to their parent job
     out = JobOutputs(job, p, owner, source.count, model["classes"], start, stop,
@@ -132,14 +134,15 @@ def _ranged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     begin = out.resume()
     earlier = _earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()
-    _stream_all(job, p, source, engine, out, begin, fit)
+    _stream_all(job, p, source, engine, out, begin, fit, costs)
     # Every sample the output holds, over the compute time of every attempt that stored them.
     seconds = earlier + time.perf_counter() - began
     log.info("job %s: %s samples stored (%s)", job.id, stop - start, out.shown)
     return Outcome(samples=stop - start, seconds=seconds, result={
         **_ran(model, engine, source, (start, stop), begin), "batch_size": p.batch_size,
         "batch_size_used": fit.size, "output": out.shown, "classes": model["classes"],
-        **({"output_files": out.files} if out.files else {}), "mxq_version": mxq_version(),
+        "fixed_costs": costs.reported(), "mxq_version": mxq_version(),
+        **({"output_files": out.files} if out.files else {}),
     })
 
 
@@ -161,12 +164,13 @@ def _seen(p: InferParams, source: InputSource) -> verdicts.InputSeen:
 
 
 def _stream_all(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
-                out: JobOutputs, begin: int, fit: _Fit) -> None:
+                out: JobOutputs, begin: int, fit: BatchFit, costs: FixedCosts) -> None:
     """Stream the samples from `begin` into `out` and finish it; what it stored is dropped on a
     failure, unless the job stopped in a way that keeps it."""
     try:
-        _stream(job, p, source, engine, out, begin, fit)
+        _stream(job, p, source, engine, out, begin, fit, costs)
         out.finish()
+        costs.finished()
     except Exception as exc:
         # another's; kept (cancelled, or past its time limit); or resumed
         if not isinstance(exc, JobLost | JobCancelled | JobTimedOut | JobPreempted):
@@ -244,7 +248,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
 
 
 def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
-                     members: list[batching.Member]) -> tuple[NDArray[np.float32], _Fit, str | None]:
+                     members: list[batching.Member]) -> tuple[NDArray[np.float32], BatchFit, str | None]:
     """The merged batch's probabilities, its fit, and the lead's error when its own output is
     not finite. A member whose output is not finite fails alone (its message names its sample)
     and leaves `members`; the rest run again without it. Raises when no member is left."""
@@ -253,7 +257,7 @@ def _predict_members(job: JobContext, p: InferParams, engine: engines.Engine,
         x = np.concatenate([m.x for m in members])
         asked = _start_batch(p, len(x), job.settings.max_batch_size)
         # A lone job runs as asked; a merged batch in one forward pass (both halved if need be).
-        fit = _Fit(job, asked if len(members) == 1 else max(asked, len(x)))
+        fit = BatchFit(job, asked if len(members) == 1 else max(asked, len(x)))
         try:
             return fit.predict(engine, x), fit, lead_error
         except engines.NonFiniteOutput as exc:
@@ -291,8 +295,8 @@ def read_size(batch: int, sample_shape: tuple[int, ...], batch_seconds: float | 
 
 def _batches(p: InferParams, source: InputSource, start: int, stop: int,
              size: Callable[[tuple[int, ...]], int]) -> Iterator[tuple[int, NDArray[np.float32]]]:
-    """(first index, samples) per read of `size(sample shape)` samples (`_Fit.read_size`:
-    whole batches; `_Fit.predict` computes them batch by batch, and the compute
+    """(first index, samples) per read of `size(sample shape)` samples (`read_size` at the current batch size:
+    whole batches; `BatchFit.predict` computes them batch by batch, and the compute
     thread checks for a cancel or a preemption and flushes between reads: per batch, those
     checks cost a small model a tenth of its job), checked for NaN and infinities (always: what
     an engine answers for them differs); runs on the prefetch thread."""
@@ -357,69 +361,6 @@ def _precision(p: InferParams) -> engines.Precision:
     return engines.Precision(p.precision, p.min_agreement)
 
 
-@dataclass
-class _Fit:
-    """The batch size that fits the device: halved on out-of-memory, down to MIN_BATCH_SIZE."""
-
-    job: JobContext
-    requested: int
-    size: int = 0
-    halved: tuple[int, int] | None = None  # (size that ran out, size tried next), not yet settled
-    batch_seconds: float | None = None  # what the last batch of `size` took
-
-    def __post_init__(self) -> None:
-        self.size = self.size or self.requested
-
-    def predict(self, engine: engines.Engine, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        """Probabilities of all of `x`, computed in slices of the current size, in order."""
-        parts: list[NDArray[np.float32]] = []
-        i = 0
-        while i < len(x):
-            n = min(self.size, len(x) - i)
-            try:
-                began = time.perf_counter()
-                probs = engine.forward(x[i:i + n])
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-                engine.release()
-                self._halve(n)
-                continue  # the same samples again, in smaller slices
-            self._settle(worked=True)
-            if n == self.size:
-                self.batch_seconds = time.perf_counter() - began
-            parts.append(probs)
-            i += n
-        probs = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if (bad := engines.first_non_finite(probs)) is not None:  # once for the whole read
-            raise engines.NonFiniteOutput(*bad)
-        return probs
-
-    def read_size(self, sample_shape: tuple[int, ...]) -> int:
-        """Samples the prefetch thread reads next (`read_size` at the current batch size)."""
-        return read_size(self.size, sample_shape, self.batch_seconds)
-
-    def _halve(self, n: int) -> None:
-        self._settle(worked=False)
-        if n <= MIN_BATCH_SIZE:
-            raise OutOfMemory(f"out of memory at batch size {n} on {self.job.device} (started at "
-                              f"{self.requested}; the floor is {MIN_BATCH_SIZE})") from None
-        self.size = max(MIN_BATCH_SIZE, n // 2)
-        self.halved = (n, self.size)
-
-    def _settle(self, worked: bool) -> None:
-        """Record the pending halving with its outcome."""
-        if self.halved is None:
-            return
-        failed, size = self.halved
-        self.halved = None
-        outcome = "it worked" if worked else "out of memory again"
-        events.record(self.job.url, self.job.id, events.OOM,
-                      f"out of memory at batch size {failed} on {self.job.device}; halved to "
-                      f"{size}: {outcome}", batch_size=size, failed_batch_size=failed,
-                      worked=worked, device=self.job.device)
-
-
 def _stopped_at(first: int, out: JobOutputs) -> str:
     """Where a job past its time limit stopped, all before it committed (kept)."""
     whole = out.start == 0 and out.stop == out.count
@@ -447,7 +388,7 @@ def _reuse_checked(engine: engines.Engine, p: InferParams, source: InputSource, 
 
 
 def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
-            out: JobOutputs, begin: int, fit: _Fit) -> None:
+            out: JobOutputs, begin: int, fit: BatchFit, costs: FixedCosts) -> None:
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
     side threads. A flush is due every FLUSH_SECONDS or `flush_rows` samples, and at the end."""
     writer = BackgroundWriter(out.store, in_flight=1)  # a kill loses the flush in store and the next
@@ -456,10 +397,15 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     most = flush_rows(out.holds_results, out.classes, out.stop - out.start)
     try:
         begin = _reuse_checked(engine, p, source, out, begin)
+        if begin > mark:
+            costs.outputs_added()
         if mark < begin == out.stop:  # the check's outputs were the whole job
             writer.submit(out.take(step, begin - mark, time.perf_counter() - since, begin))
         idle = job.parsed_device.kind == "cpu"  # the engine's threads hold the cores (pipeline)
-        for first, x in prefetch(_batches(p, source, begin, out.stop, fit.read_size), idle=idle):
+        def size(shape: tuple[int, ...]) -> int:  # at the current batch size
+            return read_size(fit.size, shape, fit.batch_seconds)
+
+        for first, x in prefetch(_batches(p, source, begin, out.stop, size), idle=idle):
             try:
                 job.check_cancelled(first - out.start)
             except JobCancelled:  # keep every result computed so far: hand the rest to the writer
@@ -479,6 +425,7 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
                 raise JobInputError(exc.describe(first + exc.row, x[exc.row])) from None
             unchanged(p, source)  # before the output takes them: `x` may be a view of the file
             out.add(first, probs)
+            costs.outputs_added()
             now = time.perf_counter()
             if now - since >= FLUSH_SECONDS or last - mark >= most or last == out.stop:
                 writer.submit(out.take(step, last - mark, now - since, last))

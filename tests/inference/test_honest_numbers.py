@@ -21,6 +21,7 @@ from mxq.db.registry import list_models
 from mxq.device import Device
 from mxq.preprocess import FLOAT32_TINY, INPUT_BOUND, Preprocess, PreprocessError
 from mxq.tasks.inference import engines, infer
+from mxq.tasks.inference.batch_fit import BatchFit
 from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.job_context import JobInputError
 from mxq.tasks.model_store.model_error import ModelError
@@ -172,7 +173,7 @@ def test_a_non_finite_output_names_its_sample_whatever_the_engine(value: float, 
     x = np.arange(10, dtype=np.float32)[:, None]
     engine = engines.Engine("onnx", engines._checked(_model(), forward), lambda: None, False, "")
     no_job = cast("JobContext", SimpleNamespace())  # a fit that never halves records nothing
-    fit = infer._Fit(no_job, 4)  # slices [0,4) [4,8) [8,10): sample 7 in the second
+    fit = BatchFit(no_job, 4)  # slices [0,4) [4,8) [8,10): sample 7 in the second
     with pytest.raises(engines.NonFiniteOutput) as info:
         fit.predict(engine, x)
     assert (info.value.row, info.value.found) == (7, found)

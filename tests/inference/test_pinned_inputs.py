@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from mxq.tasks.inference import engines, infer
+from mxq.tasks.inference.batch_fit import BatchFit
+from mxq.tasks.inference.fixed_costs import FixedCosts
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.inference.submitted_input import open_submitted
 from mxq.tasks.job_context import JobContext, JobInputError
@@ -174,5 +176,6 @@ def test_a_file_rewritten_while_the_model_reads_the_last_batch_fails_the_job(
         url="", id=1, parsed_device=SimpleNamespace(kind="gpu"), preempt_asked=lambda: False,
         check_cancelled=lambda done: None))
     with pytest.raises(JobInputError, match=r"pinned-last.npy changed since the job was submitted"):
-        infer._stream(job, p, source, engine, cast(Any, out), 0, infer._Fit(job, 1000))
+        infer._stream(job, p, source, engine, cast(Any, out), 0, BatchFit(job, 1000),
+                      FixedCosts(0.0))
     assert seen[0] == source.count and out.added < source.count  # the last read was never kept

@@ -211,6 +211,11 @@ def test_a_variants_check_of_an_input_is_remembered_until_the_input_changes(work
     ran = [j["result"] for j in jobs]
     assert [r["variant_check"]["remembered"] for r in ran] == [False, True]
     assert [r["variant_check"]["samples_reused"] for r in ran] == [256, 0]
+    for r in ran:  # the job's start holds its engine's making and its check
+        costs = r["fixed_costs"]
+        assert costs["variant_check"] == r["variant_check"]["seconds"]
+        assert costs["claim_to_first_batch"] >= costs["model_load"] + costs["variant_check"] > 0
+        assert costs["last_flush"] >= 0
     kept, computed = (predictions.read(workers.settings.database, j["id"]) for j in jobs)
     assert [r["index"] for r in kept] == list(range(len(x)))
     assert [r["predicted_class"] for r in kept] == [r["predicted_class"] for r in computed]
