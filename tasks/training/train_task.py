@@ -196,17 +196,25 @@ def _wait_idle(s: Settings, job: JobContext) -> None:
 
 
 def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int]]:
-    """The training child sees exactly the leased devices (GPUs by UUID) or their CPU cores."""
+    """The training child sees exactly the leased devices, in order (its contexts gpu(0).. are
+    `devices`), or their CPU cores. GPUs as their workers are pinned (`cuda_visible_devices` of
+    the launcher's device info: the UUID), never by an index CUDA may count differently."""
     env = dict(os.environ)
     if Device.parse(devices[0]).is_gpu:
-        info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
-        env["CUDA_VISIBLE_DEVICES"] = ",".join((info.get(d) or {}).get("uuid") or str(Device.parse(d).index)
-                                               for d in devices)
+        info = {w["device"]: w["info"] or {} for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(_pinned_as(info.get(d) or {}, d) for d in devices)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # where an index remains, nvidia-smi's numbering
         return env, []
     cores = sorted({c for d in devices for c in cpu_cores(Device.parse(d).index, s.cpu_devices)})
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(len(cores)),
                MKL_NUM_THREADS=str(len(cores)), OPENBLAS_NUM_THREADS=str(len(cores)))
     return env, cores
+
+
+def _pinned_as(info: dict[str, object], device: str) -> str:
+    """What CUDA_VISIBLE_DEVICES names `device` by: as its worker is pinned; a row the launcher
+    registered before that was recorded gives its UUID, else its index."""
+    return str(info.get("cuda_visible_devices") or info.get("uuid") or Device.parse(device).index)
 
 
 def run_file(s: Settings, fence: Fence) -> Path:

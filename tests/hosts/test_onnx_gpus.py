@@ -40,7 +40,8 @@ def test_an_h200_gets_an_onnx_only_worker_where_onnx_runtime_runs_gpus(
     assert sorted(by_name) == ["gpu0@box1", "gpu1@box1", "gpu2@box1"]
     h200 = by_name["gpu2@box1"].env
     assert h200["MXQ_MXNET_UNUSABLE"].startswith("gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90)")
-    assert h200["CUDA_VISIBLE_DEVICES"] == "2" and "MXNET_USE_FUSION" not in h200
+    assert h200["CUDA_VISIBLE_DEVICES"] == "GPU-3d9f1b27-6c4e-4a8b-b5d2-7e1f0c9a8b6d"
+    assert "MXNET_USE_FUSION" not in h200
     assert "MXQ_MXNET_UNUSABLE" not in by_name["gpu1@box1"].env  # the L40S runs MXNet
 
 
