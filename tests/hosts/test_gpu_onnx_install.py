@@ -46,7 +46,7 @@ import ctypes, os, pathlib, sys
 import onnxruntime as ort
 from mxq.tasks.runtimes import onnx_runtime
 if sys.argv[1] == "mxq":
-    onnx_runtime._load_cuda_wheels(ort)  # what a worker does before its first CUDA session
+    onnx_runtime.load_cuda_wheels(ort)  # what a worker does before its first CUDA session
 library = pathlib.Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
 try:
     ctypes.CDLL(str(library), mode=os.RTLD_NOW)  # every library it needs, resolved now
