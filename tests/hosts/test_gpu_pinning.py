@@ -1,7 +1,9 @@
 """Each GPU worker is pinned by its GPU's UUID (issue 60, item 7): CUDA counts GPUs fastest
 first unless told otherwise, NVML and nvidia-smi in PCI bus order, so `CUDA_VISIBLE_DEVICES=1`
 could be another GPU than nvidia-smi's gpu:1. With the UUID the worker's context 0 is that exact
-GPU; a training child gets its K devices' UUIDs, in order.
+GPU; a training child gets its K devices' UUIDs, in order. And each GPU's compute mode
+(issue 60, item 6): under Exclusive_Process one process alone may hold the GPU, its worker, so a
+training there fails at once with why (or goes back to its pool for GPUs that can run it).
 
 No GPU exists here: nvidia-smi is a recorded listing whose UUIDs are known, and a `sitecustomize`
 makes a GPU worker's MXNet count one GPU and give a CPU context for `mx.gpu(i)`, so the real
@@ -18,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from mxq.db.fleet import alive_since, list_workers
+from mxq.db.fleet import alive_since, list_workers, register
 from mxq.db.schema import utcnow
-from mxq.tasks.training.train_task import child_env
-from mxq.workers.hardware.devices import parse_nvidia_smi
+from mxq.tasks.job_context import JobInputError
+from mxq.tasks.training.train_task import child_env, choose_devices, exclusive_reason
+from mxq.workers.hardware.devices import DeviceError, parse_nvidia_smi
+from mxq.workers.jobs.jobspecs import TrainParams
+from mxq.workers.jobs.submit import submit
 from mxq.workers.launch.launcher import plan
 from mxq.workers.settings import Settings
 from tests.conftest import FIXTURES, NODE, ROOT, Stack, stop, wait_until
@@ -83,8 +88,9 @@ def test_each_gpu_worker_runs_pinned_to_its_gpus_uuid(gpu_node: Stack) -> None:
         assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"], env["MXQ_DEVICE"]) == (
             uuid, "PCI_BUS_ID", f"gpu:{index}")
     shown = {r["device"]: r for r in gpu_node.mxq_json("devices")}
-    assert [(shown[f"gpu:{i}"]["uuid"], shown[f"gpu:{i}"]["cuda_visible_devices"])
-            for i in range(2)] == [(u, u) for u in UUIDS]
+    assert [(shown[f"gpu:{i}"]["uuid"], shown[f"gpu:{i}"]["cuda_visible_devices"],
+             shown[f"gpu:{i}"]["compute_mode"]) for i in range(2)] == [
+        (UUIDS[0], UUIDS[0], "Default"), (UUIDS[1], UUIDS[1], "Exclusive_Process")]
     # A training on both, led by gpu:1: its child's contexts gpu(0), gpu(1) are gpu:1, gpu:0.
     env, cores = child_env(gpu_node.settings, ["gpu:1", "gpu:0"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"], cores) == (
@@ -113,8 +119,6 @@ def test_a_listing_without_uuids_plans_pinned_by_index_in_bus_order(tmp_path: Pa
 
 
 def test_a_uuid_cuda_would_not_take_is_a_one_line_error() -> None:
-    from mxq.workers.hardware.devices import DeviceError
-
     with pytest.raises(DeviceError) as bad:
         parse_nvidia_smi("index, uuid, name, memory.total [MiB], memory.used [MiB]\n"
                          "0, 5c1d9e2a 7b3f, X, 1 MiB, 1 MiB\n")
@@ -123,3 +127,55 @@ def test_a_uuid_cuda_would_not_take_is_a_one_line_error() -> None:
         "in dash-separated groups (GPU-8f6a3c1e-5b2d-...), which CUDA_VISIBLE_DEVICES takes; "
         "check the GPU with `nvidia-smi -q`")
 
+
+
+def test_a_training_on_an_exclusive_process_gpu_fails_with_why(gpu_node: Stack) -> None:
+    """Sent to gpu:1's own queue: its child could never get a context beside its worker's (it
+    failed with a CUDA error after the leases and the wait); now it fails at once, in one line."""
+    s = gpu_node.settings
+    sent = submit(s, "train", {"arch": "mlp", "dataset": "digits", "name": "excl", "epochs": 1}, "gpu:1")
+    job = gpu_node.wait(sent, timeout=120)
+    assert job["status"] == "failed" and job["error"] == exclusive_reason(["gpu:1"]), job
+    assert job["error"] == (
+        "gpu:1 is in the Exclusive_Process compute mode, where one process alone may use a GPU: "
+        "its worker does, so no training process can start there (inference and probes run in "
+        "the worker and are served); set the Default compute mode (`nvidia-smi -i 1 -c DEFAULT`) "
+        "to train on it")
+
+
+def _rows(stack: Stack, *modes: str) -> Settings:
+    """gpu:i an A100 in compute mode `modes[i]`, each running MXNet and beating."""
+    s = stack.settings
+    for index, mode in enumerate(modes):
+        register(s.database, f"gpu{index}@{NODE}", NODE, f"gpu:{index}", f"{NODE}.gpu.{index}",
+                 None, {"name": "NVIDIA A100-SXM4-80GB", "compute_mode": mode}, engines=("mxnet",))
+    return s.model_copy(update={"nvidia_smi": str(stack.home / "absent")})
+
+
+def test_an_exclusive_gpu_hands_a_pool_training_back_and_is_no_partner(isolated: Stack) -> None:
+    s = _rows(isolated, "Default", "Exclusive_Process", "Default")
+    one = TrainParams(arch="mlp", dataset="digits", name="x", epochs=1)
+    with pytest.raises(LookupError, match="^gpu:1 cannot train"):
+        choose_devices(s, one, "gpu:1", movable=True)  # gpu:0 or gpu:2 takes it from the pool
+    with pytest.raises(JobInputError, match=r"^gpu:1 is in the Exclusive_Process compute mode"):
+        choose_devices(s, one, "gpu:1")  # its own queue: only it may run the job
+    two = TrainParams(arch="mlp", dataset="digits", name="x", epochs=1, devices=2)
+    assert choose_devices(s, two, "gpu:0") == ["gpu:0", "gpu:2"]  # never gpu:1, the lower index
+    three = TrainParams(arch="mlp", dataset="digits", name="x", epochs=1, devices=3)
+    with pytest.raises(JobInputError, match="^3 devices asked but node testnode has 2 gpu devices"):
+        choose_devices(s, three, "gpu:0")
+
+
+def test_compute_modes_parse_and_a_prohibited_gpu_is_refused(tmp_path: Path) -> None:
+    gpus = parse_nvidia_smi(LISTING.read_text().replace("Exclusive_Process", "Prohibited"))
+    specs, refused = plan(Settings(node="box1", home=tmp_path), gpus, "mxnet-cu112")
+    assert [s.name for s in specs] == ["gpu0@box1"]
+    assert refused == ["gpu:1 (NVIDIA A100-SXM4-80GB) is in the Prohibited compute mode: no process "
+                       "may use it; set the Default compute mode (`nvidia-smi -i 1 -c DEFAULT`) to use it"]
+    with pytest.raises(DeviceError) as bad:
+        parse_nvidia_smi(LISTING.read_text().replace("Exclusive_Process", "Shared"))
+    assert str(bad.value) == ("nvidia-smi line 3 gives compute mode 'Shared': expected one of Default, "
+                              "Exclusive_Process, Exclusive_Thread, Prohibited; check the GPU with "
+                              "`nvidia-smi -q -d COMPUTE`")
+    old = parse_nvidia_smi((SMI / "a100x4.csv").read_text())  # a listing without the column
+    assert {g.compute_mode for g in old} == {""} and "compute_mode" not in old[0].info()

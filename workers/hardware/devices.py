@@ -23,7 +23,7 @@ from mxq.workers.hardware.kernels import RECORDED, kernels_of
 log = logging.getLogger(__name__)
 
 QUERY_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.used",
-                "driver_version", "mig.mode.current")
+                "driver_version", "mig.mode.current", "compute_mode")
 # Drivers older than R510 do not know `compute_cap`: they are asked again without it.
 LEGACY_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
 LEGACY_ERROR = 'Field "compute_cap" is not a valid field to query'  # what such a driver says
@@ -38,6 +38,11 @@ NVRTC_MIN_DRIVER = 520
 
 # A whole GPU's UUID as nvidia-smi prints it (MIG instances' `MIG-…` never reach a worker).
 UUID = re.compile(r"GPU-[0-9a-fA-F]+(?:-[0-9a-fA-F]+)*")
+# nvidia-smi's compute modes. Under Exclusive_Process one process alone may hold a context on
+# the GPU: its worker's, so a training child cannot start there (docs/gpu-hosts.md); under
+# Prohibited none may. Exclusive_Thread is what drivers before CUDA 8 called a variant of it.
+COMPUTE_MODES = ("Default", "Exclusive_Process", "Exclusive_Thread", "Prohibited")
+EXCLUSIVE_PROCESS = "Exclusive_Process"
 TIMED_OUT = bounded.TIMED_OUT  # an nvidia-smi run that did not answer in time
 
 
@@ -61,6 +66,7 @@ class DiscoveredDevice:
     memory_used_mib: int | None = None
     driver_version: str = ""
     mig: bool = False  # MIG mode enabled: the GPU is split into instances
+    compute_mode: str = ""  # one of COMPUTE_MODES; "" when nvidia-smi does not say
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -92,7 +98,7 @@ class DiscoveredDevice:
     def info(self) -> dict[str, object]:
         return {k: v for k, v in {
             "name": self.name, "uuid": self.uuid, "cuda_visible_devices": self.cuda_id,
-            "compute_cap": self.compute_cap,
+            "compute_cap": self.compute_cap, "compute_mode": self.compute_mode,
             "memory_total_mib": self.memory_total_mib, "memory_used_mib": self.memory_used_mib,
             "driver_version": self.driver_version,
         }.items() if v not in ("", None)}
@@ -128,6 +134,16 @@ def _uuid(cell: str, line: int) -> str:
     return value
 
 
+def _compute_mode(cell: str, line: int) -> str:
+    """The GPU's compute mode, "" when nvidia-smi does not say; DeviceError for one it has no
+    name for here (what it allows is decided by it: mxq must not guess)."""
+    value = _value(cell)
+    if value and value not in COMPUTE_MODES:
+        raise DeviceError(f"nvidia-smi line {line} gives compute mode {_cut(value)}: expected one of "
+                          f"{', '.join(COMPUTE_MODES)}; check the GPU with `nvidia-smi -q -d COMPUTE`")
+    return value
+
+
 def _row(cells: dict[str, str], line: int) -> DiscoveredDevice:
     index = _value(cells["index"])
     if not index.isdigit():
@@ -139,6 +155,7 @@ def _row(cells: dict[str, str], line: int) -> DiscoveredDevice:
         memory_total_mib=_mib(cells["memory.total"]), memory_used_mib=_mib(cells["memory.used"]),
         driver_version=_value(cells.get("driver_version", "")),
         mig=_value(cells.get("mig.mode.current", "")).lower() == "enabled",
+        compute_mode=_compute_mode(cells.get("compute_mode", ""), line),
     )
 
 
@@ -330,6 +347,14 @@ def _sm(compute_cap: str) -> int:
 
 def _arches(codes: tuple[int, ...]) -> str:
     return ", ".join(f"sm_{c}" for c in codes) or "none"
+
+
+def compute_mode_refusal(gpu: DiscoveredDevice) -> str | None:
+    """Why `gpu`'s compute mode lets no mxq worker use it (Prohibited: no process may), or None."""
+    if gpu.compute_mode != "Prohibited":
+        return None
+    return (f"{gpu.label} ({gpu.name}) is in the Prohibited compute mode: no process may use it; "
+            f"set the Default compute mode (`nvidia-smi -i {gpu.index} -c DEFAULT`) to use it")
 
 
 def incompatibility(gpu: DiscoveredDevice, build: str | None) -> str | None:

@@ -30,6 +30,7 @@ from mxq.workers.hardware import wheels
 from mxq.workers.hardware.devices import (
     NVRTC_MIN_DRIVER,
     DiscoveredDevice,
+    compute_mode_refusal,
     engines_for,
     fusion_off,
     incompatibility,
@@ -152,7 +153,7 @@ class Runtime(NamedTuple):
 def _runtime(device: DiscoveredDevice, build: str | None,
              onnx: Callable[[], tuple[str, str | None]]) -> Runtime | str:
     """The runtime of `device`'s worker, or why the device is refused."""
-    if busy := memory_busy(device):
+    if busy := memory_busy(device) or compute_mode_refusal(device):
         return busy
     mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
     if mxnet_unusable:
