@@ -7,10 +7,7 @@ threads, and no inter-op pool, so two workers never compete for one core.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import cache
@@ -21,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from mxq.errors import DeviceFault, first_line
+from mxq.errors import DeviceFault
 
 if TYPE_CHECKING:  # imported where a session is made: a worker that serves MXNet only never loads it
     from onnxruntime import InferenceSession
@@ -59,7 +56,7 @@ def session(path: Path, kind: str = "cpu") -> tuple[InferenceSession, bool]:
     import onnxruntime as ort
 
     if kind == "gpu":
-        _load_cuda_wheels(ort)
+        load_cuda_wheels(ort)
     key = (str(path), path.stat().st_mtime_ns, kind)
     if key in _sessions:
         _sessions.move_to_end(key)
@@ -129,80 +126,7 @@ def runner(sess: InferenceSession) -> Callable[[NDArray[np.float32]], NDArray[np
 
 
 @cache
-def _load_cuda_wheels(ort: ModuleType) -> None:
+def load_cuda_wheels(ort: ModuleType) -> None:
     """CUDA 12 and cuDNN 9 from the gpu-onnx extra's nvidia-*-cu12 wheels, loaded by ONNX
     Runtime itself from site-packages (no LD_LIBRARY_PATH), once per process."""
     ort.preload_dlls(cuda=True, cudnn=True, msvc=False)
-
-
-def cuda_problem(device: str) -> str | None:
-    """Whether ONNX Runtime's CUDA provider really runs on this worker's GPU: it falls back to
-    the CPU when CUDA cannot start (no GPU, no driver), so a real check graph is run through it,
-    a matrix multiply (cuBLAS) and a convolution (cuDNN), and its results are compared with
-    NumPy's: a GPU that loads the libraries but computes wrong is refused too."""
-    import onnxruntime as ort
-
-    model, feeds, expected = check_graph()
-    said = io.StringIO()  # ONNX Runtime prints why CUDA failed, then falls back to the CPU
-    try:
-        _load_cuda_wheels(ort)
-        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            sess = ort.InferenceSession(model, providers=[PROVIDERS["gpu"]])
-        got = sess.run(None, feeds)
-    except Exception as exc:
-        return f"ONNX Runtime's CUDA provider cannot start on {device}: {first_line(exc)}"
-    if PROVIDERS["gpu"] not in sess.get_providers():
-        found = re.search(r"CUDA failure \d+: [^;]*?(?= ;|$)", said.getvalue(), re.MULTILINE)
-        cause = f" ({found.group(0).strip()})" if found else ""
-        return (f"ONNX Runtime's CUDA provider cannot start on {device}{cause}: no GPU visible, or "
-                "the driver is missing or older than R525, which CUDA 12 needs; it would run on the CPU")
-    return wrong_results(device, got, expected)
-
-
-# The start check's work: a 64x64 matrix multiply and a 3x3 convolution of a 3x16x16 image into
-# 8 channels, on fixed inputs, with NumPy's answers.
-CHECK_SIDE, CHECK_IMAGE, CHECK_FILTERS = 64, (1, 3, 16, 16), 8
-
-
-def check_graph() -> tuple[bytes, dict[str, NDArray[np.float32]], list[NDArray[np.float64]]]:
-    """The check graph (MatMul and Conv), its inputs and what they must give."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(7)
-    a = rng.standard_normal((CHECK_SIDE, CHECK_SIDE)).astype(np.float32)
-    b = rng.standard_normal((CHECK_SIDE, CHECK_SIDE)).astype(np.float32)
-    image = rng.standard_normal(CHECK_IMAGE).astype(np.float32)
-    weights = rng.standard_normal((CHECK_FILTERS, CHECK_IMAGE[1], 3, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "b"], ["product"]),
-         helper.make_node("Conv", ["image", "weights"], ["features"], pads=[1, 1, 1, 1])],
-        "start-check",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
-         helper.make_tensor_value_info("image", TensorProto.FLOAT, list(image.shape))],
-        [helper.make_tensor_value_info("product", TensorProto.FLOAT, [CHECK_SIDE, CHECK_SIDE]),
-         helper.make_tensor_value_info("features", TensorProto.FLOAT,
-                                       [1, CHECK_FILTERS, *CHECK_IMAGE[2:]])],
-        initializer=[numpy_helper.from_array(b, "b"), numpy_helper.from_array(weights, "weights")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    padded = np.pad(image.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    height, width = CHECK_IMAGE[2:]
-    features = sum(np.einsum("nchw,fc->nfhw", padded[:, :, i:i + height, j:j + width],
-                             weights[:, :, i, j].astype(np.float64))
-                   for i in range(3) for j in range(3))  # the 3x3 convolution, one tap at a time
-    return model.SerializeToString(), {"a": a, "image": image}, \
-        [a.astype(np.float64) @ b.astype(np.float64), features]
-
-
-def wrong_results(device: str, got: list[NDArray[np.generic]],
-                  expected: list[NDArray[np.float64]]) -> str | None:
-    """Why the check graph's results `got` on `device` are not NumPy's (`expected`), or None:
-    float32 rounding allowed, a wrong value or a NaN not."""
-    for name, raw, want in zip(("matrix multiply", "convolution"), got, expected, strict=True):
-        out = np.asarray(raw, dtype=np.float64)
-        if out.shape != want.shape or not np.allclose(out, want, rtol=1e-3, atol=1e-3):
-            off = float(np.max(np.abs(out - want))) if out.shape == want.shape else float("nan")
-            return (f"{device} computed the start check's {name} wrong through ONNX Runtime's CUDA "
-                    f"provider (off by up to {off:.3g}; shape {out.shape}): the GPU or its driver "
-                    "is faulty")
-    return None

@@ -4,7 +4,8 @@ MXNet 1.9.1 carries kernels up to sm_86 and no PTX, so it cannot run compute cap
 and later (H100, H200). The launcher still starts a worker for such a GPU when ONNX Runtime
 with its CUDA provider is installed (the `gpu-onnx` extra), with MXQ_MXNET_UNUSABLE saying why;
 that worker loads `mxq.tasks.inference.infer` (inference on ONNX Runtime) and this module: a start check
-that ONNX Runtime can really use its GPU, and `train` and `probe` tasks that fail a job routed
+that ONNX Runtime can really use its GPU (`onnx_check`: a matmul and a convolution checked
+against NumPy's), and `train` and `probe` tasks that fail a job routed
 to it with the reason. Nothing here imports MXNet.
 """
 
@@ -18,7 +19,7 @@ from celery import signals
 
 from mxq.tasks.job_context import JobContext, JobInputError, Outcome
 from mxq.tasks.runner import job_task
-from mxq.tasks.runtimes import onnx_runtime
+from mxq.tasks.runtimes import onnx_check, onnx_runtime
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.settings import get_settings
 
@@ -30,7 +31,7 @@ def gpu_problem(device: str) -> str | None:
     if (missing := onnx_runtime.unavailable("gpu")) is not None:
         return (f"{device}: MXNet cannot run it and {missing}: install the gpu-onnx extra "
                 "(pip install '.[gpu-onnx]') to serve inference on it")
-    return onnx_runtime.cuda_problem(device)
+    return onnx_check.cuda_problem(device)
 
 
 @signals.worker_init.connect  # type: ignore[untyped-decorator]  # Celery has no types

@@ -45,6 +45,7 @@ from mxq.tasks.runner import job_task
 from mxq.tasks.training import child_report, dist
 from mxq.workers.broker.queues import pool_queues
 from mxq.workers.fleet import leases, suspects
+from mxq.workers.hardware.devices import EXCLUSIVE_PROCESS
 from mxq.workers.hardware.pinning import cpu_cores
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.settings import Settings
@@ -75,6 +76,7 @@ def choose_devices(s: Settings, p: TrainParams, own: str, movable: bool = False)
     another worker may lead it (see `model_mates`)."""
     if p.device_list:
         return list(p.device_list)
+    _leave_exclusive(s, p, own, movable)
     me = Device.parse(own)
     free = _free_devices(s, p, own, me.kind, movable)
     if me.is_gpu and p.devices > 1:
@@ -107,15 +109,45 @@ def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
 
 
 def _known_devices(s: Settings, p: TrainParams, kind: str) -> list[WorkerRecord]:
-    """This node's workers of `kind` that run MXNet, live or not; JobInputError when they are
-    fewer than K (waiting would never end: fail with what there is)."""
+    """This node's workers of `kind` that run MXNet, live or not, but for GPUs in the
+    Exclusive_Process compute mode (`exclusive`); JobInputError when they are fewer than K
+    (waiting would never end: fail with what there is)."""
     known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"]]
+             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"] and not exclusive(w)]
     if len(known) < p.devices:
         raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
                             f"{kind} devices that run MXNet "
                             f"({', '.join(w['device'] for w in known) or 'none'})")
     return known
+
+
+def exclusive(worker: WorkerRecord) -> bool:
+    """Whether `worker`'s GPU is in the Exclusive_Process compute mode (as nvidia-smi said when
+    the launcher planned it): one process alone may hold a context there, and its worker holds
+    one (MXNet 1.9.1 never lets go of it), so no training process can start on it."""
+    return (worker["info"] or {}).get("compute_mode") == EXCLUSIVE_PROCESS
+
+
+def exclusive_reason(devices: list[str]) -> str:
+    """The one line a training on `devices` (GPUs in the Exclusive_Process mode) fails with."""
+    return (f"{', '.join(devices)} {'is' if len(devices) == 1 else 'are'} in the Exclusive_Process "
+            "compute mode, where one process alone may use a GPU: its worker does, so no training "
+            "process can start there (inference and probes run in the worker and are served); set "
+            "the Default compute mode (`nvidia-smi -i "
+            f"{','.join(str(Device.parse(d).index) for d in devices)} -c DEFAULT`) to train on it")
+
+
+def _leave_exclusive(s: Settings, p: TrainParams, own: str, movable: bool) -> None:
+    """When `own` is a GPU in the Exclusive_Process mode: a job from the pool goes back there
+    (LookupError) for the node's other GPUs when they can run it, else fails (JobInputError)."""
+    rows = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
+            if Device.parse(w["device"]).is_gpu and "mxnet" in w["engines"]]
+    if not any(w["device"] == own and exclusive(w) for w in rows):
+        return
+    if movable and sum(not exclusive(w) for w in rows) >= p.devices:
+        raise LookupError(f"{own} cannot train (Exclusive_Process compute mode); other GPUs of node "
+                          f"{s.node} can take the job")
+    raise JobInputError(exclusive_reason([own]))
 
 
 def model_mates(known: list[WorkerRecord], own: str, k: int, movable: bool,
@@ -196,17 +228,25 @@ def _wait_idle(s: Settings, job: JobContext) -> None:
 
 
 def child_env(s: Settings, devices: list[str]) -> tuple[dict[str, str], list[int]]:
-    """The training child sees exactly the leased devices (GPUs by UUID) or their CPU cores."""
+    """The training child sees exactly the leased devices, in order (its contexts gpu(0).. are
+    `devices`), or their CPU cores. GPUs as their workers are pinned (`cuda_visible_devices` of
+    the launcher's device info: the UUID), never by an index CUDA may count differently."""
     env = dict(os.environ)
     if Device.parse(devices[0]).is_gpu:
-        info = {w["device"]: w["info"] for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
-        env["CUDA_VISIBLE_DEVICES"] = ",".join((info.get(d) or {}).get("uuid") or str(Device.parse(d).index)
-                                               for d in devices)
+        info = {w["device"]: w["info"] or {} for w in list_workers(s.database, s.heartbeat_ttl, s.node)}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(_pinned_as(info.get(d) or {}, d) for d in devices)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # where an index remains, nvidia-smi's numbering
         return env, []
     cores = sorted({c for d in devices for c in cpu_cores(Device.parse(d).index, s.cpu_devices)})
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(len(cores)),
                MKL_NUM_THREADS=str(len(cores)), OPENBLAS_NUM_THREADS=str(len(cores)))
     return env, cores
+
+
+def _pinned_as(info: dict[str, object], device: str) -> str:
+    """What CUDA_VISIBLE_DEVICES names `device` by: as its worker is pinned; a row the launcher
+    registered before that was recorded gives its UUID, else its index."""
+    return str(info.get("cuda_visible_devices") or info.get("uuid") or Device.parse(device).index)
 
 
 def run_file(s: Settings, fence: Fence) -> Path:
@@ -249,6 +289,10 @@ def _check_runnable(s: Settings, job: JobContext, p: TrainParams) -> None:
                             "on the CPU; use --dtype float32 on CPU devices")
     if len(job.devices) != p.devices:
         choose_devices(s, p, job.device, _movable(job))  # raises why admit could not lease them
+    if job.parsed_device.is_gpu:
+        rows = list_workers(s.database, s.heartbeat_ttl, s.node)
+        if held := [w["device"] for w in rows if w["device"] in job.devices and exclusive(w)]:
+            raise JobInputError(exclusive_reason(held))
     if p.dist is not None:
         dist.check_first_run(s, job, p)
 

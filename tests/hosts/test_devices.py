@@ -82,7 +82,8 @@ def test_gpu_workers_are_pinned_one_gpu_each(tmp_path: Path) -> None:
     assert [s.name for s in specs] == ["gpu0@box1"] and len(refused) == 1
     assert "gpu:1" in refused[0] and "sm_90" in refused[0]
     env = specs[0].env
-    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["MXQ_DEVICE"] == "gpu:0"
+    assert env["CUDA_VISIBLE_DEVICES"] == gpus[0].uuid and env["MXQ_DEVICE"] == "gpu:0"
+    assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-6b7c8d9e")  # pinned by UUID (issue 60)
     # MXNet runs it; ONNX Runtime's GPU build (gpu-onnx) is not installed in the test venv
     assert specs[0].queues == ["box1.gpu.0", "pool.gpu", "pool.gpu.mxnet"]
     assert specs[0].engines == ("mxnet",)
@@ -113,7 +114,8 @@ def test_worker_cli_pins_each_gpu(tmp_path: Path) -> None:
     code, _, out = _worker_cli(tmp_path, "a100x4.csv", "mxnet-cu112")
     assert code == 0 and out["refused"] == []
     pins = {w["worker"]: w["env"]["CUDA_VISIBLE_DEVICES"] for w in out["workers"]}
-    assert pins == {f"gpu{i}@box1": str(i) for i in range(4)}
+    uuids = [g.uuid for g in parse_nvidia_smi((SMI / "a100x4.csv").read_text())]
+    assert pins == {f"gpu{i}@box1": uuids[i] for i in range(4)}
 
 
 def test_worker_refuses_a_gpu_its_mxnet_has_no_kernels_for(tmp_path: Path) -> None:
@@ -147,7 +149,7 @@ def test_a_container_seeing_one_gpu_keeps_its_host_index(tmp_path: Path) -> None
     (gpu,) = discover(str(exe), 2, settings.host_gpu_ids)
     specs, _ = plan(settings, [gpu], "mxnet-cu112")
     assert specs[0].name == "gpu1@box1" and specs[0].queues[0] == "box1.gpu.1"
-    assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert specs[0].env["CUDA_VISIBLE_DEVICES"] == gpu.uuid  # by UUID, which the container sees too
 
 
 @pytest.mark.parametrize("sm, runs", [
@@ -367,8 +369,9 @@ def test_cuda_visible_devices_is_the_set_of_gpus_mxq_may_use(tmp_path: Path, vis
     code, err, out = _visible_plan(tmp_path, visible)
     assert code == 0, err
     assert [w["worker"] for w in out["workers"]] == workers
+    uuids = [g.uuid for g in parse_nvidia_smi((SMI / "a100x4.csv").read_text())]
     assert [w["env"]["CUDA_VISIBLE_DEVICES"] for w in out["workers"]] == [
-        w[3] for w in workers]  # each worker still pinned to its own one GPU
+        uuids[int(w[3])] for w in workers]  # each worker still pinned to its own one GPU
 
 
 @pytest.mark.parametrize("visible", ["", "-1"])

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from mxq.workers.hardware.devices import parse_nvidia_smi
 from mxq.workers.hardware.kernels import RECORDED, read_kernels
 from tests.conftest import ROOT, free_port, wait_until
-from tests.hosts.gpu_host import host_env
+from tests.hosts.gpu_host import LISTING, host_env
 
 pytestmark = pytest.mark.gpu_install
 
@@ -65,7 +66,8 @@ def test_the_plan_runs_the_a100_and_the_l40s_and_refuses_the_h200(env: dict[str,
     proc = _mxq(env, "worker", "--dry-run", "--json")
     out = json.loads(proc.stdout)
     pins = {w["worker"]: w["env"]["CUDA_VISIBLE_DEVICES"] for w in out["workers"]}
-    assert pins == {f"gpu0@{NODE}": "0", f"gpu1@{NODE}": "1"}, proc.stderr
+    uuids = [g.uuid for g in parse_nvidia_smi(LISTING.read_text())]
+    assert pins == {f"gpu0@{NODE}": uuids[0], f"gpu1@{NODE}": uuids[1]}, proc.stderr
     (refused,) = out["refused"]
     assert refused.startswith("gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90) cannot run "
                               "the installed mxnet-cu112 1.9.1")

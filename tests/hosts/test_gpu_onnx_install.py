@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from mxq.workers.hardware.devices import parse_nvidia_smi
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from tests.conftest import ROOT, free_port
-from tests.hosts.gpu_host import host_env
+from tests.hosts.gpu_host import LISTING, host_env
 
 pytestmark = pytest.mark.gpu_install
 
@@ -45,7 +46,7 @@ import ctypes, os, pathlib, sys
 import onnxruntime as ort
 from mxq.tasks.runtimes import onnx_runtime
 if sys.argv[1] == "mxq":
-    onnx_runtime._load_cuda_wheels(ort)  # what a worker does before its first CUDA session
+    onnx_runtime.load_cuda_wheels(ort)  # what a worker does before its first CUDA session
 library = pathlib.Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
 try:
     ctypes.CDLL(str(library), mode=os.RTLD_NOW)  # every library it needs, resolved now
@@ -73,7 +74,8 @@ def test_every_gpu_gets_an_inference_worker_on_onnx_runtime(env: dict[str, str])
     plan = _plan(env)
     assert plan["refused"] == []
     assert [(w["worker"], w["engines"], w["env"]["CUDA_VISIBLE_DEVICES"]) for w in plan["workers"]] == [
-        (f"gpu{i}@{NODE}", ["onnx"], str(i)) for i in range(3)]
+        (f"gpu{i}@{NODE}", ["onnx"], g.uuid)
+        for i, g in enumerate(parse_nvidia_smi(LISTING.read_text()))]
     for w in plan["workers"]:
         assert "the installed MXNet is missing" in w["env"]["MXQ_MXNET_UNUSABLE"]
 

@@ -40,7 +40,8 @@ def test_an_h200_gets_an_onnx_only_worker_where_onnx_runtime_runs_gpus(
     assert sorted(by_name) == ["gpu0@box1", "gpu1@box1", "gpu2@box1"]
     h200 = by_name["gpu2@box1"].env
     assert h200["MXQ_MXNET_UNUSABLE"].startswith("gpu:2 (NVIDIA H200, compute capability 9.0 = sm_90)")
-    assert h200["CUDA_VISIBLE_DEVICES"] == "2" and "MXNET_USE_FUSION" not in h200
+    assert h200["CUDA_VISIBLE_DEVICES"] == "GPU-3d9f1b27-6c4e-4a8b-b5d2-7e1f0c9a8b6d"
+    assert "MXNET_USE_FUSION" not in h200
     assert "MXQ_MXNET_UNUSABLE" not in by_name["gpu1@box1"].env  # the L40S runs MXNet
 
 
@@ -136,27 +137,3 @@ def test_an_onnx_python_that_cannot_serve_gpus_refuses_only_those_gpus(tmp_path:
     assert why.startswith("gpu:2 (NVIDIA H200")
     assert f"MXQ_ONNX_PYTHON={python} cannot serve it (" in why and said in why
     assert why.endswith("install mxq with the gpu-onnx extra there (pip install -e '.[gpu-onnx]')")
-
-
-def test_the_start_check_computes_a_matmul_and_a_convolution_and_refuses_wrong_results() -> None:
-    """Issue 60: the ONNX Runtime start check ran an Identity graph (no cuBLAS, no cuDNN, nothing
-    to get wrong). Its graph now multiplies and convolves; run here on the CPU provider (a GPU
-    cannot exist here) it agrees with NumPy, and a result off by 1 in one element, or a NaN, is
-    refused naming the operation."""
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    from mxq.tasks.runtimes.onnx_runtime import check_graph, wrong_results
-
-    model, feeds, expected = check_graph()
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    assert [n.op_type for n in onnx.load_from_string(model).graph.node] == ["MatMul", "Conv"]
-    got = session.run(None, feeds)
-    assert wrong_results("gpu:0", got, expected) is None
-    off = [got[0], got[1].copy()]
-    off[1][0, 3, 5, 5] += 1.0
-    said = wrong_results("gpu:0", off, expected)
-    assert said is not None and said.startswith("gpu:0 computed the start check's convolution wrong")
-    nan = [got[0] * np.nan, got[1]]
-    assert "matrix multiply wrong" in (wrong_results("gpu:1", nan, expected) or "")

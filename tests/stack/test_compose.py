@@ -252,7 +252,7 @@ def test_the_worker_container_pins_one_celery_worker_per_gpu(services: dict, tmp
     gpus = parse_nvidia_smi(GPU_FIXTURE.read_text())
     assert len(gpus) == 4
     assert {w["worker"]: w["env"]["CUDA_VISIBLE_DEVICES"] for w in plan["workers"]} == {
-        f"gpu{g.index}@{node}": str(g.index) for g in gpus}
+        f"gpu{g.index}@{node}": g.uuid for g in gpus}  # by UUID: the container sees them too
     assert [w["device"] for w in plan["workers"]] == [g.label for g in gpus]
     # A container where nvidia-smi fails (no GPU given, no toolkit) stops instead of running CPUs.
     proc = run_cli(["worker", "--dry-run", "--json"], {**env, "MXQ_NVIDIA_SMI": str(tmp_path / "no")})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
@@ -22,11 +23,12 @@ from mxq.workers.hardware.kernels import RECORDED, kernels_of
 log = logging.getLogger(__name__)
 
 QUERY_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.used",
-                "driver_version", "mig.mode.current")
+                "driver_version", "mig.mode.current", "compute_mode")
 # Drivers older than R510 do not know `compute_cap`: they are asked again without it.
 LEGACY_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
 LEGACY_ERROR = 'Field "compute_cap" is not a valid field to query'  # what such a driver says
-REQUIRED_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used")
+# `uuid` may be missing (a listing from a tool that leaves it out): such a GPU is pinned by index.
+REQUIRED_FIELDS = ("index", "name", "memory.total", "memory.used")
 NVIDIA_SMI_TIMEOUT = 20
 # Where a GPU host's driver shows its first device; when it exists, a failing nvidia-smi is an error.
 DEV_NVIDIA0 = Path("/dev/nvidia0")
@@ -34,6 +36,13 @@ DEV_NVIDIA0 = Path("/dev/nvidia0")
 # cannot load: MXNet's runtime-compiled (fused) kernels would fail, so fusion is turned off there.
 NVRTC_MIN_DRIVER = 520
 
+# A whole GPU's UUID as nvidia-smi prints it (MIG instances' `MIG-…` never reach a worker).
+UUID = re.compile(r"GPU-[0-9a-fA-F]+(?:-[0-9a-fA-F]+)*")
+# nvidia-smi's compute modes. Under Exclusive_Process one process alone may hold a context on
+# the GPU: its worker's, so a training child cannot start there (docs/gpu-hosts.md); under
+# Prohibited none may. Exclusive_Thread is what drivers before CUDA 8 called a variant of it.
+COMPUTE_MODES = ("Default", "Exclusive_Process", "Exclusive_Thread", "Prohibited")
+EXCLUSIVE_PROCESS = "Exclusive_Process"
 TIMED_OUT = bounded.TIMED_OUT  # an nvidia-smi run that did not answer in time
 
 
@@ -57,6 +66,7 @@ class DiscoveredDevice:
     memory_used_mib: int | None = None
     driver_version: str = ""
     mig: bool = False  # MIG mode enabled: the GPU is split into instances
+    compute_mode: str = ""  # one of COMPUTE_MODES; "" when nvidia-smi does not say
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -72,13 +82,23 @@ class DiscoveredDevice:
         return f"{self.name} ({self.compute_cap})" if self.compute_cap else self.name
 
     @property
+    def cuda_id(self) -> str:
+        """What its worker's `CUDA_VISIBLE_DEVICES` holds: the GPU's UUID, which names that exact
+        GPU whatever order CUDA and NVML count GPUs in; its index (in PCI bus order, as
+        `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes CUDA count) only where nvidia-smi gave no UUID."""
+        if self.kind != "gpu":
+            return ""
+        return self.uuid or str(self.visible_index)
+
+    @property
     def driver_major(self) -> int | None:
         head = self.driver_version.split(".")[0]
         return int(head) if head.isdigit() else None
 
     def info(self) -> dict[str, object]:
         return {k: v for k, v in {
-            "name": self.name, "uuid": self.uuid, "compute_cap": self.compute_cap,
+            "name": self.name, "uuid": self.uuid, "cuda_visible_devices": self.cuda_id,
+            "compute_cap": self.compute_cap, "compute_mode": self.compute_mode,
             "memory_total_mib": self.memory_total_mib, "memory_used_mib": self.memory_used_mib,
             "driver_version": self.driver_version,
         }.items() if v not in ("", None)}
@@ -103,17 +123,39 @@ def _compute_cap(cell: str) -> str:
     return value if major.isdigit() and dot and minor.isdigit() else ""
 
 
+def _uuid(cell: str, line: int) -> str:
+    """The GPU's UUID, which its worker is pinned by; "" when nvidia-smi gives none (pinned by
+    index then). DeviceError for one CUDA_VISIBLE_DEVICES would not take as that GPU's."""
+    value = _value(cell)
+    if value and not UUID.fullmatch(value):
+        raise DeviceError(f"nvidia-smi line {line} gives GPU UUID {_cut(value)}: expected GPU- "
+                          "and hexadecimal digits in dash-separated groups (GPU-8f6a3c1e-5b2d-...), "
+                          "which CUDA_VISIBLE_DEVICES takes; check the GPU with `nvidia-smi -q`")
+    return value
+
+
+def _compute_mode(cell: str, line: int) -> str:
+    """The GPU's compute mode, "" when nvidia-smi does not say; DeviceError for one it has no
+    name for here (what it allows is decided by it: mxq must not guess)."""
+    value = _value(cell)
+    if value and value not in COMPUTE_MODES:
+        raise DeviceError(f"nvidia-smi line {line} gives compute mode {_cut(value)}: expected one of "
+                          f"{', '.join(COMPUTE_MODES)}; check the GPU with `nvidia-smi -q -d COMPUTE`")
+    return value
+
+
 def _row(cells: dict[str, str], line: int) -> DiscoveredDevice:
     index = _value(cells["index"])
     if not index.isdigit():
         raise DeviceError(f"nvidia-smi line {line} gives GPU index {cells['index']!r}: the GPU "
                           "cannot be addressed; check it with `nvidia-smi -q`")
     return DiscoveredDevice(
-        kind="gpu", index=int(index), visible_index=int(index), uuid=_value(cells["uuid"]),
+        kind="gpu", index=int(index), visible_index=int(index), uuid=_uuid(cells.get("uuid", ""), line),
         name=_value(cells["name"]), compute_cap=_compute_cap(cells.get("compute_cap", "")),
         memory_total_mib=_mib(cells["memory.total"]), memory_used_mib=_mib(cells["memory.used"]),
         driver_version=_value(cells.get("driver_version", "")),
         mig=_value(cells.get("mig.mode.current", "")).lower() == "enabled",
+        compute_mode=_compute_mode(cells.get("compute_mode", ""), line),
     )
 
 
@@ -305,6 +347,14 @@ def _sm(compute_cap: str) -> int:
 
 def _arches(codes: tuple[int, ...]) -> str:
     return ", ".join(f"sm_{c}" for c in codes) or "none"
+
+
+def compute_mode_refusal(gpu: DiscoveredDevice) -> str | None:
+    """Why `gpu`'s compute mode lets no mxq worker use it (Prohibited: no process may), or None."""
+    if gpu.compute_mode != "Prohibited":
+        return None
+    return (f"{gpu.label} ({gpu.name}) is in the Prohibited compute mode: no process may use it; "
+            f"set the Default compute mode (`nvidia-smi -i {gpu.index} -c DEFAULT`) to use it")
 
 
 def incompatibility(gpu: DiscoveredDevice, build: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """`mxq worker`: one real `celery worker` process per device of this node, supervised.
 
-Each child is pinned before it imports MXNet: `CUDA_VISIBLE_DEVICES=<i>` for a GPU, CPU-core
+Each child is pinned before it imports MXNet: `CUDA_VISIBLE_DEVICES=<GPU UUID>` for a GPU, CPU-core
 affinity and thread limits for a CPU device, and the host memory cap `MXQ_WORKER_MEMORY_MB` when
 set. A child that crashes is restarted (with backoff) and the jobs it held are requeued; one that
 refused its device, or whose device failed mid-job, is started again later (MXQ_REPROBE_SECONDS,
@@ -30,6 +30,7 @@ from mxq.workers.hardware import wheels
 from mxq.workers.hardware.devices import (
     NVRTC_MIN_DRIVER,
     DiscoveredDevice,
+    compute_mode_refusal,
     engines_for,
     fusion_off,
     incompatibility,
@@ -75,8 +76,10 @@ def worker_env(settings: Settings, device: DiscoveredDevice, cores: list[int],
         "MXQ_DATABASE_URL": settings.database, "PYTHONUNBUFFERED": "1",
     })
     if device.kind == "gpu":
+        # By UUID: that exact GPU is the worker's context 0, whatever order CUDA counts in; the
+        # order still matters where an index remains (a listing without UUIDs), and to children.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's numbering
-        env["CUDA_VISIBLE_DEVICES"] = str(device.visible_index)
+        env["CUDA_VISIBLE_DEVICES"] = device.cuda_id
         env["MXQ_DEVICE_MODEL"] = device.model  # figures are kept per GPU model
         if mxnet_unusable:
             env["MXQ_MXNET_UNUSABLE"] = mxnet_unusable
@@ -150,7 +153,7 @@ class Runtime(NamedTuple):
 def _runtime(device: DiscoveredDevice, build: str | None,
              onnx: Callable[[], tuple[str, str | None]]) -> Runtime | str:
     """The runtime of `device`'s worker, or why the device is refused."""
-    if busy := memory_busy(device):
+    if busy := memory_busy(device) or compute_mode_refusal(device):
         return busy
     mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
     if mxnet_unusable:
