@@ -26,6 +26,7 @@ from mxq.json_types import JsonObject, JsonValue
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.broker.queues import all_pools
 from mxq.workers.fleet.device_table import RATE_WINDOW, device_table
+from mxq.workers.fleet.gpu_health import listed
 from mxq.workers.settings import Settings
 
 
@@ -151,7 +152,7 @@ def _nvml_families(rows: list[JsonObject]) -> list[Metric]:
         _add(ecc, where, _number(read.get("ecc_uncorrected")))
         pending = read.get("row_remap_pending", read.get("retired_pages_pending"))
         _add(remap, where, None if pending is None else float(bool(pending)))
-        for reason in read.get("clock_event_reasons") or []:
+        for reason in listed(read.get("clock_event_reasons")):
             clocks.add_metric([*where, str(reason)], 1.0)
     return [healthy, fault, ecc, remap, clocks]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_an_xid_79_takes_its_device_out_and_requeues_its_job_and_an_xid_13_does_
     launcher = launch(isolated, **_fake_nvml(tmp_path, reprobe="3600"))  # out stays out here
     try:
         for device in ("cpu:0", "cpu:1"):  # the live memory reaches the device table
-            wait_until(lambda d=device: _nvml(isolated, d), 60, f"{device}'s NVML reading",
+            wait_until(partial(_nvml, isolated, device), 60, f"{device}'s NVML reading",
                        until=lambda read: read.get("memory_used_mib") == 1234)
         job_id = submit(isolated.settings, "probe", HOLD)
         job = isolated.wait(job_id, until=("running",))
@@ -171,9 +172,10 @@ def test_a_pending_row_remap_keeps_its_device_out_until_nvml_says_it_is_clear(
         assert _row(isolated, "cpu:0")["health"] == "healthy"
 
         _gpu(tmp_path, "cpu1", row_remap_pending=False)  # a GPU reset applied it
-        back = wait_until(lambda: _row(isolated, "cpu:1"), 120, "cpu:1 to come back",
-                          until=lambda r: r["health"] == "healthy")
-        assert back["nvml"]["health"] == "ok" and back["nvml"]["row_remap_pending"] is False
+        wait_until(lambda: _row(isolated, "cpu:1"), 120, "cpu:1 to come back",
+                   until=lambda r: r["health"] == "healthy")
+        back = _nvml(isolated, "cpu:1")
+        assert back["health"] == "ok" and back["row_remap_pending"] is False
         told = _told(isolated, hook, "device.back")
         assert len(told) == 1 and "row remap pending" in told[0]["out_reason"], told
         assert told[0]["nvml"]["health"] == "ok" and told[0]["nvml"]["memory_used_mib"] == 1234

@@ -88,7 +88,8 @@ def test_a_reading_has_live_memory_and_each_signal(fake: Path) -> None:
                           "clock_event_reasons": [], "xids": [], "health": "ok", "reason": None}
     _write(fake, memory_used_mib=9000, clocks=0x4, xids=[31])
     read = gpu.read()
-    assert (read["memory_used_mib"], read["clock_event_reasons"], read["xids"]) == (9000, ["sw_power_cap"], [31])
+    assert (read["memory_used_mib"], read["clock_event_reasons"], read["xids"]) == (
+        9000, ["sw_power_cap"], [31])
     assert read["health"] == "ok"
     assert gpu.read()["xids"] == [31]  # an event is delivered once; the reading keeps the latest
     _write(fake, ecc_uncorrected=1)

@@ -99,5 +99,10 @@ def note(reading: JsonValue) -> str:
     if not isinstance(reading, dict):
         return ""
     said = f"fault: {reading['reason']}" if reading.get("reason") else "ok"
-    clocks = [str(r) for r in reading.get("clock_event_reasons") or [] if r != "gpu_idle"]
+    clocks = [r for r in listed(reading.get("clock_event_reasons")) if r != "gpu_idle"]
     return f"{said}; clocks: {', '.join(clocks)}" if clocks else said
+
+
+def listed(value: JsonValue) -> list[str]:
+    """A reading's list of names (`clock_event_reasons`) as strings; [] when null or not a list."""
+    return [str(v) for v in value] if isinstance(value, list) else []

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from mxq.json_types import JsonObject
+from mxq.json_types import JsonObject, JsonValue
 from mxq.workers.fleet import gpu_health
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Nvml:
         self.fault: str | None = None
         self._complained: set[str] = set()
 
-    def _event_set(self) -> object | None:
+    def _event_set(self) -> Any:
         """An event set for this GPU's critical Xids; None where it has none (said once)."""
         lib = self.lib
         try:
@@ -140,11 +140,12 @@ class Nvml:
         return {"retired_pages_pending": None if pending is None
                 else pending == self.lib.NVML_FEATURE_ENABLED}
 
-    def _clock_reasons(self) -> list[str] | None:
+    def _clock_reasons(self) -> JsonValue:
         ask = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             self.lib.nvmlDeviceGetCurrentClocksThrottleReasons  # before nvidia-ml-py 12.535
         mask = self._ask(ask, "clock event reasons")
-        return None if mask is None else gpu_health.clock_reasons(int(mask))
+        names: list[JsonValue] = [] if mask is None else [*gpu_health.clock_reasons(int(mask))]
+        return None if mask is None else names
 
     def _ask(self, call: Callable[..., Any], what: str, *args: object) -> Any:
         """`call(handle, *args)`, or None when the GPU does not support it or NVML failed (said
