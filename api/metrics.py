@@ -26,6 +26,7 @@ from mxq.json_types import JsonObject, JsonValue
 from mxq.workers.broker.health import broker_problem
 from mxq.workers.broker.queues import all_pools
 from mxq.workers.fleet.device_table import RATE_WINDOW, device_table
+from mxq.workers.fleet.gpu_health import listed
 from mxq.workers.settings import Settings
 
 
@@ -47,7 +48,9 @@ class Collector:
     def _from_sql(self) -> Iterator[Metric]:
         url = self.s.database
         yield from _job_families(url)
-        yield from _device_families(device_table(self.s))
+        devices = device_table(self.s)
+        yield from _device_families(devices)
+        yield from _nvml_families(devices)
         pools = GaugeMetricFamily("mxq_pool_queue_depth", "Queued jobs per shared pool queue",
                                   labels=["queue"])
         for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
@@ -101,9 +104,10 @@ def _device_families(rows: list[JsonObject]) -> list[Metric]:
     started = GaugeMetricFamily("mxq_worker_start_time_seconds", "When the device's worker "
                                 "process started (Unix time): changes() counts restarts",
                                 labels=DEVICE_LABELS)
-    memory = GaugeMetricFamily("mxq_device_memory_used_bytes", "A GPU's memory in use as "
-                               "nvidia-smi reported it when its worker was planned (by any "
-                               "process)", labels=DEVICE_LABELS)
+    memory = GaugeMetricFamily("mxq_device_memory_used_bytes", "A GPU's memory in use by any "
+                               "process: live from NVML at its worker's heartbeat where NVML is "
+                               "read, else as nvidia-smi reported it when its worker was planned",
+                               labels=DEVICE_LABELS)
     memory_total = GaugeMetricFamily("mxq_device_memory_total_bytes", "A GPU's memory",
                                      labels=DEVICE_LABELS)
     for d in rows:
@@ -120,6 +124,37 @@ def _device_families(rows: list[JsonObject]) -> list[Metric]:
             _add(out_since, where, _unix_time(d.get("out_since")))
         _add(started, where, _unix_time(d.get("started_at")))
     return [depth, wait, alive, healthy, out_since, memory, memory_total, started]
+
+
+def _nvml_families(rows: list[JsonObject]) -> list[Metric]:
+    """Per GPU whose worker reads NVML (its row's `nvml`, the last reading stored: kept while the
+    device is out): NVML's health, why it is bad, ECC, row remaps and clock event reasons."""
+    healthy = GaugeMetricFamily("mxq_device_nvml_healthy", "1 while NVML gives no reason to take "
+                                "the GPU out, 0 when it does (a critical Xid, a row remap pending, "
+                                "uncorrectable ECC errors); GPUs whose worker reads NVML",
+                                labels=DEVICE_LABELS)
+    fault = GaugeMetricFamily("mxq_device_nvml_fault", "1, labelled with NVML's reason, while "
+                              "mxq_device_nvml_healthy is 0", labels=[*DEVICE_LABELS, "reason"])
+    ecc = GaugeMetricFamily("mxq_device_ecc_uncorrected_errors", "Uncorrectable ECC errors since "
+                            "the driver loaded (NVML, volatile); GPUs with ECC on", labels=DEVICE_LABELS)
+    remap = GaugeMetricFamily("mxq_device_row_remap_pending", "1 while a row remap (or, before "
+                              "Ampere, a page retirement) waits for a GPU reset", labels=DEVICE_LABELS)
+    clocks = GaugeMetricFamily("mxq_device_clock_event_reason", "1 for each reason NVML gives for "
+                               "the GPU's clocks being held down now (sw_power_cap, hw_slowdown, "
+                               "…)", labels=[*DEVICE_LABELS, "reason"])
+    for d in rows:
+        read, where = d.get("nvml"), [str(d["node"]), str(d["device"])]
+        if not isinstance(read, dict):
+            continue
+        healthy.add_metric(where, 1.0 if read.get("health") == "ok" else 0.0)
+        if read.get("reason"):
+            fault.add_metric([*where, str(read["reason"])], 1.0)
+        _add(ecc, where, _number(read.get("ecc_uncorrected")))
+        pending = read.get("row_remap_pending", read.get("retired_pages_pending"))
+        _add(remap, where, None if pending is None else float(bool(pending)))
+        for reason in listed(read.get("clock_event_reasons")):
+            clocks.add_metric([*where, str(reason)], 1.0)
+    return [healthy, fault, ecc, remap, clocks]
 
 
 def _add(family: GaugeMetricFamily, where: list[str], value: float | None) -> None:

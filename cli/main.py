@@ -76,7 +76,7 @@ app.command()(submits_cli.train)
 JobId = Annotated[int, typer.Argument(min=1, max=MAX_ID, help="A job's id.")]
 DEVICE_COLUMNS = ["device", "node", "queue", "worker", "alive", "queued", "running",
                   "current_job", "leased_by", "heartbeat_age", "oldest_wait_seconds", "health",
-                  "memory"]
+                  "memory", "nvml"]
 JOB_COLUMNS = ["id", "kind", "status", "owner", "priority", "device", "node", "progress",
                "samples_per_sec", "attempts", "submitted_at", "error"]
 CSV_COLUMNS = ["id", "kind", "status", "device", "node", "worker", "queue", "attempts", "progress",
@@ -333,10 +333,12 @@ def _write_values(array: Any, out: Path, what: str) -> None:
 
 
 def _device_table(records: list[dict[str, Any]]) -> None:
-    """The device table, a device that is out saying since when and why (`health`)."""
+    """The device table, a device that is out saying since when and why (`health`), a GPU
+    what NVML last read of it (`nvml`)."""
     from mxq.db.fleet import gpu_memory, out_note
+    from mxq.workers.fleet.gpu_health import note
 
-    rows = [{**r, "memory": gpu_memory(r)} for r in records]
+    rows = [{**r, "memory": gpu_memory(r), "nvml": note(r.get("nvml"))} for r in records]
     render.table([{**r, "health": out_note(r["out_reason"], r["out_since"])}
                   if r.get("health") == "out" else r for r in rows], DEVICE_COLUMNS, "devices")
 

@@ -15,20 +15,26 @@ from mxq.db.schema import Job, WorkerBeat, as_utc, iso, utcnow
 from mxq.db.webhooks import outbox
 from mxq.device import Device
 from mxq.engines import RUNTIMES
+from mxq.json_types import JsonObject
 from mxq.status import JobStatus
 
 # What `refuse` adds to a worker's info: why its device is out and since when (ISO, UTC). A
 # registration (the launcher's, or the worker's own once its device passed its start check)
 # drops both, so a healed device reads healthy and its old reason does not linger.
 REFUSAL_KEYS = ("refused", "refused_at")
+# What a GPU worker's heartbeat read of its GPU through NVML (mxq.workers.fleet.nvml): replaced
+# at each registration (a new worker reads afresh), kept while the device is out (why it went).
+NVML_KEY = "nvml"
 
 
 @db_retry
 def register(url: str, name: str, node: str, device: str, queue: str, pid: int | None,
-             info: dict[str, Any], alive: bool = True, engines: tuple[str, ...] | None = None) -> None:
+             info: dict[str, Any], alive: bool = True, engines: tuple[str, ...] | None = None,
+             nvml: JsonObject | None = None) -> None:
     """Insert or refresh a worker's row; `alive` says it consumes from now on, `engines` what its
-    device runs (kept when not given). A device that was out (its worker refused it) and whose
-    worker now starts consuming is back: a `device.back` webhook, in the same transaction."""
+    device runs (kept when not given), `nvml` what NVML says of its GPU now. A device that was
+    out (its worker refused it) and whose worker now starts consuming is back: a `device.back`
+    webhook, in the same transaction."""
     now = utcnow()
     with session_scope(url) as session:
         row = session.get(WorkerBeat, name) or WorkerBeat(name=name)
@@ -36,9 +42,10 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
         if alive and was.get("refused"):  # out until now: its worker took it again
             outbox.emit(session, "device.back", {"device": {
                 "worker": name, "node": node, "device": device, "out_reason": was["refused"],
-                "out_since": was.get("refused_at"), "back_at": iso(now)}})
+                "out_since": was.get("refused_at"), "back_at": iso(now), NVML_KEY: nvml}})
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
-        row.info = {k: v for k, v in (info or row.info or {}).items() if k not in REFUSAL_KEYS}
+        row.info = {k: v for k, v in (info or row.info or {}).items()
+                    if k not in (*REFUSAL_KEYS, NVML_KEY)} | ({NVML_KEY: nvml} if nvml else {})
         if engines is not None:
             row.engines = ",".join(engines)
         row.started_at, row.last_seen, row.current_job = now, now if alive else None, None
@@ -46,14 +53,17 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
 
 
 @db_retry
-def beat(url: str, name: str, current_job: int | None) -> bool:
+def beat(url: str, name: str, current_job: int | None, nvml: JsonObject | None = None) -> bool:
     """Refresh the worker's heartbeat and its running job's, in one transaction (a fleet of 1,000
-    devices beats 500 times a second); False when that job is not running on this worker any
-    more (finished, or failed or cancelled by the reconciler)."""
+    devices beats 500 times a second), with what NVML says of its GPU when that changed (`nvml`,
+    else None: no read of the row); False when that job is not running on this worker any more
+    (finished, or failed or cancelled by the reconciler)."""
     now = utcnow()
     with session_scope(url) as session:
         session.execute(update(WorkerBeat).where(WorkerBeat.name == name)
                         .values(last_seen=now, current_job=current_job))
+        if nvml is not None and (row := session.get(WorkerBeat, name)) is not None:
+            row.info = {**(row.info or {}), NVML_KEY: nvml}
         if current_job is None:
             return True
         return bool(rowcount(session.execute(
@@ -77,7 +87,7 @@ def refuse(url: str, name: str, reason: str) -> None:
             if since is None:  # out now, not a refusal again of a device out already
                 outbox.emit(session, "device.out", {"device": {
                     "worker": name, "node": row.node, "device": row.device, "reason": reason,
-                    "since": row.info["refused_at"]}})
+                    "since": row.info["refused_at"], NVML_KEY: info.get(NVML_KEY)}})
 
 
 def health(alive: bool, info: Mapping[str, Any] | None) -> tuple[Health, str | None, str | None]:

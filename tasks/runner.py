@@ -210,18 +210,25 @@ def _redirect(s: Settings, job: JobContext, queue: str) -> Delivery:
     return Delivery.REDIRECTED
 
 
+# The claimed job each worker runs now, by worker name: what NVML's verdict, heard by the
+# heartbeat's thread, queues again (`_gpu_fault`).
+_RUNNING: dict[str, JobContext] = {}
+
+
 def _run(w: Worker, job: JobContext, body: Body) -> Delivery:
     """Run the claimed job's body inside its worker's middleware, and record its outcome."""
     assert job.fence is not None  # set by the claim
     run = Run(job.id, job.parent_id, w.settings, w.heartbeat, job.fence.attempt, job.fence.worker,
               tuple(job.devices or [job.device]))
     started: list[Middleware] = []
+    _RUNNING[w.at.worker] = job
     try:
         for layer in w.middleware:
             layer.before(run)
             started.append(layer)  # a `before` that raises: its own `after` is not called
         return _outcome_of(w, job, body)
     finally:
+        _RUNNING.pop(w.at.worker, None)
         _after(tuple(started), run)  # every middleware whose `before` ran gets its `after`
 
 
@@ -344,6 +351,23 @@ def _probe_first_when_idle() -> None:
 
 
 heartbeat.on_idle.append(_probe_first_when_idle)
+
+
+def _gpu_fault(why: str) -> None:
+    """From the heartbeat's thread, when NVML says this worker's GPU must go out (a critical
+    Xid, a pending row remap, uncorrectable ECC errors): an idle worker takes its device out; a
+    running job goes back to its queue as after any device fault (no attempt used; fenced, so
+    the attempt still running can write nothing after) and the device goes out at once. A
+    delivery between its claim and its body returns here: the next beat asks again."""
+    w = this_worker()
+    if DELIVERY.acquire(blocking=False):  # no delivery: nothing to queue again
+        take_out(w, f"{w.at.device}: {why}")
+    if (job := _RUNNING.get(w.at.worker)) is not None and job.fence is not None:
+        _device_failed(w, job, job.fence, DeviceFault(why, (w.at.device,)))
+        take_out(w, w.faults[-1])
+
+
+heartbeat.on_fault.append(_gpu_fault)
 
 
 def take_out(w: Worker, why: str) -> None:

@@ -9,6 +9,7 @@ from celery import signals
 from mxq.workers.broker.app import app
 from mxq.workers.fleet import heartbeat
 
+signals.worker_init.connect(heartbeat.refuse_unclear, weak=False)
 signals.worker_ready.connect(heartbeat.start, weak=False)
 signals.worker_shutdown.connect(heartbeat.stop, weak=False)
 

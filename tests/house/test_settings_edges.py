@@ -78,7 +78,7 @@ def test_no_job_body_reads_the_process_settings() -> None:
 # again with the settings passed in).
 WORKERS_EDGES = {
     "workers/broker/app.py": {"<module>"},  # the process-wide app's config, read when first used
-    "workers/fleet/heartbeat.py": {"start"},  # worker_ready
+    "workers/fleet/heartbeat.py": {"start", "refuse_unclear"},  # worker_ready, worker_init
     "workers/control.py": {"tick_task", "reconcile_task", "retention_task", "fire_task",
                            "hooks_task", "openlineage_task"},  # its tasks
     "workers/jobs/kinds/params.py": {"at_most"},  # no limits in the context

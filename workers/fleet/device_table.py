@@ -5,7 +5,9 @@ never started, or whose worker row is gone) gets a row of its own, `offline: tru
 waiting for nobody shows in `mxq devices`, the API and `/metrics`. Every row says how long its
 oldest queued job has waited (`oldest_wait_seconds`), and its device's `health` ("healthy",
 "out": its worker refused it, with `out_reason` and `out_since`, or "offline":
-`mxq.db.fleet.health`)."""
+`mxq.db.fleet.health`). A GPU worker's heartbeat reads its GPU through NVML: its row's `nvml` says
+what it read (`health`, `reason`, ECC, row remaps, clock event reasons, Xids), and its memory
+figures are NVML's live ones instead of nvidia-smi's when the worker was planned."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def device_table(s: Settings) -> list[JsonObject]:
     rows: list[JsonObject] = [{**r, "leased_by": held.get((r["node"], r["device"])),
              "samples_per_sec": rates.get((r["node"], r["device"])), "offline": False,
              "oldest_wait_seconds": _age(waiting.get(r["queue"]), now),
-             **_health(r)} for r in records]
+             **_health(r), **_live_memory(r)} for r in records]
     return rows + offline_rows(waiting, {r["queue"] for r in records}, now)
 
 
@@ -52,6 +54,15 @@ def _health(record: JsonObject) -> JsonObject:
     `refused_at`, is spread into it)."""
     state, reason, since = health(bool(record["alive"]), record)
     return {"health": state, "out_reason": reason, "out_since": since}
+
+
+def _live_memory(record: JsonObject) -> JsonObject:
+    """`memory_used_mib` and `memory_total_mib` as NVML read them at the worker's last stored
+    beat, where it did (else nothing: nvidia-smi's figures at planning stay)."""
+    read = record.get("nvml")
+    if not isinstance(read, dict) or read.get("memory_used_mib") is None:
+        return {}
+    return {"memory_used_mib": read["memory_used_mib"], "memory_total_mib": read.get("memory_total_mib")}
 
 
 def _age(entry: tuple[int, datetime] | None, now: datetime) -> float | None:

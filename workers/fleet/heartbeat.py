@@ -1,22 +1,29 @@
 """The heartbeat a device worker process writes: it is how routing knows the device is live.
 
 Started on Celery's `worker_ready` (the worker consumes from then on) and cleared on shutdown;
-`mxq.workers.celery` connects `start` and `stop` to those signals.
-A thread keeps beating while the solo pool's main thread runs a long job.
+`mxq.workers.celery` connects `start` and `stop` to those signals, and `refuse_unclear` to
+`worker_init`. A thread keeps beating while the solo pool's main thread runs a long job.
+A GPU worker's beat also reads its GPU through NVML (`mxq.workers.fleet.nvml`), stores what it
+read in its row's info (`nvml`) when it changed, and hands a reason NVML gives to take the
+device out to the task layer (`on_fault`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 from mxq.db import fleet
 from mxq.device import Device
+from mxq.json_types import JsonObject
 from mxq.workers.broker.queues import device_queue, worker_name
+from mxq.workers.fleet import nvml
 from mxq.workers.hardware.devices import engines_for
+from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
 from mxq.workers.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -28,6 +35,10 @@ STUCK_EXIT = 75
 # Called at each beat while the worker runs no job: the task layer adds what an idle worker does
 # on its own (tasks.inference.device_memory gives back device memory while its device is leased).
 on_idle: list[Callable[[], None]] = []
+# Called with why when NVML says the worker's GPU must go out (`mxq.workers.fleet.gpu_health`):
+# the task layer takes it out as a device fault, the job it runs queued again without an attempt
+# (tasks.runner). Such a hook ends the process; one that returns is asked again at the next beat.
+on_fault: list[Callable[[str], None]] = []
 
 
 class Heartbeat:
@@ -35,8 +46,12 @@ class Heartbeat:
     from it (failed for no progress, or cancelled by the reconciler) while its thread stays in it
     longer than `stuck_after` seconds: a read blocked for good frees its device only so."""
 
-    def __init__(self, url: str, name: str, interval: float, stuck_after: float = 120.0) -> None:
+    def __init__(self, url: str, name: str, interval: float, stuck_after: float = 120.0,
+                 gpu: nvml.Nvml | None = None) -> None:
         self.url, self.name, self.interval, self.stuck_after = url, name, interval, stuck_after
+        self.gpu = gpu
+        self._written: JsonObject | None = None  # NVML's reading as last stored
+        self._faulting = threading.Lock()  # one hand-over to `on_fault` at a time
         self.current_job: int | None = None
         self._lost: tuple[int, float] | None = None  # (job, when it was first seen not ours)
         self._stop = threading.Event()
@@ -48,7 +63,11 @@ class Heartbeat:
 
     def beat(self) -> None:
         job = self.current_job
-        ours = fleet.beat(self.url, self.name, job)
+        reading = self._read_gpu()
+        changed = reading if reading != self._written else None
+        ours = fleet.beat(self.url, self.name, job, changed)
+        self._written = reading or self._written
+        self._hand_fault()
         if job is None and self._idling.acquire(blocking=False):
             # In a thread of its own: a hook blocked on a broker that does not answer (paused,
             # partitioned) must never hold the beats back, or the worker would look dead.
@@ -63,6 +82,35 @@ class Heartbeat:
                       "not come back from it in %.0f s (MXQ_CANCEL_GRACE_SECONDS): exiting so "
                       "that the launcher starts a fresh worker", job, job, self.stuck_after)
             os._exit(STUCK_EXIT)
+
+    def _read_gpu(self) -> JsonObject | None:
+        """What NVML says of the GPU now; None without NVML. A reader that breaks (a pynvml this
+        code does not know) is dropped, said once, and never costs the beat."""
+        if self.gpu is None:
+            return None
+        try:
+            return self.gpu.read()
+        except Exception:
+            log.exception("NVML: reading %s failed; not read again by this worker", self.gpu.label)
+            self.gpu = None
+            return None
+
+    def _hand_fault(self) -> None:
+        """NVML gave a reason to take the device out: the task layer's hooks, in a thread of
+        their own (a broker that does not answer must not hold the beats back)."""
+        why = self.gpu.fault if self.gpu is not None else None
+        if why and self._faulting.acquire(blocking=False):
+            threading.Thread(target=self._fault, args=(why,), name="mxq-gpu-fault", daemon=True).start()
+
+    def _fault(self, why: str) -> None:
+        try:
+            for hook in on_fault:
+                hook(why)
+            log.error("NVML: %s: %s (no hook took the device out yet)", self.name, why)
+        except Exception:
+            log.exception("taking the device out failed (%s); asking again at the next beat", why)
+        finally:
+            self._faulting.release()
 
     def _idle_once(self) -> None:
         try:
@@ -102,9 +150,11 @@ def start(**_: object) -> None:
         return
     spec = Device.parse(s.device)
     name = worker_name(s.node, spec.kind, spec.index)
+    gpu = nvml.open_gpu(spec.kind, s.cuda_visible_devices, s.device)
     fleet.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
-                   os.getpid(), {}, engines=engines_for(spec.kind, s.mxnet_unusable))
-    current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds)
+                   os.getpid(), {}, engines=engines_for(spec.kind, s.mxnet_unusable),
+                   nvml=gpu.read() if gpu is not None else None)
+    current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds, gpu)
     current.start()
     log.info("%s is live on %s", name, s.device)
 
@@ -113,3 +163,19 @@ def stop(**_: object) -> None:
     """At `worker_shutdown`: stop beating and mark the worker dead."""
     if current is not None:
         current.stop()
+
+
+def refuse_unclear(**_: object) -> None:
+    """At `worker_init`, before consuming: a GPU NVML says is not clear (a row remap or retired
+    pages pending, uncorrectable ECC errors) is refused, so the launcher's probe cannot return it
+    to service on a small matmul it may well pass; it is probed again later, as any refusal."""
+    s = get_settings()
+    if s.device is None:
+        return
+    gpu = nvml.open_gpu(Device.parse(s.device).kind, s.cuda_visible_devices, s.device)
+    why = gpu.sticky() if gpu is not None else None
+    if why:
+        problem = f"worker for {s.device}: {why}; it stays out until NVML says it is clear"
+        log.error("refusing to start: %s", problem)
+        print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)
+        os._exit(REFUSED_EXIT)
