@@ -238,6 +238,19 @@ def _with_job(s: Settings, bare: Mapping[str, Callable[[], float]], params: dict
     return figures, max(jobs, key=rate)
 
 
+def fixed_costs(job: JobRecord) -> dict[str, float | None]:
+    """What the job's start and end cost (its result's `fixed_costs`, seconds)."""
+    return dict((job["result"] or {})["fixed_costs"])
+
+
+def from_claim(job: JobRecord) -> float:
+    """The job's samples/s with its start counted: its rate covers its batches and last flush
+    only, from when its engine was ready."""
+    costs = fixed_costs(job)
+    start = (costs["model_load"] or 0.0) + (costs["variant_check"] or 0.0)
+    return job["samples"] / (job["samples"] / rate(job) + start)
+
+
 def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict[str, float]:
     """The stored predictions against MXNet's own on the same input, AGREEMENT_ROWS at a time
     (the MLP's input holds millions of samples)."""
@@ -287,6 +300,8 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
     fp32 = {"arch": arch, "shape": list(shape), "batch_size": batch, "samples": samples,
             "cores": cores, "bare": bare, "faster_bare": faster, "mxq_auto": rate(job),
             "mxq_auto_sql": rate(rows), "first_job": rate(first),
+            "fixed_costs": {"first_job": fixed_costs(first), "fp32_job": fixed_costs(job),
+                            "sql_job": fixed_costs(rows)},
             "engine": result["engine"], "engine_reason": result["engine_reason"],
             "onnx": model["onnx"], "ratio_fp32": rate(job) / bare[faster],
             "flops_per_sample": flops_per_sample((model["onnx"] or {})["file"], shape),
@@ -328,7 +343,8 @@ def _precision(s: Settings, arch: str, path: Path, batch: int, cores: list[int],
               for v in VARIANTS}
     return {"bare": bare, **checks, "best_bare": best, "mxq_precision": rate(job),
             "precision": result["precision"], "precision_reason": result["precision_reason"],
-            "ratio": rate(job) / bare[best]}
+            "ratio": rate(job) / bare[best], "precision_fixed_costs": fixed_costs(job),
+            "mxq_precision_from_claim": from_claim(job)}
 
 
 def run(scale: float = 1.0, epochs: int = 3, rounds: int = ROUNDS, root: Path | None = None,

@@ -399,6 +399,7 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
                 + f" on {m['int8']['held_out']} held-out samples; {m['flops_per_sample'] / 1e6:,.2f} "
                 f"MFLOP/sample, {against_peak(m, peak)} ({peak['cores']} cores x "
                 f"{peak['ghz']:.2f} GHz x {peak['flops_per_cycle']} FLOP/cycle); cores {m['cores']}"
+                f"; {_fixed_costs(m)}"
                 for m in r["models"]]
     if case == "objects":
         return [f"- {r['samples']:,} samples ({r['input_mib']:,.0f} MiB), batch {r['batch_size']}; "
@@ -439,6 +440,21 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- backlog {r['backlog']} jobs of {r['samples']:,} samples (about {r['job_seconds']:g} s)"
                 f"; delays (s) without preemption {delays['no_preemption']}; with {delays['preemption']}"]
     return []
+
+
+def _fixed_costs(m: dict[str, Any]) -> str:
+    """An engines case model's fixed costs per job (its result's `fixed_costs`), as a clause."""
+    def shown(c: dict[str, Any]) -> str:
+        return ", ".join(f"{k.replace('_', ' ')} {'n/a' if v is None else f'{v:.3f}'}"
+                         for k, v in c.items())
+
+    costs = m.get("fixed_costs")
+    if not costs:
+        return "no fixed costs recorded"
+    return (f"fixed costs (s): first job (model not cached, engines measured): {shown(costs['first_job'])}"
+            f"; fp32 job (model cached): {shown(costs['fp32_job'])}; the --precision auto job: "
+            f"{shown(m['precision_fixed_costs'])}, its rate with its start counted "
+            f"{m['mxq_precision_from_claim']:,.0f} samples/s")
 
 
 def against_peak(m: dict[str, Any], peak: dict[str, Any]) -> str:

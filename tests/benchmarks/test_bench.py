@@ -155,4 +155,8 @@ def test_the_engines_case_measures_variants_and_the_distance_to_peak(tmp_path: P
         if m["trained_on"]:  # trained on labeled data: the variants' accuracy beside float32's
             assert set(m["int8"]["accuracy"]) == {"fp32", "int8"} and m["val_accuracy"] is not None
         assert m["flops_per_sample"] > 0 and m["gflops"] > 0
-    assert "GFLOP/s" in (out / "report.md").read_text()
+        costs = [*m["fixed_costs"].values(), m["precision_fixed_costs"]]
+        assert all(c["claim_to_first_batch"] >= c["model_load"] >= 0 for c in costs)
+        assert 0 < m["mxq_precision_from_claim"] < m["mxq_precision"]
+    report = (out / "report.md").read_text()
+    assert "GFLOP/s" in report and "fixed costs (s): first job" in report
