@@ -248,7 +248,8 @@ def from_claim(job: JobRecord) -> float:
     only, from when its engine was ready."""
     costs = fixed_costs(job)
     start = (costs["model_load"] or 0.0) + (costs["variant_check"] or 0.0)
-    return job["samples"] / (job["samples"] / rate(job) + start)
+    samples = job["samples"] or 0
+    return samples / (samples / rate(job) + start)
 
 
 def _agreement(s: Settings, job_id: int, model: ModelRecord, path: Path) -> dict[str, float]:
