@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, cast
 
 import numpy as np
@@ -110,7 +112,7 @@ def add(session: Session, rows: list[Row]) -> None:
 
 
 def _insert(conn: Connection, rows: list[Row]) -> None:
-    """COPY on PostgreSQL, a driver-level executemany elsewhere.
+    """COPY on PostgreSQL, a driver-level executemany of multi-row INSERTs elsewhere.
 
     Both skip per-value ORM processing, which on a busy worker costs more CPU than the model.
     """
@@ -121,14 +123,31 @@ def _insert(conn: Connection, rows: list[Row]) -> None:
                 f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
-    else:
-        marks = ", ".join([_MARK[conn.dialect.paramstyle]] * len(COLUMNS))
-        # Column names and placeholders are constants; every value is a bound parameter.
-        conn.exec_driver_sql(f"INSERT INTO predictions ({', '.join(COLUMNS)}) VALUES ({marks})",  # noqa: S608
-                             rows)
+        return
+    mark = _MARK[conn.dialect.paramstyle]
+    whole, rest = divmod(len(rows), ROWS_PER_INSERT)
+    values = list(chain.from_iterable(rows))
+    width = ROWS_PER_INSERT * len(COLUMNS)
+    if whole:
+        conn.exec_driver_sql(_insert_sql(mark, ROWS_PER_INSERT),
+                             [tuple(values[i:i + width]) for i in range(0, whole * width, width)])
+    if rest:
+        conn.exec_driver_sql(_insert_sql(mark, rest), tuple(values[whole * width:]))
 
 
+# Rows per INSERT statement on SQLite: one statement per row spent most of a flush binding and
+# stepping statements (551,000 rows/s in a bare loop); a hundred rows per statement stored
+# 1,970,000 rows/s. 100 rows x 5 columns stays under SQLite's oldest bound of 999 variables.
+ROWS_PER_INSERT = 100
 _MARK = {"qmark": "?", "format": "%s", "pyformat": "%s", "numeric": "?"}
+
+
+@functools.cache
+def _insert_sql(mark: str, rows: int) -> str:
+    """INSERT of `rows` predictions in one statement; column names and placeholders are
+    constants, every value a bound parameter."""
+    row = f"({', '.join([mark] * len(COLUMNS))})"
+    return f"INSERT INTO predictions ({', '.join(COLUMNS)}) VALUES {', '.join([row] * rows)}"  # noqa: S608
 
 
 def count(url: str, job_id: int) -> int:
