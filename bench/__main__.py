@@ -6,7 +6,7 @@ Writes OUT/report.md (machine, date, aim vs measured with pass/miss, one section
 OUT/*.png (matplotlib plots) and OUT/results.json (every figure). Each case runs on a stack of
 its own (embedded Redis + SQLite in a fresh home under OUT/tmp, removed afterwards unless the
 case failed). Cases: inference, objects (the inference case from a bucket), scaling, dispatch,
-batching, writes, training, memory, engines, fleet, sharing.
+batching, writes, training, memory, engines, fleet, sharing, webhooks, sqlrows.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                        "history": 10_000_000, "heartbeat": 5.0, "reconcile_every": 30.0,
                        "drain": False}},
     "webhooks": {"quick": {"deliveries": 200}, "full": {"deliveries": 4_000}},
+    "sqlrows": {"quick": {"samples": 20_000, "rounds": 1}, "full": {"samples": 400_000, "rounds": 3}},
 }
 CASES = list(SIZES)
 
@@ -60,14 +61,14 @@ RUNNERS = {"inference": ("bench.infer_overhead", "run_inference"),
            "training": ("bench.train_overhead", "run"), "writes": ("bench.writes", "run"),
            "engines": ("bench.engines", "run"), "fleet": ("bench.fleet.case", "run"),
            "sharing": ("bench.sharing", "run"), "objects": ("bench.object_storage", "run"),
-           "webhooks": ("bench.webhook_rate", "run")}
+           "webhooks": ("bench.webhook_rate", "run"), "sqlrows": ("bench.outputs.sql_rows", "run")}
 
 
 def _runner(case: str, postgres: str | None) -> Callable[..., dict[str, Any]]:
-    """The case's function (the PostgreSQL URL goes to the writes and fleet cases)."""
+    """The case's function (the PostgreSQL URL goes to the writes, sqlrows and fleet cases)."""
     module, name = RUNNERS[case]
     run = getattr(importlib.import_module(module), name)
-    return (lambda **kw: run(postgres=postgres, **kw)) if case in ("writes", "fleet") else run
+    return (lambda **kw: run(postgres=postgres, **kw)) if case in ("writes", "sqlrows", "fleet") else run
 
 
 def parse_only(value: str) -> list[str]:
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"run only these cases, of: {', '.join(CASES)}")
     ap.add_argument("--out", type=Path, default=Path("var/bench"), help="report folder")
     ap.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test",
-                    help="server for the writes case's scratch database and the fleet case's "
-                    "history database ('' to skip the writes case's PostgreSQL leg)")
+                    help="server for the writes and sqlrows cases' scratch databases and the fleet "
+                    "case's history database ('' to skip their PostgreSQL legs)")
     args = ap.parse_args(argv)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

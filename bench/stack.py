@@ -64,9 +64,9 @@ def running_stack(cpu_devices: int = 1, node: str = "bench", root: Path | None =
         # pydantic parses each value as the environment's would be
         fields: dict[str, Any] = {k.removeprefix("MXQ_").lower(): v for k, v in extra.items()
                                   if k.startswith("MXQ_")}
+        fields = {"broker_url": None, "database_url": None, **fields}  # embedded unless `env` says
         settings = Settings(home=home, node=node, cpu_devices=cpu_devices, data_root=home,
-                            nvidia_smi=str(home / "none"), broker_url=None, database_url=None,
-                            **fields)
+                            nvidia_smi=str(home / "none"), **fields)
         redis = EmbeddedRedis(home)
         redis.start()
         upgrade(settings.database)

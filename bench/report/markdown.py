@@ -22,6 +22,7 @@ AIMS: dict[str, tuple[str, float]] = {
     "sharing": ("<=", 1.0),  # each figure over its aim (_sharing_checks)
     "objects": (">=", 0.8),  # issue 33: from a bucket at least 0.8 of the local file's samples/s
     "webhooks": (">=", 1.0),  # issue 58: at least WEBHOOK_FLOOR deliveries a second
+    "sqlrows": (">=", 0.5),  # issue 61: SQL rows at half the .npy rate or more
 }
 WEBHOOK_FLOOR = 50.0
 EMBEDDING_AIM = (">=", 0.9)  # issue 48: the inference case's embedding job against its bare loop
@@ -39,9 +40,15 @@ TITLES = {
     "fleet": "Fleet: 10 to 1,000 simulated devices on one Redis and one PostgreSQL",
     "sharing": "Sharing: an urgent job on devices saturated by low-priority work, and a preemption's cost",
     "webhooks": "Webhooks: the sender's deliveries/s vs bare POSTs, to endpoints that answer at once",
+    "sqlrows": "SQL rows: the MLP's `mxq infer --output db` vs the same job's `--output npy`",
 }
 
 ABOUT = {
+    "sqlrows": "The engines case's MLP (256 inputs, batch 512, `--engine auto`), the fastest model "
+    "and so the one whose job its rows' writes bound, over one input on a stack of its own per "
+    "backend (the embedded SQLite; a scratch PostgreSQL database): an `--output npy` job and an "
+    "`--output db` job alternate, each side's best rate counts. Rates cover a job's batches and "
+    "writes, not its start (its result's `fixed_costs`).",
     "webhooks": "N `job.failed` events for two endpoints on a loopback HTTP server that answers 200 "
     "at once, delivered by the schedule process's sender (`send_due`: 8 threads, each claiming "
     "the next due outbox row in SQL, checking and resolving the endpoint, signing, POSTing on a "
@@ -184,7 +191,7 @@ def _check(check: str, unit: str, base_label: str, base: float | None, label: st
 def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
     """The report rows of one case's result."""
     own = {"fleet": fleet_report.checks, "sharing": _sharing_checks,  # aims of their own
-           "objects": _objects_checks, "webhooks": _webhook_checks}.get(case)
+           "objects": _objects_checks, "webhooks": _webhook_checks, "sqlrows": _sql_rows_checks}.get(case)
     if own is not None:
         return own(r)
     if case == "engines":
@@ -440,6 +447,21 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return [f"- backlog {r['backlog']} jobs of {r['samples']:,} samples (about {r['job_seconds']:g} s)"
                 f"; delays (s) without preemption {delays['no_preemption']}; with {delays['preemption']}"]
     return []
+
+
+def _sql_rows_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_sql_rows_check(r[key], name) for key, name in (("sqlite", "SQLite"),
+                                                           ("postgresql", "PostgreSQL"))]
+
+
+def _sql_rows_check(j: dict[str, Any], name: str) -> dict[str, Any]:
+    """One backend's row of the sqlrows case: the SQL-rows job against the `.npy` one."""
+    label = f"MLP samples/s, SQL rows, {name}"
+    if "skipped" in j:
+        return {**_check(label, "samples/s", "--output npy", None, "--output db", None, None,
+                         "sqlrows"), "pass": None, "skipped": j["skipped"]}
+    return _check(label, "samples/s", "--output npy", j["npy"], "--output db", j["db"], j["ratio"],
+                  "sqlrows")
 
 
 def _fixed_costs(m: dict[str, Any]) -> str:

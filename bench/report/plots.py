@@ -126,6 +126,12 @@ def _single_axis(a: Axes, case: str, r: dict[str, Any]) -> None:
         _grouped(a, groups, {"bare bulk insert": [r[k]["bare"] for k in keys],
                              "predictions.write": [r[k]["mxq"] for k in keys]}, "rows/s")
         a.set_title(f"{r['rows']:,} rows in batches of {r['batch']:,}", fontsize=10)
+    elif case == "sqlrows":
+        keys = [k for k in ("sqlite", "postgresql") if "ratio" in r[k]]
+        _grouped(a, [{"sqlite": "SQLite", "postgresql": "PostgreSQL"}[k] for k in keys],
+                 {"--output npy": [r[k]["npy"] for k in keys],
+                  "--output db": [r[k]["db"] for k in keys]}, "samples/s")
+        a.set_title(f"MLP, {r['samples']:,} samples, batch {r['batch_size']}", fontsize=10)
     elif case == "training":
         rows = [(f"{name}, {k} dev", d) for name, _, cases in training_cases(r)
                 for k, d in cases.items()]

@@ -179,7 +179,8 @@ class Prediction(Base):
 
     __tablename__ = "predictions"
 
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    # no foreign key: its check per row bounded COPY (migration 0037 says why none is needed)
+    job_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     predicted_class: Mapped[int]
     score: Mapped[float] = mapped_column(Float)

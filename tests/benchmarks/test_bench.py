@@ -160,3 +160,19 @@ def test_the_engines_case_measures_variants_and_the_distance_to_peak(tmp_path: P
         assert 0 < m["mxq_precision_from_claim"] < m["mxq_precision"]
     report = (out / "report.md").read_text()
     assert "GFLOP/s" in report and "fixed costs (s): first job" in report
+
+
+@pytest.mark.slow
+def test_the_sqlrows_case_runs_the_mlp_to_sql_rows_and_to_npy_on_both_backends(tmp_path: Path) -> None:
+    """Issue 61: the MLP's SQL-rows job against its `.npy` job, on SQLite and on PostgreSQL (in
+    CI both), each a check of its own with the aim 0.5 (the ratio not judged)."""
+    out, case = _quick_case(tmp_path, "sqlrows")
+    result = case["result"]
+    legs = ["sqlite", "postgresql"] if os.environ.get("CI") or "ratio" in result["postgresql"] \
+        else ["sqlite"]
+    for leg in legs:
+        r = result[leg]
+        assert r["npy"] > 0 and r["db"] > 0 and r["ratio"] == pytest.approx(r["db"] / r["npy"])
+    assert [c["aim"] for c in case["checks"]] == [">= 0.5", ">= 0.5"]
+    assert "MLP samples/s, SQL rows, PostgreSQL" in (out / "report.md").read_text()
+    assert (out / "sqlrows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -123,3 +123,24 @@ def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
         sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'jobs'")).scalar_one()
         assert "AUTOINCREMENT" in sql
         assert conn.execute(text("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'")).scalar() == 7
+
+
+def test_0037_keeps_predictions_and_drops_their_job_check(tmp_path: Path) -> None:
+    """The rebuilt table holds the rows it held; a row no job's transaction fenced is now the
+    writers' to prevent, not a trigger's (migration 0037)."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0036")
+    with get_engine(url).begin() as conn:
+        conn.execute(text("INSERT INTO jobs (id, kind, status, params, requested_device, queue, "
+                          "submitted_at, progress, attempts) VALUES (7, 'infer', 'succeeded', '{}', "
+                          "'auto', 'q', '2026-01-01 00:00:00', 1, 1)"))
+        conn.execute(text("INSERT INTO predictions (job_id, idx, predicted_class, score) VALUES "
+                          "(7, 0, 3, 0.5), (7, 1, 4, 0.25)"))
+    assert upgrade(url, "0037") == ["0037"]
+    with get_engine(url).begin() as conn:
+        rows = conn.execute(text("SELECT job_id, idx, predicted_class, score FROM predictions "
+                                 "ORDER BY idx")).all()
+        assert [tuple(r) for r in rows] == [(7, 0, 3, 0.5), (7, 1, 4, 0.25)]
+        assert conn.execute(text("PRAGMA foreign_key_list(predictions)")).all() == []
+        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'predictions'")).scalar_one()
+        assert "PRIMARY KEY (job_id, idx)" in sql

@@ -1,0 +1,1 @@
+"""Benchmarks of where a job's predictions go."""
