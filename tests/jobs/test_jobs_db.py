@@ -63,6 +63,23 @@ def test_the_migration_connection_is_not_reused(stack: Stack) -> None:
     assert jobs.create_job(stack.settings.database, "probe", {}, "auto", "pool.cpu") > 0
 
 
+@pytest.mark.parametrize("top_k", [False, True, "mixed"])
+def test_prediction_rows_are_stored_as_written_in_every_shape(stack: Stack, top_k: bool | str) -> None:
+    """SQLite's multi-row INSERTs (whole statements of ROWS_PER_INSERT rows, then the rest; the
+    top_k column left out where no row has top-k) and PostgreSQL's COPY store each row as given."""
+    url, job = stack.settings.database, _new(stack)
+    n = 2 * predictions.ROWS_PER_INSERT + 37
+
+    def top(i: int) -> str | None:
+        return f"[[{i % 10}, 0.5]]" if top_k is True or (top_k == "mixed" and i % 3 == 0) else None
+    rows = [(job, i, i % 10, i / n, top(i)) for i in range(n)]
+    predictions.write(url, rows)
+    stored = predictions.read(url, job)
+    assert [(job, r["index"], r["predicted_class"], r["score"]) for r in stored] == [r[:4] for r in rows]
+    assert [r["top_k"] for r in stored] == [None if r[4] is None else [[r[1] % 10, 0.5]]
+                                             for r in rows]
+
+
 def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
     url = stack.settings.database
     job_id = _new(stack)
