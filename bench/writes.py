@@ -140,21 +140,35 @@ def run(rows: int = 500_000, rounds: int = 3, postgres: str | None = POSTGRES,
 
             get_engine(url).dispose()
     _show("SQLite", result["sqlite"], "executemany")
-    why = postgres_reachable(postgres) if postgres else "not asked (--postgres '')"
-    if why is None and postgres:
-        with scratch_postgres(postgres) as url:
-            upgrade(url)
-            bare, close = postgres_bare(url)
-            try:
-                result["postgresql"] = measure(url, bare, rows, rounds)
-            finally:
-                close()
-        _show("PostgreSQL", result["postgresql"], "COPY")
-    else:
-        result["postgresql"] = {"skipped": f"no PostgreSQL at {postgres}: {why}"}
-        print(f"  PostgreSQL: skipped: no PostgreSQL at {postgres}: {why}")
-    result["ratio"] = min(r["ratio"] for r in (result["sqlite"], result["postgresql"]) if "ratio" in r)
+
+    def on_postgres(url: str) -> dict[str, Any]:
+        upgrade(url)
+        bare, close = postgres_bare(url)
+        try:
+            measured = measure(url, bare, rows, rounds)
+        finally:
+            close()
+        _show("PostgreSQL", measured, "COPY")
+        return measured
+
+    result["postgresql"] = postgres_leg(postgres, on_postgres)
+    result["ratio"] = lowest_ratio(result)
     return result
+
+
+def postgres_leg(postgres: str | None, measure: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """`measure(url)` on a scratch database of `postgres`, or why that leg was skipped."""
+    why = postgres_reachable(postgres) if postgres else "not asked (--postgres '')"
+    if why is not None or not postgres:
+        print(f"  PostgreSQL: skipped: no PostgreSQL at {postgres}: {why}")
+        return {"skipped": f"no PostgreSQL at {postgres}: {why}"}
+    with scratch_postgres(postgres) as url:
+        return measure(url)
+
+
+def lowest_ratio(result: dict[str, Any]) -> float:
+    """The case's ratio: its SQLite leg's or its PostgreSQL leg's, whichever is lower."""
+    return float(min(r["ratio"] for r in (result["sqlite"], result["postgresql"]) if "ratio" in r))
 
 
 def _show(name: str, r: dict[str, Any], bare: str) -> None:

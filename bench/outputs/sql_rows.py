@@ -19,7 +19,7 @@ from typing import Any
 from bench.engines import alternated
 from bench.infer_overhead import make_input
 from bench.stack import rate, running_stack, wait_job
-from bench.writes import POSTGRES, postgres_reachable, scratch_postgres
+from bench.writes import POSTGRES, lowest_ratio, postgres_leg
 from mxq.workers.settings import Settings
 
 ARCH, SHAPE, BATCH = "mlp", (256,), 512  # as the engines case's MLP
@@ -48,16 +48,15 @@ def run(samples: int = 400_000, rounds: int = 3, postgres: str | None = POSTGRES
     with running_stack(root=root, prefix="sqlrows-") as s:
         result["sqlite"] = _jobs(s, samples, rounds)
     _show("SQLite", result["sqlite"])
-    why = postgres_reachable(postgres) if postgres else "not asked (--postgres '')"
-    if why is None and postgres:
-        with scratch_postgres(postgres) as url, \
-                running_stack(root=root, prefix="sqlrows-pg-", env={"MXQ_DATABASE_URL": url}) as s:
-            result["postgresql"] = _jobs(s, samples, rounds)
-        _show("PostgreSQL", result["postgresql"])
-    else:
-        result["postgresql"] = {"skipped": f"no PostgreSQL at {postgres}: {why}"}
-        print(f"  PostgreSQL: skipped: no PostgreSQL at {postgres}: {why}")
-    result["ratio"] = min(r["ratio"] for r in (result["sqlite"], result["postgresql"]) if "ratio" in r)
+
+    def on_postgres(url: str) -> dict[str, Any]:
+        with running_stack(root=root, prefix="sqlrows-pg-", env={"MXQ_DATABASE_URL": url}) as s:
+            measured = _jobs(s, samples, rounds)
+        _show("PostgreSQL", measured)
+        return measured
+
+    result["postgresql"] = postgres_leg(postgres, on_postgres)
+    result["ratio"] = lowest_ratio(result)
     return result
 
 

@@ -108,15 +108,22 @@ def test_ids_are_never_reused_after_a_delete(isolated: Stack) -> None:
         assert conn.execute(text("SELECT max(id) FROM jobs")).scalar() == deleted + 1
 
 
-def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
+def _old_database(tmp_path: Path, revision: str, kind: str, *rows: str) -> str:
+    """A SQLite database at `revision` holding job 7 (of `kind`) and `rows` (INSERTs)."""
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    upgrade(url, "0009")
+    upgrade(url, revision)
     with get_engine(url).begin() as conn:
         conn.execute(text("INSERT INTO jobs (id, kind, status, params, requested_device, queue, "
-                          "submitted_at, progress, attempts) VALUES (7, 'probe', 'succeeded', '{}', "
+                          f"submitted_at, progress, attempts) VALUES (7, '{kind}', 'succeeded', '{{}}', "
                           "'auto', 'q', '2026-01-01 00:00:00', 1, 1)"))
-        conn.execute(text("INSERT INTO job_events (id, job_id, at, kind, message, data) VALUES "
-                          "(3, 7, '2026-01-01 00:00:00', 'requeued', 'm', '{}')"))
+        for row in rows:
+            conn.execute(text(row))
+    return url
+
+
+def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
+    url = _old_database(tmp_path, "0009", "probe", "INSERT INTO job_events (id, job_id, at, kind, "
+                        "message, data) VALUES (3, 7, '2026-01-01 00:00:00', 'requeued', 'm', '{}')")
     assert upgrade(url, "0010") == ["0010"]
     with get_engine(url).begin() as conn:
         assert conn.execute(text("SELECT job_id FROM job_events WHERE id = 3")).scalar() == 7
@@ -128,14 +135,8 @@ def test_0010_keeps_rows_and_their_references(tmp_path: Path) -> None:
 def test_0037_keeps_predictions_and_drops_their_job_check(tmp_path: Path) -> None:
     """The rebuilt table holds the rows it held; a row no job's transaction fenced is now the
     writers' to prevent, not a trigger's (migration 0037)."""
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    upgrade(url, "0036")
-    with get_engine(url).begin() as conn:
-        conn.execute(text("INSERT INTO jobs (id, kind, status, params, requested_device, queue, "
-                          "submitted_at, progress, attempts) VALUES (7, 'infer', 'succeeded', '{}', "
-                          "'auto', 'q', '2026-01-01 00:00:00', 1, 1)"))
-        conn.execute(text("INSERT INTO predictions (job_id, idx, predicted_class, score) VALUES "
-                          "(7, 0, 3, 0.5), (7, 1, 4, 0.25)"))
+    url = _old_database(tmp_path, "0036", "infer", "INSERT INTO predictions (job_id, idx, "
+                        "predicted_class, score) VALUES (7, 0, 3, 0.5), (7, 1, 4, 0.25)")
     assert upgrade(url, "0037") == ["0037"]
     with get_engine(url).begin() as conn:
         rows = conn.execute(text("SELECT job_id, idx, predicted_class, score FROM predictions "
