@@ -20,6 +20,7 @@ from bench.engines import alternated
 from bench.infer_overhead import make_input
 from bench.stack import rate, running_stack, wait_job
 from bench.writes import POSTGRES, lowest_ratio, postgres_leg
+from mxq.json_types import JsonObject
 from mxq.workers.settings import Settings
 
 ARCH, SHAPE, BATCH = "mlp", (256,), 512  # as the engines case's MLP
@@ -32,7 +33,7 @@ def _jobs(s: Settings, samples: int, rounds: int) -> dict[str, Any]:
 
     add_builtin(s, ARCH, ARCH, SHAPE, 10)
     path = make_input(s.home_path / f"{ARCH}.npy", samples, SHAPE)
-    params = {"model": ARCH, "input": str(path), "batch_size": BATCH, "engine": "auto"}
+    params: JsonObject = {"model": ARCH, "input": str(path), "batch_size": BATCH, "engine": "auto"}
     wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))  # measures the engines
 
     def job(output: str) -> float:

@@ -76,8 +76,8 @@ def test_prediction_rows_are_stored_as_written_in_every_shape(stack: Stack, top_
     predictions.write(url, rows)
     stored = predictions.read(url, job)
     assert [(job, r["index"], r["predicted_class"], r["score"]) for r in stored] == [r[:4] for r in rows]
-    assert [r["top_k"] for r in stored] == [None if r[4] is None else [[r[1] % 10, 0.5]]
-                                             for r in rows]
+    expected: list[object] = [None if r[4] is None else [[r[1] % 10, 0.5]] for r in rows]
+    assert [r["top_k"] for r in stored] == expected
 
 
 def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
