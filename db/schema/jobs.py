@@ -178,6 +178,9 @@ class Prediction(Base):
     """One sample's result; keyed by (job, index) so a redelivered chunk cannot duplicate it."""
 
     __tablename__ = "predictions"
+    # On SQLite the rows live in their key's own B-tree (no rowid table beside the key's index):
+    # one B-tree to write per row, not two (migration 0037)
+    __table_args__ = {"sqlite_with_rowid": False}
 
     # no foreign key: its check per row bounded COPY (migration 0037 says why none is needed)
     job_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)

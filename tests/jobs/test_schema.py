@@ -144,4 +144,4 @@ def test_0037_keeps_predictions_and_drops_their_job_check(tmp_path: Path) -> Non
         assert [tuple(r) for r in rows] == [(7, 0, 3, 0.5), (7, 1, 4, 0.25)]
         assert conn.execute(text("PRAGMA foreign_key_list(predictions)")).all() == []
         sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'predictions'")).scalar_one()
-        assert "PRIMARY KEY (job_id, idx)" in sql
+        assert "PRIMARY KEY (job_id, idx)" in sql and sql.rstrip().endswith("WITHOUT ROWID")

@@ -4,7 +4,8 @@ by PostgreSQL's referential trigger, which bounded an inference job's SQL rows (
 are written only in a transaction that first updates their job's row under the attempt's fence
 (`predictions.commit`, `batches.finish_batch`), and jobs are never deleted (retention deletes a
 job's rows, not the job). On SQLite the table is rebuilt without the constraint (a copy of its
-rows, once).
+rows, once), and WITHOUT ROWID: its rows kept in their key's B-tree, one B-tree written per row
+instead of a rowid table and the key's index.
 
 Revision ID: 0037
 """
@@ -24,7 +25,8 @@ def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.drop_constraint("predictions_job_id_fkey", "predictions", type_="foreignkey")
         return
-    with op.batch_alter_table("predictions", naming_convention=NAMING, recreate="always") as batch:
+    with op.batch_alter_table("predictions", naming_convention=NAMING, recreate="always",
+                              table_kwargs={"sqlite_with_rowid": False}) as batch:
         batch.drop_constraint("fk_predictions_job_id_jobs", type_="foreignkey")
 
 
