@@ -1,7 +1,7 @@
 """The watchdog of a hung device, unit by unit (issue 60, item 3): the bound a batch may run (the
 setting, or a multiple of the job's slowest batch), the watch armed only around device work, the
 heartbeat handing a check's reason on as NVML's, and a start check bounded in time. The whole
-path through real workers is tests/faults/test_device_hang.py."""
+path through real workers is test_device_hang.py."""
 
 from __future__ import annotations
 
