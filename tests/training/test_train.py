@@ -402,3 +402,19 @@ def test_a_childs_device_fault_is_judged_on_its_whole_error_and_a_fatal_signal_i
         _outcome(aborted.returncode, run_file(store, fence))
     with pytest.raises(JobFailed, match="exited with -9"):  # SIGKILL: the OOM killer's, say
         _outcome(-9, run_file(store, fence))
+
+
+def test_a_training_child_s_hang_report_is_a_fault_of_every_device_not_the_job_s(tmp_path: Path) -> None:
+    """Issue 60, item 3: the child's watch thread reports a batch stuck on the devices as a device
+    fault naming none of them (which of K hung is unknown: each is probed) and exits CHILD_HUNG."""
+    from mxq.errors import DeviceFault
+    from mxq.tasks.training import child_report
+    from mxq.tasks.training.train_task import CHILD_HUNG, _outcome
+
+    out = tmp_path / "job-7.n-1.json"
+    why = ("no batch finished on cpu:0, cpu:1 for 301 s (MXQ_DEVICE_HANG_SECONDS 300): the device is "
+           "taken out as hung")
+    child_report.write(out, child_report.Refused(error=why, device_fault=True))
+    with pytest.raises(DeviceFault) as raised:
+        _outcome(CHILD_HUNG, out)
+    assert str(raised.value) == why and raised.value.devices == ()
