@@ -22,6 +22,7 @@ from mxq.errors import UserError
 from mxq.json_types import JsonMapping
 from mxq.priorities import NORMAL, Level
 from mxq.since import format_duration
+from mxq.workers.fleet.hang_watch import DeviceWatch
 from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, validated
 from mxq.workers.settings import Settings
 
@@ -110,9 +111,13 @@ class JobContext:
     # `device` parsed once, here where the job's device enters its frame: the body reads its kind,
     # its index and its MXNet context from this, not from the text again.
     parsed_device: Device = field(init=False)
+    # Its device progress: the body arms it around its device work (a batch's forward pass, a
+    # training's epochs) and another thread asks it whether the device hung (`hang_watch`).
+    watch: DeviceWatch = field(init=False)
 
     def __post_init__(self) -> None:
         self.parsed_device = Device.parse(self.device)
+        self.watch = DeviceWatch(self.settings.device_hang_seconds, self.settings.device_hang_factor)
 
     def params(self, spec: type[P]) -> P:
         """The job's parameters as `spec` (its kind's), checked again here against this worker's

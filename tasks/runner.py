@@ -355,10 +355,12 @@ heartbeat.on_idle.append(_probe_first_when_idle)
 
 def _gpu_fault(why: str) -> None:
     """From the heartbeat's thread, when NVML says this worker's GPU must go out (a critical
-    Xid, a pending row remap, uncorrectable ECC errors): an idle worker takes its device out; a
-    running job goes back to its queue as after any device fault (no attempt used; fenced, so
-    the attempt still running can write nothing after) and the device goes out at once. A
-    delivery between its claim and its body returns here: the next beat asks again."""
+    Xid, a pending row remap, uncorrectable ECC errors) or the running job's batch has hung on it
+    (`_hung`): an idle worker takes its device out; a running job goes back to its queue as after
+    any device fault (no attempt used; fenced, so the attempt still running can write nothing
+    after) and the device goes out at once, the process ending (a thread blocked in a device call
+    cannot be stopped otherwise). A delivery between its claim and its body returns here: the
+    next beat asks again."""
     w = this_worker()
     if DELIVERY.acquire(blocking=False):  # no delivery: nothing to queue again
         take_out(w, f"{w.at.device}: {why}")
@@ -368,6 +370,16 @@ def _gpu_fault(why: str) -> None:
 
 
 heartbeat.on_fault.append(_gpu_fault)
+
+
+def _hung() -> str | None:
+    """At a busy beat: why this worker's device is taken for hung, when the batch its running job
+    computes there has run past its bound (`JobContext.watch`), else None."""
+    return next((why for job in list(_RUNNING.values()) if (why := job.watch.hung(job.device))),
+                None)
+
+
+heartbeat.checks.append(_hung)
 
 
 def take_out(w: Worker, why: str) -> None:

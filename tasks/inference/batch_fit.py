@@ -1,6 +1,7 @@
 """The batch size that fits the device: a batch that runs out of memory is split, the size
 halved (down to MIN_BATCH_SIZE) and kept for the rest of the job; each halving is recorded as
-a job event, with whether the smaller size worked."""
+a job event, with whether the smaller size worked. Each batch's forward pass runs under the job's
+device watch (`JobContext.watch`): one that never returns takes its device out as hung."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class BatchFit:
             n = min(self.size, len(x) - i)
             try:
                 began = time.perf_counter()
-                probs = engine.forward(x[i:i + n])
+                with self.job.watch.batch():  # the heartbeat takes a device hung in it out
+                    probs = engine.forward(x[i:i + n])
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise

@@ -6,19 +6,15 @@ cannot see. The device comes parsed (`mxq.device.Device`: the job frame's `JobCo
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 
 from celery import signals
 
 from mxq.device import Device
 from mxq.errors import reason
 from mxq.tasks.runtimes.mx import mx
-from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.hardware.start_check import refuse, within
 from mxq.workers.settings import get_settings
-
-log = logging.getLogger(__name__)
 
 
 def context(device: Device) -> mx.Context:
@@ -59,10 +55,10 @@ def check_visible(device: Device) -> str | None:
 
 @signals.worker_init.connect  # type: ignore[untyped-decorator]  # Celery has no types
 def _refuse_unusable_device(**_: object) -> None:
-    """Exit before consuming anything when MXNet cannot use the pinned device."""
-    device = get_settings().device
-    problem = device and check_visible(Device.parse(device))
-    if problem:
-        log.error("refusing to start: %s", problem)
-        print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)
-        os._exit(REFUSED_EXIT)
+    """Exit before consuming anything when MXNet cannot use the pinned device, or its check does
+    not finish within MXQ_START_CHECK_SECONDS (a hung GPU)."""
+    s = get_settings()
+    device = s.device
+    if device and (problem := within(s.start_check_seconds,
+                                     lambda: check_visible(Device.parse(device)), device)):
+        refuse(problem)

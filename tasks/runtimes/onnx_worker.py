@@ -11,19 +11,13 @@ to it with the reason. Nothing here imports MXNet.
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-
 from celery import signals
 
 from mxq.tasks.job_context import JobContext, JobInputError, Outcome
 from mxq.tasks.runner import job_task
 from mxq.tasks.runtimes import onnx_check, onnx_runtime
-from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.hardware.start_check import refuse, within
 from mxq.workers.settings import get_settings
-
-log = logging.getLogger(__name__)
 
 
 def gpu_problem(device: str) -> str | None:
@@ -36,13 +30,13 @@ def gpu_problem(device: str) -> str | None:
 
 @signals.worker_init.connect  # type: ignore[untyped-decorator]  # Celery has no types
 def _refuse_unusable_gpu(**_: object) -> None:
-    """Exit before consuming anything when ONNX Runtime cannot use the pinned GPU."""
+    """Exit before consuming anything when ONNX Runtime cannot use the pinned GPU, or its check
+    does not finish within MXQ_START_CHECK_SECONDS (a hung GPU)."""
     s = get_settings()
-    problem = s.device and s.mxnet_unusable and gpu_problem(s.device)
-    if problem:
-        log.error("refusing to start: %s", problem)
-        print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)
-        os._exit(REFUSED_EXIT)
+    device = s.device
+    if device and s.mxnet_unusable and (problem := within(s.start_check_seconds,
+                                                          lambda: gpu_problem(device), device)):
+        refuse(problem)
 
 
 def _refuse(job: JobContext, what: str) -> Outcome:

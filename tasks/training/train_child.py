@@ -56,6 +56,7 @@ from mxq.tasks.training.train_loop import (
 )
 from mxq.tasks.training.train_task import (
     CHILD_CANCELLED,
+    CHILD_HUNG,
     CHILD_INPUT_ERROR,
     CHILD_LOST,
     CHILD_PREEMPTED,
@@ -63,6 +64,7 @@ from mxq.tasks.training.train_task import (
     ready_file,
     run_file,
 )
+from mxq.workers.fleet.hang_watch import watch_in_thread
 from mxq.workers.jobs.jobspecs import TrainParams
 from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings, get_settings
@@ -290,11 +292,25 @@ class Training:
     samples: int  # per epoch: this worker's shard
 
     def on_batch(self, epoch: int, fraction: float) -> None:
+        """A batch came back from the devices: the watch's progress, the job's, its checks (a
+        single-node training stops at the batch past its time limit; a node of a multi-node one
+        stops with the others, at an epoch)."""
+        self.job.watch.batch_done()
         self.job.progress((epoch - 1 + fraction) / self.p.epochs)
         self.job.check_cancelled()
+        if self.p.dist is None:
+            self.job.check_time_limit(self.p.time_limit, f"stopped in epoch {epoch} of "
+                                      f"{self.p.epochs} (the checkpoints of its finished epochs are kept)")
 
     def on_epoch(self, r: EpochResult) -> None:
-        """Checkpoint the epoch and record it and its throughput, each write fenced."""
+        """Checkpoint the epoch and record it and its throughput, each write fenced; the device
+        watch rests meanwhile (the host's work) and watches the next epoch's batches."""
+        self.job.watch.end()
+        self._checkpoint(r)
+        if r["epoch"] < self.p.epochs:
+            self.job.watch.begin()
+
+    def _checkpoint(self, r: EpochResult) -> None:
         url, fence = self.job.url, self.fence
         prefix = self.folder / f"epoch-{r['epoch']:04d}"
         if self.rank == 0:  # (the weights and optimizer states are the same on every worker)
@@ -371,6 +387,10 @@ def _train(s: Settings, t: Training) -> Trained:
     """The remaining epochs, then (rank 0: one registration per job, a multi-node job's parts
     share the weights) the trained version: the report of a success."""
     p = t.p
+    out = run_file(s, t.fence)
+    t.job.watch.begin()
+    watch_in_thread(t.job.watch, ", ".join(t.job.devices), lambda why: _hung(out, why),
+                    s.heartbeat_seconds)
     results = fit(p, t.data.train, t.data.val, t.ctxs, t.labels, t.net, t.trainer, t.done + 1,
                   t.on_batch, t.on_epoch, t.rank, t.workers, t.data.version.outputs)
     final = epoch_rows.list_epochs(t.job.url, t.fence.job_id)[-1]
@@ -385,6 +405,17 @@ def _train(s: Settings, t: Training) -> Trained:
         result.update(rank=t.rank, workers=t.workers, node=s.node,
                       **_part_rates(results, t.labels, t.samples * len(results), seconds))
     return Trained(samples=t.samples * len(results), seconds=seconds, result=result)
+
+
+def _hung(out: Path, why: str) -> None:
+    """From the watchdog's thread: a batch never came back from the devices, and the thread in
+    the device call cannot leave it. Reported as the device's fault, of every device of the
+    training (which one hung is unknown: each is probed before it takes work), and the process
+    ends (`CHILD_HUNG`)."""
+    child_report.write(out, Refused(error=why, device_fault=True))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(CHILD_HUNG)
 
 
 def main(s: Settings, fence: Fence, devices: list[str]) -> int:

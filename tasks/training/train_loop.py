@@ -5,6 +5,7 @@ and stepping by the global batch size."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import time
@@ -110,12 +111,15 @@ def share_initial_weights(net: gluon.HybridBlock, trainer: gluon.Trainer, ctxs: 
     mx.nd.waitall()
 
 
-def accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int, dtype: str) -> float:
-    """The share of `data` whose largest output is its label (a softmax changes no argmax)."""
+def accuracy(net: gluon.HybridBlock, data: Dataset, ctx: mx.Context, batch: int, dtype: str,
+             on_batch: Callable[[], None] = lambda: None) -> float:
+    """The share of `data` whose largest output is its label (a softmax changes no argmax);
+    `on_batch` after each batch came back from the device."""
     hits = 0
     for i in range(0, len(data.y), batch):
         x = mx.nd.array(data.x[i:i + batch], ctx=ctx, dtype=dtype)
         hits += int((net(x).argmax(axis=1).asnumpy().astype(np.int32) == data.y[i:i + batch]).sum())
+        on_batch()
     return hits / len(data.y)
 
 
@@ -129,6 +133,11 @@ def shard(count: int, seed: int, rank: int, workers: int) -> NDArray[np.int64]:
 
 
 FOLD_BATCHES = 64  # the batches' figures are summed on the device every this many batches
+# The host waits for the batch this many before the one it just queued: MXNet's engine runs
+# asynchronously, and without a wait the loop would queue a whole epoch and then wait for it at
+# the epoch's end, so a batch's end (`on_batch`, the device watch's progress) would say nothing
+# of the device's. Two batches queued keep the device busy.
+SYNC_LAG = 2
 
 
 class TrainStep(gluon.HybridBlock):  # type: ignore[misc]  # MXNet has no types: its base class is Any
@@ -164,13 +173,15 @@ def run_epoch(step: TrainStep, trainer: gluon.Trainer, data: Dataset, ctxs: list
               rank: int = 0, workers: int = 1) -> tuple[float, float, float, int]:
     """One pass in a seeded order (this worker's shard of it); returns (mean loss, accuracy,
     seconds, samples). Each of `workers` takes batch_size // workers samples a step and the
-    step counts the global batch, whose gradients the kvstore sums."""
+    step counts the global batch, whose gradients the kvstore sums. `on_batch` once the device
+    finished the batch SYNC_LAG before (the last ones as the epoch's figures are read)."""
     order = shard(len(data.y), p.seed + epoch, rank, workers)
     local = p.batch_size // workers
     # [loss sum, hits] stay on the devices until the epoch ends: no host sync per batch, and
     # one add_n per FOLD_BATCHES batches.
     totals = [mx.nd.zeros(2, ctx=c) for c in ctxs]
     figures: list[list[mx.nd.NDArray]] = [[] for _ in ctxs]
+    queued: collections.deque[list[mx.nd.NDArray]] = collections.deque()  # batches not waited for
     began = time.perf_counter()
     steps = range(0, len(order), local)
     for n, i in enumerate(steps):
@@ -187,6 +198,10 @@ def run_epoch(step: TrainStep, trainer: gluon.Trainer, data: Dataset, ctxs: list
             if len(figures[k]) == FOLD_BATCHES or n + 1 == len(steps):
                 totals[k] = mx.nd.add_n(totals[k], *figures[k])
                 figures[k] = []
+        queued.append([batch_figures for _, batch_figures in outs])
+        if len(queued) > SYNC_LAG:
+            for done in queued.popleft():
+                done.wait_to_read()
         on_batch((n + 1) / len(steps))
     loss_sum, hit_sum = np.sum([t.asnumpy() for t in totals], axis=0).tolist()
     return loss_sum / len(order), hit_sum / len(order), time.perf_counter() - began, len(order)
@@ -209,7 +224,8 @@ def fit(p: TrainParams, train: Dataset, val: Dataset | None, ctxs: list[mx.Conte
         trainer.set_learning_rate(lr_at(p, epoch))
         loss, acc, seconds, n = run_epoch(step, trainer, train, ctxs, p, epoch,
                                           functools.partial(on_batch, epoch), rank, workers)
-        val_acc = accuracy(net, val, ctxs[0], p.batch_size, p.dtype) if val is not None else None
+        val_acc = (accuracy(net, val, ctxs[0], p.batch_size, p.dtype, functools.partial(on_batch, epoch, 1.0))
+                   if val is not None else None)
         rates = {label: n * len(s) / local / seconds for label, s in zip(labels, share, strict=True)}
         result = EpochResult(epoch=epoch, train_loss=loss, train_accuracy=acc, val_accuracy=val_acc,
                              seconds=seconds, samples_per_sec=n / seconds, per_device=rates)

@@ -54,7 +54,8 @@ CHILD_INPUT_ERROR = 3  # the child's exit status for bad input (its message is i
 CHILD_CANCELLED = 4  # the child stopped at a boundary because the job was cancelled
 CHILD_LOST = 5  # the job is no longer this attempt's (its fence refused a write): it stopped
 CHILD_PREEMPTED = 6  # the child stopped at an epoch's checkpoint to yield to a waiting job
-CHILD_TIMED_OUT = 7  # the child stopped at an epoch's checkpoint: the job ran past its time limit
+CHILD_TIMED_OUT = 7  # the child stopped at a batch or epoch: the job ran past its time limit
+CHILD_HUNG = 8  # the child's watchdog found a batch stuck on the devices (a device fault, reported)
 # A child killed by one of these without a report died in native code, as CUDA and the driver
 # kill a process on a fatal device error (SIGABRT most often): the device's fault, not the job's.
 DEVICE_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL}
@@ -385,7 +386,7 @@ def _outcome(returncode: int, out: Path) -> Outcome:
 _STOPPED_BY: dict[int, tuple[type[Exception], str]] = {
     CHILD_LOST: (JobLost, "the job was handed to another attempt"),
     CHILD_INPUT_ERROR: (JobInputError, "training input error"),
-    CHILD_TIMED_OUT: (JobTimedOut, "time limit reached: the training stopped after an epoch"),
+    CHILD_TIMED_OUT: (JobTimedOut, "time limit reached: the training stopped"),
 }
 
 

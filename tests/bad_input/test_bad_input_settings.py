@@ -84,6 +84,15 @@ SETTING_CASES: dict[str, SettingCase] = {
     "glob seconds 1e9":
         case("MXQ_GLOB_SECONDS", "1e9",
              "MXQ_GLOB_SECONDS=1e9: Input should be less than or equal to 3600"),
+    "device hang 0.5":
+        case("MXQ_DEVICE_HANG_SECONDS", "0.5",
+             "MXQ_DEVICE_HANG_SECONDS=0.5: Input should be greater than or equal to 1"),
+    "device hang factor 1":
+        case("MXQ_DEVICE_HANG_FACTOR", "1",
+             "MXQ_DEVICE_HANG_FACTOR=1: Input should be greater than or equal to 2"),
+    "start check 1e9":
+        case("MXQ_START_CHECK_SECONDS", "1e9",
+             "MXQ_START_CHECK_SECONDS=1e9: Input should be less than or equal to 3600"),
     "dist start nan": case("MXQ_DIST_START_SECONDS", "nan", f"MXQ_DIST_START_SECONDS=nan: {FINITE}"),
     "broker timeout inf":
         case("MXQ_BROKER_TIMEOUT_SECONDS", "inf",

@@ -122,19 +122,16 @@ def test_two_devices_train_lenet_on_digits_and_the_model_serves(workers: Stack) 
 
 
 @pytest.mark.slow  # seconds of real training on a worker: make test-all (CI) runs it
-def test_a_training_past_its_time_limit_stops_after_an_epoch_and_keeps_its_checkpoint(
-        workers: Stack) -> None:
-    """A limit of 1 s counts from the claim, so the training child's start and its first epoch of
-    lenet run past it: the training stops once that epoch's checkpoint is written and its row
-    recorded, registers nothing, and fails naming the limit; the epoch and its checkpoint stay."""
+def test_a_training_past_its_time_limit_stops_at_a_batch(workers: Stack) -> None:
+    """A limit of 1 s counts from the claim, so the training child's start runs past it: the
+    training stops at its first batch (it ran its whole first epoch when the limit was checked
+    once per epoch), registers nothing, and fails naming the limit and where it stopped."""
     code, job = _train(workers, "lenet", "digits", "--name", "limited", "--epochs", "10",
                        "--batch-size", "16", "--time-limit", "1")
     assert code == 1 and job["status"] == "failed", job
-    assert re.fullmatch(r"time limit 1s reached after \d+ s: stopped after epoch 1 of 10 \(its "
-                        r"checkpoints are kept\)", job["error"] or ""), job["error"]
-    assert [e["epoch"] for e in job["epochs"]] == [1]
-    checkpoint = Path(job["epochs"][0]["checkpoint"])
-    assert Path(f"{checkpoint}.params").is_file() and Path(f"{checkpoint}.states").is_file()
+    assert re.fullmatch(r"time limit 1s reached after \d+ s: stopped in epoch 1 of 10 \(the "
+                        r"checkpoints of its finished epochs are kept\)", job["error"] or ""), job["error"]
+    assert job["epochs"] == []
     assert job["model_version"] is None
     assert "limited" not in {m["name"] for m in workers.mxq_json("models")}
 
@@ -405,3 +402,19 @@ def test_a_childs_device_fault_is_judged_on_its_whole_error_and_a_fatal_signal_i
         _outcome(aborted.returncode, run_file(store, fence))
     with pytest.raises(JobFailed, match="exited with -9"):  # SIGKILL: the OOM killer's, say
         _outcome(-9, run_file(store, fence))
+
+
+def test_a_training_child_s_hang_report_is_a_fault_of_every_device_not_the_job_s(tmp_path: Path) -> None:
+    """Issue 60, item 3: the child's watch thread reports a batch stuck on the devices as a device
+    fault naming none of them (which of K hung is unknown: each is probed) and exits CHILD_HUNG."""
+    from mxq.errors import DeviceFault
+    from mxq.tasks.training import child_report
+    from mxq.tasks.training.train_task import CHILD_HUNG, _outcome
+
+    out = tmp_path / "job-7.n-1.json"
+    why = ("no batch finished on cpu:0, cpu:1 for 301 s (MXQ_DEVICE_HANG_SECONDS 300): the device is "
+           "taken out as hung")
+    child_report.write(out, child_report.Refused(error=why, device_fault=True))
+    with pytest.raises(DeviceFault) as raised:
+        _outcome(CHILD_HUNG, out)
+    assert str(raised.value) == why and raised.value.devices == ()

@@ -5,14 +5,14 @@ Started on Celery's `worker_ready` (the worker consumes from then on) and cleare
 `worker_init`. A thread keeps beating while the solo pool's main thread runs a long job.
 A GPU worker's beat also reads its GPU through NVML (`mxq.workers.fleet.nvml`), stores what it
 read in its row's info (`nvml`) when it changed, and hands a reason NVML gives to take the
-device out to the task layer (`on_fault`).
+device out to the task layer (`on_fault`); so does the watchdog of a hung device (`checks`), the
+beat being a thread that is not the one blocked in the device call.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +23,7 @@ from mxq.json_types import JsonObject
 from mxq.workers.broker.queues import device_queue, worker_name
 from mxq.workers.fleet import nvml
 from mxq.workers.hardware.devices import engines_for
-from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT
+from mxq.workers.hardware.start_check import refuse
 from mxq.workers.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,10 @@ on_idle: list[Callable[[], None]] = []
 # the task layer takes it out as a device fault, the job it runs queued again without an attempt
 # (tasks.runner). Such a hook ends the process; one that returns is asked again at the next beat.
 on_fault: list[Callable[[str], None]] = []
+# Asked at each beat while the worker runs a job: why its device must go out now, else None (the
+# task layer's watchdog: a batch that has run too long on a hung device, `hang_watch`). A reason
+# goes to `on_fault` as NVML's does.
+checks: list[Callable[[], str | None]] = []
 
 
 class Heartbeat:
@@ -67,7 +71,7 @@ class Heartbeat:
         changed = reading if reading != self._written else None
         ours = fleet.beat(self.url, self.name, job, changed)
         self._written = reading or self._written
-        self._hand_fault()
+        self._hand_fault(job is not None)
         if job is None and self._idling.acquire(blocking=False):
             # In a thread of its own: a hook blocked on a broker that does not answer (paused,
             # partitioned) must never hold the beats back, or the worker would look dead.
@@ -95,10 +99,13 @@ class Heartbeat:
             self.gpu = None
             return None
 
-    def _hand_fault(self) -> None:
-        """NVML gave a reason to take the device out: the task layer's hooks, in a thread of
-        their own (a broker that does not answer must not hold the beats back)."""
+    def _hand_fault(self, busy: bool) -> None:
+        """NVML, or while a job runs (`busy`) a check, gave a reason to take the device out: the
+        task layer's hooks, in a thread of their own (a broker that does not answer must not hold
+        the beats back)."""
         why = self.gpu.fault if self.gpu is not None else None
+        if not why and busy:
+            why = next((said for check in checks if (said := check())), None)
         if why and self._faulting.acquire(blocking=False):
             threading.Thread(target=self._fault, args=(why,), name="mxq-gpu-fault", daemon=True).start()
 
@@ -106,7 +113,7 @@ class Heartbeat:
         try:
             for hook in on_fault:
                 hook(why)
-            log.error("NVML: %s: %s (no hook took the device out yet)", self.name, why)
+            log.error("%s: %s (no hook took the device out yet)", self.name, why)
         except Exception:
             log.exception("taking the device out failed (%s); asking again at the next beat", why)
         finally:
@@ -175,7 +182,4 @@ def refuse_unclear(**_: object) -> None:
     gpu = nvml.open_gpu(Device.parse(s.device).kind, s.cuda_visible_devices, s.device)
     why = gpu.sticky() if gpu is not None else None
     if why:
-        problem = f"worker for {s.device}: {why}; it stays out until NVML says it is clear"
-        log.error("refusing to start: %s", problem)
-        print(f"{REFUSAL_PREFIX}{problem}", file=sys.stderr, flush=True)
-        os._exit(REFUSED_EXIT)
+        refuse(f"worker for {s.device}: {why}; it stays out until NVML says it is clear")

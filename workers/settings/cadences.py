@@ -32,6 +32,14 @@ DEFAULT_BATCH_WAIT_MS = 5.0
 # blocks for good); a cancel not heeded this long is enforced.
 DEFAULT_STALL_SECONDS = 3600.0
 DEFAULT_CANCEL_GRACE_SECONDS = 120.0
+# A device call (a batch's forward pass, a training's batch) that has not finished for this long,
+# and for this many times the slowest batch of the job so far, is taken for a hung device: no
+# real GPU computes one batch for five minutes, and a job whose batches are slow keeps its margin.
+DEFAULT_DEVICE_HANG_SECONDS = 300.0
+DEFAULT_DEVICE_HANG_FACTOR = 10.0
+# A worker's start check (a small matmul on its device) that has not finished in this long fails:
+# creating a CUDA context and loading cuBLAS and cuDNN take seconds, not minutes.
+DEFAULT_START_CHECK_SECONDS = 120.0
 # A multi-node training whose nodes have not all joined after this long fails: one node's
 # device may be busy with a long job, or the node is down. The started nodes wait idle till then.
 DEFAULT_DIST_START_SECONDS = 300.0
@@ -79,6 +87,17 @@ class CadenceFields(Part):
                                         "job that has not stopped this long after its cancel is "
                                         "cancelled by the reconciler; a worker whose job was taken "
                                         "from it this long ago and is still in it exits.")
+    device_hang_seconds: float = Field(
+        DEFAULT_DEVICE_HANG_SECONDS, ge=1, le=DAY, description="A batch that has not finished on "
+        "its device for this long (and for MXQ_DEVICE_HANG_FACTOR times the job's slowest batch so "
+        "far) takes the device out as hung: the job goes back to its queue without using an "
+        "attempt and the worker is replaced.")
+    device_hang_factor: float = Field(
+        DEFAULT_DEVICE_HANG_FACTOR, ge=2, le=10_000, description="A hung batch has also run this "
+        "many times the job's slowest batch so far.")
+    start_check_seconds: float = Field(
+        DEFAULT_START_CHECK_SECONDS, ge=1, le=HOUR, description="A worker's start check of its "
+        "device that has not finished in this long fails: the device stays out, probed again later.")
     dist_start_seconds: float = Field(DEFAULT_DIST_START_SECONDS, gt=0, le=DAY,
                                       description="How long a multi-node training waits for all "
                                       "its nodes to join before it fails.")
