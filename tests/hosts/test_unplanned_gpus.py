@@ -215,3 +215,44 @@ def test_a_recheck_starts_the_workers_of_held_gpus_that_plan_now(isolated: Stack
         assert recheck._adopt(node_plan(s)) == []  # started once
     finally:
         recheck.close()
+
+
+def test_the_dashboards_devices_payload_carries_the_new_signals(isolated: Stack, tmp_path: Path) -> None:
+    """What the dashboard's device table renders (`GET /api/v1/devices`): each held GPU's cause
+    and reason, a GPU's compute mode, and NVML's reading as a typed record (health, reason,
+    live memory). The page itself is driven by Chromium in the slow tier (tests/api)."""
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from mxq.api import routes
+    from mxq.api.app import app
+
+    smi, _ = _smi(tmp_path, PART)
+    s = replace_settings(isolated, smi)
+    Recheck(s, node_plan(s)).record()
+    reading = {"health": "fault", "reason": "NVML reported critical Xid 79 (GPU has fallen off the bus)",
+               "memory_used_mib": 2048, "memory_total_mib": 81920, "ecc_uncorrected": 0,
+               "row_remap_pending": False, "row_remap_failed": False,
+               "clock_event_reasons": ["gpu_idle", "sw_power_cap"], "xids": [79]}
+    gpu0 = parse_nvidia_smi(PART.read_text())[0]
+    fleet.register(s.database, f"gpu0@{NODE}", NODE, "gpu:0", f"{NODE}.gpu.0", 1, gpu0.info(),
+                   nvml=reading)
+    token = "s3cret-token-0123"
+    app.dependency_overrides[routes.settings] = lambda: s.model_copy(
+        update={"api_token": SecretStr(token)})
+    try:
+        client = TestClient(app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
+        answer = client.get("/api/v1/devices", headers={"Authorization": f"Bearer {token}"})
+        page = client.get("/").text
+    finally:
+        app.dependency_overrides.clear()
+    assert answer.status_code == 200, answer.text
+    rows = {r["device"]: r for r in answer.json()}
+    assert (rows["gpu:1"]["health"], rows["gpu:1"]["unplanned"]) == ("out", "memory_in_use")
+    assert rows["gpu:2"]["unplanned"] == "missing" and "is missing" in rows["gpu:2"]["out_reason"]
+    live = rows["gpu:0"]
+    assert live["compute_mode"] == "Default" and live["unplanned"] is None
+    assert live["nvml"]["health"] == "fault" and live["nvml"]["xids"] == [79]
+    assert (live["memory_used_mib"], live["memory_total_mib"]) == (2048, 81920)  # NVML's, live
+    for needle in ("d.unplanned", "d.compute_mode", "deviceNvml", "<th>compute mode</th>"):
+        assert needle in page, needle  # what renders them
