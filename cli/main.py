@@ -196,11 +196,11 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
         raise typer.Exit(0 if specs else 1)
     for note in check_node_free(s):  # before anything starts
         render.err.print(f"mxq: {note}", markup=False)
-    node = _plan_or_exit(s)
+    planned = _plan_or_exit(s)
     for note in prepare(s)[1]:
         render.err.print(f"mxq: {note}", markup=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    raise typer.Exit(run_launcher(s, node.specs, with_schedule, node.unplanned))
+    raise typer.Exit(run_launcher(s, planned.specs, with_schedule, planned.unplanned))
 
 
 @app.command()

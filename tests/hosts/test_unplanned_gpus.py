@@ -29,6 +29,7 @@ from mxq.cli import render
 from mxq.db import fleet
 from mxq.db.schema import utcnow
 from mxq.db.webhooks import endpoints, outbox
+from mxq.json_types import JsonObject
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.hardware.devices import parse_nvidia_smi
 from mxq.workers.hardware.unplanned import missing_gpus
@@ -230,10 +231,11 @@ def test_the_dashboards_devices_payload_carries_the_new_signals(isolated: Stack,
     smi, _ = _smi(tmp_path, PART)
     s = replace_settings(isolated, smi)
     Recheck(s, node_plan(s)).record()
-    reading = {"health": "fault", "reason": "NVML reported critical Xid 79 (GPU has fallen off the bus)",
-               "memory_used_mib": 2048, "memory_total_mib": 81920, "ecc_uncorrected": 0,
-               "row_remap_pending": False, "row_remap_failed": False,
-               "clock_event_reasons": ["gpu_idle", "sw_power_cap"], "xids": [79]}
+    reading: JsonObject = {
+        "health": "fault", "reason": "NVML reported critical Xid 79 (GPU has fallen off the bus)",
+        "memory_used_mib": 2048, "memory_total_mib": 81920, "ecc_uncorrected": 0,
+        "row_remap_pending": False, "row_remap_failed": False,
+        "clock_event_reasons": ["gpu_idle", "sw_power_cap"], "xids": [79]}
     gpu0 = parse_nvidia_smi(PART.read_text())[0]
     fleet.register(s.database, f"gpu0@{NODE}", NODE, "gpu:0", f"{NODE}.gpu.0", 1, gpu0.info(),
                    nvml=reading)
