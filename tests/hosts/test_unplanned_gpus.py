@@ -33,7 +33,7 @@ from mxq.json_types import JsonObject
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.hardware.devices import parse_nvidia_smi
 from mxq.workers.hardware.unplanned import missing_gpus
-from mxq.workers.launch.recheck import Recheck, node_plan
+from mxq.workers.launch.recheck import NodePlan, Recheck, node_plan
 from mxq.workers.settings import Settings
 from tests.conftest import FIXTURES, NODE, ROOT, Stack, run_cli, stop, wait_until
 from tests.hosts.test_gpu_pinning import STAND_IN
@@ -258,3 +258,28 @@ def test_the_dashboards_devices_payload_carries_the_new_signals(isolated: Stack,
     assert (live["memory_used_mib"], live["memory_total_mib"]) == (2048, 81920)  # NVML's, live
     for needle in ("d.unplanned", "d.compute_mode", "deviceNvml", "<th>compute mode</th>"):
         assert needle in page, needle  # what renders them
+
+
+def test_a_failing_look_again_leaves_the_launcher_supervising(isolated: Stack, tmp_path: Path) -> None:
+    """nvidia-smi failing (or the database down) while the launcher looks again is logged and
+    tried later: it must not end the supervisor of the node's other workers."""
+    import time
+
+    from mxq.workers.hardware.devices import DeviceError
+
+    smi, _ = _smi(tmp_path, PART)
+    s = replace_settings(isolated, smi)
+
+    def broken() -> NodePlan:
+        raise DeviceError("nvidia-smi failed on a host with GPUs: exited with 9")
+
+    recheck = Recheck(s, node_plan(s), replan=broken)
+    recheck.due = time.monotonic()
+    try:
+        assert recheck() == []  # asked, in its thread (and maybe taken already)
+        wait_until(lambda: recheck() or recheck.pending, 10, "the failed look to be taken",
+                   until=lambda pending: pending is None)
+        assert recheck.due > time.monotonic()  # tried again later
+        assert [u.cause for u in recheck.held] == ["memory_in_use", "missing"]  # still held
+    finally:
+        recheck.close()

@@ -20,7 +20,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 from mxq.db import fleet
-from mxq.errors import Unavailable
 from mxq.workers.broker.queues import device_queue, worker_name
 from mxq.workers.hardware.devices import DiscoveredDevice, cpu_devices, host_gpus, installed_mxnet, visible
 from mxq.workers.hardware.unplanned import Unplanned, missing_gpus, remembered
@@ -92,9 +91,9 @@ class Recheck:
         self.due = now + self.settings.reprobe_seconds
         try:
             return self._adopt(done.result())
-        except (Unavailable, OSError) as exc:  # nvidia-smi failed, the database is down: later
-            log.warning("could not check the held GPUs again (%s); trying again in %.0fs", exc,
-                        self.settings.reprobe_seconds)
+        except Exception:  # nvidia-smi failed, the database is down: the supervisor outlives it
+            log.exception("could not check the GPUs with no worker again; trying again in %.0fs",
+                          self.settings.reprobe_seconds)
             return []
 
     def _adopt(self, node: NodePlan) -> list[WorkerSpec]:
