@@ -51,6 +51,7 @@ class Collector:
         devices = device_table(self.s)
         yield from _device_families(devices)
         yield from _nvml_families(devices)
+        yield _unplanned_family(devices)
         pools = GaugeMetricFamily("mxq_pool_queue_depth", "Queued jobs per shared pool queue",
                                   labels=["queue"])
         for queue, n in sorted(({q: 0 for q in all_pools()} | pool_depths(url)).items()):
@@ -155,6 +156,19 @@ def _nvml_families(rows: list[JsonObject]) -> list[Metric]:
         for reason in listed(read.get("clock_event_reasons")):
             clocks.add_metric([*where, str(reason)], 1.0)
     return [healthy, fault, ecc, remap, clocks]
+
+
+def _unplanned_family(rows: list[JsonObject]) -> Metric:
+    """1 per GPU the launcher planned no worker for, labelled with why (a short word: the full
+    reason is its row's `out_reason`); such a GPU is also `mxq_device_healthy` 0."""
+    held = GaugeMetricFamily("mxq_device_unplanned", "1 for a GPU the launcher planned no worker "
+                             "for: refused at planning (cause memory_in_use, compute_mode, mig, "
+                             "mxnet_build, driver, wheels) or missing from nvidia-smi (missing)",
+                             labels=[*DEVICE_LABELS, "cause"])
+    for d in rows:
+        if d.get("unplanned") and d["health"] == "out":
+            held.add_metric([str(d["node"]), str(d["device"]), str(d["unplanned"])], 1.0)
+    return held
 
 
 def _add(family: GaugeMetricFamily, where: list[str], value: float | None) -> None:

@@ -33,6 +33,7 @@ from mxq.db.records import (
 from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.since import DURATION_PATTERN
 from mxq.status import MOST_AFTER, MOST_AFTER_LISTED, JobStatus
+from mxq.workers.hardware.unplanned import Cause
 from mxq.workers.jobs.archs import FILE_NAME
 from mxq.workers.jobs.jobspecs import (
     FACTORY_PATTERN,
@@ -288,6 +289,25 @@ class PredictionPage(TypedDict):
     offset: int
 
 
+class NvmlReading(BaseModel):
+    """What a GPU worker's heartbeat last read of its GPU through NVML (mxq.workers.fleet.nvml);
+    a counter the GPU does not have is null."""
+
+    model_config = ConfigDict(extra="allow")
+
+    health: Literal["ok", "fault"] = Field(description="fault: NVML gave a reason to take the GPU out")
+    reason: str | None = Field(None, description="Why NVML takes the GPU out (null while ok)")
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+    ecc_uncorrected: int | None = Field(None, description="Uncorrectable ECC errors (volatile)")
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages_pending: bool | None = Field(None, description="GPUs before Ampere")
+    clock_event_reasons: list[str] | None = Field(None, description=(
+        "Why the clocks are held down now (sw_power_cap, hw_slowdown, ...)"))
+    xids: list[int] = Field(default_factory=list, description="The latest critical Xids seen")
+
+
 class DeviceRecord(BaseModel):
     """One device worker (`mxq devices`); what it reported of its device (name, memory, compute
     capability, a refusal) comes as further fields."""
@@ -318,9 +338,19 @@ class DeviceRecord(BaseModel):
     out_reason: str | None = Field(description="Why the device is out (null unless out)")
     out_since: str | None = Field(description=(
         "When the device went out, ISO 8601 UTC (null unless out)"))
+    unplanned: Cause | None = Field(None, description=(
+        "Why the launcher planned no worker for this GPU (null for one it did): refused at "
+        "planning (memory_in_use, compute_mode, mig, mxnet_build, driver, wheels) or missing "
+        "from nvidia-smi (fewer listed than MXQ_EXPECTED_GPUS); it is out, checked again on the "
+        "launcher's probe cadence"))
+    compute_mode: str | None = Field(None, description=(
+        "nvidia-smi's compute mode: Default, Exclusive_Process (no training), Prohibited"))
+    nvml: NvmlReading | None = Field(None, description=(
+        "What the worker's heartbeat last read through NVML (null where NVML is not read)"))
 
 
-__all__ = ["ArchRecord", "ArchRequest", "CancelAnswer", "DeviceRecord", "FireRecord", "JobPage", "JobRecord",
+__all__ = ["ArchRecord", "ArchRequest", "CancelAnswer", "DeviceRecord", "FireRecord", "NvmlReading",
+           "JobPage", "JobRecord",
            "JobRequest", "LogPage",
            "QueueEntry",
            "ModelRecord", "PredictionPage", "PredictionRow", "Problem", "PromoteRequest", "ScheduleDetail",

@@ -31,7 +31,7 @@ from mxq.status import FINISHED, UNSUCCESSFUL, JobStatus
 
 if TYPE_CHECKING:
     from mxq.db.records import JobRecord
-    from mxq.workers.launch.launcher import WorkerSpec
+    from mxq.workers.launch.recheck import NodePlan
     from mxq.workers.settings import Settings
 
 # Each command imports what it uses (SQLAlchemy, Celery, Redis, NumPy) when it runs, so that
@@ -104,7 +104,8 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
     started, changed = prepare(s)
     for note in changed:  # a setting of the stack given anew: it wins, and is announced
         render.err.print(f"mxq: {note}", markup=False)
-    specs = _plan_or_exit(s)
+    node = _plan_or_exit(s, keep_probing=not detach)
+    specs = node.specs
     if detach:
         for refusal in up_detached(s, specs, timeout):
             render.err.print(f"mxq: refused {refusal}", markup=False)
@@ -112,22 +113,28 @@ def up(detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once 
         render.out.print(f"dashboard and API: http://{s.api_host}:{s.api_port}/")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    code = run_launcher(s, specs, with_schedule=True)
+    code = run_launcher(s, specs, with_schedule=True, unplanned=node.unplanned)
     if started:
         EmbeddedRedis(s.home_path).stop()
     raise typer.Exit(code)
 
 
-def _plan_or_exit(s: Settings) -> list[WorkerSpec]:
-    from mxq.workers.launch.stack import node_plan
+def _plan_or_exit(s: Settings, keep_probing: bool = True) -> NodePlan:
+    """The node's plan, its refusals said; exit 1 with no device to start, unless a GPU refused
+    or missing may come back while mxq runs (`keep_probing`: the launcher checks it again)."""
+    from mxq.workers.hardware.unplanned import HEALS
+    from mxq.workers.launch.recheck import node_plan
 
-    specs, refused = node_plan(s)
-    for problem in refused:
+    node = node_plan(s)
+    for problem in node.refused:
         render.err.print(f"mxq: refusing {problem}", markup=False)
-    if not specs:
+    if not node.specs and not (keep_probing and any(u.cause in HEALS for u in node.unplanned)):
         render.err.print("mxq: no usable device on this node", markup=False)
         raise typer.Exit(1)
-    return specs
+    if not node.specs:
+        render.err.print(f"mxq: no usable device on this node now; the launcher checks its GPUs "
+                         f"again every {s.reprobe_seconds:.0f}s", markup=False)
+    return node
 
 
 @app.command()
@@ -166,9 +173,10 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
 
     s = get_settings(own=True, node=node)
     if dry_run:
-        from mxq.workers.launch.stack import node_plan
+        from mxq.workers.launch.recheck import node_plan
 
-        specs, refused = node_plan(s)
+        specs, unplanned = node_plan(s)
+        refused = list(dict.fromkeys(u.reason for u in unplanned))
         plan: list[dict[str, Any]] = [
             {"worker": w.name, "device": w.device.label if w.device else None,
              "queues": w.queues, "cores": w.cores,
@@ -177,7 +185,9 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
                                            if k.startswith(("MXQ_", "CUDA_", "OMP_", "MXNET_"))}}
             for w in specs]
         if json_:
-            render.print_json({"workers": plan, "refused": refused})
+            render.print_json({"workers": plan, "refused": refused, "unplanned": [
+                {"device": u.device.label, "uuid": u.device.uuid or None, "cause": u.cause,
+                 "reason": u.reason} for u in unplanned]})
         else:
             for problem in refused:
                 render.err.print(f"mxq: refusing {problem}", markup=False)
@@ -186,11 +196,11 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
         raise typer.Exit(0 if specs else 1)
     for note in check_node_free(s):  # before anything starts
         render.err.print(f"mxq: {note}", markup=False)
-    specs = _plan_or_exit(s)
+    planned = _plan_or_exit(s)
     for note in prepare(s)[1]:
         render.err.print(f"mxq: {note}", markup=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    raise typer.Exit(run_launcher(s, specs, with_schedule))
+    raise typer.Exit(run_launcher(s, planned.specs, with_schedule, planned.unplanned))
 
 
 @app.command()
@@ -339,7 +349,7 @@ def _device_table(records: list[dict[str, Any]]) -> None:
     from mxq.workers.fleet.gpu_health import note
 
     rows = [{**r, "memory": gpu_memory(r), "nvml": note(r.get("nvml"))} for r in records]
-    render.table([{**r, "health": out_note(r["out_reason"], r["out_since"])}
+    render.table([{**r, "health": out_note(r["out_reason"], r["out_since"], unplanned=r.get("unplanned"))}
                   if r.get("health") == "out" else r for r in rows], DEVICE_COLUMNS, "devices")
 
 

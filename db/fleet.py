@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
 
 from mxq.db.engine import rowcount, session_scope
 from mxq.db.records import Health, WorkerRecord
@@ -21,7 +22,10 @@ from mxq.status import JobStatus
 # What `refuse` adds to a worker's info: why its device is out and since when (ISO, UTC). A
 # registration (the launcher's, or the worker's own once its device passed its start check)
 # drops both, so a healed device reads healthy and its old reason does not linger.
-REFUSAL_KEYS = ("refused", "refused_at")
+REFUSAL_KEYS = ("refused", "refused_at", "unplanned")
+# What `hold_out` adds besides: why the launcher planned no worker for the device (refused at
+# planning: `memory_in_use`, `mig`, ...; `missing` from nvidia-smi), mxq.workers.hardware.unplanned.
+UNPLANNED_KEY = "unplanned"
 # What a GPU worker's heartbeat read of its GPU through NVML (mxq.workers.fleet.nvml): replaced
 # at each registration (a new worker reads afresh), kept while the device is out (why it went).
 NVML_KEY = "nvml"
@@ -42,7 +46,8 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
         if alive and was.get("refused"):  # out until now: its worker took it again
             outbox.emit(session, "device.back", {"device": {
                 "worker": name, "node": node, "device": device, "out_reason": was["refused"],
-                "out_since": was.get("refused_at"), "back_at": iso(now), NVML_KEY: nvml}})
+                "out_since": was.get("refused_at"), "back_at": iso(now), NVML_KEY: nvml,
+                UNPLANNED_KEY: was.get(UNPLANNED_KEY)}})
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
         row.info = {k: v for k, v in (info or row.info or {}).items()
                     if k not in (*REFUSAL_KEYS, NVML_KEY)} | ({NVML_KEY: nvml} if nvml else {})
@@ -83,11 +88,62 @@ def refuse(url: str, name: str, reason: str) -> None:
             info = row.info or {}
             since = info.get("refused_at") if info.get("refused") else None
             row.last_seen, row.current_job = None, None
-            row.info = {**info, "refused": reason, "refused_at": since or iso(utcnow())}
+            kept = {k: v for k, v in info.items() if k != UNPLANNED_KEY}  # its worker refused it now
+            row.info = {**kept, "refused": reason, "refused_at": since or iso(utcnow())}
             if since is None:  # out now, not a refusal again of a device out already
-                outbox.emit(session, "device.out", {"device": {
-                    "worker": name, "node": row.node, "device": row.device, "reason": reason,
-                    "since": row.info["refused_at"], NVML_KEY: info.get(NVML_KEY)}})
+                _tell_out(session, row, reason)
+
+
+def _tell_out(session: Session, row: WorkerBeat, reason: str) -> None:
+    """`device.out`, once per outage: only where the row was not out already (a probe that fails
+    again, or a launcher restarted by Compose, tells nothing new)."""
+    info = row.info or {}
+    outbox.emit(session, "device.out", {"device": {
+        "worker": row.name, "node": row.node, "device": row.device, "reason": reason,
+        "since": info["refused_at"], NVML_KEY: info.get(NVML_KEY),
+        UNPLANNED_KEY: info.get(UNPLANNED_KEY)}})
+
+
+@db_retry
+def hold_out(url: str, name: str, node: str, device: str, queue: str, info: dict[str, Any],
+             cause: str, reason: str) -> None:
+    """A device the launcher planned no worker for (`cause`: refused at planning, or missing
+    from nvidia-smi): its row, `out` with `reason` (`info` what nvidia-smi said of it; a missing
+    GPU's row keeps what it knew), and `device.out` unless it was out already. Planned again and
+    still held, the reason is updated and its first time kept, as `refuse` does."""
+    with session_scope(url) as session:
+        row = session.get(WorkerBeat, name) or WorkerBeat(name=name, node=node, device=device,
+                                                         queue=queue, info={})
+        was = row.info or {}
+        since = was.get("refused_at") if was.get("refused") else None
+        row.node, row.device, row.queue, row.pid = node, device, queue, None
+        row.last_seen, row.current_job, row.engines = None, None, ""
+        row.info = {**was, **info, "refused": reason, "refused_at": since or iso(utcnow()),
+                    UNPLANNED_KEY: cause}
+        session.add(row)
+        if since is None:
+            _tell_out(session, row, reason)
+
+
+@db_retry
+def describe(url: str, name: str, info: dict[str, Any]) -> None:
+    """Replace what a worker's row says of its device (nvidia-smi's figures when its worker was
+    planned), keeping whether and why it is out: a held GPU planned again keeps `out` until its
+    worker takes it, which tells `device.back`."""
+    with session_scope(url) as session:
+        row = session.get(WorkerBeat, name)
+        if row is not None:
+            kept = {k: v for k, v in (row.info or {}).items() if k in (*REFUSAL_KEYS, NVML_KEY)}
+            row.info = {**info, **kept}
+
+
+def node_gpus(url: str, node: str) -> dict[str, dict[str, Any]]:
+    """What this node's rows remember of each GPU (device label -> info: `uuid`, `name`), also
+    of GPUs it no longer lists: how a missing GPU is named."""
+    with session_scope(url) as session:
+        rows = session.scalars(select(WorkerBeat).where(WorkerBeat.node == node,
+                                                        WorkerBeat.device.like("gpu:%")))
+        return {r.device: dict(r.info or {}) for r in rows}
 
 
 def health(alive: bool, info: Mapping[str, Any] | None) -> tuple[Health, str | None, str | None]:
@@ -103,15 +159,19 @@ def health(alive: bool, info: Mapping[str, Any] | None) -> tuple[Health, str | N
     return "out", str(reason), str(since) if since else None
 
 
-def out_note(reason: str | None, since: str | None, now: datetime | None = None) -> str:
+def out_note(reason: str | None, since: str | None, now: datetime | None = None,
+             unplanned: object = None) -> str:
     """`out since 12:03 UTC: REASON` (the date too when not today; no time for a refusal
-    recorded before its time was): how `mxq devices` and `mxq queue` say a device is out."""
+    recorded before its time was): how `mxq devices` and `mxq queue` say a device is out; `out
+    (missing)` or `out (refused at planning: mig)` for a GPU the launcher planned no worker for."""
     when = ""
     if since:
         at = datetime.fromisoformat(since).astimezone(UTC)
         today = (now or utcnow()).astimezone(UTC).date() == at.date()
         when = at.strftime(" since %H:%M UTC" if today else " since %Y-%m-%d %H:%M UTC")
-    return f"out{when}: {reason or 'its device failed its check'}"
+    held = "" if not unplanned else (" (missing)" if unplanned == "missing"
+                                     else f" (refused at planning: {unplanned})")
+    return f"out{held}{when}: {reason or 'its device failed its check'}"
 
 
 def gpu_model(worker: Mapping[str, Any]) -> str | None:

@@ -296,10 +296,14 @@ def discover(nvidia_smi: str, cpu_count: int, host_ids: list[int] | None = None,
              expect_gpus: bool = False, cuda_visible: str | None = None) -> list[DiscoveredDevice]:
     """This node's devices: its GPUs (those `CUDA_VISIBLE_DEVICES` lets it use), or `cpu_count`
     CPU devices on a host without any (or with none of them visible)."""
+    return visible(host_gpus(nvidia_smi, host_ids, expect_gpus), cuda_visible) or cpu_devices(cpu_count)
+
+
+def host_gpus(nvidia_smi: str, host_ids: list[int] | None = None,
+              expect_gpus: bool = False) -> list[DiscoveredDevice]:
+    """Every GPU nvidia-smi lists, named by its host index (MXQ_HOST_GPUS in a container)."""
     gpus = query_gpus(nvidia_smi, expect_gpus)
-    if gpus and host_ids is not None:
-        gpus = relabel(gpus, host_ids)
-    return visible(gpus, cuda_visible) or cpu_devices(cpu_count)
+    return relabel(gpus, host_ids) if gpus and host_ids is not None else gpus
 
 
 @cache

@@ -39,6 +39,7 @@ from mxq.workers.hardware.devices import (
     onnx_runs_gpus,
 )
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
+from mxq.workers.hardware.unplanned import Unplanned
 from mxq.workers.launch import groups, procs, sqlite_lock
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.repair.recovery import recover_worker
@@ -125,16 +126,24 @@ def onnx_python(settings: Settings) -> tuple[str, str | None]:
 def plan(settings: Settings, devices: list[DiscoveredDevice], build: str | None) -> tuple[list[WorkerSpec],
                                                                             list[str]]:
     """The worker to start for each usable device, and why the others are refused."""
-    specs: list[WorkerSpec] = []
-    refused: list[str] = []
+    specs, unplanned = plan_devices(settings, devices, build)
+    return specs, list(dict.fromkeys(u.reason for u in unplanned))  # broken wheels: once, not per GPU
+
+
+def plan_devices(settings: Settings, devices: list[DiscoveredDevice],
+                 build: str | None) -> tuple[list[WorkerSpec], list[Unplanned]]:
+    """The worker to start for each usable device, and each refused one with why (`Unplanned`)."""
     cpus = [d for d in devices if d.kind == "cpu"]
     if len(cpus) < len(devices) and (broken := wheels.problems()):
-        return [], [f"every GPU of this host: {problem}" for problem in broken]
+        why = "; ".join(f"every GPU of this host: {problem}" for problem in broken)
+        return [], [Unplanned(d, "wheels", why) for d in devices if d.kind == "gpu"]
+    specs: list[WorkerSpec] = []
+    refused: list[Unplanned] = []
     # The ONNX Runtime Python is asked for once, for the first GPU MXNet cannot run.
     onnx = functools.cache(functools.partial(onnx_python, settings))
     for device in devices:
         runtime = _runtime(device, build, onnx)
-        if isinstance(runtime, str):
+        if isinstance(runtime, Unplanned):
             refused.append(runtime)
             continue
         specs.append(_worker_spec(settings, device, len(cpus), runtime.mxnet_unusable,
@@ -151,10 +160,12 @@ class Runtime(NamedTuple):
 
 
 def _runtime(device: DiscoveredDevice, build: str | None,
-             onnx: Callable[[], tuple[str, str | None]]) -> Runtime | str:
+             onnx: Callable[[], tuple[str, str | None]]) -> Runtime | Unplanned:
     """The runtime of `device`'s worker, or why the device is refused."""
-    if busy := memory_busy(device) or compute_mode_refusal(device):
-        return busy
+    if busy := memory_busy(device):
+        return Unplanned(device, "memory_in_use", busy)
+    if prohibited := compute_mode_refusal(device):
+        return Unplanned(device, "compute_mode", prohibited)
     mxnet_unusable = incompatibility(device, build) if device.kind == "gpu" else None
     if mxnet_unusable:
         return _onnx_runtime(device, mxnet_unusable, onnx())
@@ -166,13 +177,16 @@ def _runtime(device: DiscoveredDevice, build: str | None,
 
 
 def _onnx_runtime(device: DiscoveredDevice, mxnet_unusable: str,
-                  onnx: tuple[str, str | None]) -> Runtime | str:
+                  onnx: tuple[str, str | None]) -> Runtime | Unplanned:
     """A GPU MXNet cannot run serves inference with ONNX Runtime (the `onnx` Python, and why
     it cannot when it cannot), unless it is a MIG slice or its driver is too old for it."""
     python, cannot = onnx
     too_old, warning = onnx_driver_gate(device)
-    if device.mig or cannot or too_old:
-        return mxnet_unusable if device.mig else f"{mxnet_unusable}; {cannot or too_old}"
+    if device.mig:
+        return Unplanned(device, "mig", mxnet_unusable)
+    if cannot or too_old:
+        return Unplanned(device, "mxnet_build" if cannot else "driver",
+                         f"{mxnet_unusable}; {cannot or too_old}")
     if warning:
         log.warning("%s", warning)
     log.warning("%s; it serves inference with ONNX Runtime (%s) and refuses training",
@@ -248,9 +262,13 @@ class Child:
 class Launcher:
     """Starts, watches and stops the device workers of this node."""
 
-    def __init__(self, settings: Settings, specs: list[WorkerSpec]) -> None:
+    def __init__(self, settings: Settings, specs: list[WorkerSpec],
+                 recheck: Callable[[], list[WorkerSpec]] | None = None) -> None:
         self.settings = settings
         self.children = [Child(spec) for spec in specs]
+        # GPUs planned no worker (refused at planning, missing from nvidia-smi): asked at each
+        # poll for the workers of those that became usable (mxq.workers.launch.recheck)
+        self.recheck = recheck
         self.stopping = False
         self.logs = settings.home_path / "logs"
         self.redis = EmbeddedRedis(settings.home_path) if settings.embedded_broker else None
@@ -313,8 +331,8 @@ class Launcher:
         """Supervise until stopped; 0 on a clean stop. A node whose every device is out keeps
         its launcher and probes them again (it exited, and under Compose was restarted and told
         `device.out` again at every restart); a device that passes is back. 1 at once when it
-        has nothing to supervise (no device could be planned)."""
-        if not self.children:
+        has nothing to supervise (no device could be planned, and none to plan again)."""
+        if not self.children and self.recheck is None:
             return 1
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
@@ -331,6 +349,9 @@ class Launcher:
         now = time.monotonic()
         self._watch_broker(now)
         self._end_stopped_writer(now)
+        for spec in self.recheck() if self.recheck else []:
+            if all(c.spec.name != spec.name for c in self.children):
+                self.children.append(Child(spec))  # started below, as any child due to start
         for child in self.children:
             if child.refused and now < child.restart_at:
                 continue

@@ -24,7 +24,7 @@ from mxq.db.fleet import alive_since, refused_since
 from mxq.db.migrate import upgrade
 from mxq.db.schema import utcnow
 from mxq.errors import Unavailable
-from mxq.workers.hardware.devices import discover, installed_mxnet
+from mxq.workers.hardware.unplanned import Unplanned
 from mxq.workers.launch import groups, ports, procs
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.launch.launcher import (
@@ -32,9 +32,9 @@ from mxq.workers.launch.launcher import (
     Launcher,
     WorkerSpec,
     api_spec,
-    plan,
     schedule_spec,
 )
+from mxq.workers.launch.recheck import NodePlan, Recheck
 from mxq.workers.settings import Settings
 from mxq.workers.stack_record import record_stack
 
@@ -65,21 +65,23 @@ def prepare(settings: Settings) -> tuple[bool, list[str]]:
     return started, notes
 
 
-def node_plan(settings: Settings) -> tuple[list[WorkerSpec], list[str]]:
-    devices = discover(settings.nvidia_smi, settings.cpu_devices, settings.host_gpu_ids,
-                       settings.expect_gpus, settings.cuda_visible_devices)
-    return plan(settings, devices, settings.mxnet_build or installed_mxnet())
-
-
-def run_launcher(settings: Settings, specs: list[WorkerSpec], with_schedule: bool = False) -> int:
+def run_launcher(settings: Settings, specs: list[WorkerSpec], with_schedule: bool = False,
+                 unplanned: list[Unplanned] | None = None) -> int:
     """Supervise this node's workers in the foreground until SIGTERM or Ctrl-C; refused while
-    another launcher of this node lives in this home (it would start the same workers again)."""
+    another launcher of this node lives in this home (it would start the same workers again).
+    The GPUs it plans no worker for (`unplanned`) are recorded out and planned again on its
+    probe cadence (mxq.workers.launch.recheck)."""
     me = procs.me()
     pidfile = claim_node(settings, me)
+    recheck = Recheck(settings, NodePlan(specs, unplanned)) if unplanned else None
     try:
         services = [schedule_spec(settings), api_spec(settings)] if with_schedule else []
-        return Launcher(settings, [*specs, *services]).run()
+        if recheck is not None:
+            recheck.record()
+        return Launcher(settings, [*specs, *services], recheck).run()
     finally:
+        if recheck is not None:
+            recheck.close()
         if procs.read(pidfile) == me:  # not a newer launcher's record
             pidfile.unlink(missing_ok=True)
 

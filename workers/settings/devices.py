@@ -17,6 +17,8 @@ DEFAULT_CPU_DEVICES = 2
 # Each CPU device is a worker process pinned to its own cores: more devices than cores only
 # plans processes that fight for them. MXQ_MAX_CPU_DEVICES raises the bound, never past this.
 MAX_CPU_DEVICES = 1024
+# MXQ_EXPECTED_GPUS's bound: more GPUs than any one host carries is a typo.
+MAX_GPUS = 1024
 
 
 def usable_cores() -> int:
@@ -37,6 +39,10 @@ class DeviceFields(Part):
     nvidia_smi: str = Field("nvidia-smi", description="The nvidia-smi program to query GPUs.")
     expect_gpus: bool = Field(False, description="Fail instead of starting CPU devices when "
                               "nvidia-smi fails (also the case wherever /dev/nvidia0 exists).")
+    expected_gpus: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="How many GPUs nvidia-smi should list on this host: "
+        "each one it does not list shows as missing (`mxq devices`, /metrics, device.out) and is "
+        "looked for again on the launcher's probe cadence; implies MXQ_EXPECT_GPUS.")
     worker_memory_mb: int | None = Field(
         None, ge=1, le=2**24, description="Host memory cap (RLIMIT_DATA, MiB) of each device worker; unset = "
         "no cap. A batch that does not fit fails with out-of-memory and is retried halved."
@@ -104,7 +110,8 @@ class DeviceFields(Part):
     def devices(self) -> DeviceSettings:
         """What device discovery and the launcher's plan need of the settings."""
         return DeviceSettings(self.cpu_devices, self.max_cpu_devices, self.nvidia_smi, self.expect_gpus,
-                              self.worker_memory_mb, _tuple(self.host_gpu_ids), self.cuda_visible_devices,
+                              self.expected_gpus, self.worker_memory_mb, _tuple(self.host_gpu_ids),
+                              self.cuda_visible_devices,
                               self.onnx_python, self.mxnet_build, self.device, self.device_model,
                               self.mxnet_unusable)
 
@@ -118,6 +125,7 @@ class DeviceSettings:
     max_cpu_devices: int | None
     nvidia_smi: str
     expect_gpus: bool
+    expected_gpus: int | None
     worker_memory_mb: int | None
     host_gpu_ids: tuple[int, ...] | None
     cuda_visible_devices: str | None
