@@ -26,6 +26,7 @@ from mxq.tasks.inference.inputs import InputSource
 from mxq.tasks.job_context import JobInputError
 from mxq.tasks.model_store.model_error import ModelError
 from mxq.tasks.model_store.mxnet.versions import add_builtin, add_exported
+from mxq.workers.fleet.hang_watch import DeviceWatch
 from mxq.workers.settings import Settings
 from tests.conftest import Stack, run_cli
 from tests.support.inference import infer_and_wait, save_npy
@@ -172,7 +173,8 @@ def test_a_non_finite_output_names_its_sample_whatever_the_engine(value: float, 
 
     x = np.arange(10, dtype=np.float32)[:, None]
     engine = engines.Engine("onnx", engines._checked(_model(), forward), lambda: None, False, "")
-    no_job = cast("JobContext", SimpleNamespace())  # a fit that never halves records nothing
+    # a fit that never halves records nothing; its batches run under a watch
+    no_job = cast("JobContext", SimpleNamespace(watch=DeviceWatch(300, 10)))
     fit = BatchFit(no_job, 4)  # slices [0,4) [4,8) [8,10): sample 7 in the second
     with pytest.raises(engines.NonFiniteOutput) as info:
         fit.predict(engine, x)

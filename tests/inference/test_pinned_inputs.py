@@ -19,6 +19,7 @@ from mxq.tasks.inference.fixed_costs import FixedCosts
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.inference.submitted_input import open_submitted
 from mxq.tasks.job_context import JobContext, JobInputError
+from mxq.workers.fleet.hang_watch import DeviceWatch
 from mxq.workers.jobs.jobspecs import InferParams
 from mxq.workers.jobs.kinds.infer import resolve_infer
 from mxq.workers.settings import get_settings
@@ -174,7 +175,7 @@ def test_a_file_rewritten_while_the_model_reads_the_last_batch_fails_the_job(
     engine = engines.Engine("onnx", forward, lambda: None, False, "")
     job = cast("JobContext", SimpleNamespace(
         url="", id=1, parsed_device=SimpleNamespace(kind="gpu"), preempt_asked=lambda: False,
-        check_cancelled=lambda done: None))
+        check_cancelled=lambda done: None, watch=DeviceWatch(300, 10)))
     with pytest.raises(JobInputError, match=r"pinned-last.npy changed since the job was submitted"):
         infer._stream(job, p, source, engine, cast(Any, out), 0, BatchFit(job, 1000),
                       FixedCosts(0.0))
