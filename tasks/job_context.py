@@ -22,6 +22,7 @@ from mxq.errors import UserError
 from mxq.json_types import JsonMapping
 from mxq.priorities import NORMAL, Level
 from mxq.since import format_duration
+from mxq.tasks.fixed_costs import FixedCosts
 from mxq.workers.fleet.hang_watch import DeviceWatch
 from mxq.workers.jobs.jobspecs import JobParams, P, ParamsError, validated
 from mxq.workers.settings import Settings
@@ -96,7 +97,6 @@ class JobContext:
     worker: str = ""  # the worker that claimed it
     node: str = ""  # that worker's node ("": its settings' node)
     fence: Fence | None = None  # this attempt's, from the claim: every write it makes carries it
-    claimed_at: float | None = None  # when that claim succeeded (perf_counter): its fixed costs' start
     # Inference: where earlier attempts stopped storing results (read with the row: a worker
     # still writing then is fenced off by the claim, and what it adds is cleared on resume).
     committed: int | None = None
@@ -114,9 +114,12 @@ class JobContext:
     # Its device progress: the body arms it around its device work (a batch's forward pass, a
     # training's epochs) and another thread asks it whether the device hung (`hang_watch`).
     watch: DeviceWatch = field(init=False)
+    # what its start and end cost (the result's `fixed_costs`), from its claim (`runner`)
+    costs: FixedCosts = field(init=False)
 
     def __post_init__(self) -> None:
         self.parsed_device = Device.parse(self.device)
+        self.costs = FixedCosts(time.perf_counter())
         self.watch = DeviceWatch(self.settings.device_hang_seconds, self.settings.device_hang_factor)
 
     def params(self, spec: type[P]) -> P:

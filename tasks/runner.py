@@ -173,7 +173,7 @@ def run_job(job_id: int, body: Body, admit: Admit | None = None,
             release(job)
         log.warning("job %s not run here: %s", job_id, verdict)
         return verdict
-    job.fence, job.claimed_at = verdict, time.perf_counter()
+    job.fence, job.costs.claimed = verdict, time.perf_counter()
     job.clock_from = job.clock_from or utcnow()  # as the claim set it: this is its first start
     try:
         return _run(w, job, body)

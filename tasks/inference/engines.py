@@ -229,7 +229,16 @@ def _figures_key(job: JobContext) -> str:
 
 def _measure(job: JobContext, model: ModelRecord, batch_size: int, which: list[str]) -> dict[str, float]:
     """The samples/s of each engine (or precision) in `which` on this worker, on a seeded batch
-    of the model's input shape, stored beside the figures measured before."""
+    of the model's input shape, stored beside the figures measured before; its time is the
+    job's `engine_measure` cost."""
+    began = time.perf_counter()
+    try:
+        return _measured(job, model, batch_size, which)
+    finally:
+        job.costs.engine_measure += time.perf_counter() - began
+
+
+def _measured(job: JobContext, model: ModelRecord, batch_size: int, which: list[str]) -> dict[str, float]:
     low, high = MEASURE_BATCH_RANGE
     batch = np.random.default_rng(0).random((min(max(batch_size, low), high), *model["input_shape"]),
                                             dtype=np.float32)

@@ -32,9 +32,9 @@ from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.db.retry import db_retry
 from mxq.errors import device_fault
+from mxq.tasks.fixed_costs import FixedCosts
 from mxq.tasks.inference import batching, engines, verdicts
 from mxq.tasks.inference.batch_fit import BatchFit
-from mxq.tasks.inference.fixed_costs import FixedCosts
 from mxq.tasks.inference.inputs import InputError, InputSource
 from mxq.tasks.inference.outputs import JobOutputs, rows
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
@@ -124,7 +124,7 @@ def _ranged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         raise JobInputError(f"chunk [{start}, {stop}) lies beyond the {source.count} samples of "
                             f"{p.input}")
     fit = BatchFit(job, _start_batch(p, stop - start, job.settings.max_batch_size))
-    costs, since = FixedCosts(job.claimed_at or time.perf_counter()), time.perf_counter()
+    costs, since = job.costs, time.perf_counter()
     engine = _engine(job, p, model, source, fit.size)
     costs.engine_ready(since, engine.check.seconds if engine.check else 0.0)
     _announce(job, model, engine, f"samples {start}..{stop} of {source.count}, batch {fit.size}")

@@ -192,7 +192,7 @@ def test_auto_runs_the_engine_measured_faster(workers: Stack, faster: str) -> No
 
 def test_auto_measures_both_engines_once_per_device_kind(workers: Stack) -> None:
     _add(workers, "fresh")
-    name = _data(workers, "fresh.npy", np.ones((40, 32), np.float32))
+    name = _data(workers, "fresh.npy", np.ones((100, 32), np.float32))  # streamed, not merged
     first = _infer(workers, "fresh", name, "--device", "cpu:0")
     assert first["status"] == "succeeded", first["error"]
     shown = json.loads(workers.mxq("models", "fresh", "--json").stdout)
@@ -204,6 +204,10 @@ def test_auto_measures_both_engines_once_per_device_kind(workers: Stack) -> None
     again = _infer(workers, "fresh", name, "--device", "cpu:1")
     assert again["result"]["engine"] == first["result"]["engine"]
     assert json.loads(workers.mxq("models", "fresh", "--json").stdout)[0]["engines"]["cpu"] == speeds
+    # the measuring is the first job's fixed cost, apart from its model's load; not the second's
+    costs = [j["result"]["fixed_costs"] for j in (first, again)]
+    assert costs[0]["engine_measure"] > 0 and costs[1]["engine_measure"] == 0
+    assert all(c["claim_to_first_batch"] >= c["model_load"] + c["engine_measure"] for c in costs)
 
 
 def test_a_model_without_an_export_serves_with_mxnet(workers: Stack, tmp_path: Path) -> None:

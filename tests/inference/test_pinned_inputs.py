@@ -13,9 +13,9 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from mxq.tasks.fixed_costs import FixedCosts
 from mxq.tasks.inference import engines, infer
 from mxq.tasks.inference.batch_fit import BatchFit
-from mxq.tasks.inference.fixed_costs import FixedCosts
 from mxq.tasks.inference.inputs import InputError
 from mxq.tasks.inference.submitted_input import open_submitted
 from mxq.tasks.job_context import JobContext, JobInputError
