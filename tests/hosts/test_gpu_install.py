@@ -121,7 +121,10 @@ def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, s
     assert added.returncode == 0 and json.loads(added.stdout)["version"] == 1, added.stderr
 
     devices = {d["device"]: d for d in json.loads(_mxq(env, "devices", "--json").stdout)}
-    assert set(devices) == {"gpu:0", "gpu:1"}  # the H200 was refused by the plan: no worker
+    assert set(devices) == {"gpu:0", "gpu:1", "gpu:2"}
+    h200 = devices.pop("gpu:2")  # refused by the plan: no worker, a row that says why
+    assert h200["unplanned"] == "mxnet_build" and h200["health"] == "out", h200
+    assert "sm_90" in h200["out_reason"] and h200["alive"] is False, h200
     for d in devices.values():
         assert d["alive"] is False
         assert "sees 0 GPUs through MXNet (expected 1)" in d["refused"], d
@@ -131,7 +134,7 @@ def test_up_starts_every_process_and_the_gpu_workers_refuse_once(up: dict[str, s
     assert schedule and api
     url = f"http://127.0.0.1:{env['MXQ_API_PORT']}/api/v1/devices"
     listed = wait_until(lambda: _get_json(url), 60, f"{url} to answer", until=lambda r: r is not None)
-    assert {d["device"] for d in listed} == {"gpu:0", "gpu:1"}
+    assert {d["device"] for d in listed} == {"gpu:0", "gpu:1", "gpu:2"}
     log = (home / "logs" / "launcher.log").read_text()
     for name in (f"gpu0@{NODE}", f"gpu1@{NODE}"):
         assert log.count(f"started {name}") == 1, log  # refused once, never restarted
