@@ -46,6 +46,19 @@ if os.environ.get("MXQ_DEVICE", "").startswith("gpu:"):
 '''
 
 
+def launch_stand_ins(stack: Stack, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """`mxq worker` on the stack, its GPU workers computing on CPUs (STAND_IN as their
+    sitecustomize): the launcher and its log."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(STAND_IN)
+    log_path = stack.home / "launcher-test.log"
+    with open(log_path, "ab") as log:
+        launcher = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT,
+                                    env=stack.environ(PYTHONPATH=str(tmp_path / "site")),
+                                    stdout=log, stderr=subprocess.STDOUT)
+    return launcher, log_path
+
+
 def environ_of(pid: int) -> dict[str, str]:
     """A process's environment as the kernel holds it (what it was started with)."""
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -58,15 +71,9 @@ def gpu_node(isolated: Stack, tmp_path: Path) -> Iterator[Stack]:
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\ncat '{LISTING}'\n")
     smi.chmod(0o755)
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(STAND_IN)
     isolated.env.update(MXQ_NVIDIA_SMI=str(smi), MXQ_MXNET_BUILD="mxnet-cu112")
     since, names = utcnow(), [f"gpu0@{NODE}", f"gpu1@{NODE}"]
-    log_path = isolated.home / "launcher-test.log"
-    with open(log_path, "ab") as log:
-        launcher = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT,
-                                    env=isolated.environ(PYTHONPATH=str(tmp_path / "site")),
-                                    stdout=log, stderr=subprocess.STDOUT)
+    launcher, log_path = launch_stand_ins(isolated, tmp_path)
     try:
         def beating() -> set[str]:
             assert launcher.poll() is None, f"launcher exited: {log_path.read_text()}"

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -35,8 +33,8 @@ from mxq.workers.hardware.devices import parse_nvidia_smi
 from mxq.workers.hardware.unplanned import missing_gpus
 from mxq.workers.launch.recheck import NodePlan, Recheck, node_plan
 from mxq.workers.settings import Settings
-from tests.conftest import FIXTURES, NODE, ROOT, Stack, run_cli, stop, wait_until
-from tests.hosts.test_gpu_pinning import STAND_IN
+from tests.conftest import FIXTURES, NODE, Stack, run_cli, stop, wait_until
+from tests.hosts.test_gpu_pinning import launch_stand_ins
 
 SMI = FIXTURES / "nvidia-smi"
 WHOLE, PART = SMI / "a100x3.csv", SMI / "a100x2-of-3-busy.csv"
@@ -113,13 +111,7 @@ def held_node(isolated: Stack, tmp_path: Path) -> Iterator[tuple[Stack, Path, in
                    {"uuid": LOST_UUID, "name": "NVIDIA A100-SXM4-80GB"}, alive=False)
     hook = endpoints.add_hook(url, "https://hooks.example.com/in", ["device.out", "device.back"],
                               "admin")["id"]
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(STAND_IN)
-    log_path = isolated.home / "launcher-test.log"
-    with open(log_path, "ab") as log:
-        launcher = subprocess.Popen([sys.executable, "-m", "mxq.cli", "worker"], cwd=ROOT,
-                                    env=isolated.environ(PYTHONPATH=str(tmp_path / "site")),
-                                    stdout=log, stderr=subprocess.STDOUT)
+    launcher, _ = launch_stand_ins(isolated, tmp_path)
     try:
         yield isolated, listing, hook
     finally:
