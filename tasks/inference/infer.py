@@ -32,7 +32,6 @@ from mxq.db.batches import finish_batch
 from mxq.db.records import CLASSIFIER_OUTPUTS, ModelRecord
 from mxq.db.retry import db_retry
 from mxq.errors import device_fault
-from mxq.tasks.fixed_costs import FixedCosts
 from mxq.tasks.inference import batching, engines, verdicts
 from mxq.tasks.inference.batch_fit import BatchFit
 from mxq.tasks.inference.inputs import InputError, InputSource
@@ -134,7 +133,7 @@ def _ranged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
     begin = out.resume()
     earlier = _earlier_seconds(job.url, job.id) if begin > start else 0.0
     began = time.perf_counter()
-    _stream_all(job, p, source, engine, out, begin, fit, costs)
+    _stream_all(job, p, source, engine, out, begin, fit)
     # Every sample the output holds, over the compute time of every attempt that stored them.
     seconds = earlier + time.perf_counter() - began
     log.info("job %s: %s samples stored (%s)", job.id, stop - start, out.shown)
@@ -164,13 +163,13 @@ def _seen(p: InferParams, source: InputSource) -> verdicts.InputSeen:
 
 
 def _stream_all(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
-                out: JobOutputs, begin: int, fit: BatchFit, costs: FixedCosts) -> None:
+                out: JobOutputs, begin: int, fit: BatchFit) -> None:
     """Stream the samples from `begin` into `out` and finish it; what it stored is dropped on a
     failure, unless the job stopped in a way that keeps it."""
     try:
-        _stream(job, p, source, engine, out, begin, fit, costs)
+        _stream(job, p, source, engine, out, begin, fit)
         out.finish()
-        costs.finished()
+        job.costs.finished()
     except Exception as exc:
         # another's; kept (cancelled, or past its time limit); or resumed
         if not isinstance(exc, JobLost | JobCancelled | JobTimedOut | JobPreempted):
@@ -388,13 +387,14 @@ def _reuse_checked(engine: engines.Engine, p: InferParams, source: InputSource, 
 
 
 def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engines.Engine,
-            out: JobOutputs, begin: int, fit: BatchFit, costs: FixedCosts) -> None:
+            out: JobOutputs, begin: int, fit: BatchFit) -> None:
     """Compute every batch from `begin` here; reading runs ahead and storing runs behind on
     side threads. A flush is due every FLUSH_SECONDS or `flush_rows` samples, and at the end."""
     writer = BackgroundWriter(out.store, in_flight=1)  # a kill loses the flush in store and the next
     step = _next_metric_step(job.url, job.id) if begin > out.start else 0  # after earlier points
     since, mark = time.perf_counter(), begin
     most = flush_rows(out.holds_results, out.classes, out.stop - out.start)
+    costs = job.costs
     try:
         begin = _reuse_checked(engine, p, source, out, begin)
         if begin > mark:

@@ -175,8 +175,8 @@ def test_a_file_rewritten_while_the_model_reads_the_last_batch_fails_the_job(
     engine = engines.Engine("onnx", forward, lambda: None, False, "")
     job = cast("JobContext", SimpleNamespace(
         url="", id=1, parsed_device=SimpleNamespace(kind="gpu"), preempt_asked=lambda: False,
-        check_cancelled=lambda done: None, watch=DeviceWatch(300, 10)))
+        check_cancelled=lambda done: None, watch=DeviceWatch(300, 10),
+        costs=FixedCosts(0.0)))
     with pytest.raises(JobInputError, match=r"pinned-last.npy changed since the job was submitted"):
-        infer._stream(job, p, source, engine, cast(Any, out), 0, BatchFit(job, 1000),
-                      FixedCosts(0.0))
+        infer._stream(job, p, source, engine, cast(Any, out), 0, BatchFit(job, 1000))
     assert seen[0] == source.count and out.added < source.count  # the last read was never kept
