@@ -247,7 +247,7 @@ def from_claim(job: JobRecord) -> float:
     """The job's samples/s with its start counted: its rate covers its batches and last flush
     only, from when its engine was ready."""
     costs = fixed_costs(job)
-    start = (costs["model_load"] or 0.0) + (costs["variant_check"] or 0.0)
+    start = sum(costs[k] or 0.0 for k in ("model_load", "engine_measure", "variant_check"))
     samples = job["samples"] or 0
     return samples / (samples / rate(job) + start)
 

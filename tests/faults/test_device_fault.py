@@ -65,7 +65,7 @@ def _faulty_environment(tmp: Path, when: str = f"calls == {FAULT_AFTER}") -> dic
             "MXQ_REPROBE_SECONDS": "3"}
 
 
-def _stored_rows(stack: Stack, job_id: int) -> np.ndarray:
+def stored_rows(stack: Stack, job_id: int) -> np.ndarray:
     """The sample index of every prediction row of the job, sorted (duplicates kept)."""
     with session_scope(stack.settings.database) as session:
         return np.sort(np.array(session.scalars(select(Prediction.idx)
@@ -105,7 +105,7 @@ def test_a_device_fault_mid_job_requeues_the_job_to_a_healthy_device_and_takes_t
             f"device fault on {out} during job {job['id']}: "), said
         assert "CUDA: uncorrectable ECC error encountered" in said[0]["message"]
 
-        assert np.array_equal(_stored_rows(isolated, job["id"]), np.arange(SAMPLES)), \
+        assert np.array_equal(stored_rows(isolated, job["id"]), np.arange(SAMPLES)), \
             "a row lost or stored twice"
 
         # The device was out (its worker row said why) and, passing its probe, is back.
@@ -150,6 +150,6 @@ def test_a_device_fault_under_a_merged_batch_sends_every_member_back_without_an_
         assert len(handed_back) > 1, "the fault hit no merged batch"
         assert all(j["attempts"] == 1 for j in done), [(j["id"], j["attempts"]) for j in done]
         for job_id in ids:
-            assert np.array_equal(_stored_rows(isolated, job_id), np.arange(1)), job_id
+            assert np.array_equal(stored_rows(isolated, job_id), np.arange(1)), job_id
     finally:
         stop(launcher)

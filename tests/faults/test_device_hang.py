@@ -11,16 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import select
 
-from mxq.db.engine import session_scope
 from mxq.db.events import list_events
-from mxq.db.schema import Prediction
 from mxq.db.webhooks import endpoints, outbox
 from mxq.json_types import JsonObject
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX
 from tests.conftest import NODE, Stack, launch, stop, wait_until
+from tests.faults.test_device_fault import stored_rows
 
 pytestmark = pytest.mark.slow
 
@@ -81,13 +79,6 @@ def _row(stack: Stack, device: str) -> JsonObject:
     return next(r for r in device_table(stack.settings) if r["device"] == device)
 
 
-def _stored_rows(stack: Stack, job_id: int) -> np.ndarray:
-    """The sample index of every prediction row of the job, sorted (duplicates kept)."""
-    with session_scope(stack.settings.database) as session:
-        return np.sort(np.array(session.scalars(select(Prediction.idx)
-                                                .where(Prediction.job_id == job_id)).all()))
-
-
 @pytest.mark.timeout(600)
 def test_a_hung_device_is_taken_out_its_job_requeued_and_its_hung_start_check_refused(
         isolated: Stack, tmp_path: Path) -> None:
@@ -135,7 +126,7 @@ def test_a_hung_device_is_taken_out_its_job_requeued_and_its_hung_start_check_re
         job = isolated.wait(job_id, timeout=300)
         assert job["status"] == "succeeded", job["error"]
         assert (job["device"], job["device_faults"], job["attempts"]) == ("cpu:0", 1, 1), job
-        assert np.array_equal(_stored_rows(isolated, job_id), np.arange(SAMPLES)), \
+        assert np.array_equal(stored_rows(isolated, job_id), np.arange(SAMPLES)), \
             "a row lost or stored twice"
         assert _row(isolated, "cpu:0")["health"] == "healthy"
     finally:
