@@ -65,6 +65,19 @@ def _faulty_environment(tmp: Path, when: str = f"calls == {FAULT_AFTER}") -> dic
             "MXQ_REPROBE_SECONDS": "3"}
 
 
+def add_mlp(stack: Stack) -> None:
+    """The built-in MLP the tests run, registered as `mlp64` (64 inputs, 10 classes)."""
+    add = stack.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64", "--classes", "10")
+    assert add.returncode == 0, add.stderr
+
+
+def mlp_and_input(stack: Stack, name: str, seed: int, samples: int) -> None:
+    """`add_mlp`, and `samples` seeded inputs for it saved as data/NAME."""
+    add_mlp(stack)
+    np.save(stack.home / "data" / name,
+            np.random.default_rng(seed).standard_normal((samples, 64), dtype=np.float32))
+
+
 def stored_rows(stack: Stack, job_id: int) -> np.ndarray:
     """The sample index of every prediction row of the job, sorted (duplicates kept)."""
     with session_scope(stack.settings.database) as session:
@@ -85,11 +98,7 @@ def test_a_device_fault_mid_job_requeues_the_job_to_a_healthy_device_and_takes_t
     env = _faulty_environment(tmp_path)
     launcher = launch(isolated, **env)
     try:
-        add = isolated.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64",
-                           "--classes", "10")
-        assert add.returncode == 0, add.stderr
-        x = np.random.default_rng(5).standard_normal((SAMPLES, 64), dtype=np.float32)
-        np.save(isolated.home / "data" / "fault.npy", x)
+        mlp_and_input(isolated, "fault.npy", 5, SAMPLES)
         sent = isolated.mxq_json("infer", "mlp64", "fault.npy", "--engine", "mxnet",
                                  "--precision", "fp32", "--batch-size", str(BATCH))
         job = isolated.wait(sent["id"], timeout=300)
@@ -130,9 +139,7 @@ def test_a_device_fault_under_a_merged_batch_sends_every_member_back_without_an_
     launcher = launch(isolated, **env)
     try:
         s = isolated.settings
-        add = isolated.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64",
-                           "--classes", "10")
-        assert add.returncode == 0, add.stderr
+        add_mlp(isolated)
         x = np.random.default_rng(6).standard_normal((MERGED, 64), dtype=np.float32)
         (isolated.home / "data" / "one").mkdir()
         for i in range(MERGED):

@@ -18,7 +18,7 @@ from mxq.json_types import JsonObject
 from mxq.workers.fleet.device_table import device_table
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX
 from tests.conftest import NODE, Stack, launch, stop, wait_until
-from tests.faults.test_device_fault import stored_rows
+from tests.faults.test_device_fault import mlp_and_input, stored_rows
 
 pytestmark = pytest.mark.slow
 
@@ -86,11 +86,7 @@ def test_a_hung_device_is_taken_out_its_job_requeued_and_its_hung_start_check_re
     hook = endpoints.add_hook(url, "https://hooks.example.com/in", ["device.out"], "admin")["id"]
     launcher = launch(isolated, **_hanging_environment(tmp_path))
     try:
-        add = isolated.mxq("models", "add", "mlp64", "--arch", "mlp", "--input-shape", "64",
-                           "--classes", "10")
-        assert add.returncode == 0, add.stderr
-        x = np.random.default_rng(7).standard_normal((SAMPLES, 64), dtype=np.float32)
-        np.save(isolated.home / "data" / "hang.npy", x)
+        mlp_and_input(isolated, "hang.npy", 7, SAMPLES)
         # On cpu:0 only: the job, queued again, waits for that device to come back.
         sent = isolated.mxq_json("infer", "mlp64", "hang.npy", "--device", "cpu:0", "--engine",
                                  "mxnet", "--precision", "fp32", "--batch-size", str(BATCH))
