@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, cast
 
@@ -47,6 +48,29 @@ Row = tuple[int, int, int, float, str | None]  # top_k as JSON text
 
 
 @dataclass(frozen=True)
+class Block:
+    """One read's rows of job `owner` from sample `first`, kept as NumPy columns until written:
+    PostgreSQL copies a block without top-k straight from its arrays (`_binary_copy`); other
+    writes take its `rows`. Built as Python tuples where the job computes, a million rows cost
+    its worker about 1.5 s of CPU beside the model's own 1.6 s."""
+
+    owner: int
+    first: int
+    classes: NDArray[np.int64]
+    scores: NDArray[np.float32]
+    top_k: list[str] | None = None  # each sample's top-k or kept labels as JSON, where asked
+
+    def rows(self) -> list[Row]:
+        top: Iterator[str | None] = repeat(None) if self.top_k is None else iter(self.top_k)
+        return list(zip(repeat(self.owner), range(self.first, self.first + len(self.classes)),
+                        self.classes.tolist(), self.scores.tolist(), top))
+
+
+Rows = Sequence[Row | Block]
+"""What one write stores: rows, or blocks of them."""
+
+
+@dataclass(frozen=True)
 class Ranked:
     """One batch of probabilities ranked: each sample's class and score, and with top-k its
     k best classes and their probabilities, best first (`order` and `best` are (n, k))."""
@@ -81,7 +105,7 @@ def kept_labels(probs: NDArray[np.float32], threshold: float | None,
 
 
 @db_retry
-def write(url: str, rows: list[Row]) -> None:
+def write(url: str, rows: Rows) -> None:
     """Store rows in one bulk write (see `_insert`)."""
     if not rows:
         return
@@ -90,7 +114,7 @@ def write(url: str, rows: list[Row]) -> None:
 
 
 @db_retry
-def commit(url: str, fence: Fence, rows: list[Row], position: int) -> RunCheck:
+def commit(url: str, fence: Fence, rows: Rows, position: int) -> RunCheck:
     """Store `rows` and move the job's committed position to `position`, in one transaction.
 
     Only for the attempt that runs the job: LOST (nothing stored) when it is not its own any more;
@@ -107,24 +131,22 @@ def commit(url: str, fence: Fence, rows: list[Row], position: int) -> RunCheck:
     return RunCheck.of(moved.cancel_requested_at, moved.preempt_for)
 
 
-def add(session: Session, rows: list[Row]) -> None:
+def add(session: Session, rows: Rows) -> None:
     """Inside the caller's transaction: store rows (see `_insert`)."""
     _insert(session.connection(), rows)
 
 
-def _insert(conn: Connection, rows: list[Row]) -> None:
+def _insert(conn: Connection, written: Rows) -> None:
     """COPY on PostgreSQL, a driver-level executemany of multi-row INSERTs elsewhere.
 
     Both skip per-value ORM processing, which on a busy worker costs more CPU than the model.
     """
-    if not rows:
+    if not written:
         return
     if conn.dialect.name == "postgresql":
-        with cast(Any, conn.connection).cursor() as cur, cur.copy(
-                f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        _copy(conn, written)
         return
+    rows = _tuples(written)
     mark = _MARK[conn.dialect.paramstyle]
     columns = len(COLUMNS) if any(row[4] is not None for row in rows) else len(COLUMNS) - 1
     whole, rest = divmod(len(rows), ROWS_PER_INSERT)
@@ -135,6 +157,52 @@ def _insert(conn: Connection, rows: list[Row]) -> None:
                              [tuple(values[i:i + width]) for i in range(0, whole * width, width)])
     if rest:
         conn.exec_driver_sql(_insert_sql(mark, columns, rest), tuple(values[whole * width:]))
+
+
+def _tuples(written: Rows) -> list[Row]:
+    return list(chain.from_iterable(r.rows() if isinstance(r, Block) else (r,) for r in written))
+
+
+def _copy(conn: Connection, written: Rows) -> None:
+    """Blocks without top-k in one binary COPY built by NumPy, the rest as text rows."""
+    plain = [r for r in written if isinstance(r, Block) and r.top_k is None]
+    rest = [r for r in written if not (isinstance(r, Block) and r.top_k is None)]
+    with cast(Any, conn.connection).cursor() as cur:
+        if plain:
+            with cur.copy(f"COPY predictions ({', '.join(COLUMNS[:4])}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.write(_binary_copy(plain))
+        if rest:
+            with cur.copy(f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+                for row in _tuples(rest):
+                    copy.write_row(row)
+
+
+# PostgreSQL's binary COPY of (job_id, idx, predicted_class, score): its signature, flags and
+# header extension length; then per row the field count and each field's length and value, in
+# network order; then -1 as the end (www.postgresql.org/docs/current/sql-copy.html). Text rows
+# cost the worker about 1.5 µs each to build and send, and the server about as much to parse.
+_BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+_BINARY_END = b"\xff\xff"
+_BINARY_ROW = np.dtype([("fields", ">i2"), ("job_id_size", ">i4"), ("job_id", ">i4"),
+                        ("idx_size", ">i4"), ("idx", ">i4"), ("class_size", ">i4"),
+                        ("predicted_class", ">i4"), ("score_size", ">i4"), ("score", ">f8")])
+
+
+def _binary_copy(blocks: list[Block]) -> bytes:
+    """The whole binary COPY stream of `blocks` (integer columns as int4, score as float8)."""
+    out = np.empty(sum(len(b.classes) for b in blocks), _BINARY_ROW)
+    out["fields"] = 4
+    out["job_id_size"] = out["idx_size"] = out["class_size"] = 4
+    out["score_size"] = 8
+    at = 0
+    for b in blocks:
+        part = out[at:at + len(b.classes)]
+        part["job_id"] = b.owner
+        part["idx"] = np.arange(b.first, b.first + len(b.classes))
+        part["predicted_class"] = b.classes
+        part["score"] = b.scores
+        at += len(b.classes)
+    return b"".join((_BINARY_SIGNATURE, out.tobytes(), _BINARY_END))
 
 
 # Rows per INSERT statement on SQLite: one statement per row spent most of a flush binding and

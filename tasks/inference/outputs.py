@@ -24,10 +24,9 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import repeat
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -40,7 +39,7 @@ from mxq.db.chunks import chunk_statuses
 from mxq.db.fence import Fence, RunCheck
 from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
-from mxq.db.outputs.predictions import Ranked, Row
+from mxq.db.outputs.predictions import Block, Ranked, Row
 from mxq.db.outputs.results import output_file
 from mxq.db.records import CLASSIFIER_OUTPUTS, Head
 from mxq.db.stack import stack_id
@@ -153,26 +152,31 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def rows(owner: int, first: int, probs: NDArray[np.float32], top_k: int,
-         labels: list[list[tuple[int, float]]] | None = None) -> list[Row]:
-    """Prediction rows of one batch, built with vectorized NumPy and one zip; with `labels` (a
+def block(owner: int, first: int, probs: NDArray[np.float32], top_k: int,
+          labels: list[list[tuple[int, float]]] | None = None) -> Block:
+    """Prediction rows of one batch as columns, ranked with vectorized NumPy; with `labels` (a
     multi-label model's kept labels), those in place of top-k."""
     r = Ranked.of(probs, top_k if labels is None else 0)
-    top: Iterable[str | None] = repeat(None)
+    top: list[str] | None = None
     if labels is not None:
-        top = (json.dumps(kept) for kept in labels)
+        top = [json.dumps(kept) for kept in labels]
     elif r.order is not None and r.best is not None:
-        top = (json.dumps(list(zip(o, b, strict=True))) for o, b in zip(r.order.tolist(), r.best.tolist(),
-                                                                         strict=True))
-    return list(zip(repeat(owner), range(first, first + len(probs)), r.classes.tolist(),
-                    r.scores.tolist(), top))
+        top = [json.dumps(list(zip(o, b, strict=True)))
+               for o, b in zip(r.order.tolist(), r.best.tolist(), strict=True)]
+    return Block(owner, first, r.classes, r.scores, top)
+
+
+def rows(owner: int, first: int, probs: NDArray[np.float32], top_k: int,
+         labels: list[list[tuple[int, float]]] | None = None) -> list[Row]:
+    """The same as tuples (a merged batch's rows, shared out among its jobs)."""
+    return block(owner, first, probs, top_k, labels).rows()
 
 
 @dataclass
 class Flush:
     """What one flush stores: results up to sample `last`, and its throughput point."""
 
-    rows: list[Row]
+    rows: list[Block]
     tables: list[pa.Table]
     probs: list[tuple[int, NDArray[np.float32]]]  # (first sample, probabilities) for the .npy
     step: int
@@ -197,7 +201,7 @@ class JobOutputs:
     npys: list[NpyOutput] = field(default_factory=list, init=False)  # npy, both: one per output
     parts: PartStore | None = field(default=None, init=False)  # parquet (disk or bucket), npy in a bucket
     rows_wanted: bool = field(default=False, init=False)  # db, both
-    _rows: list[Row] = field(default_factory=list, init=False)
+    _rows: list[Block] = field(default_factory=list, init=False)
     _tables: list[pa.Table] = field(default_factory=list, init=False)
     _probs: list[tuple[int, NDArray[np.float32]]] = field(default_factory=list, init=False)
 
@@ -262,7 +266,7 @@ class JobOutputs:
         labels = (predictions.kept_labels(probs, self.p.threshold, self.p.top_k)
                   if self.kind == "multilabel" and (self.rows_wanted or self.parts is not None) else None)
         if self.rows_wanted:
-            self._rows.extend(rows(self.owner, first, probs, self.p.top_k, labels))
+            self._rows.append(block(self.owner, first, probs, self.p.top_k, labels))
         if self.parts is not None:
             self._tables.append(self._table(first, probs, labels))
 

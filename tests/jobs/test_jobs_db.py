@@ -80,6 +80,28 @@ def test_prediction_rows_are_stored_as_written_in_every_shape(stack: Stack, top_
     assert [r["top_k"] for r in stored] == expected
 
 
+def test_prediction_blocks_are_stored_like_their_rows(stack: Stack) -> None:
+    """A job's blocks (columns, PostgreSQL's binary COPY where they have no top-k) beside a
+    block with top-k and plain rows: every row stored once, as its tuple says, scores exactly."""
+    import numpy as np
+
+    url, job = stack.settings.database, _new(stack)
+    rng = np.random.default_rng(7)
+    scores = rng.random(700, dtype=np.float32)
+    plain = [predictions.Block(job, 0, np.arange(300) % 10, scores[:300]),
+             predictions.Block(job, 300, np.arange(300, 600) % 7, scores[300:600])]
+    ranked = predictions.Block(job, 600, np.arange(50) % 3, scores[600:650],
+                               [f"[[{i % 3}, 0.25]]" for i in range(50)])
+    rows = [(job, i, 1, float(scores[i]), None) for i in range(650, 700)]
+    predictions.write(url, [*plain, ranked, *rows])
+    stored = predictions.read(url, job)
+    expected = [r for b in (*plain, ranked) for r in b.rows()] + rows
+    assert [(job, r["index"], r["predicted_class"], r["score"]) for r in stored] == [r[:4] for r in expected]
+    ranks: list[object] = [None] * 600
+    ranks += [[[i % 3, 0.25]] for i in range(50)] + [None] * 50
+    assert [r["top_k"] for r in stored] == ranks
+
+
 def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
     url = stack.settings.database
     job_id = _new(stack)
