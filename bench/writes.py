@@ -2,9 +2,10 @@
 on SQLite and PostgreSQL, same run.
 
 Both sides write the same rows in the same batches (the worker's flush size) to the same
-migrated `predictions` table, one transaction per batch. Bare SQLite: the sqlite3 module's
-executemany on a connection with the pragmas mxq's engine sets (WAL, foreign keys). Bare
-PostgreSQL: psycopg's COPY. Rounds alternate, and each side's median counts.
+migrated `predictions` table, one transaction per batch: mxq as a worker holds them (a block of
+NumPy columns per read, `predictions.Block`), the bare side as tuples. Bare SQLite: the sqlite3
+module's executemany on a connection with the pragmas mxq's engine sets (WAL, foreign keys).
+Bare PostgreSQL: psycopg's COPY, row by row. Rounds alternate, and each side's median counts.
 
     python -m bench.writes [--rows 500000] [--postgres postgresql://127.0.0.1:5432/test]
 """
@@ -31,6 +32,7 @@ from mxq.db.outputs.predictions import COLUMNS, Row
 from mxq.errors import first_line
 
 BATCH = 20_000  # rows per write, as tasks.infer.FLUSH_ROWS (importing it would load MXNet)
+READ = 4_000  # rows per block (a read's), a divisor of BATCH
 POSTGRES = "postgresql://127.0.0.1:5432/test"
 
 Writer = Callable[[list[Row]], None]
@@ -38,9 +40,14 @@ Writer = Callable[[list[Row]], None]
 
 def make_rows(job_id: int, n: int, seed: int = 0) -> list[Row]:
     """Rows like a worker's (tasks.outputs.rows with top_k 0): class, score, no top-k."""
+    return [r for b in make_blocks(job_id, n, seed) for r in b.rows()]
+
+
+def make_blocks(job_id: int, n: int, seed: int = 0) -> list[predictions.Block]:
+    """The same rows as a worker holds them: a block of NumPy columns per read of READ rows."""
     rng = np.random.default_rng(seed)
-    return list(zip([job_id] * n, range(n), rng.integers(0, 10, n).tolist(),
-                    rng.random(n).tolist(), [None] * n, strict=True))
+    classes, scores = rng.integers(0, 10, n), rng.random(n, dtype=np.float32)
+    return [predictions.Block(job_id, i, classes[i:i + READ], scores[i:i + READ]) for i in range(0, n, READ)]
 
 
 def sqlite_bare(path: Path) -> tuple[Writer, Callable[[], None]]:
@@ -71,24 +78,29 @@ def postgres_bare(url: str) -> tuple[Writer, Callable[[], None]]:
 
 def measure(url: str, bare: Writer, rows: int, rounds: int) -> dict[str, Any]:
     """Median rows/s of each side over `rounds` alternating rounds, each into a job of its own."""
-    def timed(write: Writer) -> float:
+    def timed_bare() -> float:
         job_id = create_job(url, "infer", {}, "auto", "pool.cpu")
         data = make_rows(job_id, rows, seed=job_id)
         start = time.perf_counter()
         for i in range(0, rows, BATCH):
-            write(data[i:i + BATCH])
+            bare(data[i:i + BATCH])
         return rows / (time.perf_counter() - start)
 
-    def through_mxq(batch: list[Row]) -> None:
-        predictions.write(url, batch)
+    def timed_mxq() -> float:  # the blocks of a worker's flushes, as it writes them
+        job_id = create_job(url, "infer", {}, "auto", "pool.cpu")
+        blocks, each = make_blocks(job_id, rows, seed=job_id), BATCH // READ
+        start = time.perf_counter()
+        for i in range(0, len(blocks), each):
+            predictions.write(url, blocks[i:i + each])
+        return rows / (time.perf_counter() - start)
 
-    timed(through_mxq)  # warm-up: engine, connection, page cache
+    timed_mxq()  # warm-up: engine, connection, page cache
     mxq: list[float] = []
     base: list[float] = []
     for r in range(rounds):
-        pair = [(mxq, through_mxq), (base, bare)]
-        for into, write in (pair if r % 2 == 0 else pair[::-1]):
-            into.append(timed(write))
+        pair: list[tuple[list[float], Callable[[], float]]] = [(mxq, timed_mxq), (base, timed_bare)]
+        for into, timed in (pair if r % 2 == 0 else pair[::-1]):
+            into.append(timed())
     result: dict[str, Any] = {"rows": rows, "batch": BATCH, "rounds": rounds, "mxq": statistics.median(mxq),
               "bare": statistics.median(base), "mxq_runs": mxq, "bare_runs": base}
     result["ratio"] = result["mxq"] / result["bare"]
