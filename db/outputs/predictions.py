@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -180,9 +180,9 @@ def _tuples(written: Rows) -> list[Row]:
 
 
 def _copy(conn: Connection, written: Rows) -> None:
-    """Blocks without top-k in one binary COPY built by NumPy, the rest as text rows."""
-    plain = [r for r in written if isinstance(r, Block) and r.top_k is None]
-    rest = [r for r in written if not (isinstance(r, Block) and r.top_k is None)]
+    """Blocks without top-k in one binary COPY built by NumPy (`_binary`), the rest as text rows."""
+    plain = [r for r in written if _binary(r)]
+    rest = [r for r in written if not _binary(r)]
     with cast(Any, conn.connection).cursor() as cur:
         if plain:
             with cur.copy(f"COPY predictions ({', '.join(COLUMNS[:4])}) FROM STDIN (FORMAT BINARY)") as copy:
@@ -202,6 +202,16 @@ _BINARY_END = b"\xff\xff"
 _BINARY_ROW = np.dtype([("fields", ">i2"), ("job_id_size", ">i4"), ("job_id", ">i4"),
                         ("idx_size", ">i4"), ("idx", ">i4"), ("class_size", ">i4"),
                         ("predicted_class", ">i4"), ("score_size", ">i4"), ("score", ">f8")])
+
+
+def _binary(r: Row | Block) -> TypeGuard[Block]:
+    """Whether `r` goes by binary COPY: a block without top-k whose numbers fit the int4 columns
+    (NumPy would wrap one that does not; as text, the server refuses it, naming the column)."""
+    return (isinstance(r, Block) and r.top_k is None
+            and max(r.owner, r.first + len(r.classes) - 1) <= _INT4_MAX and r.first >= 0)
+
+
+_INT4_MAX = 2**31 - 1
 
 
 def _binary_copy(blocks: list[Block]) -> bytes:

@@ -102,6 +102,25 @@ def test_prediction_blocks_are_stored_like_their_rows(stack: Stack) -> None:
     assert [r["top_k"] for r in stored] == ranks
 
 
+def test_a_block_past_the_int4_columns_is_refused_on_postgresql_not_wrapped(stack: Stack) -> None:
+    """Binary COPY would wrap an index past 2**31 - 1 into a negative one: such a block goes as
+    text, which PostgreSQL refuses naming the range; SQLite's integers hold it."""
+    import numpy as np
+
+    url, job = stack.settings.database, _new(stack)
+    first = 2**31 - 2
+    block = predictions.Block(job, first, np.arange(4), np.full(4, 0.5, dtype=np.float32))
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            predictions.write(url, [block])
+        assert predictions.count(url, job) == 0
+    else:
+        predictions.write(url, [block])
+        assert [r["index"] for r in predictions.read(url, job)] == list(range(first, first + 4))
+
+
 def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
     url = stack.settings.database
     job_id = _new(stack)
