@@ -188,14 +188,21 @@ def _show(name: str, r: dict[str, Any], bare: str) -> None:
           f"{r['mxq']:10,.0f} rows/s | ratio {r['ratio']:.3f}", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=500_000)
+def two_backends_main(doc: str, size: str, default: int,
+                      run_case: Callable[[int, int, str | None], object]) -> None:
+    """The command line of a case run on SQLite and on a `--postgres` server: `--SIZE` (rows or
+    samples), `--rounds`, `--postgres` ('' skips that leg)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument(f"--{size}", type=int, default=default)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--postgres", default=POSTGRES, help="a server where a scratch database can be "
                     "created ('' to skip)")
     args = ap.parse_args()
-    run(args.rows, args.rounds, args.postgres or None)
+    run_case(getattr(args, size), args.rounds, args.postgres or None)
+
+
+def main() -> None:
+    two_backends_main(__doc__, "rows", 500_000, run)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ each side's best rate counts (rates cover a job's batches and writes, not its st
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from bench.engines import alternated
 from bench.infer_overhead import make_input
 from bench.stack import rate, running_stack, wait_job
-from bench.writes import POSTGRES, lowest_ratio, postgres_leg
+from bench.writes import POSTGRES, lowest_ratio, postgres_leg, two_backends_main
 from mxq.json_types import JsonObject
 from mxq.workers.settings import Settings
 
@@ -67,13 +66,7 @@ def _show(name: str, r: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=400_000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--postgres", default=POSTGRES, help="a server where a scratch database can be "
-                    "created ('' to skip)")
-    args = ap.parse_args()
-    run(args.samples, args.rounds, args.postgres or None)
+    two_backends_main(__doc__, "samples", 400_000, run)
 
 
 if __name__ == "__main__":
