@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any, TypeGuard, cast
@@ -60,9 +60,15 @@ class Block:
     top_k: list[str] | None = None  # each sample's top-k or kept labels as JSON, where asked
 
     def rows(self) -> list[Row]:
-        top: Iterator[str | None] = repeat(None) if self.top_k is None else iter(self.top_k)
-        return list(zip(repeat(self.owner), range(self.first, self.first + len(self.classes)),
-                        self.classes.tolist(), self.scores.tolist(), top))
+        return list(zip(*self.columns(len(COLUMNS)), strict=False))  # (repeat never ends)
+
+    def columns(self, count: int) -> list[Iterable[Any]]:
+        """The first `count` of COLUMNS, each as Python values (the job's id repeated)."""
+        cols: list[Iterable[Any]] = [repeat(self.owner), range(self.first, self.first + len(self.classes)),
+                                     self.classes.tolist(), self.scores.tolist()]
+        if count == len(COLUMNS):
+            cols.append(repeat(None) if self.top_k is None else self.top_k)
+        return cols
 
 
 Rows = Sequence[Row | Block]
@@ -168,11 +174,7 @@ def _values(r: Row | Block, columns: int) -> Iterable[object]:
     SQLite flush's CPU)."""
     if not isinstance(r, Block):
         return r[:columns]
-    cols: list[Iterable[object]] = [repeat(r.owner), range(r.first, r.first + len(r.classes)),
-                                    r.classes.tolist(), r.scores.tolist()]
-    if columns == len(COLUMNS):
-        cols.append(repeat(None) if r.top_k is None else r.top_k)
-    return chain.from_iterable(zip(*cols, strict=False))  # (repeat never ends)
+    return chain.from_iterable(zip(*r.columns(columns), strict=False))  # (repeat never ends)
 
 
 def _tuples(written: Rows) -> list[Row]:
@@ -202,6 +204,7 @@ _BINARY_END = b"\xff\xff"
 _BINARY_ROW = np.dtype([("fields", ">i2"), ("job_id_size", ">i4"), ("job_id", ">i4"),
                         ("idx_size", ">i4"), ("idx", ">i4"), ("class_size", ">i4"),
                         ("predicted_class", ">i4"), ("score_size", ">i4"), ("score", ">f8")])
+_INT4_MAX = 2**31 - 1
 
 
 def _binary(r: Row | Block) -> TypeGuard[Block]:
@@ -209,9 +212,6 @@ def _binary(r: Row | Block) -> TypeGuard[Block]:
     (NumPy would wrap one that does not; as text, the server refuses it, naming the column)."""
     return (isinstance(r, Block) and r.top_k is None
             and max(r.owner, r.first + len(r.classes) - 1) <= _INT4_MAX and r.first >= 0)
-
-
-_INT4_MAX = 2**31 - 1
 
 
 def _binary_copy(blocks: list[Block]) -> bytes:
