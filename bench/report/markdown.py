@@ -228,17 +228,9 @@ def checks(case: str, r: dict[str, Any]) -> list[dict[str, Any]]:
                        r["off"]["jobs_per_sec"], "batching on", r["on"]["jobs_per_sec"], r["ratio"],
                        case, note=f"{r['on']['mean_jobs_per_batch']:.0f} jobs per batch when on")]
     if case == "writes":
-        out = []
-        for key, name, bare in (("sqlite", "SQLite", "executemany"), ("postgresql", "PostgreSQL", "COPY")):
-            w = r[key]
-            if "skipped" in w:
-                out.append({**_check(f"rows/s, {name}", "rows/s", f"bare {bare}", None,
-                                     "predictions.write", None, None, case), "pass": None,
-                            "skipped": w["skipped"]})
-            else:
-                out.append(_check(f"rows/s, {name}", "rows/s", f"bare {bare}", w["bare"],
-                                  "predictions.write", w["mxq"], w["ratio"], case))
-        return out
+        legs = (("sqlite", "SQLite", "executemany"), ("postgresql", "PostgreSQL", "COPY"))
+        return [_leg_check(r[key], f"rows/s, {name}", "rows/s", (f"bare {bare}", "bare"),
+                           ("predictions.write", "mxq"), case) for key, name, bare in legs]
     if case == "training":
         return [_check(f"samples/s, {name}, {k} device{'s' if k != '1' else ''}", "samples/s",
                        "bare loop", d["bare"], how, d["mxq"], d["ratio"], case)
@@ -450,18 +442,20 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
 
 
 def _sql_rows_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_sql_rows_check(r[key], name) for key, name in (("sqlite", "SQLite"),
-                                                           ("postgresql", "PostgreSQL"))]
+    """Each backend's row of the sqlrows case: the SQL-rows job against the `.npy` one."""
+    return [_leg_check(r[key], f"MLP samples/s, SQL rows, {name}", "samples/s", ("--output npy", "npy"),
+                       ("--output db", "db"), "sqlrows")
+            for key, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))]
 
 
-def _sql_rows_check(j: dict[str, Any], name: str) -> dict[str, Any]:
-    """One backend's row of the sqlrows case: the SQL-rows job against the `.npy` one."""
-    label = f"MLP samples/s, SQL rows, {name}"
-    if "skipped" in j:
-        return {**_check(label, "samples/s", "--output npy", None, "--output db", None, None,
-                         "sqlrows"), "pass": None, "skipped": j["skipped"]}
-    return _check(label, "samples/s", "--output npy", j["npy"], "--output db", j["db"], j["ratio"],
-                  "sqlrows")
+def _leg_check(leg: dict[str, Any], label: str, unit: str, base: tuple[str, str],
+               measured: tuple[str, str], case: str) -> dict[str, Any]:
+    """The row of one database leg of a case: (label, key) of its baseline and of its measure in
+    `leg`, or the leg's reason for being skipped."""
+    if "skipped" in leg:
+        return {**_check(label, unit, base[0], None, measured[0], None, None, case), "pass": None,
+                "skipped": leg["skipped"]}
+    return _check(label, unit, base[0], leg[base[1]], measured[0], leg[measured[1]], leg["ratio"], case)
 
 
 def _fixed_costs(m: dict[str, Any]) -> str:
