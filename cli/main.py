@@ -175,8 +175,8 @@ def worker(node: Annotated[str | None, typer.Option(help="Node name (default MXQ
     if dry_run:
         from mxq.workers.launch.recheck import node_plan
 
-        specs, unplanned = node_plan(s)
-        refused = list(dict.fromkeys(u.reason for u in unplanned))
+        planned = node_plan(s)
+        specs, unplanned, refused = planned.specs, planned.unplanned, planned.refused
         plan: list[dict[str, Any]] = [
             {"worker": w.name, "device": w.device.label if w.device else None,
              "queues": w.queues, "cores": w.cores,

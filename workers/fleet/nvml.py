@@ -73,6 +73,8 @@ class Nvml:
         self.xids: list[int] = []
         self.fault: str | None = None
         self._complained: set[str] = set()
+        self._clock_call = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            lib.nvmlDeviceGetCurrentClocksThrottleReasons  # before nvidia-ml-py 12.535
 
     def _event_set(self) -> Any:
         """An event set for this GPU's critical Xids; None where it has none (said once)."""
@@ -141,11 +143,8 @@ class Nvml:
                 else pending == self.lib.NVML_FEATURE_ENABLED}
 
     def _clock_reasons(self) -> JsonValue:
-        ask = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            self.lib.nvmlDeviceGetCurrentClocksThrottleReasons  # before nvidia-ml-py 12.535
-        mask = self._ask(ask, "clock event reasons")
-        names: list[JsonValue] = [] if mask is None else [*gpu_health.clock_reasons(int(mask))]
-        return None if mask is None else names
+        mask = self._ask(self._clock_call, "clock event reasons")
+        return None if mask is None else [*gpu_health.clock_reasons(int(mask))]
 
     def _ask(self, call: Callable[..., Any], what: str, *args: object) -> Any:
         """`call(handle, *args)`, or None when the GPU does not support it or NVML failed (said
@@ -168,8 +167,16 @@ class Nvml:
 
 def _code_name(lib: ModuleType, exc: Exception) -> str:
     """The NVML_ERROR_* name of an NVMLError's code (`?` when unknown)."""
-    value = getattr(exc, "value", None)
-    return next((n for n in dir(lib) if n.startswith("NVML_ERROR_") and getattr(lib, n) == value), "?")
+    return _error_names(lib).get(getattr(exc, "value", None), "?")
+
+
+@functools.cache  # an unsupported counter fails every beat: the module's names are read once
+def _error_names(lib: ModuleType) -> dict[object, str]:
+    names: dict[object, str] = {}
+    for n in dir(lib):
+        if n.startswith("NVML_ERROR_"):
+            names.setdefault(getattr(lib, n), n)  # the first name of a code, as dir() orders them
+    return names
 
 
 @functools.cache  # once per process: the start check and the heartbeat read one event set

@@ -20,8 +20,6 @@ from mxq.workers.hardware.devices import DiscoveredDevice
 # MXNet build with no kernels for it (and no ONNX Runtime to serve it instead), a driver too old
 # for what would serve it, broken NVIDIA wheels, or absent from nvidia-smi's listing.
 Cause = Literal["memory_in_use", "compute_mode", "mig", "mxnet_build", "driver", "wheels", "missing"]
-CAUSES: tuple[Cause, ...] = ("memory_in_use", "compute_mode", "mig", "mxnet_build", "driver",
-                             "wheels", "missing")
 
 # Causes that may clear while mxq runs (the other process ends, the GPU is listed again, an
 # operator sets the compute mode or disables MIG): a node with no worker but such a GPU keeps its
@@ -36,6 +34,11 @@ class Unplanned(NamedTuple):
     device: DiscoveredDevice
     cause: Cause
     reason: str
+
+
+def reasons(unplanned: list[Unplanned]) -> list[str]:
+    """Why GPUs are held, each reason once (broken wheels hold every GPU for one reason)."""
+    return list(dict.fromkeys(u.reason for u in unplanned))
 
 
 def missing_gpus(listed: list[DiscoveredDevice], expected: int | None) -> list[Unplanned]:

@@ -39,7 +39,7 @@ from mxq.workers.hardware.devices import (
     onnx_runs_gpus,
 )
 from mxq.workers.hardware.pinning import REFUSAL_PREFIX, REFUSED_EXIT, THREAD_VARS, cpu_cores
-from mxq.workers.hardware.unplanned import Unplanned
+from mxq.workers.hardware.unplanned import Unplanned, reasons
 from mxq.workers.launch import groups, procs, sqlite_lock
 from mxq.workers.launch.embedded import EmbeddedRedis
 from mxq.workers.repair.recovery import recover_worker
@@ -127,7 +127,7 @@ def plan(settings: Settings, devices: list[DiscoveredDevice], build: str | None)
                                                                             list[str]]:
     """The worker to start for each usable device, and why the others are refused."""
     specs, unplanned = plan_devices(settings, devices, build)
-    return specs, list(dict.fromkeys(u.reason for u in unplanned))  # broken wheels: once, not per GPU
+    return specs, reasons(unplanned)
 
 
 def plan_devices(settings: Settings, devices: list[DiscoveredDevice],

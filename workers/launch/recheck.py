@@ -22,7 +22,7 @@ from typing import NamedTuple
 from mxq.db import fleet
 from mxq.workers.broker.queues import device_queue, worker_name
 from mxq.workers.hardware.devices import DiscoveredDevice, cpu_devices, host_gpus, installed_mxnet, visible
-from mxq.workers.hardware.unplanned import Unplanned, missing_gpus, remembered
+from mxq.workers.hardware.unplanned import Unplanned, missing_gpus, reasons, remembered
 from mxq.workers.launch.launcher import WorkerSpec, plan_devices
 from mxq.workers.settings import Settings
 
@@ -37,8 +37,8 @@ class NodePlan(NamedTuple):
 
     @property
     def refused(self) -> list[str]:
-        """Why each is held, each reason once (broken wheels hold every GPU for one reason)."""
-        return list(dict.fromkeys(u.reason for u in self.unplanned))
+        """Why each is held, each reason once."""
+        return reasons(self.unplanned)
 
 
 def node_plan(settings: Settings) -> NodePlan:
