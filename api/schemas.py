@@ -33,6 +33,7 @@ from mxq.db.records import (
 from mxq.names import MAX_ID, NAME_PATTERN
 from mxq.since import DURATION_PATTERN
 from mxq.status import MOST_AFTER, MOST_AFTER_LISTED, JobStatus
+from mxq.workers.fleet.gpu_health import NvmlHealth
 from mxq.workers.hardware.unplanned import Cause
 from mxq.workers.jobs.archs import FILE_NAME
 from mxq.workers.jobs.jobspecs import (
@@ -295,7 +296,7 @@ class NvmlReading(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    health: Literal["ok", "fault"] = Field(description="fault: NVML gave a reason to take the GPU out")
+    health: NvmlHealth = Field(description="fault: NVML gave a reason to take the GPU out")
     reason: str | None = Field(None, description="Why NVML takes the GPU out (null while ok)")
     memory_used_mib: int | None = None
     memory_total_mib: int | None = None

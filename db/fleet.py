@@ -22,13 +22,14 @@ from mxq.status import JobStatus
 # What `refuse` adds to a worker's info: why its device is out and since when (ISO, UTC). A
 # registration (the launcher's, or the worker's own once its device passed its start check)
 # drops both, so a healed device reads healthy and its old reason does not linger.
-REFUSAL_KEYS = ("refused", "refused_at", "unplanned")
 # What `hold_out` adds besides: why the launcher planned no worker for the device (refused at
 # planning: `memory_in_use`, `mig`, ...; `missing` from nvidia-smi), mxq.workers.hardware.unplanned.
 UNPLANNED_KEY = "unplanned"
+REFUSAL_KEYS = ("refused", "refused_at", UNPLANNED_KEY)
 # What a GPU worker's heartbeat read of its GPU through NVML (mxq.workers.fleet.nvml): replaced
 # at each registration (a new worker reads afresh), kept while the device is out (why it went).
 NVML_KEY = "nvml"
+STATE_KEYS = (*REFUSAL_KEYS, NVML_KEY)  # what a row says of its device's state, not its figures
 
 
 @db_retry
@@ -50,7 +51,7 @@ def register(url: str, name: str, node: str, device: str, queue: str, pid: int |
                 UNPLANNED_KEY: was.get(UNPLANNED_KEY)}})
         row.node, row.device, row.queue, row.pid = node, device, queue, pid
         row.info = {k: v for k, v in (info or row.info or {}).items()
-                    if k not in (*REFUSAL_KEYS, NVML_KEY)} | ({NVML_KEY: nvml} if nvml else {})
+                    if k not in STATE_KEYS} | ({NVML_KEY: nvml} if nvml else {})
         if engines is not None:
             row.engines = ",".join(engines)
         row.started_at, row.last_seen, row.current_job = now, now if alive else None, None
@@ -86,12 +87,17 @@ def refuse(url: str, name: str, reason: str) -> None:
         row = session.get(WorkerBeat, name)
         if row is not None:
             info = row.info or {}
-            since = info.get("refused_at") if info.get("refused") else None
+            since = _out_since(info)
             row.last_seen, row.current_job = None, None
             kept = {k: v for k, v in info.items() if k != UNPLANNED_KEY}  # its worker refused it now
             row.info = {**kept, "refused": reason, "refused_at": since or iso(utcnow())}
             if since is None:  # out now, not a refusal again of a device out already
                 _tell_out(session, row, reason)
+
+
+def _out_since(info: dict[str, Any]) -> str | None:
+    """Since when a row's device has been out (ISO), None where it is not out."""
+    return info.get("refused_at") if info.get("refused") else None
 
 
 def _tell_out(session: Session, row: WorkerBeat, reason: str) -> None:
@@ -115,7 +121,7 @@ def hold_out(url: str, name: str, node: str, device: str, queue: str, info: dict
         row = session.get(WorkerBeat, name) or WorkerBeat(name=name, node=node, device=device,
                                                          queue=queue, info={})
         was = row.info or {}
-        since = was.get("refused_at") if was.get("refused") else None
+        since = _out_since(was)
         row.node, row.device, row.queue, row.pid = node, device, queue, None
         row.last_seen, row.current_job, row.engines = None, None, ""
         row.info = {**was, **info, "refused": reason, "refused_at": since or iso(utcnow()),
@@ -133,7 +139,7 @@ def describe(url: str, name: str, info: dict[str, Any]) -> None:
     with session_scope(url) as session:
         row = session.get(WorkerBeat, name)
         if row is not None:
-            kept = {k: v for k, v in (row.info or {}).items() if k in (*REFUSAL_KEYS, NVML_KEY)}
+            kept = {k: v for k, v in (row.info or {}).items() if k in STATE_KEYS}
             row.info = {**info, **kept}
 
 
@@ -205,9 +211,10 @@ def describe_groups(groups: dict[str, list[str]]) -> str:
 
 
 def gpu_memory(record: Mapping[str, Any]) -> str:
-    """`31000/81920 MiB`: a GPU's memory in use, as nvidia-smi reported it when the launcher
-    planned the device's worker (its info's `memory_used_mib` and `memory_total_mib`); "" for a
-    device without the figures (a CPU)."""
+    """`31000/81920 MiB`: a GPU's memory in use, from a device record's `memory_used_mib` and
+    `memory_total_mib` (NVML's at the last stored beat where its worker reads NVML, else
+    nvidia-smi's when the launcher planned it: mxq.workers.fleet.device_table); "" for a device
+    without the figures (a CPU)."""
     used, total = record.get("memory_used_mib"), record.get("memory_total_mib")
     return "" if used is None or total is None else f"{used}/{total} MiB"
 
