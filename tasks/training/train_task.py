@@ -77,9 +77,11 @@ def choose_devices(s: Settings, p: TrainParams, own: str, movable: bool = False)
     another worker may lead it (see `model_mates`)."""
     if p.device_list:
         return list(p.device_list)
-    _leave_exclusive(s, p, own, movable)
     me = Device.parse(own)
-    free = _free_devices(s, p, own, me.kind, movable)
+    mine = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)  # of its kind, running MXNet
+            if Device.parse(w["device"]).kind == me.kind and "mxnet" in w["engines"]]
+    _leave_exclusive(s, p, own, movable, mine)
+    free = _free_devices(s, p, own, me.kind, movable, mine)
     if me.is_gpu and p.devices > 1:
         from mxq.workers.hardware.topology import closest, read_topology
 
@@ -91,12 +93,13 @@ def choose_devices(s: Settings, p: TrainParams, own: str, movable: bool = False)
     return [own, *sorted((w["device"] for w in free), key=Device.parse)[:p.devices - 1]]
 
 
-def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
-                  movable: bool) -> list[WorkerRecord]:
-    """The live, unleased devices of `own`'s kind (GPUs: of its model) on this node besides
-    `own` that run MXNet (an H200 beside A100s serves inference only). JobInputError: the node
-    has fewer than K such devices at all; LookupError: fewer are free now (wait)."""
-    known = _known_devices(s, p, kind)
+def _free_devices(s: Settings, p: TrainParams, own: str, kind: str, movable: bool,
+                  mine: list[WorkerRecord]) -> list[WorkerRecord]:
+    """The live, unleased devices of `mine` (the node's workers of `own`'s kind that run MXNet:
+    an H200 beside A100s serves inference only; GPUs: of its model) besides `own`.
+    JobInputError: the node has fewer than K such devices at all; LookupError: fewer are free
+    now (wait)."""
+    known = _known_devices(s, p, kind, mine)
     if kind == "gpu":
         known = model_mates(known, own, p.devices, movable, s.node)
     live = [w for w in known if w["alive"]]  # fewer live than asked: wait for restarts
@@ -109,12 +112,11 @@ def _free_devices(s: Settings, p: TrainParams, own: str, kind: str,
     return free
 
 
-def _known_devices(s: Settings, p: TrainParams, kind: str) -> list[WorkerRecord]:
-    """This node's workers of `kind` that run MXNet, live or not, but for GPUs in the
-    Exclusive_Process compute mode (`exclusive`); JobInputError when they are fewer than K
-    (waiting would never end: fail with what there is)."""
-    known = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-             if Device.parse(w["device"]).kind == kind and "mxnet" in w["engines"] and not exclusive(w)]
+def _known_devices(s: Settings, p: TrainParams, kind: str, mine: list[WorkerRecord]) -> list[WorkerRecord]:
+    """The workers of `mine` (this node's of `kind` that run MXNet), live or not, but for GPUs
+    in the Exclusive_Process compute mode (`exclusive`); JobInputError when they are fewer than
+    K (waiting would never end: fail with what there is)."""
+    known = [w for w in mine if not exclusive(w)]
     if len(known) < p.devices:
         raise JobInputError(f"{p.devices} devices asked but node {s.node} has {len(known)} "
                             f"{kind} devices that run MXNet "
@@ -138,11 +140,11 @@ def exclusive_reason(devices: list[str]) -> str:
             f"{','.join(str(Device.parse(d).index) for d in devices)} -c DEFAULT`) to train on it")
 
 
-def _leave_exclusive(s: Settings, p: TrainParams, own: str, movable: bool) -> None:
+def _leave_exclusive(s: Settings, p: TrainParams, own: str, movable: bool,
+                     rows: list[WorkerRecord]) -> None:
     """When `own` is a GPU in the Exclusive_Process mode: a job from the pool goes back there
-    (LookupError) for the node's other GPUs when they can run it, else fails (JobInputError)."""
-    rows = [w for w in list_workers(s.database, s.heartbeat_ttl, s.node)
-            if Device.parse(w["device"]).is_gpu and "mxnet" in w["engines"]]
+    (LookupError) for the node's other GPUs (of `rows`: its kind's that run MXNet) when they can
+    run it, else fails (JobInputError)."""
     if not any(w["device"] == own and exclusive(w) for w in rows):
         return
     if movable and sum(not exclusive(w) for w in rows) >= p.devices:
