@@ -51,10 +51,10 @@ class Heartbeat:
     longer than `stuck_after` seconds: a read blocked for good frees its device only so."""
 
     def __init__(self, url: str, name: str, interval: float, stuck_after: float = 120.0,
-                 gpu: nvml.Nvml | None = None) -> None:
+                 gpu: nvml.Nvml | None = None, written: JsonObject | None = None) -> None:
         self.url, self.name, self.interval, self.stuck_after = url, name, interval, stuck_after
         self.gpu = gpu
-        self._written: JsonObject | None = None  # NVML's reading as last stored
+        self._written = written  # NVML's reading as last stored (the registration's, at first)
         self._faulting = threading.Lock()  # one hand-over to `on_fault` at a time
         self.current_job: int | None = None
         self._lost: tuple[int, float] | None = None  # (job, when it was first seen not ours)
@@ -158,10 +158,10 @@ def start(**_: object) -> None:
     spec = Device.parse(s.device)
     name = worker_name(s.node, spec.kind, spec.index)
     gpu = nvml.open_gpu(spec.kind, s.cuda_visible_devices, s.device)
+    reading = gpu.read() if gpu is not None else None
     fleet.register(s.database, name, s.node, s.device, device_queue(s.node, spec.kind, spec.index),
-                   os.getpid(), {}, engines=engines_for(spec.kind, s.mxnet_unusable),
-                   nvml=gpu.read() if gpu is not None else None)
-    current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds, gpu)
+                   os.getpid(), {}, engines=engines_for(spec.kind, s.mxnet_unusable), nvml=reading)
+    current = Heartbeat(s.database, name, s.heartbeat_seconds, s.cancel_grace_seconds, gpu, reading)
     current.start()
     log.info("%s is live on %s", name, s.device)
 
