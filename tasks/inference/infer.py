@@ -382,6 +382,7 @@ def _reuse_checked(engine: engines.Engine, p: InferParams, source: InputSource, 
         return begin
     unchanged(p, source)  # as after every read: the check read these samples before
     out.add(0, held)
+    out.job.costs.outputs_added()
     engine.check.samples_reused = len(held)
     return len(held)
 
@@ -397,8 +398,6 @@ def _stream(job: JobContext, p: InferParams, source: InputSource, engine: engine
     costs = job.costs
     try:
         begin = _reuse_checked(engine, p, source, out, begin)
-        if begin > mark:
-            costs.outputs_added()
         if mark < begin == out.stop:  # the check's outputs were the whole job
             writer.submit(out.take(step, begin - mark, time.perf_counter() - since, begin))
         idle = job.parsed_device.kind == "cpu"  # the engine's threads hold the cores (pipeline)
