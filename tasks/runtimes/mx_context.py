@@ -13,7 +13,7 @@ from celery import signals
 from mxq.device import Device
 from mxq.errors import reason
 from mxq.tasks.runtimes.mx import mx
-from mxq.workers.hardware.start_check import refuse, within
+from mxq.workers.hardware.start_check import check_or_refuse
 from mxq.workers.settings import get_settings
 
 
@@ -59,6 +59,5 @@ def _refuse_unusable_device(**_: object) -> None:
     not finish within MXQ_START_CHECK_SECONDS (a hung GPU)."""
     s = get_settings()
     device = s.device
-    if device and (problem := within(s.start_check_seconds,
-                                     lambda: check_visible(Device.parse(device)), device)):
-        refuse(problem)
+    if device:
+        check_or_refuse(s.start_check_seconds, lambda: check_visible(Device.parse(device)), device)

@@ -16,7 +16,7 @@ from celery import signals
 from mxq.tasks.job_context import JobContext, JobInputError, Outcome
 from mxq.tasks.runner import job_task
 from mxq.tasks.runtimes import onnx_check, onnx_runtime
-from mxq.workers.hardware.start_check import refuse, within
+from mxq.workers.hardware.start_check import check_or_refuse
 from mxq.workers.settings import get_settings
 
 
@@ -34,9 +34,8 @@ def _refuse_unusable_gpu(**_: object) -> None:
     does not finish within MXQ_START_CHECK_SECONDS (a hung GPU)."""
     s = get_settings()
     device = s.device
-    if device and s.mxnet_unusable and (problem := within(s.start_check_seconds,
-                                                          lambda: gpu_problem(device), device)):
-        refuse(problem)
+    if device and s.mxnet_unusable:
+        check_or_refuse(s.start_check_seconds, lambda: gpu_problem(device), device)
 
 
 def _refuse(job: JobContext, what: str) -> Outcome:

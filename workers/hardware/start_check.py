@@ -44,6 +44,12 @@ def within(seconds: float, check: Callable[[], str | None], device: str) -> str 
     return said[0]
 
 
+def check_or_refuse(seconds: float, check: Callable[[], str | None], device: str) -> None:
+    """A worker's start check (`within`); the worker ends (`refuse`) where it fails."""
+    if problem := within(seconds, check, device):
+        refuse(problem)
+
+
 def refuse(problem: str) -> NoReturn:
     """End this worker before it consumes anything: its device is unusable for `problem`, which
     the launcher reads from its output (`mxq devices` shows it); it is probed again later."""
