@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.report import markdown as report
 from bench.report import plots
+from bench.report.checks import checks
 from mxq.errors import typed_line
 
 # Sizes: quick (checks that each case works, in seconds) and full (the figures to judge by).
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = _runner(case, args.postgres or None)(root=tmp, **params)
             entry.update(status="ok", result=result, ratio=result.get("ratio"),
-                         checks=report.checks(case, result))
+                         checks=checks(case, result))
             aimed = [c["pass"] for c in entry["checks"] if c["pass"] is not None]
             entry["pass"] = all(aimed) if aimed else None
             entry["plot"] = plots.plot_case(case, result, out)

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.infer_overhead import bare_loop, make_input
-from bench.report.markdown import against_peak, meminfo_bytes
+from bench.report.checks import against_peak
+from bench.report.markdown import meminfo_bytes
 from bench.stack import rate, run_pinned, running_stack, wait_job, worker_cores
 from mxq.engines import VARIANTS
 from mxq.json_types import JsonObject

@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from bench.fleet import report as fleet_report
-from bench.report.markdown import AIMS, WEBHOOK_FLOOR, training_cases
+from bench.report.checks import AIMS, WEBHOOK_FLOOR, training_cases
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
