@@ -19,35 +19,27 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from mxq.db import jobs, registry, schedules
-from mxq.db.fence import Fence, Superseded
+from mxq.db import jobs
+from mxq.db.fence import Fence
 from mxq.db.outputs import epochs as epoch_rows
-from mxq.db.records import EpochResult, ModelRecord
-from mxq.db.registry import ModelNotFound
+from mxq.db.records import EpochResult
 from mxq.db.stack import stack_id
 from mxq.device import Device
 from mxq.errors import MxqError, device_fault, first_line, named_device, reason, typed_line
-from mxq.objects import ObjectURLError
-from mxq.preprocess import Preprocess, PreprocessError
-from mxq.tasks.inference.inputs import InputError, Limits
 from mxq.tasks.job_context import JobCancelled, JobContext, JobLost, JobPreempted, JobTimedOut, context_of
 from mxq.tasks.model_store import user_code
 from mxq.tasks.model_store.locations import CodeMissing, arch_file
-from mxq.tasks.model_store.models import load, trainable
-from mxq.tasks.model_store.mxnet.files import input_dtype
-from mxq.tasks.model_store.mxnet.versions import TrainedVersion, add_trained
+from mxq.tasks.model_store.models import trainable
 from mxq.tasks.model_store.user_code import CodeError, check_output
-from mxq.tasks.model_store.variants import Calibration, build_variant
-from mxq.tasks.model_store.zoo import ArchError, check_shape
 from mxq.tasks.runtimes.mx import gluon, mx
-from mxq.tasks.training import calibration, child_report, datasets
+from mxq.tasks.training import child_report
 from mxq.tasks.training.child_report import Preempted, Refused, Stopped, Trained
+from mxq.tasks.training.registration import register
 from mxq.tasks.training.train_loop import (
-    accuracy,
     fit,
     make_net,
     make_trainer,
@@ -64,83 +56,11 @@ from mxq.tasks.training.train_task import (
     ready_file,
     run_file,
 )
+from mxq.tasks.training.training_data import BadInput, Data, load_data
 from mxq.workers.fleet.hang_watch import watch_in_thread
 from mxq.workers.jobs.jobspecs import TrainParams
-from mxq.workers.paths import PathError
 from mxq.workers.settings import Settings, get_settings
 from mxq.workers.storage.client import StorageError
-from mxq.workers.storage.locate import locate
-
-
-class BadInput(Exception):
-    """A dataset or architecture problem, reported as the job's error."""
-
-
-@dataclass
-class Data:
-    """A training's samples as its net sees them, and what the version it registers is."""
-
-    train: datasets.Dataset
-    val: datasets.Dataset | None
-    val_raw: datasets.Dataset | None  # as stored: a promoted version is judged on it with its own scaling
-    version: TrainedVersion
-    source: ModelRecord | None  # the version a training --from starts from
-
-
-def load_data(s: Settings, p: TrainParams) -> Data:
-    source = None if p.from_model is None else registry.resolve(s.database, p.from_model,
-                                                                 p.from_version)
-    try:
-        path = p.dataset if p.dataset in datasets.BUILTIN else locate(s, p.dataset, "dataset")
-        shape = p.input_shape or (source["input_shape"] if source else None)
-        ds = datasets.load(path, tuple(shape) if shape else None, p.label_column, Limits.of(s))
-        if source is None and p.arch_sha256 is None:  # (a registered architecture's: its trial)
-            check_shape(p.arch or "", ds.sample_shape)
-        ds = replace(ds, preprocess=_preprocessing(s, p, ds, source))
-        ds.preprocess.check(ds.sample_shape)
-    except (InputError, PathError, ObjectURLError, StorageError, ArchError, PreprocessError) as exc:
-        raise BadInput(str(exc)) from None
-    version = _version(s, p, ds, source)
-    train, val = datasets.split(ds, p.val_fraction, p.seed)
-    return Data(train.for_training(), val and val.for_training(), val, version, source)
-
-
-def _version(s: Settings, p: TrainParams, ds: datasets.Dataset, source: ModelRecord | None) -> TrainedVersion:
-    """What the trained version will be: a built-in architecture's from the dataset, or the
-    same input shape, classes and outputs as the version a training --from starts from."""
-    if source is None:
-        known = registry.list_models(s.database, p.name)
-        if known and ds.classes > known[-1]["classes"]:
-            raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but model {p.name} "
-                           f"has {known[-1]['classes']} classes (0..{known[-1]['classes'] - 1})")
-        return TrainedVersion(p.arch or "", ds.sample_shape, ds.classes, ds.preprocess,
-                              code=f"{p.arch}@{p.arch_sha256}" if p.arch_sha256 else None)
-    label = f"{source['name']}:{source['version']}"
-    if ds.sample_shape != tuple(source["input_shape"]):
-        raise BadInput(f"dataset {p.dataset} has samples of shape {ds.sample_shape} but {label} "
-                       f"takes {tuple(source['input_shape'])}")
-    if ds.classes > source["classes"]:
-        raise BadInput(f"dataset {p.dataset} has labels up to {ds.classes - 1} but {label} has "
-                       f"{source['classes']} classes (0..{source['classes'] - 1})")
-    return TrainedVersion(source["arch"], ds.sample_shape, source["classes"], ds.preprocess,
-                   source["outputs"], label)
-
-
-def _preprocessing(s: Settings, p: TrainParams, ds: datasets.Dataset,
-                   source: ModelRecord | None) -> Preprocess:
-    """How the net sees its inputs: the options given; else as the version it starts from, or
-    the model's promoted (else newest) version, serves (a retraining must see its inputs as
-    serving does); else the dataset's own (digits: over 16)."""
-    given = p.preprocessing()
-    if given is not None:
-        return given
-    if source is not None:
-        return Preprocess.from_dict(source["preprocess"])
-    try:
-        stored = Preprocess.from_dict(registry.resolve(s.database, p.name)["preprocess"])
-    except ModelNotFound:
-        return ds.preprocess
-    return ds.preprocess if stored.identity else stored
 
 
 def checkpoint_dir(s: Settings, fence: Fence) -> Path:
@@ -170,69 +90,6 @@ def _join(s: Settings, p: TrainParams, job_id: int, devices: list[str]
     kv = mx.kv.create("dist_sync")  # returns once every node's worker and the server joined
     ready_file(s, job_id).write_text(json.dumps({"rank": kv.rank}))
     return kv, kv.rank, kv.num_workers, [f"{d}@{s.node}" for d in devices]
-
-
-def _register(s: Settings, p: TrainParams, fence: Fence, net: gluon.HybridBlock, data: Data,
-              metrics: dict[str, float | None], ctx: mx.Context) -> dict[str, object]:
-    """Register the trained version (and, for a scheduled retraining, promote it or not)."""
-    owner = p.dist.parent if p.dist is not None else fence.job_id
-    try:
-        model = add_trained(s, p.name, net, data.version, metrics, owner, fence)
-    except Superseded as exc:
-        raise JobLost(str(exc)) from None
-    promotion = None
-    if p.fire_id is not None:  # a scheduled retraining: promote by the schedule's policy
-        promotion = schedules.decide_promotion(s.database, p.fire_id, p.name, model["version"],
-                                               metrics, rejudge(s, p, data, ctx))
-    done: dict[str, object] = {"model_version": model["version"], "promotion": promotion}
-    if p.calibration is not None and (promotion is None or promotion["decision"] == "promoted"):
-        built = _variants(s, p, model)
-        done |= {"variant": built[0], "variants": built}
-    return done
-
-
-def rejudge(s: Settings, p: TrainParams, data: Data, ctx: mx.Context
-            ) -> tuple[int, dict[str, float]] | None:
-    """The promoted version of `p.name` and its val_accuracy on this training's validation split,
-    its inputs scaled as it serves them: what a fair `if-better` compares the new version with.
-    None (its registered figure stands) without a validation split, a promoted version, or one
-    that takes these samples."""
-    if data.val_raw is None:
-        return None
-    promoted = next((m for m in registry.list_models(s.database, p.name) if m["promoted"]), None)
-    if promoted is None or tuple(promoted["input_shape"]) != data.val_raw.sample_shape:
-        return None
-    try:
-        net, _ = load(s, promoted, ctx)
-    except MxqError as exc:  # its files gone or changed: it cannot be measured again
-        print(f"mxq: {promoted['name']}:{promoted['version']} not measured again: {exc}", file=sys.stderr)
-        return None
-    val = replace(data.val_raw, x=Preprocess.from_dict(promoted["preprocess"]).apply(data.val_raw.x))
-    return promoted["version"], {"val_accuracy": accuracy(net, val, ctx, p.batch_size, input_dtype(net))}
-
-
-VARIANT_ERRORS = (MxqError, InputError, PathError, ObjectURLError, StorageError)
-
-
-def _variants(s: Settings, p: TrainParams, model: ModelRecord) -> list[dict[str, object]]:
-    """The trained version's variants (`p.variants`), built from the job's calibration sample,
-    each in brief; or why it could not be (the training succeeded: the version serves in float32)."""
-    assert p.calibration is not None
-    try:
-        data = calibration.load(s, p.calibration, model)
-    except VARIANT_ERRORS as exc:
-        return [{"precision": precision, "error": str(exc)} for precision in p.variants]
-    return [_variant(s, p, model, data, precision) for precision in p.variants]
-
-
-def _variant(s: Settings, p: TrainParams, model: ModelRecord, data: Calibration,
-             precision: str) -> dict[str, object]:
-    try:
-        built = build_variant(s, model, precision, data, bound=p.min_agreement)["variants"][precision]
-    except VARIANT_ERRORS as exc:
-        return {"precision": precision, "error": str(exc)}
-    return {"precision": precision, "agreement": built["agreement"], "max_diff": built["max_diff"],
-            "accuracy": built["accuracy"], "bound": built["bound"]}
 
 
 def _part_rates(results: list[EpochResult], labels: list[str], samples: int,
@@ -400,7 +257,7 @@ def _train(s: Settings, t: Training) -> Trained:
     result: dict[str, object] = {"model": p.name, "resumed_from_epoch": t.done, "devices": t.labels,
                               **metrics}
     if t.rank == 0:
-        result.update(_register(s, p, t.fence, t.net, t.data, metrics, t.ctxs[0]))
+        result.update(register(s, p, t.fence, t.net, t.data, metrics, t.ctxs[0]))
     if p.dist is not None:
         result.update(rank=t.rank, workers=t.workers, node=s.node,
                       **_part_rates(results, t.labels, t.samples * len(results), seconds))

@@ -18,8 +18,9 @@ from mxq.preprocess import Preprocess
 from mxq.tasks.model_store.models import trainable
 from mxq.tasks.model_store.mxnet.versions import TrainedVersion, add_exported, add_trained
 from mxq.tasks.training import datasets
-from mxq.tasks.training.train_child import load_data, rejudge
+from mxq.tasks.training.registration import rejudge
 from mxq.tasks.training.train_loop import fit, make_trainer, source_net
+from mxq.tasks.training.training_data import load_data
 from mxq.workers.jobs.jobspecs import ParamsError, TrainParams, validate
 from mxq.workers.settings import Settings
 from tests.conftest import Stack
