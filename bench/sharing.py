@@ -103,15 +103,9 @@ def urgent_start(s: Settings, backlog: Path, urgent: Path, n: int, tries: int, j
 
 
 def _predictions(s: Settings, job_id: int) -> list[tuple[int, int, float]]:
-    from sqlalchemy import select
+    from mxq.db.outputs import predictions
 
-    from mxq.db.engine import session_scope
-    from mxq.db.schema import Prediction
-
-    with session_scope(s.database) as session:
-        return [(r.idx, r.predicted_class, r.score) for r in session.execute(
-            select(Prediction.idx, Prediction.predicted_class, Prediction.score)
-            .where(Prediction.job_id == job_id).order_by(Prediction.idx))]
+    return [(r["index"], r["predicted_class"], r["score"]) for r in predictions.read(s.database, job_id)]
 
 
 def _computed(s: Settings, job_id: int) -> int:

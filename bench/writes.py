@@ -2,10 +2,12 @@
 on SQLite and PostgreSQL, same run.
 
 Both sides write the same rows in the same batches (the worker's flush size) to the same
-migrated `predictions` table, one transaction per batch: mxq as a worker holds them (a block of
-NumPy columns per read, `predictions.Block`), the bare side as tuples. Bare SQLite: the sqlite3
-module's executemany on a connection with the pragmas mxq's engine sets (WAL, foreign keys).
-Bare PostgreSQL: psycopg's COPY, row by row. Rounds alternate, and each side's median counts.
+migrated database, one transaction per batch: mxq as a worker holds them (a block of NumPy columns
+per read, `blocks.Block`) into its `predictions` table (a row per block); the bare side as tuples
+into a table of a row per sample keyed by (job, index), `BARE_TABLE`, as a plain schema would
+store them. Bare SQLite: the sqlite3 module's executemany on a connection with the pragmas mxq's
+engine sets (WAL, foreign keys). Bare PostgreSQL: psycopg's COPY, row by row. Rounds alternate,
+and each side's median counts.
 
     python -m bench.writes [--rows 500000] [--postgres postgresql://127.0.0.1:5432/test]
 """
@@ -28,7 +30,7 @@ from bench.stack import scratch
 from mxq.db.jobs import create_job
 from mxq.db.migrate import upgrade
 from mxq.db.outputs import predictions
-from mxq.db.outputs.predictions import COLUMNS, Row
+from mxq.db.outputs.blocks import Block, Row
 from mxq.errors import first_line
 
 BATCH = 20_000  # rows per write, as tasks.infer.FLUSH_ROWS (importing it would load MXNet)
@@ -36,6 +38,9 @@ READ = 4_000  # rows per block (a read's), a divisor of BATCH
 POSTGRES = "postgresql://127.0.0.1:5432/test"
 
 Writer = Callable[[list[Row]], None]
+COLUMNS = ("job_id", "idx", "predicted_class", "score", "top_k")
+BARE_TABLE = ("CREATE TABLE bare_predictions (job_id INTEGER, idx INTEGER, predicted_class INTEGER NOT NULL, "
+              "score FLOAT NOT NULL, top_k TEXT, PRIMARY KEY (job_id, idx))")
 
 
 def make_rows(job_id: int, n: int, seed: int = 0) -> list[Row]:
@@ -43,18 +48,19 @@ def make_rows(job_id: int, n: int, seed: int = 0) -> list[Row]:
     return [r for b in make_blocks(job_id, n, seed) for r in b.rows()]
 
 
-def make_blocks(job_id: int, n: int, seed: int = 0) -> list[predictions.Block]:
+def make_blocks(job_id: int, n: int, seed: int = 0) -> list[Block]:
     """The same rows as a worker holds them: a block of NumPy columns per read of READ rows."""
     rng = np.random.default_rng(seed)
     classes, scores = rng.integers(0, 10, n), rng.random(n, dtype=np.float32)
-    return [predictions.Block(job_id, i, classes[i:i + READ], scores[i:i + READ]) for i in range(0, n, READ)]
+    return [Block(job_id, i, classes[i:i + READ], scores[i:i + READ]) for i in range(0, n, READ)]
 
 
 def sqlite_bare(path: Path) -> tuple[Writer, Callable[[], None]]:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA foreign_keys=ON")
-    sql = f"INSERT INTO predictions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"  # noqa: S608
+    conn.execute(f"{BARE_TABLE} WITHOUT ROWID")
+    sql = f"INSERT INTO bare_predictions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"  # noqa: S608
 
     def write(rows: list[Row]) -> None:
         conn.execute("BEGIN")
@@ -66,8 +72,9 @@ def sqlite_bare(path: Path) -> tuple[Writer, Callable[[], None]]:
 def postgres_bare(url: str) -> tuple[Writer, Callable[[], None]]:
     import psycopg
 
-    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"))
-    copy_sql = f"COPY predictions ({', '.join(COLUMNS)}) FROM STDIN"
+    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+    conn.execute(BARE_TABLE)
+    copy_sql = f"COPY bare_predictions ({', '.join(COLUMNS)}) FROM STDIN"
 
     def write(rows: list[Row]) -> None:
         with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:

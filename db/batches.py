@@ -17,6 +17,7 @@ from mxq.db.engine import session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.jobs import Placement, metric_point, succeeded, taken_by
 from mxq.db.outputs import predictions
+from mxq.db.outputs.blocks import Row
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobMetric, utcnow
 from mxq.db.webhooks.outbox import job_ended
@@ -57,7 +58,7 @@ def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
 
 @db_retry
 def finish_batch(url: str, outcomes: Mapping[int, Outcome], fence: Fence,
-                 at: Placement, rows: list[predictions.Row] | None = None) -> set[int]:
+                 at: Placement, rows: list[Row] | None = None) -> set[int]:
     """One transaction for a dynamic batch: of the jobs `outcomes` names (id -> samples, seconds,
     result), those still this batch's (the lead, `fence`'s job, while its attempt holds it; the
     others while running on `at`'s worker) get their rows (`rows`, replacing any stored before:

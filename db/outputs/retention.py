@@ -12,6 +12,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from mxq.db.engine import rowcount, session_scope
+from mxq.db.outputs import predictions
 from mxq.db.records import JobRecord
 from mxq.db.reports.history import job_record
 from mxq.db.schema import Job, Model, Prediction, Schedule, utcnow
@@ -54,9 +55,7 @@ def expired_outputs(url: str, before: datetime, limit: int = 1000) -> list[Expir
 
 def prediction_rows(url: str, job_id: int) -> int:
     """How many SQL prediction rows a job holds (what a dry run says would go)."""
-    with session_scope(url) as session:
-        return int(session.scalar(select(func.count()).select_from(Prediction)
-                                  .where(Prediction.job_id == job_id)) or 0)
+    return predictions.count(url, job_id)
 
 
 def mark_output_removed(url: str, job_id: int) -> int | None:
@@ -67,7 +66,9 @@ def mark_output_removed(url: str, job_id: int) -> int | None:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.pinned:
             return None
-        gone = rowcount(session.execute(delete(Prediction).where(Prediction.job_id == job_id)))
+        gone = int(session.scalar(select(func.sum(Prediction.samples))
+                                  .where(Prediction.job_id == job_id)) or 0)
+        session.execute(delete(Prediction).where(Prediction.job_id == job_id))
         session.execute(update(Job).where(or_(Job.id == job_id, Job.parent_id == job_id))
                         .values(output_removed_at=utcnow()))
         return gone

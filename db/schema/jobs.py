@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.types import LargeBinary
 
 from mxq.db.schema.base import NEVER_REUSE_IDS, Base, utcnow
 from mxq.json_types import JsonObject
@@ -175,16 +176,17 @@ class Epoch(Base):
 
 
 class Prediction(Base):
-    """One sample's result; keyed by (job, index) so a redelivered chunk cannot duplicate it."""
+    """A run of one job's consecutive samples' results, keyed by (job, first sample): a read's
+    samples as packed arrays (`mxq.db.outputs.blocks` says how, and why not a row a sample)."""
 
     __tablename__ = "predictions"
-    # On SQLite the rows live in their key's own B-tree (no rowid table beside the key's index):
-    # one B-tree to write per row, not two (migration 0037)
+    # On SQLite the rows live in their key's own B-tree (no rowid table beside the key's index)
     __table_args__ = {"sqlite_with_rowid": False}
 
     # no foreign key: its check per row bounded COPY (migration 0037 says why none is needed)
     job_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    predicted_class: Mapped[int]
-    score: Mapped[float] = mapped_column(Float)
-    top_k: Mapped[list[tuple[int, float]] | None] = mapped_column(JSON)  # [class, probability] pairs
+    first_index: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    samples: Mapped[int] = mapped_column(Integer)
+    classes: Mapped[bytes] = mapped_column(LargeBinary)  # int32, little-endian, one a sample
+    scores: Mapped[bytes] = mapped_column(LargeBinary)  # float32, little-endian, one a sample
+    top_k: Mapped[str | None] = mapped_column(Text)  # JSON: a list, one entry a sample

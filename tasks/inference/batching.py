@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from mxq.db import batches, jobs
 from mxq.db.fence import Fence
-from mxq.db.outputs.predictions import Row
+from mxq.db.outputs.blocks import Row
 from mxq.db.records import ModelRecord
 from mxq.json_types import JsonMapping
 from mxq.priorities import Level

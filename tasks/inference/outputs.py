@@ -39,7 +39,8 @@ from mxq.db.chunks import chunk_statuses
 from mxq.db.fence import Fence, RunCheck
 from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
-from mxq.db.outputs.predictions import Block, Ranked, Row
+from mxq.db.outputs.blocks import Block, Row
+from mxq.db.outputs.predictions import Ranked
 from mxq.db.outputs.results import output_file
 from mxq.db.records import CLASSIFIER_OUTPUTS, Head
 from mxq.db.stack import stack_id

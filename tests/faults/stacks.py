@@ -19,10 +19,10 @@ import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from sqlalchemy import select
 
 from mxq.db.engine import session_scope
-from mxq.db.schema import Job, Prediction, WorkerBeat
+from mxq.db.outputs import predictions
+from mxq.db.schema import Job, WorkerBeat
 from mxq.json_types import JsonValue
 from mxq.workers.launch.embedded import EmbeddedRedis
 from tests.conftest import FINAL, Stack, _stack, free_port, launch, missing, stop, wait_until
@@ -142,9 +142,7 @@ class FaultStack(Stack):
 
     def predicted(self, job_id: int) -> tuple[np.ndarray, np.ndarray]:
         """The stored (index, class) pairs of a job, in index order."""
-        with session_scope(self.settings.database) as s:
-            rows = s.execute(select(Prediction.idx, Prediction.predicted_class)
-                             .where(Prediction.job_id == job_id).order_by(Prediction.idx)).all()
+        rows = [(r["index"], r["predicted_class"]) for r in predictions.read(self.settings.database, job_id)]
         array = np.array(rows, dtype=np.int64).reshape(-1, 2)
         return array[:, 0], array[:, 1]
 

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import select
 
 from mxq.db import jobs
-from mxq.db.engine import session_scope
 from mxq.db.events import list_events
 from mxq.db.fleet import list_workers
-from mxq.db.schema import Prediction
+from mxq.db.outputs import predictions
 from mxq.workers.jobs.submit import submit, submit_many
 from tests.conftest import NODE, Stack, launch, stop, wait_until
 
@@ -80,9 +78,7 @@ def mlp_and_input(stack: Stack, name: str, seed: int, samples: int) -> None:
 
 def stored_rows(stack: Stack, job_id: int) -> np.ndarray:
     """The sample index of every prediction row of the job, sorted (duplicates kept)."""
-    with session_scope(stack.settings.database) as session:
-        return np.sort(np.array(session.scalars(select(Prediction.idx)
-                                                .where(Prediction.job_id == job_id)).all()))
+    return np.sort(np.array([r["index"] for r in predictions.read(stack.settings.database, job_id)]))
 
 
 def _worker_row(stack: Stack, device: str) -> dict:

@@ -19,6 +19,7 @@ from mxq.db.engine import IDLE_IN_TRANSACTION_SECONDS, get_engine, session_scope
 from mxq.db.fence import Fence, Superseded
 from mxq.db.jobs import Claim, Placement
 from mxq.db.outputs import epochs, predictions
+from mxq.db.outputs.blocks import Block, Row
 from mxq.db.reports import history
 from mxq.db.schema import Job
 from tests.conftest import Stack
@@ -65,33 +66,39 @@ def test_the_migration_connection_is_not_reused(stack: Stack) -> None:
 
 @pytest.mark.parametrize("top_k", [False, True, "mixed"])
 def test_prediction_rows_are_stored_as_written_in_every_shape(stack: Stack, top_k: bool | str) -> None:
-    """SQLite's multi-row INSERTs (whole statements of ROWS_PER_INSERT rows, then the rest; the
-    top_k column left out where no row has top-k) and PostgreSQL's COPY store each row as given."""
-    url, job = stack.settings.database, _new(stack)
-    n = 2 * predictions.ROWS_PER_INSERT + 37
+    """Rows as tuples (a merged batch's), two jobs interleaved and with a gap in one's indexes:
+    each stored once as given, in blocks of consecutive samples (PostgreSQL's binary COPY, SQLite's
+    executemany), top-k where given."""
+    import numpy as np
+
+    url, job, other = stack.settings.database, _new(stack), _new(stack)
+    indexes = [*range(0, 150), *range(170, 237)]
 
     def top(i: int) -> str | None:
         return f"[[{i % 10}, 0.5]]" if top_k is True or (top_k == "mixed" and i % 3 == 0) else None
-    rows = [(job, i, i % 10, i / n, top(i)) for i in range(n)]
+    rows = [(j, i, i % 10, float(np.float32(i / 237)), top(i)) for i in indexes for j in (job, other)]
     predictions.write(url, rows)
-    stored = predictions.read(url, job)
-    assert [(job, r["index"], r["predicted_class"], r["score"]) for r in stored] == [r[:4] for r in rows]
-    expected: list[object] = [None if r[4] is None else [[r[1] % 10, 0.5]] for r in rows]
-    assert [r["top_k"] for r in stored] == expected
+    for owner in (job, other):
+        stored = predictions.read(url, owner)
+        mine = [r for r in rows if r[0] == owner]
+        assert [(owner, r["index"], r["predicted_class"], r["score"]) for r in stored] == \
+            [r[:4] for r in mine]
+        expected: list[object] = [None if r[4] is None else [[r[1] % 10, 0.5]] for r in mine]
+        assert [r["top_k"] for r in stored] == expected
+        assert predictions.count(url, owner) == len(indexes)
 
 
 def test_prediction_blocks_are_stored_like_their_rows(stack: Stack) -> None:
-    """A job's blocks (columns, PostgreSQL's binary COPY where they have no top-k) beside a
-    block with top-k and plain rows: every row stored once, as its tuple says, scores exactly."""
+    """A job's blocks (with and without top-k) beside plain rows: every row stored once, as its
+    tuple says, scores exactly."""
     import numpy as np
 
     url, job = stack.settings.database, _new(stack)
     rng = np.random.default_rng(7)
     scores = rng.random(700, dtype=np.float32)
-    plain = [predictions.Block(job, 0, np.arange(300) % 10, scores[:300]),
-             predictions.Block(job, 300, np.arange(300, 600) % 7, scores[300:600])]
-    ranked = predictions.Block(job, 600, np.arange(50) % 3, scores[600:650],
-                               [f"[[{i % 3}, 0.25]]" for i in range(50)])
+    plain = [Block(job, 0, np.arange(300) % 10, scores[:300]),
+             Block(job, 300, np.arange(300, 600) % 7, scores[300:600])]
+    ranked = Block(job, 600, np.arange(50) % 3, scores[600:650], [f"[[{i % 3}, 0.25]]" for i in range(50)])
     rows = [(job, i, 1, float(scores[i]), None) for i in range(650, 700)]
     predictions.write(url, [*plain, ranked, *rows])
     stored = predictions.read(url, job)
@@ -102,23 +109,52 @@ def test_prediction_blocks_are_stored_like_their_rows(stack: Stack) -> None:
     assert [r["top_k"] for r in stored] == ranks
 
 
-def test_a_block_past_the_int4_columns_is_refused_on_postgresql_not_wrapped(stack: Stack) -> None:
-    """Binary COPY would wrap an index past 2**31 - 1 into a negative one: such a block goes as
-    text, which PostgreSQL refuses naming the range; SQLite's integers hold it."""
+def test_predictions_are_read_in_pages_across_blocks(stack: Stack) -> None:
+    """A page (offset, limit) counts samples in index order, whatever blocks hold them and
+    wherever the indexes skip."""
+    import numpy as np
+
+    url, job = stack.settings.database, _new(stack)
+    firsts, sizes = [0, 100, 130, 500, 520], [100, 30, 70, 20, 5]
+    predictions.write(url, [Block(job, f, np.full(n, f % 10), np.full(n, 0.5, dtype=np.float32))
+                            for f, n in zip(firsts, sizes, strict=True)])
+    whole = predictions.read(url, job)
+    assert [r["index"] for r in whole] == [i for f, n in zip(firsts, sizes, strict=True)
+                                           for i in range(f, f + n)]
+    for offset, limit in [(0, 1), (99, 2), (100, 30), (129, 80), (195, 100), (224, 5), (225, 3), (0, None),
+                          (150, None)]:
+        assert predictions.read(url, job, limit, offset) == whole[offset:][:limit], (offset, limit)
+
+
+def test_a_clear_inside_a_block_keeps_its_samples_outside(stack: Stack) -> None:
+    """A clear at indexes no write chose trims the blocks across its edges, and a write fills the
+    range again: each sample stored once."""
+    import numpy as np
+
+    url, job = stack.settings.database, _new(stack)
+    predictions.write(url, [Block(job, 0, np.full(100, 1), np.full(100, 0.5, dtype=np.float32),
+                                  [f"[[1, {i}]]" for i in range(100)])])
+    with session_scope(url) as session:
+        predictions.clear(session, [job], 30, 60)
+    assert [r["index"] for r in predictions.read(url, job)] == [*range(30), *range(60, 100)]
+    ranks: list[object] = [r["top_k"] for r in predictions.read(url, job, 1, 30)]
+    assert ranks == [[[1, 60]]]
+    predictions.write(url, [Block(job, 30, np.full(30, 2), np.full(30, 0.25, dtype=np.float32))])
+    with session_scope(url) as session:
+        predictions.clear(session, [job], 90)
+    stored = predictions.read(url, job)
+    assert [r["index"] for r in stored] == list(range(90))
+    assert [r["predicted_class"] for r in stored] == [1] * 30 + [2] * 30 + [1] * 30
+
+
+def test_an_index_past_int4_is_stored(stack: Stack) -> None:
+    """A block's first index is a 64-bit integer on both backends (an input of over 2**31 samples)."""
     import numpy as np
 
     url, job = stack.settings.database, _new(stack)
     first = 2**31 - 2
-    block = predictions.Block(job, first, np.arange(4), np.full(4, 0.5, dtype=np.float32))
-    if url.startswith("postgresql"):
-        import psycopg
-
-        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
-            predictions.write(url, [block])
-        assert predictions.count(url, job) == 0
-    else:
-        predictions.write(url, [block])
-        assert [r["index"] for r in predictions.read(url, job)] == list(range(first, first + 4))
+    predictions.write(url, [Block(job, first, np.arange(4), np.full(4, 0.5, dtype=np.float32))])
+    assert [r["index"] for r in predictions.read(url, job)] == list(range(first, first + 4))
 
 
 def test_claim_is_taken_once_and_duplicates_dropped(stack: Stack) -> None:
@@ -195,7 +231,7 @@ def test_a_batch_finishes_only_the_members_it_still_holds(stack: Stack) -> None:
     again = jobs.take(url, taken, B, 3, TTL)
     assert isinstance(again, Fence)
     assert predictions.commit(url, again, [(taken, 0, 7, 0.9, None)], 1) is jobs.RunCheck.GO_ON
-    rows: list[predictions.Row] = [(i, 0, 1, 0.5, None) for i in (lead, kept, taken)]
+    rows: list[Row] = [(i, 0, 1, 0.5, None) for i in (lead, kept, taken)]
     outcome = (1, 0.1, {"output": "db"})
     assert finish_batch(url, {i: outcome for i in (lead, kept, taken)}, fence, A,
                              rows) == {lead, kept}

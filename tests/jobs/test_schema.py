@@ -145,3 +145,35 @@ def test_0037_keeps_predictions_and_drops_their_job_check(tmp_path: Path) -> Non
         assert conn.execute(text("PRAGMA foreign_key_list(predictions)")).all() == []
         sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'predictions'")).scalar_one()
         assert "PRIMARY KEY (job_id, idx)" in sql and sql.rstrip().endswith("WITHOUT ROWID")
+
+
+def test_0038_keeps_predictions_as_blocks_of_consecutive_samples(tmp_path: Path) -> None:
+    """Each job's rows become blocks cut where an index skips (and every 4,096 samples): read
+    back the same, top-k included; downgrading gives the rows back."""
+    from alembic import command
+    from alembic.config import Config
+
+    from mxq.db.outputs import predictions
+
+    values = [f"(7, {i}, {i % 10}, {i / 8}, {'NULL' if i % 3 else repr(f'[[{i % 10}, 0.5]]')})"
+              for i in [*range(4100), *range(4200, 4210)]] + ["(8, 0, 1, 0.25, NULL)"]
+    url = _old_database(tmp_path, "0037", "infer", "INSERT INTO predictions (job_id, idx, "
+                        f"predicted_class, score, top_k) VALUES {', '.join(values)}")
+    assert upgrade(url, "0038") == ["0038"]
+    with get_engine(url).begin() as conn:
+        assert conn.execute(text("SELECT job_id, first_index, samples FROM predictions ORDER BY "
+                                 "job_id, first_index")).all() == \
+            [(7, 0, 4096), (7, 4096, 4), (7, 4200, 10), (8, 0, 1)]
+    stored = predictions.read(url, 7)
+    assert [(r["index"], r["predicted_class"], r["score"]) for r in stored] == \
+        [(i, i % 10, i / 8) for i in [*range(4100), *range(4200, 4210)]]
+    ranks: list[object] = [r["top_k"] for r in stored[:4]]
+    assert ranks == [[[0, 0.5]], None, None, [[3, 0.5]]]
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0037")
+        back = conn.execute(text("SELECT idx, predicted_class, score FROM predictions WHERE job_id = 7 "
+                                 "ORDER BY idx")).all()
+    assert [tuple(r) for r in back] == [(i, i % 10, i / 8) for i in [*range(4100), *range(4200, 4210)]]

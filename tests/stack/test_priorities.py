@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sqlalchemy import select
 
 from mxq.db import events
-from mxq.db.engine import session_scope
+from mxq.db.outputs import predictions
 from mxq.db.records import EventRecord, JobRecord
-from mxq.db.schema import Prediction
 from mxq.json_types import JsonObject
 from mxq.priorities import Priority
 from mxq.workers.jobs.submit import submit
@@ -79,10 +77,8 @@ def test_a_high_job_is_taken_before_the_low_jobs_queued_ahead_of_it(workers: Sta
 
 
 def _stored(stack: Stack, job_id: int) -> list[tuple[int, int, float]]:
-    with session_scope(stack.settings.database) as session:
-        return [(r.idx, r.predicted_class, r.score) for r in session.execute(
-            select(Prediction.idx, Prediction.predicted_class, Prediction.score)
-            .where(Prediction.job_id == job_id).order_by(Prediction.idx))]
+    return [(r["index"], r["predicted_class"], r["score"])
+            for r in predictions.read(stack.settings.database, job_id)]
 
 
 def _preempted(stack: Stack, job_id: int) -> list[EventRecord]:

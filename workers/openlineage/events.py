@@ -39,8 +39,8 @@ MODEL_FACET_SCHEMA = f"{PRODUCER}/blob/main/docs/openlineage.md#the-mxq_model-ru
 ENDS = {JobStatus.SUCCEEDED: RunState.COMPLETE, JobStatus.FAILED: RunState.FAIL,
         JobStatus.CANCELLED: RunState.ABORT}
 # The predictions table's columns, as a schema facet gives them.
-SQL_ROWS = (("job_id", "INTEGER"), ("idx", "INTEGER"), ("predicted_class", "INTEGER"),
-            ("score", "FLOAT"), ("top_k", "JSON"))
+SQL_ROWS = (("job_id", "INTEGER"), ("first_index", "BIGINT"), ("samples", "INTEGER"),
+            ("classes", "BLOB int32le[]"), ("scores", "BLOB float32le[]"), ("top_k", "JSON list"))
 
 
 @attr.define
