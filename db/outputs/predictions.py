@@ -149,11 +149,16 @@ def read(url: str, job_id: int, limit: int | None = None, offset: int = 0) -> li
         chosen, skipped = _covering(spans, offset, limit)
         if not chosen:
             return []
-        stored = session.execute(select(P.first_index, P.classes, P.scores, P.top_k)
+        stored = session.execute(select(P.first_index, P.samples, P.classes, P.scores, P.top_k)
                                  .where(P.job_id == job_id, P.first_index >= chosen[0],
                                         P.first_index <= chosen[-1]).order_by(P.first_index)).all()
-    rows = [r for first, c, s, t in stored for r in prediction_rows(first, c, s, t, first, first + len(c))]
-    return rows[offset - skipped:][:limit]
+    rows: list[PredictionRow] = []
+    at, end = skipped, None if limit is None else offset + limit  # positions in the job's samples
+    for first, samples, c, s, t in stored:
+        a, b = max(0, offset - at), samples if end is None else min(samples, end - at)
+        rows.extend(prediction_rows(first, c, s, t, first + a, first + b))
+        at += samples
+    return rows
 
 
 def _covering(spans: Sequence[Any], offset: int, limit: int | None) -> tuple[list[int], int]:

@@ -180,8 +180,6 @@ class Prediction(Base):
     samples as packed arrays (`mxq.db.outputs.blocks` says how, and why not a row a sample)."""
 
     __tablename__ = "predictions"
-    # On SQLite the rows live in their key's own B-tree (no rowid table beside the key's index)
-    __table_args__ = {"sqlite_with_rowid": False}
 
     # no foreign key: its check per row bounded COPY (migration 0037 says why none is needed)
     job_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)

@@ -3,7 +3,8 @@ samples, classes and scores as packed little-endian int32 and float32 arrays, to
 a sample), not a row a sample. The (job, index) key's B-tree insert per sample was two thirds of
 PostgreSQL's cost of storing a prediction, and bounded an `--output db` job under half its `.npy`
 rate (mxq.db.outputs.blocks). Existing rows are kept: each job's runs of consecutive indexes
-become blocks of at most BLOCK samples.
+become blocks of at most BLOCK samples. On SQLite the table has rowids again (0037 made it
+WITHOUT ROWID, which suits small rows, not blocks of kilobytes).
 
 Revision ID: 0038
 """
@@ -35,7 +36,6 @@ def upgrade() -> None:
         sa.Column("classes", sa.LargeBinary, nullable=False),
         sa.Column("scores", sa.LargeBinary, nullable=False),
         sa.Column("top_k", sa.Text),
-        sqlite_with_rowid=False,
     )
     conn = op.get_bind()
     blocks = sa.table("prediction_blocks", *(sa.column(c) for c in BLOCK_COLUMNS))
