@@ -89,3 +89,26 @@ def test_the_documented_questions_run_as_written(history: Stack) -> None:
     assert len(answered) == min(10, len(reasons))
     assert all(reasons[r["error"]] == r["jobs"] for r in answered)
     assert [r["jobs"] for r in answered] == sorted(reasons.values(), reverse=True)[:len(answered)]
+
+
+def test_the_documented_predictions_read_runs_as_written(history: Stack) -> None:
+    """docs/sql-history.md's Python decodes a job's blocks into the samples `mxq results` gives."""
+    from mxq.db.outputs import predictions
+
+    page = (ROOT / "docs" / "sql-history.md").read_text()
+    section = page.split("\n## Predictions in SQL\n", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    url = history.settings.database
+    job = max(r["id"] for r in _rows(history, "SELECT id FROM job_history WHERE model = 'mlp64' AND "
+                                              "samples = 300 AND status = 'succeeded'"))
+    raw = get_engine(url).raw_connection()
+    try:
+        found: dict = {"conn": raw.driver_connection}
+        exec(code.replace("job_id = 42", f"job_id = {job}"), found)  # (the page's own code)
+    finally:
+        raw.close()
+    stored = predictions.read(url, job)
+    assert len(stored) == 300
+    assert found["index"].tolist() == [r["index"] for r in stored]
+    assert found["classes"].tolist() == [r["predicted_class"] for r in stored]
+    assert found["scores"].tolist() == [r["score"] for r in stored]
