@@ -17,7 +17,7 @@ from mxq.db.engine import session_scope
 from mxq.db.fence import Fence, still_ours
 from mxq.db.jobs import Placement, metric_point, succeeded, taken_by
 from mxq.db.outputs import predictions
-from mxq.db.outputs.blocks import Row
+from mxq.db.outputs.blocks import Block
 from mxq.db.retry import db_retry
 from mxq.db.schema import Job, JobMetric, utcnow
 from mxq.db.webhooks.outbox import job_ended
@@ -58,10 +58,10 @@ def claim_many(url: str, ids: list[int], at: Placement) -> list[int]:
 
 @db_retry
 def finish_batch(url: str, outcomes: Mapping[int, Outcome], fence: Fence,
-                 at: Placement, rows: list[Row] | None = None) -> set[int]:
+                 at: Placement, blocks: list[Block] | None = None) -> set[int]:
     """One transaction for a dynamic batch: of the jobs `outcomes` names (id -> samples, seconds,
     result), those still this batch's (the lead, `fence`'s job, while its attempt holds it; the
-    others while running on `at`'s worker) get their rows (`rows`, replacing any stored before:
+    others while running on `at`'s worker) get their rows (`blocks`, replacing any stored before:
     a redelivered lead's), a throughput point, and, all but the lead (which its own task
     finishes), success. A job taken over meanwhile keeps what its new attempt writes. Returns
     the jobs finished so."""
@@ -70,9 +70,9 @@ def finish_batch(url: str, outcomes: Mapping[int, Outcome], fence: Fence,
         ours = _still_batched(session, set(outcomes), fence, at)
         if not ours:
             return ours
-        if rows is not None:
+        if blocks is not None:
             predictions.clear(session, sorted(ours))
-            predictions.add(session, [r for r in rows if r[0] in ours])
+            predictions.add(session, [b for b in blocks if b.owner in ours])
         session.query(JobMetric).filter(JobMetric.job_id.in_(ours), JobMetric.step == 0).delete()
         session.execute(insert(JobMetric), [metric_point(i, 0, at.device, n, sec, now)
                                             for i, (n, sec, _) in outcomes.items() if i in ours])

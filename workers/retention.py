@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from mxq.db.engine import answers_within
+from mxq.db.outputs import predictions
 from mxq.db.outputs import retention as rows
 from mxq.db.outputs.results import output_file
 from mxq.db.schema import utcnow
@@ -124,7 +125,7 @@ def _outputs(settings: Settings, days: int) -> list[tuple[int, list[Removal]]]:
         outputs = (settings.home_path / "outputs").resolve()
         removals = [Removal("output", str(f), _size(f), why) for f in dict.fromkeys(files)
                     if f.exists() and f.resolve().is_relative_to(outputs)]  # never anything else
-        count = rows.prediction_rows(settings.database, job.job_id)
+        count = predictions.count(settings.database, job.job_id)
         if count:
             removals.append(Removal("prediction rows", f"job {job.job_id}", 0, f"{count} rows, {why}"))
         found.append((job.job_id, removals))

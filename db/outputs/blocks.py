@@ -102,11 +102,10 @@ def _runs(rows: list[Row]) -> Iterator[Block]:
             start = i
 
 
-def prediction_rows(first: int, classes: bytes, scores: bytes, top_k: str | None, start: int,
-                    stop: int) -> Iterable[PredictionRow]:
-    """The samples of [start, stop) of a stored block from sample `first`, as `predictions.read`
-    returns them."""
-    a, b = max(start, first) - first, min(stop, first + len(classes) // CLASSES.itemsize) - first
+def prediction_rows(first: int, classes: bytes, scores: bytes, top_k: str | None, a: int,
+                    b: int) -> Iterable[PredictionRow]:
+    """The `a`th to `b`th samples (end excluded) of a stored block from sample `first`, as
+    `predictions.read` returns them."""
     top: Iterable[Any] = [None] * (b - a) if top_k is None else json.loads(top_k)[a:b]
     cs = np.frombuffer(classes, CLASSES)[a:b].tolist()
     ss = np.frombuffer(scores, SCORES)[a:b].tolist()

@@ -146,30 +146,30 @@ def read(url: str, job_id: int, limit: int | None = None, offset: int = 0) -> li
     with session_scope(url) as session:
         spans = session.execute(select(P.first_index, P.samples).where(P.job_id == job_id)
                                 .order_by(P.first_index)).all()
-        chosen, skipped = _covering(spans, offset, limit)
-        if not chosen:
+        covering = _covering(spans, offset, limit)
+        if covering is None:
             return []
+        low, high, skipped = covering
         stored = session.execute(select(P.first_index, P.samples, P.classes, P.scores, P.top_k)
-                                 .where(P.job_id == job_id, P.first_index >= chosen[0],
-                                        P.first_index <= chosen[-1]).order_by(P.first_index)).all()
+                                 .where(P.job_id == job_id, P.first_index >= low, P.first_index <= high)
+                                 .order_by(P.first_index)).all()
     rows: list[PredictionRow] = []
     at, end = skipped, None if limit is None else offset + limit  # positions in the job's samples
     for first, samples, c, s, t in stored:
         a, b = max(0, offset - at), samples if end is None else min(samples, end - at)
-        rows.extend(prediction_rows(first, c, s, t, first + a, first + b))
+        rows.extend(prediction_rows(first, c, s, t, a, b))
         at += samples
     return rows
 
 
-def _covering(spans: Sequence[Any], offset: int, limit: int | None) -> tuple[list[int], int]:
-    """The first indexes of the blocks that hold samples `offset` to `offset + limit` (counted in
-    index order), and how many samples come before the first of them."""
-    chosen: list[int] = []
-    at = skipped = 0
+def _covering(spans: Sequence[Any], offset: int, limit: int | None) -> tuple[int, int, int] | None:
+    """The first indexes of the first and last blocks that hold samples `offset` to `offset +
+    limit` (counted in index order), and how many samples come before the first of them; None
+    where no block does."""
+    found: tuple[int, int, int] | None = None
+    at = 0
     for first, samples in spans:
         if at + samples > offset and (limit is None or at < offset + limit):
-            if not chosen:
-                skipped = at
-            chosen.append(first)
+            found = (first, first, at) if found is None else (found[0], first, found[2])
         at += samples
-    return chosen, skipped
+    return found

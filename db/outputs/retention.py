@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from mxq.db.engine import rowcount, session_scope
-from mxq.db.outputs import predictions
 from mxq.db.records import JobRecord
 from mxq.db.reports.history import job_record
 from mxq.db.schema import Job, Model, Prediction, Schedule, utcnow
@@ -53,11 +52,6 @@ def expired_outputs(url: str, before: datetime, limit: int = 1000) -> list[Expir
     return [ExpiredOutput(r.id, (r.result or {}).get("output")) for r in rows]
 
 
-def prediction_rows(url: str, job_id: int) -> int:
-    """How many SQL prediction rows a job holds (what a dry run says would go)."""
-    return predictions.count(url, job_id)
-
-
 def mark_output_removed(url: str, job_id: int) -> int | None:
     """Delete a job's prediction rows and mark it and its chunks as having lost their output,
     unless it was pinned meanwhile: the rows deleted, None when it was pinned (nothing done).
@@ -66,9 +60,8 @@ def mark_output_removed(url: str, job_id: int) -> int | None:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.pinned:
             return None
-        gone = int(session.scalar(select(func.sum(Prediction.samples))
-                                  .where(Prediction.job_id == job_id)) or 0)
-        session.execute(delete(Prediction).where(Prediction.job_id == job_id))
+        gone = sum(session.scalars(delete(Prediction).where(Prediction.job_id == job_id)
+                                   .returning(Prediction.samples)))
         session.execute(update(Job).where(or_(Job.id == job_id, Job.parent_id == job_id))
                         .values(output_removed_at=utcnow()))
         return gone

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from mxq.db import batches, jobs
 from mxq.db.fence import Fence
-from mxq.db.outputs.blocks import Row
+from mxq.db.outputs.blocks import Block
 from mxq.db.records import ModelRecord
 from mxq.json_types import JsonMapping
 from mxq.priorities import Level
@@ -41,11 +41,11 @@ CLAIM_SLICE = 64  # candidates opened, then claimed, at a time
 GOLDEN = (5 ** 0.5 - 1) / 2  # spaces the devices' starting points, however many there are
 
 # What the infer task hands in, so that this module needs no part of it: a job's input opened
-# and checked, that input read whole, and a batch's prediction rows (owner job, first sample's
-# index, probabilities, top k).
+# and checked, that input read whole, and a member's prediction rows as a block (owner job,
+# first sample's index, probabilities, top k).
 OpenInput = Callable[[Settings, InferParams, ModelRecord], InputSource]
 ReadAll = Callable[[InferParams, InputSource], NDArray[np.float32]]
-RowsOf = Callable[[int, int, NDArray[np.float32], int], list[Row]]
+BlockOf = Callable[[int, int, NDArray[np.float32], int], Block]
 Candidate = tuple[int, JsonMapping]  # a queued job's id and parameters as stored
 T = TypeVar("T")
 
@@ -161,16 +161,16 @@ def _open(s: Settings, params: JsonMapping, model: ModelRecord,
 
 
 def finish(job: JobContext, members: list[Member], probs: list[NDArray[np.float32]], seconds: float,
-           result: dict[str, object], rows_of: RowsOf) -> tuple[int, float, dict[str, object]]:
+           result: dict[str, object], block_of: BlockOf) -> tuple[int, float, dict[str, object]]:
     """Store the rows of every member the batch still holds and finish each with its share of
     the time, in one transaction (`batches.finish_batch`); return the lead's (first member's)
     outcome, which its own task records."""
     total = float(sum(len(m.x) for m in members))
-    rows = [r for m, pr in zip(members, probs, strict=True) for r in rows_of(m.id, 0, pr, m.p.top_k)]
+    blocks = [block_of(m.id, 0, pr, m.p.top_k) for m, pr in zip(members, probs, strict=True)]
     outcomes = {m.id: (len(m.x), seconds * len(m.x) / total,
                        {**result, "input": m.p.input, "range": [0, len(m.x)],
                         "batch_size": m.p.batch_size}) for m in members}
-    batches.finish_batch(job.url, outcomes, lead_fence(job), job.at, rows)
+    batches.finish_batch(job.url, outcomes, lead_fence(job), job.at, blocks)
     # Messages published after the claim (a submit still under way) are dropped too.
     messages.drop_waiting(job.settings.broker, _queues(job), [m.id for m in members[1:]])
     return outcomes[members[0].id]

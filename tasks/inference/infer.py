@@ -35,7 +35,7 @@ from mxq.errors import device_fault
 from mxq.tasks.inference import batching, engines, verdicts
 from mxq.tasks.inference.batch_fit import BatchFit
 from mxq.tasks.inference.inputs import InputError, InputSource
-from mxq.tasks.inference.outputs import JobOutputs, rows
+from mxq.tasks.inference.outputs import JobOutputs, block
 from mxq.tasks.inference.pipeline import BackgroundWriter, prefetch
 from mxq.tasks.inference.submitted_input import open_submitted, unchanged
 from mxq.tasks.job_context import (
@@ -238,7 +238,7 @@ def _merged(job: JobContext, p: InferParams, model: ModelRecord, source: InputSo
         "model_cache": "hit" if engine.cached else "miss", **_engine_fields(engine),
         "batch_size_used": fit.size, "output": "db",
         "classes": model["classes"], "batched_jobs": len(members), "batch_samples": len(probs),
-        "batch_lead": job.id, "mxq_version": mxq_version()}, rows)
+        "batch_lead": job.id, "mxq_version": mxq_version()}, block)
     if lead_error is not None:  # batching.finish left members[0] to its task: this one is not it
         finish_batch(job.url, {members[0].id: (samples, share, result)},
                           batching.lead_fence(job), job.at)

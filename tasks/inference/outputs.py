@@ -39,7 +39,7 @@ from mxq.db.chunks import chunk_statuses
 from mxq.db.fence import Fence, RunCheck
 from mxq.db.jobs import record_metric
 from mxq.db.outputs import parquet, predictions
-from mxq.db.outputs.blocks import Block, Row
+from mxq.db.outputs.blocks import Block
 from mxq.db.outputs.predictions import Ranked
 from mxq.db.outputs.results import output_file
 from mxq.db.records import CLASSIFIER_OUTPUTS, Head
@@ -165,12 +165,6 @@ def block(owner: int, first: int, probs: NDArray[np.float32], top_k: int,
         top = [json.dumps(list(zip(o, b, strict=True)))
                for o, b in zip(r.order.tolist(), r.best.tolist(), strict=True)]
     return Block(owner, first, r.classes, r.scores, top)
-
-
-def rows(owner: int, first: int, probs: NDArray[np.float32], top_k: int,
-         labels: list[list[tuple[int, float]]] | None = None) -> list[Row]:
-    """The same as tuples (a merged batch's rows, shared out among its jobs)."""
-    return block(owner, first, probs, top_k, labels).rows()
 
 
 @dataclass

@@ -19,7 +19,7 @@ from mxq.db.engine import IDLE_IN_TRANSACTION_SECONDS, get_engine, session_scope
 from mxq.db.fence import Fence, Superseded
 from mxq.db.jobs import Claim, Placement
 from mxq.db.outputs import epochs, predictions
-from mxq.db.outputs.blocks import Block, Row
+from mxq.db.outputs.blocks import Block
 from mxq.db.reports import history
 from mxq.db.schema import Job
 from tests.conftest import Stack
@@ -222,6 +222,8 @@ def test_a_paused_attempt_is_fenced_off_even_on_the_same_worker(stack: Stack) ->
 def test_a_batch_finishes_only_the_members_it_still_holds(stack: Stack) -> None:
     """A dynamic batch on A merged job `taken` whose heartbeat went stale meanwhile, and B ran
     it again: A's finish stores the rows of the jobs it holds, and leaves `taken`'s to B."""
+    import numpy as np
+
     url = stack.settings.database
     lead, kept, taken = _new(stack), _new(stack), _new(stack)
     fence = jobs.take(url, lead, A, 3, TTL)
@@ -231,7 +233,7 @@ def test_a_batch_finishes_only_the_members_it_still_holds(stack: Stack) -> None:
     again = jobs.take(url, taken, B, 3, TTL)
     assert isinstance(again, Fence)
     assert predictions.commit(url, again, [(taken, 0, 7, 0.9, None)], 1) is jobs.RunCheck.GO_ON
-    rows: list[Row] = [(i, 0, 1, 0.5, None) for i in (lead, kept, taken)]
+    rows = [Block(i, 0, np.array([1]), np.array([0.5], dtype=np.float32)) for i in (lead, kept, taken)]
     outcome = (1, 0.1, {"output": "db"})
     assert finish_batch(url, {i: outcome for i in (lead, kept, taken)}, fence, A,
                              rows) == {lead, kept}
