@@ -44,7 +44,7 @@ BARE_TABLE = ("CREATE TABLE bare_predictions (job_id INTEGER, idx INTEGER, predi
 
 
 def make_rows(job_id: int, n: int, seed: int = 0) -> list[Row]:
-    """Rows like a worker's (tasks.outputs.rows with top_k 0): class, score, no top-k."""
+    """The rows of `make_blocks` as tuples (what a table of a row per sample is sent)."""
     return [r for b in make_blocks(job_id, n, seed) for r in b.rows()]
 
 
