@@ -38,8 +38,8 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "writes": {"quick": {"rows": 20_000, "rounds": 2}, "full": {"rows": 500_000, "rounds": 3}},
     "training": {"quick": {"copies": 1, "epochs": 1}, "full": {"copies": 10, "epochs": 5}},
     "memory": {"quick": {"samples": 5_000}, "full": {"samples": 50_000}},
-    "engines": {"quick": {"scale": 0.02, "epochs": 1, "rounds": 1, "generated": 200},
-                "full": {"scale": 1.0, "epochs": 3, "rounds": 3}},
+    "engines": {"quick": {"scale": 0.004, "epochs": 1, "rounds": 1, "generated": 200},
+                "full": {"scale": 1.0, "epochs": 3, "rounds": 2}},
     "sharing": {"quick": {"tries": 3, "backlog": 20, "job_seconds": 3.0, "fair_jobs": 30},
                 "full": {"tries": 20, "backlog": 200, "job_seconds": 5.0, "fair_jobs": 300}},
     # quick: CI's smoke test of the slow tier (tests/benchmarks/test_bench_fleet.py), kept short

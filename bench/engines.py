@@ -22,9 +22,12 @@ variant counts only when its agreement meets 0.99). The report gives each model'
 sample (its convolutions and matrix products, from the ONNX graph) and the GFLOP/s achieved
 beside the device's peak for the precision it ran in (cores x clock x operations per cycle from
 the CPU's vector flags; int8 against the int8 peak).
-Inputs are sized so that a bare float32 loop runs about 10 s at scale 1 (timed first on 64
-batches; at most MEMORY_SHARE of the memory available, which the MLP's, at more than a million
-samples/s, may reach).
+Jobs last as users' bulk jobs do (issue 61): each model gets an input for JOB_SECONDS of its
+fastest bare loop at scale 1 (the float32 ONNX Runtime loop and the variants the version already
+has, timed first on 64 batches each), run by the variants' bare loops and the precision job, and
+its first part, JOB_SECONDS of the float32 loop, run by the float32 loops and jobs; each at most
+MEMORY_SHARE of the memory available, which the MLP's, at more than a million samples/s,
+reaches (its jobs last about 10 s).
 
     python -m bench.engines [--scale 1.0] [--epochs 3] [--rounds 3]
 """
@@ -54,16 +57,17 @@ if TYPE_CHECKING:
 
 # (architecture, input shape, batch size)
 MODELS = [("mlp", (256,), 512), ("lenet", (1, 28, 28), 256), ("resnet18_v1", (3, 64, 64), 64)]
-SECONDS = 10.0  # a bare float32 ONNX Runtime loop over the input lasts this long at scale 1 ...
+JOB_SECONDS = 60.0  # a bare loop over its input lasts this long at scale 1 ...
 MEMORY_SHARE = 0.6  # ... unless the input would hold more than this share of the memory available
 AGREEMENT_ROWS = 1_000_000  # the stored predictions are checked against MXNet's this many at a time
 TRAINED_ON = {"lenet": "digits", "resnet18_v1": "generated"}  # the others keep random weights
 BOUND = 0.99  # --min-agreement of the precision jobs
 CALIBRATION_SAMPLES = 4096
 GENERATED = 1_000  # generated images ResNet-18 is trained on
-ROUNDS = 3  # turns of each bare loop and job, alternated (`alternated`): each figure its best
-# (two turns each left the MLP's second-long job at 0.77 of its bare loop in one run; three, 0.92
-# in the next: a neighbour's load on this shared host falls on a turn or two, rarely on all three)
+ROUNDS = 2  # turns of each bare loop and job, alternated (`alternated`): each figure its best
+# (a neighbour's load on this shared host falls on a turn, rarely on both: with second-long jobs
+# two turns left the MLP at 0.77 of its bare loop in one run, three at 0.92; minute-long jobs
+# average such moments within a turn)
 
 
 def _dataset(arch: str, shape: tuple[int, ...], generated: int = GENERATED) -> tuple[np.ndarray, np.ndarray]:
@@ -114,22 +118,29 @@ def _trained(s: Settings, arch: str, shape: tuple[int, ...], epochs: int, genera
                "val_accuracy": result.get("val_accuracy")}
 
 
-def _sized(s: Settings, arch: str, shape: tuple[int, ...], batch: int, cores: list[int],
-           scale: float) -> int:
-    """Samples for SECONDS x `scale` of the bare float32 ONNX Runtime loop, timed on 64 batches
-    (pinned like the others), within `input_budget`: fixed costs (a job's start, loading the
-    model) and a neighbour's moment of load on a shared host must not weigh on the figures."""
+def _sized(s: Settings, model: ModelRecord, shape: tuple[int, ...], batch: int, cores: list[int],
+           scale: float) -> tuple[int, int]:
+    """Samples for JOB_SECONDS x `scale` of the bare float32 ONNX Runtime loop, and of the
+    fastest bare loop (float32 or a variant the version has), each timed on 64 batches (pinned
+    like the others), within `input_budget`: as in users' bulk jobs, fixed costs (a job's start,
+    loading the model, the variant's check) and a neighbour's moment of load on a shared host
+    must not weigh on the figures."""
+    arch = model["name"]
     probe = make_input(s.home_path / f"{arch}-probe.npy", batch * 64, shape)
-    samples_per_sec = _pinned(s, "onnx", arch, probe, batch, cores)
+    rates = {e: _pinned(s, e, arch, probe, batch, cores) for e in ("onnx", *(model["variants"] or {}))}
     probe.unlink()
     most = input_budget() // (4 * int(np.prod(shape)))
-    return max(256, batch * 4, int(min(samples_per_sec * SECONDS, most) * scale))
+
+    def sized(samples_per_sec: float) -> int:
+        return max(256, batch * 4, int(min(samples_per_sec * JOB_SECONDS, most) * scale))
+
+    return sized(rates["onnx"]), sized(max(rates.values()))
 
 
 def input_budget() -> int:
     """The most bytes an input may hold: MEMORY_SHARE of the memory available now, so that it
     stays in the page cache and every loop over it measures compute, not the disk (the MLP, at
-    more than a million samples a second, needs 13 GiB for 10 s)."""
+    more than a million samples a second, needs 13 GiB for 10 s: its input is capped here)."""
     available = meminfo_bytes("MemAvailable")
     return 1 << 30 if available is None else int(available * MEMORY_SHARE)  # off Linux: 1 GiB
 
@@ -289,9 +300,10 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
     else:
         model = add_builtin(s, arch, arch, shape, 10)
     cores = worker_cores(s, "cpu:0")
-    samples = _sized(s, arch, shape, batch, cores, scale)
-    path = (make_input(s.home_path / f"{arch}.npy", samples, shape) if x is None else
-            _tiled(s.home_path / f"{arch}.npy", x, samples))
+    samples, longest = _sized(s, model, shape, batch, cores, scale)
+    inputs = {n: (make_input(s.home_path / f"{arch}-{n}.npy", n, shape) if x is None else
+                  _tiled(s.home_path / f"{arch}-{n}.npy", x, n)) for n in {samples, longest}}
+    path = inputs[samples]
     params: JsonObject = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
     first = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))  # measures, stores
     loops = {e: partial(_pinned, s, e, arch, path, batch, cores) for e in ("mxnet", "onnx")}
@@ -308,7 +320,10 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
             "onnx": model["onnx"], "ratio_fp32": rate(job) / bare[faster],
             "flops_per_sample": flops_per_sample((model["onnx"] or {})["file"], shape),
             **_agreement(s, rows["id"], model, path), **training}
-    return {**fp32, **_precision(s, arch, path, batch, cores, fp32, rounds)}
+    precision = _precision(s, arch, inputs[longest], batch, cores, fp32, rounds)
+    for made in inputs.values():  # the next model's inputs take the page cache
+        made.unlink()
+    return {**fp32, "precision_samples": longest, **precision}
 
 
 def _variants(s: Settings, arch: str, path: Path) -> ModelRecord:

@@ -251,7 +251,9 @@ def _details(case: str, r: dict[str, Any]) -> list[str]:
         return fleet_report.details(r)
     if case == "engines":
         peak = r["peak"]
-        return [f"- {m['arch']} {tuple(m['shape'])}, {m['samples']:,} samples, batch {m['batch_size']}: "
+        return [f"- {m['arch']} {tuple(m['shape'])}, {m['samples']:,} samples (float32 loops and jobs; "
+                f"{m['precision_samples']:,} for the variants' and the precision job), "
+                f"batch {m['batch_size']}: "
                 f"auto ran {m['engine']} ({m['engine_reason']}); its first job (measuring) "
                 f"{m['first_job']:,.0f} samples/s; export max diff {m['onnx'].get('max_diff', 0):.1e}; "
                 f"{_trained(m)}precision {m['precision']} ({m['precision_reason']}); "
