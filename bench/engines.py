@@ -25,9 +25,9 @@ the CPU's vector flags; int8 against the int8 peak).
 Jobs last as users' bulk jobs do (issue 61): each model gets an input for JOB_SECONDS of its
 fastest bare loop at scale 1 (the float32 ONNX Runtime loop and the variants the version already
 has, timed first on 64 batches each), run by the variants' bare loops and the precision job, and
-its first part, JOB_SECONDS of the float32 loop, run by the float32 loops and jobs; each at most
-MEMORY_SHARE of the memory available, which the MLP's, at more than a million samples/s,
-reaches (its jobs last about 10 s).
+its first part (the same samples in a file of their own), JOB_SECONDS of the float32 loop, run
+by the float32 loops and jobs; each at most MEMORY_SHARE of the memory available, which the
+MLP's, at more than a million samples/s, reaches (its jobs last 10 to 15 s).
 
     python -m bench.engines [--scale 1.0] [--epochs 3] [--rounds 3]
 """
