@@ -29,7 +29,7 @@ its first part (the same samples in a file of their own), JOB_SECONDS of the flo
 by the float32 loops and jobs; each at most MEMORY_SHARE of the memory available, which the
 MLP's, at more than a million samples/s, reaches (its jobs last 10 to 15 s).
 
-    python -m bench.engines [--scale 1.0] [--epochs 3] [--rounds 3]
+    python -m bench.engines [--scale 1.0] [--epochs 3] [--rounds 2]
 """
 
 from __future__ import annotations
