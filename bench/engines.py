@@ -127,7 +127,7 @@ def _sized(s: Settings, model: ModelRecord, shape: tuple[int, ...], batch: int, 
     must not weigh on the figures."""
     arch = model["name"]
     probe = make_input(s.home_path / f"{arch}-probe.npy", batch * 64, shape)
-    rates = {e: _pinned(s, e, arch, probe, batch, cores) for e in ("onnx", *(model["variants"] or {}))}
+    rates = {e: _pinned(s, e, arch, probe, batch, cores) for e in ("onnx", *model["variants"])}
     probe.unlink()
     most = input_budget() // (4 * int(np.prod(shape)))
 
@@ -300,9 +300,9 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
     else:
         model = add_builtin(s, arch, arch, shape, 10)
     cores = worker_cores(s, "cpu:0")
-    samples, longest = _sized(s, model, shape, batch, cores, scale)
+    samples, precision_samples = _sized(s, model, shape, batch, cores, scale)
     inputs = {n: (make_input(s.home_path / f"{arch}-{n}.npy", n, shape) if x is None else
-                  _tiled(s.home_path / f"{arch}-{n}.npy", x, n)) for n in {samples, longest}}
+                  _tiled(s.home_path / f"{arch}-{n}.npy", x, n)) for n in {samples, precision_samples}}
     path = inputs[samples]
     params: JsonObject = {"model": arch, "input": str(path), "batch_size": batch, "engine": "auto"}
     first = wait_job(s, submit(s, "infer", {**params, "output": "npy"}, "cpu:0"))  # measures, stores
@@ -320,10 +320,10 @@ def one_model(s: Settings, arch: str, shape: tuple[int, ...], batch: int, scale:
             "onnx": model["onnx"], "ratio_fp32": rate(job) / bare[faster],
             "flops_per_sample": flops_per_sample((model["onnx"] or {})["file"], shape),
             **_agreement(s, rows["id"], model, path), **training}
-    precision = _precision(s, arch, inputs[longest], batch, cores, fp32, rounds)
+    precision = _precision(s, arch, inputs[precision_samples], batch, cores, fp32, rounds)
     for made in inputs.values():  # the next model's inputs take the page cache
         made.unlink()
-    return {**fp32, "precision_samples": longest, **precision}
+    return {**fp32, "precision_samples": precision_samples, **precision}
 
 
 def _variants(s: Settings, arch: str, path: Path) -> ModelRecord:
